@@ -1,0 +1,239 @@
+//! The store conformance suite: one set of checks that every backend must
+//! pass. Backends call [`run_all`] from their own test files with a factory
+//! that opens a fresh store; durable backends also pass a reopen function.
+//!
+//! Each check panics with a message naming the broken promise.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::{EventKind, SessionRecord, Store, now_ms};
+
+pub type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// Opens a store for a check. `reopen` (durable backends only) drops the
+/// given store without flushing and opens the same data again.
+pub struct Harness {
+    pub fresh: Box<dyn Fn() -> BoxFut<Arc<dyn Store>> + Send + Sync>,
+    pub reopen: Option<Box<dyn Fn(Arc<dyn Store>) -> BoxFut<Arc<dyn Store>> + Send + Sync>>,
+}
+
+pub fn session(id: &str, principal: &str, ttl_ms: i64) -> SessionRecord {
+    let now = now_ms();
+    SessionRecord {
+        id: id.into(),
+        principal: principal.into(),
+        created_at_ms: now,
+        expires_at_ms: now + ttl_ms,
+        revision: 0,
+        state: serde_json::json!({"v": 0}),
+    }
+}
+
+pub async fn run_all(h: &Harness) {
+    sessions_roundtrip(&(h.fresh)().await).await;
+    session_compare_and_set(&(h.fresh)().await).await;
+    session_expiry(&(h.fresh)().await).await;
+    append_ordering_and_read_after(&(h.fresh)().await).await;
+    streams_are_independent(&(h.fresh)().await).await;
+    trimming_keeps_the_newest(h).await;
+    concurrent_appenders(&(h.fresh)().await).await;
+    cursors(&(h.fresh)().await).await;
+    kv_compare_and_set_and_expiry(&(h.fresh)().await).await;
+    delete_drops_logs(&(h.fresh)().await).await;
+    if h.reopen.is_some() {
+        reopen_keeps_committed(h).await;
+    }
+}
+
+pub async fn sessions_roundtrip(store: &Arc<dyn Store>) {
+    let s = session("s1", "alice", 60_000);
+    store.create_session(&s).await.unwrap();
+    assert!(store.create_session(&s).await.is_err(), "creating an existing live session must conflict");
+    let got = store.get_session("s1", now_ms()).await.unwrap().expect("session readable after create");
+    assert_eq!(got, s);
+    assert!(store.get_session("nope", now_ms()).await.unwrap().is_none());
+    store.create_session(&session("s2", "alice", 120_000)).await.unwrap();
+    store.create_session(&session("s3", "bob", 60_000)).await.unwrap();
+    let listed: Vec<String> = store.list_sessions("alice", 10).await.unwrap().into_iter().map(|s| s.id).collect();
+    assert_eq!(listed, vec!["s2".to_string(), "s1".to_string()], "list by principal, most recently active first");
+    assert!(store.touch_session("s1", now_ms() + 600_000).await.unwrap());
+    let listed: Vec<String> = store.list_sessions("alice", 1).await.unwrap().into_iter().map(|s| s.id).collect();
+    assert_eq!(listed, vec!["s1".to_string()], "touch moves a session to the front; limit honoured");
+    assert!(!store.touch_session("ghost", now_ms()).await.unwrap());
+}
+
+pub async fn session_compare_and_set(store: &Arc<dyn Store>) {
+    store.create_session(&session("cas", "p", 60_000)).await.unwrap();
+    let r1 = store.update_session_state("cas", 0, &serde_json::json!({"v": 1})).await.unwrap();
+    assert_eq!(r1, Some(1));
+    let stale = store.update_session_state("cas", 0, &serde_json::json!({"v": 99})).await.unwrap();
+    assert_eq!(stale, None, "a stale revision must not overwrite");
+    let got = store.get_session("cas", now_ms()).await.unwrap().unwrap();
+    assert_eq!((got.revision, got.state), (1, serde_json::json!({"v": 1})));
+    assert_eq!(store.update_session_state("missing", 0, &serde_json::json!({})).await.unwrap(), None);
+}
+
+pub async fn session_expiry(store: &Arc<dyn Store>) {
+    store.create_session(&session("old", "p", 50)).await.unwrap();
+    store.create_session(&session("young", "p", 600_000)).await.unwrap();
+    store.append("old", "g", EventKind::Message, Bytes::from_static(b"x")).await.unwrap();
+    let later = now_ms() + 1_000;
+    assert!(store.get_session("old", later).await.unwrap().is_none(), "expired session must read as absent");
+    let expired = store.expire_sessions(later, 100).await.unwrap();
+    assert_eq!(expired, vec!["old".to_string()]);
+    assert!(store.read_after("old", "g", 0, 10).await.unwrap().is_empty(), "expiry drops the session's logs");
+    assert!(store.get_session("young", later).await.unwrap().is_some());
+    // An expired ID can be reused.
+    store.create_session(&session("old", "p", 60_000)).await.unwrap();
+}
+
+pub async fn append_ordering_and_read_after(store: &Arc<dyn Store>) {
+    store.create_session(&session("s", "p", 60_000)).await.unwrap();
+    let mut seqs = Vec::new();
+    seqs.push(store.append("s", "r1", EventKind::Prime, Bytes::from_static(b"")).await.unwrap());
+    for i in 0..20 {
+        seqs.push(store.append("s", "r1", EventKind::Message, Bytes::from(format!("m{i}"))).await.unwrap());
+    }
+    seqs.push(store.append("s", "r1", EventKind::Final, Bytes::from_static(b"done")).await.unwrap());
+    assert_eq!(seqs, (1..=22).collect::<Vec<u64>>(), "sequence numbers start at 1 and grow by one");
+    let all = store.read_after("s", "r1", 0, 100).await.unwrap();
+    assert_eq!(all.len(), 22);
+    assert_eq!(all[0].kind, EventKind::Prime);
+    assert_eq!(all[21].kind, EventKind::Final);
+    assert_eq!(all[5].payload, Bytes::from("m4"));
+    let page = store.read_after("s", "r1", 10, 5).await.unwrap();
+    assert_eq!(page.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![11, 12, 13, 14, 15]);
+    assert!(store.read_after("s", "r1", 22, 5).await.unwrap().is_empty());
+    let summary = store.stream("s", "r1").await.unwrap().unwrap();
+    assert_eq!((summary.first_seq, summary.last_seq, summary.finished), (1, 22, true));
+    assert!(store.stream("s", "nope").await.unwrap().is_none());
+}
+
+pub async fn streams_are_independent(store: &Arc<dyn Store>) {
+    store.create_session(&session("a", "p", 60_000)).await.unwrap();
+    store.create_session(&session("b", "p", 60_000)).await.unwrap();
+    store.append("a", "g", EventKind::Message, Bytes::from_static(b"a-g-1")).await.unwrap();
+    store.append("a", "r", EventKind::Prime, Bytes::from_static(b"")).await.unwrap();
+    store.append("b", "g", EventKind::Message, Bytes::from_static(b"b-g-1")).await.unwrap();
+    assert_eq!(store.append("a", "g", EventKind::Message, Bytes::from_static(b"a-g-2")).await.unwrap(), 2);
+    let a_g = store.read_after("a", "g", 0, 10).await.unwrap();
+    assert_eq!(a_g.iter().map(|e| e.payload.clone()).collect::<Vec<_>>(), vec![Bytes::from("a-g-1"), Bytes::from("a-g-2")]);
+    let names: Vec<String> = store.streams("a").await.unwrap().into_iter().map(|s| s.stream).collect();
+    assert_eq!(names, vec!["g".to_string(), "r".to_string()]);
+    assert!(!store.streams("a").await.unwrap()[1].finished);
+}
+
+pub async fn trimming_keeps_the_newest(h: &Harness) {
+    // Backends under test are opened with max_events_per_stream = 100 (see the harnesses).
+    let store = (h.fresh)().await;
+    store.create_session(&session("t", "p", 60_000)).await.unwrap();
+    for i in 0..150u32 {
+        store.append("t", "g", EventKind::Message, Bytes::from(i.to_string())).await.unwrap();
+    }
+    let kept = store.read_after("t", "g", 0, 1000).await.unwrap();
+    assert_eq!(kept.len(), 100, "a stream keeps exactly its cap of events");
+    assert_eq!(kept[0].seq, 51);
+    assert_eq!(kept[99].seq, 150);
+    let summary = store.stream("t", "g").await.unwrap().unwrap();
+    assert_eq!((summary.first_seq, summary.last_seq), (51, 150));
+}
+
+pub async fn concurrent_appenders(store: &Arc<dyn Store>) {
+    store.create_session(&session("c", "p", 60_000)).await.unwrap();
+    let mut tasks = Vec::new();
+    for w in 0..16u32 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            for i in 0..5u32 {
+                let seq = store.append("c", "g", EventKind::Message, Bytes::from(format!("{w}:{i}"))).await.unwrap();
+                mine.push(seq);
+            }
+            mine
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        let mine = t.await.unwrap();
+        assert!(mine.windows(2).all(|w| w[0] < w[1]), "one appender's events keep their order");
+        all.extend(mine);
+    }
+    all.sort();
+    assert_eq!(all, (1..=80).collect::<Vec<u64>>(), "concurrent appends get unique, gap-free sequence numbers");
+    let events = store.read_after("c", "g", 0, 1000).await.unwrap();
+    assert_eq!(events.len(), 80);
+}
+
+pub async fn cursors(store: &Arc<dyn Store>) {
+    store.create_session(&session("k", "p", 60_000)).await.unwrap();
+    assert_eq!(store.cursor("k", "g").await.unwrap(), 0);
+    store.set_cursor("k", "g", 5).await.unwrap();
+    store.set_cursor("k", "g", 3).await.unwrap();
+    assert_eq!(store.cursor("k", "g").await.unwrap(), 5, "a cursor never moves back");
+    store.delete_session("k").await.unwrap();
+    assert_eq!(store.cursor("k", "g").await.unwrap(), 0, "cursors go with their session");
+}
+
+pub async fn kv_compare_and_set_and_expiry(store: &Arc<dyn Store>) {
+    let r1 = store.kv_compare_and_set("ops", "a", None, Bytes::from_static(b"one"), None).await.unwrap();
+    let r1 = r1.expect("create when absent");
+    assert_eq!(store.kv_compare_and_set("ops", "a", None, Bytes::from_static(b"x"), None).await.unwrap(), None);
+    let r2 = store.kv_compare_and_set("ops", "a", Some(r1), Bytes::from_static(b"two"), None).await.unwrap().unwrap();
+    assert_ne!(r1, r2);
+    assert_eq!(store.kv_compare_and_set("ops", "a", Some(r1), Bytes::from_static(b"x"), None).await.unwrap(), None);
+    let got = store.kv_get("ops", "a", now_ms()).await.unwrap().unwrap();
+    assert_eq!((got.value, got.revision), (Bytes::from("two"), r2));
+    assert!(store.kv_get("other", "a", now_ms()).await.unwrap().is_none(), "namespaces are separate");
+    // Delete then re-create: an old revision must not match the new record.
+    assert!(store.kv_delete("ops", "a").await.unwrap());
+    let r3 = store.kv_compare_and_set("ops", "a", None, Bytes::from_static(b"three"), None).await.unwrap().unwrap();
+    assert!(r3 != r1 && r3 != r2, "revisions are never reused");
+    // Expiry.
+    let soon = now_ms() + 30;
+    store.kv_compare_and_set("ops", "e", None, Bytes::from_static(b"e"), Some(soon)).await.unwrap().unwrap();
+    assert!(store.kv_get("ops", "e", now_ms()).await.unwrap().is_some());
+    assert!(store.kv_get("ops", "e", soon + 1).await.unwrap().is_none(), "expired records read as absent");
+    tokio::time::sleep(std::time::Duration::from_millis(40)).await;
+    assert!(
+        store.kv_compare_and_set("ops", "e", None, Bytes::from_static(b"new"), None).await.unwrap().is_some(),
+        "an expired record counts as absent for compare-and-set"
+    );
+}
+
+pub async fn delete_drops_logs(store: &Arc<dyn Store>) {
+    store.create_session(&session("d", "p", 60_000)).await.unwrap();
+    store.append("d", "g", EventKind::Message, Bytes::from_static(b"x")).await.unwrap();
+    assert!(store.delete_session("d").await.unwrap());
+    assert!(!store.delete_session("d").await.unwrap());
+    assert!(store.get_session("d", now_ms()).await.unwrap().is_none());
+    assert!(store.read_after("d", "g", 0, 10).await.unwrap().is_empty());
+    assert!(store.streams("d").await.unwrap().is_empty());
+    // A new session with the same ID starts its streams from 1.
+    store.create_session(&session("d", "p", 60_000)).await.unwrap();
+    assert_eq!(store.append("d", "g", EventKind::Message, Bytes::from_static(b"y")).await.unwrap(), 1);
+}
+
+pub async fn reopen_keeps_committed(h: &Harness) {
+    let store = (h.fresh)().await;
+    store.create_session(&session("r", "p", 60_000)).await.unwrap();
+    for i in 0..10u32 {
+        store.append("r", "g", EventKind::Message, Bytes::from(i.to_string())).await.unwrap();
+    }
+    store.kv_compare_and_set("ops", "k", None, Bytes::from_static(b"v"), None).await.unwrap().unwrap();
+    let reopen = h.reopen.as_ref().expect("durable harness");
+    let store = reopen(store).await;
+    assert!(store.get_session("r", now_ms()).await.unwrap().is_some(), "sessions survive reopen");
+    assert_eq!(store.read_after("r", "g", 0, 100).await.unwrap().len(), 10, "committed events survive reopen");
+    assert_eq!(
+        store.append("r", "g", EventKind::Message, Bytes::from_static(b"after")).await.unwrap(),
+        11,
+        "sequence numbers continue after reopen"
+    );
+    let kv = store.kv_get("ops", "k", now_ms()).await.unwrap().unwrap();
+    let next = store.kv_compare_and_set("ops", "k", Some(kv.revision), Bytes::from_static(b"w"), None).await.unwrap();
+    assert!(next.is_some_and(|r| r > kv.revision), "revisions keep growing after reopen");
+}

@@ -1,0 +1,119 @@
+//! Durable records for tether.
+//!
+//! The [`Store`] trait is what the server engine, the notebook and (later) the
+//! Redis backend agree on. It speaks of appends, ranges, compare-and-set and
+//! expiry, never of SQL, so every backend can pass the one shared
+//! [`conformance`] suite.
+//!
+//! Backends: [`memory::MemoryStore`] (tests, `--store memory`) and
+//! [`sqlite::SqliteStore`] (embedded default: WAL, one writer thread with
+//! group commit).
+
+mod error;
+mod model;
+mod open;
+
+pub mod memory;
+pub mod sqlite;
+
+#[cfg(feature = "conformance")]
+pub mod conformance;
+
+pub use error::{StoreError, StoreResult};
+pub use model::{EventKind, SessionRecord, StoredEvent, StreamSummary, VersionedValue, now_ms};
+pub use open::{StoreConfig, StoreUrl, open_store};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+/// Everything tether keeps durably. Implementations must be safe to share
+/// between tasks (`Arc<dyn Store>`), and every method is one atomic step:
+/// callers never hold a lock across two calls.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    // ---- sessions -------------------------------------------------------
+
+    /// Stores a new session. Fails with [`StoreError::Conflict`] if the ID exists.
+    async fn create_session(&self, session: &SessionRecord) -> StoreResult<()>;
+
+    /// Reads a session, `None` if it does not exist or has expired at `now_ms`.
+    async fn get_session(&self, id: &str, now_ms: i64) -> StoreResult<Option<SessionRecord>>;
+
+    /// Replaces `state` if the stored revision equals `expected_revision`;
+    /// returns the new revision, or `None` if somebody else changed it first
+    /// (or the session is gone).
+    async fn update_session_state(
+        &self,
+        id: &str,
+        expected_revision: u64,
+        state: &serde_json::Value,
+    ) -> StoreResult<Option<u64>>;
+
+    /// Moves the session's expiry forward. Returns false if the session is gone.
+    async fn touch_session(&self, id: &str, expires_at_ms: i64) -> StoreResult<bool>;
+
+    /// Deletes a session with all of its event logs and cursors.
+    async fn delete_session(&self, id: &str) -> StoreResult<bool>;
+
+    /// Sessions of one principal, most recently active first.
+    async fn list_sessions(&self, principal: &str, limit: usize) -> StoreResult<Vec<SessionRecord>>;
+
+    /// Deletes up to `limit` sessions that expired before `now_ms` (with their
+    /// logs) and returns their IDs.
+    async fn expire_sessions(&self, now_ms: i64, limit: usize) -> StoreResult<Vec<String>>;
+
+    // ---- event logs -------------------------------------------------------
+
+    /// Appends one event to a stream of a session and returns its sequence
+    /// number (1 for the first event, then strictly increasing). The event is
+    /// committed when this returns. Streams longer than the configured cap
+    /// lose their oldest events.
+    async fn append(&self, session: &str, stream: &str, kind: EventKind, payload: Bytes) -> StoreResult<u64>;
+
+    /// Events of one stream with `seq > after`, in order, at most `limit`.
+    async fn read_after(&self, session: &str, stream: &str, after: u64, limit: usize) -> StoreResult<Vec<StoredEvent>>;
+
+    /// One line per stream of the session: first and last sequence number and
+    /// whether a final event was appended.
+    async fn streams(&self, session: &str) -> StoreResult<Vec<StreamSummary>>;
+
+    /// Summary of one stream, `None` if the session has no such stream.
+    async fn stream(&self, session: &str, stream: &str) -> StoreResult<Option<StreamSummary>>;
+
+    /// Remembers how far a stream was written to a client.
+    async fn set_cursor(&self, session: &str, stream: &str, seq: u64) -> StoreResult<()>;
+
+    /// The remembered cursor, 0 if none.
+    async fn cursor(&self, session: &str, stream: &str) -> StoreResult<u64>;
+
+    // ---- key/value records with revisions and expiry ------------------------
+
+    /// Reads a record (not expired at `now_ms`).
+    async fn kv_get(&self, namespace: &str, key: &str, now_ms: i64) -> StoreResult<Option<VersionedValue>>;
+
+    /// Writes `value` if the current revision is `expected` (`None`: the key
+    /// must not exist or be expired). Returns the new revision or `None` when
+    /// the comparison failed. `expires_at_ms` of `None` never expires.
+    async fn kv_compare_and_set(
+        &self,
+        namespace: &str,
+        key: &str,
+        expected: Option<u64>,
+        value: Bytes,
+        expires_at_ms: Option<i64>,
+    ) -> StoreResult<Option<u64>>;
+
+    /// Deletes a record; true if it existed.
+    async fn kv_delete(&self, namespace: &str, key: &str) -> StoreResult<bool>;
+
+    // ---- health ---------------------------------------------------------------
+
+    /// Answers when the backend is reachable and writable.
+    async fn ping(&self) -> StoreResult<()>;
+
+    /// Waits until everything accepted so far is committed (used on shutdown).
+    async fn flush(&self) -> StoreResult<()>;
+
+    /// A short human name for logs and `/healthz` ("memory", "sqlite:/path").
+    fn describe(&self) -> String;
+}

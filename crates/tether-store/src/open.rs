@@ -1,0 +1,67 @@
+//! Choosing and opening a backend from a `--store` value.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::{Store, StoreError, StoreResult, memory::MemoryStore, sqlite::SqliteStore};
+
+/// Knobs every backend honours.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// Oldest events of a stream are trimmed beyond this many.
+    pub max_events_per_stream: u64,
+    /// `true`: fsync on every commit (`--durability strict`). `false`: survive
+    /// a process crash (WAL written on commit), not necessarily a power loss.
+    pub strict_durability: bool,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self { max_events_per_stream: 100_000, strict_durability: false }
+    }
+}
+
+/// A parsed `--store` value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreUrl {
+    Memory,
+    Sqlite(PathBuf),
+}
+
+impl std::str::FromStr for StoreUrl {
+    type Err = StoreError;
+
+    fn from_str(s: &str) -> StoreResult<Self> {
+        if s == "memory" {
+            return Ok(StoreUrl::Memory);
+        }
+        if let Some(path) = s.strip_prefix("sqlite:") {
+            let path = path.strip_prefix("//").unwrap_or(path);
+            if path.is_empty() {
+                return Err(StoreError::Config("`sqlite:` needs a file path, e.g. sqlite:/var/lib/tether/tether.db".into()));
+            }
+            return Ok(StoreUrl::Sqlite(PathBuf::from(path)));
+        }
+        Err(StoreError::Config(format!(
+            "unknown store `{s}`: use `memory` or `sqlite:PATH`"
+        )))
+    }
+}
+
+impl std::fmt::Display for StoreUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreUrl::Memory => f.write_str("memory"),
+            StoreUrl::Sqlite(p) => write!(f, "sqlite:{}", p.display()),
+        }
+    }
+}
+
+/// Opens the backend named by `url`. SQLite files are created with mode 0600
+/// in a 0700 directory when they do not exist yet.
+pub async fn open_store(url: &StoreUrl, config: StoreConfig) -> StoreResult<Arc<dyn Store>> {
+    match url {
+        StoreUrl::Memory => Ok(Arc::new(MemoryStore::new(config))),
+        StoreUrl::Sqlite(path) => Ok(Arc::new(SqliteStore::open(path, config).await?)),
+    }
+}

@@ -1,0 +1,637 @@
+//! Embedded backend on one SQLite file.
+//!
+//! Writes go through one writer thread ([`SqliteDb::write`]) that takes every
+//! job queued at that moment and commits them in one transaction (group
+//! commit): a burst of appends costs one commit. Each job runs inside its own
+//! savepoint, so one failing job does not undo its neighbours. Its caller is
+//! answered only after the commit, so "returned" means "durable".
+//!
+//! Reads use a small pool of read connections (WAL lets them run beside the
+//! writer). The notebook keeps its tables in the same file through the same
+//! [`SqliteDb`] handle, so there is one writer per file.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use rusqlite::{Connection, OptionalExtension, params};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::{
+    EventKind, SessionRecord, Store, StoreConfig, StoreError, StoreResult, StoredEvent, StreamSummary,
+    VersionedValue, now_ms,
+};
+
+/// Jobs waiting for the writer; senders wait when it is full (back-pressure).
+const WRITE_QUEUE: usize = 4096;
+/// At most this many jobs share one commit.
+const MAX_BATCH: usize = 512;
+const READ_POOL: usize = 8;
+/// Sequence-number cache entries (sessions) kept by the writer before it starts over.
+const SEQ_CACHE_SESSIONS: usize = 10_000;
+
+const SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS sessions(
+    id TEXT PRIMARY KEY,
+    principal TEXT NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    expires_at_ms INTEGER NOT NULL,
+    revision INTEGER NOT NULL,
+    state TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS sessions_by_principal ON sessions(principal, expires_at_ms);
+CREATE INDEX IF NOT EXISTS sessions_by_expiry ON sessions(expires_at_ms);
+CREATE TABLE IF NOT EXISTS events(
+    session TEXT NOT NULL,
+    stream TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    kind INTEGER NOT NULL,
+    payload BLOB NOT NULL,
+    PRIMARY KEY(session, stream, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS cursors(
+    session TEXT NOT NULL,
+    stream TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    PRIMARY KEY(session, stream)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS kv(
+    namespace TEXT NOT NULL,
+    key TEXT NOT NULL,
+    value BLOB NOT NULL,
+    revision INTEGER NOT NULL,
+    expires_at_ms INTEGER,
+    PRIMARY KEY(namespace, key)
+) WITHOUT ROWID;
+"#;
+
+/// State the writer thread owns besides its connection.
+pub struct WriterCtx {
+    pub conn: Connection,
+    /// session -> stream -> last assigned seq (a cache of `MAX(seq)`).
+    seqs: HashMap<String, HashMap<String, u64>>,
+    kv_revision: u64,
+    max_events_per_stream: u64,
+}
+
+type Completion = Box<dyn FnOnce(StoreResult<()>) + Send>;
+type Job = Box<dyn FnOnce(&mut WriterCtx) -> Completion + Send>;
+
+/// A SQLite file with one group-committing writer and a pool of readers.
+/// Cheap to clone.
+#[derive(Clone)]
+pub struct SqliteDb {
+    jobs: mpsc::Sender<Job>,
+    readers: Arc<Mutex<Vec<Connection>>>,
+    path: Arc<PathBuf>,
+    // Held for the life of the handle: a second process on the same file is refused.
+    _lock: Arc<std::fs::File>,
+}
+
+fn configure(conn: &Connection, strict: bool) -> StoreResult<()> {
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", if strict { "FULL" } else { "NORMAL" })?;
+    Ok(())
+}
+
+#[cfg(unix)]
+fn prepare_path(path: &Path) -> StoreResult<std::fs::File> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if !dir.exists() {
+            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|e| {
+                StoreError::Config(format!("cannot create directory {}: {e}", dir.display()))
+            })?;
+        }
+    }
+    // Create the database file ourselves so it starts out 0600; SQLite gives
+    // its -wal and -shm files the same mode.
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| StoreError::Config(format!("cannot open {}: {e}", path.display())))?;
+    let lock_path = PathBuf::from(format!("{}.lock", path.display()));
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(&lock_path)
+        .map_err(|e| StoreError::Config(format!("cannot open {}: {e}", lock_path.display())))?;
+    match lock.try_lock() {
+        Ok(()) => Ok(lock),
+        Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Config(format!(
+            "{} is in use by another tether process; stop it or choose another --store path",
+            path.display()
+        ))),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(StoreError::Config(format!("cannot lock {}: {e}", lock_path.display())))
+        }
+    }
+}
+
+impl SqliteDb {
+    /// Opens (creating if needed) the file, applies the schema and starts the writer.
+    pub async fn open(path: &Path, config: &StoreConfig) -> StoreResult<Self> {
+        let path = path.to_path_buf();
+        let strict = config.strict_durability;
+        let max_events = config.max_events_per_stream.max(1);
+        let (lock, conn, kv_revision) = tokio::task::spawn_blocking({
+            let path = path.clone();
+            move || -> StoreResult<_> {
+                let lock = prepare_path(&path)?;
+                let conn = Connection::open(&path)?;
+                configure(&conn, strict)?;
+                conn.execute_batch(SCHEMA)?;
+                let kv_revision: u64 =
+                    conn.query_row("SELECT COALESCE(MAX(revision), 0) FROM kv", [], |r| r.get::<_, i64>(0))? as u64;
+                Ok((lock, conn, kv_revision))
+            }
+        })
+        .await
+        .map_err(|e| StoreError::Backend(format!("open task failed: {e}")))??;
+
+        let (tx, rx) = mpsc::channel::<Job>(WRITE_QUEUE);
+        let ctx = WriterCtx { conn, seqs: HashMap::new(), kv_revision, max_events_per_stream: max_events };
+        std::thread::Builder::new()
+            .name("tether-sqlite-writer".into())
+            .spawn(move || writer_loop(ctx, rx))
+            .map_err(|e| StoreError::Backend(format!("cannot start writer thread: {e}")))?;
+
+        Ok(Self { jobs: tx, readers: Arc::new(Mutex::new(Vec::new())), path: Arc::new(path), _lock: Arc::new(lock) })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs `f` on the writer inside the next group commit and returns its
+    /// value once that commit is durable. `f` must not block on anything but
+    /// SQLite.
+    pub async fn write<T, F>(&self, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut WriterCtx) -> StoreResult<T> + Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        let job: Job = Box::new(move |ctx: &mut WriterCtx| {
+            let result = run_in_savepoint(ctx, f);
+            Box::new(move |commit: StoreResult<()>| {
+                let _ = tx.send(commit.and(result));
+            })
+        });
+        self.jobs.send(job).await.map_err(|_| StoreError::Unavailable("sqlite writer has stopped".into()))?;
+        rx.await.map_err(|_| StoreError::Unavailable("sqlite writer has stopped".into()))?
+    }
+
+    /// Runs `f` on a pooled read connection.
+    pub async fn read<T, F>(&self, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
+    {
+        let readers = self.readers.clone();
+        let path = self.path.clone();
+        tokio::task::spawn_blocking(move || {
+            let pooled = readers.lock().map_err(|_| StoreError::Backend("reader pool poisoned".into()))?.pop();
+            let conn = match pooled {
+                Some(c) => c,
+                None => {
+                    let c = Connection::open(path.as_path())?;
+                    c.busy_timeout(std::time::Duration::from_secs(5))?;
+                    c
+                }
+            };
+            let result = f(&conn);
+            if let Ok(mut pool) = readers.lock() {
+                if pool.len() < READ_POOL {
+                    pool.push(conn);
+                }
+            }
+            result
+        })
+        .await
+        .map_err(|e| StoreError::Backend(format!("read task failed: {e}")))?
+    }
+}
+
+fn run_in_savepoint<T>(ctx: &mut WriterCtx, f: impl FnOnce(&mut WriterCtx) -> StoreResult<T>) -> StoreResult<T> {
+    ctx.conn.execute_batch("SAVEPOINT job")?;
+    match f(ctx) {
+        Ok(v) => {
+            ctx.conn.execute_batch("RELEASE job")?;
+            Ok(v)
+        }
+        Err(e) => {
+            // The job's cached sequence numbers may be ahead of its rolled-back rows.
+            ctx.seqs.clear();
+            let _ = ctx.conn.execute_batch("ROLLBACK TO job; RELEASE job");
+            Err(e)
+        }
+    }
+}
+
+fn writer_loop(mut ctx: WriterCtx, mut rx: mpsc::Receiver<Job>) {
+    let mut batch: Vec<Job> = Vec::with_capacity(MAX_BATCH);
+    let mut done: Vec<Completion> = Vec::with_capacity(MAX_BATCH);
+    while let Some(first) = rx.blocking_recv() {
+        batch.push(first);
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let begun = ctx.conn.execute_batch("BEGIN IMMEDIATE");
+        if let Err(e) = begun {
+            let err = StoreError::Backend(format!("cannot begin transaction: {e}"));
+            for job in batch.drain(..) {
+                // Run nothing; answer everyone with the failure.
+                let completion = job(&mut ctx);
+                completion(Err(StoreError::Backend(err.to_string())));
+            }
+            continue;
+        }
+        for job in batch.drain(..) {
+            done.push(job(&mut ctx));
+        }
+        let committed = ctx.conn.execute_batch("COMMIT").map_err(|e| {
+            ctx.seqs.clear();
+            let _ = ctx.conn.execute_batch("ROLLBACK");
+            StoreError::Backend(format!("commit failed: {e}"))
+        });
+        for completion in done.drain(..) {
+            completion(committed.as_ref().map(|_| ()).map_err(|e| StoreError::Backend(e.to_string())));
+        }
+    }
+    tracing::debug!("sqlite writer stopped");
+}
+
+impl WriterCtx {
+    fn next_seq(&mut self, session: &str, stream: &str) -> StoreResult<u64> {
+        if self.seqs.len() > SEQ_CACHE_SESSIONS {
+            self.seqs.clear();
+        }
+        let known = self.seqs.get(session).and_then(|m| m.get(stream)).copied();
+        let last = match known {
+            Some(v) => v,
+            None => self.conn.query_row(
+                "SELECT COALESCE(MAX(seq), 0) FROM events WHERE session = ?1 AND stream = ?2",
+                params![session, stream],
+                |r| r.get::<_, i64>(0),
+            )? as u64,
+        };
+        Ok(last + 1)
+    }
+
+    fn record_seq(&mut self, session: &str, stream: &str, seq: u64) {
+        self.seqs.entry(session.to_owned()).or_default().insert(stream.to_owned(), seq);
+    }
+
+    fn forget_session(&mut self, session: &str) {
+        self.seqs.remove(session);
+    }
+}
+
+/// The [`Store`] on SQLite.
+#[derive(Clone)]
+pub struct SqliteStore {
+    db: SqliteDb,
+}
+
+impl SqliteStore {
+    pub async fn open(path: &Path, config: StoreConfig) -> StoreResult<Self> {
+        Ok(Self { db: SqliteDb::open(path, &config).await? })
+    }
+
+    /// The shared file handle, for other repositories (the notebook) that keep
+    /// their tables in the same file.
+    pub fn db(&self) -> &SqliteDb {
+        &self.db
+    }
+}
+
+fn session_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, String, i64, i64, i64, String)> {
+    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
+}
+
+fn to_record(row: (String, String, i64, i64, i64, String)) -> StoreResult<SessionRecord> {
+    let (id, principal, created_at_ms, expires_at_ms, revision, state) = row;
+    let state = serde_json::from_str(&state).map_err(|e| StoreError::Corrupt(format!("session {id} state: {e}")))?;
+    Ok(SessionRecord { id, principal, created_at_ms, expires_at_ms, revision: revision as u64, state })
+}
+
+const SESSION_COLUMNS: &str = "id, principal, created_at_ms, expires_at_ms, revision, state";
+
+fn delete_session_rows(conn: &Connection, id: &str) -> StoreResult<bool> {
+    conn.execute("DELETE FROM events WHERE session = ?1", params![id])?;
+    conn.execute("DELETE FROM cursors WHERE session = ?1", params![id])?;
+    Ok(conn.execute("DELETE FROM sessions WHERE id = ?1", params![id])? > 0)
+}
+
+fn stream_summaries(conn: &Connection, session: &str, only: Option<&str>) -> StoreResult<Vec<StreamSummary>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT stream, MIN(seq), MAX(seq), MAX(kind = 2) FROM events
+         WHERE session = ?1 AND (?2 IS NULL OR stream = ?2) GROUP BY stream ORDER BY stream",
+    )?;
+    let rows = stmt.query_map(params![session, only], |r| {
+        Ok(StreamSummary {
+            stream: r.get(0)?,
+            first_seq: r.get::<_, i64>(1)? as u64,
+            last_seq: r.get::<_, i64>(2)? as u64,
+            finished: r.get::<_, i64>(3)? != 0,
+        })
+    })?;
+    rows.collect::<Result<Vec<_>, _>>().map_err(Into::into)
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn create_session(&self, s: &SessionRecord) -> StoreResult<()> {
+        let s = s.clone();
+        let state = serde_json::to_string(&s.state).map_err(|e| StoreError::Backend(e.to_string()))?;
+        self.db
+            .write(move |ctx| {
+                // An expired leftover with the same ID is replaced.
+                let now = now_ms();
+                let live: Option<i64> = ctx
+                    .conn
+                    .query_row("SELECT expires_at_ms FROM sessions WHERE id = ?1", params![s.id], |r| r.get(0))
+                    .optional()?;
+                match live {
+                    Some(t) if t > now => return Err(StoreError::Conflict(format!("session {}", s.id))),
+                    Some(_) => {
+                        delete_session_rows(&ctx.conn, &s.id)?;
+                        ctx.forget_session(&s.id);
+                    }
+                    None => {}
+                }
+                ctx.conn.execute(
+                    "INSERT INTO sessions(id, principal, created_at_ms, expires_at_ms, revision, state)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                    params![s.id, s.principal, s.created_at_ms, s.expires_at_ms, s.revision as i64, state],
+                )?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn get_session(&self, id: &str, now_ms: i64) -> StoreResult<Option<SessionRecord>> {
+        let id = id.to_owned();
+        self.db
+            .read(move |conn| {
+                let row = conn
+                    .prepare_cached(&format!("SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?1 AND expires_at_ms > ?2"))?
+                    .query_row(params![id, now_ms], session_from_row)
+                    .optional()?;
+                row.map(to_record).transpose()
+            })
+            .await
+    }
+
+    async fn update_session_state(&self, id: &str, expected: u64, state: &serde_json::Value) -> StoreResult<Option<u64>> {
+        let id = id.to_owned();
+        let state = serde_json::to_string(state).map_err(|e| StoreError::Backend(e.to_string()))?;
+        self.db
+            .write(move |ctx| {
+                let n = ctx.conn.execute(
+                    "UPDATE sessions SET state = ?1, revision = revision + 1 WHERE id = ?2 AND revision = ?3",
+                    params![state, id, expected as i64],
+                )?;
+                Ok((n == 1).then_some(expected + 1))
+            })
+            .await
+    }
+
+    async fn touch_session(&self, id: &str, expires_at_ms: i64) -> StoreResult<bool> {
+        let id = id.to_owned();
+        self.db
+            .write(move |ctx| {
+                let n = ctx.conn.execute(
+                    "UPDATE sessions SET expires_at_ms = MAX(expires_at_ms, ?1) WHERE id = ?2",
+                    params![expires_at_ms, id],
+                )?;
+                Ok(n == 1)
+            })
+            .await
+    }
+
+    async fn delete_session(&self, id: &str) -> StoreResult<bool> {
+        let id = id.to_owned();
+        self.db
+            .write(move |ctx| {
+                ctx.forget_session(&id);
+                delete_session_rows(&ctx.conn, &id)
+            })
+            .await
+    }
+
+    async fn list_sessions(&self, principal: &str, limit: usize) -> StoreResult<Vec<SessionRecord>> {
+        let principal = principal.to_owned();
+        self.db
+            .read(move |conn| {
+                let mut stmt = conn.prepare_cached(&format!(
+                    "SELECT {SESSION_COLUMNS} FROM sessions WHERE principal = ?1 AND expires_at_ms > ?2
+                     ORDER BY expires_at_ms DESC, id LIMIT ?3"
+                ))?;
+                let rows = stmt.query_map(params![principal, now_ms(), limit as i64], session_from_row)?;
+                rows.map(|r| to_record(r?)).collect()
+            })
+            .await
+    }
+
+    async fn expire_sessions(&self, now_ms: i64, limit: usize) -> StoreResult<Vec<String>> {
+        self.db
+            .write(move |ctx| {
+                let ids: Vec<String> = {
+                    let mut stmt =
+                        ctx.conn.prepare_cached("SELECT id FROM sessions WHERE expires_at_ms <= ?1 LIMIT ?2")?;
+                    let rows = stmt.query_map(params![now_ms, limit as i64], |r| r.get(0))?;
+                    rows.collect::<Result<_, _>>()?
+                };
+                for id in &ids {
+                    delete_session_rows(&ctx.conn, id)?;
+                    ctx.forget_session(id);
+                }
+                ctx.conn.execute(
+                    "DELETE FROM kv WHERE expires_at_ms IS NOT NULL AND expires_at_ms <= ?1",
+                    params![now_ms],
+                )?;
+                Ok(ids)
+            })
+            .await
+    }
+
+    async fn append(&self, session: &str, stream: &str, kind: EventKind, payload: Bytes) -> StoreResult<u64> {
+        let session = session.to_owned();
+        let stream = stream.to_owned();
+        self.db
+            .write(move |ctx| {
+                let seq = ctx.next_seq(&session, &stream)?;
+                ctx.conn
+                    .prepare_cached("INSERT INTO events(session, stream, seq, kind, payload) VALUES (?1, ?2, ?3, ?4, ?5)")?
+                    .execute(params![session, stream, seq as i64, kind as u8, payload.as_ref()])?;
+                if seq > ctx.max_events_per_stream {
+                    ctx.conn
+                        .prepare_cached("DELETE FROM events WHERE session = ?1 AND stream = ?2 AND seq <= ?3")?
+                        .execute(params![session, stream, (seq - ctx.max_events_per_stream) as i64])?;
+                }
+                ctx.record_seq(&session, &stream, seq);
+                Ok(seq)
+            })
+            .await
+    }
+
+    async fn read_after(&self, session: &str, stream: &str, after: u64, limit: usize) -> StoreResult<Vec<StoredEvent>> {
+        let session = session.to_owned();
+        let stream = stream.to_owned();
+        self.db
+            .read(move |conn| {
+                let mut stmt = conn.prepare_cached(
+                    "SELECT seq, kind, payload FROM events WHERE session = ?1 AND stream = ?2 AND seq > ?3
+                     ORDER BY seq LIMIT ?4",
+                )?;
+                let rows = stmt.query_map(params![session, stream, after as i64, limit as i64], |r| {
+                    Ok((r.get::<_, i64>(0)?, r.get::<_, u8>(1)?, r.get::<_, Vec<u8>>(2)?))
+                })?;
+                rows.map(|row| {
+                    let (seq, kind, payload) = row?;
+                    let kind =
+                        EventKind::from_u8(kind).ok_or_else(|| StoreError::Corrupt(format!("event kind {kind}")))?;
+                    Ok(StoredEvent { seq: seq as u64, kind, payload: Bytes::from(payload) })
+                })
+                .collect()
+            })
+            .await
+    }
+
+    async fn streams(&self, session: &str) -> StoreResult<Vec<StreamSummary>> {
+        let session = session.to_owned();
+        self.db.read(move |conn| stream_summaries(conn, &session, None)).await
+    }
+
+    async fn stream(&self, session: &str, stream: &str) -> StoreResult<Option<StreamSummary>> {
+        let session = session.to_owned();
+        let stream = stream.to_owned();
+        self.db.read(move |conn| Ok(stream_summaries(conn, &session, Some(&stream))?.pop())).await
+    }
+
+    async fn set_cursor(&self, session: &str, stream: &str, seq: u64) -> StoreResult<()> {
+        let session = session.to_owned();
+        let stream = stream.to_owned();
+        self.db
+            .write(move |ctx| {
+                ctx.conn.prepare_cached(
+                    "INSERT INTO cursors(session, stream, seq) SELECT ?1, ?2, ?3 WHERE EXISTS (SELECT 1 FROM sessions WHERE id = ?1)
+                     ON CONFLICT(session, stream) DO UPDATE SET seq = MAX(seq, excluded.seq)",
+                )?
+                .execute(params![session, stream, seq as i64])?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn cursor(&self, session: &str, stream: &str) -> StoreResult<u64> {
+        let session = session.to_owned();
+        let stream = stream.to_owned();
+        self.db
+            .read(move |conn| {
+                let v: Option<i64> = conn
+                    .prepare_cached("SELECT seq FROM cursors WHERE session = ?1 AND stream = ?2")?
+                    .query_row(params![session, stream], |r| r.get(0))
+                    .optional()?;
+                Ok(v.unwrap_or(0) as u64)
+            })
+            .await
+    }
+
+    async fn kv_get(&self, namespace: &str, key: &str, now_ms: i64) -> StoreResult<Option<VersionedValue>> {
+        let namespace = namespace.to_owned();
+        let key = key.to_owned();
+        self.db
+            .read(move |conn| {
+                let row = conn
+                    .prepare_cached(
+                        "SELECT value, revision, expires_at_ms FROM kv WHERE namespace = ?1 AND key = ?2
+                         AND (expires_at_ms IS NULL OR expires_at_ms > ?3)",
+                    )?
+                    .query_row(params![namespace, key, now_ms], |r| {
+                        Ok(VersionedValue {
+                            value: Bytes::from(r.get::<_, Vec<u8>>(0)?),
+                            revision: r.get::<_, i64>(1)? as u64,
+                            expires_at_ms: r.get(2)?,
+                        })
+                    })
+                    .optional()?;
+                Ok(row)
+            })
+            .await
+    }
+
+    async fn kv_compare_and_set(
+        &self,
+        namespace: &str,
+        key: &str,
+        expected: Option<u64>,
+        value: Bytes,
+        expires_at_ms: Option<i64>,
+    ) -> StoreResult<Option<u64>> {
+        let namespace = namespace.to_owned();
+        let key = key.to_owned();
+        self.db
+            .write(move |ctx| {
+                let now = now_ms();
+                let current: Option<u64> = ctx
+                    .conn
+                    .prepare_cached(
+                        "SELECT revision FROM kv WHERE namespace = ?1 AND key = ?2
+                         AND (expires_at_ms IS NULL OR expires_at_ms > ?3)",
+                    )?
+                    .query_row(params![namespace, key, now], |r| r.get::<_, i64>(0))
+                    .optional()?
+                    .map(|v| v as u64);
+                if current != expected {
+                    return Ok(None);
+                }
+                let revision = ctx.kv_revision + 1;
+                ctx.conn
+                    .prepare_cached(
+                        "INSERT INTO kv(namespace, key, value, revision, expires_at_ms) VALUES (?1, ?2, ?3, ?4, ?5)
+                         ON CONFLICT(namespace, key) DO UPDATE SET value = excluded.value,
+                         revision = excluded.revision, expires_at_ms = excluded.expires_at_ms",
+                    )?
+                    .execute(params![namespace, key, value.as_ref(), revision as i64, expires_at_ms])?;
+                ctx.kv_revision = revision;
+                Ok(Some(revision))
+            })
+            .await
+    }
+
+    async fn kv_delete(&self, namespace: &str, key: &str) -> StoreResult<bool> {
+        let namespace = namespace.to_owned();
+        let key = key.to_owned();
+        self.db
+            .write(move |ctx| {
+                Ok(ctx.conn.execute("DELETE FROM kv WHERE namespace = ?1 AND key = ?2", params![namespace, key])? > 0)
+            })
+            .await
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        self.db.read(|conn| Ok(conn.query_row("SELECT 1", [], |r| r.get::<_, i64>(0)).map(|_| ())?)).await?;
+        self.flush().await
+    }
+
+    async fn flush(&self) -> StoreResult<()> {
+        self.db.write(|_| Ok(())).await
+    }
+
+    fn describe(&self) -> String {
+        format!("sqlite:{}", self.db.path().display())
+    }
+}
