@@ -1,0 +1,74 @@
+//! Notebook repository in memory (`--store memory`, tests).
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+
+use super::{NotebookRepo, NotebookSession, RepoError, StoredThought};
+use crate::thought::{Recorded, ThoughtInput};
+
+#[derive(Default)]
+struct Entry {
+    session: Option<NotebookSession>,
+    thoughts: Vec<StoredThought>,
+    branches: BTreeSet<String>,
+}
+
+#[derive(Default)]
+pub struct MemoryNotebook {
+    entries: Mutex<HashMap<String, Entry>>,
+}
+
+impl MemoryNotebook {
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+fn poisoned<T>(_: T) -> RepoError {
+    RepoError::Storage("notebook lock poisoned".into())
+}
+
+#[async_trait]
+impl NotebookRepo for MemoryNotebook {
+    async fn create_session(&self, session: &NotebookSession) -> Result<(), RepoError> {
+        let mut map = self.entries.lock().map_err(poisoned)?;
+        map.insert(session.id.clone(), Entry { session: Some(session.clone()), ..Entry::default() });
+        Ok(())
+    }
+
+    async fn get_session(&self, principal: &str, id: &str) -> Result<Option<NotebookSession>, RepoError> {
+        let map = self.entries.lock().map_err(poisoned)?;
+        Ok(map.get(id).and_then(|e| e.session.clone()).filter(|s| s.principal == principal))
+    }
+
+    async fn append_thought(&self, principal: &str, session_id: &str, thought: &ThoughtInput) -> Result<Recorded, RepoError> {
+        let mut map = self.entries.lock().map_err(poisoned)?;
+        let entry = map
+            .get_mut(session_id)
+            .filter(|e| e.session.as_ref().is_some_and(|s| s.principal == principal))
+            .ok_or_else(|| RepoError::NotFound(session_id.to_owned()))?;
+        let now = tether_store::now_ms();
+        entry.thoughts.push(StoredThought { input: thought.clone(), recorded_at_ms: now });
+        if let Some((branch, _)) = thought.branch() {
+            entry.branches.insert(branch.to_owned());
+        }
+        let (count, branches) = (entry.thoughts.len() as u64, entry.branches.iter().cloned().collect::<Vec<_>>());
+        if let Some(s) = entry.session.as_mut() {
+            s.thought_count = count;
+            s.branch_count = branches.len() as u64;
+            s.updated_at_ms = now;
+        }
+        Ok(Recorded { thought_history_length: count, branches })
+    }
+
+    async fn thoughts(&self, principal: &str, session_id: &str) -> Result<Vec<StoredThought>, RepoError> {
+        let map = self.entries.lock().map_err(poisoned)?;
+        Ok(map
+            .get(session_id)
+            .filter(|e| e.session.as_ref().is_some_and(|s| s.principal == principal))
+            .map(|e| e.thoughts.clone())
+            .unwrap_or_default())
+    }
+}

@@ -1,0 +1,169 @@
+//! Notebook repository in the same SQLite file as the store, written through
+//! the store's group-committing writer. "Most recent session for this root
+//! and principal" is one lookup on `nb_sessions_by_root`.
+
+use async_trait::async_trait;
+use rusqlite::{OptionalExtension, params};
+use tether_store::sqlite::SqliteDb;
+
+use super::{NotebookRepo, NotebookSession, RepoError, StoredThought};
+use crate::thought::{Recorded, ThoughtInput};
+
+const SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS nb_sessions(
+    id TEXT PRIMARY KEY,
+    principal TEXT NOT NULL,
+    title TEXT NOT NULL,
+    tags TEXT NOT NULL,
+    root_uri TEXT,
+    created_at_ms INTEGER NOT NULL,
+    updated_at_ms INTEGER NOT NULL,
+    thought_count INTEGER NOT NULL,
+    branch_count INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS nb_sessions_by_root ON nb_sessions(principal, root_uri, updated_at_ms DESC);
+CREATE INDEX IF NOT EXISTS nb_sessions_by_principal ON nb_sessions(principal, updated_at_ms DESC);
+CREATE TABLE IF NOT EXISTS nb_thoughts(
+    session_id TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    body TEXT NOT NULL,
+    recorded_at_ms INTEGER NOT NULL,
+    PRIMARY KEY(session_id, idx)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS nb_branches(
+    session_id TEXT NOT NULL,
+    branch_id TEXT NOT NULL,
+    from_thought INTEGER NOT NULL,
+    PRIMARY KEY(session_id, branch_id)
+) WITHOUT ROWID;
+"#;
+
+pub struct SqliteNotebook {
+    db: SqliteDb,
+}
+
+impl SqliteNotebook {
+    pub async fn new(db: SqliteDb) -> Result<Self, RepoError> {
+        db.write(|ctx| Ok(ctx.conn.execute_batch(SCHEMA)?)).await?;
+        Ok(Self { db })
+    }
+}
+
+const COLUMNS: &str = "id, principal, title, tags, root_uri, created_at_ms, updated_at_ms, thought_count, branch_count";
+
+fn row_to_session(r: &rusqlite::Row<'_>) -> rusqlite::Result<NotebookSession> {
+    let tags: String = r.get(3)?;
+    Ok(NotebookSession {
+        id: r.get(0)?,
+        principal: r.get(1)?,
+        title: r.get(2)?,
+        tags: serde_json::from_str(&tags).unwrap_or_default(),
+        mcp_root_uri: r.get(4)?,
+        created_at_ms: r.get(5)?,
+        updated_at_ms: r.get(6)?,
+        thought_count: r.get::<_, i64>(7)? as u64,
+        branch_count: r.get::<_, i64>(8)? as u64,
+    })
+}
+
+fn storage(e: impl std::fmt::Display) -> tether_store::StoreError {
+    tether_store::StoreError::Backend(e.to_string())
+}
+
+#[async_trait]
+impl NotebookRepo for SqliteNotebook {
+    async fn create_session(&self, s: &NotebookSession) -> Result<(), RepoError> {
+        let s = s.clone();
+        let tags = serde_json::to_string(&s.tags).map_err(|e| RepoError::Storage(e.to_string()))?;
+        self.db
+            .write(move |ctx| {
+                ctx.conn.execute(
+                    &format!("INSERT INTO nb_sessions({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"),
+                    params![
+                        s.id,
+                        s.principal,
+                        s.title,
+                        tags,
+                        s.mcp_root_uri,
+                        s.created_at_ms,
+                        s.updated_at_ms,
+                        s.thought_count as i64,
+                        s.branch_count as i64
+                    ],
+                )?;
+                Ok(())
+            })
+            .await?;
+        Ok(())
+    }
+
+    async fn get_session(&self, principal: &str, id: &str) -> Result<Option<NotebookSession>, RepoError> {
+        let (principal, id) = (principal.to_owned(), id.to_owned());
+        Ok(self
+            .db
+            .read(move |conn| {
+                Ok(conn
+                    .prepare_cached(&format!("SELECT {COLUMNS} FROM nb_sessions WHERE id = ?1 AND principal = ?2"))?
+                    .query_row(params![id, principal], row_to_session)
+                    .optional()?)
+            })
+            .await?)
+    }
+
+    async fn append_thought(&self, principal: &str, session_id: &str, thought: &ThoughtInput) -> Result<Recorded, RepoError> {
+        let (principal, session_id) = (principal.to_owned(), session_id.to_owned());
+        let missing = session_id.clone();
+        let thought = thought.clone();
+        let body = serde_json::to_string(&thought).map_err(|e| RepoError::Storage(e.to_string()))?;
+        let recorded = self
+            .db
+            .write(move |ctx| {
+                let conn = &ctx.conn;
+                let count: Option<i64> = conn
+                    .prepare_cached("SELECT thought_count FROM nb_sessions WHERE id = ?1 AND principal = ?2")?
+                    .query_row(params![session_id, principal], |r| r.get(0))
+                    .optional()?;
+                let Some(count) = count else { return Ok(None) };
+                let now = tether_store::now_ms();
+                conn.prepare_cached("INSERT INTO nb_thoughts(session_id, idx, body, recorded_at_ms) VALUES (?1, ?2, ?3, ?4)")?
+                    .execute(params![session_id, count + 1, body, now])?;
+                if let Some((branch, from)) = thought.branch() {
+                    conn.prepare_cached(
+                        "INSERT OR IGNORE INTO nb_branches(session_id, branch_id, from_thought) VALUES (?1, ?2, ?3)",
+                    )?
+                    .execute(params![session_id, branch, from as i64])?;
+                }
+                let branches: Vec<String> = conn
+                    .prepare_cached("SELECT branch_id FROM nb_branches WHERE session_id = ?1 ORDER BY branch_id")?
+                    .query_map(params![session_id], |r| r.get(0))?
+                    .collect::<Result<_, _>>()?;
+                conn.prepare_cached(
+                    "UPDATE nb_sessions SET thought_count = ?1, branch_count = ?2, updated_at_ms = ?3 WHERE id = ?4",
+                )?
+                .execute(params![count + 1, branches.len() as i64, now, session_id])?;
+                Ok(Some(Recorded { thought_history_length: (count + 1) as u64, branches }))
+            })
+            .await?;
+        recorded.ok_or(RepoError::NotFound(missing))
+    }
+
+    async fn thoughts(&self, principal: &str, session_id: &str) -> Result<Vec<StoredThought>, RepoError> {
+        let (principal, session_id) = (principal.to_owned(), session_id.to_owned());
+        Ok(self
+            .db
+            .read(move |conn| {
+                let mut stmt = conn.prepare_cached(
+                    "SELECT t.body, t.recorded_at_ms FROM nb_thoughts t JOIN nb_sessions s ON s.id = t.session_id
+                     WHERE t.session_id = ?1 AND s.principal = ?2 ORDER BY t.idx",
+                )?;
+                let rows = stmt.query_map(params![session_id, principal], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+                rows.map(|row| {
+                    let (body, recorded_at_ms) = row?;
+                    let input: ThoughtInput = serde_json::from_str(&body).map_err(storage)?;
+                    Ok(StoredThought { input, recorded_at_ms })
+                })
+                .collect()
+            })
+            .await?)
+    }
+}

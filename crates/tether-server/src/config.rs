@@ -1,0 +1,42 @@
+//! Server settings, with the defaults `tether serve` documents.
+
+use std::time::Duration;
+
+/// Limits and behaviour of one server. Every limit has a documented default.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// A session lives this long after its last activity (`--session-ttl`).
+    pub session_ttl: Duration,
+    /// Largest accepted POST body (`--max-body`).
+    pub max_body: usize,
+    /// Origins allowed besides localhost ones (`--allowed-origin`).
+    pub allowed_origins: Vec<String>,
+    /// Answer POSTed requests with plain JSON instead of SSE (`--json-response`).
+    pub json_response: bool,
+    /// The `retry` (ms) announced on every stream.
+    pub sse_retry_ms: u64,
+    /// Interval of keep-alive comments on idle streams.
+    pub keepalive: Duration,
+    /// Requests running at once in one session; more get 429.
+    pub max_inflight_per_session: usize,
+    /// Live sessions one principal may hold; initialize beyond it gets 429.
+    pub max_sessions_per_principal: usize,
+    /// How often the reaper deletes expired sessions.
+    pub reap_interval: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            session_ttl: Duration::from_secs(30 * 60),
+            max_body: 4 * 1024 * 1024,
+            allowed_origins: Vec::new(),
+            json_response: false,
+            sse_retry_ms: 1000,
+            keepalive: Duration::from_secs(15),
+            max_inflight_per_session: 64,
+            max_sessions_per_principal: 10_000,
+            reap_interval: Duration::from_secs(30),
+        }
+    }
+}

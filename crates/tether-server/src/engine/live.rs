@@ -1,0 +1,88 @@
+//! In-process fan-out of committed events to the connections that stream
+//! them, and the count of live connections per stream (which decides where a
+//! related notification goes).
+//!
+//! Events are published here only after the store committed them, so a
+//! subscriber may always fall back to reading the store: a gap or a lag in
+//! the broadcast is repaired by a range read, never by guessing.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use tether_store::EventKind;
+use tokio::sync::broadcast;
+
+/// Events buffered per live stream before a slow subscriber falls back to the store.
+const LIVE_BUFFER: usize = 64;
+
+#[derive(Debug, Clone)]
+pub struct LiveEvent {
+    pub seq: u64,
+    pub kind: EventKind,
+    pub payload: Bytes,
+}
+
+struct Live {
+    tx: broadcast::Sender<LiveEvent>,
+    connections: AtomicUsize,
+}
+
+type Key = (String, String);
+
+#[derive(Default)]
+pub struct LiveHub {
+    streams: Mutex<HashMap<Key, Arc<Live>>>,
+}
+
+/// A connection attached to one stream. Dropping it detaches.
+pub struct Subscription {
+    pub rx: broadcast::Receiver<LiveEvent>,
+    hub: Arc<LiveHub>,
+    key: Key,
+    live: Arc<Live>,
+}
+
+impl LiveHub {
+    pub fn subscribe(self: &Arc<Self>, session: &str, stream: &str) -> Subscription {
+        let key = (session.to_owned(), stream.to_owned());
+        let mut map = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        let live = map
+            .entry(key.clone())
+            .or_insert_with(|| Arc::new(Live { tx: broadcast::channel(LIVE_BUFFER).0, connections: AtomicUsize::new(0) }))
+            .clone();
+        live.connections.fetch_add(1, Ordering::SeqCst);
+        let rx = live.tx.subscribe();
+        Subscription { rx, hub: self.clone(), key, live }
+    }
+
+    /// Hands a committed event to whoever streams it right now.
+    pub fn publish(&self, session: &str, stream: &str, event: LiveEvent) {
+        let map = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(live) = map.get(&(session.to_owned(), stream.to_owned())) {
+            let _ = live.tx.send(event);
+        }
+    }
+
+    /// Connections currently streaming this stream.
+    pub fn connections(&self, session: &str, stream: &str) -> usize {
+        let map = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(&(session.to_owned(), stream.to_owned())).map(|l| l.connections.load(Ordering::SeqCst)).unwrap_or(0)
+    }
+
+    /// Connections on any stream of the session.
+    pub fn session_connections(&self, session: &str) -> usize {
+        let map = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        map.iter().filter(|((s, _), _)| s == session).map(|(_, l)| l.connections.load(Ordering::SeqCst)).sum()
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let mut map = self.hub.streams.lock().unwrap_or_else(|p| p.into_inner());
+        if self.live.connections.fetch_sub(1, Ordering::SeqCst) == 1 {
+            map.remove(&self.key);
+        }
+    }
+}

@@ -1,0 +1,180 @@
+//! Turns one stream's log into the frames of one SSE connection.
+//!
+//! A pump first catches up from the store (after the client's cursor), then
+//! follows the live broadcast. The subscription is taken before the first
+//! store read, so nothing committed in between is missed; sequence numbers
+//! drop duplicates, and any gap or lag sends the pump back to the store.
+//! That is how replay-to-live hands over without loss or duplicates.
+
+use std::sync::Arc;
+
+use tether_store::EventKind;
+use tokio::sync::{broadcast, mpsc};
+
+use super::Inner;
+use super::live::{LiveEvent, Subscription};
+use super::session::Session;
+use crate::ids::EventId;
+
+/// Events read from the store per catch-up round.
+const CATCHUP_PAGE: usize = 512;
+/// Frames buffered between a pump and its HTTP body.
+const FRAME_BUFFER: usize = 64;
+
+/// What the HTTP layer writes, one SSE event (or comment) per frame.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Frame {
+    /// An event with an ID and empty data, plus the `retry` hint.
+    Prime { id: EventId },
+    /// A JSON-RPC message.
+    Event { id: EventId, data: bytes::Bytes },
+    /// A comment that keeps proxies and clients from timing out.
+    KeepAlive,
+    /// Sent before the server closes the stream on purpose (shutdown).
+    Reconnect,
+}
+
+pub(crate) struct PumpSpec {
+    pub stream: String,
+    /// Deliver events with `seq > after`.
+    pub after: u64,
+    /// Read the store before following the broadcast.
+    pub catch_up: bool,
+    /// End after the stream's final response (request streams).
+    pub close_on_final: bool,
+    /// Standalone stream: the takeover generation this connection owns.
+    pub standalone_generation: Option<u64>,
+    /// Sent before anything else.
+    pub first: Option<Frame>,
+}
+
+enum Step {
+    Continue,
+    End,
+}
+
+struct Pump {
+    inner: Arc<Inner>,
+    session: Arc<Session>,
+    spec: PumpSpec,
+    tx: mpsc::Sender<Frame>,
+    cursor: u64,
+}
+
+impl Pump {
+    async fn deliver(&mut self, seq: u64, kind: EventKind, payload: bytes::Bytes) -> Step {
+        let id = EventId::new(&self.spec.stream, seq);
+        let frame = match kind {
+            EventKind::Prime => Frame::Prime { id },
+            _ => Frame::Event { id, data: payload },
+        };
+        if self.tx.send(frame).await.is_err() {
+            return Step::End;
+        }
+        self.cursor = seq;
+        if kind == EventKind::Final && self.spec.close_on_final {
+            return Step::End;
+        }
+        Step::Continue
+    }
+
+    fn remember_delivery(&self) {
+        if self.spec.standalone_generation.is_some() {
+            let store = self.inner.store.clone();
+            let (session, stream, seq) = (self.session.id.clone(), self.spec.stream.clone(), self.cursor);
+            tokio::spawn(async move {
+                if let Err(e) = store.set_cursor(&session, &stream, seq).await {
+                    tracing::warn!(%session, error = %e, "could not record standalone stream cursor");
+                }
+            });
+        }
+    }
+
+    /// Reads the store after the cursor; `End` when the stream is done or broken.
+    async fn catch_up(&mut self) -> Step {
+        loop {
+            let page = match self.inner.store.read_after(&self.session.id, &self.spec.stream, self.cursor, CATCHUP_PAGE).await
+            {
+                Ok(page) => page,
+                Err(e) => {
+                    tracing::warn!(session = %self.session.id, error = %e, "replay read failed; asking client to reconnect");
+                    let _ = self.tx.send(Frame::Reconnect).await;
+                    return Step::End;
+                }
+            };
+            let full = page.len() == CATCHUP_PAGE;
+            let before = self.cursor;
+            for event in page {
+                if let Step::End = self.deliver(event.seq, event.kind, event.payload).await {
+                    return Step::End;
+                }
+            }
+            if self.cursor != before {
+                self.remember_delivery();
+            }
+            if !full {
+                return Step::Continue;
+            }
+        }
+    }
+
+    async fn run(mut self, mut sub: Subscription) {
+        if let Some(first) = self.spec.first.take() {
+            if self.tx.send(first).await.is_err() {
+                return;
+            }
+        }
+        let mut owner = self.session.standalone_owner.subscribe();
+        let mut keepalive = tokio::time::interval(self.inner.config.keepalive);
+        keepalive.tick().await;
+        let mut catch_up = self.spec.catch_up;
+        loop {
+            if catch_up {
+                if let Step::End = self.catch_up().await {
+                    return;
+                }
+                catch_up = false;
+            }
+            tokio::select! {
+                biased;
+                _ = self.inner.shutdown.cancelled() => {
+                    let _ = self.tx.send(Frame::Reconnect).await;
+                    return;
+                }
+                _ = self.session.closed.cancelled() => return,
+                _ = self.tx.closed() => return,
+                changed = owner.changed(), if self.spec.standalone_generation.is_some() => {
+                    if changed.is_err() || Some(*owner.borrow()) != self.spec.standalone_generation {
+                        // A newer GET took over the standalone stream.
+                        return;
+                    }
+                }
+                received = sub.rx.recv() => match received {
+                    Ok(LiveEvent { seq, .. }) if seq <= self.cursor => {}
+                    Ok(LiveEvent { seq, kind, payload }) if seq == self.cursor + 1 => {
+                        if let Step::End = self.deliver(seq, kind, payload).await {
+                            return;
+                        }
+                        self.remember_delivery();
+                    }
+                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => catch_up = true,
+                    Err(broadcast::error::RecvError::Closed) => return,
+                },
+                _ = keepalive.tick() => {
+                    if self.tx.send(Frame::KeepAlive).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Starts a pump for `session` and returns the frames it produces.
+pub(crate) fn spawn_pump(inner: Arc<Inner>, session: Arc<Session>, spec: PumpSpec, sub: Subscription) -> mpsc::Receiver<Frame> {
+    let (tx, rx) = mpsc::channel(FRAME_BUFFER);
+    let cursor = spec.after;
+    let pump = Pump { inner, session, spec, tx, cursor };
+    tokio::spawn(pump.run(sub));
+    rx
+}

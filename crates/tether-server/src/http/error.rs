@@ -1,0 +1,71 @@
+//! HTTP error responses: a status plus a JSON-RPC error body whose message
+//! tells the client what to do.
+
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::Value;
+
+use crate::engine::EngineError;
+use crate::protocol::{self, EnvelopeError};
+
+/// JSON-RPC code that MCP SDKs use for "session not found".
+pub const SESSION_NOT_FOUND: i64 = -32001;
+/// Generic server-side refusal (limits).
+pub const SERVER_ERROR: i64 = -32000;
+
+#[derive(Debug)]
+pub struct HttpError {
+    pub status: StatusCode,
+    pub code: i64,
+    pub message: String,
+    pub id: Option<Value>,
+    pub www_authenticate: bool,
+}
+
+impl HttpError {
+    pub fn new(status: StatusCode, code: i64, message: impl Into<String>) -> Self {
+        Self { status, code, message: message.into(), id: None, www_authenticate: false }
+    }
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, protocol::INVALID_REQUEST, message)
+    }
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, protocol::INTERNAL_ERROR, message)
+    }
+}
+
+impl From<EnvelopeError> for HttpError {
+    fn from(e: EnvelopeError) -> Self {
+        Self { status: StatusCode::BAD_REQUEST, code: e.code, message: e.message, id: e.id, www_authenticate: false }
+    }
+}
+
+impl From<EngineError> for HttpError {
+    fn from(e: EngineError) -> Self {
+        let message = e.to_string();
+        match e {
+            EngineError::SessionNotFound => Self::new(StatusCode::NOT_FOUND, SESSION_NOT_FOUND, message),
+            EngineError::BadRequest { code, id, message } => {
+                Self { status: StatusCode::BAD_REQUEST, code, message, id, www_authenticate: false }
+            }
+            EngineError::TooMany(m) => Self::new(StatusCode::TOO_MANY_REQUESTS, SERVER_ERROR, m),
+            EngineError::Unavailable(_) => Self::new(StatusCode::SERVICE_UNAVAILABLE, protocol::INTERNAL_ERROR, message),
+        }
+    }
+}
+
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        if self.status.is_server_error() {
+            tracing::warn!(status = %self.status, message = %self.message, "request failed");
+        } else {
+            tracing::debug!(status = %self.status, message = %self.message, "request refused");
+        }
+        let body = protocol::error_message(self.id.as_ref(), self.code, &self.message, None);
+        let mut response = (self.status, [(header::CONTENT_TYPE, "application/json")], body).into_response();
+        if self.www_authenticate {
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}

@@ -1,0 +1,167 @@
+//! The Streamable HTTP front: `POST/GET/DELETE /mcp` and `GET /healthz` on
+//! axum. Transport concerns only (headers, status codes, SSE framing); every
+//! decision about sessions and streams is the engine's.
+
+mod error;
+mod sse;
+mod validate;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::serve::ListenerExt;
+use serde_json::json;
+use tokio::net::TcpListener;
+
+pub use error::HttpError;
+
+use crate::engine::{Engine, PostOutcome};
+use crate::protocol::{self, Inbound};
+
+/// Header names of the transport.
+pub const SESSION_HEADER: &str = "mcp-session-id";
+pub const VERSION_HEADER: &str = "mcp-protocol-version";
+pub const LAST_EVENT_ID: &str = "last-event-id";
+
+/// The principal of requests while authentication is off.
+pub const ANONYMOUS: &str = "anonymous";
+
+#[derive(Clone)]
+struct AppState {
+    engine: Engine,
+    allowed_origins: Arc<Vec<String>>,
+}
+
+/// The router with `/mcp` and `/healthz`.
+pub fn router(engine: Engine) -> Router {
+    let allowed_origins = Arc::new(engine.config().allowed_origins.clone());
+    Router::new()
+        .route("/mcp", post(post_mcp).get(get_mcp).delete(delete_mcp))
+        .route("/healthz", get(healthz))
+        .with_state(AppState { engine, allowed_origins })
+}
+
+/// Serves until `shutdown` resolves; then tells open streams to reconnect,
+/// stops accepting, and flushes the store. Accepted sockets get TCP_NODELAY
+/// (SSE responses are written in several small pieces).
+pub async fn serve(listener: TcpListener, engine: Engine, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::warn!(error = %e, "could not set TCP_NODELAY");
+        }
+    });
+    let reaper = engine.spawn_reaper();
+    let on_shutdown = engine.clone();
+    let result = axum::serve(listener, router(engine.clone()))
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            tracing::info!("shutting down: asking open streams to reconnect");
+            on_shutdown.shutdown().await;
+        })
+        .await;
+    reaper.abort();
+    engine.shutdown().await;
+    tracing::info!("store flushed; bye");
+    result
+}
+
+fn principal(_headers: &HeaderMap) -> Result<String, HttpError> {
+    Ok(ANONYMOUS.to_owned())
+}
+
+async fn post_mcp(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    handle_post(&state, &headers, body).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn handle_post(state: &AppState, headers: &HeaderMap, body: Body) -> Result<Response, HttpError> {
+    let engine = &state.engine;
+    validate::origin(headers, &state.allowed_origins)?;
+    let principal = principal(headers)?;
+    validate::accept_for_post(headers)?;
+    validate::content_type_json(headers)?;
+    let bytes = validate::read_body(headers, body, engine.config().max_body).await?;
+    let message = protocol::parse_message(&bytes).map_err(HttpError::from)?;
+
+    let outcome = match message {
+        Inbound::Request { id, method, params } if method == "initialize" => {
+            engine.initialize(&principal, id, params).await?
+        }
+        message => {
+            validate::protocol_version(headers)?;
+            let session_id = validate::session_id(headers)?;
+            let session = engine.session(&session_id, &principal).await?;
+            engine.post(session, message).await?
+        }
+    };
+    let retry = engine.config().sse_retry_ms;
+    Ok(match outcome {
+        PostOutcome::Accepted => StatusCode::ACCEPTED.into_response(),
+        PostOutcome::Stream { frames, session_id } => sse::response(frames, retry, Some(&session_id)),
+        PostOutcome::Json { body, session_id } => match body.await {
+            Ok(body) => {
+                let mut response = (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], body).into_response();
+                set_session_header(&mut response, &session_id);
+                response
+            }
+            Err(_) => return Err(HttpError::internal("the request's task ended without an answer")),
+        },
+    })
+}
+
+fn set_session_header(response: &mut Response, session_id: &str) {
+    if let Ok(v) = HeaderValue::from_str(session_id) {
+        response.headers_mut().insert(SESSION_HEADER, v);
+    }
+}
+
+async fn get_mcp(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    handle_get(&state, &headers).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn handle_get(state: &AppState, headers: &HeaderMap) -> Result<Response, HttpError> {
+    let engine = &state.engine;
+    validate::origin(headers, &state.allowed_origins)?;
+    let principal = principal(headers)?;
+    validate::accept_for_get(headers)?;
+    validate::protocol_version(headers)?;
+    let session_id = validate::session_id(headers)?;
+    let session = engine.session(&session_id, &principal).await?;
+    let frames = match validate::last_event_id(headers)? {
+        Some(last) => engine.resume(session, &last).await?,
+        None => engine.open_standalone(session).await?,
+    };
+    Ok(sse::response(frames, engine.config().sse_retry_ms, None))
+}
+
+async fn delete_mcp(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    handle_delete(&state, &headers).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn handle_delete(state: &AppState, headers: &HeaderMap) -> Result<Response, HttpError> {
+    let engine = &state.engine;
+    validate::origin(headers, &state.allowed_origins)?;
+    let principal = principal(headers)?;
+    validate::protocol_version(headers)?;
+    let session_id = validate::session_id(headers)?;
+    let session = engine.session(&session_id, &principal).await?;
+    engine.delete(session).await?;
+    Ok(StatusCode::OK.into_response())
+}
+
+async fn healthz(State(state): State<AppState>) -> Response {
+    let store = state.engine.store().describe();
+    match state.engine.health().await {
+        Ok(()) => (StatusCode::OK, axum::Json(json!({"status": "ok", "store": store}))).into_response(),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"status": "unavailable", "store": store, "reason": e.to_string()})),
+        )
+            .into_response(),
+    }
+}

@@ -1,0 +1,84 @@
+//! Identifiers: session IDs, stream names and the event IDs clients see.
+//!
+//! Stream names are `[a-z0-9]+` only, so an event ID `<stream>.<seq>` splits
+//! at its one `.` without ambiguity. Standalone and request streams both get
+//! random names, so an event ID of one session is unknown in every other.
+
+use std::fmt;
+
+/// 192 random bits as 48 lowercase hex characters (visible ASCII).
+pub fn new_session_id() -> String {
+    hex::encode(rand::random::<[u8; 24]>())
+}
+
+/// A request stream's name: `r` + 64 random bits.
+pub fn new_request_stream() -> String {
+    format!("r{}", hex::encode(rand::random::<[u8; 8]>()))
+}
+
+/// A session's standalone (GET) stream name: `g` + 64 random bits.
+pub fn new_standalone_stream() -> String {
+    format!("g{}", hex::encode(rand::random::<[u8; 8]>()))
+}
+
+/// Instance ID of this process, recorded as the owner of the requests it runs.
+pub fn new_instance_id() -> String {
+    hex::encode(rand::random::<[u8; 8]>())
+}
+
+/// What a client sends back in `Last-Event-ID`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventId {
+    pub stream: String,
+    pub seq: u64,
+}
+
+impl EventId {
+    pub fn new(stream: &str, seq: u64) -> Self {
+        Self { stream: stream.to_owned(), seq }
+    }
+
+    /// Parses `<stream>.<seq>`; `None` for anything else.
+    pub fn parse(s: &str) -> Option<Self> {
+        let (stream, seq) = s.split_once('.')?;
+        if stream.len() < 2 || stream.len() > 64 || !stream.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()) {
+            return None;
+        }
+        if seq.is_empty() || seq.len() > 20 || !seq.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        Some(Self { stream: stream.to_owned(), seq: seq.parse().ok()? })
+    }
+
+    pub fn is_request_stream(&self) -> bool {
+        self.stream.starts_with('r')
+    }
+}
+
+impl fmt::Display for EventId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.stream, self.seq)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_ids_roundtrip_and_reject_junk() {
+        let id = EventId::new(&new_request_stream(), 42);
+        assert_eq!(EventId::parse(&id.to_string()), Some(id));
+        for bad in ["", ".", "r1", "r1.", ".5", "R1.5", "r_1.5", "r1.5.6", "r1.-5", "r1.99999999999999999999999", "g.1"] {
+            assert_eq!(EventId::parse(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn session_ids_are_long_visible_ascii_and_distinct() {
+        let a = new_session_id();
+        assert_eq!(a.len(), 48);
+        assert!(a.bytes().all(|b| (0x21..=0x7e).contains(&b)));
+        assert_ne!(a, new_session_id());
+    }
+}

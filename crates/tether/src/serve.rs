@@ -1,0 +1,135 @@
+//! `tether serve`: flags, store and notebook wiring, signals.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use tether_notebook::{MemoryNotebook, Notebook, NotebookRepo, SqliteNotebook};
+use tether_server::{Engine, ServerConfig};
+use tether_store::memory::MemoryStore;
+use tether_store::sqlite::SqliteStore;
+use tether_store::{Store, StoreConfig, StoreUrl};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Durability {
+    /// Commits survive a process crash (WAL, no fsync per commit).
+    Normal,
+    /// Every commit is fsynced: survives power loss, costs throughput.
+    Strict,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on. Loopback by default; anything else should sit behind auth.
+    #[arg(long, env = "TETHER_LISTEN", default_value = "127.0.0.1:8787")]
+    listen: SocketAddr,
+    /// `sqlite:PATH` (default: tether.db under the XDG data dir) or `memory`.
+    #[arg(long, env = "TETHER_STORE")]
+    store: Option<String>,
+    /// Idle time after which a session expires (e.g. 30m, 2h, 90s).
+    #[arg(long, env = "TETHER_SESSION_TTL", default_value = "30m", value_parser = humantime::parse_duration)]
+    session_ttl: Duration,
+    /// Largest accepted request body in bytes (suffixes K, M, KiB, MiB accepted).
+    #[arg(long, env = "TETHER_MAX_BODY", default_value = "4MiB", value_parser = parse_size)]
+    max_body: usize,
+    /// An Origin to allow besides localhost ones (repeat, or comma-separate in the env var).
+    #[arg(long = "allowed-origin", env = "TETHER_ALLOWED_ORIGIN", value_delimiter = ',')]
+    allowed_origins: Vec<String>,
+    /// Answer requests with one JSON body instead of an SSE stream.
+    #[arg(long, env = "TETHER_JSON_RESPONSE")]
+    json_response: bool,
+    /// `strict` fsyncs every commit.
+    #[arg(long, env = "TETHER_DURABILITY", value_enum, default_value = "normal")]
+    durability: Durability,
+    /// Events kept per stream before the oldest are trimmed.
+    #[arg(long, env = "TETHER_MAX_EVENTS_PER_STREAM", default_value_t = 100_000)]
+    max_events_per_stream: u64,
+}
+
+fn parse_size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let n: usize = digits.parse().map_err(|_| format!("`{s}` is not a size such as 4194304, 512K or 4MiB"))?;
+    let factor = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1024,
+        "m" | "mb" | "mib" => 1024 * 1024,
+        other => return Err(format!("unknown size unit `{other}`: use K or M")),
+    };
+    n.checked_mul(factor).filter(|n| *n > 0).ok_or_else(|| format!("`{s}` is out of range"))
+}
+
+fn default_store() -> anyhow::Result<StoreUrl> {
+    let base = std::env::var_os("XDG_DATA_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+        .context("cannot find a data directory: set XDG_DATA_HOME or HOME, or pass --store sqlite:PATH")?;
+    Ok(StoreUrl::Sqlite(base.join("tether").join("tether.db")))
+}
+
+async fn open(url: &StoreUrl, config: StoreConfig) -> anyhow::Result<(Arc<dyn Store>, Arc<dyn NotebookRepo>)> {
+    Ok(match url {
+        StoreUrl::Memory => (Arc::new(MemoryStore::new(config)), Arc::new(MemoryNotebook::new())),
+        StoreUrl::Sqlite(path) => {
+            let store = SqliteStore::open(path, config).await?;
+            let notebook = SqliteNotebook::new(store.db().clone()).await?;
+            (Arc::new(store), Arc::new(notebook))
+        }
+    })
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM; only ctrl-c stops the server");
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let url: StoreUrl = match &args.store {
+        Some(s) => s.parse()?,
+        None => default_store()?,
+    };
+    let store_config = StoreConfig {
+        max_events_per_stream: args.max_events_per_stream,
+        strict_durability: matches!(args.durability, Durability::Strict),
+    };
+    let (store, notebook) = open(&url, store_config).await.with_context(|| format!("cannot open store {url}"))?;
+    let config = ServerConfig {
+        session_ttl: args.session_ttl,
+        max_body: args.max_body,
+        allowed_origins: args.allowed_origins,
+        json_response: args.json_response,
+        ..ServerConfig::default()
+    };
+    let engine = Engine::new(store, Arc::new(Notebook::new(notebook)), config);
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}: is another server using it? pick one with --listen", args.listen))?;
+    let local = listener.local_addr()?;
+    if !local.ip().is_loopback() {
+        tracing::warn!(%local, "listening beyond loopback: put authentication in front of this server");
+    }
+    tracing::info!(%local, store = %url, "tether listening on http://{local}/mcp");
+    tether_server::http::serve(listener, engine, shutdown_signal()).await?;
+    Ok(())
+}

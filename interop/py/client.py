@@ -1,0 +1,322 @@
+#!/usr/bin/env python3
+"""Interop checks: the official MCP Python SDK client (``mcp`` 2.x) against tether.
+
+usage: client.py URL [CHECK ...]     CHECK: legacy | auto | no-header (default: all)
+
+  legacy     Client(..., mode="legacy"): initialize handshake, tools/list, tools/call thought.
+  auto       Client(...) with the default mode="auto": the SDK probes server/discover
+             first (at protocol 2026-07-28) and must fall back to initialize cleanly;
+             then tools/list, tools/call thought.
+  no-header  Plain HTTP (urllib, no SDK): after initialize, follow-up POSTs that carry
+             no MCP-Protocol-Version header (assumed 2025-03-26) work.
+
+Prints one PASS/FAIL line per check and exits non-zero if any failed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+import urllib.error
+import urllib.request
+from typing import Any
+
+import anyio
+import httpx2
+from mcp.client import Client
+from mcp.client.streamable_http import streamable_http_client
+
+SUPPORTED_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26")
+THOUGHT_ARGS: dict[str, Any] = {
+    "thought": "Interop check from the Python SDK",
+    "thoughtNumber": 1,
+    "totalThoughts": 2,
+    "nextThoughtNeeded": True,
+}
+TIMEOUT_S = 60
+
+
+class CheckFailed(Exception):
+    pass
+
+
+def check(cond: object, msg: str) -> None:
+    if not cond:
+        raise CheckFailed(msg)
+
+
+def check_structured(sc: Any, text: str | None, args: dict[str, Any], label: str) -> None:
+    """Assert the shape of a `thought` result (structuredContent + its text twin)."""
+    check(isinstance(sc, dict), f"{label}: structuredContent is not an object: {sc!r}")
+    for key in ("thoughtNumber", "totalThoughts", "nextThoughtNeeded"):
+        check(sc.get(key) == args[key] and type(sc.get(key)) is type(args[key]),
+              f"{label}: structuredContent.{key} is {sc.get(key)!r}, want {args[key]!r}")
+    check(isinstance(sc.get("branches"), list), f"{label}: structuredContent.branches is not a list: {sc!r}")
+    thl = sc.get("thoughtHistoryLength")
+    check(isinstance(thl, int) and not isinstance(thl, bool) and thl >= 1,
+          f"{label}: structuredContent.thoughtHistoryLength is not an int >= 1: {sc!r}")
+    check(text is not None, f"{label}: result has no text content")
+    try:
+        parsed = json.loads(text)  # type: ignore[arg-type]
+    except ValueError as e:
+        raise CheckFailed(f"{label}: text content is not JSON ({e}): {text!r}") from None
+    check(parsed == sc, f"{label}: text content {parsed!r} differs from structuredContent {sc!r}")
+
+
+# --------------------------------------------------------------------------- SDK checks
+
+class HttpLog:
+    """httpx2 event hooks recording each request's method, headers, JSON-RPC method and status."""
+
+    def __init__(self) -> None:
+        self.entries: list[dict[str, Any]] = []
+
+    async def on_request(self, request: httpx2.Request) -> None:
+        rpc = None
+        try:
+            body = json.loads(request.content) if request.content else None
+            if isinstance(body, dict):
+                rpc = body.get("method") or "response"
+        except (ValueError, httpx2.RequestNotRead):  # pragma: no cover
+            pass
+        self.entries.append({
+            "request": request,
+            "method": request.method,
+            "rpc": rpc,
+            "version": request.headers.get("mcp-protocol-version"),
+            "status": None,
+            "content_type": None,
+        })
+
+    async def on_response(self, response: httpx2.Response) -> None:
+        for e in reversed(self.entries):
+            if e["request"] is response.request:
+                e["status"] = response.status_code
+                e["content_type"] = response.headers.get("content-type")
+                break
+
+    def render(self) -> str:
+        return "\n".join(
+            f"  {e['method']} {e['rpc'] or ''} mcp-protocol-version={e['version'] or '(none)'}"
+            f" -> {e['status']} {e['content_type'] or ''}"
+            for e in self.entries
+        )
+
+
+async def sdk_check(url: str, mode: str) -> str:
+    log = HttpLog()
+    http = httpx2.AsyncClient(
+        timeout=httpx2.Timeout(30, read=TIMEOUT_S),
+        trust_env=False,
+        event_hooks={"request": [log.on_request], "response": [log.on_response]},
+    )
+    try:
+        with anyio.fail_after(TIMEOUT_S):
+            async with http:
+                transport = streamable_http_client(url, http_client=http)
+                # mode="auto" is the SDK default: leave it unset to exercise the default.
+                client = Client(transport, mode="legacy") if mode == "legacy" else Client(transport)
+                check(client.mode == mode, f"Client.mode is {client.mode!r}, want {mode!r}")
+                async with client:
+                    version = client.protocol_version
+                    check(version in SUPPORTED_VERSIONS,
+                          f"negotiated protocol version {version!r} is not one tether offers")
+                    tools = await client.list_tools()
+                    names = [t.name for t in tools.tools]
+                    check("thought" in names, f"tool list does not contain 'thought': {names}")
+                    result = await client.call_tool("thought", THOUGHT_ARGS)
+                    check(not result.is_error, f"tools/call thought returned is_error: {result!r}")
+                    text = next((c.text for c in result.content if getattr(c, "type", None) == "text"), None)
+                    check_structured(result.structured_content, text, THOUGHT_ARGS, "tools/call thought")
+                # leaving the Client sends DELETE (terminate_on_close=True)
+    except CheckFailed as e:
+        raise CheckFailed(f"{e}\nHTTP log:\n{log.render()}") from None
+    except BaseException as e:
+        raise CheckFailed(
+            f"{type(e).__name__}: {e}\n{traceback.format_exc()}\nHTTP log:\n{log.render()}"
+        ) from None
+
+    posts = [e for e in log.entries if e["method"] == "POST"]
+    rpcs = [e["rpc"] for e in posts]
+    try:
+        if mode == "auto":
+            check(rpcs and rpcs[0] == "server/discover",
+                  f"mode='auto' did not probe server/discover first: {rpcs}")
+            probe = posts[0]
+            check("initialize" in rpcs[1:], f"mode='auto' did not fall back to initialize: {rpcs}")
+            fallback = f"server/discover -> HTTP {probe['status']} {probe['content_type'] or ''}".strip()
+        else:
+            check("server/discover" not in rpcs, f"mode='legacy' sent server/discover: {rpcs}")
+            check(rpcs and rpcs[0] == "initialize", f"mode='legacy' did not start with initialize: {rpcs}")
+            fallback = None
+        init = next(e for e in posts if e["rpc"] == "initialize")
+        check(init["status"] == 200, f"initialize answered HTTP {init['status']}")
+        call = next((e for e in posts if e["rpc"] == "tools/call"), None)
+        check(call is not None and call["status"] == 200, "tools/call POST missing or not 200")
+        check(call["version"] == version,
+              f"tools/call carried mcp-protocol-version={call['version']}, want {version}")
+        dele = [e for e in log.entries if e["method"] == "DELETE"]
+        check(len(dele) == 1 and dele[0]["status"] in (200, 202, 204),
+              f"session DELETE on close: {[(e['status']) for e in dele]}")
+    except CheckFailed as e:
+        raise CheckFailed(f"{e}\nHTTP log:\n{log.render()}") from None
+    detail = f"protocol={version} requests={rpcs}"
+    if fallback:
+        detail += f" ({fallback}, then initialize)"
+    return detail
+
+
+# --------------------------------------------------------------------------- plain HTTP check
+
+class PlainResponse:
+    def __init__(self, status: int, headers: Any, events: list[dict[str, Any]], body: bytes) -> None:
+        self.status = status
+        self.headers = headers
+        self.events = events
+        self.body = body
+
+
+def read_sse_until_response(resp: Any, request_id: Any) -> list[dict[str, Any]]:
+    """Read SSE events until the JSON-RPC response with `request_id` has arrived."""
+    events: list[dict[str, Any]] = []
+    cur: dict[str, Any] = {"data": []}
+    while True:
+        raw = resp.readline()
+        if not raw:
+            break
+        line = raw.decode("utf-8").rstrip("\r\n")
+        if line == "":
+            if cur["data"] or "id" in cur or "retry" in cur or "event" in cur:
+                ev = dict(cur, data="\n".join(cur["data"]))
+                events.append(ev)
+                if ev["data"]:
+                    msg = json.loads(ev["data"])
+                    if isinstance(msg, dict) and msg.get("id") == request_id and ("result" in msg or "error" in msg):
+                        break
+            cur = {"data": []}
+            continue
+        if line.startswith(":"):
+            continue
+        field, _, value = line.partition(":")
+        if value.startswith(" "):
+            value = value[1:]
+        if field == "data":
+            cur["data"].append(value)
+        elif field in ("id", "event", "retry"):
+            cur[field] = value
+    return events
+
+
+def plain_post(url: str, message: dict[str, Any], session: str | None = None,
+               version: str | None = None) -> PlainResponse:
+    headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    if session:
+        headers["Mcp-Session-Id"] = session
+    if version:
+        headers["MCP-Protocol-Version"] = version
+    req = urllib.request.Request(url, data=json.dumps(message).encode(), headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            ctype = resp.headers.get("Content-Type", "")
+            if "id" in message and ctype.startswith("text/event-stream"):
+                return PlainResponse(resp.status, resp.headers, read_sse_until_response(resp, message["id"]), b"")
+            return PlainResponse(resp.status, resp.headers, [], resp.read())
+    except urllib.error.HTTPError as e:
+        return PlainResponse(e.code, e.headers, [], e.read())
+
+
+def rpc_result(r: PlainResponse, request_id: int, label: str) -> dict[str, Any]:
+    """The JSON-RPC result for request_id from an SSE or JSON answer."""
+    check(r.status == 200, f"{label}: HTTP {r.status}: {r.body[:500]!r}")
+    if r.events:
+        # (Whether a priming event leads the stream is not asserted here: a server may
+        # skip it for 2025-03-26 clients, which is what a header-less request means.)
+        msgs = [json.loads(ev["data"]) for ev in r.events if ev["data"]]
+    else:
+        msgs = [json.loads(r.body)]
+    resp = next((m for m in msgs if isinstance(m, dict) and m.get("id") == request_id), None)
+    check(resp is not None, f"{label}: no JSON-RPC response with id {request_id}: {msgs!r}")
+    check("result" in resp, f"{label}: JSON-RPC error: {resp.get('error')!r}")
+    return resp["result"]
+
+
+def no_header_check(url: str) -> str:
+    # initialize (as the TS SDK does: offers 2025-11-25; no MCP-Protocol-Version on initialize)
+    r = plain_post(url, {
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                   "clientInfo": {"name": "tether-interop-plain", "version": "0.0.0"}},
+    })
+    init = rpc_result(r, 1, "initialize")
+    session = r.headers.get("Mcp-Session-Id")
+    check(session, "initialize: no Mcp-Session-Id header")
+    negotiated = init.get("protocolVersion")
+    check(negotiated in SUPPORTED_VERSIONS, f"initialize: odd protocolVersion {negotiated!r}")
+
+    # notifications/initialized, no MCP-Protocol-Version
+    r = plain_post(url, {"jsonrpc": "2.0", "method": "notifications/initialized"}, session=session)
+    check(r.status == 202, f"notifications/initialized without MCP-Protocol-Version: HTTP {r.status} {r.body[:300]!r}")
+
+    # tools/list, no MCP-Protocol-Version
+    r = plain_post(url, {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, session=session)
+    tools = rpc_result(r, 2, "tools/list without MCP-Protocol-Version")
+    names = [t.get("name") for t in tools.get("tools", [])]
+    check("thought" in names, f"tools/list without MCP-Protocol-Version lacks 'thought': {names}")
+
+    # tools/call thought, no MCP-Protocol-Version
+    args = dict(THOUGHT_ARGS, thought="Interop check: no MCP-Protocol-Version header")
+    r = plain_post(url, {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                         "params": {"name": "thought", "arguments": args}}, session=session)
+    res = rpc_result(r, 3, "tools/call without MCP-Protocol-Version")
+    call_sse = bool(r.events)
+    primed = call_sse and bool(r.events[0].get("id")) and not r.events[0]["data"]
+    check(not res.get("isError"), f"tools/call without MCP-Protocol-Version: isError: {res!r}")
+    text = next((c.get("text") for c in res.get("content", []) if c.get("type") == "text"), None)
+    check_structured(res.get("structuredContent"), text, args, "tools/call without MCP-Protocol-Version")
+
+    # clean up: DELETE, then the session is gone (404)
+    req = urllib.request.Request(url, headers={"Mcp-Session-Id": session}, method="DELETE")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            del_status = resp.status
+    except urllib.error.HTTPError as e:
+        del_status = e.code
+    check(200 <= del_status < 300, f"DELETE session: HTTP {del_status}")
+    r = plain_post(url, {"jsonrpc": "2.0", "id": 4, "method": "tools/list"}, session=session)
+    check(r.status == 404, f"tools/list on a deleted session: HTTP {r.status}, want 404")
+    return (f"negotiated={negotiated}; initialized/tools/list/tools/call without the header -> 202/200/200"
+            f" (tools/call answered as {'SSE' if call_sse else 'JSON'}"
+            f"{', with priming event' if primed else ', no priming event' if call_sse else ''})")
+
+
+# --------------------------------------------------------------------------- main
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    url = argv[1]
+    checks = argv[2:] or ["legacy", "auto", "no-header"]
+    failed = 0
+    for name in checks:
+        try:
+            if name in ("legacy", "auto"):
+                detail = anyio.run(sdk_check, url, name)
+            elif name == "no-header":
+                detail = no_header_check(url)
+            else:
+                print(f"unknown check {name!r}", file=sys.stderr)
+                return 2
+            print(f"PASS py:{name}: {detail}")
+        except CheckFailed as e:
+            failed += 1
+            print(f"FAIL py:{name}: {e}")
+        except Exception as e:  # noqa: BLE001
+            failed += 1
+            print(f"FAIL py:{name}: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# Interop tests: the official MCP client SDKs against a tether binary.
+#
+# usage: interop/run.sh path/to/tether        (e.g. target/release/tether)
+#
+# Installs what is missing (npm ci into interop/ts/node_modules, a venv in
+# interop/py/.venv; npm/pip caches in interop/.cache), starts
+# `tether serve --listen 127.0.0.1:<free port> --store sqlite:<tmp>/t.db`,
+# waits for /healthz, runs every check, stops the server, prints one PASS/FAIL
+# line per check and exits non-zero if any failed.
+#
+# Needs only node >= 20 with npm, and python3.11 (or $PYTHON) on the machine.
+# INTEROP_VERBOSE=1 prints every check's output, not only failing ones.
+set -uo pipefail
+
+if [ $# -ne 1 ]; then
+    echo "usage: $0 path/to/tether" >&2
+    exit 2
+fi
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+if [ ! -f "$1" ] || [ ! -x "$1" ]; then
+    echo "interop: $1 is not an executable file" >&2
+    exit 2
+fi
+BIN="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
+
+CACHE="$HERE/.cache"
+TS="$HERE/ts"
+PY="$HERE/py"
+mkdir -p "$CACHE"
+
+die() {
+    echo "interop: $*" >&2
+    exit 1
+}
+
+sha() { sha256sum "$1" | cut -d' ' -f1; }
+
+# ---------------------------------------------------------------- toolchains
+command -v node >/dev/null || die "node (>= 20) not found"
+command -v npm >/dev/null || die "npm not found"
+NODE_MAJOR="$(node -p 'process.versions.node.split(".")[0]')"
+[ "$NODE_MAJOR" -ge 20 ] || die "node >= 20 required, found $(node --version)"
+
+PYTHON="${PYTHON:-}"
+if [ -z "$PYTHON" ]; then
+    for p in python3.11 python3; do
+        if command -v "$p" >/dev/null; then PYTHON="$p"; break; fi
+    done
+fi
+[ -n "$PYTHON" ] || die "python3.11 not found (set PYTHON=...)"
+"$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' \
+    || die "$PYTHON is older than 3.10 (mcp 2.x needs >= 3.10)"
+
+# ---------------------------------------------------------------- installs
+# Reinstall only when the lockfile / requirements changed (stamp = their hash).
+TS_STAMP="$TS/node_modules/.interop-stamp"
+if [ "$(cat "$TS_STAMP" 2>/dev/null)" != "$(sha "$TS/package-lock.json")" ]; then
+    echo "interop: npm ci in interop/ts"
+    (cd "$TS" && npm ci --cache "$CACHE/npm" --no-audit --no-fund --loglevel=error) \
+        || die "npm ci failed"
+    sha "$TS/package-lock.json" >"$TS_STAMP"
+fi
+
+PY_STAMP="$PY/.venv/.interop-stamp"
+if [ "$(cat "$PY_STAMP" 2>/dev/null)" != "$(sha "$PY/requirements.txt")" ]; then
+    echo "interop: creating venv interop/py/.venv with $PYTHON"
+    rm -rf "$PY/.venv"
+    "$PYTHON" -m venv "$PY/.venv" || die "python -m venv failed (Debian: apt-get install python3-venv)"
+    PIP_CACHE_DIR="$CACHE/pip" "$PY/.venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+        -r "$PY/requirements.txt" || die "pip install -r interop/py/requirements.txt failed"
+    sha "$PY/requirements.txt" >"$PY_STAMP"
+fi
+VPY="$PY/.venv/bin/python"
+
+# ---------------------------------------------------------------- server
+TMP="$(mktemp -d "${TMPDIR:-/tmp}/tether-interop.XXXXXX")"
+SERVER_PID=""
+cleanup() {
+    if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
+        kill "$SERVER_PID" 2>/dev/null
+        for _ in $(seq 50); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
+        kill -9 "$SERVER_PID" 2>/dev/null
+        wait "$SERVER_PID" 2>/dev/null
+    fi
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+PORT="$("$VPY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')"
+BASE="http://127.0.0.1:$PORT"
+URL="$BASE/mcp"
+echo "interop: starting $BIN serve --listen 127.0.0.1:$PORT --store sqlite:$TMP/t.db"
+"$BIN" serve --listen "127.0.0.1:$PORT" --store "sqlite:$TMP/t.db" >"$TMP/server.log" 2>&1 &
+SERVER_PID=$!
+
+server_log() {
+    echo "---- server log (last 60 lines) ----"
+    tail -n 60 "$TMP/server.log"
+    echo "------------------------------------"
+}
+
+"$VPY" - "$BASE/healthz" "$SERVER_PID" <<'EOF' || { server_log; die "server did not become healthy"; }
+import os, sys, time, urllib.request
+url, pid = sys.argv[1], int(sys.argv[2])
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        sys.exit("server process exited")
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            if r.status == 200:
+                sys.exit(0)
+    except OSError:
+        pass
+    time.sleep(0.1)
+sys.exit("GET /healthz did not return 200 within 30 s")
+EOF
+
+# ---------------------------------------------------------------- checks
+PASSED=0
+FAILED=0
+SUMMARY=()
+
+# run_check NAME TIMEOUT_S CMD...
+run_check() {
+    local name="$1" limit="$2"
+    shift 2
+    local out="$TMP/$name.out" rc
+    timeout --kill-after=5 "$limit" "$@" >"$out" 2>&1
+    rc=$?
+    if [ $rc -eq 0 ]; then
+        PASSED=$((PASSED + 1))
+        SUMMARY+=("PASS $name")
+        echo "PASS $name"
+        [ "${INTEROP_VERBOSE:-0}" = 1 ] && sed 's/^/    /' "$out"
+    else
+        FAILED=$((FAILED + 1))
+        [ $rc -eq 124 ] && echo "    (timed out after ${limit}s)" >>"$out"
+        SUMMARY+=("FAIL $name (exit $rc)")
+        echo "FAIL $name (exit $rc)"
+        sed 's/^/    /' "$out"
+    fi
+    return $rc
+}
+
+STATE="$TMP/ts-state.json"
+if run_check ts-first 60 node "$TS/first.mjs" "$URL" "$STATE"; then
+    # A new process: reconnect with the stored session, resume, DELETE.
+    run_check ts-resume 60 node "$TS/resume.mjs" "$URL" "$STATE"
+else
+    FAILED=$((FAILED + 1))
+    SUMMARY+=("FAIL ts-resume (skipped: ts-first failed)")
+    echo "FAIL ts-resume (skipped: ts-first failed)"
+fi
+run_check py-legacy 90 "$VPY" "$PY/client.py" "$URL" legacy
+run_check py-auto 90 "$VPY" "$PY/client.py" "$URL" auto
+run_check py-no-header 60 "$VPY" "$PY/client.py" "$URL" no-header
+
+if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+    FAILED=$((FAILED + 1))
+    SUMMARY+=("FAIL server (exited during the checks)")
+    echo "FAIL server (exited during the checks)"
+fi
+[ $FAILED -gt 0 ] && server_log
+
+echo
+echo "interop summary:"
+printf '  %s\n' "${SUMMARY[@]}"
+echo "interop: $PASSED passed, $FAILED failed"
+[ $FAILED -eq 0 ]
