@@ -93,7 +93,12 @@ PORT="$("$VPY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0));
 BASE="http://127.0.0.1:$PORT"
 URL="$BASE/mcp"
 echo "interop: starting $BIN serve --listen 127.0.0.1:$PORT --store sqlite:$TMP/t.db"
-"$BIN" serve --listen "127.0.0.1:$PORT" --store "sqlite:$TMP/t.db" >"$TMP/server.log" 2>&1 &
+# Any TETHER_* settings in the caller's environment are dropped: the checks
+# expect the defaults (e.g. SSE answers, not --json-response).
+(
+    for v in $(compgen -e | grep '^TETHER_'); do unset "$v"; done
+    exec "$BIN" serve --listen "127.0.0.1:$PORT" --store "sqlite:$TMP/t.db"
+) >"$TMP/server.log" 2>&1 &
 SERVER_PID=$!
 
 server_log() {

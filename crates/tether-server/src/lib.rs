@@ -19,3 +19,7 @@ pub mod protocol;
 pub use app::{McpApp, RpcError, SessionCtx, ToolCtx};
 pub use config::ServerConfig;
 pub use engine::Engine;
+
+/// The rmcp model types the [`McpApp`] trait speaks, re-exported so apps
+/// need no separate rmcp dependency to match versions.
+pub use rmcp::model as rmcp_model;

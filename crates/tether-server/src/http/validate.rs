@@ -7,8 +7,15 @@ use axum::http::{HeaderMap, StatusCode, header};
 use super::{HttpError, LAST_EVENT_ID, SESSION_HEADER, VERSION_HEADER};
 use crate::protocol::{self, SUPPORTED_VERSIONS};
 
+/// The one value of a header; two values of a header that must have one is
+/// a bad request, not a guess.
 fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, HttpError> {
-    match headers.get(name) {
+    let mut values = headers.get_all(name).iter();
+    let first = values.next();
+    if values.next().is_some() {
+        return Err(HttpError::bad_request(format!("the {name} header must appear at most once")));
+    }
+    match first {
         None => Ok(None),
         Some(v) => v
             .to_str()

@@ -1,0 +1,361 @@
+//! Test support: a real server on a loopback port (in its own runtime, so a
+//! test can "crash" it), a test MCP app with slow and chatty tools, and a
+//! small raw HTTP + SSE client that shows exactly what went over the wire.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use serde_json::{Map, Value, json};
+use tether_notebook::{MemoryNotebook, Notebook, NotebookRepo, SqliteNotebook};
+use tether_server::rmcp_model::{CallToolResult, ContentBlock, Implementation, Tool};
+use tether_server::{Engine, McpApp, RpcError, ServerConfig, ToolCtx};
+use tether_store::memory::MemoryStore;
+use tether_store::sqlite::SqliteStore;
+use tether_store::{Store, StoreConfig};
+
+pub const ACCEPT_BOTH: &str = "application/json, text/event-stream";
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Backend {
+    Memory,
+    Sqlite,
+}
+
+pub const BACKENDS: [Backend; 2] = [Backend::Memory, Backend::Sqlite];
+
+/// Which MCP application the server runs.
+#[derive(Clone, Copy, PartialEq)]
+pub enum AppKind {
+    Notebook,
+    Test,
+}
+
+/// Tools for transport tests: `echo`, `chatty` (notifications between
+/// pauses), `hang` (runs until cancelled), `ask` (asks the client `roots/list`),
+/// `announce` (a session-level notification on the standalone stream).
+pub struct TestApp;
+
+#[async_trait::async_trait]
+impl McpApp for TestApp {
+    fn server_info(&self) -> Implementation {
+        Implementation::new("test-app", "0")
+    }
+
+    fn tools(&self) -> Vec<Tool> {
+        let schema = Arc::new(json!({"type": "object"}).as_object().cloned().unwrap());
+        ["echo", "chatty", "hang", "ask", "announce"].into_iter().map(|n| Tool::new(n, n, schema.clone())).collect()
+    }
+
+    async fn call_tool(&self, ctx: ToolCtx, name: &str, args: Map<String, Value>) -> Result<CallToolResult, RpcError> {
+        match name {
+            "echo" => Ok(CallToolResult::structured(Value::Object(args))),
+            "chatty" => {
+                let steps = args.get("steps").and_then(Value::as_u64).unwrap_or(3);
+                let pause = args.get("pause_ms").and_then(Value::as_u64).unwrap_or(50);
+                for i in 0..steps {
+                    tokio::time::sleep(Duration::from_millis(pause)).await;
+                    ctx.notify("notifications/message", Some(json!({"level": "info", "data": format!("step {i}")}))).await?;
+                }
+                Ok(CallToolResult::structured(json!({"steps": steps})))
+            }
+            "announce" => {
+                ctx.session().notify("notifications/tools/list_changed", None).await?;
+                Ok(CallToolResult::structured(json!({"announced": true})))
+            }
+            "hang" => {
+                ctx.cancelled().cancelled().await;
+                Ok(CallToolResult::success(vec![ContentBlock::text("cancelled")]))
+            }
+            "ask" => {
+                let delay = args.get("delay_ms").and_then(Value::as_u64).unwrap_or(0);
+                tokio::time::sleep(Duration::from_millis(delay)).await;
+                let roots = ctx.request_client("roots/list", None, Duration::from_secs(10)).await?;
+                Ok(CallToolResult::structured(roots))
+            }
+            other => Err(RpcError::invalid_params(format!("unknown tool {other}"))),
+        }
+    }
+}
+
+/// A server in its own thread and runtime on 127.0.0.1:<random>.
+pub struct TestServer {
+    pub url: String,
+    pub base: String,
+    pub backend: Backend,
+    runtime: Option<tokio::runtime::Runtime>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    done: Option<std::sync::mpsc::Receiver<()>>,
+    pub dir: Arc<tempfile::TempDir>,
+}
+
+pub fn quick_config() -> ServerConfig {
+    ServerConfig { keepalive: Duration::from_millis(200), ..ServerConfig::default() }
+}
+
+impl TestServer {
+    pub async fn start(backend: Backend, app: AppKind, config: ServerConfig) -> Self {
+        Self::start_in(Arc::new(tempfile::tempdir().unwrap()), backend, app, config).await
+    }
+
+    /// Starts on the data in `dir` (for restarts).
+    pub async fn start_in(dir: Arc<tempfile::TempDir>, backend: Backend, app: AppKind, config: ServerConfig) -> Self {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let db = dir.path().join("tether.db");
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let (addr_tx, addr_rx) = tokio::sync::oneshot::channel();
+        runtime.spawn(async move {
+            let store_config = StoreConfig::default();
+            let (store, repo): (Arc<dyn Store>, Arc<dyn NotebookRepo>) = match backend {
+                Backend::Memory => (Arc::new(MemoryStore::new(store_config)), Arc::new(MemoryNotebook::new())),
+                Backend::Sqlite => {
+                    let mut attempt = 0;
+                    let store = loop {
+                        // A crashed predecessor releases the file lock when its threads wind down.
+                        match SqliteStore::open(&db, store_config.clone()).await {
+                            Ok(s) => break s,
+                            Err(e) if attempt < 100 => {
+                                attempt += 1;
+                                let _ = e;
+                                tokio::time::sleep(Duration::from_millis(20)).await;
+                            }
+                            Err(e) => panic!("cannot open store: {e}"),
+                        }
+                    };
+                    let repo = SqliteNotebook::new(store.db().clone()).await.unwrap();
+                    (Arc::new(store), Arc::new(repo))
+                }
+            };
+            let app: Arc<dyn McpApp> = match app {
+                AppKind::Notebook => Arc::new(Notebook::new(repo)),
+                AppKind::Test => Arc::new(TestApp),
+            };
+            let engine = Engine::new(store, app, config);
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            addr_tx.send(listener.local_addr().unwrap()).unwrap();
+            let _ = tether_server::http::serve(listener, engine, async move {
+                let _ = stop_rx.await;
+            })
+            .await;
+            let _ = done_tx.send(());
+        });
+        let addr = addr_rx.await.unwrap();
+        let base = format!("http://{addr}");
+        Self {
+            url: format!("{base}/mcp"),
+            base,
+            backend,
+            runtime: Some(runtime),
+            stop: Some(stop_tx),
+            done: Some(done_rx),
+            dir,
+        }
+    }
+
+    /// Graceful stop: streams are told to reconnect, the store is flushed.
+    pub async fn stop(mut self) -> Arc<tempfile::TempDir> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(done) = self.done.take() {
+            let _ = tokio::task::spawn_blocking(move || done.recv_timeout(Duration::from_secs(10))).await;
+        }
+        self.dir.clone()
+    }
+
+    /// Like `kill -9` for an in-process server: every task is dropped where it stands.
+    pub fn crash(mut self) -> Arc<tempfile::TempDir> {
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+        self.dir.clone()
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// One SSE event as it came over the wire.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SseEvent {
+    pub id: Option<String>,
+    pub event: Option<String>,
+    pub data: String,
+    pub retry: Option<u64>,
+    pub comment: bool,
+}
+
+impl SseEvent {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.data).unwrap_or(Value::Null)
+    }
+}
+
+/// Reads SSE blocks from a streaming response.
+pub struct SseReader {
+    stream: futures::stream::BoxStream<'static, reqwest::Result<Bytes>>,
+    buf: String,
+    pub ended: bool,
+}
+
+impl SseReader {
+    pub fn new(resp: reqwest::Response) -> Self {
+        Self { stream: resp.bytes_stream().boxed(), buf: String::new(), ended: false }
+    }
+
+    /// The next block (event or comment), `None` at the end of the stream.
+    pub async fn next_block(&mut self, timeout: Duration) -> Option<SseEvent> {
+        loop {
+            if let Some(i) = self.buf.find("\n\n") {
+                let block: String = self.buf.drain(..i + 2).collect();
+                if std::env::var_os("TETHER_TEST_DEBUG").is_some() {
+                    eprintln!("SSE block: {block:?}");
+                }
+                return Some(parse_block(&block));
+            }
+            match tokio::time::timeout(timeout, self.stream.next()).await {
+                Ok(Some(Ok(bytes))) => self.buf.push_str(&String::from_utf8_lossy(&bytes)),
+                Ok(_) => {
+                    self.ended = true;
+                    return None;
+                }
+                Err(_) => panic!("no SSE data within {timeout:?}; buffered: {:?}", self.buf),
+            }
+        }
+    }
+
+    /// The next non-comment event.
+    pub async fn next_event(&mut self) -> Option<SseEvent> {
+        loop {
+            let block = self.next_block(Duration::from_secs(10)).await?;
+            if !block.comment {
+                return Some(block);
+            }
+        }
+    }
+
+    /// All events until the server ends the stream.
+    pub async fn all_events(&mut self) -> Vec<SseEvent> {
+        let mut out = Vec::new();
+        while let Some(e) = self.next_event().await {
+            out.push(e);
+        }
+        out
+    }
+}
+
+fn parse_block(block: &str) -> SseEvent {
+    let mut e = SseEvent::default();
+    let mut data = Vec::new();
+    let mut only_comments = true;
+    for line in block.lines() {
+        if line.is_empty() || line.starts_with(':') {
+            continue;
+        }
+        only_comments = false;
+        let (field, value) = line.split_once(':').map(|(f, v)| (f, v.strip_prefix(' ').unwrap_or(v))).unwrap_or((line, ""));
+        match field {
+            "id" => e.id = Some(value.to_owned()),
+            "event" => e.event = Some(value.to_owned()),
+            "data" => data.push(value.to_owned()),
+            "retry" => e.retry = value.parse().ok(),
+            _ => {}
+        }
+    }
+    e.comment = only_comments;
+    e.data = data.join("\n");
+    e
+}
+
+/// A raw client of one server.
+#[derive(Clone)]
+pub struct Client {
+    pub http: reqwest::Client,
+    pub url: String,
+}
+
+impl Client {
+    pub fn new(url: &str) -> Self {
+        Self { http: reqwest::Client::new(), url: url.to_owned() }
+    }
+
+    pub fn post(&self, session: Option<&str>, body: &Value) -> reqwest::RequestBuilder {
+        let mut req = self
+            .http
+            .post(&self.url)
+            .header("content-type", "application/json")
+            .header("accept", ACCEPT_BOTH)
+            .body(body.to_string());
+        if let Some(s) = session {
+            req = req.header("mcp-session-id", s).header("mcp-protocol-version", "2025-11-25");
+        }
+        req
+    }
+
+    /// A POST with exactly these headers (nothing added).
+    pub fn post_raw(&self, headers: &[(&str, &str)], body: String) -> reqwest::RequestBuilder {
+        let mut req = self.http.post(&self.url).body(body);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        req
+    }
+
+    pub fn get(&self, session: &str, last_event_id: Option<&str>) -> reqwest::RequestBuilder {
+        let mut req = self.http.get(&self.url).header("accept", "text/event-stream").header("mcp-session-id", session);
+        if let Some(id) = last_event_id {
+            req = req.header("last-event-id", id);
+        }
+        req
+    }
+
+    /// initialize + notifications/initialized; returns the session ID.
+    pub async fn initialize_with(&self, capabilities: Value) -> String {
+        let resp = self
+            .post(None, &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                "protocolVersion": "2025-11-25", "capabilities": capabilities,
+                "clientInfo": {"name": "tether-tests", "version": "0"}}}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let sid = resp.headers().get("mcp-session-id").expect("session header").to_str().unwrap().to_owned();
+        let events = SseReader::new(resp).all_events().await;
+        assert!(events.last().unwrap().json()["result"]["protocolVersion"].is_string());
+        let r = self.post(Some(&sid), &json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).send().await.unwrap();
+        assert_eq!(r.status(), 202);
+        sid
+    }
+
+    pub async fn initialize(&self) -> String {
+        self.initialize_with(json!({})).await
+    }
+
+    /// A request answered on SSE; returns every event of its stream.
+    pub async fn request(&self, session: &str, id: u64, method: &str, params: Value) -> Vec<SseEvent> {
+        let resp = self
+            .post(Some(session), &json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{method}");
+        SseReader::new(resp).all_events().await
+    }
+
+    pub async fn call(&self, session: &str, id: u64, tool: &str, args: Value) -> Value {
+        let events = self.request(session, id, "tools/call", json!({"name": tool, "arguments": args})).await;
+        events.last().expect("a response").json()
+    }
+}
+
+pub fn thought_args(n: u64) -> Value {
+    json!({"thought": format!("thought {n}"), "thoughtNumber": n, "totalThoughts": 3, "nextThoughtNeeded": true})
+}
