@@ -27,32 +27,55 @@ const CURRENT_SESSION: &str = "notebookSessionId";
 
 pub struct Notebook {
     repo: Arc<dyn NotebookRepo>,
+    /// Serializes creating a current session in this process, so a burst of
+    /// first calls does not start one notebook session each.
+    creating: tokio::sync::Mutex<()>,
 }
 
 impl Notebook {
     pub fn new(repo: Arc<dyn NotebookRepo>) -> Self {
-        Self { repo }
+        Self { repo, creating: tokio::sync::Mutex::new(()) }
     }
 
     /// The notebook session the MCP session works in, created on first use.
     async fn current_session(&self, ctx: &ToolCtx) -> Result<NotebookSession, RpcError> {
         let session_ctx = ctx.session();
         let principal = session_ctx.principal().to_owned();
-        let state = session_ctx.app_state().await;
-        if let Some(id) = state.get(CURRENT_SESSION).and_then(Value::as_str) {
-            if let Some(found) = self.repo.get_session(&principal, id).await.map_err(repo_error)? {
-                return Ok(found);
-            }
+        if let Some(found) = self.stored_current(&session_ctx, &principal).await? {
+            return Ok(found);
+        }
+        let _creating = self.creating.lock().await;
+        if let Some(found) = self.stored_current(&session_ctx, &principal).await? {
+            return Ok(found);
         }
         let created = NotebookSession::new(&principal, None, Vec::new(), None);
         self.repo.create_session(&created).await.map_err(repo_error)?;
         let id = created.id.clone();
-        session_ctx.update_app_state(|app| {
-            app.insert(CURRENT_SESSION.into(), Value::String(id.clone()));
-        })
-        .await?;
+        // Compare-and-set: if another replica set one first, theirs wins.
+        let state = session_ctx
+            .update_app_state(|app| {
+                let stale = app.get(CURRENT_SESSION).and_then(Value::as_str).is_some_and(|current| current != id);
+                if !stale {
+                    app.insert(CURRENT_SESSION.into(), Value::String(id.clone()));
+                }
+            })
+            .await?;
+        let winner = state.get(CURRENT_SESSION).and_then(Value::as_str).unwrap_or(&id).to_owned();
+        if winner != id {
+            if let Some(found) = self.repo.get_session(&principal, &winner).await.map_err(repo_error)? {
+                return Ok(found);
+            }
+        }
         tracing::info!(notebook_session = %created.id, "started a notebook session");
         Ok(created)
+    }
+
+    async fn stored_current(&self, ctx: &tether_server::SessionCtx, principal: &str) -> Result<Option<NotebookSession>, RpcError> {
+        let state = ctx.app_state().await;
+        match state.get(CURRENT_SESSION).and_then(Value::as_str) {
+            Some(id) => self.repo.get_session(principal, id).await.map_err(repo_error),
+            None => Ok(None),
+        }
     }
 
     async fn thought(&self, ctx: &ToolCtx, arguments: Map<String, Value>) -> Result<CallToolResult, RpcError> {

@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use tether_notebook::{MemoryNotebook, Notebook, NotebookRepo, SqliteNotebook};
+use tether_server::http::Auth;
 use tether_server::{Engine, ServerConfig};
 use tether_store::memory::MemoryStore;
 use tether_store::sqlite::SqliteStore;
@@ -44,6 +45,10 @@ pub struct ServeArgs {
     /// `strict` fsyncs every commit.
     #[arg(long, env = "TETHER_DURABILITY", value_enum, default_value = "normal")]
     durability: Durability,
+    /// File of `TOKEN PRINCIPAL` lines: every request then needs
+    /// `Authorization: Bearer TOKEN`. Re-read on SIGHUP.
+    #[arg(long, env = "TETHER_AUTH_TOKENS")]
+    auth_tokens: Option<PathBuf>,
     /// Events kept per stream before the oldest are trimmed.
     #[arg(long, env = "TETHER_MAX_EVENTS_PER_STREAM", default_value_t = 100_000)]
     max_events_per_stream: u64,
@@ -104,7 +109,43 @@ async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
+/// Loads `--auth-tokens` and re-reads it on every SIGHUP (a bad file keeps the old tokens).
+fn auth(path: Option<&std::path::Path>) -> anyhow::Result<Auth> {
+    let Some(path) = path else {
+        tracing::info!("authentication is off: every request belongs to principal `anonymous`");
+        return Ok(Auth::disabled());
+    };
+    let auth = Auth::from_file(path).map_err(|e| anyhow::anyhow!("--auth-tokens: {e}"))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        if let Ok(meta) = std::fs::metadata(path) {
+            if meta.permissions().mode() & 0o077 != 0 {
+                tracing::warn!(file = %path.display(), "token file is readable by group or others; chmod 600 it");
+            }
+        }
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(mut hup) => {
+                let auth = auth.clone();
+                let path = path.to_path_buf();
+                tokio::spawn(async move {
+                    while hup.recv().await.is_some() {
+                        match auth.reload() {
+                            Ok(n) => tracing::info!(file = %path.display(), tokens = n, "auth tokens reloaded"),
+                            Err(e) => tracing::error!(error = %e, "auth tokens NOT reloaded; the previous tokens stay in force"),
+                        }
+                    }
+                });
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot listen for SIGHUP; token changes need a restart"),
+        }
+    }
+    tracing::info!(file = %path.display(), "bearer-token authentication is on");
+    Ok(auth)
+}
+
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let auth = auth(args.auth_tokens.as_deref())?;
     let url: StoreUrl = match &args.store {
         Some(s) => s.parse()?,
         None => default_store()?,
@@ -130,6 +171,6 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         tracing::warn!(%local, "listening beyond loopback: put authentication in front of this server");
     }
     tracing::info!(%local, store = %url, "tether listening on http://{local}/mcp");
-    tether_server::http::serve(listener, engine, shutdown_signal()).await?;
+    tether_server::http::serve(listener, engine, auth, shutdown_signal()).await?;
     Ok(())
 }

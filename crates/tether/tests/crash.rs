@@ -8,46 +8,16 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use serde_json::json;
-use support::{Client, SseReader, thought_args};
-
-fn binary() -> String {
-    std::env::var("TETHER_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_tether").to_owned())
-}
-
-/// Starts `tether serve` on a free port and returns it with its /mcp URL.
-fn start(db: &std::path::Path) -> (Child, String) {
-    let mut child = Command::new(binary())
-        .args(["serve", "--listen", "127.0.0.1:0", "--store"])
-        .arg(format!("sqlite:{}", db.display()))
-        .env("RUST_LOG", "info")
-        .env_remove("TETHER_JSON_RESPONSE")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("tether binary runs");
-    let stderr = child.stderr.take().unwrap();
-    let mut lines = BufReader::new(stderr).lines();
-    let url = loop {
-        let line = lines.next().expect("server printed its address").unwrap();
-        if let Some(i) = line.find("http://") {
-            break line[i..].split_whitespace().next().unwrap().to_owned();
-        }
-    };
-    // Keep draining stderr so the server never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
-    (child, url)
-}
+use support::{Client, SseReader, start_binary, thought_args};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigkill_mid_burst_then_restart_resumes_everything() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("tether.db");
-    let (mut server, url) = start(&db);
+    let (mut server, url) = start_binary(&db, &[]);
     let c = Client::new(&url);
     let sid = c.initialize().await;
     let mut standalone = SseReader::new(c.get(&sid, None).send().await.unwrap());
@@ -91,7 +61,7 @@ async fn sigkill_mid_burst_then_restart_resumes_everything() {
     }
     drop(standalone);
 
-    let (mut server, url) = start(&db);
+    let (mut server, url) = start_binary(&db, &[]);
     let c = Client::new(&url);
     // The old session, no initialize.
     assert_eq!(c.request(&sid, 1, "ping", json!({})).await.len(), 2, "old session answers after restart");

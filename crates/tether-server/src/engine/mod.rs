@@ -9,6 +9,7 @@
 mod ctx;
 mod live;
 mod pump;
+pub mod resume;
 mod session;
 
 use std::collections::HashMap;
@@ -73,6 +74,7 @@ pub(crate) struct Inner {
     loading: tokio::sync::Mutex<()>,
     /// Recorded as the owner of every request this process runs.
     pub instance: String,
+    tokens: resume::ResumeTokens,
     pub shutdown: CancellationToken,
 }
 
@@ -97,6 +99,7 @@ impl Engine {
                 sessions: Mutex::new(HashMap::new()),
                 loading: tokio::sync::Mutex::new(()),
                 instance: ids::new_instance_id(),
+                tokens: resume::ResumeTokens::default(),
                 shutdown: CancellationToken::new(),
             }),
         }
@@ -117,7 +120,9 @@ impl Engine {
 
     // ---- sessions ----------------------------------------------------------------
 
-    /// Handles `initialize`: creates a durable session and answers on a new stream.
+    /// Handles `initialize`: re-attaches to the session named by a valid
+    /// resume token in `params._meta`, or creates a durable session; answers
+    /// on a new stream of that session with a fresh resume token.
     pub async fn initialize(
         &self,
         principal: &str,
@@ -136,12 +141,96 @@ impl Engine {
             }
         };
         let version = protocol::negotiate_version(Some(requested));
+        let client_info = params.get("clientInfo").cloned().unwrap_or(Value::Null);
+        let client_capabilities = params.get("capabilities").cloned().unwrap_or_else(|| json!({}));
+        let presented = params.get("_meta").and_then(|m| m.get(resume::TOKEN_META)).and_then(Value::as_str);
+
+        let mut meta = Map::new();
+        let mut resumed = None;
+        if let Some(token) = presented {
+            match self.resume_session(principal, token).await? {
+                Ok(session) => resumed = Some(session),
+                Err(refusal) => {
+                    tracing::info!(reason = refusal.as_str(), "resume token refused; starting a fresh session");
+                    meta.insert(resume::REFUSED_META.into(), json!(refusal.as_str()));
+                }
+            }
+        }
+        let session = match resumed {
+            Some(session) => {
+                let ctx = SessionCtx::new(self.inner.clone(), session.clone());
+                let state = ctx
+                    .update_state(|s| {
+                        s.protocol_version = version.to_owned();
+                        s.client_info = client_info.clone();
+                        s.client_capabilities = client_capabilities.clone();
+                        s.initialized = false;
+                        s.resume_generation += 1;
+                    })
+                    .await
+                    .map_err(|e| EngineError::Unavailable(StoreError::Backend(e.message)))?;
+                if let Ok(mut v) = session.protocol_version.lock() {
+                    *v = state.protocol_version.clone();
+                }
+                tracing::info!(session = %session.id, version, "session resumed with a resume token");
+                meta.insert(resume::RESUMED_META.into(), json!(true));
+                session
+            }
+            None => {
+                let session = self.create_session(principal, version, client_info, client_capabilities).await?;
+                if presented.is_some() {
+                    meta.insert(resume::RESUMED_META.into(), json!(false));
+                }
+                session
+            }
+        };
+        let generation = session.durable.lock().await.state.resume_generation;
+        let token = self.inner.tokens.issue(self.inner.store.as_ref(), &session.id, principal, generation).await?;
+        meta.insert(resume::TOKEN_META.into(), json!(token));
+
+        let mut result = json!({
+            "protocolVersion": version,
+            "capabilities": {"tools": {"listChanged": false}},
+            "serverInfo": self.inner.app.server_info(),
+            "_meta": meta,
+        });
+        if let Some(instructions) = self.inner.app.instructions() {
+            result["instructions"] = Value::String(instructions);
+        }
+        self.inner.clone().start_request(session, id, "initialize", Box::new(move |_| Box::pin(async move { Ok(result) }))).await
+    }
+
+    /// Spends a resume token and returns its session, or why not.
+    async fn resume_session(&self, principal: &str, token: &str) -> Result<Result<Arc<Session>, resume::Refusal>, EngineError> {
+        let redeemed = match self.inner.tokens.redeem(self.inner.store.as_ref(), token, principal).await? {
+            Ok(r) => r,
+            Err(refusal) => return Ok(Err(refusal)),
+        };
+        let session = match self.session(&redeemed.session, principal).await {
+            Ok(s) => s,
+            Err(EngineError::SessionNotFound) => return Ok(Err(resume::Refusal::Expired)),
+            Err(e) => return Err(e),
+        };
+        if session.durable.lock().await.state.resume_generation != redeemed.generation {
+            return Ok(Err(resume::Refusal::Used));
+        }
+        Ok(Ok(session))
+    }
+
+    async fn create_session(
+        &self,
+        principal: &str,
+        version: &str,
+        client_info: Value,
+        client_capabilities: Value,
+    ) -> Result<Arc<Session>, EngineError> {
         let state = SessionState {
             protocol_version: version.to_owned(),
             standalone_stream: ids::new_standalone_stream(),
-            client_info: params.get("clientInfo").cloned().unwrap_or(Value::Null),
-            client_capabilities: params.get("capabilities").cloned().unwrap_or_else(|| json!({})),
+            client_info,
+            client_capabilities,
             initialized: false,
+            resume_generation: 0,
             app: Map::new(),
         };
         let now = now_ms();
@@ -157,16 +246,7 @@ impl Engine {
         let session = Arc::new(Session::new(record.id.clone(), record.principal.clone(), 0, state, record.expires_at_ms));
         self.inner.cache(session.clone());
         tracing::info!(session = %session.id, version, "session created");
-
-        let mut result = json!({
-            "protocolVersion": version,
-            "capabilities": {"tools": {"listChanged": false}},
-            "serverInfo": self.inner.app.server_info(),
-        });
-        if let Some(instructions) = self.inner.app.instructions() {
-            result["instructions"] = Value::String(instructions);
-        }
-        self.inner.clone().start_request(session, id, "initialize", Box::new(move |_| Box::pin(async move { Ok(result) }))).await
+        Ok(session)
     }
 
     /// Finds a session for `principal`, rehydrating it from the store if this

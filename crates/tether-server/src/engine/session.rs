@@ -25,6 +25,9 @@ pub struct SessionState {
     pub client_capabilities: Value,
     #[serde(default)]
     pub initialized: bool,
+    /// Bumped by every resume; only tokens of the current generation resume.
+    #[serde(default)]
+    pub resume_generation: u64,
     /// Context the application keeps per session (e.g. the notebook's bound root).
     #[serde(default)]
     pub app: Map<String, Value>,

@@ -2,6 +2,7 @@
 //! axum. Transport concerns only (headers, status codes, SSE framing); every
 //! decision about sessions and streams is the engine's.
 
+mod auth;
 mod error;
 mod sse;
 mod validate;
@@ -19,6 +20,7 @@ use axum::serve::ListenerExt;
 use serde_json::json;
 use tokio::net::TcpListener;
 
+pub use auth::{ANONYMOUS, Auth, TokenTable};
 pub use error::HttpError;
 
 use crate::engine::{Engine, PostOutcome};
@@ -29,28 +31,30 @@ pub const SESSION_HEADER: &str = "mcp-session-id";
 pub const VERSION_HEADER: &str = "mcp-protocol-version";
 pub const LAST_EVENT_ID: &str = "last-event-id";
 
-/// The principal of requests while authentication is off.
-pub const ANONYMOUS: &str = "anonymous";
-
 #[derive(Clone)]
 struct AppState {
     engine: Engine,
+    auth: Auth,
     allowed_origins: Arc<Vec<String>>,
 }
 
-/// The router with `/mcp` and `/healthz`.
-pub fn router(engine: Engine) -> Router {
+/// The router with `/mcp` and `/healthz` (which needs no token).
+pub fn router(engine: Engine, auth: Auth) -> Router {
     let allowed_origins = Arc::new(engine.config().allowed_origins.clone());
     Router::new()
         .route("/mcp", post(post_mcp).get(get_mcp).delete(delete_mcp))
         .route("/healthz", get(healthz))
-        .with_state(AppState { engine, allowed_origins })
+        .with_state(AppState { engine, auth, allowed_origins })
 }
 
 /// Serves until `shutdown` resolves; then tells open streams to reconnect,
 /// stops accepting, and flushes the store. Accepted sockets get TCP_NODELAY
 /// (SSE responses are written in several small pieces).
-pub async fn serve(listener: TcpListener, engine: Engine, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+pub async fn serve(
+    listener: TcpListener,
+    engine: Engine,
+    auth: Auth,
+    shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
     let listener = listener.tap_io(|tcp| {
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::warn!(error = %e, "could not set TCP_NODELAY");
@@ -58,7 +62,7 @@ pub async fn serve(listener: TcpListener, engine: Engine, shutdown: impl Future<
     });
     let reaper = engine.spawn_reaper();
     let on_shutdown = engine.clone();
-    let result = axum::serve(listener, router(engine.clone()))
+    let result = axum::serve(listener, router(engine.clone(), auth))
         .with_graceful_shutdown(async move {
             shutdown.await;
             tracing::info!("shutting down: asking open streams to reconnect");
@@ -71,10 +75,6 @@ pub async fn serve(listener: TcpListener, engine: Engine, shutdown: impl Future<
     result
 }
 
-fn principal(_headers: &HeaderMap) -> Result<String, HttpError> {
-    Ok(ANONYMOUS.to_owned())
-}
-
 async fn post_mcp(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
     handle_post(&state, &headers, body).await.unwrap_or_else(IntoResponse::into_response)
 }
@@ -82,7 +82,7 @@ async fn post_mcp(State(state): State<AppState>, headers: HeaderMap, body: Body)
 async fn handle_post(state: &AppState, headers: &HeaderMap, body: Body) -> Result<Response, HttpError> {
     let engine = &state.engine;
     validate::origin(headers, &state.allowed_origins)?;
-    let principal = principal(headers)?;
+    let principal = state.auth.principal(headers)?;
     validate::accept_for_post(headers)?;
     validate::content_type_json(headers)?;
     let bytes = validate::read_body(headers, body, engine.config().max_body).await?;
@@ -127,7 +127,7 @@ async fn get_mcp(State(state): State<AppState>, headers: HeaderMap) -> Response 
 async fn handle_get(state: &AppState, headers: &HeaderMap) -> Result<Response, HttpError> {
     let engine = &state.engine;
     validate::origin(headers, &state.allowed_origins)?;
-    let principal = principal(headers)?;
+    let principal = state.auth.principal(headers)?;
     validate::accept_for_get(headers)?;
     validate::protocol_version(headers)?;
     let session_id = validate::session_id(headers)?;
@@ -146,7 +146,7 @@ async fn delete_mcp(State(state): State<AppState>, headers: HeaderMap) -> Respon
 async fn handle_delete(state: &AppState, headers: &HeaderMap) -> Result<Response, HttpError> {
     let engine = &state.engine;
     validate::origin(headers, &state.allowed_origins)?;
-    let principal = principal(headers)?;
+    let principal = state.auth.principal(headers)?;
     validate::protocol_version(headers)?;
     let session_id = validate::session_id(headers)?;
     let session = engine.session(&session_id, &principal).await?;

@@ -102,6 +102,16 @@ impl TestServer {
 
     /// Starts on the data in `dir` (for restarts).
     pub async fn start_in(dir: Arc<tempfile::TempDir>, backend: Backend, app: AppKind, config: ServerConfig) -> Self {
+        Self::start_with_auth(dir, backend, app, config, tether_server::http::Auth::disabled()).await
+    }
+
+    pub async fn start_with_auth(
+        dir: Arc<tempfile::TempDir>,
+        backend: Backend,
+        app: AppKind,
+        config: ServerConfig,
+        auth: tether_server::http::Auth,
+    ) -> Self {
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let db = dir.path().join("tether.db");
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -136,7 +146,7 @@ impl TestServer {
             let engine = Engine::new(store, app, config);
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             addr_tx.send(listener.local_addr().unwrap()).unwrap();
-            let _ = tether_server::http::serve(listener, engine, async move {
+            let _ = tether_server::http::serve(listener, engine, auth, async move {
                 let _ = stop_rx.await;
             })
             .await;
@@ -358,4 +368,60 @@ impl Client {
 
 pub fn thought_args(n: u64) -> Value {
     json!({"thought": format!("thought {n}"), "thoughtNumber": n, "totalThoughts": 3, "nextThoughtNeeded": true})
+}
+
+/// The binary under test: `TETHER_BIN` (scripts/test points it at the
+/// release build) or the one cargo built for this test run.
+pub fn binary() -> String {
+    std::env::var("TETHER_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_tether").to_owned())
+}
+
+/// Starts `tether serve` on a free port with a SQLite file; returns the
+/// child and its /mcp URL.
+pub fn start_binary(db: &std::path::Path, extra: &[&str]) -> (std::process::Child, String) {
+    use std::io::{BufRead, BufReader};
+    let mut child = std::process::Command::new(binary())
+        .args(["serve", "--listen", "127.0.0.1:0", "--store"])
+        .arg(format!("sqlite:{}", db.display()))
+        .args(extra)
+        .env("RUST_LOG", "info")
+        .env_remove("TETHER_JSON_RESPONSE")
+        .env_remove("TETHER_AUTH_TOKENS")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("tether binary runs");
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines();
+    let url = loop {
+        let line = lines.next().expect("server printed its address").unwrap();
+        if let Some(i) = line.find("http://") {
+            break line[i..].split_whitespace().next().unwrap().to_owned();
+        }
+    };
+    // Keep draining stderr so the server never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    (child, url)
+}
+
+impl Client {
+    /// A client that sends `Authorization: Bearer <token>` on every request.
+    pub fn with_token(url: &str, token: &str) -> Self {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert("authorization", format!("Bearer {token}").parse().unwrap());
+        Self { http: reqwest::Client::builder().default_headers(headers).build().unwrap(), url: url.to_owned() }
+    }
+
+    /// initialize with arbitrary params; returns (session ID header, result).
+    pub async fn initialize_params(&self, params: Value) -> (String, Value) {
+        let resp = self
+            .post(None, &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": params}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let sid = resp.headers()["mcp-session-id"].to_str().unwrap().to_owned();
+        let events = SseReader::new(resp).all_events().await;
+        (sid, events.last().unwrap().json()["result"].clone())
+    }
 }

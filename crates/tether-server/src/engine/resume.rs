@@ -1,0 +1,206 @@
+//! The session resume handshake (the "broker" side of the stdio seed).
+//!
+//! Every `initialize` result carries `_meta["dev.tether/sessionResumeToken"]`.
+//! A later `initialize` that presents it gets the same durable session back
+//! and a new token; the old one is spent (rotation: the session's
+//! `resume_generation` moves on, so every older token of that session stops
+//! working too).
+//!
+//! A token is `tt1_` + hex(16 random bytes ‖ first 16 bytes of
+//! HMAC-SHA256(server key, id)). It reveals nothing: the session, principal
+//! and generation live in a store record keyed by the random part. The server
+//! key is generated once and kept in the store, so every replica and every
+//! restart verifies the same tokens.
+
+use hmac::{Hmac, KeyInit, Mac};
+use serde::{Deserialize, Serialize};
+use sha2::Sha256;
+use tether_store::{Store, StoreError, now_ms};
+
+pub const TOKEN_META: &str = "dev.tether/sessionResumeToken";
+pub const RESUMED_META: &str = "dev.tether/resumed";
+pub const REFUSED_META: &str = "dev.tether/resumeRefused";
+
+const KEY_NAMESPACE: &str = "server";
+const KEY_NAME: &str = "resume-key";
+const TOKEN_NAMESPACE: &str = "resume-token";
+const TOKEN_PREFIX: &str = "tt1_";
+/// Spent and unspent token records are forgotten after this long.
+const TOKEN_RECORD_TTL_MS: i64 = 7 * 24 * 3600 * 1000;
+
+/// Why a presented token does not resume anything (one word, for `_meta`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Not a token this server sealed (bad format or MAC).
+    Tampered,
+    /// Sealed by us but no record (never issued here, or forgotten).
+    Unknown,
+    /// Already exchanged for a newer token.
+    Used,
+    /// Its session expired or was deleted.
+    Expired,
+    /// Issued to another principal.
+    Foreign,
+}
+
+impl Refusal {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::Tampered => "tampered",
+            Refusal::Unknown => "unknown",
+            Refusal::Used => "used",
+            Refusal::Expired => "expired",
+            Refusal::Foreign => "foreign",
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct TokenRecord {
+    session: String,
+    principal: String,
+    generation: u64,
+    used: bool,
+}
+
+/// A token that was valid and is now spent.
+pub(crate) struct Redeemed {
+    pub session: String,
+    pub generation: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct ResumeTokens {
+    key: tokio::sync::OnceCell<[u8; 32]>,
+}
+
+fn mac(key: &[u8; 32], id: &[u8]) -> [u8; 16] {
+    let mut m = <Hmac<Sha256> as KeyInit>::new_from_slice(key).expect("HMAC takes keys of any length");
+    m.update(b"tether-resume-v1");
+    m.update(id);
+    let full = m.finalize().into_bytes();
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&full[..16]);
+    out
+}
+
+/// The random part of a token if it carries our MAC.
+pub fn open_token(key: &[u8; 32], token: &str) -> Option<[u8; 16]> {
+    let raw = hex::decode(token.strip_prefix(TOKEN_PREFIX)?).ok()?;
+    if raw.len() != 32 {
+        return None;
+    }
+    let (id, tag) = raw.split_at(16);
+    let expected = mac(key, id);
+    if !bool::from(subtle::ConstantTimeEq::ct_eq(&expected[..], tag)) {
+        return None;
+    }
+    id.try_into().ok()
+}
+
+pub fn seal_token(key: &[u8; 32], id: &[u8; 16]) -> String {
+    format!("{TOKEN_PREFIX}{}{}", hex::encode(id), hex::encode(mac(key, id)))
+}
+
+fn encode(record: &TokenRecord) -> Result<bytes::Bytes, StoreError> {
+    serde_json::to_vec(record).map(Into::into).map_err(|e| StoreError::Backend(e.to_string()))
+}
+
+impl ResumeTokens {
+    /// The server key: read from the store, or created there once.
+    async fn key(&self, store: &dyn Store) -> Result<[u8; 32], StoreError> {
+        self.key
+            .get_or_try_init(|| async {
+                for _ in 0..3 {
+                    if let Some(v) = store.kv_get(KEY_NAMESPACE, KEY_NAME, now_ms()).await? {
+                        return v.value.as_ref().try_into().map_err(|_| StoreError::Corrupt("server resume key".into()));
+                    }
+                    let fresh: [u8; 32] = rand::random();
+                    let created = store
+                        .kv_compare_and_set(KEY_NAMESPACE, KEY_NAME, None, bytes::Bytes::copy_from_slice(&fresh), None)
+                        .await?;
+                    if created.is_some() {
+                        return Ok(fresh);
+                    }
+                }
+                Err(StoreError::Backend("could not settle the server resume key".into()))
+            })
+            .await
+            .copied()
+    }
+
+    /// A new token for `session` at `generation`.
+    pub async fn issue(&self, store: &dyn Store, session: &str, principal: &str, generation: u64) -> Result<String, StoreError> {
+        let key = self.key(store).await?;
+        let id: [u8; 16] = rand::random();
+        let record = TokenRecord { session: session.to_owned(), principal: principal.to_owned(), generation, used: false };
+        store
+            .kv_compare_and_set(TOKEN_NAMESPACE, &hex::encode(id), None, encode(&record)?, Some(now_ms() + TOKEN_RECORD_TTL_MS))
+            .await?
+            .ok_or_else(|| StoreError::Conflict("resume token id collision".into()))?;
+        Ok(seal_token(&key, &id))
+    }
+
+    /// Spends a token presented by `principal`.
+    pub async fn redeem(&self, store: &dyn Store, token: &str, principal: &str) -> Result<Result<Redeemed, Refusal>, StoreError> {
+        let key = self.key(store).await?;
+        let Some(id) = open_token(&key, token) else { return Ok(Err(Refusal::Tampered)) };
+        let name = hex::encode(id);
+        let Some(stored) = store.kv_get(TOKEN_NAMESPACE, &name, now_ms()).await? else {
+            return Ok(Err(Refusal::Unknown));
+        };
+        let Ok(mut record) = serde_json::from_slice::<TokenRecord>(&stored.value) else {
+            return Ok(Err(Refusal::Unknown));
+        };
+        if record.principal != principal {
+            return Ok(Err(Refusal::Foreign));
+        }
+        if record.used {
+            return Ok(Err(Refusal::Used));
+        }
+        record.used = true;
+        let spent = store
+            .kv_compare_and_set(TOKEN_NAMESPACE, &name, Some(stored.revision), encode(&record)?, stored.expires_at_ms)
+            .await?;
+        if spent.is_none() {
+            // Somebody presented it at the same moment and won.
+            return Ok(Err(Refusal::Used));
+        }
+        Ok(Ok(Redeemed { session: record.session, generation: record.generation }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sealed_tokens_open_and_every_bit_flip_is_refused() {
+        let key = [7u8; 32];
+        let id = [42u8; 16];
+        let token = seal_token(&key, &id);
+        assert_eq!(open_token(&key, &token), Some(id));
+        assert_eq!(open_token(&[8u8; 32], &token), None, "another server's key");
+        let bytes = token.as_bytes();
+        for i in 0..bytes.len() {
+            for bit in 0..8 {
+                let mut flipped = bytes.to_vec();
+                flipped[i] ^= 1 << bit;
+                let Ok(s) = String::from_utf8(flipped) else { continue };
+                if s.eq_ignore_ascii_case(&token) {
+                    continue; // hex is case-insensitive: same token
+                }
+                assert_eq!(open_token(&key, &s), None, "flip of bit {bit} in byte {i} accepted");
+            }
+        }
+        assert_eq!(open_token(&key, ""), None);
+        assert_eq!(open_token(&key, &token[..token.len() - 2]), None);
+    }
+
+    #[test]
+    fn tokens_reveal_nothing_readable() {
+        let token = seal_token(&[1u8; 32], &[2u8; 16]);
+        assert!(token.starts_with(TOKEN_PREFIX));
+        assert!(token[TOKEN_PREFIX.len()..].bytes().all(|b| b.is_ascii_hexdigit()));
+    }
+}

@@ -1,0 +1,153 @@
+//! Bearer-token authentication: who is asking (the principal).
+//!
+//! `--auth-tokens FILE` holds one `TOKEN PRINCIPAL` pair per line (`#`
+//! comments, blank lines ignored). Tokens are kept only as SHA-256 digests and
+//! every lookup compares against every entry in constant time, so neither
+//! timing nor the table's order reveals a token. Without a file, every
+//! request belongs to one anonymous principal.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use axum::http::{HeaderMap, StatusCode, header};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use super::HttpError;
+
+/// The principal of every request while authentication is off.
+pub const ANONYMOUS: &str = "anonymous";
+
+/// Parsed token file.
+#[derive(Debug, Default)]
+pub struct TokenTable {
+    entries: Vec<([u8; 32], String)>,
+}
+
+fn digest(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+impl TokenTable {
+    /// Parses the file's text; errors name the line.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let mut entries = Vec::new();
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let mut parts = line.split_whitespace();
+            let (Some(token), Some(principal), None) = (parts.next(), parts.next(), parts.next()) else {
+                return Err(format!("line {}: expected `TOKEN PRINCIPAL`", n + 1));
+            };
+            if token.len() < 16 {
+                return Err(format!("line {}: token is shorter than 16 characters; use a long random token", n + 1));
+            }
+            if principal == ANONYMOUS {
+                return Err(format!("line {}: `{ANONYMOUS}` is reserved", n + 1));
+            }
+            entries.push((digest(token), principal.to_owned()));
+        }
+        if entries.is_empty() {
+            return Err("no `TOKEN PRINCIPAL` lines: every request would be refused".into());
+        }
+        Ok(Self { entries })
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The principal of `token`, comparing against every entry.
+    pub fn principal(&self, token: &str) -> Option<&str> {
+        let wanted = digest(token);
+        let mut found = None;
+        for (d, principal) in &self.entries {
+            if bool::from(d.ct_eq(&wanted)) && found.is_none() {
+                found = Some(principal.as_str());
+            }
+        }
+        found
+    }
+}
+
+/// The authentication policy of one server; cheap to clone, reloadable.
+#[derive(Clone, Default)]
+pub struct Auth {
+    table: Arc<RwLock<Option<Arc<TokenTable>>>>,
+    path: Option<Arc<PathBuf>>,
+}
+
+impl Auth {
+    /// Everything belongs to [`ANONYMOUS`].
+    pub fn disabled() -> Self {
+        Self::default()
+    }
+
+    /// Reads `path`; fails with a message naming the file and the line.
+    pub fn from_file(path: &Path) -> Result<Self, String> {
+        let auth = Self { table: Arc::default(), path: Some(Arc::new(path.to_path_buf())) };
+        auth.reload()?;
+        Ok(auth)
+    }
+
+    pub fn is_enabled(&self) -> bool {
+        self.path.is_some()
+    }
+
+    /// Re-reads the token file (SIGHUP). On error the old table stays.
+    pub fn reload(&self) -> Result<usize, String> {
+        let Some(path) = &self.path else { return Ok(0) };
+        let text = std::fs::read_to_string(path.as_path()).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let table = TokenTable::parse(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        let n = table.len();
+        *self.table.write().map_err(|_| "token table lock poisoned".to_owned())? = Some(Arc::new(table));
+        Ok(n)
+    }
+
+    /// The principal of a request, or 401 with `WWW-Authenticate: Bearer`.
+    pub fn principal(&self, headers: &HeaderMap) -> Result<String, HttpError> {
+        if !self.is_enabled() {
+            return Ok(ANONYMOUS.to_owned());
+        }
+        let unauthorized = |m: &str| HttpError {
+            www_authenticate: true,
+            ..HttpError::new(StatusCode::UNAUTHORIZED, crate::protocol::INVALID_REQUEST, m)
+        };
+        let token = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .map(str::trim)
+            .ok_or_else(|| unauthorized("authentication required: send `Authorization: Bearer <token>`"))?;
+        let table = self.table.read().ok().and_then(|t| t.clone());
+        table
+            .as_ref()
+            .and_then(|t| t.principal(token).map(str::to_owned))
+            .ok_or_else(|| unauthorized("the Bearer token is not valid for this server: check it, or ask the operator for one"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_pairs_comments_and_names_bad_lines() {
+        let t = TokenTable::parse("# team\nAAAAAAAAAAAAAAAAAAAA alice\n\n  BBBBBBBBBBBBBBBBBBBB   bob  \n").unwrap();
+        assert_eq!(t.len(), 2);
+        assert_eq!(t.principal("AAAAAAAAAAAAAAAAAAAA"), Some("alice"));
+        assert_eq!(t.principal("BBBBBBBBBBBBBBBBBBBB"), Some("bob"));
+        assert_eq!(t.principal("AAAAAAAAAAAAAAAAAAAB"), None);
+        assert_eq!(t.principal(""), None);
+        assert!(TokenTable::parse("onlyonefield").unwrap_err().contains("line 1"));
+        assert!(TokenTable::parse("short alice").unwrap_err().contains("16"));
+        assert!(TokenTable::parse("AAAAAAAAAAAAAAAAAAAA a b").unwrap_err().contains("line 1"));
+        assert!(TokenTable::parse("# nothing\n").is_err());
+    }
+}

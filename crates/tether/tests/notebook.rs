@@ -1,0 +1,52 @@
+//! The notebook over real HTTP: thoughts are durable and one MCP session
+//! works in one notebook session, even under a burst of first calls.
+
+mod support;
+
+use serde_json::json;
+use support::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_burst_of_first_thoughts_lands_in_one_notebook_session() {
+    for backend in BACKENDS {
+        let server = TestServer::start(backend, AppKind::Notebook, quick_config()).await;
+        let c = Client::new(&server.url);
+        let sid = c.initialize().await;
+        let mut calls = Vec::new();
+        for i in 0..30u64 {
+            let (c, sid) = (c.clone(), sid.clone());
+            calls.push(tokio::spawn(async move { c.call(&sid, 10 + i, "thought", thought_args(i + 1)).await }));
+        }
+        let mut lengths = Vec::new();
+        for call in calls {
+            let result = call.await.unwrap();
+            lengths.push(result["result"]["structuredContent"]["thoughtHistoryLength"].as_u64().unwrap());
+        }
+        lengths.sort();
+        assert_eq!(lengths, (1..=30).collect::<Vec<u64>>(), "{backend:?}: every thought in one history, none lost");
+    }
+}
+
+#[tokio::test]
+async fn thoughts_follow_sequential_thinking_semantics() {
+    let server = TestServer::start(Backend::Sqlite, AppKind::Notebook, quick_config()).await;
+    let c = Client::new(&server.url);
+    let sid = c.initialize().await;
+    let r = c.call(&sid, 1, "thought", json!({"thought": "a", "thoughtNumber": 4, "totalThoughts": 2, "nextThoughtNeeded": true})).await;
+    assert_eq!(r["result"]["structuredContent"]["totalThoughts"], 4, "total raised to the thought number");
+    let r = c
+        .call(&sid, 2, "thought", json!({"thought": "b", "thoughtNumber": 5, "totalThoughts": 6, "nextThoughtNeeded": true,
+            "branchFromThought": 4, "branchId": "alt"}))
+        .await;
+    assert_eq!(r["result"]["structuredContent"]["branches"], json!(["alt"]));
+    let r = c
+        .call(&sid, 3, "thought", json!({"thought": "c", "thoughtNumber": 6, "totalThoughts": 6, "nextThoughtNeeded": false,
+            "isRevision": true, "revisesThought": 4}))
+        .await;
+    let s = &r["result"]["structuredContent"];
+    assert_eq!((s["thoughtHistoryLength"].as_u64(), s["nextThoughtNeeded"].as_bool()), (Some(3), Some(false)));
+    assert_eq!(s["branches"], json!(["alt"]));
+    // The text content carries the same JSON for clients without structured content.
+    let text: serde_json::Value = serde_json::from_str(r["result"]["content"][0]["text"].as_str().unwrap()).unwrap();
+    assert_eq!(&text, s);
+}
