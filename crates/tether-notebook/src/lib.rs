@@ -8,8 +8,13 @@
 //! - [`repo`]: the notebook repository trait and its backends.
 //! - [`thought`]: validation and the sequential-thinking semantics.
 //! - [`tools`]: tool definitions (schemas) offered to clients.
+//! - [`roots`]: the client's MCP roots and the bound root.
+//! - `ops`: the `init` and `session` tools.
 
+mod export;
+mod ops;
 pub mod repo;
+pub mod roots;
 pub mod thought;
 pub mod tools;
 
@@ -18,15 +23,15 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use rmcp::model::{CallToolResult, ContentBlock, Implementation, Tool};
 use serde_json::{Map, Value};
-use tether_server::{McpApp, RpcError, ToolCtx};
+use tether_server::{McpApp, RpcError, SessionCtx, ToolCtx};
 
-pub use repo::{NotebookRepo, NotebookSession, memory::MemoryNotebook, sqlite::SqliteNotebook};
+pub use repo::{NotebookRepo, NotebookSession, SessionFilter, memory::MemoryNotebook, sqlite::SqliteNotebook};
 
 /// Key of the current notebook session in the MCP session's app state.
-const CURRENT_SESSION: &str = "notebookSessionId";
+pub(crate) const CURRENT_SESSION: &str = "notebookSessionId";
 
 pub struct Notebook {
-    repo: Arc<dyn NotebookRepo>,
+    pub(crate) repo: Arc<dyn NotebookRepo>,
     /// Serializes creating a current session in this process, so a burst of
     /// first calls does not start one notebook session each.
     creating: tokio::sync::Mutex<()>,
@@ -48,7 +53,8 @@ impl Notebook {
         if let Some(found) = self.stored_current(&session_ctx, &principal).await? {
             return Ok(found);
         }
-        let created = NotebookSession::new(&principal, None, Vec::new(), None);
+        let bound = roots::ensure(ctx).await?.bound;
+        let created = NotebookSession::new(&principal, None, Vec::new(), bound);
         self.repo.create_session(&created).await.map_err(repo_error)?;
         let id = created.id.clone();
         // Compare-and-set: if another replica set one first, theirs wins.
@@ -89,7 +95,7 @@ impl Notebook {
     }
 }
 
-fn repo_error(e: repo::RepoError) -> RpcError {
+pub(crate) fn repo_error(e: repo::RepoError) -> RpcError {
     RpcError::internal(format!("notebook storage failed: {e}"))
 }
 
@@ -102,7 +108,8 @@ impl McpApp for Notebook {
     fn instructions(&self) -> Option<String> {
         Some(
             "A durable reasoning notebook. Record each step with `thought`; your thoughts survive \
-             reconnects and server restarts."
+             reconnects and server restarts. After a context reset, call `init` with operation \
+             `load_context` (no sessionId needed): it finds the latest session of this project's root."
                 .into(),
         )
     }
@@ -111,9 +118,21 @@ impl McpApp for Notebook {
         tools::all()
     }
 
+    async fn on_initialized(&self, ctx: SessionCtx) {
+        roots::refresh(ctx).await;
+    }
+
+    async fn on_notification(&self, ctx: SessionCtx, method: &str, _params: Option<Map<String, Value>>) {
+        if method == "notifications/roots/list_changed" {
+            roots::refresh(ctx).await;
+        }
+    }
+
     async fn call_tool(&self, ctx: ToolCtx, name: &str, arguments: Map<String, Value>) -> Result<CallToolResult, RpcError> {
         match name {
             tools::THOUGHT => self.thought(&ctx, arguments).await,
+            tools::INIT => self.init(&ctx, arguments).await,
+            tools::SESSION => self.session_tool(&ctx, arguments).await,
             other => Err(RpcError::invalid_params(format!("unknown tool `{other}`; call tools/list for the tools offered"))),
         }
     }

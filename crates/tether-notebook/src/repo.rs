@@ -84,4 +84,36 @@ pub trait NotebookRepo: Send + Sync + 'static {
 
     /// All thoughts of a session in the order they were recorded.
     async fn thoughts(&self, principal: &str, session_id: &str) -> Result<Vec<StoredThought>, RepoError>;
+
+    /// The most recently updated session of `principal` bound to `root`
+    /// (one indexed lookup).
+    async fn latest_for_root(&self, principal: &str, root: &str) -> Result<Option<NotebookSession>, RepoError>;
+
+    /// Sessions of `principal`, most recently updated first, optionally only
+    /// those of one root or carrying one tag.
+    async fn list_sessions(&self, principal: &str, filter: &SessionFilter) -> Result<Vec<NotebookSession>, RepoError>;
+
+    /// Thoughts of `principal` whose text contains `text` (case-insensitive),
+    /// newest sessions first, at most `limit`.
+    async fn search(&self, principal: &str, text: &str, limit: usize) -> Result<Vec<SearchHit>, RepoError>;
+}
+
+/// What `list_sessions` keeps.
+#[derive(Debug, Clone, Default)]
+pub struct SessionFilter {
+    pub root: Option<String>,
+    pub tag: Option<String>,
+    pub limit: usize,
+}
+
+/// One thought found by `search`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SearchHit {
+    pub session_id: String,
+    pub session_title: String,
+    /// 1-based position of the thought in its session.
+    pub index: u64,
+    pub thought_number: u64,
+    pub thought: String,
 }

@@ -5,7 +5,7 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 
-use super::{NotebookRepo, NotebookSession, RepoError, StoredThought};
+use super::{NotebookRepo, NotebookSession, RepoError, SearchHit, SessionFilter, StoredThought};
 use crate::thought::{Recorded, ThoughtInput};
 
 #[derive(Default)]
@@ -70,5 +70,51 @@ impl NotebookRepo for MemoryNotebook {
             .filter(|e| e.session.as_ref().is_some_and(|s| s.principal == principal))
             .map(|e| e.thoughts.clone())
             .unwrap_or_default())
+    }
+
+    async fn latest_for_root(&self, principal: &str, root: &str) -> Result<Option<NotebookSession>, RepoError> {
+        let filter = SessionFilter { root: Some(root.to_owned()), tag: None, limit: 1 };
+        Ok(self.list_sessions(principal, &filter).await?.into_iter().next())
+    }
+
+    async fn list_sessions(&self, principal: &str, filter: &SessionFilter) -> Result<Vec<NotebookSession>, RepoError> {
+        let map = self.entries.lock().map_err(poisoned)?;
+        let mut out: Vec<NotebookSession> = map
+            .values()
+            .filter_map(|e| e.session.clone())
+            .filter(|s| s.principal == principal)
+            .filter(|s| filter.root.as_ref().is_none_or(|r| s.mcp_root_uri.as_ref() == Some(r)))
+            .filter(|s| filter.tag.as_ref().is_none_or(|t| s.tags.contains(t)))
+            .collect();
+        out.sort_by(|a, b| b.updated_at_ms.cmp(&a.updated_at_ms).then_with(|| b.id.cmp(&a.id)));
+        out.truncate(filter.limit);
+        Ok(out)
+    }
+
+    async fn search(&self, principal: &str, text: &str, limit: usize) -> Result<Vec<SearchHit>, RepoError> {
+        let needle = text.to_lowercase();
+        let map = self.entries.lock().map_err(poisoned)?;
+        let mut sessions: Vec<&Entry> =
+            map.values().filter(|e| e.session.as_ref().is_some_and(|s| s.principal == principal)).collect();
+        sessions.sort_by_key(|e| std::cmp::Reverse(e.session.as_ref().map(|s| s.updated_at_ms)));
+        let mut hits = Vec::new();
+        for entry in sessions {
+            let Some(session) = &entry.session else { continue };
+            for (i, t) in entry.thoughts.iter().enumerate() {
+                if t.input.thought.to_lowercase().contains(&needle) {
+                    hits.push(SearchHit {
+                        session_id: session.id.clone(),
+                        session_title: session.title.clone(),
+                        index: i as u64 + 1,
+                        thought_number: t.input.thought_number,
+                        thought: t.input.thought.clone(),
+                    });
+                    if hits.len() >= limit {
+                        return Ok(hits);
+                    }
+                }
+            }
+        }
+        Ok(hits)
     }
 }

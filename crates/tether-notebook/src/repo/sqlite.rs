@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use rusqlite::{OptionalExtension, params};
 use tether_store::sqlite::SqliteDb;
 
-use super::{NotebookRepo, NotebookSession, RepoError, StoredThought};
+use super::{NotebookRepo, NotebookSession, RepoError, SearchHit, SessionFilter, StoredThought};
 use crate::thought::{Recorded, ThoughtInput};
 
 const SCHEMA: &str = r#"
@@ -161,6 +161,72 @@ impl NotebookRepo for SqliteNotebook {
                     let (body, recorded_at_ms) = row?;
                     let input: ThoughtInput = serde_json::from_str(&body).map_err(storage)?;
                     Ok(StoredThought { input, recorded_at_ms })
+                })
+                .collect()
+            })
+            .await?)
+    }
+
+    async fn latest_for_root(&self, principal: &str, root: &str) -> Result<Option<NotebookSession>, RepoError> {
+        let (principal, root) = (principal.to_owned(), root.to_owned());
+        Ok(self
+            .db
+            .read(move |conn| {
+                Ok(conn
+                    .prepare_cached(&format!(
+                        "SELECT {COLUMNS} FROM nb_sessions INDEXED BY nb_sessions_by_root
+                         WHERE principal = ?1 AND root_uri = ?2 ORDER BY updated_at_ms DESC LIMIT 1"
+                    ))?
+                    .query_row(params![principal, root], row_to_session)
+                    .optional()?)
+            })
+            .await?)
+    }
+
+    async fn list_sessions(&self, principal: &str, filter: &SessionFilter) -> Result<Vec<NotebookSession>, RepoError> {
+        let principal = principal.to_owned();
+        let filter = filter.clone();
+        Ok(self
+            .db
+            .read(move |conn| {
+                // Tags are a JSON array; the tag filter matches one exact element.
+                let tag = filter.tag.as_ref().map(|t| serde_json::to_string(t).unwrap_or_default());
+                let mut stmt = conn.prepare_cached(&format!(
+                    "SELECT {COLUMNS} FROM nb_sessions WHERE principal = ?1
+                     AND (?2 IS NULL OR root_uri = ?2)
+                     AND (?3 IS NULL OR instr(tags, ?3) > 0)
+                     ORDER BY updated_at_ms DESC, id DESC LIMIT ?4"
+                ))?;
+                let rows = stmt.query_map(params![principal, filter.root, tag, filter.limit as i64], row_to_session)?;
+                Ok(rows.collect::<Result<Vec<_>, _>>()?)
+            })
+            .await?)
+    }
+
+    async fn search(&self, principal: &str, text: &str, limit: usize) -> Result<Vec<SearchHit>, RepoError> {
+        let principal = principal.to_owned();
+        let pattern = format!("%{}%", text.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_"));
+        Ok(self
+            .db
+            .read(move |conn| {
+                let mut stmt = conn.prepare_cached(
+                    "SELECT s.id, s.title, t.idx, t.body FROM nb_sessions s JOIN nb_thoughts t ON t.session_id = s.id
+                     WHERE s.principal = ?1 AND json_extract(t.body, '$.thought') LIKE ?2 ESCAPE '\\'
+                     ORDER BY s.updated_at_ms DESC, t.idx LIMIT ?3",
+                )?;
+                let rows = stmt.query_map(params![principal, pattern, limit as i64], |r| {
+                    Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, i64>(2)?, r.get::<_, String>(3)?))
+                })?;
+                rows.map(|row| {
+                    let (session_id, session_title, index, body) = row?;
+                    let input: ThoughtInput = serde_json::from_str(&body).map_err(storage)?;
+                    Ok(SearchHit {
+                        session_id,
+                        session_title,
+                        index: index as u64,
+                        thought_number: input.thought_number,
+                        thought: input.thought,
+                    })
                 })
                 .collect()
             })

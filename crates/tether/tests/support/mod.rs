@@ -425,3 +425,33 @@ impl Client {
         (sid, events.last().unwrap().json()["result"].clone())
     }
 }
+
+impl Client {
+    /// A tools/call that answers any `roots/list` the server asks on the
+    /// call's stream with `roots`; returns the call's response.
+    pub async fn call_with_roots(&self, session: &str, id: u64, tool: &str, args: Value, roots: &Value) -> Value {
+        let resp = self
+            .post(Some(session), &json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                "params": {"name": tool, "arguments": args}}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{tool}");
+        let mut reader = SseReader::new(resp);
+        while let Some(event) = reader.next_event().await {
+            let message = event.json();
+            if message["method"] == "roots/list" {
+                let answer = json!({"jsonrpc": "2.0", "id": message["id"], "result": {"roots": roots}});
+                assert_eq!(self.post(Some(session), &answer).send().await.unwrap().status(), 202);
+            } else if message["id"] == json!(id) {
+                return message;
+            }
+        }
+        panic!("{tool}: stream ended without a response");
+    }
+}
+
+/// The structured result of a tool response.
+pub fn structured(response: &Value) -> &Value {
+    &response["result"]["structuredContent"]
+}
