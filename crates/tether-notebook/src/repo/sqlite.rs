@@ -191,9 +191,11 @@ impl NotebookRepo for SqliteNotebook {
             .read(move |conn| {
                 // Tags are a JSON array; the tag filter matches one exact element.
                 let tag = filter.tag.as_ref().map(|t| serde_json::to_string(t).unwrap_or_default());
+                // One statement per shape, so each uses its index (an `?2 IS NULL OR`
+                // condition would defeat nb_sessions_by_root).
+                let root_clause = if filter.root.is_some() { "AND root_uri = ?2" } else { "AND ?2 IS NULL" };
                 let mut stmt = conn.prepare_cached(&format!(
-                    "SELECT {COLUMNS} FROM nb_sessions WHERE principal = ?1
-                     AND (?2 IS NULL OR root_uri = ?2)
+                    "SELECT {COLUMNS} FROM nb_sessions WHERE principal = ?1 {root_clause}
                      AND (?3 IS NULL OR instr(tags, ?3) > 0)
                      ORDER BY updated_at_ms DESC, id DESC LIMIT ?4"
                 ))?;
