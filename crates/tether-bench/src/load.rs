@@ -1,0 +1,283 @@
+//! The load generator: N clients, each with its own MCP session and its own
+//! keep-alive HTTP/1 connection, call the `thought` tool back to back; every
+//! response is checked, and latencies inside the measure window go into an
+//! HDR histogram.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+const PROTOCOL_VERSION: &str = "2025-11-25";
+/// A call taking longer than this is an error, not a latency sample.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Error messages kept (and printed) per run; the rest are only counted.
+const KEPT_ERRORS: usize = 5;
+
+/// When the clients warm up and when the measurement counts.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    measure_from: Instant,
+    end: Instant,
+}
+
+/// What one run (one system, one client count) produced.
+pub struct Outcome {
+    /// Calls checked as correct that completed inside the measure window.
+    pub ok_in_window: u64,
+    /// Every failed call or session set-up, warm-up included.
+    pub errors: u64,
+    /// A few error messages, for the log.
+    pub first_errors: Vec<String>,
+    /// Latency in microseconds of the calls counted in `ok_in_window`.
+    pub latency_us: Histogram<u64>,
+    pub measured: Duration,
+}
+
+impl Outcome {
+    pub fn rps(&self) -> f64 {
+        self.ok_in_window as f64 / self.measured.as_secs_f64()
+    }
+    pub fn quantile_ms(&self, q: f64) -> f64 {
+        self.latency_us.value_at_quantile(q) as f64 / 1000.0
+    }
+}
+
+struct ClientResult {
+    ok_in_window: u64,
+    errors: u64,
+    first_errors: Vec<String>,
+    latency_us: Histogram<u64>,
+}
+
+impl ClientResult {
+    fn error(&mut self, msg: String) {
+        self.errors += 1;
+        if self.first_errors.len() < KEPT_ERRORS {
+            self.first_errors.push(msg);
+        }
+    }
+}
+
+fn histogram() -> Histogram<u64> {
+    // 1 µs .. 60 s at 3 significant digits; the bounds are valid constants.
+    Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid histogram bounds")
+}
+
+/// Runs `clients` clients against `mcp_url`: all open their sessions, then
+/// call for `warmup` (not recorded) and `duration` (recorded).
+pub async fn run(mcp_url: &str, clients: usize, warmup: Duration, duration: Duration) -> anyhow::Result<Outcome> {
+    let (tx, rx) = watch::channel(None::<Window>);
+    let ready = Arc::new(tokio::sync::Barrier::new(clients + 1));
+    let mut tasks = Vec::with_capacity(clients);
+    for _ in 0..clients {
+        let (url, rx, ready) = (mcp_url.to_string(), rx.clone(), ready.clone());
+        tasks.push(tokio::spawn(async move { client(url, rx, ready).await }));
+    }
+    // Every client has its session (or has failed to get one): start the clock.
+    ready.wait().await;
+    let measure_from = Instant::now() + warmup;
+    let window = Window { measure_from, end: measure_from + duration };
+    tx.send(Some(window))?;
+
+    let mut out = Outcome {
+        ok_in_window: 0,
+        errors: 0,
+        first_errors: Vec::new(),
+        latency_us: histogram(),
+        measured: duration,
+    };
+    for task in tasks {
+        let r = task.await?;
+        out.ok_in_window += r.ok_in_window;
+        out.errors += r.errors;
+        for e in r.first_errors {
+            if out.first_errors.len() < KEPT_ERRORS {
+                out.first_errors.push(e);
+            }
+        }
+        out.latency_us.add(&r.latency_us)?;
+    }
+    Ok(out)
+}
+
+/// One client: a session, then calls until the window ends.
+async fn client(url: String, mut rx: watch::Receiver<Option<Window>>, ready: Arc<tokio::sync::Barrier>) -> ClientResult {
+    let mut r = ClientResult { ok_in_window: 0, errors: 0, first_errors: Vec::new(), latency_us: histogram() };
+    // One reqwest::Client per bench client = one pooled keep-alive connection per client.
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .http1_only()
+        .tcp_nodelay(true)
+        .pool_max_idle_per_host(1)
+        .timeout(REQUEST_TIMEOUT)
+        .build();
+    let session = match http {
+        Ok(http) => match open_session(&http, &url).await {
+            Ok(id) => Ok((http, id)),
+            Err(e) => Err(format!("session set-up: {e}")),
+        },
+        Err(e) => Err(format!("cannot build an HTTP client: {e}")),
+    };
+    ready.wait().await;
+    let (http, session_id) = match session {
+        Ok(s) => s,
+        Err(e) => {
+            r.error(e);
+            return r;
+        }
+    };
+    let window = match rx.wait_for(Option::is_some).await {
+        Ok(w) => match *w {
+            Some(w) => w,
+            None => return r,
+        },
+        Err(_) => return r,
+    };
+
+    let mut n: u64 = 0;
+    while Instant::now() < window.end {
+        n += 1;
+        let started = Instant::now();
+        let result = call_thought(&http, &url, &session_id, n).await;
+        let done = Instant::now();
+        match result {
+            Ok(()) if done >= window.measure_from && done <= window.end => {
+                r.ok_in_window += 1;
+                let us = done.duration_since(started).as_micros();
+                r.latency_us.saturating_record(u64::try_from(us).unwrap_or(u64::MAX));
+            }
+            Ok(()) => {}
+            Err(e) => r.error(format!("tools/call #{n}: {e}")),
+        }
+    }
+    r
+}
+
+fn post(http: &reqwest::Client, url: &str, session: Option<&str>, body: &Value) -> reqwest::RequestBuilder {
+    let mut req = http
+        .post(url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(body.to_string());
+    if let Some(id) = session {
+        req = req.header("mcp-session-id", id).header("mcp-protocol-version", PROTOCOL_VERSION);
+    }
+    req
+}
+
+/// `initialize` + `notifications/initialized`; returns the session id.
+async fn open_session(http: &reqwest::Client, url: &str) -> Result<String, String> {
+    let init = json!({
+        "jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {
+            "protocolVersion": PROTOCOL_VERSION,
+            "capabilities": {},
+            "clientInfo": {"name": "tether-bench", "version": env!("CARGO_PKG_VERSION")}
+        }
+    });
+    let resp = post(http, url, None, &init).send().await.map_err(|e| format!("initialize: {e}"))?;
+    let session = resp
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .ok_or_else(|| format!("initialize: no Mcp-Session-Id header (status {})", resp.status()))?;
+    let msg = response_message(resp, 0).await.map_err(|e| format!("initialize: {e}"))?;
+    if msg.get("result").and_then(|r| r.get("protocolVersion")).is_none() {
+        return Err(format!("initialize: no result.protocolVersion in {msg}"));
+    }
+
+    let note = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let resp = post(http, url, Some(&session), &note).send().await.map_err(|e| format!("initialized: {e}"))?;
+    let status = resp.status();
+    // Read the (empty) body so the connection goes back to the pool.
+    let _ = resp.bytes().await;
+    if status != reqwest::StatusCode::ACCEPTED {
+        return Err(format!("notifications/initialized answered {status}, want 202"));
+    }
+    Ok(session)
+}
+
+/// One `tools/call` of `thought` number `n`, checked.
+async fn call_thought(http: &reqwest::Client, url: &str, session: &str, n: u64) -> Result<(), String> {
+    let id = n; // JSON-RPC id and thoughtNumber move together
+    let body = json!({
+        "jsonrpc": "2.0", "id": id, "method": "tools/call",
+        "params": {"name": "thought", "arguments": {
+            "thought": format!("bench thought {n}: weighing the next step"),
+            "thoughtNumber": n,
+            "totalThoughts": n,
+            "nextThoughtNeeded": true
+        }}
+    });
+    let resp = post(http, url, Some(session), &body).send().await.map_err(|e| e.to_string())?;
+    let msg = response_message(resp, id).await?;
+    if msg.pointer("/result/isError") == Some(&Value::Bool(true)) {
+        return Err(format!("tool error: {msg}"));
+    }
+    match msg.pointer("/result/structuredContent/thoughtNumber").and_then(Value::as_u64) {
+        Some(got) if got == n => Ok(()),
+        Some(got) => Err(format!("structuredContent.thoughtNumber is {got}, sent {n}")),
+        None => Err(format!("no result.structuredContent.thoughtNumber in {msg}")),
+    }
+}
+
+/// Reads the whole body (SSE or plain JSON) and returns the JSON-RPC
+/// response, checked for status 200, the expected id and no `error`.
+async fn response_message(resp: reqwest::Response, id: u64) -> Result<Value, String> {
+    let status = resp.status();
+    let sse = resp
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("text/event-stream"));
+    let body = resp.bytes().await.map_err(|e| format!("reading the body: {e}"))?;
+    let text = String::from_utf8_lossy(&body);
+    if status != reqwest::StatusCode::OK {
+        return Err(format!("status {status}: {}", text.chars().take(200).collect::<String>()));
+    }
+    let json_text = if sse {
+        last_sse_data(&text).ok_or_else(|| format!("no data event in the SSE body: {text:?}"))?
+    } else {
+        text.trim().to_string()
+    };
+    let msg: Value = serde_json::from_str(&json_text).map_err(|e| format!("bad JSON ({e}): {json_text}"))?;
+    if let Some(err) = msg.get("error") {
+        return Err(format!("JSON-RPC error: {err}"));
+    }
+    if msg.get("jsonrpc").and_then(Value::as_str) != Some("2.0") || msg.get("id").and_then(Value::as_u64) != Some(id) {
+        return Err(format!("not the JSON-RPC response to id {id}: {msg}"));
+    }
+    Ok(msg)
+}
+
+/// The data of the last SSE event that has non-empty data (priming events carry none).
+fn last_sse_data(body: &str) -> Option<String> {
+    let body = body.replace("\r\n", "\n");
+    body.split("\n\n")
+        .filter_map(|event| {
+            let data: Vec<&str> = event
+                .lines()
+                .filter_map(|l| l.strip_prefix("data:"))
+                .map(|d| d.strip_prefix(' ').unwrap_or(d))
+                .collect();
+            let data = data.join("\n");
+            (!data.trim().is_empty()).then_some(data)
+        })
+        .last()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::last_sse_data;
+
+    #[test]
+    fn skips_the_priming_event() {
+        let body = "id: 0-1\nretry: 1000\ndata: \n\nevent: message\nid: 0-2\ndata: {\"id\":1}\n\n";
+        assert_eq!(last_sse_data(body).as_deref(), Some("{\"id\":1}"));
+        assert_eq!(last_sse_data("id: 1\nretry: 1000\ndata: \n\n"), None);
+    }
+}
