@@ -34,3 +34,37 @@ pub fn render(session: &NotebookSession, thoughts: &[StoredThought], format: &st
     }
     out
 }
+
+/// Splits `text` into pieces of at most `max` bytes, never inside a
+/// character; joined back they are `text` byte for byte.
+pub fn split(text: &str, max: usize) -> Vec<&str> {
+    let max = max.max(4);
+    let mut out = Vec::new();
+    let mut rest = text;
+    while !rest.is_empty() {
+        let mut end = rest.len().min(max);
+        while !rest.is_char_boundary(end) {
+            end -= 1;
+        }
+        let (head, tail) = rest.split_at(end);
+        out.push(head);
+        rest = tail;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split;
+
+    #[test]
+    fn split_keeps_characters_whole_and_joins_back() {
+        let text = "ab€dé🙂xyz".repeat(50);
+        for max in [4, 5, 7, 64, 10_000] {
+            let parts = split(&text, max);
+            assert!(parts.iter().all(|p| p.len() <= max && !p.is_empty()));
+            assert_eq!(parts.concat(), text);
+        }
+        assert!(split("", 10).is_empty());
+    }
+}

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use rmcp::model::{CallToolResult, ContentBlock, Implementation, Tool};
 use serde_json::{Map, Value};
-use tether_server::{McpApp, RpcError, SessionCtx, ToolCtx};
+use tether_server::{McpApp, OperationCtx, OperationSpec, RpcError, SessionCtx, ToolCtx};
 
 pub use repo::{NotebookRepo, NotebookSession, SessionFilter, memory::MemoryNotebook, sqlite::SqliteNotebook};
 
@@ -118,6 +118,19 @@ impl McpApp for Notebook {
         tools::all()
     }
 
+    fn operation_spec(&self, tool: &str) -> Option<OperationSpec> {
+        // Reads of the notebook are resumable (exports are paged) and can be
+        // re-run from their cursor after a crash.
+        (tool == tools::SESSION).then_some(OperationSpec { restartable: true, expected_duration_ms: 500 })
+    }
+
+    async fn run_operation(&self, ctx: OperationCtx, tool: &str, arguments: Map<String, Value>) -> Result<(), RpcError> {
+        match tool {
+            tools::SESSION => self.session_operation(ctx, arguments).await,
+            other => Err(RpcError::invalid_params(format!("unknown tool `{other}`"))),
+        }
+    }
+
     async fn on_initialized(&self, ctx: SessionCtx) {
         roots::refresh(ctx).await;
     }
@@ -132,7 +145,6 @@ impl McpApp for Notebook {
         match name {
             tools::THOUGHT => self.thought(&ctx, arguments).await,
             tools::INIT => self.init(&ctx, arguments).await,
-            tools::SESSION => self.session_tool(&ctx, arguments).await,
             other => Err(RpcError::invalid_params(format!("unknown tool `{other}`; call tools/list for the tools offered"))),
         }
     }

@@ -4,7 +4,7 @@
 
 use rmcp::model::{CallToolResult, ContentBlock};
 use serde_json::{Map, Value, json};
-use tether_server::{RpcError, ToolCtx};
+use tether_server::{OperationCtx, RpcError, ToolCtx};
 
 use crate::repo::{NotebookSession, SessionFilter};
 use crate::roots::{self, RootsView};
@@ -178,51 +178,63 @@ impl Notebook {
     }
 
     /// The session named by `sessionId`, or the current one.
-    async fn named_or_current(&self, ctx: &ToolCtx, principal: &str, args: &Map<String, Value>) -> Result<Option<NotebookSession>, RpcError> {
-        let id = match str_arg(args, "sessionId") {
-            Some(id) => id.to_owned(),
-            None => match ctx.session().app_state().await.get(CURRENT_SESSION).and_then(Value::as_str) {
-                Some(id) => id.to_owned(),
-                None => return Ok(None),
-            },
-        };
-        self.repo.get_session(principal, &id).await.map_err(repo_error)
+    async fn named_or_current(&self, principal: &str, current: Option<&str>, args: &Map<String, Value>) -> Result<Option<NotebookSession>, RpcError> {
+        let Some(id) = str_arg(args, "sessionId").or(current) else { return Ok(None) };
+        self.repo.get_session(principal, id).await.map_err(repo_error)
     }
 
-    pub(crate) async fn session_tool(&self, ctx: &ToolCtx, args: Map<String, Value>) -> Result<CallToolResult, RpcError> {
-        let principal = ctx.session().principal().to_owned();
-        match str_arg(&args, "operation") {
-            Some("list") => self.list(&principal, &args).await,
-            Some("get") => {
-                let Some(session) = self.named_or_current(ctx, &principal, &args).await? else {
-                    return Ok(tool_error("no such session: pass sessionId (see session list) or start one with init start_new"));
-                };
-                let thoughts = self.repo.thoughts(&principal, &session.id).await.map_err(repo_error)?;
-                Ok(CallToolResult::structured(json!({"session": summary(&session), "thoughts": thoughts})))
-            }
-            Some("search") => {
-                let Some(query) = str_arg(&args, "query") else {
-                    return Ok(tool_error("search needs query: the text to find in thoughts"));
-                };
-                let hits = self.repo.search(&principal, query, limit_arg(&args, DEFAULT_SEARCH_LIMIT)).await.map_err(repo_error)?;
-                Ok(CallToolResult::structured(json!({"query": query, "hits": hits})))
-            }
+    /// The `session` tool, run as a resumable operation: pushes its result
+    /// (an export in chunks of at most `ctx.chunk_bytes()`).
+    pub(crate) async fn session_operation(&self, ctx: OperationCtx, args: Map<String, Value>) -> Result<(), RpcError> {
+        let principal = ctx.principal().to_owned();
+        let app = ctx.app_state().await;
+        let current = app.get(CURRENT_SESSION).and_then(Value::as_str);
+        let result = match str_arg(&args, "operation") {
+            Some("list") => self.list(&principal, &args).await?,
+            Some("get") => match self.named_or_current(&principal, current, &args).await? {
+                Some(session) => {
+                    let thoughts = self.repo.thoughts(&principal, &session.id).await.map_err(repo_error)?;
+                    CallToolResult::structured(json!({"session": summary(&session), "thoughts": thoughts}))
+                }
+                None => tool_error("no such session: pass sessionId (see session list) or start one with init start_new"),
+            },
+            Some("search") => match str_arg(&args, "query") {
+                Some(query) => {
+                    let hits = self.repo.search(&principal, query, limit_arg(&args, DEFAULT_SEARCH_LIMIT)).await.map_err(repo_error)?;
+                    CallToolResult::structured(json!({"query": query, "hits": hits}))
+                }
+                None => tool_error("search needs query: the text to find in thoughts"),
+            },
             Some("export") => {
                 let format = str_arg(&args, "format").unwrap_or("markdown");
                 if format != "markdown" && format != "json" {
-                    return Ok(tool_error(format!("format must be markdown or json, got {format}")));
+                    tool_error(format!("format must be markdown or json, got {format}"))
+                } else {
+                    match self.named_or_current(&principal, current, &args).await? {
+                        Some(session) => {
+                            let thoughts = self.repo.thoughts(&principal, &session.id).await.map_err(repo_error)?;
+                            let document = crate::export::render(&session, &thoughts, format);
+                            let chunks = crate::export::split(&document, ctx.chunk_bytes());
+                            let total = chunks.len() as f64;
+                            for (i, chunk) in chunks.iter().enumerate().skip(ctx.resume_from() as usize) {
+                                ctx.push(CallToolResult::success(vec![ContentBlock::text(*chunk)])).await?;
+                                ctx.progress(i as f64 + 1.0, Some(total), Some("exporting"));
+                            }
+                            return Ok(());
+                        }
+                        None => tool_error("no such session: pass sessionId (see session list) or start one with init start_new"),
+                    }
                 }
-                let Some(session) = self.named_or_current(ctx, &principal, &args).await? else {
-                    return Ok(tool_error("no such session: pass sessionId (see session list) or start one with init start_new"));
-                };
-                let thoughts = self.repo.thoughts(&principal, &session.id).await.map_err(repo_error)?;
-                Ok(CallToolResult::success(vec![ContentBlock::text(crate::export::render(&session, &thoughts, format))]))
             }
-            other => Ok(tool_error(format!(
+            other => tool_error(format!(
                 "session needs operation: one of list, get, search, export (got {})",
                 other.unwrap_or("none")
-            ))),
+            )),
+        };
+        if ctx.resume_from() == 0 {
+            ctx.push(result).await?;
         }
+        Ok(())
     }
 
     pub(crate) async fn make_current(&self, ctx: &ToolCtx, id: &str) -> Result<(), RpcError> {

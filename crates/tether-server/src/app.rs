@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use rmcp::model::{CallToolResult, Implementation, Tool};
 use serde_json::{Map, Value};
 
-pub use crate::engine::{SessionCtx, ToolCtx};
+pub use crate::engine::{OperationCtx, SessionCtx, ToolCtx};
 use crate::protocol::{INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND};
 
 /// A JSON-RPC error an application can answer a request with.
@@ -36,6 +36,16 @@ impl RpcError {
     }
 }
 
+/// How a resumable tool runs (see [`McpApp::operation_spec`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OperationSpec {
+    /// After a crash the operation continues from its stored cursor (the
+    /// chunks already stored); otherwise its token reports an interruption.
+    pub restartable: bool,
+    /// Advertised to clients in the tool's `_meta`.
+    pub expected_duration_ms: u64,
+}
+
 /// An MCP server application served by the engine.
 #[async_trait]
 pub trait McpApp: Send + Sync + 'static {
@@ -52,6 +62,20 @@ pub trait McpApp: Send + Sync + 'static {
     /// protocol must reject are `Err`; failures the caller should read are
     /// `Ok` with `is_error: true`.
     async fn call_tool(&self, ctx: ToolCtx, name: &str, arguments: Map<String, Value>) -> Result<CallToolResult, RpcError>;
+
+    /// `Some` for tools whose calls run as durable, resumable operations
+    /// (`_meta.nextResumeToken` / `_meta.resumeToken`); those are run by
+    /// [`McpApp::run_operation`] instead of [`McpApp::call_tool`].
+    fn operation_spec(&self, _tool: &str) -> Option<OperationSpec> {
+        None
+    }
+
+    /// Runs a resumable tool: pushes its result in chunks through `ctx`
+    /// (skipping the first `ctx.resume_from()` chunks after a restart). The
+    /// last chunk pushed before `Ok` is the final one.
+    async fn run_operation(&self, _ctx: OperationCtx, tool: &str, _arguments: Map<String, Value>) -> Result<(), RpcError> {
+        Err(RpcError::invalid_params(format!("unknown tool `{tool}`")))
+    }
 
     /// After `notifications/initialized`.
     async fn on_initialized(&self, _ctx: SessionCtx) {}

@@ -23,6 +23,13 @@ pub struct ServerConfig {
     pub max_sessions_per_principal: usize,
     /// How often the reaper deletes expired sessions.
     pub reap_interval: Duration,
+    /// How long a resumable call waits for its result before answering with
+    /// a `nextResumeToken` (`--resume-wait`).
+    pub resume_wait: Duration,
+    /// Largest chunk of a paged result (`--result-chunk-bytes`).
+    pub result_chunk_bytes: usize,
+    /// Operations and their stored chunks are forgotten after this long.
+    pub operation_ttl: Duration,
 }
 
 impl Default for ServerConfig {
@@ -37,6 +44,9 @@ impl Default for ServerConfig {
             max_inflight_per_session: 64,
             max_sessions_per_principal: 10_000,
             reap_interval: Duration::from_secs(30),
+            resume_wait: Duration::from_secs(2),
+            result_chunk_bytes: 64 * 1024,
+            operation_ttl: Duration::from_secs(3600),
         }
     }
 }

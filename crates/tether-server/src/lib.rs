@@ -16,7 +16,7 @@ pub mod http;
 pub mod ids;
 pub mod protocol;
 
-pub use app::{McpApp, RpcError, SessionCtx, ToolCtx};
+pub use app::{McpApp, OperationCtx, OperationSpec, RpcError, SessionCtx, ToolCtx};
 pub use config::ServerConfig;
 pub use engine::Engine;
 

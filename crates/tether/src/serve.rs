@@ -49,6 +49,13 @@ pub struct ServeArgs {
     /// `Authorization: Bearer TOKEN`. Re-read on SIGHUP.
     #[arg(long, env = "TETHER_AUTH_TOKENS")]
     auth_tokens: Option<PathBuf>,
+    /// How long a resumable call waits for its result before answering with
+    /// a `nextResumeToken` (e.g. 2s, 500ms).
+    #[arg(long, env = "TETHER_RESUME_WAIT", default_value = "2s", value_parser = humantime::parse_duration)]
+    resume_wait: Duration,
+    /// Largest chunk of a paged result such as a notebook export.
+    #[arg(long, env = "TETHER_RESULT_CHUNK_BYTES", default_value = "64KiB", value_parser = parse_size)]
+    result_chunk_bytes: usize,
     /// Events kept per stream before the oldest are trimmed.
     #[arg(long, env = "TETHER_MAX_EVENTS_PER_STREAM", default_value_t = 100_000)]
     max_events_per_stream: u64,
@@ -160,6 +167,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         max_body: args.max_body,
         allowed_origins: args.allowed_origins,
         json_response: args.json_response,
+        resume_wait: args.resume_wait,
+        result_chunk_bytes: args.result_chunk_bytes,
         ..ServerConfig::default()
     };
     let engine = Engine::new(store, Arc::new(Notebook::new(notebook)), config);

@@ -264,8 +264,11 @@ pub(crate) async fn dispatch(mut ctx: ToolCtx, method: String, params: Option<Ma
     let mut params = params.unwrap_or_default();
     match method.as_str() {
         "ping" => Ok(json!({})),
-        "tools/list" => Ok(json!({"tools": ctx.inner.app.tools()})),
+        "tools/list" => Ok(json!({"tools": advertised_tools(&ctx.inner)})),
         "tools/call" => {
+            // A resume token is bound to everything but `_meta`.
+            let mut unbound = params.clone();
+            unbound.remove("_meta");
             let name = match params.remove("name") {
                 Some(Value::String(n)) => n,
                 _ => return Err(RpcError::invalid_params("tools/call needs params.name (the tool's name as a string)")),
@@ -275,8 +278,18 @@ pub(crate) async fn dispatch(mut ctx: ToolCtx, method: String, params: Option<Ma
                 Some(Value::Object(a)) => a,
                 Some(_) => return Err(RpcError::invalid_params("tools/call params.arguments must be an object")),
             };
-            ctx.progress_token = params.get("_meta").and_then(|m| m.get("progressToken")).cloned();
+            let meta = params.get("_meta");
+            ctx.progress_token = meta.and_then(|m| m.get("progressToken")).cloned();
             let app = ctx.inner.app.clone();
+            if let Some(spec) = app.operation_spec(&name) {
+                let token = match meta.and_then(|m| m.get(super::operations::TOKEN_META)) {
+                    None | Some(Value::Null) => None,
+                    Some(Value::String(t)) => Some(t.clone()),
+                    Some(_) => return Err(RpcError::invalid_params("invalid resumeToken: it must be the string the server sent")),
+                };
+                let binding = super::operations::binding(ctx.session.principal.as_str(), "tools/call", &Value::Object(unbound));
+                return super::operations::call(&ctx, &name, arguments, binding, token.as_deref(), spec).await;
+            }
             let result = app.call_tool(ctx, &name, arguments).await?;
             let mut value = serde_json::to_value(result).map_err(|e| RpcError::internal(e.to_string()))?;
             // Only the sessionless revision knows `resultType`; the ones served here do not.
@@ -287,6 +300,29 @@ pub(crate) async fn dispatch(mut ctx: ToolCtx, method: String, params: Option<Ma
         }
         other => Err(RpcError::method_not_found(other)),
     }
+}
+
+/// The app's tools; resumable ones carry `dev.tether/resumable` and an
+/// expected-duration hint in their `_meta`.
+fn advertised_tools(inner: &Inner) -> Vec<Value> {
+    inner
+        .app
+        .tools()
+        .into_iter()
+        .map(|tool| {
+            let spec = inner.app.operation_spec(&tool.name);
+            let mut v = serde_json::to_value(tool).unwrap_or(Value::Null);
+            if let (Some(spec), Some(obj)) = (spec, v.as_object_mut()) {
+                let meta = obj.entry("_meta").or_insert_with(|| json!({}));
+                if let Some(m) = meta.as_object_mut() {
+                    m.insert("dev.tether/resumable".into(), json!(true));
+                    m.insert("dev.tether/expectedDurationMs".into(), json!(spec.expected_duration_ms));
+                    m.insert("dev.tether/restartable".into(), json!(spec.restartable));
+                }
+            }
+            v
+        })
+        .collect()
 }
 
 /// Handles one client notification.

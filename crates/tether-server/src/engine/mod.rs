@@ -7,7 +7,9 @@
 //! crash cut off when a session is rehydrated.
 
 mod ctx;
+mod keys;
 mod live;
+pub mod operations;
 mod pump;
 pub mod resume;
 mod session;
@@ -23,6 +25,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 pub use ctx::{SessionCtx, ToolCtx};
+pub use operations::OperationCtx;
 pub use pump::Frame;
 pub use session::{Session, SessionState};
 
@@ -75,6 +78,8 @@ pub(crate) struct Inner {
     /// Recorded as the owner of every request this process runs.
     pub instance: String,
     tokens: resume::ResumeTokens,
+    pub(crate) key: keys::ServerKey,
+    pub(crate) operations: operations::Operations,
     pub shutdown: CancellationToken,
 }
 
@@ -99,7 +104,9 @@ impl Engine {
                 sessions: Mutex::new(HashMap::new()),
                 loading: tokio::sync::Mutex::new(()),
                 instance: ids::new_instance_id(),
-                tokens: resume::ResumeTokens::default(),
+                tokens: resume::ResumeTokens,
+                key: keys::ServerKey::default(),
+                operations: operations::Operations::default(),
                 shutdown: CancellationToken::new(),
             }),
         }
@@ -185,7 +192,8 @@ impl Engine {
             }
         };
         let generation = session.durable.lock().await.state.resume_generation;
-        let token = self.inner.tokens.issue(self.inner.store.as_ref(), &session.id, principal, generation).await?;
+        let key = self.inner.key.get(self.inner.store.as_ref()).await?;
+        let token = self.inner.tokens.issue(self.inner.store.as_ref(), &key, &session.id, principal, generation).await?;
         meta.insert(resume::TOKEN_META.into(), json!(token));
 
         let mut result = json!({
@@ -202,7 +210,8 @@ impl Engine {
 
     /// Spends a resume token and returns its session, or why not.
     async fn resume_session(&self, principal: &str, token: &str) -> Result<Result<Arc<Session>, resume::Refusal>, EngineError> {
-        let redeemed = match self.inner.tokens.redeem(self.inner.store.as_ref(), token, principal).await? {
+        let key = self.inner.key.get(self.inner.store.as_ref()).await?;
+        let redeemed = match self.inner.tokens.redeem(self.inner.store.as_ref(), &key, token, principal).await? {
             Ok(r) => r,
             Err(refusal) => return Ok(Err(refusal)),
         };

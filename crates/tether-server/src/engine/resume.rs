@@ -10,19 +10,17 @@
 //! HMAC-SHA256(server key, id)). It reveals nothing: the session, principal
 //! and generation live in a store record keyed by the random part. The server
 //! key is generated once and kept in the store, so every replica and every
-//! restart verifies the same tokens.
+//! restart verifies the same tokens (see `keys`).
 
-use hmac::{Hmac, KeyInit, Mac};
 use serde::{Deserialize, Serialize};
-use sha2::Sha256;
 use tether_store::{Store, StoreError, now_ms};
+
+use super::keys::{same_tag, tag};
 
 pub const TOKEN_META: &str = "dev.tether/sessionResumeToken";
 pub const RESUMED_META: &str = "dev.tether/resumed";
 pub const REFUSED_META: &str = "dev.tether/resumeRefused";
 
-const KEY_NAMESPACE: &str = "server";
-const KEY_NAME: &str = "resume-key";
 const TOKEN_NAMESPACE: &str = "resume-token";
 const TOKEN_PREFIX: &str = "tt1_";
 /// Spent and unspent token records are forgotten after this long.
@@ -70,18 +68,10 @@ pub(crate) struct Redeemed {
 }
 
 #[derive(Default)]
-pub(crate) struct ResumeTokens {
-    key: tokio::sync::OnceCell<[u8; 32]>,
-}
+pub(crate) struct ResumeTokens;
 
 fn mac(key: &[u8; 32], id: &[u8]) -> [u8; 16] {
-    let mut m = <Hmac<Sha256> as KeyInit>::new_from_slice(key).expect("HMAC takes keys of any length");
-    m.update(b"tether-resume-v1");
-    m.update(id);
-    let full = m.finalize().into_bytes();
-    let mut out = [0u8; 16];
-    out.copy_from_slice(&full[..16]);
-    out
+    tag(key, b"tether-resume-v1", &[id])
 }
 
 /// The random part of a token if it carries our MAC.
@@ -90,9 +80,9 @@ pub fn open_token(key: &[u8; 32], token: &str) -> Option<[u8; 16]> {
     if raw.len() != 32 {
         return None;
     }
-    let (id, tag) = raw.split_at(16);
+    let (id, presented) = raw.split_at(16);
     let expected = mac(key, id);
-    if !bool::from(subtle::ConstantTimeEq::ct_eq(&expected[..], tag)) {
+    if !same_tag(&expected, presented) {
         return None;
     }
     id.try_into().ok()
@@ -107,44 +97,33 @@ fn encode(record: &TokenRecord) -> Result<bytes::Bytes, StoreError> {
 }
 
 impl ResumeTokens {
-    /// The server key: read from the store, or created there once.
-    async fn key(&self, store: &dyn Store) -> Result<[u8; 32], StoreError> {
-        self.key
-            .get_or_try_init(|| async {
-                for _ in 0..3 {
-                    if let Some(v) = store.kv_get(KEY_NAMESPACE, KEY_NAME, now_ms()).await? {
-                        return v.value.as_ref().try_into().map_err(|_| StoreError::Corrupt("server resume key".into()));
-                    }
-                    let fresh: [u8; 32] = rand::random();
-                    let created = store
-                        .kv_compare_and_set(KEY_NAMESPACE, KEY_NAME, None, bytes::Bytes::copy_from_slice(&fresh), None)
-                        .await?;
-                    if created.is_some() {
-                        return Ok(fresh);
-                    }
-                }
-                Err(StoreError::Backend("could not settle the server resume key".into()))
-            })
-            .await
-            .copied()
-    }
-
     /// A new token for `session` at `generation`.
-    pub async fn issue(&self, store: &dyn Store, session: &str, principal: &str, generation: u64) -> Result<String, StoreError> {
-        let key = self.key(store).await?;
+    pub async fn issue(
+        &self,
+        store: &dyn Store,
+        key: &[u8; 32],
+        session: &str,
+        principal: &str,
+        generation: u64,
+    ) -> Result<String, StoreError> {
         let id: [u8; 16] = rand::random();
         let record = TokenRecord { session: session.to_owned(), principal: principal.to_owned(), generation, used: false };
         store
             .kv_compare_and_set(TOKEN_NAMESPACE, &hex::encode(id), None, encode(&record)?, Some(now_ms() + TOKEN_RECORD_TTL_MS))
             .await?
             .ok_or_else(|| StoreError::Conflict("resume token id collision".into()))?;
-        Ok(seal_token(&key, &id))
+        Ok(seal_token(key, &id))
     }
 
     /// Spends a token presented by `principal`.
-    pub async fn redeem(&self, store: &dyn Store, token: &str, principal: &str) -> Result<Result<Redeemed, Refusal>, StoreError> {
-        let key = self.key(store).await?;
-        let Some(id) = open_token(&key, token) else { return Ok(Err(Refusal::Tampered)) };
+    pub async fn redeem(
+        &self,
+        store: &dyn Store,
+        key: &[u8; 32],
+        token: &str,
+        principal: &str,
+    ) -> Result<Result<Redeemed, Refusal>, StoreError> {
+        let Some(id) = open_token(key, token) else { return Ok(Err(Refusal::Tampered)) };
         let name = hex::encode(id);
         let Some(stored) = store.kv_get(TOKEN_NAMESPACE, &name, now_ms()).await? else {
             return Ok(Err(Refusal::Unknown));

@@ -35,7 +35,10 @@ pub enum AppKind {
 
 /// Tools for transport tests: `echo`, `chatty` (notifications between
 /// pauses), `hang` (runs until cancelled), `ask` (asks the client `roots/list`),
-/// `announce` (a session-level notification on the standalone stream).
+/// `announce` (a session-level notification on the standalone stream);
+/// resumable: `count` (restartable: `n` chunks, `pause_ms` apart, progress),
+/// `fragile` (not restartable: sleeps `pause_ms`, then one chunk, or fails
+/// with `fail: true`).
 pub struct TestApp;
 
 #[async_trait::async_trait]
@@ -46,7 +49,38 @@ impl McpApp for TestApp {
 
     fn tools(&self) -> Vec<Tool> {
         let schema = Arc::new(json!({"type": "object"}).as_object().cloned().unwrap());
-        ["echo", "chatty", "hang", "ask", "announce"].into_iter().map(|n| Tool::new(n, n, schema.clone())).collect()
+        ["echo", "chatty", "hang", "ask", "announce", "count", "fragile"].into_iter().map(|n| Tool::new(n, n, schema.clone())).collect()
+    }
+
+    fn operation_spec(&self, tool: &str) -> Option<tether_server::OperationSpec> {
+        match tool {
+            "count" => Some(tether_server::OperationSpec { restartable: true, expected_duration_ms: 1000 }),
+            "fragile" => Some(tether_server::OperationSpec { restartable: false, expected_duration_ms: 1000 }),
+            _ => None,
+        }
+    }
+
+    async fn run_operation(&self, ctx: tether_server::OperationCtx, tool: &str, args: Map<String, Value>) -> Result<(), RpcError> {
+        let pause = Duration::from_millis(args.get("pause_ms").and_then(Value::as_u64).unwrap_or(0));
+        match tool {
+            "count" => {
+                let n = args.get("n").and_then(Value::as_u64).unwrap_or(3);
+                for i in ctx.resume_from()..n {
+                    tokio::time::sleep(pause).await;
+                    ctx.push(CallToolResult::success(vec![ContentBlock::text(format!("chunk {i};"))])).await?;
+                    ctx.progress((i + 1) as f64, Some(n as f64), None);
+                }
+                Ok(())
+            }
+            "fragile" => {
+                tokio::time::sleep(pause).await;
+                if args.get("fail").and_then(Value::as_bool) == Some(true) {
+                    return Err(RpcError::internal("fragile failed as asked"));
+                }
+                ctx.push(CallToolResult::structured(json!({"ok": true}))).await
+            }
+            other => Err(RpcError::invalid_params(format!("unknown operation {other}"))),
+        }
     }
 
     async fn call_tool(&self, ctx: ToolCtx, name: &str, args: Map<String, Value>) -> Result<CallToolResult, RpcError> {
@@ -212,32 +246,34 @@ impl SseEvent {
 /// Reads SSE blocks from a streaming response.
 pub struct SseReader {
     stream: futures::stream::BoxStream<'static, reqwest::Result<Bytes>>,
-    buf: String,
+    // Raw bytes: a network read may end inside a multi-byte character.
+    buf: Vec<u8>,
     pub ended: bool,
 }
 
 impl SseReader {
     pub fn new(resp: reqwest::Response) -> Self {
-        Self { stream: resp.bytes_stream().boxed(), buf: String::new(), ended: false }
+        Self { stream: resp.bytes_stream().boxed(), buf: Vec::new(), ended: false }
     }
 
     /// The next block (event or comment), `None` at the end of the stream.
     pub async fn next_block(&mut self, timeout: Duration) -> Option<SseEvent> {
         loop {
-            if let Some(i) = self.buf.find("\n\n") {
-                let block: String = self.buf.drain(..i + 2).collect();
+            if let Some(i) = self.buf.windows(2).position(|w| w == b"\n\n") {
+                let raw: Vec<u8> = self.buf.drain(..i + 2).collect();
+                let block = String::from_utf8(raw).expect("SSE blocks are UTF-8");
                 if std::env::var_os("TETHER_TEST_DEBUG").is_some() {
                     eprintln!("SSE block: {block:?}");
                 }
                 return Some(parse_block(&block));
             }
             match tokio::time::timeout(timeout, self.stream.next()).await {
-                Ok(Some(Ok(bytes))) => self.buf.push_str(&String::from_utf8_lossy(&bytes)),
+                Ok(Some(Ok(bytes))) => self.buf.extend_from_slice(&bytes),
                 Ok(_) => {
                     self.ended = true;
                     return None;
                 }
-                Err(_) => panic!("no SSE data within {timeout:?}; buffered: {:?}", self.buf),
+                Err(_) => panic!("no SSE data within {timeout:?}; buffered: {:?}", String::from_utf8_lossy(&self.buf)),
             }
         }
     }
@@ -454,4 +490,41 @@ impl Client {
 /// The structured result of a tool response.
 pub fn structured(response: &Value) -> &Value {
     &response["result"]["structuredContent"]
+}
+
+impl Client {
+    /// A tools/call with `_meta` (e.g. a resumeToken); returns the response.
+    pub async fn call_meta(&self, session: &str, id: u64, tool: &str, args: &Value, meta: Value) -> Value {
+        let events = self
+            .request(session, id, "tools/call", json!({"name": tool, "arguments": args, "_meta": meta}))
+            .await;
+        events.last().expect("a response").json()
+    }
+
+    /// Follows `nextResumeToken` until the final result; returns every
+    /// response in order (pending ones included).
+    pub async fn resume_loop(&self, session: &str, tool: &str, args: &Value) -> Vec<Value> {
+        let mut out = Vec::new();
+        let mut meta = json!({});
+        for round in 0..500u64 {
+            let response = self.call_meta(session, 5000 + round, tool, args, meta.clone()).await;
+            let next = response["result"]["_meta"]["nextResumeToken"].as_str().map(str::to_owned);
+            out.push(response);
+            match next {
+                Some(token) => meta = json!({"resumeToken": token}),
+                None => return out,
+            }
+        }
+        panic!("resume loop did not finish in 500 rounds");
+    }
+}
+
+/// The text of every non-pending response, joined in order.
+pub fn joined_text(responses: &[Value]) -> String {
+    responses
+        .iter()
+        .filter(|r| r["result"]["_meta"]["dev.tether/pending"] != true)
+        .flat_map(|r| r["result"]["content"].as_array().cloned().unwrap_or_default())
+        .filter_map(|c| c["text"].as_str().map(str::to_owned))
+        .collect()
 }

@@ -1,0 +1,470 @@
+//! Resumable operations (seed "resume tokens for long-running operations").
+//!
+//! A call of a resumable tool becomes a durable operation: a record plus its
+//! result chunks in the store. The work runs in its own task and continues
+//! when the client disconnects. Each response carries one chunk (or, while
+//! nothing new is ready after `resume_wait`, an empty pending result) and,
+//! unless it is the last, `_meta.nextResumeToken`. The client repeats the
+//! request with only `_meta.resumeToken` changed.
+//!
+//! Tokens are `rt1_` + hex(operation id ‖ HMAC(server key, id ‖ chunk index)):
+//! the index (the cursor) is only inside the MAC, the id is random. The same
+//! point of progress always yields the same token. A token is bound to the
+//! principal and to the request (method + params without `_meta`): the
+//! record keeps a SHA-256 of both.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+use sha2::{Digest, Sha256};
+use tether_store::{StoreError, now_ms};
+use tokio::sync::watch;
+
+use super::keys::{same_tag, tag};
+use super::{Inner, ToolCtx};
+use crate::app::{OperationSpec, RpcError};
+use crate::protocol::INVALID_PARAMS;
+
+const OP_NAMESPACE: &str = "op";
+const CHUNK_NAMESPACE: &str = "op-chunk";
+const TOKEN_PREFIX: &str = "rt1_";
+/// Pause between store polls when the operation runs in another process.
+const REMOTE_POLL: Duration = Duration::from_millis(100);
+
+pub const NEXT_TOKEN_META: &str = "nextResumeToken";
+pub const TOKEN_META: &str = "resumeToken";
+pub const PENDING_META: &str = "dev.tether/pending";
+pub const INTERRUPTED_MESSAGE: &str =
+    "operation interrupted by a server restart before it finished; call the tool again without resumeToken";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum OpState {
+    Running,
+    Done,
+    Failed,
+    Interrupted,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct OpRecord {
+    principal: String,
+    /// The MCP session that started it (its app state is readable from the work).
+    session: String,
+    binding: String,
+    tool: String,
+    arguments: Map<String, Value>,
+    restartable: bool,
+    state: OpState,
+    chunks: u64,
+    error: Option<Value>,
+    owner: String,
+    /// The final chunk was delivered: every token of this operation is expired.
+    completed: bool,
+    expires_at_ms: i64,
+}
+
+/// What the waiting request watches while the work runs in this process.
+#[derive(Debug, Clone, Default)]
+struct Status {
+    chunks: u64,
+    finished: bool,
+    progress: Option<(f64, Option<f64>, Option<String>)>,
+}
+
+/// Operations running in this process.
+#[derive(Default)]
+pub(crate) struct Operations {
+    live: Mutex<HashMap<String, watch::Sender<Status>>>,
+}
+
+/// What a resumable operation's work sees.
+pub struct OperationCtx {
+    inner: Arc<Inner>,
+    id: String,
+    principal: String,
+    session: String,
+    status: watch::Sender<Status>,
+    resume_from: u64,
+}
+
+fn invalid(reason: &str) -> RpcError {
+    RpcError::new(INVALID_PARAMS, format!("invalid resumeToken: {reason}"))
+}
+
+fn storage(e: StoreError) -> RpcError {
+    RpcError::internal(format!("storage unavailable: {e}"))
+}
+
+/// JSON with object keys sorted at every level, so equal requests hash equal
+/// whatever order their keys came in.
+fn canonical(v: &Value) -> String {
+    match v {
+        Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort();
+            let fields: Vec<String> =
+                keys.iter().map(|k| format!("{}:{}", Value::String((*k).clone()), canonical(&m[*k]))).collect();
+            format!("{{{}}}", fields.join(","))
+        }
+        Value::Array(a) => format!("[{}]", a.iter().map(canonical).collect::<Vec<_>>().join(",")),
+        other => other.to_string(),
+    }
+}
+
+/// What a token is bound to: principal + method + params without `_meta`.
+pub fn binding(principal: &str, method: &str, params_without_meta: &Value) -> String {
+    let mut h = Sha256::new();
+    h.update(principal.as_bytes());
+    h.update([0]);
+    h.update(method.as_bytes());
+    h.update([0]);
+    h.update(canonical(params_without_meta).as_bytes());
+    hex::encode(h.finalize())
+}
+
+fn token_tag(key: &[u8; 32], id: &[u8], index: u64) -> [u8; 16] {
+    tag(key, b"tether-op-v1", &[id, &index.to_be_bytes()])
+}
+
+pub fn seal(key: &[u8; 32], id: &[u8; 16], index: u64) -> String {
+    format!("{TOKEN_PREFIX}{}{}", hex::encode(id), hex::encode(token_tag(key, id, index)))
+}
+
+/// Splits a token into the operation id and its tag, if well-formed.
+fn parse(token: &str) -> Option<([u8; 16], [u8; 16])> {
+    let raw = hex::decode(token.strip_prefix(TOKEN_PREFIX)?).ok()?;
+    if raw.len() != 32 {
+        return None;
+    }
+    Some((raw[..16].try_into().ok()?, raw[16..].try_into().ok()?))
+}
+
+fn encode(record: &OpRecord) -> Result<Bytes, RpcError> {
+    serde_json::to_vec(record).map(Bytes::from).map_err(|e| RpcError::internal(e.to_string()))
+}
+
+fn chunk_key(id: &str, index: u64) -> String {
+    format!("{id}.{index}")
+}
+
+impl OperationCtx {
+    pub fn principal(&self) -> &str {
+        &self.principal
+    }
+
+    /// The app state of the MCP session that started the operation, as
+    /// stored now (empty if that session ended).
+    pub async fn app_state(&self) -> Map<String, Value> {
+        match self.inner.store.get_session(&self.session, now_ms()).await {
+            Ok(Some(record)) => serde_json::from_value::<super::SessionState>(record.state).map(|s| s.app).unwrap_or_default(),
+            _ => Map::new(),
+        }
+    }
+
+    /// Chunks stored before a restart: produce the result again but push
+    /// only from this index on.
+    pub fn resume_from(&self) -> u64 {
+        self.resume_from
+    }
+
+    /// Largest chunk the server wants (`--result-chunk-bytes`).
+    pub fn chunk_bytes(&self) -> usize {
+        self.inner.config.result_chunk_bytes
+    }
+
+    /// Stores the next chunk of the result.
+    pub async fn push(&self, chunk: rmcp::model::CallToolResult) -> Result<(), RpcError> {
+        let store = &self.inner.store;
+        let index = self.status.borrow().chunks;
+        let mut value = serde_json::to_value(chunk).map_err(|e| RpcError::internal(e.to_string()))?;
+        if let Some(o) = value.as_object_mut() {
+            o.remove("resultType");
+        }
+        let expires = now_ms() + self.inner.config.operation_ttl.as_millis() as i64;
+        let bytes = Bytes::from(value.to_string());
+        store.kv_compare_and_set(CHUNK_NAMESPACE, &chunk_key(&self.id, index), None, bytes, Some(expires)).await.map_err(storage)?;
+        update_record(&self.inner, &self.id, |r| r.chunks = r.chunks.max(index + 1)).await?;
+        self.status.send_modify(|s| s.chunks = index + 1);
+        Ok(())
+    }
+
+    /// Progress, forwarded as `notifications/progress` to a client that waits
+    /// and asked for progress.
+    pub fn progress(&self, done: f64, total: Option<f64>, message: Option<&str>) {
+        self.status.send_modify(|s| s.progress = Some((done, total, message.map(str::to_owned))));
+    }
+}
+
+/// Compare-and-set loop on an operation record.
+async fn update_record(inner: &Inner, id: &str, mut f: impl FnMut(&mut OpRecord)) -> Result<OpRecord, RpcError> {
+    for _ in 0..8 {
+        let stored = inner.store.kv_get(OP_NAMESPACE, id, now_ms()).await.map_err(storage)?;
+        let Some(stored) = stored else { return Err(RpcError::internal("operation record expired")) };
+        let mut record: OpRecord =
+            serde_json::from_slice(&stored.value).map_err(|e| RpcError::internal(format!("operation record unreadable: {e}")))?;
+        f(&mut record);
+        let done = inner
+            .store
+            .kv_compare_and_set(OP_NAMESPACE, id, Some(stored.revision), encode(&record)?, Some(record.expires_at_ms))
+            .await
+            .map_err(storage)?;
+        if done.is_some() {
+            return Ok(record);
+        }
+    }
+    Err(RpcError::internal("operation record kept changing; try again"))
+}
+
+async fn load(inner: &Inner, id: &str) -> Result<Option<OpRecord>, RpcError> {
+    let stored = inner.store.kv_get(OP_NAMESPACE, id, now_ms()).await.map_err(storage)?;
+    Ok(stored.and_then(|s| serde_json::from_slice(&s.value).ok()))
+}
+
+impl Operations {
+    fn status(&self, id: &str) -> Option<watch::Receiver<Status>> {
+        self.live.lock().ok().and_then(|m| m.get(id).map(|s| s.subscribe()))
+    }
+
+    /// Runs the operation's work in its own task, from chunk `resume_from`.
+    fn start(&self, inner: Arc<Inner>, id: String, record: &OpRecord) -> watch::Receiver<Status> {
+        let (tx, rx) = watch::channel(Status { chunks: record.chunks, ..Status::default() });
+        if let Ok(mut m) = self.live.lock() {
+            m.insert(id.clone(), tx.clone());
+        }
+        let ctx = OperationCtx {
+            inner: inner.clone(),
+            id: id.clone(),
+            principal: record.principal.clone(),
+            session: record.session.clone(),
+            status: tx,
+            resume_from: record.chunks,
+        };
+        let (tool, arguments) = (record.tool.clone(), record.arguments.clone());
+        tokio::spawn(async move {
+            let status = ctx.status.clone();
+            let outcome = inner.app.run_operation(ctx, &tool, arguments).await;
+            let update = update_record(&inner, &id, |r| match &outcome {
+                Ok(()) => r.state = OpState::Done,
+                Err(e) => {
+                    r.state = OpState::Failed;
+                    r.error = Some(json!({"code": e.code, "message": e.message, "data": e.data}));
+                }
+            })
+            .await;
+            if let Err(e) = update {
+                tracing::error!(operation = %id, error = %e.message, "could not record the end of an operation");
+            }
+            status.send_modify(|s| s.finished = true);
+            if let Ok(mut m) = inner.operations.live.lock() {
+                m.remove(&id);
+            }
+        });
+        rx
+    }
+}
+
+/// Runs one `tools/call` of a resumable tool (a new call or a resumed one).
+pub(crate) async fn call(
+    ctx: &ToolCtx,
+    tool: &str,
+    arguments: Map<String, Value>,
+    binding: String,
+    token: Option<&str>,
+    spec: OperationSpec,
+) -> Result<Value, RpcError> {
+    let inner = ctx.inner().clone();
+    let principal = ctx.session().principal().to_owned();
+    let key = inner.key.get(inner.store.as_ref()).await.map_err(storage)?;
+
+    let (id, index) = match token {
+        None => {
+            let raw: [u8; 16] = rand::random();
+            let id = hex::encode(raw);
+            let record = OpRecord {
+                session: ctx.session().session_id().to_owned(),
+                principal,
+                binding,
+                tool: tool.to_owned(),
+                arguments,
+                restartable: spec.restartable,
+                state: OpState::Running,
+                chunks: 0,
+                error: None,
+                owner: inner.instance.clone(),
+                completed: false,
+                expires_at_ms: now_ms() + inner.config.operation_ttl.as_millis() as i64,
+            };
+            inner
+                .store
+                .kv_compare_and_set(OP_NAMESPACE, &id, None, encode(&record)?, Some(record.expires_at_ms))
+                .await
+                .map_err(storage)?
+                .ok_or_else(|| RpcError::internal("operation id collision"))?;
+            inner.operations.start(inner.clone(), id.clone(), &record);
+            (raw, 0)
+        }
+        Some(token) => {
+            let (raw, presented) = parse(token).ok_or_else(|| invalid("unknown token"))?;
+            let id = hex::encode(raw);
+            let record = load(&inner, &id).await?.ok_or_else(|| invalid("unknown or expired token"))?;
+            let index = (0..=record.chunks)
+                .rev()
+                .find(|i| same_tag(&token_tag(&key, &raw, *i), &presented))
+                .ok_or_else(|| invalid("unknown token"))?;
+            if record.principal != principal || record.binding != binding {
+                return Err(invalid("it does not match this request (resend the original request, changing only _meta.resumeToken)"));
+            }
+            if record.completed {
+                return Err(invalid("expired: the operation completed"));
+            }
+            if record.expires_at_ms <= now_ms() {
+                return Err(invalid("expired"));
+            }
+            if record.state == OpState::Running && inner.operations.status(&id).is_none() && record.owner != inner.instance {
+                // Its process died. Restartable work continues from its cursor; other work says so.
+                if record.restartable {
+                    let me = inner.instance.clone();
+                    let record = update_record(&inner, &id, |r| r.owner = me.clone()).await?;
+                    tracing::info!(operation = %id, from_chunk = record.chunks, "restarting an interrupted operation");
+                    inner.operations.start(inner.clone(), id.clone(), &record);
+                } else {
+                    update_record(&inner, &id, |r| {
+                        r.state = OpState::Interrupted;
+                        r.completed = true;
+                    })
+                    .await?;
+                    return Ok(json!({"content": [{"type": "text", "text": INTERRUPTED_MESSAGE}], "isError": true}));
+                }
+            }
+            (raw, index)
+        }
+    };
+    respond(ctx, &inner, &key, &id, index).await
+}
+
+/// Waits (bounded) for chunk `index`, then answers with it or a pending result.
+async fn respond(ctx: &ToolCtx, inner: &Arc<Inner>, key: &[u8; 32], raw: &[u8; 16], index: u64) -> Result<Value, RpcError> {
+    let id = hex::encode(raw);
+    let deadline = tokio::time::Instant::now() + inner.config.resume_wait;
+    if let Some(mut status) = inner.operations.status(&id) {
+        let mut last_progress = None;
+        loop {
+            let (ready, progress) = {
+                let s = status.borrow_and_update();
+                // Wait for the chunk after this one too (or the end), so the
+                // answer can say whether this chunk is the last.
+                (s.chunks > index + 1 || s.finished, s.progress.clone())
+            };
+            if progress.is_some() && progress != last_progress {
+                if let Some((done, total, message)) = &progress {
+                    let _ = ctx.progress(*done, *total, message.as_deref()).await;
+                }
+                last_progress = progress;
+            }
+            if ready {
+                break;
+            }
+            match tokio::time::timeout_at(deadline, status.changed()).await {
+                Ok(Ok(())) => continue,
+                _ => break,
+            }
+        }
+    } else {
+        // Running elsewhere (another replica) or already over: poll the record.
+        while tokio::time::Instant::now() < deadline {
+            match load(inner, &id).await? {
+                Some(r) if r.state == OpState::Running && r.chunks <= index + 1 => tokio::time::sleep(REMOTE_POLL).await,
+                _ => break,
+            }
+        }
+    }
+
+    let record = load(inner, &id).await?.ok_or_else(|| invalid("unknown or expired token"))?;
+    if record.state == OpState::Failed {
+        finish(inner, &id, record.chunks).await;
+        let e = record.error.unwrap_or(Value::Null);
+        return Err(RpcError {
+            code: e.get("code").and_then(Value::as_i64).unwrap_or(crate::protocol::INTERNAL_ERROR),
+            message: e.get("message").and_then(Value::as_str).unwrap_or("operation failed").to_owned(),
+            data: e.get("data").filter(|d| !d.is_null()).cloned(),
+        });
+    }
+    if record.chunks > index {
+        let stored = inner
+            .store
+            .kv_get(CHUNK_NAMESPACE, &chunk_key(&id, index), now_ms())
+            .await
+            .map_err(storage)?
+            .ok_or_else(|| invalid("expired: the result was dropped"))?;
+        let mut chunk: Value = serde_json::from_slice(&stored.value).map_err(|e| RpcError::internal(e.to_string()))?;
+        let last = record.state == OpState::Done && index + 1 == record.chunks;
+        if last {
+            finish(inner, &id, record.chunks).await;
+        } else {
+            set_meta(&mut chunk, NEXT_TOKEN_META, json!(seal(key, raw, index + 1)));
+        }
+        return Ok(chunk);
+    }
+    if record.state == OpState::Done {
+        // Finished without (more) chunks: an empty final result.
+        finish(inner, &id, record.chunks).await;
+        return Ok(json!({"content": []}));
+    }
+    // Not ready within the wait budget: same point of progress, same token.
+    let mut pending = json!({"content": [{"type": "text", "text": "still working; call again with _meta.resumeToken"}]});
+    set_meta(&mut pending, NEXT_TOKEN_META, json!(seal(key, raw, index)));
+    set_meta(&mut pending, PENDING_META, json!(true));
+    Ok(pending)
+}
+
+fn set_meta(result: &mut Value, key: &str, value: Value) {
+    if let Some(obj) = result.as_object_mut() {
+        let meta = obj.entry("_meta").or_insert_with(|| json!({}));
+        if let Some(m) = meta.as_object_mut() {
+            m.insert(key.to_owned(), value);
+        }
+    }
+}
+
+/// The final answer went out: every token of the operation is now expired,
+/// and its chunks are freed.
+async fn finish(inner: &Inner, id: &str, chunks: u64) {
+    if let Err(e) = update_record(inner, id, |r| r.completed = true).await {
+        tracing::warn!(operation = %id, error = %e.message, "could not mark an operation completed");
+    }
+    for i in 0..chunks {
+        let _ = inner.store.kv_delete(CHUNK_NAMESPACE, &chunk_key(id, i)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canonical_json_ignores_key_order() {
+        let a: Value = serde_json::from_str(r#"{"b":1,"a":{"y":[1,{"q":2,"p":3}],"x":null}}"#).unwrap();
+        let b: Value = serde_json::from_str(r#"{"a":{"x":null,"y":[1,{"p":3,"q":2}]},"b":1}"#).unwrap();
+        assert_eq!(canonical(&a), canonical(&b));
+        assert_ne!(binding("p", "tools/call", &a), binding("q", "tools/call", &a));
+    }
+
+    #[test]
+    fn tokens_are_stable_bound_to_their_index_and_reveal_nothing() {
+        let key = [3u8; 32];
+        let id = [9u8; 16];
+        assert_eq!(seal(&key, &id, 4), seal(&key, &id, 4), "same point of progress, same token");
+        assert_ne!(seal(&key, &id, 4), seal(&key, &id, 5));
+        let t = seal(&key, &id, 4);
+        let (pid, ptag) = parse(&t).unwrap();
+        assert_eq!(pid, id);
+        assert!(same_tag(&token_tag(&key, &id, 4), &ptag));
+        assert!(!same_tag(&token_tag(&key, &id, 3), &ptag));
+        assert!(parse("rt1_zz").is_none() && parse("").is_none());
+    }
+}
