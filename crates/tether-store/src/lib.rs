@@ -7,13 +7,14 @@
 //!
 //! Backends: [`memory::MemoryStore`] (tests, `--store memory`) and
 //! [`sqlite::SqliteStore`] (embedded default: WAL, one writer thread with
-//! group commit).
+//! group commit), [`redis::RedisStore`] (several replicas).
 
 mod error;
 mod model;
 mod open;
 
 pub mod memory;
+pub mod redis;
 pub mod sqlite;
 
 #[cfg(feature = "conformance")]
@@ -116,4 +117,24 @@ pub trait Store: Send + Sync + 'static {
 
     /// A short human name for logs and `/healthz` ("memory", "sqlite:/path").
     fn describe(&self) -> String;
+
+    /// True when other processes (replicas) share this store: what one
+    /// process holds in memory may then be stale, and the store decides.
+    fn is_shared(&self) -> bool {
+        false
+    }
+
+    /// Appends committed by any process, announced for live delivery
+    /// across replicas. `None` for single-process backends.
+    fn remote_appends(&self) -> Option<tokio::sync::broadcast::Receiver<RemoteAppend>> {
+        None
+    }
+}
+
+/// "An event was committed on this stream" (from any replica).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteAppend {
+    pub session: String,
+    pub stream: String,
+    pub seq: u64,
 }

@@ -10,6 +10,8 @@ use crate::{Store, StoreError, StoreResult, memory::MemoryStore, sqlite::SqliteS
 pub struct StoreConfig {
     /// Oldest events of a stream are trimmed beyond this many.
     pub max_events_per_stream: u64,
+    /// Key prefix of the Redis backend (`--store-prefix`).
+    pub redis_prefix: String,
     /// `true`: fsync on every commit (`--durability strict`). `false`: survive
     /// a process crash (WAL written on commit), not necessarily a power loss.
     pub strict_durability: bool,
@@ -17,7 +19,7 @@ pub struct StoreConfig {
 
 impl Default for StoreConfig {
     fn default() -> Self {
-        Self { max_events_per_stream: 100_000, strict_durability: false }
+        Self { max_events_per_stream: 100_000, redis_prefix: "tether:".into(), strict_durability: false }
     }
 }
 
@@ -26,6 +28,8 @@ impl Default for StoreConfig {
 pub enum StoreUrl {
     Memory,
     Sqlite(PathBuf),
+    /// `redis://HOST:PORT/DB` or `rediss://…` (TLS).
+    Redis(String),
 }
 
 impl std::str::FromStr for StoreUrl {
@@ -42,8 +46,11 @@ impl std::str::FromStr for StoreUrl {
             }
             return Ok(StoreUrl::Sqlite(PathBuf::from(path)));
         }
+        if s.starts_with("redis://") || s.starts_with("rediss://") {
+            return Ok(StoreUrl::Redis(s.to_owned()));
+        }
         Err(StoreError::Config(format!(
-            "unknown store `{s}`: use `memory` or `sqlite:PATH`"
+            "unknown store `{s}`: use `memory`, `sqlite:PATH` or `redis://HOST:PORT/DB`"
         )))
     }
 }
@@ -53,6 +60,7 @@ impl std::fmt::Display for StoreUrl {
         match self {
             StoreUrl::Memory => f.write_str("memory"),
             StoreUrl::Sqlite(p) => write!(f, "sqlite:{}", p.display()),
+            StoreUrl::Redis(url) => f.write_str(&crate::redis::redacted(url)),
         }
     }
 }
@@ -63,5 +71,6 @@ pub async fn open_store(url: &StoreUrl, config: StoreConfig) -> StoreResult<Arc<
     match url {
         StoreUrl::Memory => Ok(Arc::new(MemoryStore::new(config))),
         StoreUrl::Sqlite(path) => Ok(Arc::new(SqliteStore::open(path, config).await?)),
+        StoreUrl::Redis(url) => Ok(Arc::new(crate::redis::RedisStore::open(url, config).await?)),
     }
 }

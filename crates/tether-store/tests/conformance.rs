@@ -48,3 +48,58 @@ async fn sqlite_backend_conforms() {
     };
     run_all(&harness).await;
 }
+
+/// The Redis named by `TETHER_TEST_REDIS_URL` (scripts/test sets it after
+/// making sure Redis answers), else the local default. A missing Redis is a
+/// failure with a clear message, never a silent pass.
+pub fn redis_url() -> String {
+    std::env::var("TETHER_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_backend_conforms() {
+    use tether_store::redis::RedisStore;
+    let url = redis_url();
+    let run = format!("tether-test:{}:", std::process::id());
+    let counter = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let probe = RedisStore::open(&url, config()).await;
+    if let Err(e) = probe {
+        panic!("Redis is needed for this test and is not reachable at {url}: {e}. Run scripts/test (it starts Redis) or set TETHER_TEST_REDIS_URL.");
+    }
+    let last_prefix = Arc::new(std::sync::Mutex::new(String::new()));
+    let (fresh_url, fresh_last, fresh_run) = (url.clone(), last_prefix.clone(), run.clone());
+    let harness = Harness {
+        fresh: Box::new(move || {
+            let n = counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let url = fresh_url.clone();
+            let prefix = format!("{fresh_run}{n}:");
+            *fresh_last.lock().unwrap() = prefix.clone();
+            Box::pin(async move {
+                let config = StoreConfig { redis_prefix: prefix, ..config() };
+                Arc::new(RedisStore::open(&url, config).await.unwrap()) as Arc<dyn Store>
+            })
+        }),
+        // A new connection (a new process) on the same keys.
+        reopen: Some(Box::new(move |store: Arc<dyn Store>| {
+            let url = url.clone();
+            let prefix = last_prefix.lock().unwrap().clone();
+            Box::pin(async move {
+                drop(store);
+                let config = StoreConfig { redis_prefix: prefix, ..config() };
+                Arc::new(RedisStore::open(&url, config).await.unwrap()) as Arc<dyn Store>
+            })
+        })),
+    };
+    run_all(&harness).await;
+    delete_prefix(&redis_url(), &run).await;
+}
+
+/// Removes every key a test run created.
+pub async fn delete_prefix(url: &str, prefix: &str) {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{prefix}*")).query_async(&mut conn).await.unwrap();
+    for chunk in keys.chunks(500) {
+        let _: i64 = redis::cmd("DEL").arg(chunk).query_async(&mut conn).await.unwrap();
+    }
+}
