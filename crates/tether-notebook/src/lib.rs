@@ -25,7 +25,7 @@ use rmcp::model::{CallToolResult, ContentBlock, Implementation, Tool};
 use serde_json::{Map, Value};
 use tether_server::{McpApp, OperationCtx, OperationSpec, RpcError, SessionCtx, ToolCtx};
 
-pub use repo::{NotebookRepo, NotebookSession, SessionFilter, memory::MemoryNotebook, sqlite::SqliteNotebook};
+pub use repo::{NotebookRepo, NotebookSession, SessionFilter, memory::MemoryNotebook, redis::RedisNotebook, sqlite::SqliteNotebook};
 
 /// Key of the current notebook session in the MCP session's app state.
 pub(crate) const CURRENT_SESSION: &str = "notebookSessionId";

@@ -3,6 +3,7 @@
 //! principal, so one principal never sees another's notebook.
 
 pub mod memory;
+pub mod redis;
 pub mod sqlite;
 
 use async_trait::async_trait;
@@ -21,6 +22,12 @@ pub enum RepoError {
 impl From<tether_store::StoreError> for RepoError {
     fn from(e: tether_store::StoreError) -> Self {
         RepoError::Storage(e.to_string())
+    }
+}
+
+impl From<::redis::RedisError> for RepoError {
+    fn from(e: ::redis::RedisError) -> Self {
+        RepoError::Storage(format!("redis: {e}"))
     }
 }
 

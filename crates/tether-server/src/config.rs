@@ -30,6 +30,10 @@ pub struct ServerConfig {
     pub result_chunk_bytes: usize,
     /// Operations and their stored chunks are forgotten after this long.
     pub operation_ttl: Duration,
+    /// With a shared store: a replica that has not renewed its lease for
+    /// this long is presumed dead, and its unfinished requests are closed as
+    /// interrupted.
+    pub replica_lease: Duration,
 }
 
 impl Default for ServerConfig {
@@ -47,6 +51,7 @@ impl Default for ServerConfig {
             resume_wait: Duration::from_secs(2),
             result_chunk_bytes: 64 * 1024,
             operation_ttl: Duration::from_secs(3600),
+            replica_lease: Duration::from_secs(10),
         }
     }
 }

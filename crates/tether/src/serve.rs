@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
-use tether_notebook::{MemoryNotebook, Notebook, NotebookRepo, SqliteNotebook};
+use tether_notebook::{MemoryNotebook, Notebook, NotebookRepo, RedisNotebook, SqliteNotebook};
 use tether_server::http::Auth;
 use tether_server::{Engine, ServerConfig};
 use tether_store::memory::MemoryStore;
@@ -27,9 +27,13 @@ pub struct ServeArgs {
     /// Address to listen on. Loopback by default; anything else should sit behind auth.
     #[arg(long, env = "TETHER_LISTEN", default_value = "127.0.0.1:8787")]
     listen: SocketAddr,
-    /// `sqlite:PATH` (default: tether.db under the XDG data dir) or `memory`.
+    /// `sqlite:PATH` (default: tether.db under the XDG data dir), `memory`,
+    /// or `redis://HOST:PORT/DB` (`rediss://` for TLS) for several replicas.
     #[arg(long, env = "TETHER_STORE")]
     store: Option<String>,
+    /// Key prefix in Redis (replicas of one deployment share it).
+    #[arg(long, env = "TETHER_STORE_PREFIX", default_value = "tether:")]
+    store_prefix: String,
     /// Idle time after which a session expires (e.g. 30m, 2h, 90s).
     #[arg(long, env = "TETHER_SESSION_TTL", default_value = "30m", value_parser = humantime::parse_duration)]
     session_ttl: Duration,
@@ -90,6 +94,11 @@ async fn open(url: &StoreUrl, config: StoreConfig) -> anyhow::Result<(Arc<dyn St
         StoreUrl::Sqlite(path) => {
             let store = SqliteStore::open(path, config).await?;
             let notebook = SqliteNotebook::new(store.db().clone()).await?;
+            (Arc::new(store), Arc::new(notebook))
+        }
+        StoreUrl::Redis(url) => {
+            let store = tether_store::redis::RedisStore::open(url, config).await?;
+            let notebook = RedisNotebook::new(store.connection(), store.prefix());
             (Arc::new(store), Arc::new(notebook))
         }
     })
@@ -160,6 +169,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let store_config = StoreConfig {
         max_events_per_stream: args.max_events_per_stream,
         strict_durability: matches!(args.durability, Durability::Strict),
+        redis_prefix: args.store_prefix.clone(),
     };
     let (store, notebook) = open(&url, store_config).await.with_context(|| format!("cannot open store {url}"))?;
     let config = ServerConfig {

@@ -219,7 +219,12 @@ async fn request_client(
         forget_pending(session, &key);
         return Err(e);
     }
-    let answer = tokio::time::timeout(timeout, rx).await;
+    let answer = if inner.store.is_shared() {
+        // The client may POST its answer to another replica.
+        tokio::time::timeout(timeout, super::replicas::await_answer(inner, &session.id, &key, rx)).await.map(Ok)
+    } else {
+        tokio::time::timeout(timeout, rx).await
+    };
     forget_pending(session, &key);
     match answer {
         Ok(Ok(Ok(result))) => Ok(result),

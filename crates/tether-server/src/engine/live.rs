@@ -21,7 +21,8 @@ const LIVE_BUFFER: usize = 64;
 pub struct LiveEvent {
     pub seq: u64,
     pub kind: EventKind,
-    pub payload: Bytes,
+    /// `None` for an append announced by another replica: read it from the store.
+    pub payload: Option<Bytes>,
 }
 
 struct Live {
@@ -62,6 +63,19 @@ impl LiveHub {
         let map = self.streams.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(live) = map.get(&(session.to_owned(), stream.to_owned())) {
             let _ = live.tx.send(event);
+        }
+    }
+
+    /// Another replica committed `seq` on this stream.
+    pub fn nudge(&self, session: &str, stream: &str, seq: u64) {
+        self.publish(session, stream, LiveEvent { seq, kind: EventKind::Message, payload: None });
+    }
+
+    /// Announcements were lost: every local stream re-reads the store.
+    pub fn nudge_all(&self) {
+        let map = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        for live in map.values() {
+            let _ = live.tx.send(LiveEvent { seq: u64::MAX, kind: EventKind::Message, payload: None });
         }
     }
 

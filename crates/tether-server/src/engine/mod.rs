@@ -11,6 +11,7 @@ mod keys;
 mod live;
 pub mod operations;
 mod pump;
+mod replicas;
 pub mod resume;
 mod session;
 
@@ -95,7 +96,7 @@ fn prime_meta(id: &Value, method: &str, owner: &str) -> Bytes {
 
 impl Engine {
     pub fn new(store: Arc<dyn Store>, app: Arc<dyn McpApp>, config: ServerConfig) -> Self {
-        Self {
+        let engine = Self {
             inner: Arc::new(Inner {
                 store,
                 app,
@@ -109,7 +110,11 @@ impl Engine {
                 operations: operations::Operations::default(),
                 shutdown: CancellationToken::new(),
             }),
+        };
+        if engine.inner.store.is_shared() {
+            replicas::start(&engine.inner);
         }
+        engine
     }
 
     pub fn config(&self) -> &ServerConfig {
@@ -265,6 +270,10 @@ impl Engine {
         if session.principal != principal {
             return Err(EngineError::SessionNotFound);
         }
+        if self.inner.store.is_shared() && !replicas::refresh(&self.inner, &session).await? {
+            self.inner.forget(&session);
+            return Err(EngineError::SessionNotFound);
+        }
         let now = now_ms();
         let ttl = self.inner.config.session_ttl.as_millis() as i64;
         if now >= session.last_seen() + ttl {
@@ -301,6 +310,8 @@ impl Engine {
                     Some(tx) => {
                         let _ = tx.send(outcome);
                     }
+                    // The request may wait on another replica.
+                    None if self.inner.store.is_shared() => replicas::post_answer(&self.inner, &session.id, &key, outcome).await?,
                     None => tracing::debug!(session = %session.id, id = %key, "response to no pending request ignored"),
                 }
                 Ok(PostOutcome::Accepted)
@@ -341,6 +352,10 @@ impl Engine {
         }
         if event.seq + 1 < summary.first_seq {
             return Err(unknown("is too old: later events of its stream were trimmed"));
+        }
+        if !summary.finished && self.inner.store.is_shared() {
+            // Its replica may have died since this one loaded the session.
+            self.inner.close_if_orphaned(&session, &event.stream).await?;
         }
         let sub = self.inner.hub.subscribe(&session.id, &event.stream);
         let done = summary.finished && event.seq >= summary.last_seq;
@@ -420,6 +435,14 @@ impl Inner {
         }
     }
 
+    /// Drops a session from memory only (another replica ended it).
+    fn forget(&self, session: &Session) {
+        session.closed.cancel();
+        if let Ok(mut map) = self.sessions.lock() {
+            map.remove(&session.id);
+        }
+    }
+
     fn cached(&self, id: &str) -> Option<Arc<Session>> {
         self.sessions.lock().ok().and_then(|m| m.get(id).cloned())
     }
@@ -470,33 +493,47 @@ impl Inner {
     }
 
     /// Appends the final error response to every request stream of `session`
-    /// that has none and whose request is not running in this process.
+    /// that has none and whose request is not running anywhere.
     async fn close_interrupted(&self, session: &Session) -> Result<(), EngineError> {
         for stream in self.store.streams(&session.id).await? {
-            if stream.finished || !stream.stream.starts_with('r') {
-                continue;
+            if !stream.finished && stream.stream.starts_with('r') {
+                self.close_if_orphaned(session, &stream.stream).await?;
             }
-            let prime = self.store.read_after(&session.id, &stream.stream, 0, 1).await?;
-            let meta: Value = prime
-                .first()
-                .filter(|e| e.kind == EventKind::Prime)
-                .and_then(|e| serde_json::from_slice(&e.payload).ok())
-                .unwrap_or(Value::Null);
-            if meta.get("owner").and_then(Value::as_str) == Some(self.instance.as_str()) {
-                continue;
-            }
-            let id = meta.get("id").cloned().unwrap_or(Value::Null);
-            let payload = protocol::error_message(Some(&id), protocol::INTERNAL_ERROR, INTERRUPTED_MESSAGE, None);
-            self.emit(&session.id, &stream.stream, EventKind::Final, payload).await?;
-            tracing::warn!(session = %session.id, stream = %stream.stream, "closed a request interrupted by a restart");
         }
+        Ok(())
+    }
+
+    /// Closes one unfinished request stream with the "interrupted" error if
+    /// its owner is gone: an earlier process of a single-node store, or a
+    /// replica whose lease lapsed. Replicas race through a compare-and-set
+    /// guard, so the stream gets exactly one final response.
+    async fn close_if_orphaned(&self, session: &Session, stream: &str) -> Result<(), EngineError> {
+        let prime = self.store.read_after(&session.id, stream, 0, 1).await?;
+        let meta: Value = prime
+            .first()
+            .filter(|e| e.kind == EventKind::Prime)
+            .and_then(|e| serde_json::from_slice(&e.payload).ok())
+            .unwrap_or(Value::Null);
+        let owner = meta.get("owner").and_then(Value::as_str).unwrap_or("");
+        if owner == self.instance || (self.store.is_shared() && replicas::is_alive(self, owner).await?) {
+            return Ok(());
+        }
+        let guard = format!("{}/{stream}", session.id);
+        let expires = Some(now_ms() + self.config.session_ttl.as_millis() as i64 * 2);
+        if self.store.kv_compare_and_set("closed", &guard, None, Bytes::from_static(b"1"), expires).await?.is_none() {
+            return Ok(()); // another replica closed it
+        }
+        let id = meta.get("id").cloned().unwrap_or(Value::Null);
+        let payload = protocol::error_message(Some(&id), protocol::INTERNAL_ERROR, INTERRUPTED_MESSAGE, None);
+        self.emit(&session.id, stream, EventKind::Final, payload).await?;
+        tracing::warn!(session = %session.id, %stream, "closed a request interrupted by a restart");
         Ok(())
     }
 
     /// Appends to the store, then publishes: stored before seen.
     pub(crate) async fn emit(&self, session: &str, stream: &str, kind: EventKind, payload: Bytes) -> Result<u64, StoreError> {
         let seq = self.store.append(session, stream, kind, payload.clone()).await?;
-        self.hub.publish(session, stream, LiveEvent { seq, kind, payload });
+        self.hub.publish(session, stream, LiveEvent { seq, kind, payload: Some(payload) });
         Ok(seq)
     }
 

@@ -325,7 +325,11 @@ pub(crate) async fn call(
             if record.expires_at_ms <= now_ms() {
                 return Err(invalid("expired"));
             }
-            if record.state == OpState::Running && inner.operations.status(&id).is_none() && record.owner != inner.instance {
+            let orphaned = record.state == OpState::Running
+                && inner.operations.status(&id).is_none()
+                && record.owner != inner.instance
+                && !(inner.store.is_shared() && super::replicas::is_alive(&inner, &record.owner).await.unwrap_or(true));
+            if orphaned {
                 // Its process died. Restartable work continues from its cursor; other work says so.
                 if record.restartable {
                     let me = inner.instance.clone();

@@ -151,12 +151,13 @@ impl Pump {
                 }
                 received = sub.rx.recv() => match received {
                     Ok(LiveEvent { seq, .. }) if seq <= self.cursor => {}
-                    Ok(LiveEvent { seq, kind, payload }) if seq == self.cursor + 1 => {
+                    Ok(LiveEvent { seq, kind, payload: Some(payload) }) if seq == self.cursor + 1 => {
                         if let Step::End = self.deliver(seq, kind, payload).await {
                             return;
                         }
                         self.remember_delivery();
                     }
+                    // A gap, a lag, or an append by another replica: read the store.
                     Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => catch_up = true,
                     Err(broadcast::error::RecvError::Closed) => return,
                 },

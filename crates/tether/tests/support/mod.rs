@@ -22,9 +22,21 @@ pub const ACCEPT_BOTH: &str = "application/json, text/event-stream";
 pub enum Backend {
     Memory,
     Sqlite,
+    /// Real Redis (`TETHER_TEST_REDIS_URL`), under a prefix of its own.
+    Redis,
 }
 
-pub const BACKENDS: [Backend; 2] = [Backend::Memory, Backend::Sqlite];
+/// The Redis for tests; scripts/test makes sure it answers.
+pub fn redis_url() -> String {
+    std::env::var("TETHER_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into())
+}
+
+/// A prefix no other test run uses.
+pub fn fresh_prefix() -> String {
+    format!("tether-test:{}:{}:", std::process::id(), hex::encode(rand::random::<[u8; 4]>()))
+}
+
+pub const BACKENDS: [Backend; 3] = [Backend::Memory, Backend::Sqlite, Backend::Redis];
 
 /// Which MCP application the server runs.
 #[derive(Clone, Copy, PartialEq)]
@@ -139,6 +151,13 @@ impl TestServer {
         Self::start_with_auth(dir, backend, app, config, tether_server::http::Auth::disabled()).await
     }
 
+    /// A replica on Redis under `prefix` (replicas of one test share it).
+    pub async fn start_replica(redis: &str, prefix: &str, app: AppKind, config: ServerConfig) -> Self {
+        let dir = Arc::new(tempfile::tempdir().unwrap());
+        std::fs::write(dir.path().join("redis"), format!("{redis}\n{prefix}")).unwrap();
+        Self::start_with_auth(dir, Backend::Redis, app, config, tether_server::http::Auth::disabled()).await
+    }
+
     pub async fn start_with_auth(
         dir: Arc<tempfile::TempDir>,
         backend: Backend,
@@ -170,6 +189,19 @@ impl TestServer {
                         }
                     };
                     let repo = SqliteNotebook::new(store.db().clone()).await.unwrap();
+                    (Arc::new(store), Arc::new(repo))
+                }
+                Backend::Redis => {
+                    // start_replica leaves "URL\nPREFIX" in the data dir; else a fresh prefix.
+                    let (url, prefix) = std::fs::read_to_string(db.with_file_name("redis"))
+                        .ok()
+                        .and_then(|s| s.split_once('\n').map(|(u, p)| (u.to_owned(), p.to_owned())))
+                        .unwrap_or_else(|| (redis_url(), fresh_prefix()));
+                    let config = StoreConfig { redis_prefix: prefix.clone(), ..store_config };
+                    let store = tether_store::redis::RedisStore::open(&url, config)
+                        .await
+                        .unwrap_or_else(|e| panic!("Redis is needed and not reachable at {url}: {e}; run scripts/test (it starts Redis)"));
+                    let repo = tether_notebook::RedisNotebook::new(store.connection(), &prefix);
                     (Arc::new(store), Arc::new(repo))
                 }
             };
@@ -284,6 +316,16 @@ impl SseReader {
             let block = self.next_block(Duration::from_secs(10)).await?;
             if !block.comment {
                 return Some(block);
+            }
+        }
+    }
+
+    /// The next event that carries a message (priming events skipped).
+    pub async fn next_message(&mut self) -> Option<Value> {
+        loop {
+            let e = self.next_event().await?;
+            if !e.data.is_empty() {
+                return Some(e.json());
             }
         }
     }

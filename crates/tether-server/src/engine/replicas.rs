@@ -1,0 +1,141 @@
+//! What changes when several replicas share one store (Redis).
+//!
+//! - Live delivery: appends by other replicas arrive as store announcements
+//!   and nudge local pumps, which read the events from the store.
+//! - Freshness: a session's durable state is re-read on every request, since
+//!   another replica may have changed it.
+//! - Ownership: each replica keeps a lease record alive (`replica_lease`); a
+//!   request stream is closed as "interrupted" only when its owner's lease
+//!   has lapsed.
+//! - Answers to server-to-client requests may be POSTed to any replica: the
+//!   one that receives it stores it, the one that waits polls for it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde_json::Value;
+use tether_store::{StoreError, now_ms};
+use tokio::sync::{broadcast, oneshot};
+
+use super::session::{ClientAnswer, Session, SessionState};
+use super::{EngineError, Inner};
+
+const LEASE_NAMESPACE: &str = "lease";
+const ANSWER_NAMESPACE: &str = "answer";
+const ANSWER_POLL: Duration = Duration::from_millis(50);
+const ANSWER_TTL: Duration = Duration::from_secs(600);
+
+/// Starts the announcement listener and the lease heartbeat.
+pub(crate) fn start(inner: &Arc<Inner>) {
+    if let Some(mut appends) = inner.store.remote_appends() {
+        let hub = inner.hub.clone();
+        let shutdown = inner.shutdown.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    received = appends.recv() => match received {
+                        Ok(a) => hub.nudge(&a.session, &a.stream, a.seq),
+                        Err(broadcast::error::RecvError::Lagged(_)) => hub.nudge_all(),
+                        Err(broadcast::error::RecvError::Closed) => return,
+                    },
+                }
+            }
+        });
+    }
+    let weak = Arc::downgrade(inner);
+    tokio::spawn(async move {
+        let Some(lease) = weak.upgrade().map(|i| i.config.replica_lease) else { return };
+        // Renew three times per lease, so one slow round does not kill it.
+        let mut tick = tokio::time::interval(lease / 3);
+        loop {
+            tick.tick().await;
+            let Some(inner) = weak.upgrade() else { return };
+            if inner.shutdown.is_cancelled() {
+                let _ = inner.store.kv_delete(LEASE_NAMESPACE, &inner.instance).await;
+                return;
+            }
+            if let Err(e) = renew_lease(&inner).await {
+                tracing::warn!(error = %e, "could not renew this replica's lease");
+            }
+        }
+    });
+}
+
+async fn renew_lease(inner: &Inner) -> Result<(), StoreError> {
+    let expires = Some(now_ms() + inner.config.replica_lease.as_millis() as i64);
+    let current = inner.store.kv_get(LEASE_NAMESPACE, &inner.instance, now_ms()).await?.map(|v| v.revision);
+    inner.store.kv_compare_and_set(LEASE_NAMESPACE, &inner.instance, current, Bytes::from_static(b"1"), expires).await?;
+    Ok(())
+}
+
+/// Whether replica `instance` renewed its lease recently.
+pub(crate) async fn is_alive(inner: &Inner, instance: &str) -> Result<bool, EngineError> {
+    if instance.is_empty() {
+        return Ok(false);
+    }
+    Ok(inner.store.kv_get(LEASE_NAMESPACE, instance, now_ms()).await?.is_some())
+}
+
+/// Re-reads the session's durable state; false if it is gone.
+pub(crate) async fn refresh(inner: &Inner, session: &Session) -> Result<bool, EngineError> {
+    let Some(record) = inner.store.get_session(&session.id, now_ms()).await? else { return Ok(false) };
+    let mut durable = session.durable.lock().await;
+    if record.revision > durable.revision {
+        if let Ok(state) = serde_json::from_value::<SessionState>(record.state) {
+            if let Ok(mut v) = session.protocol_version.lock() {
+                *v = state.protocol_version.clone();
+            }
+            durable.state = state;
+            durable.revision = record.revision;
+        }
+    }
+    // Activity on other replicas counts.
+    let ttl = inner.config.session_ttl.as_millis() as i64;
+    let seen_elsewhere = record.expires_at_ms - ttl - ttl / 10;
+    session.last_seen.fetch_max(seen_elsewhere, std::sync::atomic::Ordering::Relaxed);
+    session.expires_persisted.fetch_max(record.expires_at_ms, std::sync::atomic::Ordering::Relaxed);
+    Ok(true)
+}
+
+fn answer_key(session: &str, request: &str) -> String {
+    format!("{session}/{request}")
+}
+
+/// Stores a client's answer for the replica whose request waits for it.
+pub(crate) async fn post_answer(inner: &Inner, session: &str, request: &str, outcome: ClientAnswer) -> Result<(), EngineError> {
+    let body = match outcome {
+        Ok(result) => serde_json::json!({"result": result}),
+        Err(error) => serde_json::json!({"error": error}),
+    };
+    let expires = Some(now_ms() + ANSWER_TTL.as_millis() as i64);
+    inner
+        .store
+        .kv_compare_and_set(ANSWER_NAMESPACE, &answer_key(session, request), None, Bytes::from(body.to_string()), expires)
+        .await?;
+    Ok(())
+}
+
+/// The answer to a server-to-client request: delivered locally, or stored by
+/// another replica.
+pub(crate) async fn await_answer(inner: &Inner, session: &str, request: &str, mut local: oneshot::Receiver<ClientAnswer>) -> ClientAnswer {
+    let key = answer_key(session, request);
+    loop {
+        tokio::select! {
+            answer = &mut local => {
+                return answer.unwrap_or_else(|_| Err(serde_json::json!({"code": -32603, "message": "session ended before the client answered"})));
+            }
+            _ = tokio::time::sleep(ANSWER_POLL) => {
+                if let Ok(Some(stored)) = inner.store.kv_get(ANSWER_NAMESPACE, &key, now_ms()).await {
+                    let _ = inner.store.kv_delete(ANSWER_NAMESPACE, &key).await;
+                    let body: Value = serde_json::from_slice(&stored.value).unwrap_or(Value::Null);
+                    return match body.get("result") {
+                        Some(r) => Ok(r.clone()),
+                        None => Err(body.get("error").cloned().unwrap_or(Value::Null)),
+                    };
+                }
+            }
+        }
+    }
+}
