@@ -125,8 +125,10 @@ impl Pump {
             }
         }
         let mut owner = self.session.standalone_owner.subscribe();
-        let mut keepalive = tokio::time::interval(self.inner.config.keepalive);
-        keepalive.tick().await;
+        // Not `interval(..)` + a first `tick().await`: that first tick goes
+        // through the timer wheel and costs up to a millisecond per stream.
+        let period = self.inner.config.keepalive;
+        let mut keepalive = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         let mut catch_up = self.spec.catch_up;
         loop {
             if catch_up {
