@@ -165,6 +165,7 @@ fi
 run_check py-legacy 90 "$VPY" "$PY/client.py" "$URL" legacy
 run_check py-auto 90 "$VPY" "$PY/client.py" "$URL" auto
 run_check py-no-header 60 "$VPY" "$PY/client.py" "$URL" no-header
+run_check py-roots 90 "$VPY" "$PY/client.py" "$URL" roots
 
 if ! kill -0 "$SERVER_PID" 2>/dev/null; then
     FAILED=$((FAILED + 1))

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Interop checks: the official MCP Python SDK client (``mcp`` 2.x) against tether.
 
-usage: client.py URL [CHECK ...]     CHECK: legacy | auto | no-header (default: all)
+usage: client.py URL [CHECK ...]     CHECK: legacy | auto | no-header | roots (default: all)
 
   legacy     Client(..., mode="legacy"): initialize handshake, tools/list, tools/call thought.
   auto       Client(...) with the default mode="auto": the SDK probes server/discover
@@ -9,6 +9,9 @@ usage: client.py URL [CHECK ...]     CHECK: legacy | auto | no-header (default: 
              then tools/list, tools/call thought.
   no-header  Plain HTTP (urllib, no SDK): after initialize, follow-up POSTs that carry
              no MCP-Protocol-Version header (assumed 2025-03-26) work.
+  roots      Client(..., list_roots_callback=...): the notebook asks roots/list, binds the
+             one root; init start_new stores it; a second Client (a new MCP session)
+             recovers that notebook session with init load_context and no sessionId.
 
 Prints one PASS/FAIL line per check and exits non-zero if any failed.
 """
@@ -167,6 +170,37 @@ async def sdk_check(url: str, mode: str) -> str:
     return detail
 
 
+async def roots_check(url: str) -> str:
+    from mcp import types
+
+    root = "file:///interop/python-project"
+    asked = 0
+
+    async def list_roots(context: Any) -> Any:
+        nonlocal asked
+        asked += 1
+        return types.ListRootsResult(roots=[types.Root(uri=root, name="python-project")])
+
+    async def one_session(operation: dict[str, Any]) -> dict[str, Any]:
+        http = httpx2.AsyncClient(timeout=httpx2.Timeout(30, read=TIMEOUT_S), trust_env=False)
+        with anyio.fail_after(TIMEOUT_S):
+            async with http:
+                transport = streamable_http_client(url, http_client=http)
+                async with Client(transport, mode="legacy", list_roots_callback=list_roots) as client:
+                    result = await client.call_tool("init", operation)
+                    check(not result.is_error, f"init {operation}: is_error: {result!r}")
+                    return result.structured_content or {}
+
+    started = await one_session({"operation": "start_new", "title": "python interop"})
+    check(started.get("mcpRootUri") == root, f"start_new did not bind the client's root: {started!r}")
+    loaded = await one_session({"operation": "load_context"})
+    check(loaded.get("success") is True, f"load_context without sessionId failed: {loaded!r}")
+    check(loaded.get("sessionId") == started.get("sessionId"),
+          f"load_context recovered {loaded.get('sessionId')!r}, want {started.get('sessionId')!r}")
+    check(asked >= 2, f"the server asked roots/list {asked} times, want one per MCP session")
+    return f"roots/list answered {asked}x; recovered {loaded.get('sessionId')}: {loaded.get('message')}"
+
+
 # --------------------------------------------------------------------------- plain HTTP check
 
 class PlainResponse:
@@ -297,7 +331,7 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     url = argv[1]
-    checks = argv[2:] or ["legacy", "auto", "no-header"]
+    checks = argv[2:] or ["legacy", "auto", "no-header", "roots"]
     failed = 0
     for name in checks:
         try:
@@ -305,6 +339,8 @@ def main(argv: list[str]) -> int:
                 detail = anyio.run(sdk_check, url, name)
             elif name == "no-header":
                 detail = no_header_check(url)
+            elif name == "roots":
+                detail = anyio.run(roots_check, url)
             else:
                 print(f"unknown check {name!r}", file=sys.stderr)
                 return 2
