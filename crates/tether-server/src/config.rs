@@ -46,7 +46,7 @@ impl Default for ServerConfig {
             sse_retry_ms: 1000,
             keepalive: Duration::from_secs(15),
             max_inflight_per_session: 64,
-            max_sessions_per_principal: 10_000,
+            max_sessions_per_principal: 100_000,
             reap_interval: Duration::from_secs(30),
             resume_wait: Duration::from_secs(2),
             result_chunk_bytes: 64 * 1024,

@@ -63,6 +63,9 @@ pub async fn sessions_roundtrip(store: &Arc<dyn Store>) {
     assert!(store.touch_session("s1", now_ms() + 600_000).await.unwrap());
     let listed: Vec<String> = store.list_sessions("alice", 1).await.unwrap().into_iter().map(|s| s.id).collect();
     assert_eq!(listed, vec!["s1".to_string()], "touch moves a session to the front; limit honoured");
+    assert_eq!(store.count_sessions("alice", now_ms()).await.unwrap(), 2);
+    assert_eq!(store.count_sessions("bob", now_ms()).await.unwrap(), 1);
+    assert_eq!(store.count_sessions("alice", now_ms() + 10_000_000).await.unwrap(), 0, "expired sessions do not count");
     assert!(!store.touch_session("ghost", now_ms()).await.unwrap());
 }
 

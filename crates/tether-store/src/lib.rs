@@ -59,6 +59,9 @@ pub trait Store: Send + Sync + 'static {
     /// Sessions of one principal, most recently active first.
     async fn list_sessions(&self, principal: &str, limit: usize) -> StoreResult<Vec<SessionRecord>>;
 
+    /// Live sessions of one principal.
+    async fn count_sessions(&self, principal: &str, now_ms: i64) -> StoreResult<u64>;
+
     /// Deletes up to `limit` sessions that expired before `now_ms` (with their
     /// logs) and returns their IDs.
     async fn expire_sessions(&self, now_ms: i64, limit: usize) -> StoreResult<Vec<String>>;

@@ -116,6 +116,11 @@ impl Store for MemoryStore {
         Ok(out)
     }
 
+    async fn count_sessions(&self, principal: &str, now_ms: i64) -> StoreResult<u64> {
+        let inner = self.lock()?;
+        Ok(inner.sessions.values().filter(|s| s.principal == principal && s.expires_at_ms > now_ms).count() as u64)
+    }
+
     async fn expire_sessions(&self, now_ms: i64, limit: usize) -> StoreResult<Vec<String>> {
         let mut inner = self.lock()?;
         let expired: Vec<String> = inner

@@ -426,6 +426,11 @@ impl Store for RedisStore {
         Ok(out)
     }
 
+    async fn count_sessions(&self, principal: &str, now_ms: i64) -> StoreResult<u64> {
+        let mut conn = self.conn.clone();
+        conn.zcount(self.key(&["sp:", principal]), format!("({now_ms}"), "+inf").await.map_err(unavailable)
+    }
+
     async fn expire_sessions(&self, now_ms: i64, limit: usize) -> StoreResult<Vec<String>> {
         let mut conn = self.conn.clone();
         self.scripts.expire.arg(&*self.prefix).arg(now_ms).arg(limit).invoke_async(&mut conn).await.map_err(unavailable)

@@ -445,6 +445,17 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn count_sessions(&self, principal: &str, now_ms: i64) -> StoreResult<u64> {
+        let principal = principal.to_owned();
+        self.db
+            .read(move |conn| {
+                Ok(conn
+                    .prepare_cached("SELECT COUNT(*) FROM sessions WHERE principal = ?1 AND expires_at_ms > ?2")?
+                    .query_row(params![principal, now_ms], |r| r.get::<_, i64>(0))? as u64)
+            })
+            .await
+    }
+
     async fn expire_sessions(&self, now_ms: i64, limit: usize) -> StoreResult<Vec<String>> {
         self.db
             .write(move |ctx| {

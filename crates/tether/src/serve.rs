@@ -60,6 +60,9 @@ pub struct ServeArgs {
     /// Largest chunk of a paged result such as a notebook export.
     #[arg(long, env = "TETHER_RESULT_CHUNK_BYTES", default_value = "64KiB", value_parser = parse_size)]
     result_chunk_bytes: usize,
+    /// Live sessions one principal may hold; `initialize` beyond it gets 429.
+    #[arg(long, env = "TETHER_MAX_SESSIONS_PER_PRINCIPAL", default_value_t = 100_000)]
+    max_sessions_per_principal: usize,
     /// Events kept per stream before the oldest are trimmed.
     #[arg(long, env = "TETHER_MAX_EVENTS_PER_STREAM", default_value_t = 100_000)]
     max_events_per_stream: u64,
@@ -179,6 +182,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         json_response: args.json_response,
         resume_wait: args.resume_wait,
         result_chunk_bytes: args.result_chunk_bytes,
+        max_sessions_per_principal: args.max_sessions_per_principal,
         ..ServerConfig::default()
     };
     let engine = Engine::new(store, Arc::new(Notebook::new(notebook)), config);

@@ -394,3 +394,26 @@ async fn bad_requests_get_the_right_status_and_a_readable_message() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn sessions_per_principal_are_bounded() {
+    let config = ServerConfig { max_sessions_per_principal: 3, ..quick_config() };
+    each_backend(AppKind::Notebook, config, |server| async move {
+        let c = Client::new(&server.url);
+        let mut sessions = Vec::new();
+        for _ in 0..3 {
+            sessions.push(c.initialize().await);
+        }
+        let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}});
+        let refused = c.post(None, &init).send().await.unwrap();
+        assert_eq!(refused.status(), 429);
+        let body: Value = refused.json().await.unwrap();
+        assert!(body["error"]["message"].as_str().unwrap().contains("limit 3"), "{body}");
+        // Ending one makes room again.
+        let del = c.http.delete(&c.url).header("mcp-session-id", &sessions[0]).send().await.unwrap();
+        assert_eq!(del.status(), 200);
+        assert_eq!(c.post(None, &init).send().await.unwrap().status(), 200);
+    })
+    .await;
+}

@@ -76,6 +76,9 @@ pub(crate) struct Inner {
     pub hub: Arc<LiveHub>,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     loading: tokio::sync::Mutex<()>,
+    /// Live sessions per principal as last counted in the store, plus the
+    /// ones created here since (refreshed every few seconds).
+    principal_counts: Mutex<HashMap<String, (u64, i64)>>,
     /// Recorded as the owner of every request this process runs.
     pub instance: String,
     tokens: resume::ResumeTokens,
@@ -104,6 +107,7 @@ impl Engine {
                 hub: Arc::new(LiveHub::default()),
                 sessions: Mutex::new(HashMap::new()),
                 loading: tokio::sync::Mutex::new(()),
+                principal_counts: Mutex::new(HashMap::new()),
                 instance: ids::new_instance_id(),
                 tokens: resume::ResumeTokens,
                 key: keys::ServerKey::default(),
@@ -238,6 +242,7 @@ impl Engine {
         client_info: Value,
         client_capabilities: Value,
     ) -> Result<Arc<Session>, EngineError> {
+        self.inner.admit_session(principal).await?;
         let state = SessionState {
             protocol_version: version.to_owned(),
             standalone_stream: ids::new_standalone_stream(),
@@ -625,9 +630,42 @@ impl Inner {
         Ok(PostOutcome::Stream { frames, session_id })
     }
 
+    /// Enforces `max_sessions_per_principal`. The count comes from the
+    /// store at most every few seconds and is kept up to date locally in
+    /// between, so it is exact on one node and close with replicas.
+    async fn admit_session(&self, principal: &str) -> Result<(), EngineError> {
+        const RECOUNT_MS: i64 = 5_000;
+        let now = now_ms();
+        let cached = self.principal_counts.lock().ok().and_then(|m| m.get(principal).copied());
+        let count = match cached {
+            Some((count, at)) if now - at < RECOUNT_MS => count,
+            _ => self.store.count_sessions(principal, now).await?,
+        };
+        let max = self.config.max_sessions_per_principal as u64;
+        if count >= max {
+            return Err(EngineError::TooMany(format!(
+                "this principal already has {count} live sessions (limit {max}); end some with DELETE or let them expire"
+            )));
+        }
+        if let Ok(mut m) = self.principal_counts.lock() {
+            let at = match cached {
+                Some((_, at)) if now - at < RECOUNT_MS => at,
+                _ => now,
+            };
+            m.insert(principal.to_owned(), (count + 1, at));
+            if m.len() > 100_000 {
+                m.clear();
+            }
+        }
+        Ok(())
+    }
+
     /// Forgets and deletes a session (DELETE or expiry).
     async fn end_session(&self, session: &Arc<Session>) -> Result<(), EngineError> {
         session.closed.cancel();
+        if let Some(entry) = self.principal_counts.lock().ok().as_mut().and_then(|m| m.get_mut(&session.principal)) {
+            entry.0 = entry.0.saturating_sub(1);
+        }
         if let Ok(inflight) = session.inflight.lock() {
             inflight.values().for_each(CancellationToken::cancel);
         }
