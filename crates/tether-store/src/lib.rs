@@ -127,6 +127,13 @@ pub trait Store: Send + Sync + 'static {
         false
     }
 
+    /// Announces something to every replica listening on
+    /// [`Store::remote_appends`] without appending (e.g. "a GET took over
+    /// this session's standalone stream"). A no-op for single-process backends.
+    async fn announce(&self, _session: &str, _stream: &str, _seq: u64) -> StoreResult<()> {
+        Ok(())
+    }
+
     /// Appends committed by any process, announced for live delivery
     /// across replicas. `None` for single-process backends.
     fn remote_appends(&self) -> Option<tokio::sync::broadcast::Receiver<RemoteAppend>> {

@@ -582,6 +582,12 @@ impl Store for RedisStore {
         true
     }
 
+    async fn announce(&self, session: &str, stream: &str, seq: u64) -> StoreResult<()> {
+        let mut conn = self.conn.clone();
+        let _: i64 = conn.publish(self.key(&["live"]), format!("{session}\n{stream}\n{seq}")).await.map_err(unavailable)?;
+        Ok(())
+    }
+
     fn remote_appends(&self) -> Option<broadcast::Receiver<RemoteAppend>> {
         Some(self.remote.subscribe())
     }

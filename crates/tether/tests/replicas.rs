@@ -73,21 +73,36 @@ async fn a_server_request_raised_on_one_replica_is_answered_through_another() {
     let mut post = SseReader::new(resp);
     let prime = post.next_event().await.unwrap();
     drop(post);
-    // This test's standalone GET lives on C, so A routes by its own view; the
-    // message is stored either on the request's stream or on the standalone
-    // one. Follow both, answer through B.
-    let mut resumed = SseReader::new(cc.get(&sid, prime.id.as_deref()).send().await.unwrap());
-    let request = tokio::select! {
-        m = standalone.next_message() => m.unwrap(),
-        m = resumed.next_message() => m.unwrap(),
-    };
-    assert_eq!(request["method"], "roots/list");
+    // The client listens on C: A routes the request there.
+    let request = standalone.next_message().await.unwrap();
+    assert_eq!(request["method"], "roots/list", "raised on A, delivered on C's GET");
     let answer = json!({"jsonrpc": "2.0", "id": request["id"], "result": {"roots": [{"uri": "file:///replicated"}]}});
     assert_eq!(cb.post(Some(&sid), &answer).send().await.unwrap().status(), 202);
     let mut final_stream = SseReader::new(cc.get(&sid, prime.id.as_deref()).send().await.unwrap());
     let done = final_stream.all_events().await.into_iter().filter(|e| !e.data.is_empty()).last().unwrap().json();
     assert_eq!(done["id"], 7);
     assert_eq!(done["result"]["structuredContent"]["roots"][0]["uri"], "file:///replicated", "A got the answer POSTed to B");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_get_on_one_replica_takes_over_the_standalone_stream_from_another() {
+    let (a, b, c) = three(AppKind::Test).await;
+    let (ca, cb, cc) = (Client::new(&a.url), Client::new(&b.url), Client::new(&c.url));
+    let sid = ca.initialize().await;
+    let mut old = SseReader::new(cb.get(&sid, None).send().await.unwrap());
+    let _ = old.next_event().await.unwrap();
+    let mut new = SseReader::new(cc.get(&sid, None).send().await.unwrap());
+    let _ = new.next_event().await.unwrap();
+    let mut ended = false;
+    for _ in 0..20 {
+        if old.next_block(Duration::from_secs(2)).await.is_none() {
+            ended = true;
+            break;
+        }
+    }
+    assert!(ended, "the GET on B is closed when one on C opens");
+    ca.call(&sid, 1, "announce", json!({})).await;
+    assert_eq!(new.next_message().await.unwrap()["method"], "notifications/tools/list_changed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -180,18 +180,22 @@ impl ToolCtx {
 
 /// Where a message related to a request goes (design brief, "Streams and
 /// events"): its request's stream while a connection listens there, else the
-/// standalone stream if one listens, else the request's stream, for replay.
-fn related_stream(inner: &Inner, session: &Session, own: Option<&str>) -> String {
+/// standalone stream if one listens (here, or on another replica), else the
+/// request's stream, for replay.
+async fn related_stream(inner: &Inner, session: &Session, own: Option<&str>) -> String {
     match own {
         Some(s) if inner.hub.connections(&session.id, s) > 0 => s.to_owned(),
         _ if inner.hub.connections(&session.id, &session.standalone_stream) > 0 => session.standalone_stream.clone(),
+        Some(_) if inner.store.is_shared() && super::replicas::standalone_live_anywhere(inner, &session.id).await => {
+            session.standalone_stream.clone()
+        }
         Some(s) => s.to_owned(),
         None => session.standalone_stream.clone(),
     }
 }
 
 async fn emit_related(inner: &Inner, session: &Session, own: Option<&str>, payload: Bytes) -> Result<(), RpcError> {
-    let stream = related_stream(inner, session, own);
+    let stream = related_stream(inner, session, own).await;
     inner
         .emit(&session.id, &stream, EventKind::Message, payload)
         .await

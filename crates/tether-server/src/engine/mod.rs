@@ -448,7 +448,7 @@ impl Inner {
         }
     }
 
-    fn cached(&self, id: &str) -> Option<Arc<Session>> {
+    pub(crate) fn cached(&self, id: &str) -> Option<Arc<Session>> {
         self.sessions.lock().ok().and_then(|m| m.get(id).cloned())
     }
 
@@ -548,6 +548,10 @@ impl Inner {
             *g += 1;
             generation = *g;
         });
+        if self.store.is_shared() {
+            let (inner, id) = (self.clone(), session.id.clone());
+            tokio::spawn(async move { replicas::announce_takeover(&inner, &id, generation).await });
+        }
         let stream = session.standalone_stream.clone();
         let spec = PumpSpec {
             stream: stream.clone(),

@@ -118,7 +118,18 @@ impl Pump {
         }
     }
 
-    async fn run(mut self, mut sub: Subscription) {
+    async fn run(mut self, sub: Subscription) {
+        let standalone_shared = self.spec.standalone_generation.is_some() && self.inner.store.is_shared();
+        if standalone_shared {
+            super::replicas::mark_standalone(&self.inner, &self.session.id).await;
+        }
+        self.follow(sub, standalone_shared).await;
+        if standalone_shared {
+            super::replicas::unmark_standalone(&self.inner, &self.session.id).await;
+        }
+    }
+
+    async fn follow(&mut self, mut sub: Subscription, standalone_shared: bool) {
         if let Some(first) = self.spec.first.take() {
             if self.tx.send(first).await.is_err() {
                 return;
@@ -166,6 +177,9 @@ impl Pump {
                 _ = keepalive.tick() => {
                     if self.tx.send(Frame::KeepAlive).await.is_err() {
                         return;
+                    }
+                    if standalone_shared {
+                        super::replicas::mark_standalone(&self.inner, &self.session.id).await;
                     }
                 }
             }

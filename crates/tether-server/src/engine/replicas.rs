@@ -23,12 +23,16 @@ use super::{EngineError, Inner};
 
 const LEASE_NAMESPACE: &str = "lease";
 const ANSWER_NAMESPACE: &str = "answer";
+const STANDALONE_NAMESPACE: &str = "standalone-live";
+/// Announcement "stream" name of a standalone takeover, followed by the instance.
+const TAKEOVER: &str = "~takeover.";
 const ANSWER_POLL: Duration = Duration::from_millis(50);
 const ANSWER_TTL: Duration = Duration::from_secs(600);
 
 /// Starts the announcement listener and the lease heartbeat.
 pub(crate) fn start(inner: &Arc<Inner>) {
     if let Some(mut appends) = inner.store.remote_appends() {
+        let weak = Arc::downgrade(inner);
         let hub = inner.hub.clone();
         let shutdown = inner.shutdown.clone();
         tokio::spawn(async move {
@@ -36,7 +40,18 @@ pub(crate) fn start(inner: &Arc<Inner>) {
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
                     received = appends.recv() => match received {
-                        Ok(a) => hub.nudge(&a.session, &a.stream, a.seq),
+                        Ok(a) => match a.stream.strip_prefix(TAKEOVER) {
+                            Some(by) => {
+                                let Some(inner) = weak.upgrade() else { return };
+                                if by != inner.instance {
+                                    if let Some(session) = inner.cached(&a.session) {
+                                        // A GET on another replica took over: end ours.
+                                        session.standalone_owner.send_modify(|g| *g += 1);
+                                    }
+                                }
+                            }
+                            None => hub.nudge(&a.session, &a.stream, a.seq),
+                        },
                         Err(broadcast::error::RecvError::Lagged(_)) => hub.nudge_all(),
                         Err(broadcast::error::RecvError::Closed) => return,
                     },
@@ -76,6 +91,37 @@ pub(crate) async fn is_alive(inner: &Inner, instance: &str) -> Result<bool, Engi
         return Ok(false);
     }
     Ok(inner.store.kv_get(LEASE_NAMESPACE, instance, now_ms()).await?.is_some())
+}
+
+/// A GET opened the standalone stream here: other replicas end theirs.
+pub(crate) async fn announce_takeover(inner: &Inner, session: &str, generation: u64) {
+    let stream = format!("{TAKEOVER}{}", inner.instance);
+    if let Err(e) = inner.store.announce(session, &stream, generation).await {
+        tracing::warn!(%session, error = %e, "could not announce a standalone takeover");
+    }
+}
+
+/// Records that this replica holds the session's standalone stream (renewed
+/// on every keep-alive; it lapses by itself if the replica dies).
+pub(crate) async fn mark_standalone(inner: &Inner, session: &str) {
+    let expires = Some(now_ms() + 2 * inner.config.keepalive.as_millis() as i64);
+    let current = inner.store.kv_get(STANDALONE_NAMESPACE, session, now_ms()).await.ok().flatten().map(|v| v.revision);
+    let value = Bytes::from(inner.instance.clone());
+    let _ = inner.store.kv_compare_and_set(STANDALONE_NAMESPACE, session, current, value, expires).await;
+}
+
+/// The standalone stream is no longer held here (unless another replica took it).
+pub(crate) async fn unmark_standalone(inner: &Inner, session: &str) {
+    if let Ok(Some(v)) = inner.store.kv_get(STANDALONE_NAMESPACE, session, now_ms()).await {
+        if v.value.as_ref() == inner.instance.as_bytes() {
+            let _ = inner.store.kv_delete(STANDALONE_NAMESPACE, session).await;
+        }
+    }
+}
+
+/// Whether some replica holds a live standalone GET of this session.
+pub(crate) async fn standalone_live_anywhere(inner: &Inner, session: &str) -> bool {
+    matches!(inner.store.kv_get(STANDALONE_NAMESPACE, session, now_ms()).await, Ok(Some(_)))
 }
 
 /// Re-reads the session's durable state; false if it is gone.
