@@ -124,3 +124,29 @@ pub struct SearchHit {
     pub thought_number: u64,
     pub thought: String,
 }
+
+/// Appends to `hits` the thoughts of `session` whose text contains `needle`
+/// (already lowercased); false once `limit` hits are collected.
+pub(crate) fn collect_hits(
+    session: &NotebookSession,
+    thoughts: impl IntoIterator<Item = StoredThought>,
+    needle: &str,
+    hits: &mut Vec<SearchHit>,
+    limit: usize,
+) -> bool {
+    for (i, t) in thoughts.into_iter().enumerate() {
+        if hits.len() >= limit {
+            return false;
+        }
+        if t.input.thought.to_lowercase().contains(needle) {
+            hits.push(SearchHit {
+                session_id: session.id.clone(),
+                session_title: session.title.clone(),
+                index: i as u64 + 1,
+                thought_number: t.input.thought_number,
+                thought: t.input.thought,
+            });
+        }
+    }
+    hits.len() < limit
+}

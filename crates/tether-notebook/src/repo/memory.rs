@@ -100,19 +100,8 @@ impl NotebookRepo for MemoryNotebook {
         let mut hits = Vec::new();
         for entry in sessions {
             let Some(session) = &entry.session else { continue };
-            for (i, t) in entry.thoughts.iter().enumerate() {
-                if t.input.thought.to_lowercase().contains(&needle) {
-                    hits.push(SearchHit {
-                        session_id: session.id.clone(),
-                        session_title: session.title.clone(),
-                        index: i as u64 + 1,
-                        thought_number: t.input.thought_number,
-                        thought: t.input.thought.clone(),
-                    });
-                    if hits.len() >= limit {
-                        return Ok(hits);
-                    }
-                }
+            if !super::collect_hits(session, entry.thoughts.iter().cloned(), &needle, &mut hits, limit) {
+                break;
             }
         }
         Ok(hits)

@@ -185,19 +185,9 @@ impl NotebookRepo for RedisNotebook {
         let mut hits = Vec::new();
         for id in self.ids(&self.k("p", principal), 0, -1).await? {
             let Some(session) = self.get_session(principal, &id).await? else { continue };
-            for (i, t) in self.thoughts(principal, &id).await?.into_iter().enumerate() {
-                if t.input.thought.to_lowercase().contains(&needle) {
-                    hits.push(SearchHit {
-                        session_id: session.id.clone(),
-                        session_title: session.title.clone(),
-                        index: i as u64 + 1,
-                        thought_number: t.input.thought_number,
-                        thought: t.input.thought,
-                    });
-                    if hits.len() >= limit {
-                        return Ok(hits);
-                    }
-                }
+            let thoughts = self.thoughts(principal, &id).await?;
+            if !super::collect_hits(&session, thoughts, &needle, &mut hits, limit) {
+                break;
             }
         }
         Ok(hits)

@@ -23,7 +23,7 @@ use tokio::net::TcpListener;
 pub use auth::{ANONYMOUS, Auth, TokenTable};
 pub use error::HttpError;
 
-use crate::engine::{Engine, PostOutcome};
+use crate::engine::{Engine, PostOutcome, Session};
 use crate::protocol::{self, Inbound};
 
 /// Header names of the transport.
@@ -92,12 +92,7 @@ async fn handle_post(state: &AppState, headers: &HeaderMap, body: Body) -> Resul
         Inbound::Request { id, method, params } if method == "initialize" => {
             engine.initialize(&principal, id, params).await?
         }
-        message => {
-            validate::protocol_version(headers)?;
-            let session_id = validate::session_id(headers)?;
-            let session = engine.session(&session_id, &principal).await?;
-            engine.post(session, message).await?
-        }
+        message => engine.post(existing_session(state, headers, &principal).await?, message).await?,
     };
     let retry = engine.config().sse_retry_ms;
     Ok(match outcome {
@@ -112,6 +107,14 @@ async fn handle_post(state: &AppState, headers: &HeaderMap, body: Body) -> Resul
             Err(_) => return Err(HttpError::internal("the request's task ended without an answer")),
         },
     })
+}
+
+/// The session named by `Mcp-Session-Id` for this principal, after the
+/// checks every request on an existing session gets.
+async fn existing_session(state: &AppState, headers: &HeaderMap, principal: &str) -> Result<Arc<Session>, HttpError> {
+    validate::protocol_version(headers)?;
+    let session_id = validate::session_id(headers)?;
+    Ok(state.engine.session(&session_id, principal).await?)
 }
 
 fn set_session_header(response: &mut Response, session_id: &str) {
@@ -129,9 +132,7 @@ async fn handle_get(state: &AppState, headers: &HeaderMap) -> Result<Response, H
     validate::origin(headers, &state.allowed_origins)?;
     let principal = state.auth.principal(headers)?;
     validate::accept_for_get(headers)?;
-    validate::protocol_version(headers)?;
-    let session_id = validate::session_id(headers)?;
-    let session = engine.session(&session_id, &principal).await?;
+    let session = existing_session(state, headers, &principal).await?;
     let frames = match validate::last_event_id(headers)? {
         Some(last) => engine.resume(session, &last).await?,
         None => engine.open_standalone(session).await?,
@@ -147,9 +148,7 @@ async fn handle_delete(state: &AppState, headers: &HeaderMap) -> Result<Response
     let engine = &state.engine;
     validate::origin(headers, &state.allowed_origins)?;
     let principal = state.auth.principal(headers)?;
-    validate::protocol_version(headers)?;
-    let session_id = validate::session_id(headers)?;
-    let session = engine.session(&session_id, &principal).await?;
+    let session = existing_session(state, headers, &principal).await?;
     engine.delete(session).await?;
     Ok(StatusCode::OK.into_response())
 }
