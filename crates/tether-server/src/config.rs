@@ -15,6 +15,10 @@ pub struct ServerConfig {
     pub json_response: bool,
     /// The `retry` (ms) announced on every stream.
     pub sse_retry_ms: u64,
+    /// A request still running after this long gets its priming event
+    /// stored and sent on its own; quicker ones store it with the response
+    /// in one commit.
+    pub prime_delay: Duration,
     /// Interval of keep-alive comments on idle streams.
     pub keepalive: Duration,
     /// Requests running at once in one session; more get 429.
@@ -44,6 +48,7 @@ impl Default for ServerConfig {
             allowed_origins: Vec::new(),
             json_response: false,
             sse_retry_ms: 1000,
+            prime_delay: Duration::from_millis(20),
             keepalive: Duration::from_secs(15),
             max_inflight_per_session: 64,
             max_sessions_per_principal: 100_000,

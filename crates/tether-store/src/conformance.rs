@@ -113,6 +113,15 @@ pub async fn append_ordering_and_read_after(store: &Arc<dyn Store>) {
     assert!(store.read_after("s", "r1", 22, 5).await.unwrap().is_empty());
     let summary = store.stream("s", "r1").await.unwrap().unwrap();
     assert_eq!((summary.first_seq, summary.last_seq, summary.finished), (1, 22, true));
+    // A batch lands in order, numbered after what was there.
+    let first = store
+        .append_batch("s", "r2", vec![(EventKind::Prime, Bytes::from_static(b"p")), (EventKind::Final, Bytes::from_static(b"f"))])
+        .await
+        .unwrap();
+    assert_eq!(first, 1);
+    let batch = store.read_after("s", "r2", 0, 10).await.unwrap();
+    assert_eq!(batch.iter().map(|e| (e.seq, e.kind)).collect::<Vec<_>>(), vec![(1, EventKind::Prime), (2, EventKind::Final)]);
+    assert_eq!(store.append("s", "r2", EventKind::Message, Bytes::from_static(b"m")).await.unwrap(), 3);
     assert!(store.stream("s", "nope").await.unwrap().is_none());
 }
 

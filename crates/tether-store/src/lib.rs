@@ -74,6 +74,17 @@ pub trait Store: Send + Sync + 'static {
     /// lose their oldest events.
     async fn append(&self, session: &str, stream: &str, kind: EventKind, payload: Bytes) -> StoreResult<u64>;
 
+    /// Appends several events to one stream in one commit; returns the
+    /// sequence number of the first (the others follow it by one each).
+    async fn append_batch(&self, session: &str, stream: &str, events: Vec<(EventKind, Bytes)>) -> StoreResult<u64> {
+        let mut first = None;
+        for (kind, payload) in events {
+            let seq = self.append(session, stream, kind, payload).await?;
+            first.get_or_insert(seq);
+        }
+        first.ok_or_else(|| StoreError::Backend("append_batch needs at least one event".into()))
+    }
+
     /// Events of one stream with `seq > after`, in order, at most `limit`.
     async fn read_after(&self, session: &str, stream: &str, after: u64, limit: usize) -> StoreResult<Vec<StoredEvent>>;
 

@@ -221,10 +221,10 @@ impl SqliteDb {
 }
 
 fn run_in_savepoint<T>(ctx: &mut WriterCtx, f: impl FnOnce(&mut WriterCtx) -> StoreResult<T>) -> StoreResult<T> {
-    ctx.conn.execute_batch("SAVEPOINT job")?;
+    ctx.conn.prepare_cached("SAVEPOINT job")?.execute([])?;
     match f(ctx) {
         Ok(v) => {
-            ctx.conn.execute_batch("RELEASE job")?;
+            ctx.conn.prepare_cached("RELEASE job")?.execute([])?;
             Ok(v)
         }
         Err(e) => {
@@ -479,21 +479,32 @@ impl Store for SqliteStore {
     }
 
     async fn append(&self, session: &str, stream: &str, kind: EventKind, payload: Bytes) -> StoreResult<u64> {
+        self.append_batch(session, stream, vec![(kind, payload)]).await
+    }
+
+    async fn append_batch(&self, session: &str, stream: &str, events: Vec<(EventKind, Bytes)>) -> StoreResult<u64> {
+        if events.is_empty() {
+            return Err(StoreError::Backend("append_batch needs at least one event".into()));
+        }
         let session = session.to_owned();
         let stream = stream.to_owned();
         self.db
             .write(move |ctx| {
-                let seq = ctx.next_seq(&session, &stream)?;
-                ctx.conn
-                    .prepare_cached("INSERT INTO events(session, stream, seq, kind, payload) VALUES (?1, ?2, ?3, ?4, ?5)")?
-                    .execute(params![session, stream, seq as i64, kind as u8, payload.as_ref()])?;
-                if seq > ctx.max_events_per_stream {
+                let first = ctx.next_seq(&session, &stream)?;
+                let mut seq = first;
+                for (kind, payload) in &events {
                     ctx.conn
-                        .prepare_cached("DELETE FROM events WHERE session = ?1 AND stream = ?2 AND seq <= ?3")?
-                        .execute(params![session, stream, (seq - ctx.max_events_per_stream) as i64])?;
+                        .prepare_cached("INSERT INTO events(session, stream, seq, kind, payload) VALUES (?1, ?2, ?3, ?4, ?5)")?
+                        .execute(params![session, stream, seq as i64, *kind as u8, payload.as_ref()])?;
+                    if seq > ctx.max_events_per_stream {
+                        ctx.conn
+                            .prepare_cached("DELETE FROM events WHERE session = ?1 AND stream = ?2 AND seq <= ?3")?
+                            .execute(params![session, stream, (seq - ctx.max_events_per_stream) as i64])?;
+                    }
+                    seq += 1;
                 }
-                ctx.record_seq(&session, &stream, seq);
-                Ok(seq)
+                ctx.record_seq(&session, &stream, seq - 1);
+                Ok(first)
             })
             .await
     }

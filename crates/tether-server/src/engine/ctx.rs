@@ -11,6 +11,7 @@ use serde_json::{Map, Value, json};
 use tether_store::EventKind;
 use tokio_util::sync::CancellationToken;
 
+use super::request_stream::RequestStream;
 use super::session::Session;
 use super::{EngineError, Inner, WorkFuture};
 use crate::app::RpcError;
@@ -39,7 +40,7 @@ pub struct SessionCtx {
 pub struct ToolCtx {
     inner: Arc<Inner>,
     session: Arc<Session>,
-    stream: Option<String>,
+    stream: Option<Arc<RequestStream>>,
     request_id: Value,
     progress_token: Option<Value>,
     cancel: CancellationToken,
@@ -127,7 +128,7 @@ impl ToolCtx {
     pub(crate) fn new(
         inner: Arc<Inner>,
         session: Arc<Session>,
-        stream: Option<String>,
+        stream: Option<Arc<RequestStream>>,
         request_id: Value,
         progress_token: Option<Value>,
         cancel: CancellationToken,
@@ -194,8 +195,12 @@ async fn related_stream(inner: &Inner, session: &Session, own: Option<&str>) -> 
     }
 }
 
-async fn emit_related(inner: &Inner, session: &Session, own: Option<&str>, payload: Bytes) -> Result<(), RpcError> {
-    let stream = related_stream(inner, session, own).await;
+async fn emit_related(inner: &Inner, session: &Session, own: Option<&RequestStream>, payload: Bytes) -> Result<(), RpcError> {
+    let stream = related_stream(inner, session, own.map(|s| s.name.as_str())).await;
+    if let Some(own) = own.filter(|own| own.name == stream) {
+        // The priming event comes first on its stream.
+        own.ensure_primed(inner, &session.id).await.map_err(|e| RpcError::internal(format!("storage unavailable: {e}")))?;
+    }
     inner
         .emit(&session.id, &stream, EventKind::Message, payload)
         .await
@@ -206,7 +211,7 @@ async fn emit_related(inner: &Inner, session: &Session, own: Option<&str>, paylo
 async fn request_client(
     inner: &Inner,
     session: &Session,
-    own: Option<&str>,
+    own: Option<&RequestStream>,
     method: &str,
     params: Option<Value>,
     timeout: Duration,

@@ -12,6 +12,7 @@ mod live;
 pub mod operations;
 mod pump;
 mod replicas;
+mod request_stream;
 pub mod resume;
 mod session;
 
@@ -535,6 +536,15 @@ impl Inner {
         Ok(())
     }
 
+    /// Appends several events to one stream in one commit, then publishes them.
+    pub(crate) async fn emit_batch(&self, session: &str, stream: &str, events: Vec<(EventKind, Bytes)>) -> Result<u64, StoreError> {
+        let first = self.store.append_batch(session, stream, events.clone()).await?;
+        for (i, (kind, payload)) in events.into_iter().enumerate() {
+            self.hub.publish(session, stream, LiveEvent { seq: first + i as u64, kind, payload: Some(payload) });
+        }
+        Ok(first)
+    }
+
     /// Appends to the store, then publishes: stored before seen.
     pub(crate) async fn emit(&self, session: &str, stream: &str, kind: EventKind, payload: Bytes) -> Result<u64, StoreError> {
         let seq = self.store.append(session, stream, kind, payload.clone()).await?;
@@ -605,14 +615,10 @@ impl Inner {
             return Ok(PostOutcome::Json { body: rx, session_id });
         }
 
-        let stream = ids::new_request_stream();
-        let sub = self.hub.subscribe(&session.id, &stream);
-        if let Err(e) = self.emit(&session.id, &stream, EventKind::Prime, prime_meta(&id, method, &self.instance)).await {
-            ctx::finish(&session, &key);
-            return Err(e.into());
-        }
+        let stream = Arc::new(request_stream::RequestStream::new(ids::new_request_stream(), prime_meta(&id, method, &self.instance)));
+        let sub = self.hub.subscribe(&session.id, &stream.name);
         let spec = PumpSpec {
-            stream: stream.clone(),
+            stream: stream.name.clone(),
             after: 0,
             catch_up: false,
             close_on_final: true,
@@ -621,11 +627,22 @@ impl Inner {
         };
         let frames = spawn_pump(self.clone(), session.clone(), spec, sub);
         let ctx = ToolCtx::new(self.clone(), session.clone(), Some(stream.clone()), id, progress_token, cancel.clone());
+        let prime_delay = self.config.prime_delay;
         tokio::spawn(async move {
             let inner = ctx.inner().clone();
-            let payload = ctx::run_work(ctx, work, cancel).await;
+            let mut work = std::pin::pin!(ctx::run_work(ctx, work, cancel));
+            let payload = tokio::select! {
+                payload = &mut work => payload,
+                _ = tokio::time::sleep(prime_delay) => {
+                    // Slow work: give the client an event ID to resume from now.
+                    if let Err(e) = stream.ensure_primed(&inner, &session.id).await {
+                        tracing::error!(session = %session.id, error = %e, "could not store a priming event");
+                    }
+                    work.await
+                }
+            };
             if !session.closed.is_cancelled() {
-                if let Err(e) = inner.emit(&session.id, &stream, EventKind::Final, payload).await {
+                if let Err(e) = stream.finish(&inner, &session.id, payload).await {
                     tracing::error!(session = %session.id, error = %e, "could not store a response; the client will see it as interrupted");
                 }
             }
