@@ -89,6 +89,17 @@ impl Notebook {
             Ok(input) => input,
             Err(message) => return Ok(CallToolResult::error(vec![ContentBlock::text(message)])),
         };
+        let principal = ctx.session().principal().to_owned();
+        // Fast path: append to the session the MCP session names (the append
+        // checks it exists and belongs to the principal); else find or start one.
+        let named = ctx.session().app_state().await.get(CURRENT_SESSION).and_then(Value::as_str).map(str::to_owned);
+        if let Some(id) = named {
+            match self.repo.append_thought(&principal, &id, &input).await {
+                Ok(recorded) => return Ok(CallToolResult::structured(thought::output(&input, &recorded))),
+                Err(repo::RepoError::NotFound(_)) => {}
+                Err(e) => return Err(repo_error(e)),
+            }
+        }
         let session = self.current_session(ctx).await?;
         let recorded = self.repo.append_thought(&session.principal, &session.id, &input).await.map_err(repo_error)?;
         Ok(CallToolResult::structured(thought::output(&input, &recorded)))

@@ -28,6 +28,8 @@ use crate::{
 const WRITE_QUEUE: usize = 4096;
 /// At most this many jobs share one commit.
 const MAX_BATCH: usize = 512;
+/// Read connections kept open; reads beyond this many at once wait for one
+/// (opening a connection per read would cost more than waiting).
 const READ_POOL: usize = 8;
 /// Sequence-number cache entries (sessions) kept by the writer before it starts over.
 const SEQ_CACHE_SESSIONS: usize = 10_000;
@@ -85,6 +87,7 @@ type Job = Box<dyn FnOnce(&mut WriterCtx) -> Completion + Send>;
 pub struct SqliteDb {
     jobs: mpsc::Sender<Job>,
     readers: Arc<Mutex<Vec<Connection>>>,
+    read_permits: Arc<tokio::sync::Semaphore>,
     path: Arc<PathBuf>,
     // Held for the life of the handle: a second process on the same file is refused.
     _lock: Arc<std::fs::File>,
@@ -163,7 +166,13 @@ impl SqliteDb {
             .spawn(move || writer_loop(ctx, rx))
             .map_err(|e| StoreError::Backend(format!("cannot start writer thread: {e}")))?;
 
-        Ok(Self { jobs: tx, readers: Arc::new(Mutex::new(Vec::new())), path: Arc::new(path), _lock: Arc::new(lock) })
+        Ok(Self {
+            jobs: tx,
+            readers: Arc::new(Mutex::new(Vec::new())),
+            read_permits: Arc::new(tokio::sync::Semaphore::new(READ_POOL)),
+            path: Arc::new(path),
+            _lock: Arc::new(lock),
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -195,9 +204,16 @@ impl SqliteDb {
         T: Send + 'static,
         F: FnOnce(&Connection) -> StoreResult<T> + Send + 'static,
     {
+        let permit = self
+            .read_permits
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| StoreError::Unavailable("sqlite reader pool closed".into()))?;
         let readers = self.readers.clone();
         let path = self.path.clone();
         tokio::task::spawn_blocking(move || {
+            let _permit = permit;
             let pooled = readers.lock().map_err(|_| StoreError::Backend("reader pool poisoned".into()))?.pop();
             let conn = match pooled {
                 Some(c) => c,
