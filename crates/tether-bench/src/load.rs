@@ -1,7 +1,8 @@
-//! The load generator: N clients, each with its own MCP session and its own
-//! keep-alive HTTP/1 connection, call the `thought` tool back to back; every
-//! response is checked, and latencies inside the measure window go into an
-//! HDR histogram.
+//! The `tools_call` load generator and the MCP client calls every scenario
+//! shares: N clients, each with its own MCP session and its own keep-alive
+//! HTTP/1 connection, call the `thought` tool back to back (or, for the
+//! axum floor, POST the same JSON-RPC body to be echoed); every response is
+//! checked, and latencies inside the measure window go into an HDR histogram.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,7 +11,10 @@ use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-const PROTOCOL_VERSION: &str = "2025-11-25";
+use crate::server::Protocol;
+use crate::sse;
+
+pub const PROTOCOL_VERSION: &str = "2025-11-25";
 /// A call taking longer than this is an error, not a latency sample.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Error messages kept (and printed) per run; the rest are only counted.
@@ -68,13 +72,13 @@ fn histogram() -> Histogram<u64> {
 
 /// Runs `clients` clients against `mcp_url`: all open their sessions, then
 /// call for `warmup` (not recorded) and `duration` (recorded).
-pub async fn run(mcp_url: &str, clients: usize, warmup: Duration, duration: Duration) -> anyhow::Result<Outcome> {
+pub async fn run(protocol: Protocol, mcp_url: &str, clients: usize, warmup: Duration, duration: Duration) -> anyhow::Result<Outcome> {
     let (tx, rx) = watch::channel(None::<Window>);
     let ready = Arc::new(tokio::sync::Barrier::new(clients + 1));
     let mut tasks = Vec::with_capacity(clients);
     for _ in 0..clients {
         let (url, rx, ready) = (mcp_url.to_string(), rx.clone(), ready.clone());
-        tasks.push(tokio::spawn(async move { client(url, rx, ready).await }));
+        tasks.push(tokio::spawn(async move { client(protocol, url, rx, ready).await }));
     }
     // Every client has its session (or has failed to get one): start the clock.
     ready.wait().await;
@@ -103,23 +107,30 @@ pub async fn run(mcp_url: &str, clients: usize, warmup: Duration, duration: Dura
     Ok(out)
 }
 
-/// One client: a session, then calls until the window ends.
-async fn client(url: String, mut rx: watch::Receiver<Option<Window>>, ready: Arc<tokio::sync::Barrier>) -> ClientResult {
-    let mut r = ClientResult { ok_in_window: 0, errors: 0, first_errors: Vec::new(), latency_us: histogram() };
-    // One reqwest::Client per bench client = one pooled keep-alive connection per client.
-    let http = reqwest::Client::builder()
+/// One HTTP client with one pooled keep-alive HTTP/1 connection (TCP_NODELAY on).
+pub fn http_client() -> Result<reqwest::Client, String> {
+    reqwest::Client::builder()
         .no_proxy()
         .http1_only()
         .tcp_nodelay(true)
         .pool_max_idle_per_host(1)
         .timeout(REQUEST_TIMEOUT)
-        .build();
-    let session = match http {
-        Ok(http) => match open_session(&http, &url).await {
-            Ok(id) => Ok((http, id)),
-            Err(e) => Err(format!("session set-up: {e}")),
+        .build()
+        .map_err(|e| format!("cannot build an HTTP client: {e}"))
+}
+
+/// One client: a session (MCP), then calls until the window ends.
+async fn client(protocol: Protocol, url: String, mut rx: watch::Receiver<Option<Window>>, ready: Arc<tokio::sync::Barrier>) -> ClientResult {
+    let mut r = ClientResult { ok_in_window: 0, errors: 0, first_errors: Vec::new(), latency_us: histogram() };
+    let session = match http_client() {
+        Ok(http) => match protocol {
+            Protocol::Mcp => match open_session(&http, &url, false).await {
+                Ok(id) => Ok((http, id)),
+                Err(e) => Err(format!("session set-up: {e}")),
+            },
+            Protocol::Echo => Ok((http, String::new())),
         },
-        Err(e) => Err(format!("cannot build an HTTP client: {e}")),
+        Err(e) => Err(e),
     };
     ready.wait().await;
     let (http, session_id) = match session {
@@ -141,7 +152,10 @@ async fn client(url: String, mut rx: watch::Receiver<Option<Window>>, ready: Arc
     while Instant::now() < window.end {
         n += 1;
         let started = Instant::now();
-        let result = call_thought(&http, &url, &session_id, n).await;
+        let result = match protocol {
+            Protocol::Mcp => call_thought(&http, &url, &session_id, n).await,
+            Protocol::Echo => call_echo(&http, &url, n).await,
+        };
         let done = Instant::now();
         match result {
             Ok(()) if done >= window.measure_from && done <= window.end => {
@@ -150,13 +164,13 @@ async fn client(url: String, mut rx: watch::Receiver<Option<Window>>, ready: Arc
                 r.latency_us.saturating_record(u64::try_from(us).unwrap_or(u64::MAX));
             }
             Ok(()) => {}
-            Err(e) => r.error(format!("tools/call #{n}: {e}")),
+            Err(e) => r.error(format!("call #{n}: {e}")),
         }
     }
     r
 }
 
-fn post(http: &reqwest::Client, url: &str, session: Option<&str>, body: &Value) -> reqwest::RequestBuilder {
+pub fn post(http: &reqwest::Client, url: &str, session: Option<&str>, body: &Value) -> reqwest::RequestBuilder {
     let mut req = http
         .post(url)
         .header("content-type", "application/json")
@@ -169,12 +183,14 @@ fn post(http: &reqwest::Client, url: &str, session: Option<&str>, body: &Value) 
 }
 
 /// `initialize` + `notifications/initialized`; returns the session id.
-async fn open_session(http: &reqwest::Client, url: &str) -> Result<String, String> {
+/// With `roots`, the client declares the `roots` capability.
+pub async fn open_session(http: &reqwest::Client, url: &str, roots: bool) -> Result<String, String> {
+    let capabilities = if roots { json!({"roots": {"listChanged": true}}) } else { json!({}) };
     let init = json!({
         "jsonrpc": "2.0", "id": 0, "method": "initialize",
         "params": {
             "protocolVersion": PROTOCOL_VERSION,
-            "capabilities": {},
+            "capabilities": capabilities,
             "clientInfo": {"name": "tether-bench", "version": env!("CARGO_PKG_VERSION")}
         }
     });
@@ -186,61 +202,124 @@ async fn open_session(http: &reqwest::Client, url: &str) -> Result<String, Strin
         .map(str::to_owned)
         .ok_or_else(|| format!("initialize: no Mcp-Session-Id header (status {})", resp.status()))?;
     let msg = response_message(resp, 0).await.map_err(|e| format!("initialize: {e}"))?;
-    if msg.get("result").and_then(|r| r.get("protocolVersion")).is_none() {
-        return Err(format!("initialize: no result.protocolVersion in {msg}"));
+    if msg.pointer("/result/protocolVersion").and_then(Value::as_str) != Some(PROTOCOL_VERSION) {
+        return Err(format!("initialize: result.protocolVersion is not {PROTOCOL_VERSION} in {msg}"));
+    }
+    if !msg.pointer("/result/capabilities/tools").is_some_and(Value::is_object) {
+        return Err(format!("initialize: no result.capabilities.tools in {msg}"));
     }
 
     let note = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
     let resp = post(http, url, Some(&session), &note).send().await.map_err(|e| format!("initialized: {e}"))?;
-    let status = resp.status();
-    // Read the (empty) body so the connection goes back to the pool.
-    let _ = resp.bytes().await;
-    if status != reqwest::StatusCode::ACCEPTED {
-        return Err(format!("notifications/initialized answered {status}, want 202"));
-    }
+    accepted(resp).await.map_err(|e| format!("notifications/initialized: {e}"))?;
     Ok(session)
 }
 
-/// One `tools/call` of `thought` number `n`, checked.
-async fn call_thought(http: &reqwest::Client, url: &str, session: &str, n: u64) -> Result<(), String> {
-    let id = n; // JSON-RPC id and thoughtNumber move together
-    let body = json!({
-        "jsonrpc": "2.0", "id": id, "method": "tools/call",
+/// A notification's answer: 202 Accepted (the body is read so the connection goes back to the pool).
+pub async fn accepted(resp: reqwest::Response) -> Result<(), String> {
+    let status = resp.status();
+    let body = resp.bytes().await.map_err(|e| format!("reading the body: {e}"))?;
+    if status != reqwest::StatusCode::ACCEPTED {
+        return Err(format!("answered {status}, want 202: {}", String::from_utf8_lossy(&body).chars().take(200).collect::<String>()));
+    }
+    Ok(())
+}
+
+fn thought_call(n: u64) -> Value {
+    json!({
+        "jsonrpc": "2.0", "id": n, "method": "tools/call",
         "params": {"name": "thought", "arguments": {
             "thought": format!("bench thought {n}: weighing the next step"),
             "thoughtNumber": n,
             "totalThoughts": n,
             "nextThoughtNeeded": true
         }}
-    });
-    let resp = post(http, url, Some(session), &body).send().await.map_err(|e| e.to_string())?;
-    let msg = response_message(resp, id).await?;
+    })
+}
+
+/// One `tools/call` of `thought` number `n` (the `n`th call of this session), checked:
+/// the structuredContent must be exactly what the notebook answers.
+pub async fn call_thought(http: &reqwest::Client, url: &str, session: &str, n: u64) -> Result<(), String> {
+    let resp = post(http, url, Some(session), &thought_call(n)).send().await.map_err(|e| e.to_string())?;
+    let msg = response_message(resp, n).await?;
+    check_thought(&msg, n)
+}
+
+/// The checks of a `thought` answer (JSON-RPC envelope already checked).
+pub fn check_thought(msg: &Value, n: u64) -> Result<(), String> {
     if msg.pointer("/result/isError") == Some(&Value::Bool(true)) {
         return Err(format!("tool error: {msg}"));
     }
-    match msg.pointer("/result/structuredContent/thoughtNumber").and_then(Value::as_u64) {
-        Some(got) if got == n => Ok(()),
-        Some(got) => Err(format!("structuredContent.thoughtNumber is {got}, sent {n}")),
-        None => Err(format!("no result.structuredContent.thoughtNumber in {msg}")),
+    let want = json!({
+        "thoughtNumber": n,
+        "totalThoughts": n,
+        "nextThoughtNeeded": true,
+        "branches": [],
+        "thoughtHistoryLength": n,
+    });
+    match msg.pointer("/result/structuredContent") {
+        Some(got) if *got == want => Ok(()),
+        Some(got) => Err(format!("structuredContent is {got}, want {want}")),
+        None => Err(format!("no result.structuredContent in {msg}")),
     }
+}
+
+/// The axum floor: POST the `n`th call's JSON-RPC body, get the same JSON back.
+async fn call_echo(http: &reqwest::Client, url: &str, n: u64) -> Result<(), String> {
+    let body = thought_call(n);
+    let resp = http
+        .post(url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = resp.status();
+    let json_type = resp
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("application/json"));
+    let bytes = resp.bytes().await.map_err(|e| format!("reading the body: {e}"))?;
+    if status != reqwest::StatusCode::OK || !json_type {
+        return Err(format!("status {status} (JSON: {json_type}): {}", String::from_utf8_lossy(&bytes).chars().take(200).collect::<String>()));
+    }
+    let echoed: Value = serde_json::from_slice(&bytes).map_err(|e| format!("bad JSON ({e})"))?;
+    if echoed != body {
+        return Err(format!("echoed {echoed}, sent {body}"));
+    }
+    Ok(())
 }
 
 /// Reads the whole body (SSE or plain JSON) and returns the JSON-RPC
 /// response, checked for status 200, the expected id and no `error`.
-async fn response_message(resp: reqwest::Response, id: u64) -> Result<Value, String> {
+pub async fn response_message(resp: reqwest::Response, id: u64) -> Result<Value, String> {
     let status = resp.status();
     let sse = resp
         .headers()
         .get("content-type")
         .and_then(|v| v.to_str().ok())
         .is_some_and(|ct| ct.starts_with("text/event-stream"));
+    let json_type = resp
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("application/json"));
     let body = resp.bytes().await.map_err(|e| format!("reading the body: {e}"))?;
     let text = String::from_utf8_lossy(&body);
     if status != reqwest::StatusCode::OK {
         return Err(format!("status {status}: {}", text.chars().take(200).collect::<String>()));
     }
+    if !sse && !json_type {
+        return Err(format!("content-type is neither text/event-stream nor application/json: {}", text.chars().take(200).collect::<String>()));
+    }
     let json_text = if sse {
-        last_sse_data(&text).ok_or_else(|| format!("no data event in the SSE body: {text:?}"))?
+        let events = sse::parse_body(&body)?;
+        match events.iter().rev().find(|e| e.has_data()) {
+            Some(e) => e.data.clone(),
+            None => return Err(format!("no data event in the SSE body: {text:?}")),
+        }
     } else {
         text.trim().to_string()
     };
@@ -254,30 +333,3 @@ async fn response_message(resp: reqwest::Response, id: u64) -> Result<Value, Str
     Ok(msg)
 }
 
-/// The data of the last SSE event that has non-empty data (priming events carry none).
-fn last_sse_data(body: &str) -> Option<String> {
-    let body = body.replace("\r\n", "\n");
-    body.split("\n\n")
-        .filter_map(|event| {
-            let data: Vec<&str> = event
-                .lines()
-                .filter_map(|l| l.strip_prefix("data:"))
-                .map(|d| d.strip_prefix(' ').unwrap_or(d))
-                .collect();
-            let data = data.join("\n");
-            (!data.trim().is_empty()).then_some(data)
-        })
-        .last()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::last_sse_data;
-
-    #[test]
-    fn skips_the_priming_event() {
-        let body = "id: 0-1\nretry: 1000\ndata: \n\nevent: message\nid: 0-2\ndata: {\"id\":1}\n\n";
-        assert_eq!(last_sse_data(body).as_deref(), Some("{\"id\":1}"));
-        assert_eq!(last_sse_data("id: 1\nretry: 1000\ndata: \n\n"), None);
-    }
-}

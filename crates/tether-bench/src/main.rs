@@ -1,65 +1,96 @@
-//! `tether-bench`: starts each system under test, drives MCP `tools/call`
-//! load against it at each client count, and prints a Markdown table (and
-//! writes the same rows as JSON). Run it through `scripts/bench`.
+//! `tether-bench`: runs tether and the reference MCP servers side by side on
+//! loopback, one after the other on the same machine, through the same
+//! checked load generator, and writes the rows (JSON), a Markdown table with
+//! the budget of issue 9, and an SVG chart. Run it through `scripts/bench`;
+//! docs/benchmarks.md describes every scenario and system.
+//!
+//! - [`server`]: the systems, their stores, starting/stopping/killing them.
+//! - [`load`]: the `tools_call` load generator and the MCP calls all share.
+//! - [`replay`]: `replay_10k`. [`sessions`]: bulk sessions, restart timing.
+//! - [`sse`]: SSE parsing. [`report`]: rows, table, budget, chart.
 
 mod load;
+mod replay;
+mod report;
 mod server;
+mod sessions;
+mod sse;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Parser;
-use serde::Serialize;
 
-use server::{Server, System};
+use report::{Row, Scenario, round};
+use server::{Launch, Programs, Server, Store, System};
 
 #[derive(Debug, Parser)]
-#[command(name = "tether-bench", about = "Throughput, latency and memory of tether under MCP tools/call load")]
+#[command(name = "tether-bench", about = "tether and reference MCP servers side by side: throughput, latency, replay, restart, memory")]
 struct Args {
     /// The `tether` binary to start.
     #[arg(long, default_value = "target/release/tether")]
     tether: PathBuf,
-    /// Systems to run, comma-separated.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "tether-memory,tether-sqlite")]
+    /// The rmcp reference server (default: `rmcp_ref` next to this binary).
+    #[arg(long)]
+    rmcp_ref: Option<PathBuf>,
+    /// The axum floor server (default: `axum_floor` next to this binary).
+    #[arg(long)]
+    axum_floor: Option<PathBuf>,
+    /// Node.js for the TypeScript SDK reference.
+    #[arg(long, default_value = "node")]
+    node: PathBuf,
+    /// The TypeScript SDK reference server script (its node_modules next to it).
+    #[arg(long, default_value = "bench/ts-sdk-server/server.mjs")]
+    ts_server: PathBuf,
+    /// Redis for tether-redis (the system is skipped when `redis-cli -h 127.0.0.1 ping` does not answer).
+    #[arg(long, default_value = "redis://127.0.0.1:6379/")]
+    redis: String,
+    /// Systems to run, comma-separated, in this order.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "tether-memory,tether-sqlite,tether-redis,rmcp,ts-sdk,axum-floor")]
     systems: Vec<System>,
-    /// Concurrent clients (one session and one connection each), comma-separated.
+    /// Scenarios to run, comma-separated.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "tools_call,replay_10k,restart_100k_sessions,idle_session")]
+    scenarios: Vec<Scenario>,
+    /// tools_call: concurrent clients (one session and one connection each), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,64")]
     clients: Vec<usize>,
-    /// Length of the measure window of each run.
+    /// tools_call: length of the measure window of each run.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     duration: Duration,
-    /// Calls made before the measure window opens (not recorded).
+    /// tools_call: calls made before the measure window opens (not recorded).
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     warmup: Duration,
-    /// Short runs: --duration 3s --warmup 1s.
+    /// restart_100k_sessions and idle_session: sessions to create.
+    #[arg(long, default_value_t = 100_000)]
+    sessions: usize,
+    /// Concurrent clients that create those sessions.
+    #[arg(long, default_value_t = 64)]
+    session_clients: usize,
+    /// replay_10k: missed events to replay.
+    #[arg(long, default_value_t = 10_000)]
+    events: usize,
+    /// Shorter runs of every scenario: --duration 2s --warmup 1s --sessions 10000.
     #[arg(long)]
     quick: bool,
     /// Where the JSON rows are written.
     #[arg(long, default_value = "target/bench/results.json")]
     out: PathBuf,
-}
-
-/// One line of the table (and of the JSON file).
-#[derive(Debug, Serialize)]
-struct Row {
-    system: String,
-    scenario: String,
-    clients: usize,
-    rps: f64,
-    p50_ms: f64,
-    p99_ms: f64,
-    rss_mib: f64,
-    /// Failed calls or session set-ups; a row with errors is not a valid measurement.
-    errors: u64,
+    /// Where the Markdown table (and the budget check) is written.
+    #[arg(long, default_value = "target/bench/results.md")]
+    table: PathBuf,
+    /// Where the SVG chart of tools_call at 64 clients is written.
+    #[arg(long, default_value = "target/bench/tools_call_64.svg")]
+    chart: PathBuf,
 }
 
 fn main() -> ExitCode {
     let mut args = Args::parse();
     if args.quick {
-        args.duration = Duration::from_secs(3);
+        args.duration = Duration::from_secs(2);
         args.warmup = Duration::from_secs(1);
+        args.sessions = args.sessions.min(10_000);
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
@@ -71,7 +102,7 @@ fn main() -> ExitCode {
     match runtime.block_on(run(&args)) {
         Ok(rows) if rows.iter().all(|r| r.errors == 0) => ExitCode::SUCCESS,
         Ok(_) => {
-            eprintln!("tether-bench: some runs had errors (marked in the table); their numbers are not valid");
+            eprintln!("tether-bench: some rows have errors (marked in the table); their numbers are not valid");
             ExitCode::FAILURE
         }
         Err(e) => {
@@ -81,73 +112,268 @@ fn main() -> ExitCode {
     }
 }
 
+/// A program next to this executable (the reference servers built with it).
+fn sibling(name: &str) -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join(name)))
+        .unwrap_or_else(|| PathBuf::from(name))
+}
+
+fn write(path: &Path, contents: &str) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    std::fs::write(path, contents).with_context(|| format!("cannot write {}", path.display()))
+}
+
 async fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
     anyhow::ensure!(args.clients.iter().all(|&c| c > 0), "--clients must all be 1 or more");
     anyhow::ensure!(!args.duration.is_zero(), "--duration must be more than 0");
+    anyhow::ensure!(args.sessions > 0 && args.events > 0, "--sessions and --events must be 1 or more");
+    let programs = Programs {
+        tether: args.tether.clone(),
+        rmcp_ref: args.rmcp_ref.clone().unwrap_or_else(|| sibling("rmcp_ref")),
+        axum_floor: args.axum_floor.clone().unwrap_or_else(|| sibling("axum_floor")),
+        node: args.node.clone(),
+        ts_server: args.ts_server.clone(),
+        redis_url: args.redis.clone(),
+    };
+    let wants = |s: Scenario| args.scenarios.contains(&s);
     let mut rows = Vec::new();
+    let mut skipped = Vec::new();
     for &system in &args.systems {
-        eprintln!("== {}: starting {}", system.name(), args.tether.display());
-        let server = Server::start(system, &args.tether).await.with_context(|| format!("starting {}", system.name()))?;
-        let mut system_rows = Vec::new();
-        for &clients in &args.clients {
-            eprintln!(
-                "== {}: {clients} clients, {} warm-up + {} measured",
-                system.name(),
-                humantime::format_duration(args.warmup),
-                humantime::format_duration(args.duration)
-            );
-            let outcome = load::run(&server.mcp_url, clients, args.warmup, args.duration).await?;
-            for e in &outcome.first_errors {
-                eprintln!("   error: {e}");
-            }
-            if outcome.errors > 0 {
-                eprintln!("   {} errors in this run", outcome.errors);
-            }
-            system_rows.push(Row {
-                system: system.name().to_string(),
-                scenario: "tools_call".to_string(),
-                clients,
-                rps: round(outcome.rps(), 1),
-                p50_ms: round(outcome.quantile_ms(0.50), 3),
-                p99_ms: round(outcome.quantile_ms(0.99), 3),
-                rss_mib: 0.0,
-                errors: outcome.errors,
-            });
+        if system == System::TetherRedis && !server::redis_available() {
+            eprintln!("== tether-redis: skipped, `redis-cli -h 127.0.0.1 ping` does not answer PONG");
+            skipped.push("tether-redis (no Redis on 127.0.0.1)");
+            continue;
         }
-        // Peak RSS covers all of this system's runs, so it is read once at the end.
-        let rss = server.peak_rss_mib()?;
-        for row in &mut system_rows {
-            row.rss_mib = round(rss, 1);
+        if wants(Scenario::ToolsCall) {
+            rows.extend(tools_call(args, &programs, system).await);
         }
-        server.stop().await.with_context(|| format!("stopping {}", system.name()))?;
-        rows.extend(system_rows);
+        // The floor has no MCP, no streams and no sessions: only tools_call applies.
+        if system == System::AxumFloor {
+            continue;
+        }
+        if wants(Scenario::Replay10k) {
+            rows.push(replay_10k(args, &programs, system).await);
+        }
+        let restart = wants(Scenario::Restart100kSessions) && system.durable_sessions();
+        if wants(Scenario::IdleSession) || restart {
+            rows.extend(idle_and_restart(args, &programs, system, wants(Scenario::IdleSession), restart).await);
+        }
     }
+    rows.sort_by_key(|r| {
+        let scenario = Scenario::ALL.iter().position(|s| s.name() == r.scenario).unwrap_or(usize::MAX);
+        let system = System::ALL.iter().position(|s| s.name() == r.system).unwrap_or(usize::MAX);
+        (scenario, system, r.clients)
+    });
 
-    print!("{}", table(&rows));
-    if let Some(dir) = args.out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let caption = args.quick.then(|| {
+        format!(
+            "`--quick`: {} warm-up + {} measured per tools_call run, {} sessions for restart/idle, {} events for replay",
+            humantime::format_duration(args.warmup),
+            humantime::format_duration(args.duration),
+            args.sessions,
+            args.events
+        )
+    });
+    let table = report::table(&rows, caption.as_deref());
+    let budget = report::budget(&rows);
+    let mut markdown = table.clone();
+    if !skipped.is_empty() {
+        markdown.push_str(&format!("\nNot run: {}.\n", skipped.join(", ")));
     }
-    let json = serde_json::to_string_pretty(&rows)?;
-    std::fs::write(&args.out, json + "\n").with_context(|| format!("cannot write {}", args.out.display()))?;
-    eprintln!("rows written to {}", args.out.display());
+    markdown.push('\n');
+    markdown.push_str(&budget);
+    print!("{markdown}");
+    write(&args.out, &(serde_json::to_string_pretty(&rows)? + "\n"))?;
+    write(&args.table, &markdown)?;
+    write(&args.chart, &report::chart(&rows, 64, args.quick))?;
+    eprintln!("rows written to {}, table to {}, chart to {}", args.out.display(), args.table.display(), args.chart.display());
     Ok(rows)
 }
 
-fn round(x: f64, digits: i32) -> f64 {
-    let f = 10f64.powi(digits);
-    (x * f).round() / f
+/// Starts `system` on a fresh store (or none).
+async fn start(programs: &Programs, launch: &Launch) -> anyhow::Result<(Server, Option<Store>)> {
+    let store = Store::fresh(launch.system, programs)?;
+    let server = Server::start(launch, programs, store.as_ref()).await?;
+    Ok((server, store))
 }
 
-/// The Markdown table; a run with errors says so in its scenario cell.
-fn table(rows: &[Row]) -> String {
-    let mut s = String::from("| system | scenario | clients | rps | p50_ms | p99_ms | rss_mib |\n");
-    s.push_str("|---|---|---:|---:|---:|---:|---:|\n");
-    for r in rows {
-        let scenario = if r.errors == 0 { r.scenario.clone() } else { format!("{} (**{} errors**)", r.scenario, r.errors) };
-        s.push_str(&format!(
-            "| {} | {} | {} | {:.1} | {:.3} | {:.3} | {:.1} |\n",
-            r.system, scenario, r.clients, r.rps, r.p50_ms, r.p99_ms, r.rss_mib
-        ));
+/// tools_call at each client count on one fresh server; peak RSS covers all of them.
+async fn tools_call(args: &Args, programs: &Programs, system: System) -> Vec<Row> {
+    let fail = |e: anyhow::Error| args.clients.iter().map(|&c| Row::failed(system, Scenario::ToolsCall, c, args.quick, format!("{e:#}"))).collect();
+    eprintln!("== {}: tools_call", system.name());
+    let (server, _store) = match start(programs, &Launch::new(system)).await {
+        Ok(started) => started,
+        Err(e) => return fail(e),
+    };
+    let mut rows = Vec::new();
+    for &clients in &args.clients {
+        eprintln!(
+            "   {clients} clients, {} warm-up + {} measured",
+            humantime::format_duration(args.warmup),
+            humantime::format_duration(args.duration)
+        );
+        let mut row = Row::new(system, Scenario::ToolsCall, clients, args.quick);
+        match load::run(system.protocol(), &server.mcp_url, clients, args.warmup, args.duration).await {
+            Ok(outcome) => {
+                for e in &outcome.first_errors {
+                    eprintln!("   error: {e}");
+                }
+                row.rps = Some(round(outcome.rps(), 1));
+                row.p50_ms = Some(round(outcome.quantile_ms(0.50), 3));
+                row.p99_ms = Some(round(outcome.quantile_ms(0.99), 3));
+                row.errors = outcome.errors;
+                row.error = outcome.first_errors.first().cloned();
+                eprintln!("   {:.0} rps, p50 {:.3} ms, p99 {:.3} ms, {} errors", outcome.rps(), outcome.quantile_ms(0.5), outcome.quantile_ms(0.99), outcome.errors);
+            }
+            Err(e) => {
+                row.errors = 1;
+                row.error = Some(format!("{e:#}"));
+            }
+        }
+        rows.push(row);
     }
-    s
+    match server.peak_rss_mib() {
+        Ok(rss) => rows.iter_mut().for_each(|r| r.rss_mib = Some(round(rss, 1))),
+        Err(e) => eprintln!("   cannot read the peak RSS: {e:#}"),
+    }
+    if let Err(e) = server.stop().await {
+        eprintln!("   {e:#}");
+    }
+    rows
+}
+
+/// replay_10k on one fresh server.
+async fn replay_10k(args: &Args, programs: &Programs, system: System) -> Row {
+    eprintln!("== {}: replay_10k ({} events)", system.name(), args.events);
+    let mut row = Row::new(system, Scenario::Replay10k, 1, args.quick);
+    row.count = Some(args.events as u64);
+    let mut launch = Launch::new(system);
+    if system == System::Rmcp {
+        // rmcp keeps `channel_capacity` events per stream for replay (16 by default).
+        let capacity = args.events + 16;
+        launch.channel_capacity = Some(capacity);
+        row.note = Some(format!("SessionConfig.channel_capacity = {capacity} (default 16 keeps 16 events)"));
+    }
+    let outcome = async {
+        let (server, _store) = start(programs, &launch).await?;
+        let result = replay::run(&server.mcp_url, args.events).await;
+        if result.is_err() {
+            eprintln!("   server log tail:\n{}", server.log_tail());
+        }
+        let rss = server.peak_rss_mib();
+        server.stop().await?;
+        Ok::<_, anyhow::Error>((result?, rss?))
+    }
+    .await;
+    match outcome {
+        Ok((outcome, rss)) => {
+            let ms = outcome.ms;
+            eprintln!("   {ms:.1} ms");
+            row.ms = Some(round(ms, 1));
+            if outcome.resent_last_event {
+                eprintln!("   note: the server re-sent the Last-Event-ID event before the missed ones");
+                row.deviation = Some(format!("re-sent the Last-Event-ID event first (a duplicate), then the {} missed ones", args.events));
+            }
+            row.rss_mib = Some(round(rss, 1));
+        }
+        Err(e) => {
+            eprintln!("   error: {e:#}");
+            row.errors = 1;
+            row.error = Some(format!("{e:#}"));
+        }
+    }
+    row
+}
+
+/// Resident bytes after letting the server settle.
+async fn settled_rss(server: &Server) -> anyhow::Result<u64> {
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    server.rss_bytes()
+}
+
+/// idle_session and/or restart_100k_sessions on one fresh server and store:
+/// warm-up sessions, RSS, `--sessions` more sessions, RSS again; then
+/// SIGKILL, restart on the same store, time the first answer on an old session.
+async fn idle_and_restart(args: &Args, programs: &Programs, system: System, idle: bool, restart: bool) -> Vec<Row> {
+    let n = args.sessions;
+    eprintln!("== {}: {} sessions for{}{}", system.name(), n, if idle { " idle_session" } else { "" }, if restart { " restart_100k_sessions" } else { "" });
+    let mut idle_row = Row::new(system, Scenario::IdleSession, args.session_clients, args.quick);
+    let mut restart_row = Row::new(system, Scenario::Restart100kSessions, args.session_clients, args.quick);
+    idle_row.count = Some(n as u64);
+    restart_row.count = Some(n as u64);
+    let outcome = async {
+        let store = Store::fresh(system, programs)?;
+        let server = Server::start(&Launch::new(system), programs, store.as_ref()).await?;
+        // Warm-up: thread stacks, pools, JIT, allocator arenas are not per-session costs.
+        let warm = (n / 100).max(args.session_clients);
+        sessions::create(&server.mcp_url, warm, args.session_clients).await.context("warm-up sessions")?;
+        let before = settled_rss(&server).await?;
+        let store_before = store.as_ref().and_then(Store::outside_bytes);
+        let started = Instant::now();
+        let ids = match sessions::create(&server.mcp_url, n, args.session_clients).await {
+            Ok(ids) => ids,
+            Err(e) => {
+                eprintln!("   server log tail:\n{}", server.log_tail());
+                return Err(e);
+            }
+        };
+        eprintln!("   {n} sessions in {:.1} s", started.elapsed().as_secs_f64());
+        if idle {
+            let after = settled_rss(&server).await?;
+            idle_row.bytes = Some(round((after as f64 - before as f64) / n as f64, 0));
+            idle_row.rss_mib = Some(round(after as f64 / (1024.0 * 1024.0), 1));
+            if let (Some(a), Some(b)) = (store.as_ref().and_then(Store::outside_bytes), store_before) {
+                idle_row.store_bytes = Some(round((a as f64 - b as f64) / n as f64, 0));
+            }
+            eprintln!("   RSS {:.1} MiB -> {:.1} MiB: {:.0} bytes per idle session", before as f64 / 1048576.0, after as f64 / 1048576.0, idle_row.bytes.unwrap_or(0.0));
+        }
+        if !restart {
+            server.stop().await?;
+            return Ok(());
+        }
+        let old = ids[ids.len() / 2].clone();
+        drop(ids);
+        server.kill().await?;
+        let port = server::free_port()?;
+        let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+        let mut launch = Launch::new(system);
+        launch.listen = addr.to_string();
+        let spawned = Instant::now();
+        let mut restarted = Server::spawn(&launch, programs, store.as_ref())?;
+        let url = format!("http://{addr}/mcp");
+        let result = sessions::first_answer(addr, &url, &old, spawned).await;
+        if result.is_err() {
+            eprintln!("   server log tail:\n{}", restarted.log_tail());
+        }
+        let ms = result?;
+        eprintln!("   restart: first answer on an old session {ms:.1} ms after spawning");
+        restart_row.ms = Some(round(ms, 1));
+        restarted.ready().await?;
+        restart_row.rss_mib = Some(round(restarted.peak_rss_mib()?, 1));
+        restarted.stop().await?;
+        drop(store);
+        Ok(())
+    }
+    .await;
+    if let Err(e) = outcome {
+        eprintln!("   error: {e:#}");
+        for row in [&mut idle_row, &mut restart_row] {
+            if row.bytes.is_none() && row.ms.is_none() {
+                row.errors = 1;
+                row.error = Some(format!("{e:#}"));
+            }
+        }
+    }
+    let mut rows = Vec::new();
+    if idle {
+        rows.push(idle_row);
+    }
+    if restart {
+        rows.push(restart_row);
+    }
+    rows
 }

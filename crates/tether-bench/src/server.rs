@@ -1,19 +1,25 @@
-//! The systems under test: starting one as a child process on a free
-//! loopback port, waiting until it answers `/healthz`, reading its peak RSS
-//! from `/proc`, and stopping it with SIGTERM.
+//! The systems under test: how each one is started (as a child process on a
+//! loopback port), the stores tether runs on, waiting until a server answers
+//! `/healthz`, reading its RSS from `/proc`, and stopping it (SIGTERM) or
+//! killing it (SIGKILL).
 
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
+use tokio::sync::oneshot;
 
 /// How long a server may take to print its URL and to answer `/healthz`.
-const START_TIMEOUT: Duration = Duration::from_secs(15);
+const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a server may take to exit after SIGTERM before it is killed.
 const STOP_TIMEOUT: Duration = Duration::from_secs(15);
+/// Lines of a server's stderr kept for error messages.
+const KEPT_LINES: usize = 40;
 
 /// A system the bench knows how to start (`--systems` takes these names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -22,84 +28,279 @@ pub enum System {
     TetherMemory,
     /// `tether serve --store sqlite:FILE` with FILE in a fresh temp dir.
     TetherSqlite,
+    /// `tether serve --store redis://… --store-prefix tether-bench:RANDOM:` (needs a Redis on 127.0.0.1:6379).
+    TetherRedis,
+    /// The rmcp reference (`rmcp_ref`: StreamableHttpService + LocalSessionManager).
+    Rmcp,
+    /// The TypeScript SDK v1 reference (`bench/ts-sdk-server/server.mjs` on node).
+    TsSdk,
+    /// A bare axum JSON echo route (`axum_floor`): the HTTP floor.
+    AxumFloor,
+}
+
+/// How the load generator talks to a system.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// MCP over Streamable HTTP: sessions, `tools/call` of `thought`.
+    Mcp,
+    /// POST a JSON body, get the same JSON back.
+    Echo,
 }
 
 impl System {
+    pub const ALL: [System; 6] =
+        [System::TetherMemory, System::TetherSqlite, System::TetherRedis, System::Rmcp, System::TsSdk, System::AxumFloor];
+
     pub fn name(self) -> &'static str {
         match self {
             System::TetherMemory => "tether-memory",
             System::TetherSqlite => "tether-sqlite",
+            System::TetherRedis => "tether-redis",
+            System::Rmcp => "rmcp",
+            System::TsSdk => "ts-sdk",
+            System::AxumFloor => "axum-floor",
+        }
+    }
+
+    pub fn protocol(self) -> Protocol {
+        match self {
+            System::AxumFloor => Protocol::Echo,
+            _ => Protocol::Mcp,
+        }
+    }
+
+    /// Sessions outlive the process (the store is durable and shared).
+    pub fn durable_sessions(self) -> bool {
+        matches!(self, System::TetherSqlite | System::TetherRedis)
+    }
+}
+
+/// Where the programs of the systems are.
+#[derive(Debug, Clone)]
+pub struct Programs {
+    pub tether: PathBuf,
+    pub rmcp_ref: PathBuf,
+    pub axum_floor: PathBuf,
+    pub node: PathBuf,
+    pub ts_server: PathBuf,
+    pub redis_url: String,
+}
+
+/// The store a tether server runs on; dropping it removes what it holds
+/// (the temp dir, or the Redis keys under its prefix).
+pub enum Store {
+    Memory,
+    Sqlite { dir: tempfile::TempDir, file: PathBuf },
+    Redis { url: String, prefix: String },
+}
+
+impl Store {
+    /// A fresh, empty store for `system` (None for systems that are not tether).
+    pub fn fresh(system: System, programs: &Programs) -> anyhow::Result<Option<Store>> {
+        Ok(match system {
+            System::TetherMemory => Some(Store::Memory),
+            System::TetherSqlite => {
+                let dir = tempfile::Builder::new().prefix("tether-bench-").tempdir().context("cannot create a temp dir")?;
+                let file = dir.path().join("bench.db");
+                Some(Store::Sqlite { dir, file })
+            }
+            System::TetherRedis => {
+                let prefix = format!("tether-bench:{:016x}:", rand::random::<u64>());
+                Some(Store::Redis { url: programs.redis_url.clone(), prefix })
+            }
+            _ => None,
+        })
+    }
+
+    fn args(&self) -> Vec<String> {
+        match self {
+            Store::Memory => vec!["--store".into(), "memory".into()],
+            Store::Sqlite { file, .. } => vec!["--store".into(), format!("sqlite:{}", file.display())],
+            Store::Redis { url, prefix } => vec!["--store".into(), url.clone(), "--store-prefix".into(), prefix.clone()],
+        }
+    }
+
+    /// Bytes the store holds outside the server process: the SQLite files,
+    /// or Redis's `used_memory` (the whole Redis, so only deltas mean anything).
+    pub fn outside_bytes(&self) -> Option<u64> {
+        match self {
+            Store::Memory => None,
+            Store::Sqlite { dir, .. } => {
+                let entries = std::fs::read_dir(dir.path()).ok()?;
+                Some(entries.filter_map(|e| e.ok()?.metadata().ok()).map(|m| m.len()).sum())
+            }
+            Store::Redis { .. } => {
+                let info = redis_cli(&["INFO", "memory"]).ok()?;
+                info.lines().find_map(|l| l.strip_prefix("used_memory:")).and_then(|v| v.trim().parse().ok())
+            }
         }
     }
 }
 
-/// A running server; `stop` it when done (dropping it kills the process).
+impl Drop for Store {
+    fn drop(&mut self) {
+        if let Store::Redis { prefix, .. } = self
+            && let Err(e) = delete_redis_keys(prefix)
+        {
+            eprintln!("tether-bench: could not delete the Redis keys under {prefix}: {e:#}");
+        }
+    }
+}
+
+/// Runs `redis-cli -h 127.0.0.1 ARGS…` and returns its stdout.
+fn redis_cli(args: &[&str]) -> anyhow::Result<String> {
+    let out = std::process::Command::new("redis-cli")
+        .args(["-h", "127.0.0.1"])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .context("cannot run redis-cli")?;
+    anyhow::ensure!(out.status.success(), "redis-cli {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Whether a Redis answers on 127.0.0.1 (`redis-cli -h 127.0.0.1 ping`).
+pub fn redis_available() -> bool {
+    redis_cli(&["ping"]).is_ok_and(|out| out.trim() == "PONG")
+}
+
+/// Deletes every key under `prefix` (SCAN, then UNLINK in batches).
+fn delete_redis_keys(prefix: &str) -> anyhow::Result<()> {
+    let pattern = format!("{prefix}*");
+    let keys = redis_cli(&["--scan", "--pattern", &pattern])?;
+    let keys: Vec<&str> = keys.lines().map(str::trim).filter(|k| !k.is_empty()).collect();
+    let mut deleted = 0usize;
+    for batch in keys.chunks(2000) {
+        let mut args = vec!["UNLINK"];
+        args.extend_from_slice(batch);
+        let out = redis_cli(&args)?;
+        deleted += out.trim().parse::<usize>().unwrap_or(0);
+    }
+    let left = redis_cli(&["--scan", "--pattern", &pattern])?;
+    anyhow::ensure!(left.trim().is_empty(), "keys under {prefix} are left after deleting {deleted}");
+    Ok(())
+}
+
+/// How to start one system.
+pub struct Launch {
+    pub system: System,
+    /// `127.0.0.1:0` or a fixed port (restarts).
+    pub listen: String,
+    /// rmcp only: `--channel-capacity` (events kept per stream for replay).
+    pub channel_capacity: Option<usize>,
+}
+
+impl Launch {
+    pub fn new(system: System) -> Self {
+        Self { system, listen: "127.0.0.1:0".into(), channel_capacity: None }
+    }
+
+    fn command(&self, programs: &Programs, store: Option<&Store>) -> anyhow::Result<Command> {
+        let mut cmd = match self.system {
+            System::TetherMemory | System::TetherSqlite | System::TetherRedis => {
+                let store = store.context("a tether system needs a store")?;
+                let mut cmd = Command::new(existing(&programs.tether, "cargo build --release -p tether, or pass --tether")?);
+                cmd.args(["serve", "--listen", &self.listen]).args(store.args());
+                cmd.env("NO_COLOR", "1").env("RUST_LOG", "info");
+                cmd
+            }
+            System::Rmcp => {
+                let mut cmd = Command::new(existing(&programs.rmcp_ref, "cargo build --release -p tether-bench")?);
+                cmd.args(["--listen", &self.listen]);
+                if let Some(n) = self.channel_capacity {
+                    cmd.args(["--channel-capacity", &n.to_string()]);
+                }
+                cmd
+            }
+            System::AxumFloor => {
+                let mut cmd = Command::new(existing(&programs.axum_floor, "cargo build --release -p tether-bench")?);
+                cmd.args(["--listen", &self.listen]);
+                cmd
+            }
+            System::TsSdk => {
+                let script = existing(&programs.ts_server, "run from the repository root, or pass --ts-server")?
+                    .canonicalize()
+                    .with_context(|| format!("cannot resolve {}", programs.ts_server.display()))?;
+                let dir = script.parent().context("the ts-sdk server has no directory")?.to_path_buf();
+                if !dir.join("node_modules").is_dir() {
+                    bail!("{} has no node_modules: run `npm ci` in {}", dir.display(), dir.display());
+                }
+                let mut cmd = Command::new(&programs.node);
+                // A heap large enough for 100,000 sessions (the default limit is a few GiB).
+                cmd.arg("--max-old-space-size=16384").arg(&script).args(["--listen", &self.listen]);
+                cmd.current_dir(&dir);
+                cmd
+            }
+        };
+        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).kill_on_drop(true);
+        Ok(cmd)
+    }
+}
+
+fn existing<'a>(path: &'a Path, hint: &str) -> anyhow::Result<&'a Path> {
+    if path.is_file() { Ok(path) } else { bail!("{} does not exist ({hint})", path.display()) }
+}
+
+/// A running server; `stop` or `kill` it when done (dropping it kills the process).
 pub struct Server {
+    pub system: System,
     child: Child,
     pid: u32,
-    /// The MCP endpoint, e.g. `http://127.0.0.1:41234/mcp`.
+    /// The MCP endpoint, e.g. `http://127.0.0.1:41234/mcp` (known once `ready` returned).
     pub mcp_url: String,
-    /// Holds the sqlite file; removed on drop.
-    _dir: Option<tempfile::TempDir>,
+    url_rx: Option<oneshot::Receiver<String>>,
+    /// The last lines of its stderr.
+    log: Arc<Mutex<VecDeque<String>>>,
 }
 
 impl Server {
-    /// Starts `system` from the `tether` binary at `bin` and waits until it is healthy.
-    pub async fn start(system: System, bin: &Path) -> anyhow::Result<Server> {
-        if !bin.is_file() {
-            bail!("{} does not exist: build it with `cargo build --release -p tether` or pass --tether", bin.display());
-        }
-        let mut dir = None;
-        let store = match system {
-            System::TetherMemory => "memory".to_string(),
-            System::TetherSqlite => {
-                let d = tempfile::Builder::new().prefix("tether-bench-").tempdir().context("cannot create a temp dir")?;
-                let file: PathBuf = d.path().join("bench.db");
-                dir = Some(d);
-                format!("sqlite:{}", file.display())
-            }
-        };
-        let mut child = Command::new(bin)
-            .args(["serve", "--listen", "127.0.0.1:0", "--store", &store])
-            .env("NO_COLOR", "1")
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
+    /// Spawns the process and returns at once (the restart scenario times from here).
+    pub fn spawn(launch: &Launch, programs: &Programs, store: Option<&Store>) -> anyhow::Result<Server> {
+        let mut child = launch
+            .command(programs, store)?
             .spawn()
-            .with_context(|| format!("cannot start {}", bin.display()))?;
+            .with_context(|| format!("cannot start {}", launch.system.name()))?;
         let pid = child.id().context("the server exited at once")?;
         let stderr = child.stderr.take().context("no stderr pipe")?;
-        let mut lines = BufReader::new(stderr).lines();
-
-        // The URL comes in a log line such as `... tether listening on http://127.0.0.1:PORT/mcp ...`.
-        let mut seen = Vec::new();
-        let found = tokio::time::timeout(START_TIMEOUT, async {
-            while let Some(line) = lines.next_line().await? {
-                if let Some(url) = mcp_url_in(&line) {
-                    return Ok::<_, std::io::Error>(Some(url));
+        let log = Arc::new(Mutex::new(VecDeque::new()));
+        let (url_tx, url_rx) = oneshot::channel();
+        let kept = log.clone();
+        // Drain stderr for the server's whole life so it never blocks on a full pipe.
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stderr).lines();
+            let mut url_tx = Some(url_tx);
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(url) = mcp_url_in(&line)
+                    && let Some(tx) = url_tx.take()
+                {
+                    let _ = tx.send(url);
                 }
-                seen.push(line);
+                if let Ok(mut kept) = kept.lock() {
+                    if kept.len() == KEPT_LINES {
+                        kept.pop_front();
+                    }
+                    kept.push_back(line);
+                }
             }
-            Ok(None)
-        })
-        .await;
-        let mcp_url = match found {
-            Ok(Ok(Some(url))) => url,
-            Ok(Ok(None)) => bail!("{} exited before printing its URL; its stderr:\n{}", system.name(), seen.join("\n")),
-            Ok(Err(e)) => bail!("reading the stderr of {}: {e}", system.name()),
-            Err(_) => bail!("{} printed no URL within {START_TIMEOUT:?}; its stderr:\n{}", system.name(), seen.join("\n")),
-        };
-        // Keep draining stderr so the server never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        });
+        Ok(Server { system: launch.system, child, pid, mcp_url: String::new(), url_rx: Some(url_rx), log })
+    }
 
-        let server = Server { child, pid, mcp_url, _dir: dir };
-        server.wait_healthy().await?;
+    /// Spawns the process and waits until it printed its URL and answers `/healthz`.
+    pub async fn start(launch: &Launch, programs: &Programs, store: Option<&Store>) -> anyhow::Result<Server> {
+        let mut server = Self::spawn(launch, programs, store)?;
+        server.ready().await?;
         Ok(server)
     }
 
-    async fn wait_healthy(&self) -> anyhow::Result<()> {
+    /// Waits for the URL line and a healthy `/healthz`.
+    pub async fn ready(&mut self) -> anyhow::Result<()> {
+        let rx = self.url_rx.take().context("ready() called twice")?;
+        self.mcp_url = match tokio::time::timeout(START_TIMEOUT, rx).await {
+            Ok(Ok(url)) => url,
+            Ok(Err(_)) => bail!("{} exited before printing its URL; its stderr:\n{}", self.system.name(), self.log_tail()),
+            Err(_) => bail!("{} printed no URL within {START_TIMEOUT:?}; its stderr:\n{}", self.system.name(), self.log_tail()),
+        };
         let base = self.mcp_url.strip_suffix("/mcp").unwrap_or(&self.mcp_url);
         let url = format!("{base}/healthz");
         let client = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(2)).build()?;
@@ -109,45 +310,77 @@ impl Server {
                 Ok(r) if r.status() == reqwest::StatusCode::OK => return Ok(()),
                 Ok(r) if Instant::now() > deadline => bail!("{url} answered {}", r.status()),
                 Err(e) if Instant::now() > deadline => bail!("{url} did not answer: {e}"),
-                _ => tokio::time::sleep(Duration::from_millis(50)).await,
+                _ => tokio::time::sleep(Duration::from_millis(20)).await,
             }
         }
     }
 
-    /// Peak resident set size of the server so far (VmHWM), in MiB.
-    pub fn peak_rss_mib(&self) -> anyhow::Result<f64> {
+    /// The last lines the server wrote to stderr.
+    pub fn log_tail(&self) -> String {
+        self.log.lock().map(|l| l.iter().cloned().collect::<Vec<_>>().join("\n")).unwrap_or_default()
+    }
+
+    fn status_kib(&self, field: &str) -> anyhow::Result<u64> {
         let path = format!("/proc/{}/status", self.pid);
         let status = std::fs::read_to_string(&path).with_context(|| format!("cannot read {path}"))?;
-        let kib: f64 = status
+        status
             .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .find_map(|l| l.strip_prefix(field))
             .and_then(|v| v.trim().strip_suffix("kB"))
             .and_then(|v| v.trim().parse().ok())
-            .with_context(|| format!("no VmHWM line in {path}"))?;
-        Ok(kib / 1024.0)
+            .with_context(|| format!("no {field} line in {path}"))
+    }
+
+    /// Peak resident set size of the server so far (VmHWM), in MiB.
+    pub fn peak_rss_mib(&self) -> anyhow::Result<f64> {
+        Ok(self.status_kib("VmHWM:")? as f64 / 1024.0)
+    }
+
+    /// Resident set size now (VmRSS), in bytes.
+    pub fn rss_bytes(&self) -> anyhow::Result<u64> {
+        Ok(self.status_kib("VmRSS:")? * 1024)
+    }
+
+    fn signal(&self, signal: i32) -> anyhow::Result<()> {
+        let pid = i32::try_from(self.pid).context("pid out of range")?;
+        // SAFETY: kill(2) with the pid of our own child, which we have not reaped yet.
+        if unsafe { libc::kill(pid, signal) } != 0 {
+            bail!("cannot signal {}: {}", self.pid, std::io::Error::last_os_error());
+        }
+        Ok(())
     }
 
     /// Sends SIGTERM and waits for the exit (SIGKILL after a timeout).
     pub async fn stop(mut self) -> anyhow::Result<()> {
-        let pid = i32::try_from(self.pid).context("pid out of range")?;
-        // SAFETY: kill(2) with a pid of our own child, which we have not reaped yet.
-        if unsafe { libc::kill(pid, libc::SIGTERM) } != 0 {
-            bail!("cannot send SIGTERM to {}: {}", self.pid, std::io::Error::last_os_error());
-        }
+        self.signal(libc::SIGTERM)?;
         match tokio::time::timeout(STOP_TIMEOUT, self.child.wait()).await {
             Ok(status) => {
                 let status = status?;
                 if !status.success() {
-                    eprintln!("tether-bench: server {} exited with {status} after SIGTERM", self.pid);
+                    eprintln!("tether-bench: {} ({}) exited with {status} after SIGTERM", self.system.name(), self.pid);
                 }
                 Ok(())
             }
             Err(_) => {
                 self.child.kill().await?;
-                bail!("server {} ignored SIGTERM for {STOP_TIMEOUT:?} and was killed", self.pid)
+                bail!("{} ({}) ignored SIGTERM for {STOP_TIMEOUT:?} and was killed", self.system.name(), self.pid)
             }
         }
     }
+
+    /// SIGKILL, then reap the process.
+    pub async fn kill(mut self) -> anyhow::Result<()> {
+        self.signal(libc::SIGKILL)?;
+        let status = tokio::time::timeout(STOP_TIMEOUT, self.child.wait()).await.context("a SIGKILLed server did not exit")??;
+        anyhow::ensure!(!status.success(), "{} exited cleanly instead of being killed", self.system.name());
+        Ok(())
+    }
+}
+
+/// A loopback port free right now (for a restart, whose URL is needed before the server prints it).
+pub fn free_port() -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("cannot bind a probe socket")?;
+    Ok(listener.local_addr()?.port())
 }
 
 /// The first `http://…/mcp` URL in a log line, if any.
@@ -168,6 +401,7 @@ mod tests {
     fn finds_the_url_in_a_log_line() {
         let line = "2026-01-01T00:00:00Z  INFO tether::serve: tether listening on http://127.0.0.1:4567/mcp local=127.0.0.1:4567";
         assert_eq!(mcp_url_in(line).as_deref(), Some("http://127.0.0.1:4567/mcp"));
+        assert_eq!(mcp_url_in("rmcp reference listening on http://127.0.0.1:80/mcp (channel_capacity 16)").as_deref(), Some("http://127.0.0.1:80/mcp"));
         assert_eq!(mcp_url_in("INFO authentication is off"), None);
     }
 }

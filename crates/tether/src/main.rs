@@ -1,7 +1,11 @@
 //! `tether`: one binary, several subcommands. `serve` runs the durable
 //! Streamable HTTP MCP server with the notebook behind it.
 
+mod bridge_cmd;
+mod call_cmd;
+mod client_config;
 mod serve;
+mod tools_cmd;
 
 use clap::{Parser, Subcommand};
 
@@ -16,15 +20,26 @@ struct Cli {
 enum Command {
     /// Run the MCP server (Streamable HTTP at /mcp) with durable sessions.
     Serve(serve::ServeArgs),
+    /// List the tools of an MCP server (a URL or a server name from the config).
+    Tools(tools_cmd::ToolsArgs),
+    /// Call a tool of an MCP server and print its complete result.
+    Call(call_cmd::CallArgs),
+    /// Run as a host's stdio MCP server, forwarding to a remote server and
+    /// resuming its session across restarts.
+    Bridge(bridge_cmd::BridgeArgs),
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    // Client commands keep stderr for their one-line reasons.
+    let default_filter = if matches!(cli.command, Command::Tools(_) | Command::Call(_)) { "warn" } else { "info" };
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_filter.into()),
         )
         .with_writer(std::io::stderr)
+        // Colour only for a person at a terminal, never in a host's log file.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
@@ -33,11 +48,18 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(async {
+    runtime.block_on(async {
         match cli.command {
-            Command::Serve(args) => serve::run(args).await,
+            Command::Serve(args) => report(serve::run(args).await),
+            // Client commands choose their exit codes (0, 1 isError, 2 usage, 3 connection).
+            Command::Tools(args) => tools_cmd::run(args).await,
+            Command::Call(args) => call_cmd::run(args).await,
+            Command::Bridge(args) => report(bridge_cmd::run(args).await),
         }
-    });
+    })
+}
+
+fn report(result: anyhow::Result<()>) -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

@@ -1,0 +1,338 @@
+//! What a bench run produces: the rows (JSON), the Markdown table, the
+//! budget check of issue 9 (ratios measured in the same run) and an SVG bar
+//! chart of `tools_call` throughput at 64 clients.
+
+use serde::Serialize;
+
+use crate::server::System;
+
+/// The scenarios, in table order (`--scenarios` takes these names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
+pub enum Scenario {
+    #[value(name = "tools_call")]
+    ToolsCall,
+    #[value(name = "replay_10k")]
+    Replay10k,
+    #[value(name = "restart_100k_sessions")]
+    Restart100kSessions,
+    #[value(name = "idle_session")]
+    IdleSession,
+}
+
+impl Scenario {
+    pub const ALL: [Scenario; 4] = [Scenario::ToolsCall, Scenario::Replay10k, Scenario::Restart100kSessions, Scenario::IdleSession];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::ToolsCall => "tools_call",
+            Scenario::Replay10k => "replay_10k",
+            Scenario::Restart100kSessions => "restart_100k_sessions",
+            Scenario::IdleSession => "idle_session",
+        }
+    }
+}
+
+/// One line of the table (and of the JSON file). Figures a scenario does
+/// not have are left out of the JSON and empty in the table.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub system: String,
+    pub scenario: String,
+    pub clients: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rps: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p50_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p99_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rss_mib: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<f64>,
+    /// Sessions (idle_session, restart_100k_sessions) or events (replay_10k) the scenario used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
+    /// idle_session with sqlite or Redis: store bytes per session outside the server process.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub store_bytes: Option<f64>,
+    /// How the system was set up for this row when it differs from its usual setup.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// A `--quick` run: shorter windows, fewer sessions; not the real figures.
+    pub quick: bool,
+    /// Failed calls or steps; a row with errors is not a valid measurement.
+    pub errors: u64,
+    /// A protocol deviation the measurement went through (it is not an
+    /// error but the table flags it), e.g. a replay that re-sends the
+    /// `Last-Event-ID` event.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deviation: Option<String>,
+    /// The first error, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl Row {
+    pub fn new(system: System, scenario: Scenario, clients: usize, quick: bool) -> Self {
+        Row {
+            system: system.name().into(),
+            scenario: scenario.name().into(),
+            clients,
+            rps: None,
+            p50_ms: None,
+            p99_ms: None,
+            rss_mib: None,
+            ms: None,
+            bytes: None,
+            count: None,
+            store_bytes: None,
+            note: None,
+            quick,
+            errors: 0,
+            deviation: None,
+            error: None,
+        }
+    }
+
+    pub fn failed(system: System, scenario: Scenario, clients: usize, quick: bool, error: String) -> Self {
+        Row { errors: 1, error: Some(error), ..Row::new(system, scenario, clients, quick) }
+    }
+
+    fn valid(&self) -> bool {
+        self.errors == 0
+    }
+}
+
+pub fn round(x: f64, digits: i32) -> f64 {
+    let f = 10f64.powi(digits);
+    (x * f).round() / f
+}
+
+fn cell(v: Option<f64>, digits: usize) -> String {
+    v.map(|v| format!("{v:.digits$}")).unwrap_or_default()
+}
+
+/// `12345` → `12,345`.
+fn thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn notes(r: &Row) -> String {
+    let mut parts = Vec::new();
+    match (r.scenario.as_str(), r.count) {
+        ("replay_10k", Some(n)) => parts.push(format!("{} events", thousands(n))),
+        (_, Some(n)) => parts.push(format!("{} sessions", thousands(n))),
+        _ => {}
+    }
+    if let Some(b) = r.store_bytes {
+        parts.push(format!("store +{b:.0} B/session"));
+    }
+    if let Some(n) = &r.note {
+        parts.push(n.clone());
+    }
+    if let Some(d) = &r.deviation {
+        parts.push(format!("**deviation**: {d}"));
+    }
+    if r.quick {
+        parts.push("quick".into());
+    }
+    if r.errors > 0 {
+        let first_line = r.error.as_deref().unwrap_or("").lines().next().unwrap_or("");
+        let short: String = first_line.chars().take(160).collect();
+        parts.push(format!("**{} errors**: {}", r.errors, short.replace('|', "\\|")));
+    }
+    parts.join("; ")
+}
+
+/// The Markdown table; a quick run says so above the table and in every row.
+pub fn table(rows: &[Row], quick_caption: Option<&str>) -> String {
+    let mut s = String::new();
+    if let Some(caption) = quick_caption {
+        s.push_str(&format!("**Quick run** ({caption}): not the real figures.\n\n"));
+    }
+    s.push_str("| system | scenario | clients | rps | p50_ms | p99_ms | rss_mib | ms | bytes | notes |\n");
+    s.push_str("|---|---|---:|---:|---:|---:|---:|---:|---:|---|\n");
+    for r in rows {
+        s.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            r.system,
+            r.scenario,
+            r.clients,
+            cell(r.rps, 1),
+            cell(r.p50_ms, 3),
+            cell(r.p99_ms, 3),
+            cell(r.rss_mib, 1),
+            cell(r.ms, 1),
+            cell(r.bytes, 0),
+            notes(r)
+        ));
+    }
+    s
+}
+
+fn find<'a>(rows: &'a [Row], system: &str, scenario: Scenario, clients: Option<usize>) -> Option<&'a Row> {
+    rows.iter()
+        .find(|r| r.system == system && r.scenario == scenario.name() && clients.is_none_or(|c| r.clients == c) && r.valid())
+}
+
+/// The budget of issue 9, each line with what this run measured.
+pub fn budget(rows: &[Row]) -> String {
+    let mut s = String::from("| budget line | measured | target | met |\n|---|---|---|---|\n");
+    let rps = |system: &str| find(rows, system, Scenario::ToolsCall, Some(64)).and_then(|r| r.rps);
+    let sqlite = rps("tether-sqlite");
+    for (line, other, target) in [
+        ("tether-sqlite tools_call (64 clients) >= rmcp", "rmcp", 1.0),
+        ("tether-sqlite tools_call (64 clients) >= 5x ts-sdk", "ts-sdk", 5.0),
+        ("tether-sqlite tools_call (64 clients) >= 0.5x axum-floor", "axum-floor", 0.5),
+        ("tether-sqlite tools_call (64 clients) >= 0.8x tether-memory", "tether-memory", 0.8),
+    ] {
+        let (measured, met) = match (sqlite, rps(other)) {
+            (Some(a), Some(b)) if b > 0.0 => {
+                let ratio = a / b;
+                (format!("{ratio:.2}x ({a:.0} / {b:.0} rps)"), if ratio >= target { "yes" } else { "**no**" })
+            }
+            _ => ("not measured".to_string(), "—"),
+        };
+        s.push_str(&format!("| {line} | {measured} | >= {target}x | {met} |\n"));
+    }
+    for system in ["tether-memory", "tether-sqlite", "tether-redis"] {
+        let line = |scenario: Scenario, what: &str, measured: Option<f64>, unit: &str, limit: f64| {
+            let (text, met) = match measured {
+                Some(v) => (format!("{v:.1} {unit}"), if v <= limit { "yes" } else { "**no**" }),
+                None => ("not measured".to_string(), "—"),
+            };
+            format!("| {system} {} {what} | {text} | <= {limit} {unit} | {met} |\n", scenario.name())
+        };
+        s.push_str(&line(Scenario::Replay10k, "", find(rows, system, Scenario::Replay10k, None).and_then(|r| r.ms), "ms", 50.0));
+        if system != "tether-memory" {
+            s.push_str(&line(
+                Scenario::Restart100kSessions,
+                "",
+                find(rows, system, Scenario::Restart100kSessions, None).and_then(|r| r.ms),
+                "ms",
+                500.0,
+            ));
+        }
+        s.push_str(&line(Scenario::IdleSession, "", find(rows, system, Scenario::IdleSession, None).and_then(|r| r.bytes), "bytes", 1024.0));
+    }
+    s.replace("  |", " |")
+}
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+/// A horizontal bar chart of tools_call requests/s at `clients` clients, one bar per system.
+pub fn chart(rows: &[Row], clients: usize, quick: bool) -> String {
+    let bars: Vec<(&str, f64)> = System::ALL
+        .iter()
+        .filter_map(|s| find(rows, s.name(), Scenario::ToolsCall, Some(clients)).and_then(|r| r.rps).map(|v| (s.name(), v)))
+        .collect();
+    let (left, right, top, bar_h, gap) = (130.0, 110.0, 56.0, 26.0, 12.0);
+    let plot_w = 520.0;
+    let width = left + plot_w + right;
+    let height = top + bars.len().max(1) as f64 * (bar_h + gap) + 36.0;
+    let max = bars.iter().map(|b| b.1).fold(0.0, f64::max);
+    let step = nice_step(max / 5.0);
+    let axis_max = if step > 0.0 { (max / step).ceil() * step } else { 1.0 };
+    let x = |v: f64| left + v / axis_max * plot_w;
+
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" viewBox=\"0 0 {width} {height}\" font-family=\"sans-serif\" font-size=\"13\">\n"
+    );
+    s.push_str(&format!("<rect width=\"{width}\" height=\"{height}\" fill=\"white\"/>\n"));
+    let title = format!("tools/call, {clients} clients: requests/s (higher is better){}", if quick { " — quick run" } else { "" });
+    s.push_str(&format!("<text x=\"{left}\" y=\"24\" font-size=\"15\" font-weight=\"bold\">{}</text>\n", escape(&title)));
+    s.push_str(&format!(
+        "<text x=\"{left}\" y=\"42\" fill=\"#555\">one machine, loopback, same run; every response checked (tether-bench)</text>\n"
+    ));
+    let bottom = height - 30.0;
+    let mut tick = 0.0;
+    while step > 0.0 && tick <= axis_max + step / 2.0 {
+        let tx = x(tick);
+        s.push_str(&format!("<line x1=\"{tx:.1}\" y1=\"{top}\" x2=\"{tx:.1}\" y2=\"{bottom}\" stroke=\"#ddd\"/>\n"));
+        s.push_str(&format!(
+            "<text x=\"{tx:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"#555\">{}</text>\n",
+            bottom + 16.0,
+            thousands(tick as u64)
+        ));
+        tick += step;
+    }
+    for (i, (name, value)) in bars.iter().enumerate() {
+        let y = top + i as f64 * (bar_h + gap) + gap / 2.0;
+        let colour = if name.starts_with("tether") { "#2f6fdf" } else if *name == "axum-floor" { "#b8b8b8" } else { "#7a7a7a" };
+        s.push_str(&format!(
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>\n",
+            left - 8.0,
+            y + bar_h / 2.0 + 4.5,
+            escape(name)
+        ));
+        s.push_str(&format!(
+            "<rect x=\"{left}\" y=\"{y:.1}\" width=\"{:.1}\" height=\"{bar_h}\" fill=\"{colour}\"/>\n",
+            (x(*value) - left).max(1.0)
+        ));
+        s.push_str(&format!(
+            "<text x=\"{:.1}\" y=\"{:.1}\">{}</text>\n",
+            x(*value) + 6.0,
+            y + bar_h / 2.0 + 4.5,
+            thousands(value.round() as u64)
+        ));
+    }
+    if bars.is_empty() {
+        s.push_str(&format!("<text x=\"{left}\" y=\"{:.1}\">no tools_call rows at {clients} clients</text>\n", top + 20.0));
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+/// 1, 2 or 5 times a power of ten, at least `raw`.
+fn nice_step(raw: f64) -> f64 {
+    if raw <= 0.0 || !raw.is_finite() {
+        return 0.0;
+    }
+    let power = 10f64.powf(raw.log10().floor());
+    [1.0, 2.0, 5.0, 10.0].iter().map(|m| m * power).find(|&s| s >= raw).unwrap_or(10.0 * power)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tools(system: System, rps: f64) -> Row {
+        Row { rps: Some(rps), ..Row::new(system, Scenario::ToolsCall, 64, false) }
+    }
+
+    #[test]
+    fn budget_ratios_and_verdicts() {
+        let rows = vec![
+            tools(System::TetherSqlite, 4000.0),
+            tools(System::TetherMemory, 16000.0),
+            tools(System::Rmcp, 2000.0),
+            Row { ms: Some(12.0), ..Row::new(System::TetherSqlite, Scenario::Replay10k, 1, false) },
+        ];
+        let b = budget(&rows);
+        assert!(b.contains("| tether-sqlite tools_call (64 clients) >= rmcp | 2.00x (4000 / 2000 rps) | >= 1x | yes |"), "{b}");
+        assert!(b.contains(">= 0.8x tether-memory | 0.25x (4000 / 16000 rps) | >= 0.8x | **no** |"), "{b}");
+        assert!(b.contains("ts-sdk | not measured"), "{b}");
+        assert!(b.contains("| tether-sqlite replay_10k | 12.0 ms | <= 50 ms | yes |"), "{b}");
+    }
+
+    #[test]
+    fn chart_has_a_bar_per_measured_system() {
+        let svg = chart(&[tools(System::TetherSqlite, 4000.0), tools(System::AxumFloor, 30000.0)], 64, false);
+        assert_eq!(svg.matches("<rect x=").count(), 2);
+        assert!(svg.contains("30,000") && svg.contains("tether-sqlite"));
+        assert_eq!(nice_step(3000.0), 5000.0);
+        assert_eq!(thousands(1234567), "1,234,567");
+    }
+}

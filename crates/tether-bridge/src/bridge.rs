@@ -1,0 +1,448 @@
+//! The forwarding core: the host's JSON-RPC messages (one per stdin line) go
+//! to the remote session, the remote's answers and its own messages go back.
+//!
+//! - The host's `initialize` becomes the remote `initialize`, with the resume
+//!   token (if [`ResumeTokenStore`] has one) in `_meta`. The remote's result
+//!   goes back without tether's `_meta` keys: the host never sees a token.
+//! - A host request is forwarded on its own task (at most
+//!   [`BridgeOptions::max_in_flight`] at once, as the server allows per
+//!   session; beyond that it is refused) and answered with the host's
+//!   original id.
+//! - A request from the remote (e.g. `roots/list`) goes to the host under a
+//!   bridge-assigned id; the host's answer goes back under the remote's id.
+//! - When the remote forgets the session (404) the bridge initializes again
+//!   with the current token (resumed, or fresh if refused) and retries the
+//!   message once.
+//! - The connector completes the handshake (`notifications/initialized`
+//!   included), so the host's own `notifications/initialized` is not
+//!   forwarded: the remote would run its on-initialized work twice.
+//! - End of input ends the bridge once the requests in flight are answered
+//!   (at most [`BridgeOptions::drain_timeout`]). The remote session is left
+//!   alone (no DELETE): the next bridge of this host resumes it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use serde_json::{Value, json};
+use tokio::sync::{Semaphore, mpsc};
+use tokio::task::{AbortHandle, JoinSet};
+use tracing::{debug, info, warn};
+
+use crate::stdio::{Line, Outgoing};
+use crate::token_store::{ResumeTokenStore, log_lines};
+use crate::upstream::{Connector, ServerMessage, UpstreamError, UpstreamSession};
+
+pub const TOKEN_META: &str = "dev.tether/sessionResumeToken";
+pub const RESUMED_META: &str = "dev.tether/resumed";
+pub const REFUSED_META: &str = "dev.tether/resumeRefused";
+/// Every `_meta` key with this prefix is tether's own and never reaches the host.
+pub const TETHER_META_PREFIX: &str = "dev.tether/";
+
+/// Limits of one bridge.
+#[derive(Debug, Clone)]
+pub struct BridgeOptions {
+    /// Host requests forwarded at once (more are refused with an error).
+    pub max_in_flight: usize,
+    /// Remote requests waiting for the host's answer.
+    pub max_pending_server_requests: usize,
+    /// Longest accepted stdin line (for the error message).
+    pub max_line: usize,
+    /// After stdin closed, how long requests in flight may still finish.
+    pub drain_timeout: std::time::Duration,
+}
+
+impl Default for BridgeOptions {
+    fn default() -> Self {
+        Self {
+            max_in_flight: 64,
+            max_pending_server_requests: 256,
+            max_line: crate::stdio::DEFAULT_MAX_LINE,
+            drain_timeout: std::time::Duration::from_secs(5),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The remote session currently in use; `generation` counts initializations.
+struct Remote {
+    generation: u64,
+    session: Arc<dyn UpstreamSession>,
+}
+
+/// Remote requests waiting for the host: bridge id -> (generation, remote id).
+#[derive(Default)]
+struct Pending {
+    next_id: u64,
+    map: HashMap<u64, (u64, Value)>,
+}
+
+struct Shared {
+    connector: Arc<dyn Connector>,
+    tokens: Mutex<ResumeTokenStore>,
+    /// The host's `initialize` params (without tether keys), for re-initializing.
+    init_params: Mutex<Option<Value>>,
+    remote: Mutex<Option<Arc<Remote>>>,
+    /// Serializes re-initializations (one per lost session, not one per request).
+    reconnecting: tokio::sync::Mutex<()>,
+    out: mpsc::Sender<Outgoing>,
+    pending: Mutex<Pending>,
+    pumps: Mutex<Vec<AbortHandle>>,
+    options: BridgeOptions,
+}
+
+/// Runs the bridge until `input` ends; then tells the writer to close.
+pub async fn run(
+    connector: Arc<dyn Connector>,
+    tokens: ResumeTokenStore,
+    mut input: mpsc::Receiver<Line>,
+    out: mpsc::Sender<Outgoing>,
+    options: BridgeOptions,
+) {
+    let permits = Arc::new(Semaphore::new(options.max_in_flight.max(1)));
+    let shared = Arc::new(Shared {
+        connector,
+        tokens: Mutex::new(tokens),
+        init_params: Mutex::new(None),
+        remote: Mutex::new(None),
+        reconnecting: tokio::sync::Mutex::new(()),
+        out: out.clone(),
+        pending: Mutex::new(Pending::default()),
+        pumps: Mutex::new(Vec::new()),
+        options,
+    });
+    // Host requests in flight by id (for `notifications/cancelled`).
+    let mut in_flight: HashMap<String, AbortHandle> = HashMap::new();
+    let mut tasks: JoinSet<Option<String>> = JoinSet::new();
+    loop {
+        let line = tokio::select! {
+            line = input.recv() => line,
+            Some(done) = tasks.join_next(), if !tasks.is_empty() => {
+                if let Ok(Some(key)) = done {
+                    in_flight.remove(&key);
+                }
+                continue;
+            }
+        };
+        let bytes = match line {
+            None => break,
+            Some(Line::TooLong) => {
+                let message = format!("message longer than {} bytes", shared.options.max_line);
+                shared.send(error_response(Value::Null, -32600, &message)).await;
+                continue;
+            }
+            Some(Line::Text(bytes)) => bytes,
+        };
+        let message: Value = match serde_json::from_slice(&bytes) {
+            Ok(message) => message,
+            Err(e) => {
+                shared.send(error_response(Value::Null, -32700, &format!("parse error: {e}"))).await;
+                continue;
+            }
+        };
+        let Value::Object(mut message) = message else {
+            let text = "a JSON-RPC message is one object (batches are not supported)";
+            shared.send(error_response(Value::Null, -32600, text)).await;
+            continue;
+        };
+        let id = message.remove("id");
+        let params = message.remove("params");
+        let method = message.get("method").and_then(Value::as_str).map(str::to_owned);
+        match (method, id) {
+            (Some(method), Some(id)) if method == "initialize" => shared.initialize(id, params).await,
+            (Some(method), Some(id)) => {
+                if shared.current().is_none() {
+                    let response = if method == "ping" {
+                        json!({"jsonrpc": "2.0", "id": id, "result": {}})
+                    } else {
+                        error_response(id, -32600, "not initialized: send initialize first")
+                    };
+                    shared.send(response).await;
+                    continue;
+                }
+                // Refused rather than waited for: a blocked stdin would also
+                // hold back the host's answers that running requests wait on.
+                let Ok(permit) = permits.clone().try_acquire_owned() else {
+                    let text = format!("too many requests in flight (at most {})", shared.options.max_in_flight);
+                    shared.send(error_response(id, -32603, &text)).await;
+                    continue;
+                };
+                let key = id.to_string();
+                let done_key = key.clone();
+                let task = shared.clone();
+                let handle = tasks.spawn(async move {
+                    let result = task.with_retry(|s| {
+                        let params = params.clone();
+                        let method = method.clone();
+                        async move { s.request(&method, params).await }
+                    });
+                    let response = match result.await {
+                        Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
+                        Err(e) => json!({"jsonrpc": "2.0", "id": id, "error": e.to_rpc_error()}),
+                    };
+                    task.send(response).await;
+                    drop(permit);
+                    Some(done_key)
+                });
+                in_flight.insert(key, handle);
+            }
+            (Some(method), None) => {
+                if method == "notifications/cancelled" {
+                    // The remote knows the request under the client runtime's
+                    // id, not the host's: stop waiting for it here.
+                    let key = params.as_ref().and_then(|p| p.get("requestId")).map(Value::to_string);
+                    if let Some(handle) = key.and_then(|k| in_flight.remove(&k)) {
+                        handle.abort();
+                        debug!("host cancelled a request");
+                    }
+                    continue;
+                }
+                if method == "notifications/initialized" {
+                    // The connector completed the handshake itself, before the
+                    // host saw the result; a second one would repeat the
+                    // server's on-initialized work (e.g. its roots/list).
+                    debug!("notifications/initialized was already sent to the remote");
+                    continue;
+                }
+                if shared.current().is_none() {
+                    debug!("dropping notification {method} before initialize");
+                    continue;
+                }
+                let sent = shared.with_retry(|s| {
+                    let params = params.clone();
+                    let method = method.clone();
+                    async move { s.notify(&method, params).await }
+                });
+                if let Err(e) = sent.await {
+                    warn!("forwarding {method} to the remote failed: {e}");
+                }
+            }
+            (None, Some(id)) if message.contains_key("result") || message.contains_key("error") => {
+                let answer = match message.remove("result") {
+                    Some(result) => Ok(result),
+                    None => Err(message.remove("error").unwrap_or(Value::Null)),
+                };
+                let Some((generation, remote_id)) = id.as_u64().and_then(|bid| lock(&shared.pending).map.remove(&bid)) else {
+                    debug!("dropping a host response to unknown id {id}");
+                    continue;
+                };
+                let task = shared.clone();
+                tasks.spawn(async move {
+                    let current = task.current().map(|r| r.generation);
+                    if current != Some(generation) {
+                        debug!("dropping a host response for an earlier remote session");
+                    }
+                    let sent = task.with_retry(|s| {
+                        let (remote_id, answer) = (remote_id.clone(), answer.clone());
+                        async move { s.respond(remote_id, answer).await }
+                    });
+                    if let Err(e) = sent.await {
+                        warn!("forwarding the host's answer to the remote failed: {e}");
+                    }
+                    None
+                });
+            }
+            (_, id) => {
+                let text = "not a JSON-RPC request, notification or response";
+                shared.send(error_response(id.unwrap_or(Value::Null), -32600, text)).await;
+            }
+        }
+    }
+    debug!("stdin closed; the bridge ends (the remote session stays for the next start)");
+    // Requests already sent still get their answers (a host may read stdout
+    // until the process exits), for a bounded time.
+    let drained = tokio::time::timeout(shared.options.drain_timeout, async { while tasks.join_next().await.is_some() {} }).await;
+    if drained.is_err() {
+        debug!("requests still running after {:?} are abandoned", shared.options.drain_timeout);
+    }
+    tasks.abort_all();
+    while tasks.join_next().await.is_some() {}
+    for pump in lock(&shared.pumps).drain(..) {
+        pump.abort();
+    }
+    *lock(&shared.remote) = None;
+    let _ = out.send(Outgoing::Close).await;
+}
+
+fn error_response(id: Value, code: i64, message: &str) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
+}
+
+/// Removes every `dev.tether/…` key from `value["_meta"]` (and `_meta` if
+/// nothing is left).
+pub fn strip_tether_meta(value: &mut Value) {
+    let Some(object) = value.as_object_mut() else { return };
+    let now_empty = match object.get_mut("_meta") {
+        Some(Value::Object(meta)) => {
+            meta.retain(|k, _| !k.starts_with(TETHER_META_PREFIX));
+            meta.is_empty()
+        }
+        _ => false,
+    };
+    if now_empty {
+        object.remove("_meta");
+    }
+}
+
+impl Shared {
+    fn current(&self) -> Option<Arc<Remote>> {
+        lock(&self.remote).clone()
+    }
+
+    async fn send(&self, message: Value) {
+        if self.out.send(Outgoing::Message(message)).await.is_err() {
+            debug!("stdout is closed; dropping a message for the host");
+        }
+    }
+
+    /// The host's `initialize`: open the remote session (resuming if a token
+    /// is kept) and answer with the remote's result.
+    async fn initialize(self: &Arc<Self>, id: Value, params: Option<Value>) {
+        if self.current().is_some() {
+            self.send(error_response(id, -32600, "already initialized")).await;
+            return;
+        }
+        let mut params = params.unwrap_or_else(|| json!({}));
+        strip_tether_meta(&mut params);
+        match self.handshake(&params).await {
+            Ok((session, result)) => {
+                *lock(&self.init_params) = Some(params);
+                // The result first: the remote's own messages (already
+                // buffered by the session) must not overtake it.
+                self.send(json!({"jsonrpc": "2.0", "id": id, "result": result})).await;
+                self.install(session, 1);
+            }
+            Err(e) => {
+                warn!("initialize with the remote failed: {e}");
+                self.send(json!({"jsonrpc": "2.0", "id": id, "error": e.to_rpc_error()})).await;
+            }
+        }
+    }
+
+    /// `initialize` with the kept token; handles resumed/refused and keeps
+    /// the rotated token. Returns the session and the host-facing result.
+    async fn handshake(&self, host_params: &Value) -> Result<(Arc<dyn UpstreamSession>, Value), UpstreamError> {
+        let token = lock(&self.tokens).load();
+        let mut params = host_params.clone();
+        if let (Some(token), Some(object)) = (&token, params.as_object_mut()) {
+            let meta = object.entry("_meta").or_insert_with(|| json!({}));
+            if !meta.is_object() {
+                *meta = json!({});
+            }
+            meta[TOKEN_META] = json!(token);
+        }
+        let (session, mut result) = self.connector.connect(params).await?;
+        let meta = result.get("_meta");
+        let resumed = meta.and_then(|m| m.get(RESUMED_META)).and_then(Value::as_bool) == Some(true);
+        let new_token = meta.and_then(|m| m.get(TOKEN_META)).and_then(Value::as_str).map(str::to_owned);
+        let refusal = meta.and_then(|m| m.get(REFUSED_META)).map(Value::to_string).unwrap_or_default();
+        {
+            let mut tokens = lock(&self.tokens);
+            if token.is_some() {
+                if resumed {
+                    info!("{}", log_lines::RESUMED);
+                } else {
+                    warn!("{}", log_lines::REJECTED);
+                    debug!("resume refused: {refusal}");
+                    tokens.delete();
+                }
+            }
+            if let Some(new_token) = new_token {
+                tokens.store(&new_token);
+            }
+        }
+        strip_tether_meta(&mut result);
+        Ok((Arc::from(session), result))
+    }
+
+    /// Makes `session` the current one and starts forwarding its messages.
+    fn install(self: &Arc<Self>, session: Arc<dyn UpstreamSession>, generation: u64) -> Arc<Remote> {
+        let remote = Arc::new(Remote { generation, session: session.clone() });
+        let mut pumps = lock(&self.pumps);
+        for old in pumps.drain(..) {
+            old.abort();
+        }
+        if let Some(incoming) = session.take_incoming() {
+            let shared = self.clone();
+            pumps.push(tokio::spawn(async move { shared.pump(generation, incoming).await }).abort_handle());
+        }
+        *lock(&self.remote) = Some(remote.clone());
+        remote
+    }
+
+    /// The remote's own messages to the host.
+    async fn pump(self: Arc<Self>, generation: u64, mut incoming: mpsc::Receiver<ServerMessage>) {
+        while let Some(message) = incoming.recv().await {
+            let message = match message {
+                ServerMessage::Notification { method, params } => with_params(json!({"jsonrpc": "2.0", "method": method}), params),
+                ServerMessage::Request { id, method, params } => {
+                    let bridge_id = {
+                        let mut pending = lock(&self.pending);
+                        if pending.map.len() >= self.options.max_pending_server_requests {
+                            None
+                        } else {
+                            pending.next_id += 1;
+                            let bridge_id = pending.next_id;
+                            pending.map.insert(bridge_id, (generation, id.clone()));
+                            Some(bridge_id)
+                        }
+                    };
+                    let Some(bridge_id) = bridge_id else {
+                        warn!("too many remote requests waiting for the host; refusing {method}");
+                        if let Some(remote) = self.current() {
+                            let error = json!({"code": -32603, "message": "too many requests waiting for the host"});
+                            let _ = remote.session.respond(id, Err(error)).await;
+                        }
+                        continue;
+                    };
+                    with_params(json!({"jsonrpc": "2.0", "id": bridge_id, "method": method}), params)
+                }
+            };
+            if self.out.send(Outgoing::Message(message)).await.is_err() {
+                return;
+            }
+        }
+        debug!("the remote session's message stream ended");
+    }
+
+    /// Runs `op` on the current session; if the remote forgot the session,
+    /// initializes again and runs it once more.
+    async fn with_retry<T, F, Fut>(self: &Arc<Self>, op: F) -> Result<T, UpstreamError>
+    where
+        F: Fn(Arc<dyn UpstreamSession>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, UpstreamError>>,
+    {
+        let remote = self.current().ok_or(UpstreamError::SessionNotFound)?;
+        match op(remote.session.clone()).await {
+            Err(UpstreamError::SessionNotFound) => {
+                let remote = self.reconnect(remote.generation).await?;
+                op(remote.session.clone()).await
+            }
+            other => other,
+        }
+    }
+
+    /// A new remote session after generation `seen` was lost (once, however
+    /// many requests noticed it).
+    async fn reconnect(self: &Arc<Self>, seen: u64) -> Result<Arc<Remote>, UpstreamError> {
+        let _one_at_a_time = self.reconnecting.lock().await;
+        if let Some(current) = self.current()
+            && current.generation != seen
+        {
+            return Ok(current);
+        }
+        let params = lock(&self.init_params).clone().ok_or(UpstreamError::SessionNotFound)?;
+        warn!("The remote server does not know the session any more; initializing again");
+        let (session, _) = self.handshake(&params).await?;
+        Ok(self.install(session, seen + 1))
+    }
+}
+
+fn with_params(mut message: Value, params: Option<Value>) -> Value {
+    if let Some(params) = params {
+        message["params"] = params;
+    }
+    message
+}

@@ -1,0 +1,80 @@
+//! Errors of the client runtime. `ClientError` is the public type; `ReqError`
+//! keeps the HTTP status of a refused request for the pool, which decides
+//! from it whether a server wants a session (`requires_session = "auto"`).
+
+use serde_json::Value;
+
+/// What went wrong talking to an MCP server.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// HTTP 404 on an established session: the server forgot it.
+    #[error("the server no longer knows this session (HTTP 404): initialize a new session")]
+    SessionNotFound,
+    /// JSON-RPC error answered by the server.
+    #[error("the server answered with JSON-RPC error {code}: {message}")]
+    Rpc { code: i64, message: String, data: Option<Value> },
+    /// 401/403.
+    #[error("the server refused the credentials (HTTP {status}): {message}")]
+    Auth { status: u16, message: String },
+    /// Connection, HTTP status or protocol failure.
+    #[error("{0}")]
+    Transport(String),
+    /// Session-required server while requires_session=false, etc.
+    #[error("{0}")]
+    Config(String),
+}
+
+impl ClientError {
+    /// A JSON-RPC error object (`{"code", "message", "data"?}`) as an error.
+    pub(crate) fn from_rpc_object(error: &Value) -> Self {
+        ClientError::Rpc {
+            code: error.get("code").and_then(Value::as_i64).unwrap_or(-32603),
+            message: error.get("message").and_then(Value::as_str).unwrap_or("(no message)").to_owned(),
+            data: error.get("data").cloned(),
+        }
+    }
+}
+
+/// A failed request before it became a `ClientError`: an HTTP status the
+/// pool may want to look at, or anything else.
+#[derive(Debug)]
+pub(crate) enum ReqError {
+    /// The server refused the POST with this status (not 401/403, not a 404 on a session).
+    Status { status: u16, message: String, url: String },
+    Client(ClientError),
+}
+
+impl From<ClientError> for ReqError {
+    fn from(e: ClientError) -> Self {
+        ReqError::Client(e)
+    }
+}
+
+impl ReqError {
+    pub(crate) fn into_client(self) -> ClientError {
+        match self {
+            ReqError::Status { status, message, url } => {
+                ClientError::Transport(format!("the server at {url} answered HTTP {status}: {message}"))
+            }
+            ReqError::Client(e) => e,
+        }
+    }
+
+    /// Does this refusal say that a session is needed? (A request sent
+    /// without `Mcp-Session-Id` answered 400/404 with a body about a missing
+    /// or invalid session or a missing `initialize`, or such a JSON-RPC
+    /// error; or 405: POST is not offered here, as at the event-stream URL
+    /// of a 2024-11-05 HTTP+SSE server, which `initialize` falls back to.)
+    pub(crate) fn says_session_required(&self) -> bool {
+        let mentions = |m: &str| {
+            let m = m.to_ascii_lowercase();
+            m.contains("session") || m.contains("initializ")
+        };
+        match self {
+            ReqError::Status { status: 400 | 404, message, .. } => mentions(message),
+            ReqError::Status { status: 405, .. } => true,
+            ReqError::Client(ClientError::Rpc { code: -32600 | -32000 | -32001, message, .. }) => mentions(message),
+            _ => false,
+        }
+    }
+}

@@ -1,0 +1,38 @@
+//! tether's MCP client runtime.
+//!
+//! - [`Session`]: one MCP session over Streamable HTTP (or the 2024-11-05
+//!   HTTP+SSE transport as a fallback): requests, notifications, answers to
+//!   server requests, the standalone stream, resumption of dropped streams.
+//! - [`Pool`]: sessions keyed by (server, principal), created on first use,
+//!   shared by concurrent callers, recovered when a server forgets them,
+//!   terminated when idle; `requires_session = auto | true | false`.
+//! - [`resume`]: the resume-token loop for long or large `tools/call` results.
+//! - [`config`]: the TOML config file and the generic environment
+//!   (`MCP_SERVER_URL`, `MCP_AUTH_TOKEN`, per-server `auth_env`).
+
+pub mod config;
+mod error;
+pub mod pool;
+pub mod resume;
+mod session;
+mod sse;
+
+pub use config::{Config, RequiresSession, Resolved, ServerSpec};
+pub use error::ClientError;
+pub use pool::{CallProgress, Pool, PoolOptions, ProgressHandler, RootsProvider};
+pub use session::{ClientOptions, ServerMessage, Session};
+
+/// The protocol revision this client asks for.
+pub const DEFAULT_PROTOCOL_VERSION: &str = "2025-11-25";
+
+#[cfg(test)]
+mod tests {
+    fn shareable<T: Send + Sync + Clone + 'static>() {}
+
+    #[test]
+    fn sessions_and_pools_can_be_shared_across_tasks() {
+        shareable::<crate::Session>();
+        shareable::<crate::Pool>();
+        shareable::<crate::ClientOptions>();
+    }
+}

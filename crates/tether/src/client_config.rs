@@ -1,0 +1,104 @@
+//! Shared by the client subcommands (`tether tools`, `tether call`): the
+//! `--config` / `--requires-session` flags, turning a target (URL or server
+//! name) into a server spec, and the exit codes with a one-line reason:
+//! 0 success, 1 the tool returned `isError`, 2 usage (bad arguments, bad
+//! JSON, bad config), 3 connection, protocol or auth failure.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use tether_client::{ClientError, Config, RequiresSession, Resolved};
+
+/// Flags every client subcommand takes.
+#[derive(clap::Args, Debug, Clone)]
+pub struct CommonArgs {
+    /// Config file with `[servers.NAME]` sections (default:
+    /// $XDG_CONFIG_HOME/tether/config.toml, else ~/.config/tether/config.toml).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Whether the server needs `initialize` first: auto (try without a
+    /// session, initialize when told to), true, false. Overrides the config.
+    #[arg(long, value_name = "auto|true|false", value_parser = parse_requires_session)]
+    pub requires_session: Option<RequiresSession>,
+}
+
+fn parse_requires_session(s: &str) -> Result<RequiresSession, String> {
+    s.parse()
+}
+
+/// Why a client command failed.
+#[derive(Debug)]
+pub enum Failure {
+    /// Exit 2.
+    Usage(String),
+    /// Exit 3.
+    Connection(String),
+}
+
+impl Failure {
+    /// Prints the one-line reason and returns the exit code.
+    pub fn exit(self) -> ExitCode {
+        let (code, message) = match self {
+            Failure::Usage(m) => (2, m),
+            Failure::Connection(m) => (3, m),
+        };
+        eprintln!("tether: {}", one_line(&message));
+        ExitCode::from(code)
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The server a command talks to.
+pub fn resolve(target: Option<&str>, common: &CommonArgs) -> Result<Resolved, Failure> {
+    let (config, _path) = Config::load_or_default(common.config.as_deref()).map_err(|e| Failure::Usage(e.to_string()))?;
+    let mut resolved = config
+        .resolve(target, &|name| std::env::var(name).ok())
+        .map_err(|e| Failure::Usage(e.to_string()))?;
+    if let Some(r) = common.requires_session {
+        resolved.spec.requires_session = r;
+    }
+    Ok(resolved)
+}
+
+/// A client error as a failure with advice.
+pub fn failure(e: ClientError, resolved: &Resolved) -> Failure {
+    match e {
+        ClientError::Auth { status, message } => Failure::Connection(format!(
+            "{} refused the request (HTTP {status}: {message}); {}",
+            resolved.spec.url,
+            resolved.token_hint()
+        )),
+        ClientError::Config(m) => Failure::Usage(m),
+        ClientError::Rpc { code: -32602, message, .. } => {
+            Failure::Usage(format!("the server refused the arguments (invalid params): {message}"))
+        }
+        ClientError::Rpc { code, message, .. } => Failure::Connection(format!("the server answered with error {code}: {message}")),
+        ClientError::SessionNotFound => Failure::Connection(format!(
+            "{} forgot the session twice in a row; try again, or check the server's logs",
+            resolved.spec.url
+        )),
+        ClientError::Transport(m) => Failure::Connection(m),
+    }
+}
+
+/// Runs `work` on a pool, terminating its sessions afterwards; ctrl-c
+/// terminates them too and exits 130.
+pub async fn with_pool<F, Fut>(options: tether_client::PoolOptions, work: F) -> ExitCode
+where
+    F: FnOnce(tether_client::Pool) -> Fut,
+    Fut: std::future::Future<Output = ExitCode>,
+{
+    let pool = tether_client::Pool::new(options);
+    let code = tokio::select! {
+        code = work(pool.clone()) => code,
+        _ = tokio::signal::ctrl_c() => {
+            eprintln!("tether: interrupted");
+            ExitCode::from(130)
+        }
+    };
+    pool.shutdown().await;
+    code
+}

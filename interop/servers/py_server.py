@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Fixture MCP server on the official Python SDK (``mcp`` 2.x, ``MCPServer``) for
+tether's client tests.
+
+usage: py_server.py SHAPE PORT
+
+  SHAPE  stateful        Streamable HTTP with sessions (SSE answers), at /mcp
+         stateless-json  Streamable HTTP without sessions, JSON answers, at /mcp
+         legacy          the 2024-11-05 HTTP+SSE transport: GET /sse, POST /messages/
+  PORT   TCP port on 127.0.0.1 (the test picks a free one, so a restart reuses it)
+
+Tools: ``echo(text)`` (text back), ``add(a, b)`` (structured ``{"sum": ...}``),
+``fail(message)`` (a tool error: ``isError``), ``roots()`` (asks the client
+``roots/list`` and returns the URIs), ``slow(ms)`` (sleeps, reports progress).
+
+Every HTTP request is counted by a small ASGI wrapper; ``GET /stats`` answers
+``{"initialize": N, "posts": N, "deletes": N, "gets": N, "sessionless_rejected": N}``
+(``initialize``: accepted initialize requests; ``sessionless_rejected``: other
+requests without ``Mcp-Session-Id`` answered 400)
+so a test can check, for example, that 100 parallel first calls made exactly one
+``initialize``. Prints ``READY`` on stdout once it accepts connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+import anyio
+import uvicorn
+from mcp.server.mcpserver import Context, MCPServer
+
+STATS = {"initialize": 0, "posts": 0, "deletes": 0, "gets": 0, "sessionless_rejected": 0}
+
+server = MCPServer(name="py-fixture", version="1.0")
+
+
+@server.tool(description="Echo the text back.\nSecond line of the description.")
+def echo(text: str) -> str:
+    return text
+
+
+@server.tool(description="Add two integers.")
+def add(a: int, b: int) -> dict:
+    return {"sum": a + b}
+
+
+@server.tool(description="Always fails with the given message.")
+def fail(message: str = "failed as asked") -> str:
+    raise ValueError(message)
+
+
+@server.tool(description="The client's roots (asks roots/list).")
+async def roots(ctx: Context) -> str:
+    result = await ctx.session.list_roots()
+    return json.dumps([str(r.uri) for r in result.roots])
+
+
+@server.tool(description="Sleep for ms milliseconds, reporting progress.")
+async def slow(ms: int, ctx: Context) -> str:
+    steps = 4
+    for i in range(steps):
+        await anyio.sleep(ms / 1000 / steps)
+        await ctx.report_progress(i + 1, steps)
+    return f"slept {ms} ms"
+
+
+def counting(app):
+    """ASGI wrapper: counts requests (initialize POSTs by their body) and serves /stats."""
+
+    async def wrapped(scope, receive, send):
+        if scope["type"] != "http":
+            return await app(scope, receive, send)
+        method, path = scope["method"], scope["path"]
+        if path == "/stats":
+            body = json.dumps(STATS).encode()
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        if method == "DELETE":
+            STATS["deletes"] += 1
+        if method == "GET":
+            STATS["gets"] += 1
+        if method != "POST":
+            return await app(scope, receive, send)
+        STATS["posts"] += 1
+        chunks = []
+        more = True
+        while more:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            parsed = None
+        is_initialize = isinstance(parsed, dict) and parsed.get("method") == "initialize"
+        has_session = any(k == b"mcp-session-id" for k, _ in scope["headers"])
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        async def watch(message):
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                if is_initialize and status < 400:
+                    STATS["initialize"] += 1
+                if status == 400 and not has_session and isinstance(parsed, dict) and not is_initialize:
+                    STATS["sessionless_rejected"] += 1
+            await send(message)
+
+        return await app(scope, replay, watch)
+
+    return wrapped
+
+
+def main() -> None:
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    shape, port = sys.argv[1], int(sys.argv[2])
+    if shape == "stateful":
+        app = server.streamable_http_app()
+    elif shape == "stateless-json":
+        app = server.streamable_http_app(stateless_http=True, json_response=True)
+    elif shape == "legacy":
+        app = server.sse_app()
+    else:
+        sys.exit(f"unknown shape {shape!r}: stateful | stateless-json | legacy")
+    config = uvicorn.Config(counting(app), host="127.0.0.1", port=port, log_level="warning",
+                            lifespan="on")
+    uv = uvicorn.Server(config)
+
+    async def run():
+        task = asyncio.create_task(uv.serve())
+        while not uv.started:
+            if task.done():
+                await task
+                return
+            await asyncio.sleep(0.02)
+        print("READY", flush=True)
+        await task
+
+    asyncio.run(run())
+
+
+if __name__ == "__main__":
+    main()
