@@ -152,6 +152,7 @@ impl ResumeTokens {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tether_store::Store as _;
 
     #[test]
     fn sealed_tokens_open_and_every_bit_flip_is_refused() {
@@ -174,6 +175,22 @@ mod tests {
         }
         assert_eq!(open_token(&key, ""), None);
         assert_eq!(open_token(&key, &token[..token.len() - 2]), None);
+    }
+
+    #[tokio::test]
+    async fn a_sealed_token_without_its_record_is_unknown_and_each_token_spends_once() {
+        let store = tether_store::memory::MemoryStore::new(tether_store::StoreConfig::default());
+        let key = [5u8; 32];
+        let tokens = ResumeTokens;
+        let token = tokens.issue(&store, &key, "s1", "alice", 0).await.unwrap();
+        let id = hex::encode(open_token(&key, &token).unwrap());
+        assert!(matches!(tokens.redeem(&store, &key, &token, "bob").await.unwrap(), Err(Refusal::Foreign)));
+        let redeemed = tokens.redeem(&store, &key, &token, "alice").await.unwrap().map_err(|r| r.as_str()).unwrap();
+        assert_eq!((redeemed.session.as_str(), redeemed.generation), ("s1", 0));
+        assert!(matches!(tokens.redeem(&store, &key, &token, "alice").await.unwrap(), Err(Refusal::Used)));
+        // Sealed by this server, but its record is gone (forgotten after its TTL).
+        store.kv_delete(TOKEN_NAMESPACE, &id).await.unwrap();
+        assert!(matches!(tokens.redeem(&store, &key, &token, "alice").await.unwrap(), Err(Refusal::Unknown)));
     }
 
     #[test]
