@@ -71,7 +71,10 @@ struct Args {
     /// replay_10k: missed events to replay.
     #[arg(long, default_value_t = 10_000)]
     events: usize,
-    /// Shorter runs of every scenario: --duration 2s --warmup 1s --sessions 10000.
+    /// replay_10k: timed replays of those events (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    replay_runs: usize,
+    /// Shorter runs of every scenario: --duration 2s --warmup 1s --sessions 10000 --replay-runs 3.
     #[arg(long)]
     quick: bool,
     /// Where the JSON rows are written.
@@ -91,6 +94,7 @@ fn main() -> ExitCode {
         args.duration = Duration::from_secs(2);
         args.warmup = Duration::from_secs(1);
         args.sessions = args.sessions.min(10_000);
+        args.replay_runs = args.replay_runs.min(3);
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
@@ -140,6 +144,7 @@ async fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
         redis_url: args.redis.clone(),
     };
     let wants = |s: Scenario| args.scenarios.contains(&s);
+    let load_before = load_average();
     let mut rows = Vec::new();
     let mut skipped = Vec::new();
     for &system in &args.systems {
@@ -171,16 +176,18 @@ async fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
 
     let caption = args.quick.then(|| {
         format!(
-            "`--quick`: {} warm-up + {} measured per tools_call run, {} sessions for restart/idle, {} events for replay",
+            "`--quick`: {} warm-up + {} measured per tools_call run, {} sessions for restart/idle, {} events for replay, {} timed replays",
             humantime::format_duration(args.warmup),
             humantime::format_duration(args.duration),
             args.sessions,
-            args.events
+            args.events,
+            args.replay_runs
         )
     });
     let table = report::table(&rows, caption.as_deref());
     let budget = report::budget(&rows);
-    let mut markdown = table.clone();
+    let mut markdown = format!("{}; load average {load_before} at the start, {} at the end.\n\n", machine(), load_average());
+    markdown.push_str(&table);
     if !skipped.is_empty() {
         markdown.push_str(&format!("\nNot run: {}.\n", skipped.join(", ")));
     }
@@ -192,6 +199,24 @@ async fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
     write(&args.chart, &report::chart(&rows, 64, args.quick))?;
     eprintln!("rows written to {}, table to {}, chart to {}", args.out.display(), args.table.display(), args.chart.display());
     Ok(rows)
+}
+
+/// The 1-minute load average (other work on the machine skews every figure).
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// CPU count and model.
+fn machine() -> String {
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| c.lines().find_map(|l| l.strip_prefix("model name").and_then(|v| v.split_once(':')).map(|(_, m)| m.trim().to_owned())))
+        .unwrap_or_else(|| "unknown CPU".into());
+    format!("{cpus} CPUs ({model})")
 }
 
 /// Starts `system` on a fresh store (or none).
@@ -260,7 +285,7 @@ async fn replay_10k(args: &Args, programs: &Programs, system: System) -> Row {
     }
     let outcome = async {
         let (server, _store) = start(programs, &launch).await?;
-        let result = replay::run(&server.mcp_url, args.events).await;
+        let result = replay::run(&server.mcp_url, args.events, args.replay_runs).await;
         if result.is_err() {
             eprintln!("   server log tail:\n{}", server.log_tail());
         }
@@ -272,8 +297,9 @@ async fn replay_10k(args: &Args, programs: &Programs, system: System) -> Row {
     match outcome {
         Ok((outcome, rss)) => {
             let ms = outcome.ms;
-            eprintln!("   {ms:.1} ms");
+            eprintln!("   median {ms:.1} ms of {} runs ({:.1} to {:.1} ms)", outcome.runs, outcome.min_ms, outcome.max_ms);
             row.ms = Some(round(ms, 1));
+            row.replay_spread = Some(format!("median of {} runs, {:.1} to {:.1} ms", outcome.runs, outcome.min_ms, outcome.max_ms));
             if outcome.resent_last_event {
                 eprintln!("   note: the server re-sent the Last-Event-ID event before the missed ones");
                 row.deviation = Some(format!("re-sent the Last-Event-ID event first (a duplicate), then the {} missed ones", args.events));
@@ -306,10 +332,16 @@ async fn idle_and_restart(args: &Args, programs: &Programs, system: System, idle
     idle_row.count = Some(n as u64);
     restart_row.count = Some(n as u64);
     let outcome = async {
-        let store = Store::fresh(system, programs)?;
-        let server = Server::start(&Launch::new(system), programs, store.as_ref()).await?;
         // Warm-up: thread stacks, pools, JIT, allocator arenas are not per-session costs.
         let warm = (n / 100).max(args.session_clients);
+        // All the bench's sessions belong to one (anonymous) principal; tether
+        // caps that at 100,000 by default, which warm-up + 100,000 exceeds.
+        let mut launch = Launch::new(system);
+        if system.is_tether() {
+            launch.max_sessions = Some(warm + n + 1_000);
+        }
+        let store = Store::fresh(system, programs)?;
+        let server = Server::start(&launch, programs, store.as_ref()).await?;
         sessions::create(&server.mcp_url, warm, args.session_clients).await.context("warm-up sessions")?;
         let before = settled_rss(&server).await?;
         let store_before = store.as_ref().and_then(Store::outside_bytes);
@@ -340,7 +372,6 @@ async fn idle_and_restart(args: &Args, programs: &Programs, system: System, idle
         server.kill().await?;
         let port = server::free_port()?;
         let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
-        let mut launch = Launch::new(system);
         launch.listen = addr.to_string();
         let spawned = Instant::now();
         let mut restarted = Server::spawn(&launch, programs, store.as_ref())?;

@@ -12,7 +12,8 @@
 //!    of them are stored), it is closed;
 //! 4. timed: a GET with `Last-Event-ID` set to the event just before the last
 //!    N must deliver exactly those N events, in order, with the same IDs and
-//!    the same messages.
+//!    the same messages. This is repeated (`--replay-runs`, each time on a
+//!    new connection after the previous one was closed); the median counts.
 //!
 //! The client never answers the `roots/list` requests (a server gives up on
 //! them after its own timeout; nothing else is sent meanwhile).
@@ -92,16 +93,22 @@ fn stream_client() -> anyhow::Result<reqwest::Client> {
     Ok(reqwest::Client::builder().no_proxy().http1_only().tcp_nodelay(true).build()?)
 }
 
-/// What the timed replay measured.
+/// What the timed replays measured.
 pub struct Outcome {
-    /// Milliseconds from sending the resuming GET to the arrival of the last missed event.
+    /// Median over the runs of the milliseconds from sending the resuming
+    /// GET to the arrival of the last missed event.
     pub ms: f64,
+    pub min_ms: f64,
+    pub max_ms: f64,
+    pub runs: usize,
     /// The server first re-sent the `Last-Event-ID` event itself (a duplicate).
     pub resent_last_event: bool,
 }
 
 /// Runs the scenario against `url`.
-pub async fn run(url: &str, events: usize) -> anyhow::Result<Outcome> {
+/// Runs the scenario against `url`; the timed replay is repeated `runs`
+/// times (same missed events, a new connection each time).
+pub async fn run(url: &str, events: usize, runs: usize) -> anyhow::Result<Outcome> {
     anyhow::ensure!(events > 0, "--events must be 1 or more");
     let http = load::http_client().map_err(anyhow::Error::msg)?;
     let session = load::open_session(&http, url, true).await.map_err(anyhow::Error::msg).context("session set-up")?;
@@ -186,15 +193,40 @@ pub async fn run(url: &str, events: usize) -> anyhow::Result<Outcome> {
     tokio::time::sleep(CLOSE_SETTLE).await;
     let seen = seen.lock().map_err(|_| anyhow::anyhow!("lock poisoned"))?.clone();
     let resume_from = seen.len() - events - 1;
-    let resume_id = seen[resume_from].event_id.clone();
     let resume_event = seen[resume_from].clone();
     let expected = &seen[resume_from + 1..];
 
-    // 4. The timed replay.
-    let replay_http = stream_client()?;
+    // 4. The timed replays, each on a new connection (the previous one closed and settled).
+    let mut times = Vec::with_capacity(runs);
+    let mut resent_last_event = false;
+    for run in 0..runs.max(1) {
+        if run > 0 {
+            tokio::time::sleep(CLOSE_SETTLE).await;
+        }
+        let replay_http = stream_client()?;
+        let (elapsed, resent) = timed_replay(&replay_http, url, &session, &resume_event, expected).await?;
+        resent_last_event |= resent;
+        times.push(elapsed.as_secs_f64() * 1000.0);
+    }
+    let mut sorted = times.clone();
+    sorted.sort_by(f64::total_cmp);
+    Ok(Outcome { ms: sorted[sorted.len() / 2], min_ms: sorted[0], max_ms: sorted[sorted.len() - 1], runs: times.len(), resent_last_event })
+}
+
+/// One GET with `Last-Event-ID`, checked event by event; the time from
+/// sending it until the last expected event arrived.
+async fn timed_replay(
+    http: &reqwest::Client,
+    url: &str,
+    session: &str,
+    resume_event: &Delivered,
+    expected: &[Delivered],
+) -> anyhow::Result<(Duration, bool)> {
+    let events = expected.len();
+    let resume_id = &resume_event.event_id;
     let started = Instant::now();
     let outcome = tokio::time::timeout(REPLAY_TIMEOUT, async {
-        let mut resp = open_stream(get(&replay_http, url, &session, Some(&resume_id)), "resume").await?;
+        let mut resp = open_stream(get(http, url, session, Some(resume_id)), "resume").await?;
         let mut parser = sse::Parser::new();
         let mut got = 0usize;
         let mut resent_last_event = false;
@@ -212,7 +244,7 @@ pub async fn run(url: &str, events: usize) -> anyhow::Result<Outcome> {
                 let request_id = roots_request_id(&event.data).map_err(anyhow::Error::msg)?;
                 let event_id = event.id.unwrap_or_default();
                 let again = Delivered { event_id: event_id.clone(), request_id: request_id.clone() };
-                if got == 0 && !resent_last_event && again == resume_event {
+                if got == 0 && !resent_last_event && again == *resume_event {
                     resent_last_event = true;
                     continue;
                 }
@@ -233,8 +265,7 @@ pub async fn run(url: &str, events: usize) -> anyhow::Result<Outcome> {
     })
     .await;
     match outcome {
-        Ok(Ok((elapsed, resent_last_event))) => Ok(Outcome { ms: elapsed.as_secs_f64() * 1000.0, resent_last_event }),
-        Ok(Err(e)) => Err(e),
+        Ok(result) => result,
         Err(_) => bail!("the replay of {events} events took longer than {REPLAY_TIMEOUT:?}"),
     }
 }

@@ -69,6 +69,10 @@ impl System {
         }
     }
 
+    pub fn is_tether(self) -> bool {
+        matches!(self, System::TetherMemory | System::TetherSqlite | System::TetherRedis)
+    }
+
     /// Sessions outlive the process (the store is durable and shared).
     pub fn durable_sessions(self) -> bool {
         matches!(self, System::TetherSqlite | System::TetherRedis)
@@ -188,11 +192,13 @@ pub struct Launch {
     pub listen: String,
     /// rmcp only: `--channel-capacity` (events kept per stream for replay).
     pub channel_capacity: Option<usize>,
+    /// tether only: `--max-sessions-per-principal` (the bench's clients are all one principal).
+    pub max_sessions: Option<usize>,
 }
 
 impl Launch {
     pub fn new(system: System) -> Self {
-        Self { system, listen: "127.0.0.1:0".into(), channel_capacity: None }
+        Self { system, listen: "127.0.0.1:0".into(), channel_capacity: None, max_sessions: None }
     }
 
     fn command(&self, programs: &Programs, store: Option<&Store>) -> anyhow::Result<Command> {
@@ -201,6 +207,9 @@ impl Launch {
                 let store = store.context("a tether system needs a store")?;
                 let mut cmd = Command::new(existing(&programs.tether, "cargo build --release -p tether, or pass --tether")?);
                 cmd.args(["serve", "--listen", &self.listen]).args(store.args());
+                if let Some(n) = self.max_sessions {
+                    cmd.args(["--max-sessions-per-principal", &n.to_string()]);
+                }
                 cmd.env("NO_COLOR", "1").env("RUST_LOG", "info");
                 cmd
             }
