@@ -11,9 +11,13 @@ pub fn new_session_id() -> String {
     hex::encode(rand::random::<[u8; 24]>())
 }
 
-/// A request stream's name: `r` + 64 random bits.
+/// A request stream's name: `r` + the time in milliseconds (11 hex digits)
+/// + 64 random bits. The time prefix keeps a session's new streams at the end
+/// of the store's (session, stream, seq) order, so writes touch the same few
+/// pages instead of random ones; the random part keeps names unguessable.
 pub fn new_request_stream() -> String {
-    format!("r{}", hex::encode(rand::random::<[u8; 8]>()))
+    let ms = tether_store::now_ms().max(0) as u64 & 0xfff_ffff_ffff;
+    format!("r{ms:011x}{}", hex::encode(rand::random::<[u8; 8]>()))
 }
 
 /// A session's standalone (GET) stream name: `g` + 64 random bits.

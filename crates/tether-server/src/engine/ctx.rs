@@ -183,20 +183,21 @@ impl ToolCtx {
 /// events"): its request's stream while a connection listens there, else the
 /// standalone stream if one listens (here, or on another replica), else the
 /// request's stream, for replay.
-async fn related_stream(inner: &Inner, session: &Session, own: Option<&str>) -> String {
+async fn related_stream(inner: &Inner, session: &Session, own: Option<&RequestStream>) -> String {
+    let own = own.map(|s| (s.name.as_str(), s.is_attached()));
     match own {
-        Some(s) if inner.hub.connections(&session.id, s) > 0 => s.to_owned(),
+        Some((s, attached)) if attached || inner.hub.connections(&session.id, s) > 0 => s.to_owned(),
         _ if inner.hub.connections(&session.id, &session.standalone_stream) > 0 => session.standalone_stream.clone(),
         Some(_) if inner.store.is_shared() && super::replicas::standalone_live_anywhere(inner, &session.id).await => {
             session.standalone_stream.clone()
         }
-        Some(s) => s.to_owned(),
+        Some((s, _)) => s.to_owned(),
         None => session.standalone_stream.clone(),
     }
 }
 
 async fn emit_related(inner: &Inner, session: &Session, own: Option<&RequestStream>, payload: Bytes) -> Result<(), RpcError> {
-    let stream = related_stream(inner, session, own.map(|s| s.name.as_str())).await;
+    let stream = related_stream(inner, session, own).await;
     if let Some(own) = own.filter(|own| own.name == stream) {
         // The priming event comes first on its stream.
         own.ensure_primed(inner, &session.id).await.map_err(|e| RpcError::internal(format!("storage unavailable: {e}")))?;

@@ -61,6 +61,9 @@ pub enum PostOutcome {
     Accepted,
     /// A request answered on a new SSE stream.
     Stream { frames: mpsc::Receiver<Frame>, session_id: String },
+    /// A quick request: its whole SSE stream (priming event and response),
+    /// already committed, written as one body.
+    Complete { frames: Vec<Frame>, session_id: String },
     /// A request answered with one JSON body (`--json-response`).
     Json { body: oneshot::Receiver<Bytes>, session_id: String },
 }
@@ -372,6 +375,7 @@ impl Engine {
             close_on_final: true,
             standalone_generation: None,
             first: Some(Frame::Prime { id: event.clone() }),
+            attachment: None,
         };
         if done {
             // Everything was delivered already: just the priming event, then close.
@@ -570,6 +574,7 @@ impl Inner {
             close_on_final: false,
             standalone_generation: Some(generation),
             first: Some(Frame::Prime { id: EventId::new(&stream, after) }),
+            attachment: None,
         };
         spawn_pump(self, session, spec, sub)
     }
@@ -615,20 +620,14 @@ impl Inner {
             return Ok(PostOutcome::Json { body: rx, session_id });
         }
 
-        let stream = Arc::new(request_stream::RequestStream::new(ids::new_request_stream(), prime_meta(&id, method, &self.instance)));
-        let sub = self.hub.subscribe(&session.id, &stream.name);
-        let spec = PumpSpec {
-            stream: stream.name.clone(),
-            after: 0,
-            catch_up: false,
-            close_on_final: true,
-            standalone_generation: None,
-            first: None,
-        };
-        let frames = spawn_pump(self.clone(), session.clone(), spec, sub);
+        let (stream, attachment, quick) =
+            request_stream::RequestStream::new(ids::new_request_stream(), prime_meta(&id, method, &self.instance));
+        let name = stream.name.clone();
         let ctx = ToolCtx::new(self.clone(), session.clone(), Some(stream.clone()), id, progress_token, cancel.clone());
         let prime_delay = self.config.prime_delay;
+        let worker_session = session.clone();
         tokio::spawn(async move {
+            let session = worker_session;
             let inner = ctx.inner().clone();
             let mut work = std::pin::pin!(ctx::run_work(ctx, work, cancel));
             let payload = tokio::select! {
@@ -648,6 +647,25 @@ impl Inner {
             }
             ctx::finish(&session, &key);
         });
+        if let Ok(request_stream::Quick::Done { prime_seq, response }) = quick.await {
+            let frames = vec![
+                Frame::Prime { id: EventId::new(&name, prime_seq) },
+                Frame::Event { id: EventId::new(&name, prime_seq + 1), data: response },
+            ];
+            return Ok(PostOutcome::Complete { frames, session_id });
+        }
+        // Slow or chatty work (or a store failure): follow the stream from the store.
+        let sub = self.hub.subscribe(&session.id, &name);
+        let spec = PumpSpec {
+            stream: name,
+            after: 0,
+            catch_up: true,
+            close_on_final: true,
+            standalone_generation: None,
+            first: None,
+            attachment: Some(attachment),
+        };
+        let frames = spawn_pump(self.clone(), session, spec, sub);
         Ok(PostOutcome::Stream { frames, session_id })
     }
 

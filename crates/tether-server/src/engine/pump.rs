@@ -46,6 +46,9 @@ pub(crate) struct PumpSpec {
     pub standalone_generation: Option<u64>,
     /// Sent before anything else.
     pub first: Option<Frame>,
+    /// A request stream's POST connection: attached while this pump runs.
+    #[allow(dead_code)] // held, never read: dropping it detaches
+    pub attachment: Option<super::request_stream::Attachment>,
 }
 
 enum Step {

@@ -1,48 +1,109 @@
-//! A request's SSE stream, whose priming event is stored lazily.
+//! A request's SSE stream, whose priming event is stored lazily, and the
+//! quick answer that spares a quick request the streaming machinery.
 //!
 //! A quick request (the common case) stores its priming event and its
-//! response in ONE commit and the client gets both at once. Work that runs
-//! longer than `prime_delay`, or that sends a related message on its stream
-//! first, stores the priming event on its own right then, so the client can
-//! resume early. Either way the priming event is the stream's first event and
-//! nothing is written to a socket before it is committed.
+//! response in ONE commit and hands both straight to the POST that waits
+//! for them ([`Quick::Done`]): the HTTP layer writes one complete body, with
+//! no pump task, no live subscription and no chunked encoding. Work that
+//! runs longer than `prime_delay`, or that sends a related message on its
+//! stream first, stores the priming event on its own right then and tells
+//! the POST to stream instead ([`Quick::Stream`]): the POST then follows the
+//! stream from the store like any other connection. Either way the priming
+//! event is the stream's first event and nothing reaches a client before it
+//! is committed.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use tether_store::{EventKind, StoreError};
+use tokio::sync::oneshot;
 
 use super::Inner;
+
+/// What the waiting POST learns from its request's work.
+pub(crate) enum Quick {
+    /// Priming event (`prime_seq`) and response (`prime_seq + 1`) are committed.
+    Done { prime_seq: u64, response: Bytes },
+    /// The work is slow or talks on its stream: follow the stream.
+    Stream,
+}
+
+struct State {
+    primed: bool,
+    /// The POST waiting for a [`Quick`] answer, until it gets one.
+    waiting: Option<oneshot::Sender<Quick>>,
+}
 
 pub(crate) struct RequestStream {
     pub name: String,
     /// What the priming event records for recovery (request id, method, owner).
     meta: Bytes,
-    primed: tokio::sync::Mutex<bool>,
+    state: tokio::sync::Mutex<State>,
+    /// The POST that started the request is still connected (waiting for a
+    /// quick answer or about to stream). Live subscriptions count apart.
+    attached: Arc<AtomicBool>,
+}
+
+/// Keeps [`RequestStream::is_attached`] true while held by the POST (first
+/// while it waits, then inside its pump); dropping it detaches. It does not
+/// keep the stream alive: when the work's task ends, the waiting POST hears it.
+pub(crate) struct Attachment(Arc<AtomicBool>);
+
+impl Drop for Attachment {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 impl RequestStream {
-    pub fn new(name: String, meta: Bytes) -> Self {
-        Self { name, meta, primed: tokio::sync::Mutex::new(false) }
+    /// A new stream, attached to its POST, which waits on the returned receiver.
+    pub fn new(name: String, meta: Bytes) -> (Arc<Self>, Attachment, oneshot::Receiver<Quick>) {
+        let (tx, rx) = oneshot::channel();
+        let attached = Arc::new(AtomicBool::new(true));
+        let stream = Arc::new(Self {
+            name,
+            meta,
+            state: tokio::sync::Mutex::new(State { primed: false, waiting: Some(tx) }),
+            attached: attached.clone(),
+        });
+        (stream, Attachment(attached), rx)
     }
 
-    /// Stores (and publishes) the priming event unless that happened already.
+    /// Whether the POST that started the request still listens.
+    pub fn is_attached(&self) -> bool {
+        self.attached.load(Ordering::Acquire)
+    }
+
+    /// Stores (and publishes) the priming event unless that happened already;
+    /// a waiting POST is told to stream.
     pub async fn ensure_primed(&self, inner: &Inner, session: &str) -> Result<(), StoreError> {
-        let mut primed = self.primed.lock().await;
-        if !*primed {
+        let mut state = self.state.lock().await;
+        if let Some(waiting) = state.waiting.take() {
+            let _ = waiting.send(Quick::Stream);
+        }
+        if !state.primed {
             inner.emit(session, &self.name, EventKind::Prime, self.meta.clone()).await?;
-            *primed = true;
+            state.primed = true;
         }
         Ok(())
     }
 
-    /// Stores the response, together with the priming event if it is still due.
+    /// Stores the response, together with the priming event if it is still
+    /// due, and hands both to a waiting POST.
     pub async fn finish(&self, inner: &Inner, session: &str, response: Bytes) -> Result<(), StoreError> {
-        let mut primed = self.primed.lock().await;
-        if *primed {
+        let mut state = self.state.lock().await;
+        // Taken first: if the commit fails, the POST hears so and streams.
+        let waiting = state.waiting.take();
+        if state.primed {
             inner.emit(session, &self.name, EventKind::Final, response).await?;
-        } else {
-            let events = vec![(EventKind::Prime, self.meta.clone()), (EventKind::Final, response)];
-            inner.emit_batch(session, &self.name, events).await?;
-            *primed = true;
+            return Ok(());
+        }
+        let events = vec![(EventKind::Prime, self.meta.clone()), (EventKind::Final, response.clone())];
+        let prime_seq = inner.emit_batch(session, &self.name, events).await?;
+        state.primed = true;
+        if let Some(waiting) = waiting {
+            let _ = waiting.send(Quick::Done { prime_seq, response });
         }
         Ok(())
     }

@@ -98,6 +98,7 @@ async fn handle_post(state: &AppState, headers: &HeaderMap, body: Body) -> Resul
     Ok(match outcome {
         PostOutcome::Accepted => StatusCode::ACCEPTED.into_response(),
         PostOutcome::Stream { frames, session_id } => sse::response(frames, retry, Some(&session_id)),
+        PostOutcome::Complete { frames, session_id } => sse::complete(&frames, retry, &session_id),
         PostOutcome::Json { body, session_id } => match body.await {
             Ok(body) => {
                 let mut response = (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], body).into_response();

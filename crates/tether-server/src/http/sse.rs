@@ -5,36 +5,66 @@ use std::convert::Infallible;
 use axum::body::Body;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
-use bytes::{BufMut, Bytes, BytesMut};
-use futures::StreamExt;
+use bytes::{BufMut, BytesMut};
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 
 use crate::engine::Frame;
 
-/// One frame as SSE text. JSON payloads are compact, so one `data:` line each.
-pub fn render(frame: &Frame, retry_ms: u64) -> Bytes {
-    match frame {
-        Frame::Prime { id } => Bytes::from(format!("id: {id}\nretry: {retry_ms}\ndata: \n\n")),
+/// Appends one frame as SSE text. JSON payloads are compact, so one `data:` line each.
+fn append(out: &mut BytesMut, frame: &Frame, retry_ms: u64) {
+    use std::fmt::Write;
+    // Writing into a BytesMut cannot fail.
+    let _ = match frame {
+        Frame::Prime { id } => write!(out, "id: {id}\nretry: {retry_ms}\ndata: \n\n"),
         Frame::Event { id, data } => {
-            let id = id.to_string();
-            let mut out = BytesMut::with_capacity(data.len() + id.len() + 32);
-            out.put_slice(b"event: message\nid: ");
-            out.put_slice(id.as_bytes());
-            out.put_slice(b"\ndata: ");
+            let _ = write!(out, "event: message\nid: {id}\ndata: ");
             out.put_slice(data);
             out.put_slice(b"\n\n");
-            out.freeze()
+            Ok(())
         }
-        Frame::KeepAlive => Bytes::from_static(b": keepalive\n\n"),
-        Frame::Reconnect => Bytes::from(format!("retry: {retry_ms}\n\n")),
-    }
+        Frame::KeepAlive => {
+            out.put_slice(b": keepalive\n\n");
+            Ok(())
+        }
+        Frame::Reconnect => write!(out, "retry: {retry_ms}\n\n"),
+    };
 }
 
-/// A `text/event-stream` response streaming `frames` until the engine ends them.
+/// Frames rendered into one body chunk at most: enough to fill a socket
+/// write during a replay, small enough to keep memory per connection bounded.
+const COALESCE_BYTES: usize = 64 * 1024;
+
+/// A `text/event-stream` response streaming `frames` until the engine ends
+/// them. Frames that are ready together go out as one chunk (one write), so a
+/// replay costs a write per 64 KiB, not one per event.
 pub fn response(frames: mpsc::Receiver<Frame>, retry_ms: u64, session_id: Option<&str>) -> Response {
-    let body = ReceiverStream::new(frames).map(move |f| Ok::<_, Infallible>(render(&f, retry_ms)));
-    let mut response = Response::new(Body::from_stream(body));
+    let body = futures::stream::unfold(frames, move |mut frames| async move {
+        let first = frames.recv().await?;
+        let mut chunk = BytesMut::new();
+        append(&mut chunk, &first, retry_ms);
+        while chunk.len() < COALESCE_BYTES {
+            match frames.try_recv() {
+                Ok(frame) => append(&mut chunk, &frame, retry_ms),
+                Err(_) => break,
+            }
+        }
+        Some((Ok::<_, Infallible>(chunk.freeze()), frames))
+    });
+    event_stream(Body::from_stream(body), session_id)
+}
+
+/// A whole SSE stream known up front (a quick request's priming event and
+/// response): one body with a length, written at once.
+pub fn complete(frames: &[Frame], retry_ms: u64, session_id: &str) -> Response {
+    let mut body = BytesMut::new();
+    for frame in frames {
+        append(&mut body, frame, retry_ms);
+    }
+    event_stream(Body::from(body.freeze()), Some(session_id))
+}
+
+fn event_stream(body: Body, session_id: Option<&str>) -> Response {
+    let mut response = Response::new(body);
     *response.status_mut() = StatusCode::OK;
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
