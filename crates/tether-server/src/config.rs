@@ -25,6 +25,9 @@ pub struct ServerConfig {
     pub max_inflight_per_session: usize,
     /// Live sessions one principal may hold; initialize beyond it gets 429.
     pub max_sessions_per_principal: usize,
+    /// Sessions kept in memory (`--session-cache`); beyond it the least
+    /// recently used idle ones are dropped from memory (the store keeps them).
+    pub session_cache: usize,
     /// How often the reaper deletes expired sessions.
     pub reap_interval: Duration,
     /// How long a resumable call waits for its result before answering with
@@ -52,6 +55,7 @@ impl Default for ServerConfig {
             keepalive: Duration::from_secs(15),
             max_inflight_per_session: 64,
             max_sessions_per_principal: 100_000,
+            session_cache: 10_000,
             reap_interval: Duration::from_secs(30),
             resume_wait: Duration::from_secs(2),
             result_chunk_bytes: 64 * 1024,

@@ -98,18 +98,58 @@ pub struct SqliteDb {
 const STATEMENT_CACHE: usize = 128;
 /// Page cache of the writer connection, in KiB (SQLite's default is 2 MiB).
 const WRITER_CACHE_KIB: i64 = 16 * 1024;
-/// WAL pages before a checkpoint (default 1000): a page written by many
-/// commits in between is copied back once.
-const WAL_AUTOCHECKPOINT_PAGES: i64 = 4000;
+/// How long the checkpointer lets commits gather before copying the WAL
+/// back into the database: a page written by many commits is copied once.
+const CHECKPOINT_PAUSE: std::time::Duration = std::time::Duration::from_millis(200);
+/// WAL pages after which the checkpointer waits for the writer to pause and
+/// starts the WAL over (a passive checkpoint cannot, while writes go on).
+const WAL_RESTART_PAGES: i64 = 32_768;
+/// The WAL file is truncated to this size when it starts over.
+const WAL_SIZE_LIMIT_BYTES: i64 = 64 * 1024 * 1024;
 
-fn configure(conn: &Connection, strict: bool) -> StoreResult<()> {
+/// Settings every connection gets.
+fn tune(conn: &Connection) -> StoreResult<()> {
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+    // A plan that may depend on bound values makes SQLite re-parse a cached
+    // statement whenever they change (every call here); a stable plan does not.
+    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
+    Ok(())
+}
+
+fn configure(conn: &Connection, strict: bool) -> StoreResult<()> {
+    tune(conn)?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", if strict { "FULL" } else { "NORMAL" })?;
     conn.pragma_update(None, "cache_size", -WRITER_CACHE_KIB)?;
-    conn.pragma_update(None, "wal_autocheckpoint", WAL_AUTOCHECKPOINT_PAGES)?;
+    // Each job's savepoint journals the pages it changes; keep that in memory.
+    conn.pragma_update(None, "temp_store", "MEMORY")?;
+    // Checkpoints run on their own thread ([`checkpointer_loop`]), not inside a commit.
+    conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+    conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT_BYTES)?;
     Ok(())
+}
+
+/// Copies committed WAL pages back into the database file beside the
+/// writer, so a commit never pays for a checkpoint. Woken by the writer
+/// after commits; ends when the writer does.
+fn checkpointer_loop(conn: Connection, commits: std::sync::mpsc::Receiver<()>) {
+    while commits.recv().is_ok() {
+        std::thread::sleep(CHECKPOINT_PAUSE);
+        while commits.try_recv().is_ok() {}
+        let passive = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(1));
+        match passive {
+            Ok(wal_pages) if wal_pages >= WAL_RESTART_PAGES => {
+                if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| r.get::<_, i64>(0)) {
+                    tracing::warn!(error = %e, "sqlite WAL restart failed; will retry");
+                }
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "sqlite checkpoint failed; will retry"),
+        }
+    }
+    // Last one, so a clean stop leaves little WAL behind.
+    let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(0));
 }
 
 #[cfg(unix)]
@@ -156,7 +196,7 @@ impl SqliteDb {
         let path = path.to_path_buf();
         let strict = config.strict_durability;
         let max_events = config.max_events_per_stream.max(1);
-        let (lock, conn, kv_revision) = tokio::task::spawn_blocking({
+        let (lock, conn, kv_revision, checkpoint_conn) = tokio::task::spawn_blocking({
             let path = path.clone();
             move || -> StoreResult<_> {
                 let lock = prepare_path(&path)?;
@@ -165,17 +205,25 @@ impl SqliteDb {
                 conn.execute_batch(SCHEMA)?;
                 let kv_revision: u64 =
                     conn.query_row("SELECT COALESCE(MAX(revision), 0) FROM kv", [], |r| r.get::<_, i64>(0))? as u64;
-                Ok((lock, conn, kv_revision))
+                let checkpoint_conn = Connection::open(&path)?;
+                tune(&checkpoint_conn)?;
+                Ok((lock, conn, kv_revision, checkpoint_conn))
             }
         })
         .await
         .map_err(|e| StoreError::Backend(format!("open task failed: {e}")))??;
 
+        let (commits_tx, commits_rx) = std::sync::mpsc::sync_channel(1);
+        std::thread::Builder::new()
+            .name("tether-sqlite-checkpoint".into())
+            .spawn(move || checkpointer_loop(checkpoint_conn, commits_rx))
+            .map_err(|e| StoreError::Backend(format!("cannot start checkpoint thread: {e}")))?;
+
         let (tx, rx) = mpsc::channel::<Job>(WRITE_QUEUE);
         let ctx = WriterCtx { conn, seqs: HashMap::new(), kv_revision, max_events_per_stream: max_events };
         std::thread::Builder::new()
             .name("tether-sqlite-writer".into())
-            .spawn(move || writer_loop(ctx, rx))
+            .spawn(move || writer_loop(ctx, rx, commits_tx))
             .map_err(|e| StoreError::Backend(format!("cannot start writer thread: {e}")))?;
 
         Ok(Self {
@@ -231,8 +279,7 @@ impl SqliteDb {
                 Some(c) => c,
                 None => {
                     let c = Connection::open(path.as_path())?;
-                    c.busy_timeout(std::time::Duration::from_secs(5))?;
-                    c.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+                    tune(&c)?;
                     c
                 }
             };
@@ -265,7 +312,7 @@ fn run_in_savepoint<T>(ctx: &mut WriterCtx, f: impl FnOnce(&mut WriterCtx) -> St
     }
 }
 
-fn writer_loop(mut ctx: WriterCtx, mut rx: mpsc::Receiver<Job>) {
+fn writer_loop(mut ctx: WriterCtx, mut rx: mpsc::Receiver<Job>, commits: std::sync::mpsc::SyncSender<()>) {
     let mut batch: Vec<Job> = Vec::with_capacity(MAX_BATCH);
     let mut done: Vec<Completion> = Vec::with_capacity(MAX_BATCH);
     while let Some(first) = rx.blocking_recv() {
@@ -297,6 +344,8 @@ fn writer_loop(mut ctx: WriterCtx, mut rx: mpsc::Receiver<Job>) {
         for completion in done.drain(..) {
             completion(committed.as_ref().map(|_| ()).map_err(|e| StoreError::Backend(e.to_string())));
         }
+        // Full means the checkpointer is already due to run.
+        let _ = commits.try_send(());
     }
     tracing::debug!("sqlite writer stopped");
 }
@@ -309,11 +358,10 @@ impl WriterCtx {
         let known = self.seqs.get(session).and_then(|m| m.get(stream)).copied();
         let last = match known {
             Some(v) => v,
-            None => self.conn.query_row(
-                "SELECT COALESCE(MAX(seq), 0) FROM events WHERE session = ?1 AND stream = ?2",
-                params![session, stream],
-                |r| r.get::<_, i64>(0),
-            )? as u64,
+            None => self
+                .conn
+                .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM events WHERE session = ?1 AND stream = ?2")?
+                .query_row(params![session, stream], |r| r.get::<_, i64>(0))? as u64,
         };
         Ok(last + 1)
     }

@@ -9,6 +9,12 @@ mod tools_cmd;
 
 use clap::{Parser, Subcommand};
 
+// mimalloc: the server allocates and frees many small buffers on several
+// threads; glibc's allocator spent about a quarter of the workers' time on
+// them in profiles (docs/benchmarks.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "tether", version, about = "Durable, resumable sessions for the Model Context Protocol")]
 struct Cli {

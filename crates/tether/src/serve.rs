@@ -63,6 +63,10 @@ pub struct ServeArgs {
     /// Live sessions one principal may hold; `initialize` beyond it gets 429.
     #[arg(long, env = "TETHER_MAX_SESSIONS_PER_PRINCIPAL", default_value_t = 100_000)]
     max_sessions_per_principal: usize,
+    /// Sessions kept in memory; beyond it the least recently used idle ones
+    /// are dropped from memory (not from the store) and reloaded on their next request.
+    #[arg(long, env = "TETHER_SESSION_CACHE", default_value_t = 10_000)]
+    session_cache: usize,
     /// Events kept per stream before the oldest are trimmed.
     #[arg(long, env = "TETHER_MAX_EVENTS_PER_STREAM", default_value_t = 100_000)]
     max_events_per_stream: u64,
@@ -183,6 +187,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         resume_wait: args.resume_wait,
         result_chunk_bytes: args.result_chunk_bytes,
         max_sessions_per_principal: args.max_sessions_per_principal,
+        session_cache: args.session_cache,
         ..ServerConfig::default()
     };
     let engine = Engine::new(store, Arc::new(Notebook::new(notebook)), config);

@@ -50,3 +50,28 @@ async fn thoughts_follow_sequential_thinking_semantics() {
     let text: serde_json::Value = serde_json::from_str(r["result"]["content"][0]["text"].as_str().unwrap()).unwrap();
     assert_eq!(&text, s);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sessions_beyond_the_memory_cache_keep_their_notebook_context() {
+    // A cache of 4 sessions and 12 sessions in use: most are dropped from
+    // memory between calls and come back from the store with their context.
+    for backend in BACKENDS {
+        let config = tether_server::ServerConfig { session_cache: 4, ..quick_config() };
+        let server = TestServer::start(backend, AppKind::Notebook, config).await;
+        let c = Client::new(&server.url);
+        let mut sessions = Vec::new();
+        for _ in 0..12 {
+            sessions.push(c.initialize().await);
+        }
+        for round in 1..=3u64 {
+            for (i, sid) in sessions.iter().enumerate() {
+                let result = c.call(sid, round * 100 + i as u64, "thought", thought_args(round)).await;
+                assert_eq!(
+                    structured(&result)["thoughtHistoryLength"],
+                    json!(round),
+                    "{backend:?}: session {i} round {round} continues its own notebook session: {result}"
+                );
+            }
+        }
+    }
+}

@@ -119,24 +119,29 @@ impl NotebookRepo for SqliteNotebook {
             .db
             .write(move |ctx| {
                 let conn = &ctx.conn;
-                let count: Option<i64> = conn
-                    .prepare_cached("SELECT thought_count FROM nb_sessions WHERE id = ?1 AND principal = ?2")?
-                    .query_row(params![session_id, principal], |r| r.get(0))
+                let counts: Option<(i64, i64)> = conn
+                    .prepare_cached("SELECT thought_count, branch_count FROM nb_sessions WHERE id = ?1 AND principal = ?2")?
+                    .query_row(params![session_id, principal], |r| Ok((r.get(0)?, r.get(1)?)))
                     .optional()?;
-                let Some(count) = count else { return Ok(None) };
+                let Some((count, branch_count)) = counts else { return Ok(None) };
                 let now = tether_store::now_ms();
                 conn.prepare_cached("INSERT INTO nb_thoughts(session_id, idx, body, recorded_at_ms) VALUES (?1, ?2, ?3, ?4)")?
                     .execute(params![session_id, count + 1, body, now])?;
-                if let Some((branch, from)) = thought.branch() {
+                let branch = thought.branch();
+                if let Some((branch, from)) = &branch {
                     conn.prepare_cached(
                         "INSERT OR IGNORE INTO nb_branches(session_id, branch_id, from_thought) VALUES (?1, ?2, ?3)",
                     )?
-                    .execute(params![session_id, branch, from as i64])?;
+                    .execute(params![session_id, branch, *from as i64])?;
                 }
-                let branches: Vec<String> = conn
-                    .prepare_cached("SELECT branch_id FROM nb_branches WHERE session_id = ?1 ORDER BY branch_id")?
-                    .query_map(params![session_id], |r| r.get(0))?
-                    .collect::<Result<_, _>>()?;
+                // Most notebooks never branch: no branch table read for them.
+                let branches: Vec<String> = if branch.is_none() && branch_count == 0 {
+                    Vec::new()
+                } else {
+                    conn.prepare_cached("SELECT branch_id FROM nb_branches WHERE session_id = ?1 ORDER BY branch_id")?
+                        .query_map(params![session_id], |r| r.get(0))?
+                        .collect::<Result<_, _>>()?
+                };
                 conn.prepare_cached(
                     "UPDATE nb_sessions SET thought_count = ?1, branch_count = ?2, updated_at_ms = ?3 WHERE id = ?4",
                 )?

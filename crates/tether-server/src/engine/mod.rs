@@ -427,6 +427,24 @@ impl Engine {
     }
 }
 
+/// Drops the least recently seen idle sessions from memory until `target`
+/// remain (or no idle one is left). Idle means nothing but the map holds it:
+/// no request, pump or handler uses it, so no in-memory state is lost; the
+/// next request rehydrates it from the store. Checked under the map's lock,
+/// which every lookup takes too, so no one can pick it up meanwhile.
+fn evict_idle(map: &mut HashMap<String, Arc<Session>>, target: usize) {
+    let excess = map.len().saturating_sub(target);
+    let mut idle: Vec<(i64, String)> =
+        map.iter().filter(|(_, s)| Arc::strong_count(s) == 1).map(|(id, s)| (s.last_seen(), id.clone())).collect();
+    if idle.len() > excess && excess > 0 {
+        idle.select_nth_unstable(excess - 1);
+        idle.truncate(excess);
+    }
+    for (_, id) in idle {
+        map.remove(&id);
+    }
+}
+
 fn truncate(s: &str, n: usize) -> String {
     s.chars().take(n).collect()
 }
@@ -442,6 +460,11 @@ impl Inner {
     fn cache(&self, session: Arc<Session>) {
         if let Ok(mut map) = self.sessions.lock() {
             map.insert(session.id.clone(), session);
+            let capacity = self.config.session_cache.max(1);
+            if map.len() > capacity {
+                // Down to 7/8 at once, so the scan runs once per capacity/8 insertions.
+                evict_idle(&mut map, capacity - capacity / 8);
+            }
         }
     }
 
@@ -747,3 +770,46 @@ impl Inner {
 /// A type-erased unit of request work, for [`ctx::Work`].
 pub(crate) type WorkFuture = BoxFuture<'static, Result<Value, RpcError>>;
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session(id: &str, last_seen: i64) -> Arc<Session> {
+        let state = SessionState {
+            protocol_version: "2025-11-25".into(),
+            standalone_stream: ids::new_standalone_stream(),
+            client_info: Value::Null,
+            client_capabilities: json!({}),
+            initialized: true,
+            resume_generation: 0,
+            app: Map::new(),
+        };
+        let s = Session::new(id.into(), "p".into(), 0, state, i64::MAX);
+        s.last_seen.store(last_seen, Ordering::Relaxed);
+        Arc::new(s)
+    }
+
+    #[test]
+    fn eviction_drops_the_oldest_idle_sessions_and_never_one_in_use() {
+        let mut map = HashMap::new();
+        let mut held = Vec::new();
+        for i in 0..10 {
+            let s = session(&format!("s{i}"), i);
+            if i < 3 {
+                held.push(s.clone()); // in use: a request or pump holds it
+            }
+            map.insert(s.id.clone(), s);
+        }
+        evict_idle(&mut map, 6);
+        let mut left: Vec<&str> = map.keys().map(String::as_str).collect();
+        left.sort();
+        assert_eq!(left, ["s0", "s1", "s2", "s7", "s8", "s9"], "oldest idle ones go, held ones stay");
+
+        evict_idle(&mut map, 0);
+        let mut left: Vec<&str> = map.keys().map(String::as_str).collect();
+        left.sort();
+        assert_eq!(left, ["s0", "s1", "s2"], "sessions in use are never dropped");
+        drop(held);
+    }
+}
