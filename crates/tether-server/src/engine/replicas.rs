@@ -8,7 +8,9 @@
 //!   request stream is closed as "interrupted" only when its owner's lease
 //!   has lapsed.
 //! - Answers to server-to-client requests may be POSTed to any replica: the
-//!   one that receives it stores it, the one that waits polls for it.
+//!   one that receives it stores it and announces it; the one that waits
+//!   picks it up when the announcement arrives (and polls, slowly, in case
+//!   an announcement was lost).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,7 +28,11 @@ const ANSWER_NAMESPACE: &str = "answer";
 const STANDALONE_NAMESPACE: &str = "standalone-live";
 /// Announcement "stream" name of a standalone takeover, followed by the instance.
 const TAKEOVER: &str = "~takeover.";
-const ANSWER_POLL: Duration = Duration::from_millis(50);
+/// Announcement "stream" name of a stored answer, followed by the request key.
+const ANSWERED: &str = "~answer.";
+/// Fallback only: answers are announced. Slow, so that many pending
+/// requests do not turn into a stream of store reads.
+const ANSWER_POLL: Duration = Duration::from_secs(2);
 const ANSWER_TTL: Duration = Duration::from_secs(600);
 
 /// Starts the announcement listener and the lease heartbeat.
@@ -50,7 +56,13 @@ pub(crate) fn start(inner: &Arc<Inner>) {
                                     }
                                 }
                             }
-                            None => hub.nudge(&a.session, &a.stream, a.seq),
+                            None => match a.stream.strip_prefix(ANSWERED) {
+                                Some(request) => {
+                                    let Some(inner) = weak.upgrade() else { return };
+                                    deliver_stored_answer(inner, a.session.clone(), request.to_owned());
+                                }
+                                None => hub.nudge(&a.session, &a.stream, a.seq),
+                            },
                         },
                         Err(broadcast::error::RecvError::Lagged(_)) => hub.nudge_all(),
                         Err(broadcast::error::RecvError::Closed) => return,
@@ -149,7 +161,8 @@ fn answer_key(session: &str, request: &str) -> String {
     format!("{session}/{request}")
 }
 
-/// Stores a client's answer for the replica whose request waits for it.
+/// Stores a client's answer for the replica whose request waits for it,
+/// and announces it so that replica picks it up at once.
 pub(crate) async fn post_answer(inner: &Inner, session: &str, request: &str, outcome: ClientAnswer) -> Result<(), EngineError> {
     let body = match outcome {
         Ok(result) => serde_json::json!({"result": result}),
@@ -160,26 +173,54 @@ pub(crate) async fn post_answer(inner: &Inner, session: &str, request: &str, out
         .store
         .kv_compare_and_set(ANSWER_NAMESPACE, &answer_key(session, request), None, Bytes::from(body.to_string()), expires)
         .await?;
+    // An announcement is one line per field; a key with a newline waits for the poll.
+    if !request.contains('\n') {
+        if let Err(e) = inner.store.announce(session, &format!("{ANSWERED}{request}"), 0).await {
+            tracing::debug!(%session, error = %e, "could not announce an answer; the waiting replica will poll for it");
+        }
+    }
     Ok(())
+}
+
+/// Takes a stored answer and hands it to the request waiting here, if one does.
+fn deliver_stored_answer(inner: Arc<Inner>, session: String, request: String) {
+    let Some(cached) = inner.cached(&session) else { return };
+    let waiting = cached.pending.lock().map(|p| p.contains_key(&request)).unwrap_or(false);
+    if !waiting {
+        return;
+    }
+    tokio::spawn(async move {
+        if let Some(answer) = take_answer(&inner, &session, &request).await {
+            if let Some(tx) = cached.pending.lock().ok().and_then(|mut p| p.remove(&request)) {
+                let _ = tx.send(answer);
+            }
+        }
+    });
+}
+
+/// Reads and removes a stored answer.
+async fn take_answer(inner: &Inner, session: &str, request: &str) -> Option<ClientAnswer> {
+    let key = answer_key(session, request);
+    let stored = inner.store.kv_get(ANSWER_NAMESPACE, &key, now_ms()).await.ok()??;
+    let _ = inner.store.kv_delete(ANSWER_NAMESPACE, &key).await;
+    let body: Value = serde_json::from_slice(&stored.value).unwrap_or(Value::Null);
+    Some(match body.get("result") {
+        Some(r) => Ok(r.clone()),
+        None => Err(body.get("error").cloned().unwrap_or(Value::Null)),
+    })
 }
 
 /// The answer to a server-to-client request: delivered locally, or stored by
 /// another replica.
 pub(crate) async fn await_answer(inner: &Inner, session: &str, request: &str, mut local: oneshot::Receiver<ClientAnswer>) -> ClientAnswer {
-    let key = answer_key(session, request);
     loop {
         tokio::select! {
             answer = &mut local => {
                 return answer.unwrap_or_else(|_| Err(serde_json::json!({"code": -32603, "message": "session ended before the client answered"})));
             }
             _ = tokio::time::sleep(ANSWER_POLL) => {
-                if let Ok(Some(stored)) = inner.store.kv_get(ANSWER_NAMESPACE, &key, now_ms()).await {
-                    let _ = inner.store.kv_delete(ANSWER_NAMESPACE, &key).await;
-                    let body: Value = serde_json::from_slice(&stored.value).unwrap_or(Value::Null);
-                    return match body.get("result") {
-                        Some(r) => Ok(r.clone()),
-                        None => Err(body.get("error").cloned().unwrap_or(Value::Null)),
-                    };
+                if let Some(answer) = take_answer(inner, session, request).await {
+                    return answer;
                 }
             }
         }

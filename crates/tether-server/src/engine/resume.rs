@@ -152,7 +152,6 @@ impl ResumeTokens {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tether_store::Store as _;
 
     #[test]
     fn sealed_tokens_open_and_every_bit_flip_is_refused() {
