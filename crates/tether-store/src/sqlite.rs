@@ -78,14 +78,44 @@ pub struct WriterCtx {
     max_events_per_stream: u64,
 }
 
-type Completion = Box<dyn FnOnce(StoreResult<()>) + Send>;
-type Job = Box<dyn FnOnce(&mut WriterCtx) -> Completion + Send>;
+/// One caller's work in a group commit.
+trait Job: Send {
+    /// Runs the work in the open transaction; `isolated` wraps it in its own
+    /// savepoint. `false` when it failed (its changes must be undone).
+    fn run(&mut self, ctx: &mut WriterCtx, isolated: bool) -> bool;
+    /// Answers the caller once the commit's outcome is known.
+    fn complete(self: Box<Self>, commit: StoreResult<()>);
+}
+
+struct WriteJob<T, F> {
+    work: F,
+    result: Option<StoreResult<T>>,
+    answer: oneshot::Sender<StoreResult<T>>,
+}
+
+impl<T, F> Job for WriteJob<T, F>
+where
+    T: Send,
+    F: FnMut(&mut WriterCtx) -> StoreResult<T> + Send,
+{
+    fn run(&mut self, ctx: &mut WriterCtx, isolated: bool) -> bool {
+        let result = if isolated { run_in_savepoint(ctx, &mut self.work) } else { (self.work)(ctx) };
+        let ok = result.is_ok();
+        self.result = Some(result);
+        ok
+    }
+
+    fn complete(self: Box<Self>, commit: StoreResult<()>) {
+        let result = self.result.unwrap_or_else(|| Err(StoreError::Backend("the write did not run".into())));
+        let _ = self.answer.send(commit.and(result));
+    }
+}
 
 /// A SQLite file with one group-committing writer and a pool of readers.
 /// Cheap to clone.
 #[derive(Clone)]
 pub struct SqliteDb {
-    jobs: mpsc::Sender<Job>,
+    jobs: mpsc::Sender<Box<dyn Job>>,
     readers: Arc<Mutex<Vec<Connection>>>,
     read_permits: Arc<tokio::sync::Semaphore>,
     path: Arc<PathBuf>,
@@ -219,7 +249,7 @@ impl SqliteDb {
             .spawn(move || checkpointer_loop(checkpoint_conn, commits_rx))
             .map_err(|e| StoreError::Backend(format!("cannot start checkpoint thread: {e}")))?;
 
-        let (tx, rx) = mpsc::channel::<Job>(WRITE_QUEUE);
+        let (tx, rx) = mpsc::channel::<Box<dyn Job>>(WRITE_QUEUE);
         let ctx = WriterCtx { conn, seqs: HashMap::new(), kv_revision, max_events_per_stream: max_events };
         std::thread::Builder::new()
             .name("tether-sqlite-writer".into())
@@ -241,19 +271,15 @@ impl SqliteDb {
 
     /// Runs `f` on the writer inside the next group commit and returns its
     /// value once that commit is durable. `f` must not block on anything but
-    /// SQLite.
+    /// SQLite, and may run twice (see [`writer_loop`]): it must not change
+    /// anything outside the transaction but the [`WriterCtx`] caches.
     pub async fn write<T, F>(&self, f: F) -> StoreResult<T>
     where
         T: Send + 'static,
-        F: FnOnce(&mut WriterCtx) -> StoreResult<T> + Send + 'static,
+        F: FnMut(&mut WriterCtx) -> StoreResult<T> + Send + 'static,
     {
         let (tx, rx) = oneshot::channel();
-        let job: Job = Box::new(move |ctx: &mut WriterCtx| {
-            let result = run_in_savepoint(ctx, f);
-            Box::new(move |commit: StoreResult<()>| {
-                let _ = tx.send(commit.and(result));
-            })
-        });
+        let job: Box<dyn Job> = Box::new(WriteJob { work: f, result: None, answer: tx });
         self.jobs.send(job).await.map_err(|_| StoreError::Unavailable("sqlite writer has stopped".into()))?;
         rx.await.map_err(|_| StoreError::Unavailable("sqlite writer has stopped".into()))?
     }
@@ -296,7 +322,7 @@ impl SqliteDb {
     }
 }
 
-fn run_in_savepoint<T>(ctx: &mut WriterCtx, f: impl FnOnce(&mut WriterCtx) -> StoreResult<T>) -> StoreResult<T> {
+fn run_in_savepoint<T>(ctx: &mut WriterCtx, f: &mut impl FnMut(&mut WriterCtx) -> StoreResult<T>) -> StoreResult<T> {
     ctx.conn.prepare_cached("SAVEPOINT job")?.execute([])?;
     match f(ctx) {
         Ok(v) => {
@@ -312,9 +338,13 @@ fn run_in_savepoint<T>(ctx: &mut WriterCtx, f: impl FnOnce(&mut WriterCtx) -> St
     }
 }
 
-fn writer_loop(mut ctx: WriterCtx, mut rx: mpsc::Receiver<Job>, commits: std::sync::mpsc::SyncSender<()>) {
-    let mut batch: Vec<Job> = Vec::with_capacity(MAX_BATCH);
-    let mut done: Vec<Completion> = Vec::with_capacity(MAX_BATCH);
+/// The group commit. Jobs run one after the other in one transaction, with
+/// no savepoint each (journalling every job's pages cost more than the job).
+/// If one fails, the whole transaction is rolled back and every job of the
+/// batch runs again, each in its own savepoint, so a failing job undoes only
+/// itself. Callers are answered after the commit.
+fn writer_loop(mut ctx: WriterCtx, mut rx: mpsc::Receiver<Box<dyn Job>>, commits: std::sync::mpsc::SyncSender<()>) {
+    let mut batch: Vec<Box<dyn Job>> = Vec::with_capacity(MAX_BATCH);
     while let Some(first) = rx.blocking_recv() {
         batch.push(first);
         while batch.len() < MAX_BATCH {
@@ -323,31 +353,42 @@ fn writer_loop(mut ctx: WriterCtx, mut rx: mpsc::Receiver<Job>, commits: std::sy
                 Err(_) => break,
             }
         }
-        let begun = ctx.conn.prepare_cached("BEGIN IMMEDIATE").and_then(|mut s| s.execute([]));
-        if let Err(e) = begun {
-            let err = StoreError::Backend(format!("cannot begin transaction: {e}"));
-            for job in batch.drain(..) {
-                // Run nothing; answer everyone with the failure.
-                let completion = job(&mut ctx);
-                completion(Err(StoreError::Backend(err.to_string())));
-            }
-            continue;
-        }
-        for job in batch.drain(..) {
-            done.push(job(&mut ctx));
-        }
-        let committed = ctx.conn.prepare_cached("COMMIT").and_then(|mut s| s.execute([])).map_err(|e| {
+        let committed = run_batch(&mut ctx, &mut batch).map_err(|e| {
             ctx.seqs.clear();
             let _ = ctx.conn.execute_batch("ROLLBACK");
-            StoreError::Backend(format!("commit failed: {e}"))
+            e
         });
-        for completion in done.drain(..) {
-            completion(committed.as_ref().map(|_| ()).map_err(|e| StoreError::Backend(e.to_string())));
+        for job in batch.drain(..) {
+            job.complete(committed.as_ref().map(|_| ()).map_err(|e| StoreError::Backend(e.to_string())));
         }
         // Full means the checkpointer is already due to run.
         let _ = commits.try_send(());
     }
     tracing::debug!("sqlite writer stopped");
+}
+
+fn run_batch(ctx: &mut WriterCtx, batch: &mut [Box<dyn Job>]) -> StoreResult<()> {
+    let kv_revision = ctx.kv_revision;
+    begin(ctx)?;
+    if !batch.iter_mut().all(|job| job.run(ctx, false)) {
+        ctx.conn.prepare_cached("ROLLBACK")?.execute([])?;
+        ctx.seqs.clear();
+        ctx.kv_revision = kv_revision;
+        begin(ctx)?;
+        for job in batch.iter_mut() {
+            job.run(ctx, true);
+        }
+    }
+    ctx.conn.prepare_cached("COMMIT")?.execute([]).map_err(|e| StoreError::Backend(format!("commit failed: {e}")))?;
+    Ok(())
+}
+
+fn begin(ctx: &mut WriterCtx) -> StoreResult<()> {
+    ctx.conn
+        .prepare_cached("BEGIN IMMEDIATE")?
+        .execute([])
+        .map_err(|e| StoreError::Backend(format!("cannot begin transaction: {e}")))?;
+    Ok(())
 }
 
 impl WriterCtx {
@@ -732,5 +773,60 @@ impl Store for SqliteStore {
 
     fn describe(&self) -> String {
         format!("sqlite:{}", self.db.path().display())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A job that fails in a group commit undoes only itself: its neighbours
+    /// in the same commit run again in savepoints and are committed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failing_job_undoes_only_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = SqliteDb::open(&dir.path().join("t.db"), &StoreConfig::default()).await.unwrap();
+        db.write(|ctx| Ok(ctx.conn.execute_batch("CREATE TABLE t(name TEXT PRIMARY KEY)")?)).await.unwrap();
+
+        // Holds the writer so that the next three jobs are queued together.
+        let blocker = tokio::spawn({
+            let db = db.clone();
+            async move { db.write(|_| Ok(std::thread::sleep(Duration::from_millis(200)))).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let runs = Arc::new(AtomicUsize::new(0));
+        let insert = |db: &SqliteDb, name: &'static str, fail: bool, runs: Arc<AtomicUsize>| {
+            let db = db.clone();
+            tokio::spawn(async move {
+                db.write(move |ctx| {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    ctx.conn.execute("INSERT INTO t(name) VALUES (?1)", [name])?;
+                    if fail { Err(StoreError::Conflict("on purpose".into())) } else { Ok(()) }
+                })
+                .await
+            })
+        };
+        let a = insert(&db, "a", false, runs.clone());
+        let b = insert(&db, "b", true, Arc::new(AtomicUsize::new(0)));
+        let c = insert(&db, "c", false, runs.clone());
+        blocker.await.unwrap().unwrap();
+        assert!(a.await.unwrap().is_ok());
+        assert!(matches!(b.await.unwrap(), Err(StoreError::Conflict(_))));
+        assert!(c.await.unwrap().is_ok());
+
+        let names: Vec<String> = db
+            .read(|conn| {
+                let mut stmt = conn.prepare("SELECT name FROM t ORDER BY name")?;
+                let rows = stmt.query_map([], |r| r.get(0))?;
+                Ok(rows.collect::<Result<_, _>>()?)
+            })
+            .await
+            .unwrap();
+        assert_eq!(names, ["a", "c"], "the failed job's row is gone, its neighbours' rows are committed");
+        assert!(runs.load(Ordering::SeqCst) >= 3, "the neighbours ran again after the batch was rolled back");
     }
 }
