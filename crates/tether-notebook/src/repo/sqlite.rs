@@ -24,12 +24,13 @@ CREATE TABLE IF NOT EXISTS nb_sessions(
 CREATE INDEX IF NOT EXISTS nb_sessions_by_root ON nb_sessions(principal, root_uri, updated_at_ms DESC);
 CREATE INDEX IF NOT EXISTS nb_sessions_by_principal ON nb_sessions(principal, updated_at_ms DESC);
 CREATE TABLE IF NOT EXISTS nb_thoughts(
+    id INTEGER PRIMARY KEY,
     session_id TEXT NOT NULL,
     idx INTEGER NOT NULL,
     body TEXT NOT NULL,
-    recorded_at_ms INTEGER NOT NULL,
-    PRIMARY KEY(session_id, idx)
-) WITHOUT ROWID;
+    recorded_at_ms INTEGER NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS nb_thoughts_by_session ON nb_thoughts(session_id, idx);
 CREATE TABLE IF NOT EXISTS nb_branches(
     session_id TEXT NOT NULL,
     branch_id TEXT NOT NULL,
@@ -38,13 +39,28 @@ CREATE TABLE IF NOT EXISTS nb_branches(
 ) WITHOUT ROWID;
 "#;
 
+/// Thoughts in rowid order: a commit appends every session's new thoughts to
+/// the same few pages (see the store's events table). Files written before
+/// this layout are converted on open.
+const THOUGHTS_TABLE: &str = "CREATE TABLE nb_thoughts(
+    id INTEGER PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    body TEXT NOT NULL,
+    recorded_at_ms INTEGER NOT NULL
+)";
+
 pub struct SqliteNotebook {
     db: SqliteDb,
 }
 
 impl SqliteNotebook {
     pub async fn new(db: SqliteDb) -> Result<Self, RepoError> {
-        db.write(|ctx| Ok(ctx.conn.execute_batch(SCHEMA)?)).await?;
+        db.write(|ctx| {
+            tether_store::sqlite::rebuild_with_rowid(&ctx.conn, "nb_thoughts", THOUGHTS_TABLE, "session_id, idx, body, recorded_at_ms")?;
+            Ok(ctx.conn.execute_batch(SCHEMA)?)
+        })
+        .await?;
         Ok(Self { db })
     }
 }
@@ -238,5 +254,44 @@ impl NotebookRepo for SqliteNotebook {
                 .collect()
             })
             .await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tether_store::StoreConfig;
+    use tether_store::sqlite::SqliteStore;
+
+    use super::*;
+
+    /// Thoughts of an earlier layout (`WITHOUT ROWID`) are converted on open, none lost.
+    #[tokio::test]
+    async fn thoughts_of_an_earlier_layout_survive_the_conversion() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.db");
+        {
+            let conn = rusqlite::Connection::open(&path).unwrap();
+            let earlier = SCHEMA.replace(
+                "CREATE TABLE IF NOT EXISTS nb_thoughts(\n    id INTEGER PRIMARY KEY,\n    session_id TEXT NOT NULL,\n    idx INTEGER NOT NULL,\n    body TEXT NOT NULL,\n    recorded_at_ms INTEGER NOT NULL\n);\nCREATE UNIQUE INDEX IF NOT EXISTS nb_thoughts_by_session ON nb_thoughts(session_id, idx);",
+                "CREATE TABLE IF NOT EXISTS nb_thoughts(session_id TEXT NOT NULL, idx INTEGER NOT NULL, body TEXT NOT NULL,\n    recorded_at_ms INTEGER NOT NULL, PRIMARY KEY(session_id, idx)) WITHOUT ROWID;",
+            );
+            assert_ne!(earlier, SCHEMA, "the test builds the earlier layout");
+            conn.execute_batch(&earlier).unwrap();
+            conn.execute(&format!("INSERT INTO nb_sessions({COLUMNS}) VALUES ('n1', 'p', 't', '[]', NULL, 1, 1, 2, 0)"), []).unwrap();
+            for idx in 1..=2 {
+                let body = format!(r#"{{"thought":"step {idx}","thoughtNumber":{idx},"totalThoughts":3,"nextThoughtNeeded":true}}"#);
+                conn.execute("INSERT INTO nb_thoughts(session_id, idx, body, recorded_at_ms) VALUES ('n1', ?1, ?2, 5)", rusqlite::params![idx, body])
+                    .unwrap();
+            }
+        }
+        let store = SqliteStore::open(&path, StoreConfig::default()).await.unwrap();
+        let repo = SqliteNotebook::new(store.db().clone()).await.unwrap();
+        let thoughts: Vec<String> = repo.thoughts("p", "n1").await.unwrap().into_iter().map(|t| t.input.thought).collect();
+        assert_eq!(thoughts, ["step 1", "step 2"]);
+        let input = crate::thought::ThoughtInput::parse(
+            serde_json::json!({"thought": "step 3", "thoughtNumber": 3, "totalThoughts": 3, "nextThoughtNeeded": false}).as_object().unwrap(),
+        )
+        .unwrap();
+        assert_eq!(repo.append_thought("p", "n1", &input).await.unwrap().thought_history_length, 3, "numbering continues");
     }
 }
