@@ -123,6 +123,14 @@ pub async fn append_ordering_and_read_after(store: &Arc<dyn Store>) {
     assert_eq!(batch.iter().map(|e| (e.seq, e.kind)).collect::<Vec<_>>(), vec![(1, EventKind::Prime), (2, EventKind::Final)]);
     assert_eq!(store.append("s", "r2", EventKind::Message, Bytes::from_static(b"m")).await.unwrap(), 3);
     assert!(store.stream("s", "nope").await.unwrap().is_none());
+    // A new stream starts at 1; claiming that an existing one is new never overwrites it.
+    assert_eq!(store.start_stream("s", "r3", vec![(EventKind::Prime, Bytes::from_static(b"p3"))]).await.unwrap(), 1);
+    assert_eq!(store.append("s", "r3", EventKind::Final, Bytes::from_static(b"f3")).await.unwrap(), 2);
+    if let Ok(seq) = store.start_stream("s", "r3", vec![(EventKind::Message, Bytes::from_static(b"late"))]).await {
+        assert_eq!(seq, 3, "numbered after what was there");
+    }
+    let r3 = store.read_after("s", "r3", 0, 10).await.unwrap();
+    assert_eq!(&r3[..2].iter().map(|e| e.payload.clone()).collect::<Vec<_>>(), &[Bytes::from_static(b"p3"), Bytes::from_static(b"f3")]);
 }
 
 pub async fn streams_are_independent(store: &Arc<dyn Store>) {

@@ -85,6 +85,14 @@ pub trait Store: Send + Sync + 'static {
         first.ok_or_else(|| StoreError::Backend("append_batch needs at least one event".into()))
     }
 
+    /// Appends the first events of a stream the caller has just named (it
+    /// has no events yet); numbering starts at 1. A backend may skip looking
+    /// up the stream's last number; if the stream did have events, the
+    /// append fails or numbers after them; it never overwrites.
+    async fn start_stream(&self, session: &str, stream: &str, events: Vec<(EventKind, Bytes)>) -> StoreResult<u64> {
+        self.append_batch(session, stream, events).await
+    }
+
     /// Events of one stream with `seq > after`, in order, at most `limit`.
     async fn read_after(&self, session: &str, stream: &str, after: u64, limit: usize) -> StoreResult<Vec<StoredEvent>>;
 

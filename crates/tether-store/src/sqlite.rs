@@ -33,6 +33,8 @@ const MAX_BATCH: usize = 512;
 const READ_POOL: usize = 8;
 /// Sequence-number cache entries (sessions) kept by the writer before it starts over.
 const SEQ_CACHE_SESSIONS: usize = 10_000;
+/// Streams per session in that cache before it starts over for the session.
+const SEQ_CACHE_STREAMS: usize = 64;
 
 /// The events table in rowid order: every commit appends its events to the
 /// same few pages at the table's end, instead of one page (and its splits)
@@ -453,7 +455,12 @@ impl WriterCtx {
     }
 
     fn record_seq(&mut self, session: &str, stream: &str, seq: u64) {
-        self.seqs.entry(session.to_owned()).or_default().insert(stream.to_owned(), seq);
+        let streams = self.seqs.entry(session.to_owned()).or_default();
+        if streams.len() >= SEQ_CACHE_STREAMS {
+            // Every request opens a stream; most are never appended to again.
+            streams.clear();
+        }
+        streams.insert(stream.to_owned(), seq);
     }
 
     fn forget_session(&mut self, session: &str) {
@@ -468,6 +475,35 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
+    /// Appends in one job; `new_stream`: the stream has no events (a
+    /// wrong claim fails on the unique index instead of overwriting).
+    async fn append_events(&self, session: &str, stream: &str, events: Vec<(EventKind, Bytes)>, new_stream: bool) -> StoreResult<u64> {
+        if events.is_empty() {
+            return Err(StoreError::Backend("append_batch needs at least one event".into()));
+        }
+        let session = session.to_owned();
+        let stream = stream.to_owned();
+        self.db
+            .write(move |ctx| {
+                let first = if new_stream { 1 } else { ctx.next_seq(&session, &stream)? };
+                let mut seq = first;
+                for (kind, payload) in &events {
+                    ctx.conn
+                        .prepare_cached("INSERT INTO events(session, stream, seq, kind, payload) VALUES (?1, ?2, ?3, ?4, ?5)")?
+                        .execute(params![session, stream, seq as i64, *kind as u8, payload.as_ref()])?;
+                    if seq > ctx.max_events_per_stream {
+                        ctx.conn
+                            .prepare_cached("DELETE FROM events WHERE session = ?1 AND stream = ?2 AND seq <= ?3")?
+                            .execute(params![session, stream, (seq - ctx.max_events_per_stream) as i64])?;
+                    }
+                    seq += 1;
+                }
+                ctx.record_seq(&session, &stream, seq - 1);
+                Ok(first)
+            })
+            .await
+    }
+
     pub async fn open(path: &Path, config: StoreConfig) -> StoreResult<Self> {
         Ok(Self { db: SqliteDb::open(path, &config).await? })
     }
@@ -646,30 +682,11 @@ impl Store for SqliteStore {
     }
 
     async fn append_batch(&self, session: &str, stream: &str, events: Vec<(EventKind, Bytes)>) -> StoreResult<u64> {
-        if events.is_empty() {
-            return Err(StoreError::Backend("append_batch needs at least one event".into()));
-        }
-        let session = session.to_owned();
-        let stream = stream.to_owned();
-        self.db
-            .write(move |ctx| {
-                let first = ctx.next_seq(&session, &stream)?;
-                let mut seq = first;
-                for (kind, payload) in &events {
-                    ctx.conn
-                        .prepare_cached("INSERT INTO events(session, stream, seq, kind, payload) VALUES (?1, ?2, ?3, ?4, ?5)")?
-                        .execute(params![session, stream, seq as i64, *kind as u8, payload.as_ref()])?;
-                    if seq > ctx.max_events_per_stream {
-                        ctx.conn
-                            .prepare_cached("DELETE FROM events WHERE session = ?1 AND stream = ?2 AND seq <= ?3")?
-                            .execute(params![session, stream, (seq - ctx.max_events_per_stream) as i64])?;
-                    }
-                    seq += 1;
-                }
-                ctx.record_seq(&session, &stream, seq - 1);
-                Ok(first)
-            })
-            .await
+        self.append_events(session, stream, events, false).await
+    }
+
+    async fn start_stream(&self, session: &str, stream: &str, events: Vec<(EventKind, Bytes)>) -> StoreResult<u64> {
+        self.append_events(session, stream, events, true).await
     }
 
     async fn read_after(&self, session: &str, stream: &str, after: u64, limit: usize) -> StoreResult<Vec<StoredEvent>> {

@@ -563,9 +563,10 @@ impl Inner {
         Ok(())
     }
 
-    /// Appends several events to one stream in one commit, then publishes them.
-    pub(crate) async fn emit_batch(&self, session: &str, stream: &str, events: Vec<(EventKind, Bytes)>) -> Result<u64, StoreError> {
-        let first = self.store.append_batch(session, stream, events.clone()).await?;
+    /// Appends the first events of a stream this process just named, in one
+    /// commit, then publishes them.
+    pub(crate) async fn emit_first(&self, session: &str, stream: &str, events: Vec<(EventKind, Bytes)>) -> Result<u64, StoreError> {
+        let first = self.store.start_stream(session, stream, events.clone()).await?;
         for (i, (kind, payload)) in events.into_iter().enumerate() {
             self.hub.publish(session, stream, LiveEvent { seq: first + i as u64, kind, payload: Some(payload) });
         }

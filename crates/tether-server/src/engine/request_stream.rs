@@ -83,7 +83,7 @@ impl RequestStream {
             let _ = waiting.send(Quick::Stream);
         }
         if !state.primed {
-            inner.emit(session, &self.name, EventKind::Prime, self.meta.clone()).await?;
+            inner.emit_first(session, &self.name, vec![(EventKind::Prime, self.meta.clone())]).await?;
             state.primed = true;
         }
         Ok(())
@@ -100,7 +100,7 @@ impl RequestStream {
             return Ok(());
         }
         let events = vec![(EventKind::Prime, self.meta.clone()), (EventKind::Final, response.clone())];
-        let prime_seq = inner.emit_batch(session, &self.name, events).await?;
+        let prime_seq = inner.emit_first(session, &self.name, events).await?;
         state.primed = true;
         if let Some(waiting) = waiting {
             let _ = waiting.send(Quick::Done { prime_seq, response });
