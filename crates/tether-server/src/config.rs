@@ -55,7 +55,7 @@ impl Default for ServerConfig {
             keepalive: Duration::from_secs(15),
             max_inflight_per_session: 64,
             max_sessions_per_principal: 100_000,
-            session_cache: 10_000,
+            session_cache: 4_096,
             reap_interval: Duration::from_secs(30),
             resume_wait: Duration::from_secs(2),
             result_chunk_bytes: 64 * 1024,

@@ -65,7 +65,7 @@ pub struct ServeArgs {
     max_sessions_per_principal: usize,
     /// Sessions kept in memory; beyond it the least recently used idle ones
     /// are dropped from memory (not from the store) and reloaded on their next request.
-    #[arg(long, env = "TETHER_SESSION_CACHE", default_value_t = 10_000)]
+    #[arg(long, env = "TETHER_SESSION_CACHE", default_value_t = 4_096)]
     session_cache: usize,
     /// Events kept per stream before the oldest are trimmed.
     #[arg(long, env = "TETHER_MAX_EVENTS_PER_STREAM", default_value_t = 100_000)]
