@@ -40,7 +40,7 @@ const SEQ_CACHE_STREAMS: usize = 64;
 /// same few pages at the table's end, instead of one page (and its splits)
 /// per session; the index that finds a stream's events has small entries.
 /// Files written before this layout are converted on open.
-const EVENTS_TABLE: &str = "CREATE TABLE events(
+const EVENTS_TABLE: &str = "CREATE TABLE IF NOT EXISTS events(
     id INTEGER PRIMARY KEY,
     session TEXT NOT NULL,
     stream TEXT NOT NULL,
@@ -60,14 +60,6 @@ CREATE TABLE IF NOT EXISTS sessions(
 );
 CREATE INDEX IF NOT EXISTS sessions_by_principal ON sessions(principal, expires_at_ms);
 CREATE INDEX IF NOT EXISTS sessions_by_expiry ON sessions(expires_at_ms);
-CREATE TABLE IF NOT EXISTS events(
-    id INTEGER PRIMARY KEY,
-    session TEXT NOT NULL,
-    stream TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    kind INTEGER NOT NULL,
-    payload BLOB NOT NULL
-);
 CREATE UNIQUE INDEX IF NOT EXISTS events_by_stream ON events(session, stream, seq);
 CREATE TABLE IF NOT EXISTS cursors(
     session TEXT NOT NULL,
@@ -279,6 +271,7 @@ impl SqliteDb {
                 let conn = Connection::open(&path)?;
                 configure(&conn, strict)?;
                 rebuild_with_rowid(&conn, "events", EVENTS_TABLE, "session, stream, seq, kind, payload")?;
+                conn.execute(EVENTS_TABLE, [])?;
                 conn.execute_batch(SCHEMA)?;
                 let kv_revision: u64 =
                     conn.query_row("SELECT COALESCE(MAX(revision), 0) FROM kv", [], |r| r.get::<_, i64>(0))? as u64;

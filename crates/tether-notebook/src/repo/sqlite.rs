@@ -23,13 +23,6 @@ CREATE TABLE IF NOT EXISTS nb_sessions(
 );
 CREATE INDEX IF NOT EXISTS nb_sessions_by_root ON nb_sessions(principal, root_uri, updated_at_ms DESC);
 CREATE INDEX IF NOT EXISTS nb_sessions_by_principal ON nb_sessions(principal, updated_at_ms DESC);
-CREATE TABLE IF NOT EXISTS nb_thoughts(
-    id INTEGER PRIMARY KEY,
-    session_id TEXT NOT NULL,
-    idx INTEGER NOT NULL,
-    body TEXT NOT NULL,
-    recorded_at_ms INTEGER NOT NULL
-);
 CREATE UNIQUE INDEX IF NOT EXISTS nb_thoughts_by_session ON nb_thoughts(session_id, idx);
 CREATE TABLE IF NOT EXISTS nb_branches(
     session_id TEXT NOT NULL,
@@ -42,7 +35,7 @@ CREATE TABLE IF NOT EXISTS nb_branches(
 /// Thoughts in rowid order: a commit appends every session's new thoughts to
 /// the same few pages (see the store's events table). Files written before
 /// this layout are converted on open.
-const THOUGHTS_TABLE: &str = "CREATE TABLE nb_thoughts(
+const THOUGHTS_TABLE: &str = "CREATE TABLE IF NOT EXISTS nb_thoughts(
     id INTEGER PRIMARY KEY,
     session_id TEXT NOT NULL,
     idx INTEGER NOT NULL,
@@ -58,6 +51,7 @@ impl SqliteNotebook {
     pub async fn new(db: SqliteDb) -> Result<Self, RepoError> {
         db.write(|ctx| {
             tether_store::sqlite::rebuild_with_rowid(&ctx.conn, "nb_thoughts", THOUGHTS_TABLE, "session_id, idx, body, recorded_at_ms")?;
+            ctx.conn.execute(THOUGHTS_TABLE, [])?;
             Ok(ctx.conn.execute_batch(SCHEMA)?)
         })
         .await?;
@@ -271,11 +265,14 @@ mod tests {
         let path = dir.path().join("old.db");
         {
             let conn = rusqlite::Connection::open(&path).unwrap();
-            let earlier = SCHEMA.replace(
-                "CREATE TABLE IF NOT EXISTS nb_thoughts(\n    id INTEGER PRIMARY KEY,\n    session_id TEXT NOT NULL,\n    idx INTEGER NOT NULL,\n    body TEXT NOT NULL,\n    recorded_at_ms INTEGER NOT NULL\n);\nCREATE UNIQUE INDEX IF NOT EXISTS nb_thoughts_by_session ON nb_thoughts(session_id, idx);",
-                "CREATE TABLE IF NOT EXISTS nb_thoughts(session_id TEXT NOT NULL, idx INTEGER NOT NULL, body TEXT NOT NULL,\n    recorded_at_ms INTEGER NOT NULL, PRIMARY KEY(session_id, idx)) WITHOUT ROWID;",
+            let index = "CREATE UNIQUE INDEX IF NOT EXISTS nb_thoughts_by_session ON nb_thoughts(session_id, idx);";
+            assert!(SCHEMA.contains(index));
+            let earlier = format!(
+                "CREATE TABLE nb_thoughts(session_id TEXT NOT NULL, idx INTEGER NOT NULL, body TEXT NOT NULL,
+                 recorded_at_ms INTEGER NOT NULL, PRIMARY KEY(session_id, idx)) WITHOUT ROWID;
+                 {}",
+                SCHEMA.replace(index, "")
             );
-            assert_ne!(earlier, SCHEMA, "the test builds the earlier layout");
             conn.execute_batch(&earlier).unwrap();
             conn.execute(&format!("INSERT INTO nb_sessions({COLUMNS}) VALUES ('n1', 'p', 't', '[]', NULL, 1, 1, 2, 0)"), []).unwrap();
             for idx in 1..=2 {
