@@ -162,7 +162,15 @@ return seq
             streams: Script::new(
                 r#"
 local p, id = ARGV[1], ARGV[2]
-local names = redis.call('SMEMBERS', p..'ss:'..id)
+local names
+if ARGV[3] == '' then
+  names = redis.call('SMEMBERS', p..'ss:'..id)
+elseif redis.call('SISMEMBER', p..'ss:'..id, ARGV[3]) == 1 then
+  -- One stream: no walk over all of a long session's streams.
+  names = {ARGV[3]}
+else
+  names = {}
+end
 local out = {}
 for _, s in ipairs(names) do
   if ARGV[3] == '' or ARGV[3] == s then
