@@ -276,11 +276,7 @@ async fn call_echo(http: &reqwest::Client, url: &str, n: u64) -> Result<(), Stri
         .await
         .map_err(|e| e.to_string())?;
     let status = resp.status();
-    let json_type = resp
-        .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|ct| ct.starts_with("application/json"));
+    let json_type = has_content_type(&resp, "application/json");
     let bytes = resp.bytes().await.map_err(|e| format!("reading the body: {e}"))?;
     if status != reqwest::StatusCode::OK || !json_type {
         return Err(format!("status {status} (JSON: {json_type}): {}", String::from_utf8_lossy(&bytes).chars().take(200).collect::<String>()));
@@ -292,20 +288,20 @@ async fn call_echo(http: &reqwest::Client, url: &str, n: u64) -> Result<(), Stri
     Ok(())
 }
 
+/// Whether the response's `Content-Type` starts with `prefix` (parameters may follow).
+pub fn has_content_type(resp: &reqwest::Response, prefix: &str) -> bool {
+    resp.headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with(prefix))
+}
+
 /// Reads the whole body (SSE or plain JSON) and returns the JSON-RPC
 /// response, checked for status 200, the expected id and no `error`.
 pub async fn response_message(resp: reqwest::Response, id: u64) -> Result<Value, String> {
     let status = resp.status();
-    let sse = resp
-        .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|ct| ct.starts_with("text/event-stream"));
-    let json_type = resp
-        .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|ct| ct.starts_with("application/json"));
+    let sse = has_content_type(&resp, "text/event-stream");
+    let json_type = has_content_type(&resp, "application/json");
     let body = resp.bytes().await.map_err(|e| format!("reading the body: {e}"))?;
     let text = String::from_utf8_lossy(&body);
     if status != reqwest::StatusCode::OK {

@@ -76,11 +76,7 @@ fn get(http: &reqwest::Client, url: &str, session: &str, last_event_id: Option<&
 async fn open_stream(req: reqwest::RequestBuilder, what: &str) -> anyhow::Result<reqwest::Response> {
     let resp = req.send().await.with_context(|| format!("{what}: GET failed"))?;
     let status = resp.status();
-    let sse = resp
-        .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|ct| ct.starts_with("text/event-stream"));
+    let sse = load::has_content_type(&resp, "text/event-stream");
     if status != reqwest::StatusCode::OK || !sse {
         let body = resp.text().await.unwrap_or_default();
         bail!("{what}: GET answered {status} (SSE: {sse}): {}", body.chars().take(300).collect::<String>());
