@@ -372,8 +372,11 @@ impl Pool {
                         let Some(s) = weak.upgrade() else { break };
                         let url = url.clone();
                         tokio::spawn(async move {
-                            if let Err(e) = s.respond(id, answer).await {
-                                tracing::warn!(%url, "answering the server's {method}: {e}");
+                            match s.respond(id, answer).await {
+                                Ok(()) => {}
+                                // Closed meanwhile (a CLI that got its answer exits): nothing to report.
+                                Err(e) if s.is_closed() => tracing::debug!(%url, "answering the server's {method}: {e}"),
+                                Err(e) => tracing::warn!(%url, "answering the server's {method}: {e}"),
                             }
                         });
                     }

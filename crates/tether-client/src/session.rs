@@ -414,6 +414,11 @@ impl Session {
         self.inner.incoming_rx.lock().ok()?.take()
     }
 
+    /// Whether [`Session::close`] has begun (requests in flight then fail).
+    pub fn is_closed(&self) -> bool {
+        *self.inner.closed.borrow()
+    }
+
     /// DELETE (errors logged, not returned).
     pub async fn close(&self) {
         if self.inner.closed.send_replace(true) {

@@ -139,11 +139,64 @@ const WRITER_CACHE_KIB: i64 = 16 * 1024;
 /// How long the checkpointer lets commits gather before copying the WAL
 /// back into the database: a page written by many commits is copied once.
 const CHECKPOINT_PAUSE: std::time::Duration = std::time::Duration::from_millis(200);
-/// WAL pages after which the checkpointer waits for the writer to pause and
-/// starts the WAL over (a passive checkpoint cannot, while writes go on).
-const WAL_RESTART_PAGES: i64 = 32_768;
-/// The WAL file is truncated to this size when it starts over.
-const WAL_SIZE_LIMIT_BYTES: i64 = 64 * 1024 * 1024;
+/// At most this many frames are left for the writer to copy when the WAL
+/// starts over (the pause it causes between two commits, a few ms with the
+/// fsync), unless the checkpointer cannot get there (below).
+const CATCH_UP_FRAMES: i64 = 512;
+/// Passes the checkpointer makes to get there before it leaves the rest to
+/// the writer anyway.
+const CATCH_UP_PASSES: u32 = 4;
+/// How often the checkpointer looks at the WAL's size while it waits.
+const CHECKPOINT_POLL: std::time::Duration = std::time::Duration::from_millis(5);
+/// WAL frames after which the WAL should start over from its beginning.
+/// Below [`WAL_SIZE_LIMIT_BYTES`], so it is rewritten in place, never
+/// truncated and grown again (growing a file costs the kernel far more per
+/// write than overwriting cached pages).
+const WAL_RESTART_PAGES: i64 = 4_096;
+/// The WAL file is truncated to this size if it ever grew past it.
+const WAL_SIZE_LIMIT_BYTES: i64 = 256 * 1024 * 1024;
+
+/// What the checkpointer and the writer share to keep the WAL small.
+///
+/// A WAL starts over only once every frame in it has been copied back, and a
+/// checkpoint on another connection never catches up with a busy writer
+/// (a RESTART checkpoint there starves behind it: the WAL grew to gigabytes
+/// under load, and every commit paid the kernel for growing a file). So the
+/// checkpointer copies the WAL back in the background, early once it holds
+/// [`WAL_RESTART_PAGES`], and then raises `restart_due`; the writer, between
+/// two commits, copies the few frames written since, which lets its next
+/// transaction start the WAL over from its beginning.
+#[derive(Default)]
+struct WalRecycling {
+    /// Frames in the WAL after the writer's last commit.
+    frames: std::sync::atomic::AtomicI64,
+    restart_due: std::sync::atomic::AtomicBool,
+    /// Held while a checkpoint runs, so the two never wait on each other.
+    checkpointing: Mutex<()>,
+}
+
+impl WalRecycling {
+    fn is_full(&self) -> bool {
+        self.frames.load(std::sync::atomic::Ordering::Relaxed) >= WAL_RESTART_PAGES
+    }
+
+    /// On the writer, between transactions: the catch-up checkpoint, if due
+    /// and the checkpointer is not in the middle of one.
+    fn catch_up(&self, conn: &Connection) {
+        use std::sync::atomic::Ordering;
+        if !self.restart_due.load(Ordering::Acquire) {
+            return;
+        }
+        let Ok(_running) = self.checkpointing.try_lock() else { return };
+        self.restart_due.store(false, Ordering::Release);
+        let copied = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(0));
+        // The next transaction starts the WAL over.
+        self.frames.store(0, Ordering::Relaxed);
+        if let Err(e) = copied {
+            tracing::warn!(error = %e, "sqlite WAL catch-up checkpoint failed; will retry");
+        }
+    }
+}
 
 /// Converts `table`, if it is still a `WITHOUT ROWID` table, into the rowid
 /// table `create` describes, keeping its rows (`columns` are copied), in
@@ -201,15 +254,35 @@ fn configure(conn: &Connection, strict: bool) -> StoreResult<()> {
 /// Copies committed WAL pages back into the database file beside the
 /// writer, so a commit never pays for a checkpoint. Woken by the writer
 /// after commits; ends when the writer does.
-fn checkpointer_loop(conn: Connection, commits: std::sync::mpsc::Receiver<()>) {
+fn checkpointer_loop(conn: Connection, commits: std::sync::mpsc::Receiver<()>, wal: Arc<WalRecycling>) {
+    // Passes since the WAL reached its restart size.
+    let mut passes = 0;
     while commits.recv().is_ok() {
-        std::thread::sleep(CHECKPOINT_PAUSE);
+        // Let commits gather, unless the WAL is due to start over already.
+        let gather_until = std::time::Instant::now() + CHECKPOINT_PAUSE;
+        while !wal.is_full() && std::time::Instant::now() < gather_until {
+            std::thread::sleep(CHECKPOINT_POLL);
+        }
         while commits.try_recv().is_ok() {}
-        let passive = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(1));
+        if wal.restart_due.load(std::sync::atomic::Ordering::Acquire) {
+            continue; // the writer's turn: it catches up and starts the WAL over
+        }
+        let passive = {
+            let _running = wal.checkpointing.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            // Columns: busy, frames in the WAL, frames copied back.
+            conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(2))
+        };
         match passive {
-            Ok(wal_pages) if wal_pages >= WAL_RESTART_PAGES => {
-                if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| r.get::<_, i64>(0)) {
-                    tracing::warn!(error = %e, "sqlite WAL restart failed; will retry");
+            Ok(copied) if copied >= WAL_RESTART_PAGES => {
+                // Frames the writer added during this pass; once few (or if
+                // passes do not catch up, e.g. behind a slow disk), the writer
+                // copies them itself; else another pass, right away.
+                // (Fewer frames than copied: the WAL has started over already.)
+                passes += 1;
+                let now = wal.frames.load(std::sync::atomic::Ordering::Relaxed);
+                if now >= copied && (now - copied <= CATCH_UP_FRAMES || passes >= CATCH_UP_PASSES) {
+                    wal.restart_due.store(true, std::sync::atomic::Ordering::Release);
+                    passes = 0;
                 }
             }
             Ok(_) => {}
@@ -284,16 +357,24 @@ impl SqliteDb {
         .map_err(|e| StoreError::Backend(format!("open task failed: {e}")))??;
 
         let (commits_tx, commits_rx) = std::sync::mpsc::sync_channel(1);
+        let wal = Arc::new(WalRecycling::default());
+        let checkpointer_wal = wal.clone();
         std::thread::Builder::new()
             .name("tether-sqlite-checkpoint".into())
-            .spawn(move || checkpointer_loop(checkpoint_conn, commits_rx))
+            .spawn(move || checkpointer_loop(checkpoint_conn, commits_rx, checkpointer_wal))
             .map_err(|e| StoreError::Backend(format!("cannot start checkpoint thread: {e}")))?;
 
+        let wal_frames = wal.clone();
+        let mut conn = conn;
+        conn.wal_hook(Some(move |_: &mut rusqlite::hooks::Wal, frames: std::ffi::c_int| {
+            wal_frames.frames.store(i64::from(frames), std::sync::atomic::Ordering::Relaxed);
+            Ok(())
+        }))?;
         let (tx, rx) = mpsc::channel::<Box<dyn Job>>(WRITE_QUEUE);
         let ctx = WriterCtx { conn, seqs: HashMap::new(), kv_revision, max_events_per_stream: max_events };
         std::thread::Builder::new()
             .name("tether-sqlite-writer".into())
-            .spawn(move || writer_loop(ctx, rx, commits_tx))
+            .spawn(move || writer_loop(ctx, rx, commits_tx, wal))
             .map_err(|e| StoreError::Backend(format!("cannot start writer thread: {e}")))?;
 
         Ok(Self {
@@ -383,7 +464,12 @@ fn run_in_savepoint<T>(ctx: &mut WriterCtx, f: &mut impl FnMut(&mut WriterCtx) -
 /// If one fails, the whole transaction is rolled back and every job of the
 /// batch runs again, each in its own savepoint, so a failing job undoes only
 /// itself. Callers are answered after the commit.
-fn writer_loop(mut ctx: WriterCtx, mut rx: mpsc::Receiver<Box<dyn Job>>, commits: std::sync::mpsc::SyncSender<()>) {
+fn writer_loop(
+    mut ctx: WriterCtx,
+    mut rx: mpsc::Receiver<Box<dyn Job>>,
+    commits: std::sync::mpsc::SyncSender<()>,
+    wal: Arc<WalRecycling>,
+) {
     let mut batch: Vec<Box<dyn Job>> = Vec::with_capacity(MAX_BATCH);
     while let Some(first) = rx.blocking_recv() {
         batch.push(first);
@@ -403,6 +489,7 @@ fn writer_loop(mut ctx: WriterCtx, mut rx: mpsc::Receiver<Box<dyn Job>>, commits
         }
         // Full means the checkpointer is already due to run.
         let _ = commits.try_send(());
+        wal.catch_up(&ctx.conn);
     }
     tracing::debug!("sqlite writer stopped");
 }
