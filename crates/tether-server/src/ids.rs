@@ -20,6 +20,11 @@ pub fn new_request_stream() -> String {
     format!("r{ms:011x}{}", hex::encode(rand::random::<[u8; 8]>()))
 }
 
+/// The request stream names (`[from, below)`) of requests started before `ms`.
+pub fn request_streams_started_before(ms: i64) -> (&'static str, String) {
+    ("r", format!("r{:011x}", ms.max(0) as u64 & 0xfff_ffff_ffff))
+}
+
 /// A session's standalone (GET) stream name: `g` + 64 random bits.
 pub fn new_standalone_stream() -> String {
     format!("g{}", hex::encode(rand::random::<[u8; 8]>()))
@@ -76,6 +81,17 @@ mod tests {
         for bad in ["", ".", "r1", "r1.", ".5", "R1.5", "r_1.5", "r1.5.6", "r1.-5", "r1.99999999999999999999999", "g.1"] {
             assert_eq!(EventId::parse(bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn request_streams_sort_by_the_time_they_started() {
+        let named = new_request_stream();
+        let now = tether_store::now_ms();
+        let (from, below) = request_streams_started_before(now + 1);
+        assert!(from <= named.as_str() && named.as_str() < below.as_str(), "{named} in [{from}, {below})");
+        let (_, earlier) = request_streams_started_before(now - 1_000);
+        assert!(named.as_str() >= earlier.as_str(), "{named} started after {earlier}");
+        assert!(new_standalone_stream().as_str() < from, "standalone streams are outside the range");
     }
 
     #[test]

@@ -142,9 +142,16 @@ pub async fn streams_are_independent(store: &Arc<dyn Store>) {
     assert_eq!(store.append("a", "g", EventKind::Message, Bytes::from_static(b"a-g-2")).await.unwrap(), 2);
     let a_g = store.read_after("a", "g", 0, 10).await.unwrap();
     assert_eq!(a_g.iter().map(|e| e.payload.clone()).collect::<Vec<_>>(), vec![Bytes::from("a-g-1"), Bytes::from("a-g-2")]);
-    let names: Vec<String> = store.streams("a").await.unwrap().into_iter().map(|s| s.stream).collect();
+    let names: Vec<String> = store.open_streams("a").await.unwrap().into_iter().map(|s| s.stream).collect();
     assert_eq!(names, vec!["g".to_string(), "r".to_string()]);
-    assert!(!store.streams("a").await.unwrap()[1].finished);
+    assert!(!store.open_streams("a").await.unwrap()[1].finished);
+    // A final event closes a stream; a quick request (first and final events together) is never open.
+    store.append("a", "r", EventKind::Final, Bytes::from_static(b"done")).await.unwrap();
+    store.start_stream("a", "q", vec![(EventKind::Prime, Bytes::new()), (EventKind::Final, Bytes::from_static(b"ok"))]).await.unwrap();
+    let names: Vec<String> = store.open_streams("a").await.unwrap().into_iter().map(|s| s.stream).collect();
+    assert_eq!(names, vec!["g".to_string()], "only the stream without a final event is open");
+    assert!(store.stream("a", "r").await.unwrap().is_some_and(|s| s.finished && s.last_seq == 2));
+    assert!(store.stream("a", "q").await.unwrap().is_some_and(|s| s.finished && s.first_seq == 1 && s.last_seq == 2));
 }
 
 pub async fn trimming_keeps_the_newest(h: &Harness) {
@@ -231,7 +238,7 @@ pub async fn delete_drops_logs(store: &Arc<dyn Store>) {
     assert!(!store.delete_session("d").await.unwrap());
     assert!(store.get_session("d", now_ms()).await.unwrap().is_none());
     assert!(store.read_after("d", "g", 0, 10).await.unwrap().is_empty());
-    assert!(store.streams("d").await.unwrap().is_empty());
+    assert!(store.open_streams("d").await.unwrap().is_empty());
     // A new session with the same ID starts its streams from 1.
     store.create_session(&session("d", "p", 60_000)).await.unwrap();
     assert_eq!(store.append("d", "g", EventKind::Message, Bytes::from_static(b"y")).await.unwrap(), 1);

@@ -53,7 +53,8 @@ pub trait Store: Send + Sync + 'static {
     /// Moves the session's expiry forward. Returns false if the session is gone.
     async fn touch_session(&self, id: &str, expires_at_ms: i64) -> StoreResult<bool>;
 
-    /// Deletes a session with all of its event logs and cursors.
+    /// Deletes a session with its cursors and open event logs (finished ones
+    /// too, or later through [`Store::drop_finished_streams`]).
     async fn delete_session(&self, id: &str) -> StoreResult<bool>;
 
     /// Sessions of one principal, most recently active first.
@@ -96,9 +97,21 @@ pub trait Store: Send + Sync + 'static {
     /// Events of one stream with `seq > after`, in order, at most `limit`.
     async fn read_after(&self, session: &str, stream: &str, after: u64, limit: usize) -> StoreResult<Vec<StoredEvent>>;
 
-    /// One line per stream of the session: first and last sequence number and
-    /// whether a final event was appended.
-    async fn streams(&self, session: &str) -> StoreResult<Vec<StreamSummary>>;
+    /// One line per stream of the session that has no final event yet (a
+    /// standalone stream, a request still running or cut off by a crash):
+    /// first and last sequence number, in name order.
+    async fn open_streams(&self, session: &str) -> StoreResult<Vec<StreamSummary>>;
+
+    /// Drops the events of finished streams, of every session, named in
+    /// `[from, below)` whose final event was stored before
+    /// `finished_before_ms`, at most about `limit` events; returns how many.
+    /// The caller names streams by time, so a stream whose first and final
+    /// events were stored together may count as finished when it was named.
+    /// Backends whose `delete_session` drops every log of the session, and
+    /// whose logs expire with it, may keep them until then (the default).
+    async fn drop_finished_streams(&self, _from: &str, _below: &str, _finished_before_ms: i64, _limit: usize) -> StoreResult<u64> {
+        Ok(0)
+    }
 
     /// Summary of one stream, `None` if the session has no such stream.
     async fn stream(&self, session: &str, stream: &str) -> StoreResult<Option<StreamSummary>>;

@@ -167,12 +167,12 @@ impl Store for MemoryStore {
         Ok(log.events.iter().skip(start).take(limit).cloned().collect())
     }
 
-    async fn streams(&self, session: &str) -> StoreResult<Vec<StreamSummary>> {
+    async fn open_streams(&self, session: &str) -> StoreResult<Vec<StreamSummary>> {
         let inner = self.lock()?;
         Ok(inner
             .logs
             .get(session)
-            .map(|l| l.iter().map(|(name, log)| summary(name, log)).collect())
+            .map(|l| l.iter().filter(|(_, log)| !log.finished).map(|(name, log)| summary(name, log)).collect())
             .unwrap_or_default())
     }
 

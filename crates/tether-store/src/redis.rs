@@ -485,13 +485,14 @@ impl Store for RedisStore {
             .collect()
     }
 
-    async fn streams(&self, session: &str) -> StoreResult<Vec<StreamSummary>> {
+    async fn open_streams(&self, session: &str) -> StoreResult<Vec<StreamSummary>> {
         let mut conn = self.conn.clone();
         let rows: Vec<(String, i64, i64, i64)> =
             self.scripts.streams.arg(&*self.prefix).arg(session).arg("").invoke_async(&mut conn).await.map_err(unavailable)?;
         let mut out: Vec<StreamSummary> = rows
             .into_iter()
-            .map(|(stream, first, last, fin)| StreamSummary { stream, first_seq: first as u64, last_seq: last as u64, finished: fin == 1 })
+            .filter(|(_, _, _, fin)| *fin != 1)
+            .map(|(stream, first, last, _)| StreamSummary { stream, first_seq: first as u64, last_seq: last as u64, finished: false })
             .collect();
         out.sort_by(|a, b| a.stream.cmp(&b.stream));
         Ok(out)

@@ -38,8 +38,19 @@ const SEQ_CACHE_STREAMS: usize = 64;
 
 /// The events table in rowid order: every commit appends its events to the
 /// same few pages at the table's end, instead of one page (and its splits)
-/// per session; the index that finds a stream's events has small entries.
-/// Files written before this layout are converted on open.
+/// per session. The index that finds a stream's events (`events_by_name`)
+/// is ordered by stream name first: request streams are named by time, so
+/// a commit's index entries land on the same few pages too (ordered by
+/// session first, every call dirtied a page of its own session: that was
+/// half of all pages written). Files written before this layout are
+/// converted on open.
+///
+/// What needs a session's streams (rehydration closes its open requests,
+/// deleting the session drops its open streams) finds them in
+/// `tracked_streams`: a row for every stream that stayed open across a
+/// commit (standalone streams, slow requests), never for a quick request,
+/// whose first and final events are committed together. Finished streams
+/// are dropped by age ([`Store::drop_finished_streams`]).
 const EVENTS_TABLE: &str = "CREATE TABLE IF NOT EXISTS events(
     id INTEGER PRIMARY KEY,
     session TEXT NOT NULL,
@@ -60,7 +71,15 @@ CREATE TABLE IF NOT EXISTS sessions(
 );
 CREATE INDEX IF NOT EXISTS sessions_by_principal ON sessions(principal, expires_at_ms);
 CREATE INDEX IF NOT EXISTS sessions_by_expiry ON sessions(expires_at_ms);
-CREATE UNIQUE INDEX IF NOT EXISTS events_by_stream ON events(session, stream, seq);
+CREATE UNIQUE INDEX IF NOT EXISTS events_by_name ON events(stream, session, seq);
+CREATE TABLE IF NOT EXISTS tracked_streams(
+    session TEXT NOT NULL,
+    stream TEXT NOT NULL,
+    finished_at_ms INTEGER,
+    PRIMARY KEY(session, stream)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS tracked_streams_by_finish ON tracked_streams(finished_at_ms)
+    WHERE finished_at_ms IS NOT NULL;
 CREATE TABLE IF NOT EXISTS cursors(
     session TEXT NOT NULL,
     stream TEXT NOT NULL,
@@ -228,6 +247,19 @@ pub fn rebuild_with_rowid(conn: &Connection, table: &str, create: &str, columns:
     Ok(true)
 }
 
+/// From the layout before `tracked_streams`: its index, and its open streams.
+const TRACK_EARLIER_STREAMS: &str = "
+    DROP INDEX IF EXISTS events_by_stream;
+    INSERT OR IGNORE INTO tracked_streams(session, stream, finished_at_ms)
+        SELECT session, stream, NULL FROM events GROUP BY session, stream HAVING MAX(kind = 2) = 0;";
+
+fn table_exists(conn: &Connection, table: &str) -> StoreResult<bool> {
+    Ok(conn
+        .query_row("SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?1", [table], |_| Ok(()))
+        .optional()?
+        .is_some())
+}
+
 /// Settings every connection gets.
 fn tune(conn: &Connection) -> StoreResult<()> {
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
@@ -240,6 +272,7 @@ fn tune(conn: &Connection) -> StoreResult<()> {
 
 fn configure(conn: &Connection, strict: bool) -> StoreResult<()> {
     tune(conn)?;
+    if let Some(size) = std::env::var("X_PAGE").ok() { conn.pragma_update(None, "page_size", size)?; }
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", if strict { "FULL" } else { "NORMAL" })?;
     conn.pragma_update(None, "cache_size", -WRITER_CACHE_KIB)?;
@@ -345,7 +378,11 @@ impl SqliteDb {
                 configure(&conn, strict)?;
                 rebuild_with_rowid(&conn, "events", EVENTS_TABLE, "session, stream, seq, kind, payload")?;
                 conn.execute(EVENTS_TABLE, [])?;
-                conn.execute_batch(SCHEMA)?;
+                let earlier_layout = table_exists(&conn, "events")? && !table_exists(&conn, "tracked_streams")?;
+                conn.execute_batch(&format!("BEGIN IMMEDIATE; {SCHEMA} {} COMMIT;", if earlier_layout { TRACK_EARLIER_STREAMS } else { "" }))
+                    .inspect_err(|_| {
+                        let _ = conn.execute_batch("ROLLBACK");
+                    })?;
                 let kv_revision: u64 =
                     conn.query_row("SELECT COALESCE(MAX(revision), 0) FROM kv", [], |r| r.get::<_, i64>(0))? as u64;
                 let checkpoint_conn = Connection::open(&path)?;
@@ -579,6 +616,16 @@ impl SqliteStore {
                     seq += 1;
                 }
                 ctx.record_seq(&session, &stream, seq - 1);
+                let finishes = events.iter().any(|(kind, _)| *kind == EventKind::Final);
+                if finishes && first > 1 {
+                    ctx.conn
+                        .prepare_cached("UPDATE tracked_streams SET finished_at_ms = ?3 WHERE session = ?1 AND stream = ?2")?
+                        .execute(params![session, stream, now_ms()])?;
+                } else if !finishes && first == 1 {
+                    ctx.conn
+                        .prepare_cached("INSERT OR IGNORE INTO tracked_streams(session, stream) VALUES (?1, ?2)")?
+                        .execute(params![session, stream])?;
+                }
                 Ok(first)
             })
             .await
@@ -607,26 +654,31 @@ fn to_record(row: (String, String, i64, i64, i64, String)) -> StoreResult<Sessio
 
 const SESSION_COLUMNS: &str = "id, principal, created_at_ms, expires_at_ms, revision, state";
 
+/// Deletes a session with its cursors and tracked streams; its quick
+/// request streams are left to [`Store::drop_finished_streams`].
 fn delete_session_rows(conn: &Connection, id: &str) -> StoreResult<bool> {
-    conn.execute("DELETE FROM events WHERE session = ?1", params![id])?;
-    conn.execute("DELETE FROM cursors WHERE session = ?1", params![id])?;
-    Ok(conn.execute("DELETE FROM sessions WHERE id = ?1", params![id])? > 0)
+    conn.prepare_cached(
+        "DELETE FROM events WHERE (stream, session) IN (SELECT stream, session FROM tracked_streams WHERE session = ?1)",
+    )?
+    .execute(params![id])?;
+    conn.prepare_cached("DELETE FROM tracked_streams WHERE session = ?1")?.execute(params![id])?;
+    conn.prepare_cached("DELETE FROM cursors WHERE session = ?1")?.execute(params![id])?;
+    Ok(conn.prepare_cached("DELETE FROM sessions WHERE id = ?1")?.execute(params![id])? > 0)
 }
 
-fn stream_summaries(conn: &Connection, session: &str, only: Option<&str>) -> StoreResult<Vec<StreamSummary>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT stream, MIN(seq), MAX(seq), MAX(kind = 2) FROM events
-         WHERE session = ?1 AND (?2 IS NULL OR stream = ?2) GROUP BY stream ORDER BY stream",
-    )?;
-    let rows = stmt.query_map(params![session, only], |r| {
-        Ok(StreamSummary {
-            stream: r.get(0)?,
-            first_seq: r.get::<_, i64>(1)? as u64,
-            last_seq: r.get::<_, i64>(2)? as u64,
-            finished: r.get::<_, i64>(3)? != 0,
-        })
-    })?;
-    rows.collect::<Result<Vec<_>, _>>().map_err(Into::into)
+fn stream_summary(conn: &Connection, session: &str, stream: &str) -> StoreResult<Option<StreamSummary>> {
+    let row = conn
+        .prepare_cached(
+            "SELECT MIN(seq), MAX(seq), MAX(kind = 2) FROM events WHERE stream = ?2 AND session = ?1 HAVING COUNT(*) > 0",
+        )?
+        .query_row(params![session, stream], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get::<_, i64>(2)?)))
+        .optional()?;
+    Ok(row.map(|(first, last, finished)| StreamSummary {
+        stream: stream.to_owned(),
+        first_seq: first as u64,
+        last_seq: last as u64,
+        finished: finished != 0,
+    }))
 }
 
 #[async_trait]
@@ -792,15 +844,64 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn streams(&self, session: &str) -> StoreResult<Vec<StreamSummary>> {
+    async fn open_streams(&self, session: &str) -> StoreResult<Vec<StreamSummary>> {
         let session = session.to_owned();
-        self.db.read(move |conn| stream_summaries(conn, &session, None)).await
+        self.db
+            .read(move |conn| {
+                let names: Vec<String> = conn
+                    .prepare_cached(
+                        "SELECT stream FROM tracked_streams WHERE session = ?1 AND finished_at_ms IS NULL ORDER BY stream",
+                    )?
+                    .query_map(params![session], |r| r.get(0))?
+                    .collect::<Result<_, _>>()?;
+                let mut open = Vec::with_capacity(names.len());
+                for name in names {
+                    open.extend(stream_summary(conn, &session, &name)?.filter(|s| !s.finished));
+                }
+                Ok(open)
+            })
+            .await
+    }
+
+    async fn drop_finished_streams(&self, from: &str, below: &str, finished_before_ms: i64, limit: usize) -> StoreResult<u64> {
+        let (from, below) = (from.to_owned(), below.to_owned());
+        self.db
+            .write(move |ctx| {
+                // Quick streams (never tracked) finished in the commit that named them.
+                let mut dropped = ctx
+                    .conn
+                    .prepare_cached(
+                        "DELETE FROM events WHERE id IN (
+                            SELECT e.id FROM events e WHERE e.stream >= ?1 AND e.stream < ?2
+                            AND NOT EXISTS (SELECT 1 FROM tracked_streams t WHERE t.session = e.session AND t.stream = e.stream)
+                            LIMIT ?3)",
+                    )?
+                    .execute(params![from, below, limit as i64])?;
+                let finished: Vec<(String, String)> = ctx
+                    .conn
+                    .prepare_cached(
+                        "SELECT session, stream FROM tracked_streams WHERE finished_at_ms < ?3 AND stream >= ?1 AND stream < ?2 LIMIT ?4",
+                    )?
+                    .query_map(params![from, below, finished_before_ms, limit as i64], |r| Ok((r.get(0)?, r.get(1)?)))?
+                    .collect::<Result<_, _>>()?;
+                for (session, stream) in finished {
+                    dropped += ctx
+                        .conn
+                        .prepare_cached("DELETE FROM events WHERE stream = ?2 AND session = ?1")?
+                        .execute(params![session, stream])?;
+                    ctx.conn
+                        .prepare_cached("DELETE FROM tracked_streams WHERE session = ?1 AND stream = ?2")?
+                        .execute(params![session, stream])?;
+                }
+                Ok(dropped as u64)
+            })
+            .await
     }
 
     async fn stream(&self, session: &str, stream: &str) -> StoreResult<Option<StreamSummary>> {
         let session = session.to_owned();
         let stream = stream.to_owned();
-        self.db.read(move |conn| Ok(stream_summaries(conn, &session, Some(&stream))?.pop())).await
+        self.db.read(move |conn| stream_summary(conn, &session, &stream)).await
     }
 
     async fn set_cursor(&self, session: &str, stream: &str, seq: u64) -> StoreResult<()> {
@@ -934,12 +1035,21 @@ mod tests {
         let db = SqliteDb::open(&dir.path().join("t.db"), &StoreConfig::default()).await.unwrap();
         db.write(|ctx| Ok(ctx.conn.execute_batch("CREATE TABLE t(name TEXT PRIMARY KEY)")?)).await.unwrap();
 
-        // Holds the writer so that the next three jobs are queued together.
+        // Holds the writer until the next three jobs are queued, so they share a batch.
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let released = Arc::new(Mutex::new(released));
+        let holding = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let blocker = tokio::spawn({
-            let db = db.clone();
-            async move { db.write(|_| Ok(std::thread::sleep(Duration::from_millis(200)))).await }
+            let (db, holding) = (db.clone(), holding.clone());
+            async move {
+                db.write(move |_| {
+                    holding.store(true, Ordering::SeqCst);
+                    let _ = released.lock().map(|r| r.recv_timeout(Duration::from_secs(10)));
+                    Ok(())
+                })
+                .await
+            }
         });
-        tokio::time::sleep(Duration::from_millis(50)).await;
         let runs = Arc::new(AtomicUsize::new(0));
         let insert = |db: &SqliteDb, name: &'static str, fail: bool, runs: Arc<AtomicUsize>| {
             let db = db.clone();
@@ -952,9 +1062,16 @@ mod tests {
                 .await
             })
         };
+        while !holding.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         let a = insert(&db, "a", false, runs.clone());
         let b = insert(&db, "b", true, Arc::new(AtomicUsize::new(0)));
         let c = insert(&db, "c", false, runs.clone());
+        while db.jobs.max_capacity() - db.jobs.capacity() < 3 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        release.send(()).unwrap();
         blocker.await.unwrap().unwrap();
         assert!(a.await.unwrap().is_ok());
         assert!(matches!(b.await.unwrap(), Err(StoreError::Conflict(_))));

@@ -9,7 +9,8 @@ use bytes::Bytes;
 use tether_store::sqlite::SqliteStore;
 use tether_store::{EventKind, Store, StoreConfig};
 
-/// Event payloads of this size take about two pages each in the WAL.
+/// Event payloads of this size take about two pages each in the WAL: a WAL
+/// that never starts over ends up about twice the size of what was written.
 const PAYLOAD: usize = 4_000;
 const WRITERS: usize = 32;
 const EVENTS_PER_WRITER: usize = 1_000;
@@ -51,7 +52,7 @@ async fn the_wal_starts_over_while_writes_go_on() {
     let written = (WRITERS * EVENTS_PER_WRITER * PAYLOAD) as u64;
     let largest = largest_wal.load(std::sync::atomic::Ordering::Relaxed);
     assert!(
-        largest < written / 2,
+        largest < written,
         "the WAL grew to {largest} bytes while {written} bytes of events were written: it did not start over"
     );
     let last = store.read_after("s0", "g1", EVENTS_PER_WRITER as u64 - 1, 10).await.unwrap();

@@ -528,8 +528,8 @@ impl Inner {
     /// Appends the final error response to every request stream of `session`
     /// that has none and whose request is not running anywhere.
     async fn close_interrupted(&self, session: &Session) -> Result<(), EngineError> {
-        for stream in self.store.streams(&session.id).await? {
-            if !stream.finished && stream.stream.starts_with('r') {
+        for stream in self.store.open_streams(&session.id).await? {
+            if stream.stream.starts_with('r') {
                 self.close_if_orphaned(session, &stream.stream).await?;
             }
         }
@@ -739,6 +739,23 @@ impl Inner {
         Ok(())
     }
 
+    /// Finished request streams are kept for replay for one session TTL,
+    /// then dropped (whether or not their session still exists).
+    async fn drop_old_request_streams(&self) {
+        let cutoff = now_ms() - self.config.session_ttl.as_millis() as i64;
+        let (from, below) = crate::ids::request_streams_started_before(cutoff);
+        for _ in 0..DROP_ROUNDS_PER_REAP {
+            match self.store.drop_finished_streams(from, &below, cutoff, DROP_EVENTS_PER_ROUND).await {
+                Ok(dropped) if dropped as usize >= DROP_EVENTS_PER_ROUND => continue,
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "reaper could not drop old request streams");
+                    break;
+                }
+            }
+        }
+    }
+
     async fn reap(&self) {
         match self.store.expire_sessions(now_ms(), 1000).await {
             Ok(expired) => {
@@ -751,6 +768,7 @@ impl Inner {
             }
             Err(e) => tracing::warn!(error = %e, "reaper could not expire sessions"),
         }
+        self.drop_old_request_streams().await;
         // Idle sessions leave memory; the store still has them.
         let idle_before = now_ms() - 60_000;
         let idle: Vec<Arc<Session>> = self
@@ -767,6 +785,10 @@ impl Inner {
         }
     }
 }
+
+/// Old request streams dropped per store call (one short write), and calls per reap.
+const DROP_EVENTS_PER_ROUND: usize = 10_000;
+const DROP_ROUNDS_PER_REAP: usize = 20;
 
 /// A type-erased unit of request work, for [`ctx::Work`].
 pub(crate) type WorkFuture = BoxFuture<'static, Result<Value, RpcError>>;
