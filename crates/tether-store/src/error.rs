@@ -13,6 +13,10 @@ pub enum StoreError {
     Corrupt(String),
     #[error("invalid store configuration: {0}")]
     Config(String),
+    /// A write the request deferred ([`crate::fence`]) failed, so what
+    /// depends on it was not stored.
+    #[error("{0}")]
+    EarlierWriteFailed(String),
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;

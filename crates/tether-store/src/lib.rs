@@ -13,6 +13,7 @@ mod error;
 mod model;
 mod open;
 
+pub mod fence;
 pub mod memory;
 pub mod redis;
 pub mod sqlite;

@@ -138,6 +138,40 @@ where
     }
 }
 
+/// A write whose caller does not wait for its commit ([`SqliteDb::write_deferred`]).
+struct DeferredJob<F> {
+    work: F,
+    ticket: crate::fence::Ticket,
+    on_failure: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl<F> Job for DeferredJob<F>
+where
+    F: FnMut(&mut WriterCtx) -> StoreResult<()> + Send,
+{
+    fn run(&mut self, ctx: &mut WriterCtx, isolated: bool) -> bool {
+        let result = if isolated { run_in_savepoint(ctx, &mut self.work) } else { (self.work)(ctx) };
+        if let Err(e) = &result {
+            tracing::error!(error = %e, "a deferred write failed; the response that depends on it is not stored");
+        }
+        self.ticket.ran(result.is_ok());
+        result.is_ok()
+    }
+
+    fn complete(self: Box<Self>, commit: StoreResult<()>) {
+        if let Err(e) = &commit {
+            tracing::error!(error = %e, "the commit of a deferred write failed");
+        }
+        let ok = commit.is_ok() && crate::fence::check(std::slice::from_ref(&self.ticket)).is_ok();
+        self.ticket.committed(ok);
+        if !ok {
+            if let Some(on_failure) = self.on_failure {
+                on_failure();
+            }
+        }
+    }
+}
+
 /// A SQLite file with one group-committing writer and a pool of readers.
 /// Cheap to clone.
 #[derive(Clone)]
@@ -272,7 +306,6 @@ fn tune(conn: &Connection) -> StoreResult<()> {
 
 fn configure(conn: &Connection, strict: bool) -> StoreResult<()> {
     tune(conn)?;
-    if let Some(size) = std::env::var("X_PAGE").ok() { conn.pragma_update(None, "page_size", size)?; }
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", if strict { "FULL" } else { "NORMAL" })?;
     conn.pragma_update(None, "cache_size", -WRITER_CACHE_KIB)?;
@@ -442,6 +475,29 @@ impl SqliteDb {
         rx.await.map_err(|_| StoreError::Unavailable("sqlite writer has stopped".into()))?
     }
 
+    /// Queues `f` for the next group commit and returns without waiting for
+    /// it, when the current task runs in a [`crate::fence::scope`]: the
+    /// task's appends then check that it succeeded before they store
+    /// anything (see [`crate::fence`]). `None` outside a scope: the caller
+    /// uses [`SqliteDb::write`]. `on_failure` runs on the writer thread if
+    /// `f` or its commit fails; it must not block. `f` may run twice, as
+    /// with `write`.
+    pub async fn write_deferred<F>(&self, f: F, on_failure: impl FnOnce() + Send + 'static) -> Option<StoreResult<()>>
+    where
+        F: FnMut(&mut WriterCtx) -> StoreResult<()> + Send + 'static,
+    {
+        if !crate::fence::in_scope() {
+            return None;
+        }
+        let ticket = crate::fence::Ticket::default();
+        let job: Box<dyn Job> = Box::new(DeferredJob { work: f, ticket: ticket.clone(), on_failure: Some(Box::new(on_failure)) });
+        if self.jobs.send(job).await.is_err() {
+            return Some(Err(StoreError::Unavailable("sqlite writer has stopped".into())));
+        }
+        crate::fence::push(ticket);
+        Some(Ok(()))
+    }
+
     /// Runs `f` on a pooled read connection.
     pub async fn read<T, F>(&self, f: F) -> StoreResult<T>
     where
@@ -600,8 +656,11 @@ impl SqliteStore {
         }
         let session = session.to_owned();
         let stream = stream.to_owned();
+        let finishes = events.iter().any(|(kind, _)| *kind == EventKind::Final);
+        let depends_on = crate::fence::pending(finishes);
         self.db
             .write(move |ctx| {
+                crate::fence::check(&depends_on)?;
                 let first = if new_stream { 1 } else { ctx.next_seq(&session, &stream)? };
                 let mut seq = first;
                 for (kind, payload) in &events {
@@ -616,7 +675,6 @@ impl SqliteStore {
                     seq += 1;
                 }
                 ctx.record_seq(&session, &stream, seq - 1);
-                let finishes = events.iter().any(|(kind, _)| *kind == EventKind::Final);
                 if finishes && first > 1 {
                     ctx.conn
                         .prepare_cached("UPDATE tracked_streams SET finished_at_ms = ?3 WHERE session = ?1 AND stream = ?2")?

@@ -2,6 +2,10 @@
 //! the store's group-committing writer. "Most recent session for this root
 //! and principal" is one lookup on `nb_sessions_by_root`.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use async_trait::async_trait;
 use rusqlite::{OptionalExtension, params};
 use tether_store::sqlite::SqliteDb;
@@ -45,6 +49,60 @@ const THOUGHTS_TABLE: &str = "CREATE TABLE IF NOT EXISTS nb_thoughts(
 
 pub struct SqliteNotebook {
     db: SqliteDb,
+    /// Thought and branch counts of recently written notebook sessions, so a
+    /// thought can be answered before it is committed (see `append_thought`).
+    /// Exact: one process writes a file (it is locked), all through here.
+    counts: tokio::sync::Mutex<HashMap<(String, String), Counts>>,
+}
+
+/// Notebook sessions whose counts are kept; beyond, the map starts over.
+const COUNTED_SESSIONS: usize = 4_096;
+
+struct Counts {
+    thoughts: u64,
+    /// Sorted, as the table reads them.
+    branches: Vec<String>,
+    /// Set (on the writer) when a queued thought of the session failed: the
+    /// counts are then wrong and are read again.
+    stale: Arc<AtomicBool>,
+}
+
+impl Counts {
+    /// The counts after `thought`, which gets number `thoughts + 1`.
+    fn record(&mut self, thought: &ThoughtInput) -> Recorded {
+        self.thoughts += 1;
+        if let Some((branch, _)) = thought.branch() {
+            if let Err(at) = self.branches.binary_search_by(|b| b.as_str().cmp(branch)) {
+                self.branches.insert(at, branch.to_owned());
+            }
+        }
+        Recorded { thought_history_length: self.thoughts, branches: self.branches.clone() }
+    }
+}
+
+/// Stores thought number `idx` of a session whose counts are known; the
+/// counters only ever grow (a later thought may commit in the same batch).
+fn insert_thought(
+    conn: &rusqlite::Connection,
+    session_id: &str,
+    idx: u64,
+    body: &str,
+    thought: &ThoughtInput,
+    branch_count: usize,
+    now: i64,
+) -> rusqlite::Result<()> {
+    conn.prepare_cached("INSERT INTO nb_thoughts(session_id, idx, body, recorded_at_ms) VALUES (?1, ?2, ?3, ?4)")?
+        .execute(params![session_id, idx as i64, body, now])?;
+    if let Some((branch, from)) = thought.branch() {
+        conn.prepare_cached("INSERT OR IGNORE INTO nb_branches(session_id, branch_id, from_thought) VALUES (?1, ?2, ?3)")?
+            .execute(params![session_id, branch, from as i64])?;
+    }
+    conn.prepare_cached(
+        "UPDATE nb_sessions SET thought_count = MAX(thought_count, ?1), branch_count = MAX(branch_count, ?2),
+         updated_at_ms = MAX(updated_at_ms, ?3) WHERE id = ?4",
+    )?
+    .execute(params![idx as i64, branch_count as i64, now, session_id])?;
+    Ok(())
 }
 
 impl SqliteNotebook {
@@ -55,8 +113,51 @@ impl SqliteNotebook {
             Ok(ctx.conn.execute_batch(SCHEMA)?)
         })
         .await?;
-        Ok(Self { db })
+        Ok(Self { db, counts: tokio::sync::Mutex::new(HashMap::new()) })
     }
+
+    /// Appends a thought counted by the table, and waits for its commit.
+    async fn append_counted(&self, principal: &str, session_id: &str, thought: &ThoughtInput, body: String) -> Result<Recorded, RepoError> {
+        let (principal, session_id) = (principal.to_owned(), session_id.to_owned());
+        let missing = session_id.clone();
+        let thought = thought.clone();
+        let recorded = self
+            .db
+            .write(move |ctx| {
+                let conn = &ctx.conn;
+                let counts: Option<(i64, i64)> = conn
+                    .prepare_cached("SELECT thought_count, branch_count FROM nb_sessions WHERE id = ?1 AND principal = ?2")?
+                    .query_row(params![session_id, principal], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .optional()?;
+                let Some((count, branch_count)) = counts else { return Ok(None) };
+                let now = tether_store::now_ms();
+                conn.prepare_cached("INSERT INTO nb_thoughts(session_id, idx, body, recorded_at_ms) VALUES (?1, ?2, ?3, ?4)")?
+                    .execute(params![session_id, count + 1, body, now])?;
+                let branch = thought.branch();
+                if let Some((branch, from)) = &branch {
+                    conn.prepare_cached(
+                        "INSERT OR IGNORE INTO nb_branches(session_id, branch_id, from_thought) VALUES (?1, ?2, ?3)",
+                    )?
+                    .execute(params![session_id, branch, *from as i64])?;
+                }
+                // Most notebooks never branch: no branch table read for them.
+                let branches: Vec<String> = if branch.is_none() && branch_count == 0 {
+                    Vec::new()
+                } else {
+                    conn.prepare_cached("SELECT branch_id FROM nb_branches WHERE session_id = ?1 ORDER BY branch_id")?
+                        .query_map(params![session_id], |r| r.get(0))?
+                        .collect::<Result<_, _>>()?
+                };
+                conn.prepare_cached(
+                    "UPDATE nb_sessions SET thought_count = ?1, branch_count = ?2, updated_at_ms = ?3 WHERE id = ?4",
+                )?
+                .execute(params![count + 1, branches.len() as i64, now, session_id])?;
+                Ok(Some(Recorded { thought_history_length: (count + 1) as u64, branches }))
+            })
+            .await?;
+        recorded.ok_or(RepoError::NotFound(missing))
+    }
+
 }
 
 const COLUMNS: &str = "id, principal, title, tags, root_uri, created_at_ms, updated_at_ms, thought_count, branch_count";
@@ -120,46 +221,63 @@ impl NotebookRepo for SqliteNotebook {
             .await?)
     }
 
+    /// Inside a request (a [`tether_store::fence`] scope) and with the
+    /// session's counts known, the thought is queued for the next group
+    /// commit and answered at once: the response's events follow it through
+    /// the same writer and are stored only if it was (one commit wait per
+    /// call instead of two). Otherwise (first thought of a session since
+    /// start, outside a request) it is written and awaited, counted by the
+    /// table.
     async fn append_thought(&self, principal: &str, session_id: &str, thought: &ThoughtInput) -> Result<Recorded, RepoError> {
-        let (principal, session_id) = (principal.to_owned(), session_id.to_owned());
-        let missing = session_id.clone();
-        let thought = thought.clone();
-        let body = serde_json::to_string(&thought).map_err(|e| RepoError::Storage(e.to_string()))?;
-        let recorded = self
-            .db
-            .write(move |ctx| {
-                let conn = &ctx.conn;
-                let counts: Option<(i64, i64)> = conn
-                    .prepare_cached("SELECT thought_count, branch_count FROM nb_sessions WHERE id = ?1 AND principal = ?2")?
-                    .query_row(params![session_id, principal], |r| Ok((r.get(0)?, r.get(1)?)))
-                    .optional()?;
-                let Some((count, branch_count)) = counts else { return Ok(None) };
-                let now = tether_store::now_ms();
-                conn.prepare_cached("INSERT INTO nb_thoughts(session_id, idx, body, recorded_at_ms) VALUES (?1, ?2, ?3, ?4)")?
-                    .execute(params![session_id, count + 1, body, now])?;
-                let branch = thought.branch();
-                if let Some((branch, from)) = &branch {
-                    conn.prepare_cached(
-                        "INSERT OR IGNORE INTO nb_branches(session_id, branch_id, from_thought) VALUES (?1, ?2, ?3)",
-                    )?
-                    .execute(params![session_id, branch, *from as i64])?;
-                }
-                // Most notebooks never branch: no branch table read for them.
-                let branches: Vec<String> = if branch.is_none() && branch_count == 0 {
-                    Vec::new()
-                } else {
-                    conn.prepare_cached("SELECT branch_id FROM nb_branches WHERE session_id = ?1 ORDER BY branch_id")?
-                        .query_map(params![session_id], |r| r.get(0))?
-                        .collect::<Result<_, _>>()?
+        let body = serde_json::to_string(thought).map_err(|e| RepoError::Storage(e.to_string()))?;
+        let key = (principal.to_owned(), session_id.to_owned());
+        if tether_store::fence::in_scope() {
+            let mut counts = self.counts.lock().await;
+            if counts.get(&key).is_some_and(|c| c.stale.load(Ordering::Acquire)) {
+                counts.remove(&key);
+            }
+            if let Some(known) = counts.get_mut(&key) {
+                let recorded = known.record(thought);
+                let stale = known.stale.clone();
+                let (session_id, thought) = (session_id.to_owned(), thought.clone());
+                let (idx, branch_count, now) = (recorded.thought_history_length, recorded.branches.len(), tether_store::now_ms());
+                // Queued under the lock: thoughts of a session reach the writer in number order.
+                let queued = self
+                    .db
+                    .write_deferred(
+                        move |ctx| Ok(insert_thought(&ctx.conn, &session_id, idx, &body, &thought, branch_count, now)?),
+                        move || stale.store(true, Ordering::Release),
+                    )
+                    .await;
+                return match queued {
+                    Some(Ok(())) => Ok(recorded),
+                    Some(Err(e)) => {
+                        counts.remove(&key);
+                        Err(e.into())
+                    }
+                    None => {
+                        counts.remove(&key);
+                        Err(RepoError::Storage("the thought could not be queued outside a request".into()))
+                    }
                 };
-                conn.prepare_cached(
-                    "UPDATE nb_sessions SET thought_count = ?1, branch_count = ?2, updated_at_ms = ?3 WHERE id = ?4",
-                )?
-                .execute(params![count + 1, branches.len() as i64, now, session_id])?;
-                Ok(Some(Recorded { thought_history_length: (count + 1) as u64, branches }))
-            })
-            .await?;
-        recorded.ok_or(RepoError::NotFound(missing))
+            }
+        }
+        let recorded = self.append_counted(principal, session_id, thought, body).await?;
+        let mut counts = self.counts.lock().await;
+        if counts.len() >= COUNTED_SESSIONS {
+            counts.clear();
+        }
+        let known = counts.entry(key).or_insert_with(|| Counts {
+            thoughts: 0,
+            branches: Vec::new(),
+            stale: Arc::new(AtomicBool::new(false)),
+        });
+        // Another call may have counted further meanwhile.
+        if recorded.thought_history_length >= known.thoughts {
+            known.thoughts = recorded.thought_history_length;
+            known.branches = recorded.branches.clone();
+        }
+        Ok(recorded)
     }
 
     async fn thoughts(&self, principal: &str, session_id: &str) -> Result<Vec<StoredThought>, RepoError> {
@@ -290,5 +408,86 @@ mod tests {
         )
         .unwrap();
         assert_eq!(repo.append_thought("p", "n1", &input).await.unwrap().thought_history_length, 3, "numbering continues");
+    }
+
+    fn step(n: u64) -> ThoughtInput {
+        ThoughtInput::parse(
+            serde_json::json!({"thought": format!("step {n}"), "thoughtNumber": n, "totalThoughts": 9, "nextThoughtNeeded": true})
+                .as_object()
+                .unwrap(),
+        )
+        .unwrap()
+    }
+
+    async fn open(path: &std::path::Path) -> (SqliteStore, SqliteNotebook) {
+        let store = SqliteStore::open(path, StoreConfig::default()).await.unwrap();
+        let repo = SqliteNotebook::new(store.db().clone()).await.unwrap();
+        (store, repo)
+    }
+
+    /// Inside a request, a thought is answered before its commit and
+    /// committed with the response that follows it; numbering stays exact
+    /// and nothing is lost across a reopen.
+    #[tokio::test]
+    async fn thoughts_answered_before_their_commit_are_stored_with_the_response() {
+        use tether_store::{EventKind, Store};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nb.db");
+        {
+            let (store, repo) = open(&path).await;
+            let session = NotebookSession::new("p", None, Vec::new(), None);
+            repo.create_session(&session).await.unwrap();
+            for n in 1..=5u64 {
+                let stream = format!("r{n}");
+                let (recorded, first) = tether_store::fence::scope(async {
+                    let recorded = repo.append_thought("p", &session.id, &step(n)).await.unwrap();
+                    let events = vec![(EventKind::Prime, bytes::Bytes::new()), (EventKind::Final, bytes::Bytes::from("ok"))];
+                    (recorded, store.start_stream("s", &stream, events).await)
+                })
+                .await;
+                assert_eq!(recorded.thought_history_length, n);
+                assert_eq!(first.unwrap(), 1, "the response is stored");
+            }
+            let stored: Vec<String> = repo.thoughts("p", &session.id).await.unwrap().into_iter().map(|t| t.input.thought).collect();
+            assert_eq!(stored, (1..=5).map(|n| format!("step {n}")).collect::<Vec<_>>());
+        }
+        let (_store, repo) = open(&path).await;
+        let sessions = repo.list_sessions("p", &SessionFilter { limit: 10, ..Default::default() }).await.unwrap();
+        assert_eq!(sessions.len(), 1);
+        assert_eq!(sessions[0].thought_count, 5, "the counters were committed too");
+        assert_eq!(repo.thoughts("p", &sessions[0].id).await.unwrap().len(), 5);
+    }
+
+    /// A queued thought that fails keeps the response that relied on it out
+    /// of the store, and the next thought is counted from the table again.
+    #[tokio::test]
+    async fn a_failed_queued_thought_keeps_its_response_out() {
+        use tether_store::{EventKind, Store, StoreError};
+        let dir = tempfile::tempdir().unwrap();
+        let (store, repo) = open(&dir.path().join("nb.db")).await;
+        let session = NotebookSession::new("p", None, Vec::new(), None);
+        repo.create_session(&session).await.unwrap();
+        repo.append_thought("p", &session.id, &step(1)).await.unwrap();
+        // Something else takes number 2 behind the notebook's back: its queued write will conflict.
+        let id = session.id.clone();
+        store
+            .db()
+            .write(move |ctx| {
+                ctx.conn.execute("INSERT INTO nb_thoughts(session_id, idx, body, recorded_at_ms) VALUES (?1, 2, '{}', 0)", [&id])?;
+                Ok(ctx.conn.execute("UPDATE nb_sessions SET thought_count = 2 WHERE id = ?1", [&id])?)
+            })
+            .await
+            .unwrap();
+
+        let stored = tether_store::fence::scope(async {
+            repo.append_thought("p", &session.id, &step(2)).await.unwrap();
+            store.start_stream("s", "r2", vec![(EventKind::Prime, bytes::Bytes::new()), (EventKind::Final, bytes::Bytes::from("ok"))]).await
+        })
+        .await;
+        assert!(matches!(stored, Err(StoreError::EarlierWriteFailed(_))), "{stored:?}");
+        assert!(store.read_after("s", "r2", 0, 10).await.unwrap().is_empty(), "no response claims the thought was stored");
+
+        let again = tether_store::fence::scope(repo.append_thought("p", &session.id, &step(2))).await.unwrap();
+        assert_eq!(again.thought_history_length, 3, "counted from the table, after the row that was there");
     }
 }

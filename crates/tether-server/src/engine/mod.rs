@@ -647,10 +647,14 @@ impl Inner {
         let (stream, attachment, quick) =
             request_stream::RequestStream::new(ids::new_request_stream(), prime_meta(&id, method, &self.instance));
         let name = stream.name.clone();
+        let request_id = id.clone();
         let ctx = ToolCtx::new(self.clone(), session.clone(), Some(stream.clone()), id, progress_token, cancel.clone());
         let prime_delay = self.config.prime_delay;
         let worker_session = session.clone();
-        tokio::spawn(async move {
+        // A request's stream is where the work's deferred writes are
+        // checked (`tether_store::fence`); JSON answers are not stored, so
+        // JSON mode above defers nothing.
+        tokio::spawn(tether_store::fence::scope(async move {
             let session = worker_session;
             let inner = ctx.inner().clone();
             let mut work = std::pin::pin!(ctx::run_work(ctx, work, cancel));
@@ -665,12 +669,18 @@ impl Inner {
                 }
             };
             if !session.closed.is_cancelled() {
-                if let Err(e) = stream.finish(&inner, &session.id, payload).await {
+                let mut stored = stream.finish(&inner, &session.id, payload).await;
+                if let Err(StoreError::EarlierWriteFailed(why)) = &stored {
+                    let message = format!("the request's changes were not stored: {why}");
+                    let error = protocol::error_message(Some(&request_id), protocol::INTERNAL_ERROR, &message, None);
+                    stored = stream.finish(&inner, &session.id, error).await;
+                }
+                if let Err(e) = stored {
                     tracing::error!(session = %session.id, error = %e, "could not store a response; the client will see it as interrupted");
                 }
             }
             ctx::finish(&session, &key);
-        });
+        }));
         if let Ok(request_stream::Quick::Done { prime_seq, response }) = quick.await {
             let frames = vec![
                 Frame::Prime { id: EventId::new(&name, prime_seq) },
