@@ -67,11 +67,10 @@ impl Notebook {
             })
             .await?;
         let winner = state.get(CURRENT_SESSION).and_then(Value::as_str).unwrap_or(&id).to_owned();
-        if winner != id {
-            if let Some(found) = self.repo.get_session(&principal, &winner).await.map_err(repo_error)? {
+        if winner != id
+            && let Some(found) = self.repo.get_session(&principal, &winner).await.map_err(repo_error)? {
                 return Ok(found);
             }
-        }
         tracing::info!(notebook_session = %created.id, "started a notebook session");
         Ok(created)
     }

@@ -11,10 +11,11 @@ pub fn new_session_id() -> String {
     hex::encode(rand::random::<[u8; 24]>())
 }
 
-/// A request stream's name: `r` + the time in milliseconds (11 hex digits)
-/// + 64 random bits. The time prefix keeps a session's new streams at the end
-/// of the store's (session, stream, seq) order, so writes touch the same few
-/// pages instead of random ones; the random part keeps names unguessable.
+/// A request stream's name: `r`, then the time in milliseconds (11 hex
+/// digits), then 64 random bits. The time prefix puts new streams at the end
+/// of the store's (stream, session, seq) order, so a commit's writes touch
+/// the same few pages, and lets old finished streams be dropped by name
+/// range; the random part keeps names unguessable.
 pub fn new_request_stream() -> String {
     let ms = tether_store::now_ms().max(0) as u64 & 0xfff_ffff_ffff;
     format!("r{ms:011x}{}", hex::encode(rand::random::<[u8; 8]>()))

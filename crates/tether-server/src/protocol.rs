@@ -78,11 +78,10 @@ pub fn parse_message(body: &[u8]) -> Result<Inbound, EnvelopeError> {
     if obj.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
         return Err(invalid("`jsonrpc` must be the string \"2.0\"", id_for_errors));
     }
-    if let Some(id) = &id {
-        if !valid_id(id) {
+    if let Some(id) = &id
+        && !valid_id(id) {
             return Err(invalid("`id` must be a string or an integer (not null)", None));
         }
-    }
     if let Some(method) = obj.remove("method") {
         let Value::String(method) = method else {
             return Err(invalid("`method` must be a string", id_for_errors));

@@ -14,11 +14,14 @@ use crate::{EventKind, SessionRecord, Store, now_ms};
 
 pub type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
+/// Closes a store and opens it again on the same data (backends that keep data).
+pub type Reopen = Box<dyn Fn(Arc<dyn Store>) -> BoxFut<Arc<dyn Store>> + Send + Sync>;
+
 /// Opens a store for a check. `reopen` (durable backends only) drops the
 /// given store without flushing and opens the same data again.
 pub struct Harness {
     pub fresh: Box<dyn Fn() -> BoxFut<Arc<dyn Store>> + Send + Sync>,
-    pub reopen: Option<Box<dyn Fn(Arc<dyn Store>) -> BoxFut<Arc<dyn Store>> + Send + Sync>>,
+    pub reopen: Option<Reopen>,
 }
 
 pub fn session(id: &str, principal: &str, ttl_ms: i64) -> SessionRecord {

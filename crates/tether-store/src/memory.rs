@@ -58,11 +58,10 @@ fn summary(name: &str, log: &StreamLog) -> StreamSummary {
 impl Store for MemoryStore {
     async fn create_session(&self, session: &SessionRecord) -> StoreResult<()> {
         let mut inner = self.lock()?;
-        if let Some(existing) = inner.sessions.get(&session.id) {
-            if existing.expires_at_ms > now_ms() {
+        if let Some(existing) = inner.sessions.get(&session.id)
+            && existing.expires_at_ms > now_ms() {
                 return Err(StoreError::Conflict(format!("session {}", session.id)));
             }
-        }
         inner.sessions.insert(session.id.clone(), session.clone());
         Ok(())
     }

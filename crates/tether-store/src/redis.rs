@@ -296,11 +296,10 @@ async fn listen(client: redis::Client, channel: String, tx: broadcast::Sender<Re
                         }
                         let Ok(text) = msg.get_payload::<String>() else { continue };
                         let mut parts = text.splitn(3, '\n');
-                        if let (Some(session), Some(stream), Some(seq)) = (parts.next(), parts.next(), parts.next()) {
-                            if let Ok(seq) = seq.parse() {
+                        if let (Some(session), Some(stream), Some(seq)) = (parts.next(), parts.next(), parts.next())
+                            && let Ok(seq) = seq.parse() {
                                 let _ = tx.send(RemoteAppend { session: session.into(), stream: stream.into(), seq });
                             }
-                        }
                     }
                 }
             }

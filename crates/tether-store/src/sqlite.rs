@@ -164,11 +164,10 @@ where
         }
         let ok = commit.is_ok() && crate::fence::check(std::slice::from_ref(&self.ticket)).is_ok();
         self.ticket.committed(ok);
-        if !ok {
-            if let Some(on_failure) = self.on_failure {
+        if !ok
+            && let Some(on_failure) = self.on_failure {
                 on_failure();
             }
-        }
     }
 }
 
@@ -362,13 +361,12 @@ fn checkpointer_loop(conn: Connection, commits: std::sync::mpsc::Receiver<()>, w
 #[cfg(unix)]
 fn prepare_path(path: &Path) -> StoreResult<std::fs::File> {
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        if !dir.exists() {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+        && !dir.exists() {
             std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|e| {
                 StoreError::Config(format!("cannot create directory {}: {e}", dir.display()))
             })?;
         }
-    }
     // Create the database file ourselves so it starts out 0600; SQLite gives
     // its -wal and -shm files the same mode.
     std::fs::OpenOptions::new()
@@ -524,11 +522,10 @@ impl SqliteDb {
                 }
             };
             let result = f(&conn);
-            if let Ok(mut pool) = readers.lock() {
-                if pool.len() < READ_POOL {
+            if let Ok(mut pool) = readers.lock()
+                && pool.len() < READ_POOL {
                     pool.push(conn);
                 }
-            }
             result
         })
         .await
@@ -572,10 +569,9 @@ fn writer_loop(
                 Err(_) => break,
             }
         }
-        let committed = run_batch(&mut ctx, &mut batch).map_err(|e| {
+        let committed = run_batch(&mut ctx, &mut batch).inspect_err(|_e| {
             ctx.seqs.clear();
             let _ = ctx.conn.execute_batch("ROLLBACK");
-            e
         });
         for job in batch.drain(..) {
             job.complete(committed.as_ref().map(|_| ()).map_err(|e| StoreError::Backend(e.to_string())));

@@ -172,7 +172,7 @@ async fn work_continues_after_a_disconnect_and_progress_reaches_a_waiting_client
     // The response (with its token) waits in the request's stream.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let mut replay = SseReader::new(c.get(&sid, prime.id.as_deref()).send().await.unwrap());
-    let first = replay.all_events().await.into_iter().filter(|e| !e.data.is_empty()).last().unwrap().json();
+    let first = replay.all_events().await.into_iter().rfind(|e| !e.data.is_empty()).unwrap().json();
     let mut text = first["result"]["content"][0]["text"].as_str().unwrap_or("").to_owned();
     let token = next_token(&first).expect("more chunks");
     let rest = c.call_meta(&sid, 3, "count", &args, json!({"resumeToken": token})).await;
@@ -191,7 +191,7 @@ async fn after_a_crash_restartable_work_continues_and_other_work_reports_the_int
     let count = c.call_meta(&sid, 1, "count", &count_args, json!({})).await;
     let fragile = c.call_meta(&sid, 2, "fragile", &fragile_args, json!({})).await;
     let (count_token, fragile_token) = (next_token(&count).unwrap(), next_token(&fragile).unwrap());
-    let before = joined_text(&[count.clone()]);
+    let before = joined_text(std::slice::from_ref(&count));
     let dir = server.crash();
 
     let server = TestServer::start_in(dir, Backend::Sqlite, AppKind::Test, config()).await;

@@ -79,7 +79,7 @@ async fn a_server_request_raised_on_one_replica_is_answered_through_another() {
     let answer = json!({"jsonrpc": "2.0", "id": request["id"], "result": {"roots": [{"uri": "file:///replicated"}]}});
     assert_eq!(cb.post(Some(&sid), &answer).send().await.unwrap().status(), 202);
     let mut final_stream = SseReader::new(cc.get(&sid, prime.id.as_deref()).send().await.unwrap());
-    let done = final_stream.all_events().await.into_iter().filter(|e| !e.data.is_empty()).last().unwrap().json();
+    let done = final_stream.all_events().await.into_iter().rfind(|e| !e.data.is_empty()).unwrap().json();
     assert_eq!(done["id"], 7);
     assert_eq!(done["result"]["structuredContent"]["roots"][0]["uri"], "file:///replicated", "A got the answer POSTed to B");
 }

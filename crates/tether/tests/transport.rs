@@ -150,7 +150,7 @@ async fn standalone_stream_keeps_alive_and_delivers_messages_raised_while_nobody
             .unwrap();
         assert_eq!(answer.status(), 202);
         let mut resumed = SseReader::new(c.get(&sid, ask_prime.id.as_deref()).send().await.unwrap());
-        let done = resumed.all_events().await.into_iter().filter(|e| !e.data.is_empty()).last().unwrap().json();
+        let done = resumed.all_events().await.into_iter().rfind(|e| !e.data.is_empty()).unwrap().json();
         assert_eq!(done["result"]["structuredContent"]["roots"][0]["uri"], "file:///w");
 
         // Keep-alive comments flow while idle.

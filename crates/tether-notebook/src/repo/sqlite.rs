@@ -71,11 +71,10 @@ impl Counts {
     /// The counts after `thought`, which gets number `thoughts + 1`.
     fn record(&mut self, thought: &ThoughtInput) -> Recorded {
         self.thoughts += 1;
-        if let Some((branch, _)) = thought.branch() {
-            if let Err(at) = self.branches.binary_search_by(|b| b.as_str().cmp(branch)) {
+        if let Some((branch, _)) = thought.branch()
+            && let Err(at) = self.branches.binary_search_by(|b| b.as_str().cmp(branch)) {
                 self.branches.insert(at, branch.to_owned());
             }
-        }
         Recorded { thought_history_length: self.thoughts, branches: self.branches.clone() }
     }
 }

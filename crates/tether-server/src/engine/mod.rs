@@ -787,11 +787,10 @@ impl Inner {
             .map(|m| m.values().filter(|s| s.last_seen() < idle_before && !s.is_busy()).cloned().collect())
             .unwrap_or_default();
         for s in idle {
-            if self.hub.session_connections(&s.id) == 0 {
-                if let Ok(mut m) = self.sessions.lock() {
+            if self.hub.session_connections(&s.id) == 0
+                && let Ok(mut m) = self.sessions.lock() {
                     m.remove(&s.id);
                 }
-            }
         }
     }
 }

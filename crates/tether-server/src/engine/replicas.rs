@@ -49,12 +49,11 @@ pub(crate) fn start(inner: &Arc<Inner>) {
                         Ok(a) => match a.stream.strip_prefix(TAKEOVER) {
                             Some(by) => {
                                 let Some(inner) = weak.upgrade() else { return };
-                                if by != inner.instance {
-                                    if let Some(session) = inner.cached(&a.session) {
+                                if by != inner.instance
+                                    && let Some(session) = inner.cached(&a.session) {
                                         // A GET on another replica took over: end ours.
                                         session.standalone_owner.send_modify(|g| *g += 1);
                                     }
-                                }
                             }
                             None => match a.stream.strip_prefix(ANSWERED) {
                                 Some(request) => {
@@ -124,11 +123,10 @@ pub(crate) async fn mark_standalone(inner: &Inner, session: &str) {
 
 /// The standalone stream is no longer held here (unless another replica took it).
 pub(crate) async fn unmark_standalone(inner: &Inner, session: &str) {
-    if let Ok(Some(v)) = inner.store.kv_get(STANDALONE_NAMESPACE, session, now_ms()).await {
-        if v.value.as_ref() == inner.instance.as_bytes() {
+    if let Ok(Some(v)) = inner.store.kv_get(STANDALONE_NAMESPACE, session, now_ms()).await
+        && v.value.as_ref() == inner.instance.as_bytes() {
             let _ = inner.store.kv_delete(STANDALONE_NAMESPACE, session).await;
         }
-    }
 }
 
 /// Whether some replica holds a live standalone GET of this session.
@@ -140,15 +138,14 @@ pub(crate) async fn standalone_live_anywhere(inner: &Inner, session: &str) -> bo
 pub(crate) async fn refresh(inner: &Inner, session: &Session) -> Result<bool, EngineError> {
     let Some(record) = inner.store.get_session(&session.id, now_ms()).await? else { return Ok(false) };
     let mut durable = session.durable.lock().await;
-    if record.revision > durable.revision {
-        if let Ok(state) = serde_json::from_value::<SessionState>(record.state) {
+    if record.revision > durable.revision
+        && let Ok(state) = serde_json::from_value::<SessionState>(record.state) {
             if let Ok(mut v) = session.protocol_version.lock() {
                 *v = state.protocol_version.clone();
             }
             durable.state = state;
             durable.revision = record.revision;
         }
-    }
     // Activity on other replicas counts.
     let ttl = inner.config.session_ttl.as_millis() as i64;
     let seen_elsewhere = record.expires_at_ms - ttl - ttl / 10;
@@ -174,11 +171,10 @@ pub(crate) async fn post_answer(inner: &Inner, session: &str, request: &str, out
         .kv_compare_and_set(ANSWER_NAMESPACE, &answer_key(session, request), None, Bytes::from(body.to_string()), expires)
         .await?;
     // An announcement is one line per field; a key with a newline waits for the poll.
-    if !request.contains('\n') {
-        if let Err(e) = inner.store.announce(session, &format!("{ANSWERED}{request}"), 0).await {
+    if !request.contains('\n')
+        && let Err(e) = inner.store.announce(session, &format!("{ANSWERED}{request}"), 0).await {
             tracing::debug!(%session, error = %e, "could not announce an answer; the waiting replica will poll for it");
         }
-    }
     Ok(())
 }
 
@@ -190,11 +186,10 @@ fn deliver_stored_answer(inner: Arc<Inner>, session: String, request: String) {
         return;
     }
     tokio::spawn(async move {
-        if let Some(answer) = take_answer(&inner, &session, &request).await {
-            if let Some(tx) = cached.pending.lock().ok().and_then(|mut p| p.remove(&request)) {
+        if let Some(answer) = take_answer(&inner, &session, &request).await
+            && let Some(tx) = cached.pending.lock().ok().and_then(|mut p| p.remove(&request)) {
                 let _ = tx.send(answer);
             }
-        }
     });
 }
 
