@@ -319,7 +319,7 @@ fn configure(conn: &Connection, strict: bool) -> StoreResult<()> {
 /// Copies committed WAL pages back into the database file beside the
 /// writer, so a commit never pays for a checkpoint. Woken by the writer
 /// after commits; ends when the writer does.
-fn checkpointer_loop(conn: Connection, commits: std::sync::mpsc::Receiver<()>, wal: Arc<WalRecycling>) {
+fn checkpointer_loop(conn: Connection, db_file: Option<std::fs::File>, commits: std::sync::mpsc::Receiver<()>, wal: Arc<WalRecycling>) {
     // Passes since the WAL reached its restart size.
     let mut passes = 0;
     while commits.recv().is_ok() {
@@ -335,7 +335,17 @@ fn checkpointer_loop(conn: Connection, commits: std::sync::mpsc::Receiver<()>, w
         let passive = {
             let _running = wal.checkpointing.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             // Columns: busy, frames in the WAL, frames copied back.
-            conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(2))
+            let copied = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(2));
+            // SQLite syncs the database only after a pass that caught up with
+            // the writer, which under steady writes is the writer's catch-up:
+            // the kernel would then write back every page copied since, on the
+            // writer's thread. Syncing here leaves it the last few.
+            if let (Ok(1..), Some(file)) = (&copied, &db_file) {
+                if let Err(e) = file.sync_data() {
+                    tracing::warn!(error = %e, "sqlite database sync after a checkpoint failed; will retry");
+                }
+            }
+            copied
         };
         match passive {
             Ok(copied) if copied >= WAL_RESTART_PAGES => {
@@ -425,11 +435,13 @@ impl SqliteDb {
         .map_err(|e| StoreError::Backend(format!("open task failed: {e}")))??;
 
         let (commits_tx, commits_rx) = std::sync::mpsc::sync_channel(1);
+        // Only to sync what the checkpointer copied; without it SQLite's own syncs remain.
+        let db_file = std::fs::File::open(&path).ok();
         let wal = Arc::new(WalRecycling::default());
         let checkpointer_wal = wal.clone();
         std::thread::Builder::new()
             .name("tether-sqlite-checkpoint".into())
-            .spawn(move || checkpointer_loop(checkpoint_conn, commits_rx, checkpointer_wal))
+            .spawn(move || checkpointer_loop(checkpoint_conn, db_file, commits_rx, checkpointer_wal))
             .map_err(|e| StoreError::Backend(format!("cannot start checkpoint thread: {e}")))?;
 
         let wal_frames = wal.clone();
