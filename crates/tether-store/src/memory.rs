@@ -19,9 +19,43 @@ struct StreamLog {
     finished: bool,
 }
 
+/// A session as kept: the ID is the map's key and the state is kept as its
+/// JSON text (a `serde_json::Value` tree takes several times the bytes of
+/// its text, and many idle sessions are mostly state).
+struct KeptSession {
+    principal: Box<str>,
+    created_at_ms: i64,
+    expires_at_ms: i64,
+    revision: u64,
+    state: Box<str>,
+}
+
+impl KeptSession {
+    fn keep(s: &SessionRecord) -> StoreResult<Self> {
+        Ok(Self {
+            principal: s.principal.as_str().into(),
+            created_at_ms: s.created_at_ms,
+            expires_at_ms: s.expires_at_ms,
+            revision: s.revision,
+            state: serde_json::to_string(&s.state).map_err(|e| StoreError::Backend(e.to_string()))?.into(),
+        })
+    }
+
+    fn record(&self, id: &str) -> StoreResult<SessionRecord> {
+        Ok(SessionRecord {
+            id: id.to_owned(),
+            principal: self.principal.to_string(),
+            created_at_ms: self.created_at_ms,
+            expires_at_ms: self.expires_at_ms,
+            revision: self.revision,
+            state: serde_json::from_str(&self.state).map_err(|e| StoreError::Corrupt(format!("session {id} state: {e}")))?,
+        })
+    }
+}
+
 #[derive(Default)]
 struct Inner {
-    sessions: HashMap<String, SessionRecord>,
+    sessions: HashMap<String, KeptSession>,
     // session -> stream -> log
     logs: HashMap<String, BTreeMap<String, StreamLog>>,
     cursors: HashMap<(String, String), u64>,
@@ -62,21 +96,21 @@ impl Store for MemoryStore {
             && existing.expires_at_ms > now_ms() {
                 return Err(StoreError::Conflict(format!("session {}", session.id)));
             }
-        inner.sessions.insert(session.id.clone(), session.clone());
+        inner.sessions.insert(session.id.clone(), KeptSession::keep(session)?);
         Ok(())
     }
 
     async fn get_session(&self, id: &str, now_ms: i64) -> StoreResult<Option<SessionRecord>> {
         let inner = self.lock()?;
-        Ok(inner.sessions.get(id).filter(|s| s.expires_at_ms > now_ms).cloned())
+        inner.sessions.get(id).filter(|s| s.expires_at_ms > now_ms).map(|s| s.record(id)).transpose()
     }
 
     async fn update_session_state(&self, id: &str, expected: u64, state: &serde_json::Value) -> StoreResult<Option<u64>> {
         let mut inner = self.lock()?;
         match inner.sessions.get_mut(id) {
             Some(s) if s.revision == expected => {
+                s.state = serde_json::to_string(state).map_err(|e| StoreError::Backend(e.to_string()))?.into();
                 s.revision += 1;
-                s.state = state.clone();
                 Ok(Some(s.revision))
             }
             _ => Ok(None),
@@ -104,12 +138,12 @@ impl Store for MemoryStore {
     async fn list_sessions(&self, principal: &str, limit: usize) -> StoreResult<Vec<SessionRecord>> {
         let inner = self.lock()?;
         let now = now_ms();
-        let mut out: Vec<_> = inner
+        let mut out = inner
             .sessions
-            .values()
-            .filter(|s| s.principal == principal && s.expires_at_ms > now)
-            .cloned()
-            .collect();
+            .iter()
+            .filter(|(_, s)| &*s.principal == principal && s.expires_at_ms > now)
+            .map(|(id, s)| s.record(id))
+            .collect::<StoreResult<Vec<_>>>()?;
         out.sort_by(|a, b| b.expires_at_ms.cmp(&a.expires_at_ms).then(a.id.cmp(&b.id)));
         out.truncate(limit);
         Ok(out)
@@ -117,17 +151,17 @@ impl Store for MemoryStore {
 
     async fn count_sessions(&self, principal: &str, now_ms: i64) -> StoreResult<u64> {
         let inner = self.lock()?;
-        Ok(inner.sessions.values().filter(|s| s.principal == principal && s.expires_at_ms > now_ms).count() as u64)
+        Ok(inner.sessions.values().filter(|s| &*s.principal == principal && s.expires_at_ms > now_ms).count() as u64)
     }
 
     async fn expire_sessions(&self, now_ms: i64, limit: usize) -> StoreResult<Vec<String>> {
         let mut inner = self.lock()?;
         let expired: Vec<String> = inner
             .sessions
-            .values()
-            .filter(|s| s.expires_at_ms <= now_ms)
+            .iter()
+            .filter(|(_, s)| s.expires_at_ms <= now_ms)
             .take(limit)
-            .map(|s| s.id.clone())
+            .map(|(id, _)| id.clone())
             .collect();
         for id in &expired {
             inner.sessions.remove(id);
