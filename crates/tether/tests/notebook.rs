@@ -20,7 +20,7 @@ async fn a_burst_of_first_thoughts_lands_in_one_notebook_session() {
         let mut lengths = Vec::new();
         for call in calls {
             let result = call.await.unwrap();
-            lengths.push(result["result"]["structuredContent"]["thoughtHistoryLength"].as_u64().unwrap());
+            lengths.push(result["result"]["structuredContent"]["thoughtHistoryLength"].as_u64().unwrap_or_else(|| panic!("{backend:?}: {result}")));
         }
         lengths.sort();
         assert_eq!(lengths, (1..=30).collect::<Vec<u64>>(), "{backend:?}: every thought in one history, none lost");

@@ -58,23 +58,39 @@ pub struct SqliteNotebook {
 /// Notebook sessions whose counts are kept; beyond, the map starts over.
 const COUNTED_SESSIONS: usize = 4_096;
 
+#[derive(Default)]
 struct Counts {
+    /// `thoughts` and `branches` are what the table holds plus the thoughts
+    /// queued since; false until a thought counted by the table told them.
+    known: bool,
     thoughts: u64,
     /// Sorted, as the table reads them.
     branches: Vec<String>,
+    /// Thoughts being counted by the table right now: until they are
+    /// committed, nothing is answered from these counts (it would take a
+    /// number one of them is about to take).
+    counting: u32,
     /// Set (on the writer) when a queued thought of the session failed: the
     /// counts are then wrong and are read again.
     stale: Arc<AtomicBool>,
 }
 
 impl Counts {
+    fn usable(&mut self) -> bool {
+        if self.stale.swap(false, Ordering::AcqRel) {
+            self.known = false;
+        }
+        self.known && self.counting == 0
+    }
+
     /// The counts after `thought`, which gets number `thoughts + 1`.
     fn record(&mut self, thought: &ThoughtInput) -> Recorded {
         self.thoughts += 1;
         if let Some((branch, _)) = thought.branch()
-            && let Err(at) = self.branches.binary_search_by(|b| b.as_str().cmp(branch)) {
-                self.branches.insert(at, branch.to_owned());
-            }
+            && let Err(at) = self.branches.binary_search_by(|b| b.as_str().cmp(branch))
+        {
+            self.branches.insert(at, branch.to_owned());
+        }
         Recorded { thought_history_length: self.thoughts, branches: self.branches.clone() }
     }
 }
@@ -230,53 +246,53 @@ impl NotebookRepo for SqliteNotebook {
     async fn append_thought(&self, principal: &str, session_id: &str, thought: &ThoughtInput) -> Result<Recorded, RepoError> {
         let body = serde_json::to_string(thought).map_err(|e| RepoError::Storage(e.to_string()))?;
         let key = (principal.to_owned(), session_id.to_owned());
-        if tether_store::fence::in_scope() {
-            let mut counts = self.counts.lock().await;
-            if counts.get(&key).is_some_and(|c| c.stale.load(Ordering::Acquire)) {
-                counts.remove(&key);
-            }
-            if let Some(known) = counts.get_mut(&key) {
-                let recorded = known.record(thought);
-                let stale = known.stale.clone();
-                let (session_id, thought) = (session_id.to_owned(), thought.clone());
-                let (idx, branch_count, now) = (recorded.thought_history_length, recorded.branches.len(), tether_store::now_ms());
-                // Queued under the lock: thoughts of a session reach the writer in number order.
-                let queued = self
-                    .db
-                    .write_deferred(
-                        move |ctx| Ok(insert_thought(&ctx.conn, &session_id, idx, &body, &thought, branch_count, now)?),
-                        move || stale.store(true, Ordering::Release),
-                    )
-                    .await;
-                return match queued {
-                    Some(Ok(())) => Ok(recorded),
-                    Some(Err(e)) => {
-                        counts.remove(&key);
-                        Err(e.into())
-                    }
-                    None => {
-                        counts.remove(&key);
-                        Err(RepoError::Storage("the thought could not be queued outside a request".into()))
-                    }
-                };
-            }
-        }
-        let recorded = self.append_counted(principal, session_id, thought, body).await?;
         let mut counts = self.counts.lock().await;
+        if tether_store::fence::in_scope()
+            && let Some(known) = counts.get_mut(&key).and_then(|c| c.usable().then_some(c))
+        {
+            let recorded = known.record(thought);
+            let stale = known.stale.clone();
+            let (session_id, thought) = (session_id.to_owned(), thought.clone());
+            let (idx, branch_count, now) = (recorded.thought_history_length, recorded.branches.len(), tether_store::now_ms());
+            // Queued under the lock: thoughts of a session reach the writer in number order.
+            let queued = self
+                .db
+                .write_deferred(
+                    move |ctx| Ok(insert_thought(&ctx.conn, &session_id, idx, &body, &thought, branch_count, now)?),
+                    move || stale.store(true, Ordering::Release),
+                )
+                .await;
+            return match queued {
+                Some(Ok(())) => Ok(recorded),
+                other => {
+                    known.known = false;
+                    Err(match other {
+                        Some(Err(e)) => e.into(),
+                        _ => RepoError::Storage("the thought could not be queued outside a request".into()),
+                    })
+                }
+            };
+        }
         if counts.len() >= COUNTED_SESSIONS {
-            counts.clear();
+            counts.retain(|_, c| c.counting > 0);
         }
-        let known = counts.entry(key).or_insert_with(|| Counts {
-            thoughts: 0,
-            branches: Vec::new(),
-            stale: Arc::new(AtomicBool::new(false)),
-        });
-        // Another call may have counted further meanwhile.
-        if recorded.thought_history_length >= known.thoughts {
-            known.thoughts = recorded.thought_history_length;
-            known.branches = recorded.branches.clone();
+        counts.entry(key.clone()).or_default().counting += 1;
+        drop(counts);
+
+        let counted = self.append_counted(principal, session_id, thought, body).await;
+        let mut counts = self.counts.lock().await;
+        if let Some(known) = counts.get_mut(&key) {
+            known.counting = known.counting.saturating_sub(1);
+            // Calls counted together finish in any order: keep the furthest.
+            if let Ok(recorded) = &counted
+                && (!known.known || recorded.thought_history_length >= known.thoughts)
+            {
+                known.known = true;
+                known.thoughts = recorded.thought_history_length;
+                known.branches = recorded.branches.clone();
+            }
         }
-        Ok(recorded)
+        counted
     }
 
     async fn thoughts(&self, principal: &str, session_id: &str) -> Result<Vec<StoredThought>, RepoError> {
