@@ -340,10 +340,10 @@ fn checkpointer_loop(conn: Connection, db_file: Option<std::fs::File>, commits: 
             // the writer, which under steady writes is the writer's catch-up:
             // the kernel would then write back every page copied since, on the
             // writer's thread. Syncing here leaves it the last few.
-            if let (Ok(1..), Some(file)) = (&copied, &db_file) {
-                if let Err(e) = file.sync_data() {
-                    tracing::warn!(error = %e, "sqlite database sync after a checkpoint failed; will retry");
-                }
+            if let (Ok(1..), Some(file)) = (&copied, &db_file)
+                && let Err(e) = file.sync_data()
+            {
+                tracing::warn!(error = %e, "sqlite database sync after a checkpoint failed; will retry");
             }
             copied
         };
