@@ -125,6 +125,10 @@ pub async fn append_ordering_and_read_after(store: &Arc<dyn Store>) {
     let batch = store.read_after("s", "r2", 0, 10).await.unwrap();
     assert_eq!(batch.iter().map(|e| (e.seq, e.kind)).collect::<Vec<_>>(), vec![(1, EventKind::Prime), (2, EventKind::Final)]);
     assert_eq!(store.append("s", "r2", EventKind::Message, Bytes::from_static(b"m")).await.unwrap(), 3);
+    let more = vec![(EventKind::Message, Bytes::from_static(b"m4")), (EventKind::Message, Bytes::from_static(b"m5"))];
+    assert_eq!(store.append_batch("s", "r2", more).await.unwrap(), 4, "a batch on a stream with events starts after them");
+    let tail = store.read_after("s", "r2", 3, 10).await.unwrap();
+    assert_eq!(tail.iter().map(|e| (e.seq, e.payload.clone())).collect::<Vec<_>>(), vec![(4, Bytes::from("m4")), (5, Bytes::from("m5"))]);
     assert!(store.stream("s", "nope").await.unwrap().is_none());
     // A new stream starts at 1; claiming that an existing one is new never overwrites it.
     assert_eq!(store.start_stream("s", "r3", vec![(EventKind::Prime, Bytes::from_static(b"p3"))]).await.unwrap(), 1);

@@ -141,21 +141,26 @@ for _, id in ipairs(ids) do drop(ARGV[1], id) end
 return ids
 "#,
             ),
-            // ARGV: p, id, stream, kind, payload, cap
+            // ARGV: p, id, stream, cap, then kind and payload of each event.
+            // Returns the first event's seq; announces every event.
             append: Script::new(
                 r#"
-local p, id, s = ARGV[1], ARGV[2], ARGV[3]
-local seq = redis.call('HINCRBY', p..'q:'..id, s, 1)
+local p, id, s, cap = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local n = (#ARGV - 4) / 2
+local first = redis.call('HINCRBY', p..'q:'..id, s, n) - n + 1
 local key = p..'e:'..id..':'..s
-redis.call('XADD', key, 'MAXLEN', ARGV[6], '0-'..seq, 'k', ARGV[4], 'p', ARGV[5])
+for i = 0, n - 1 do
+  local kind = ARGV[5 + 2 * i]
+  redis.call('XADD', key, 'MAXLEN', cap, '0-'..(first + i), 'k', kind, 'p', ARGV[6 + 2 * i])
+  if kind == '2' then redis.call('HSET', p..'f:'..id, s, 1) end
+end
 redis.call('SADD', p..'ss:'..id, s)
-if ARGV[4] == '2' then redis.call('HSET', p..'f:'..id, s, 1) end
 local e = redis.call('HGET', p..'s:'..id, 'expires')
 for _, k in ipairs({key, p..'ss:'..id, p..'q:'..id, p..'f:'..id}) do
   if e then redis.call('PEXPIREAT', k, e) else redis.call('PEXPIRE', k, 3600000) end
 end
-redis.call('PUBLISH', p..'live', id..'\n'..s..'\n'..seq)
-return seq
+for i = 0, n - 1 do redis.call('PUBLISH', p..'live', id..'\n'..s..'\n'..(first + i)) end
+return first
 "#,
             ),
             // ARGV: p, id, only-stream or ''
@@ -444,20 +449,22 @@ impl Store for RedisStore {
     }
 
     async fn append(&self, session: &str, stream: &str, kind: EventKind, payload: Bytes) -> StoreResult<u64> {
+        self.append_batch(session, stream, vec![(kind, payload)]).await
+    }
+
+    /// All events in one script: one round trip, numbered together.
+    async fn append_batch(&self, session: &str, stream: &str, events: Vec<(EventKind, Bytes)>) -> StoreResult<u64> {
+        if events.is_empty() {
+            return Err(StoreError::Backend("append_batch needs at least one event".into()));
+        }
         let mut conn = self.conn.clone();
-        let seq: i64 = self
-            .scripts
-            .append
-            .arg(&*self.prefix)
-            .arg(session)
-            .arg(stream)
-            .arg(kind as u8)
-            .arg(payload.as_ref())
-            .arg(self.cap)
-            .invoke_async(&mut conn)
-            .await
-            .map_err(unavailable)?;
-        Ok(seq as u64)
+        let mut invocation = self.scripts.append.prepare_invoke();
+        invocation.arg(&*self.prefix).arg(session).arg(stream).arg(self.cap);
+        for (kind, payload) in &events {
+            invocation.arg(*kind as u8).arg(payload.as_ref());
+        }
+        let first: i64 = invocation.invoke_async(&mut conn).await.map_err(unavailable)?;
+        Ok(first as u64)
     }
 
     async fn read_after(&self, session: &str, stream: &str, after: u64, limit: usize) -> StoreResult<Vec<StoredEvent>> {
