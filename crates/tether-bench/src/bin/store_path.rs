@@ -1,8 +1,9 @@
 //! The storage half of one `thought` call, without HTTP: what the SQLite
 //! writer costs per call. N concurrent "clients", each with its own MCP
 //! session and notebook session, append a thought and then start a request
-//! stream with its priming event and final response (the two writes
-//! `tether serve --store sqlite:…` makes per call). Prints calls/s, the
+//! stream with its priming event and final response, inside a request's
+//! `tether_store::fence` scope as `tether serve --store sqlite:…` does (the
+//! thought is queued and shares the response's commit). Prints calls/s, the
 //! writer's and checkpointer's CPU per call, and write syscalls and bytes
 //! per call, read from /proc (Linux).
 //!
@@ -92,14 +93,20 @@ async fn main() -> anyhow::Result<()> {
                     branch_id: None,
                     needs_more_thoughts: None,
                 };
-                let recorded = notebook.append_thought("anonymous", &nb.id, &input).await?;
-                anyhow::ensure!(recorded.thought_history_length == n, "thought {n} numbered {}", recorded.thought_history_length);
-                let stream = format!("r{:011x}{:016x}", tether_store::now_ms(), rand::random::<u64>());
-                let prime = Bytes::from(format!(r#"{{"id":{n},"method":"tools/call","owner":"0123456789abcdef"}}"#));
-                let response = Bytes::from(format!(
-                    r#"{{"jsonrpc":"2.0","id":{n},"result":{{"content":[{{"type":"text","text":"{{\"thoughtNumber\":{n},\"totalThoughts\":{n},\"nextThoughtNeeded\":true,\"branches\":[],\"thoughtHistoryLength\":{n}}}"}}],"structuredContent":{{"thoughtNumber":{n},"totalThoughts":{n},"nextThoughtNeeded":true,"branches":[],"thoughtHistoryLength":{n}}},"isError":false}}}}"#
-                ));
-                let first = store.start_stream(&session, &stream, vec![(EventKind::Prime, prime), (EventKind::Final, response)]).await?;
+                // As `tether serve` runs a request: the thought is queued and
+                // the response's events follow it into the same commit.
+                let first = tether_store::fence::scope(async {
+                    let recorded = notebook.append_thought("anonymous", &nb.id, &input).await?;
+                    anyhow::ensure!(recorded.thought_history_length == n, "thought {n} numbered {}", recorded.thought_history_length);
+                    let stream = format!("r{:011x}{:016x}", tether_store::now_ms(), rand::random::<u64>());
+                    let prime = Bytes::from(format!(r#"{{"id":{n},"method":"tools/call","owner":"0123456789abcdef"}}"#));
+                    let response = Bytes::from(format!(
+                        r#"{{"jsonrpc":"2.0","id":{n},"result":{{"content":[{{"type":"text","text":"{{\"thoughtNumber\":{n},\"totalThoughts\":{n},\"nextThoughtNeeded\":true,\"branches\":[],\"thoughtHistoryLength\":{n}}}"}}],"structuredContent":{{"thoughtNumber":{n},"totalThoughts":{n},"nextThoughtNeeded":true,"branches":[],"thoughtHistoryLength":{n}}},"isError":false}}}}"#
+                    ));
+                    let first = store.start_stream(&session, &stream, vec![(EventKind::Prime, prime), (EventKind::Final, response)]).await?;
+                    anyhow::Ok(first)
+                })
+                .await?;
                 anyhow::ensure!(first == 1, "stream started at {first}");
                 if measuring.load(Ordering::Relaxed) {
                     calls.fetch_add(1, Ordering::Relaxed);
