@@ -70,6 +70,14 @@ async fn a_post_request_streams_priming_event_then_response_then_closes() {
         assert_eq!(result["id"], 1);
         assert_eq!(result["result"]["structuredContent"]["thoughtHistoryLength"], 1);
         assert_eq!(result["result"]["structuredContent"]["thoughtNumber"], 1);
+
+        // A client whose connection dropped right after the priming event
+        // resumes from it and gets the response, exactly once.
+        let replay = SseReader::new(c.get(&sid, prime.id.as_deref()).send().await.unwrap()).all_events().await;
+        let messages: Vec<_> = replay.iter().filter(|e| !e.data.is_empty()).collect();
+        assert_eq!(messages.len(), 1, "{replay:?}");
+        assert_eq!(messages[0].id, events[1].id);
+        assert_eq!(messages[0].json(), result);
     })
     .await;
 }

@@ -681,10 +681,10 @@ impl Inner {
             }
             ctx::finish(&session, &key);
         }));
-        if let Ok(request_stream::Quick::Done { prime_seq, response }) = quick.await {
+        if let Ok(request_stream::Quick::Done { response_seq, response }) = quick.await {
             let frames = vec![
-                Frame::Prime { id: EventId::new(&name, prime_seq) },
-                Frame::Event { id: EventId::new(&name, prime_seq + 1), data: response },
+                Frame::Prime { id: EventId::new(&name, response_seq.saturating_sub(1)) },
+                Frame::Event { id: EventId::new(&name, response_seq), data: response },
             ];
             return Ok(PostOutcome::Complete { frames, session_id });
         }

@@ -1,16 +1,19 @@
 //! A request's SSE stream, whose priming event is stored lazily, and the
 //! quick answer that spares a quick request the streaming machinery.
 //!
-//! A quick request (the common case) stores its priming event and its
-//! response in ONE commit and hands both straight to the POST that waits
-//! for them ([`Quick::Done`]): the HTTP layer writes one complete body, with
-//! no pump task, no live subscription and no chunked encoding. Work that
-//! runs longer than `prime_delay`, or that sends a related message on its
-//! stream first, stores the priming event on its own right then and tells
-//! the POST to stream instead ([`Quick::Stream`]): the POST then follows the
-//! stream from the store like any other connection. Either way the priming
-//! event is the stream's first event and nothing reaches a client before it
-//! is committed.
+//! A quick request (the common case) stores only its response and hands it
+//! straight to the POST that waits for it ([`Quick::Done`]): the HTTP layer
+//! writes one complete body, the priming event (ID `<stream>.0`, the position
+//! before the response) and the response, with no pump task, no live
+//! subscription and no chunked encoding. That priming event needs no row of
+//! its own: it leaves only after the response is committed, and resuming
+//! from it replays the response. Work that runs longer than `prime_delay`,
+//! or that sends a related message on its stream first, stores its priming
+//! event on its own right then (with the request's id, method and owner, so
+//! that a crash can close the request) and tells the POST to stream instead
+//! ([`Quick::Stream`]): the POST then follows the stream from the store like
+//! any other connection. Either way nothing reaches a client before what it
+//! names is committed.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,8 +26,9 @@ use super::Inner;
 
 /// What the waiting POST learns from its request's work.
 pub(crate) enum Quick {
-    /// Priming event (`prime_seq`) and response (`prime_seq + 1`) are committed.
-    Done { prime_seq: u64, response: Bytes },
+    /// The response is committed as event `response_seq` of the stream
+    /// (the first); the priming event to send before it is `response_seq - 1`.
+    Done { response_seq: u64, response: Bytes },
     /// The work is slow or talks on its stream: follow the stream.
     Stream,
 }
@@ -89,8 +93,8 @@ impl RequestStream {
         Ok(())
     }
 
-    /// Stores the response, together with the priming event if it is still
-    /// due, and hands both to a waiting POST.
+    /// Stores the response and hands it to a waiting POST. A stream that
+    /// was never primed gets no priming row: the response is its first event.
     pub async fn finish(&self, inner: &Inner, session: &str, response: Bytes) -> Result<(), StoreError> {
         let mut state = self.state.lock().await;
         // Taken first: if the commit fails, the POST hears so and streams.
@@ -99,11 +103,10 @@ impl RequestStream {
             inner.emit(session, &self.name, EventKind::Final, response).await?;
             return Ok(());
         }
-        let events = vec![(EventKind::Prime, self.meta.clone()), (EventKind::Final, response.clone())];
-        let prime_seq = inner.emit_first(session, &self.name, events).await?;
+        let response_seq = inner.emit_first(session, &self.name, vec![(EventKind::Final, response.clone())]).await?;
         state.primed = true;
         if let Some(waiting) = waiting {
-            let _ = waiting.send(Quick::Done { prime_seq, response });
+            let _ = waiting.send(Quick::Done { response_seq, response });
         }
         Ok(())
     }
