@@ -112,9 +112,20 @@ pub fn parse_message(body: &[u8]) -> Result<Inbound, EnvelopeError> {
     }
 }
 
+/// A success response, serialized straight from borrowed parts (`json!`
+/// would deep-copy the result first: the hot path's largest value).
+#[derive(serde::Serialize)]
+struct ResultEnvelope<'a> {
+    jsonrpc: &'static str,
+    id: &'a Value,
+    result: &'a Value,
+}
+
 /// Serialized success response.
 pub fn result_message(id: &Value, result: &Value) -> Bytes {
-    Bytes::from(json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string())
+    let envelope = ResultEnvelope { jsonrpc: "2.0", id, result };
+    // A `Value` always serializes (its map keys are strings).
+    Bytes::from(serde_json::to_vec(&envelope).unwrap_or_default())
 }
 
 /// Serialized error response (`id` null when unknown).

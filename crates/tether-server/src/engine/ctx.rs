@@ -281,13 +281,19 @@ pub(crate) async fn dispatch(mut ctx: ToolCtx, method: String, params: Option<Ma
         "ping" => Ok(json!({})),
         "tools/list" => Ok(json!({"tools": advertised_tools(&ctx.inner)})),
         "tools/call" => {
-            // A resume token is bound to everything but `_meta`.
-            let mut unbound = params.clone();
-            unbound.remove("_meta");
-            let name = match params.remove("name") {
-                Some(Value::String(n)) => n,
+            let name = match params.get("name") {
+                Some(Value::String(n)) => n.clone(),
                 _ => return Err(RpcError::invalid_params("tools/call needs params.name (the tool's name as a string)")),
             };
+            let app = ctx.inner.app.clone();
+            let spec = app.operation_spec(&name);
+            // A resume token is bound to everything but `_meta` (copied only
+            // for the tools that run as operations).
+            let unbound = spec.as_ref().map(|_| {
+                let mut unbound = params.clone();
+                unbound.remove("_meta");
+                unbound
+            });
             let arguments = match params.remove("arguments") {
                 None | Some(Value::Null) => Map::new(),
                 Some(Value::Object(a)) => a,
@@ -295,8 +301,7 @@ pub(crate) async fn dispatch(mut ctx: ToolCtx, method: String, params: Option<Ma
             };
             let meta = params.get("_meta");
             ctx.progress_token = meta.and_then(|m| m.get("progressToken")).cloned();
-            let app = ctx.inner.app.clone();
-            if let Some(spec) = app.operation_spec(&name) {
+            if let (Some(spec), Some(unbound)) = (spec, unbound) {
                 let token = match meta.and_then(|m| m.get(super::operations::TOKEN_META)) {
                     None | Some(Value::Null) => None,
                     Some(Value::String(t)) => Some(t.clone()),
