@@ -125,7 +125,11 @@ struct ResultEnvelope<'a> {
 pub fn result_message(id: &Value, result: &Value) -> Bytes {
     let envelope = ResultEnvelope { jsonrpc: "2.0", id, result };
     // A `Value` always serializes (its map keys are strings).
-    Bytes::from(serde_json::to_vec(&envelope).unwrap_or_default())
+    let mut body = serde_json::to_vec(&envelope).unwrap_or_default();
+    // Exact size: a stored response (the memory store keeps them) does not
+    // carry the serializer's spare capacity, up to half its bytes.
+    body.shrink_to_fit();
+    Bytes::from(body)
 }
 
 /// Serialized error response (`id` null when unknown).

@@ -1,7 +1,7 @@
 //! In-process backend: everything in one mutex-guarded map. For tests and
 //! for `--store memory` (nothing survives a restart).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
@@ -12,11 +12,45 @@ use crate::{
     VersionedValue, now_ms,
 };
 
-#[derive(Default)]
 struct StreamLog {
     next_seq: u64,
-    events: std::collections::VecDeque<StoredEvent>,
+    events: VecDeque<StoredEvent>,
     finished: bool,
+}
+
+impl StreamLog {
+    fn new() -> Self {
+        // Most streams are a quick request's: one event, ever.
+        Self { next_seq: 1, events: VecDeque::with_capacity(1), finished: false }
+    }
+}
+
+/// A session's streams, sorted by name. A sorted `Vec` rather than a
+/// `BTreeMap`: most sessions hold one or two streams, and a map's first
+/// node alone takes about 800 bytes (the idle-session budget is 1 KiB).
+/// Request streams are named by time, so a new one is pushed at the end.
+#[derive(Default)]
+struct Streams(Vec<(Box<str>, StreamLog)>);
+
+impl Streams {
+    fn get(&self, name: &str) -> Option<&StreamLog> {
+        self.0.binary_search_by(|(n, _)| (**n).cmp(name)).ok().map(|i| &self.0[i].1)
+    }
+
+    fn get_or_insert(&mut self, name: &str) -> &mut StreamLog {
+        let i = match self.0.binary_search_by(|(n, _)| (**n).cmp(name)) {
+            Ok(i) => i,
+            Err(i) => {
+                self.0.insert(i, (name.into(), StreamLog::new()));
+                i
+            }
+        };
+        &mut self.0[i].1
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&str, &StreamLog)> {
+        self.0.iter().map(|(n, log)| (&**n, log))
+    }
 }
 
 /// A session as kept: the ID is the map's key and the state is kept as its
@@ -56,8 +90,8 @@ impl KeptSession {
 #[derive(Default)]
 struct Inner {
     sessions: HashMap<String, KeptSession>,
-    // session -> stream -> log
-    logs: HashMap<String, BTreeMap<String, StreamLog>>,
+    // session -> its streams
+    logs: HashMap<Box<str>, Streams>,
     cursors: HashMap<(String, String), u64>,
     kv: HashMap<(String, String), VersionedValue>,
     kv_revision: u64,
@@ -165,7 +199,7 @@ impl Store for MemoryStore {
             .collect();
         for id in &expired {
             inner.sessions.remove(id);
-            inner.logs.remove(id);
+            inner.logs.remove(id.as_str());
             inner.cursors.retain(|(s, _), _| s != id);
         }
         inner.kv.retain(|_, v| v.expires_at_ms.is_none_or(|t| t > now_ms));
@@ -175,10 +209,7 @@ impl Store for MemoryStore {
     async fn append(&self, session: &str, stream: &str, kind: EventKind, payload: Bytes) -> StoreResult<u64> {
         let cap = self.config.max_events_per_stream.max(1) as usize;
         let mut inner = self.lock()?;
-        let log = inner.logs.entry(session.to_owned()).or_default().entry(stream.to_owned()).or_default();
-        if log.next_seq == 0 {
-            log.next_seq = 1;
-        }
+        let log = inner.logs.entry(session.into()).or_default().get_or_insert(stream);
         let seq = log.next_seq;
         log.next_seq += 1;
         if kind == EventKind::Final {
