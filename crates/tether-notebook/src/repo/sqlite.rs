@@ -1,6 +1,14 @@
 //! Notebook repository in the same SQLite file as the store, written through
 //! the store's group-committing writer. "Most recent session for this root
-//! and principal" is one lookup on `nb_sessions_by_root`.
+//! and principal" is one short range of `nb_sessions_by_root`.
+//!
+//! A notebook session's row is not rewritten by every thought: its
+//! `updated_at_ms` (which both session indexes order by) moves at most once
+//! per [`ROW_RECENCY_MS`], and its counters with it. Rewriting the row and
+//! moving two index entries was a third of a thought's writes. Reads take
+//! the exact values from the thoughts themselves ([`READ_COLUMNS`]), and
+//! orderings by recency look at every session whose row is within
+//! [`ROW_RECENCY_MS`] of the cut, then order by the exact time.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -73,7 +81,22 @@ struct Counts {
     /// Set (on the writer) when a queued thought of the session failed: the
     /// counts are then wrong and are read again.
     stale: Arc<AtomicBool>,
+    /// The `updated_at_ms` last written to the session's row (or earlier).
+    row_updated_ms: i64,
 }
+
+/// A thought rewrites its notebook session's row only if the row's
+/// `updated_at_ms` is at least this old, so the row trails the session's
+/// last thought by less than this.
+const ROW_RECENCY_MS: i64 = 1_000;
+
+/// The columns of [`row_to_session`] for a row aliased `s`, with the exact
+/// last update and counts (the row's may trail them, see the module doc):
+/// two lookups on `nb_thoughts_by_session` and a count of its branches.
+const READ_COLUMNS: &str = "s.id, s.principal, s.title, s.tags, s.root_uri, s.created_at_ms,
+    MAX(s.updated_at_ms, COALESCE((SELECT t.recorded_at_ms FROM nb_thoughts t WHERE t.session_id = s.id ORDER BY t.idx DESC LIMIT 1), 0)),
+    MAX(s.thought_count, COALESCE((SELECT MAX(t.idx) FROM nb_thoughts t WHERE t.session_id = s.id), 0)),
+    MAX(s.branch_count, (SELECT COUNT(*) FROM nb_branches b WHERE b.session_id = s.id))";
 
 impl Counts {
     fn usable(&mut self) -> bool {
@@ -95,8 +118,10 @@ impl Counts {
     }
 }
 
-/// Stores thought number `idx` of a session whose counts are known; the
-/// counters only ever grow (a later thought may commit in the same batch).
+/// Stores thought number `idx` of a session whose counts are known, and
+/// with `touch_row` its session's row; the row's counters only ever grow
+/// (a later thought may commit in the same batch).
+#[allow(clippy::too_many_arguments)]
 fn insert_thought(
     conn: &rusqlite::Connection,
     session_id: &str,
@@ -105,12 +130,16 @@ fn insert_thought(
     thought: &ThoughtInput,
     branch_count: usize,
     now: i64,
+    touch_row: bool,
 ) -> rusqlite::Result<()> {
     conn.prepare_cached("INSERT INTO nb_thoughts(session_id, idx, body, recorded_at_ms) VALUES (?1, ?2, ?3, ?4)")?
         .execute(params![session_id, idx as i64, body, now])?;
     if let Some((branch, from)) = thought.branch() {
         conn.prepare_cached("INSERT OR IGNORE INTO nb_branches(session_id, branch_id, from_thought) VALUES (?1, ?2, ?3)")?
             .execute(params![session_id, branch, from as i64])?;
+    }
+    if !touch_row {
+        return Ok(());
     }
     conn.prepare_cached(
         "UPDATE nb_sessions SET thought_count = MAX(thought_count, ?1), branch_count = MAX(branch_count, ?2),
@@ -141,8 +170,8 @@ impl SqliteNotebook {
             .write(move |ctx| {
                 let conn = &ctx.conn;
                 let counts: Option<(i64, i64)> = conn
-                    .prepare_cached("SELECT thought_count, branch_count FROM nb_sessions WHERE id = ?1 AND principal = ?2")?
-                    .query_row(params![session_id, principal], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .prepare_cached(&format!("SELECT {READ_COLUMNS} FROM nb_sessions s WHERE s.id = ?1 AND s.principal = ?2"))?
+                    .query_row(params![session_id, principal], |r| Ok((r.get(7)?, r.get(8)?)))
                     .optional()?;
                 let Some((count, branch_count)) = counts else { return Ok(None) };
                 let now = tether_store::now_ms();
@@ -229,7 +258,7 @@ impl NotebookRepo for SqliteNotebook {
             .db
             .read(move |conn| {
                 Ok(conn
-                    .prepare_cached(&format!("SELECT {COLUMNS} FROM nb_sessions WHERE id = ?1 AND principal = ?2"))?
+                    .prepare_cached(&format!("SELECT {READ_COLUMNS} FROM nb_sessions s WHERE s.id = ?1 AND s.principal = ?2"))?
                     .query_row(params![id, principal], row_to_session)
                     .optional()?)
             })
@@ -254,11 +283,15 @@ impl NotebookRepo for SqliteNotebook {
             let stale = known.stale.clone();
             let (session_id, thought) = (session_id.to_owned(), thought.clone());
             let (idx, branch_count, now) = (recorded.thought_history_length, recorded.branches.len(), tether_store::now_ms());
+            let touch_row = now - known.row_updated_ms >= ROW_RECENCY_MS;
+            if touch_row {
+                known.row_updated_ms = now;
+            }
             // Queued under the lock: thoughts of a session reach the writer in number order.
             let queued = self
                 .db
                 .write_deferred(
-                    move |ctx| Ok(insert_thought(&ctx.conn, &session_id, idx, &body, &thought, branch_count, now)?),
+                    move |ctx| Ok(insert_thought(&ctx.conn, &session_id, idx, &body, &thought, branch_count, now, touch_row)?),
                     move || stale.store(true, Ordering::Release),
                 )
                 .await;
@@ -278,6 +311,7 @@ impl NotebookRepo for SqliteNotebook {
         }
         counts.entry(key.clone()).or_default().counting += 1;
         drop(counts);
+        let before = tether_store::now_ms();
 
         let counted = self.append_counted(principal, session_id, thought, body).await;
         let mut counts = self.counts.lock().await;
@@ -290,6 +324,7 @@ impl NotebookRepo for SqliteNotebook {
                 known.known = true;
                 known.thoughts = recorded.thought_history_length;
                 known.branches = recorded.branches.clone();
+                known.row_updated_ms = before;
             }
         }
         counted
@@ -321,9 +356,14 @@ impl NotebookRepo for SqliteNotebook {
             .db
             .read(move |conn| {
                 Ok(conn
+                    // The newest row and every row within ROW_RECENCY_MS of
+                    // it, by the exact time of their last thought.
                     .prepare_cached(&format!(
-                        "SELECT {COLUMNS} FROM nb_sessions INDEXED BY nb_sessions_by_root
-                         WHERE principal = ?1 AND root_uri = ?2 ORDER BY updated_at_ms DESC LIMIT 1"
+                        "SELECT {READ_COLUMNS} FROM nb_sessions s INDEXED BY nb_sessions_by_root
+                         WHERE s.principal = ?1 AND s.root_uri = ?2
+                         AND s.updated_at_ms >= (SELECT MAX(updated_at_ms) FROM nb_sessions INDEXED BY nb_sessions_by_root
+                                                 WHERE principal = ?1 AND root_uri = ?2) - {ROW_RECENCY_MS}
+                         ORDER BY 7 DESC, s.id DESC LIMIT 1"
                     ))?
                     .query_row(params![principal, root], row_to_session)
                     .optional()?)
@@ -342,10 +382,15 @@ impl NotebookRepo for SqliteNotebook {
                 // One statement per shape, so each uses its index (an `?2 IS NULL OR`
                 // condition would defeat nb_sessions_by_root).
                 let root_clause = if filter.root.is_some() { "AND root_uri = ?2" } else { "AND ?2 IS NULL" };
+                let matching = format!("principal = ?1 {root_clause} AND (?3 IS NULL OR instr(tags, ?3) > 0)");
+                // The `limit` newest rows and every row within ROW_RECENCY_MS
+                // of the last of them, by the exact time of their last thought.
                 let mut stmt = conn.prepare_cached(&format!(
-                    "SELECT {COLUMNS} FROM nb_sessions WHERE principal = ?1 {root_clause}
-                     AND (?3 IS NULL OR instr(tags, ?3) > 0)
-                     ORDER BY updated_at_ms DESC, id DESC LIMIT ?4"
+                    "SELECT {READ_COLUMNS} FROM nb_sessions s WHERE {matching}
+                     AND s.updated_at_ms >= COALESCE((SELECT updated_at_ms FROM nb_sessions WHERE {matching}
+                                                      ORDER BY updated_at_ms DESC LIMIT 1 OFFSET MAX(?4, 1) - 1),
+                                                     -9223372036854775807) - {ROW_RECENCY_MS}
+                     ORDER BY 7 DESC, s.id DESC LIMIT ?4"
                 ))?;
                 let rows = stmt.query_map(params![principal, filter.root, tag, filter.limit as i64], row_to_session)?;
                 Ok(rows.collect::<Result<Vec<_>, _>>()?)
@@ -471,6 +516,58 @@ mod tests {
         assert_eq!(sessions.len(), 1);
         assert_eq!(sessions[0].thought_count, 5, "the counters were committed too");
         assert_eq!(repo.thoughts("p", &sessions[0].id).await.unwrap().len(), 5);
+    }
+
+    /// Thoughts queued within a second leave their session's row alone, and
+    /// every read still sees the exact counts and the exact recency order.
+    #[tokio::test]
+    async fn a_row_written_at_most_once_a_second_still_reads_exactly() {
+        use tether_store::{EventKind, Store};
+        let dir = tempfile::tempdir().unwrap();
+        let (store, repo) = open(&dir.path().join("nb.db")).await;
+        let root = Some("file:///work/project".to_owned());
+        let a = NotebookSession::new("p", None, Vec::new(), root.clone());
+        let b = NotebookSession::new("p", None, Vec::new(), root.clone());
+        repo.create_session(&a).await.unwrap();
+        repo.create_session(&b).await.unwrap();
+        let started = std::time::Instant::now();
+        // Counted by the table (outside a request): these write the rows.
+        repo.append_thought("p", &a.id, &step(1)).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        repo.append_thought("p", &b.id, &step(1)).await.unwrap();
+        // Queued inside requests: B once more, then A twice, A last.
+        for (n, (session, number)) in [(&b, 2), (&a, 2), (&a, 3)].into_iter().enumerate() {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            let stored = tether_store::fence::scope(async {
+                repo.append_thought("p", &session.id, &step(number)).await.unwrap();
+                store.start_stream("s", &format!("r{n}"), vec![(EventKind::Final, bytes::Bytes::from("ok"))]).await
+            })
+            .await;
+            stored.unwrap();
+        }
+        let quick = started.elapsed() < std::time::Duration::from_millis(ROW_RECENCY_MS as u64 * 9 / 10);
+
+        let got_a = repo.get_session("p", &a.id).await.unwrap().unwrap();
+        assert_eq!(got_a.thought_count, 3);
+        let latest = repo.latest_for_root("p", root.as_deref().unwrap()).await.unwrap().unwrap();
+        assert_eq!(latest.id, a.id, "A had the last thought");
+        assert_eq!(latest.thought_count, 3);
+        let filter = SessionFilter { root: root.clone(), limit: 10, ..Default::default() };
+        let listed: Vec<(String, u64)> =
+            repo.list_sessions("p", &filter).await.unwrap().into_iter().map(|s| (s.id, s.thought_count)).collect();
+        assert_eq!(listed, vec![(a.id.clone(), 3), (b.id.clone(), 2)]);
+        let one = SessionFilter { limit: 1, ..filter };
+        assert_eq!(repo.list_sessions("p", &one).await.unwrap()[0].id, a.id, "the limit cuts after the exact order");
+
+        let id = a.id.clone();
+        let row_count: i64 = store
+            .db()
+            .read(move |conn| Ok(conn.query_row("SELECT thought_count FROM nb_sessions WHERE id = ?1", [&id], |r| r.get(0))?))
+            .await
+            .unwrap();
+        if quick {
+            assert_eq!(row_count, 1, "the queued thoughts did not rewrite A's row");
+        }
     }
 
     /// A queued thought that fails keeps the response that relied on it out
