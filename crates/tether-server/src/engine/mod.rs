@@ -97,7 +97,9 @@ pub struct Engine {
     inner: Arc<Inner>,
 }
 
-fn prime_meta(id: &Value, method: &str, owner: &str) -> Bytes {
+/// What a stored priming event records for recovery: the request's id and
+/// method, and the instance that runs it.
+pub(crate) fn prime_meta(id: &Value, method: &str, owner: &str) -> Bytes {
     Bytes::from(json!({"id": id, "method": method, "owner": owner}).to_string())
 }
 
@@ -645,7 +647,7 @@ impl Inner {
         }
 
         let (stream, attachment, quick) =
-            request_stream::RequestStream::new(ids::new_request_stream(), prime_meta(&id, method, &self.instance));
+            request_stream::RequestStream::new(ids::new_request_stream(), id.clone(), method);
         let name = stream.name.clone();
         let request_id = id.clone();
         let ctx = ToolCtx::new(self.clone(), session.clone(), Some(stream.clone()), id, progress_token, cancel.clone());

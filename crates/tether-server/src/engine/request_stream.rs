@@ -41,8 +41,10 @@ struct State {
 
 pub(crate) struct RequestStream {
     pub name: String,
-    /// What the priming event records for recovery (request id, method, owner).
-    meta: Bytes,
+    /// The request, for the priming event's record (only a slow request
+    /// stores one, so it is rendered then: `super::prime_meta`).
+    request_id: serde_json::Value,
+    method: String,
     state: tokio::sync::Mutex<State>,
     /// The POST that started the request is still connected (waiting for a
     /// quick answer or about to stream). Live subscriptions count apart.
@@ -62,12 +64,13 @@ impl Drop for Attachment {
 
 impl RequestStream {
     /// A new stream, attached to its POST, which waits on the returned receiver.
-    pub fn new(name: String, meta: Bytes) -> (Arc<Self>, Attachment, oneshot::Receiver<Quick>) {
+    pub fn new(name: String, request_id: serde_json::Value, method: &str) -> (Arc<Self>, Attachment, oneshot::Receiver<Quick>) {
         let (tx, rx) = oneshot::channel();
         let attached = Arc::new(AtomicBool::new(true));
         let stream = Arc::new(Self {
             name,
-            meta,
+            request_id,
+            method: method.to_owned(),
             state: tokio::sync::Mutex::new(State { primed: false, waiting: Some(tx) }),
             attached: attached.clone(),
         });
@@ -87,7 +90,8 @@ impl RequestStream {
             let _ = waiting.send(Quick::Stream);
         }
         if !state.primed {
-            inner.emit_first(session, &self.name, vec![(EventKind::Prime, self.meta.clone())]).await?;
+            let meta = super::prime_meta(&self.request_id, &self.method, &inner.instance);
+            inner.emit_first(session, &self.name, vec![(EventKind::Prime, meta)]).await?;
             state.primed = true;
         }
         Ok(())
