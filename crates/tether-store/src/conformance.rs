@@ -47,6 +47,7 @@ pub async fn run_all(h: &Harness) {
     cursors(&(h.fresh)().await).await;
     kv_compare_and_set_and_expiry(&(h.fresh)().await).await;
     delete_drops_logs(&(h.fresh)().await).await;
+    finished_streams_are_dropped_by_age_or_kept(&(h.fresh)().await).await;
     if h.reopen.is_some() {
         reopen_keeps_committed(h).await;
     }
@@ -249,6 +250,44 @@ pub async fn delete_drops_logs(store: &Arc<dyn Store>) {
     // A new session with the same ID starts its streams from 1.
     store.create_session(&session("d", "p", 60_000)).await.unwrap();
     assert_eq!(store.append("d", "g", EventKind::Message, Bytes::from_static(b"y")).await.unwrap(), 1);
+}
+
+/// `drop_finished_streams` drops exactly the finished streams in its name
+/// range, of every session, while their sessions live; a backend that keeps
+/// logs until their session goes (the default) drops nothing.
+pub async fn finished_streams_are_dropped_by_age_or_kept(store: &Arc<dyn Store>) {
+    let x = |n: u8| Bytes::from(vec![b'x'; usize::from(n)]);
+    for s in ["a", "b"] {
+        store.create_session(&session(s, "p", 60_000)).await.unwrap();
+        store.start_stream(s, "r1", vec![(EventKind::Final, x(1))]).await.unwrap();
+        store.start_stream(s, "r2", vec![(EventKind::Prime, x(2)), (EventKind::Final, x(3))]).await.unwrap();
+        store.start_stream(s, "r3", vec![(EventKind::Prime, x(4))]).await.unwrap();
+        store.start_stream(s, "r9", vec![(EventKind::Final, x(5))]).await.unwrap();
+        store.append(s, "g1", EventKind::Message, x(6)).await.unwrap();
+    }
+    let dropped = store.drop_finished_streams("r", "r5", now_ms() + 60_000, 1_000).await.unwrap();
+    let kept = |s: &'static str, stream: &'static str| {
+        let store = store.clone();
+        async move { store.stream(s, stream).await.unwrap().is_some() }
+    };
+    if dropped == 0 {
+        for s in ["a", "b"] {
+            for stream in ["r1", "r2", "r3", "r9", "g1"] {
+                assert!(kept(s, stream).await, "a backend that drops nothing keeps {s}/{stream}");
+            }
+        }
+        return;
+    }
+    assert_eq!(dropped, 6, "r1 (one event) and r2 (two) of both sessions");
+    for s in ["a", "b"] {
+        assert!(!kept(s, "r1").await && !kept(s, "r2").await, "finished streams in range are dropped");
+        assert!(store.read_after(s, "r2", 0, 10).await.unwrap().is_empty());
+        assert!(kept(s, "r3").await, "an open stream stays");
+        assert!(kept(s, "r9").await, "a stream named after the range stays");
+        assert!(kept(s, "g1").await, "the standalone stream stays");
+        assert!(store.get_session(s, now_ms()).await.unwrap().is_some(), "the session lives on");
+    }
+    assert_eq!(store.drop_finished_streams("r", "r5", now_ms() + 60_000, 1_000).await.unwrap(), 0, "nothing twice");
 }
 
 pub async fn reopen_keeps_committed(h: &Harness) {

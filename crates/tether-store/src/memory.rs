@@ -15,13 +15,18 @@ use crate::{
 struct StreamLog {
     next_seq: u64,
     events: VecDeque<StoredEvent>,
-    finished: bool,
+    /// When its final event was appended (`None`: still open).
+    finished_at_ms: Option<i64>,
 }
 
 impl StreamLog {
     fn new() -> Self {
         // Most streams are a quick request's: one event, ever.
-        Self { next_seq: 1, events: VecDeque::with_capacity(1), finished: false }
+        Self { next_seq: 1, events: VecDeque::with_capacity(1), finished_at_ms: None }
+    }
+
+    fn finished(&self) -> bool {
+        self.finished_at_ms.is_some()
     }
 }
 
@@ -50,6 +55,24 @@ impl Streams {
 
     fn iter(&self) -> impl Iterator<Item = (&str, &StreamLog)> {
         self.0.iter().map(|(n, log)| (&**n, log))
+    }
+
+    /// Drops the streams named in `[from, below)` that finished before
+    /// `finished_before_ms`, until `budget` events were dropped; returns how many.
+    fn drop_finished(&mut self, from: &str, below: &str, finished_before_ms: i64, budget: usize) -> usize {
+        let start = self.0.partition_point(|(n, _)| &**n < from);
+        let end = self.0.partition_point(|(n, _)| &**n < below).max(start);
+        let mut dropped = 0;
+        let mut kept = Vec::with_capacity(end - start);
+        for (name, log) in self.0.drain(start..end) {
+            if dropped < budget && log.finished_at_ms.is_some_and(|t| t < finished_before_ms) {
+                dropped += log.events.len();
+            } else {
+                kept.push((name, log));
+            }
+        }
+        self.0.splice(start..start, kept);
+        dropped
     }
 }
 
@@ -118,7 +141,7 @@ fn summary(name: &str, log: &StreamLog) -> StreamSummary {
         stream: name.to_owned(),
         first_seq: log.events.front().map(|e| e.seq).unwrap_or(log.next_seq),
         last_seq: log.next_seq.saturating_sub(1),
-        finished: log.finished,
+        finished: log.finished(),
     }
 }
 
@@ -213,7 +236,7 @@ impl Store for MemoryStore {
         let seq = log.next_seq;
         log.next_seq += 1;
         if kind == EventKind::Final {
-            log.finished = true;
+            log.finished_at_ms = Some(now_ms());
         }
         log.events.push_back(StoredEvent { seq, kind, payload });
         while log.events.len() > cap {
@@ -236,8 +259,23 @@ impl Store for MemoryStore {
         Ok(inner
             .logs
             .get(session)
-            .map(|l| l.iter().filter(|(_, log)| !log.finished).map(|(name, log)| summary(name, log)).collect())
+            .map(|l| l.iter().filter(|(_, log)| !log.finished()).map(|(name, log)| summary(name, log)).collect())
             .unwrap_or_default())
+    }
+
+    /// Finished request streams leave memory by age, as on SQLite: a
+    /// long-lived session does not keep every answer it ever gave.
+    async fn drop_finished_streams(&self, from: &str, below: &str, finished_before_ms: i64, limit: usize) -> StoreResult<u64> {
+        let mut inner = self.lock()?;
+        let mut dropped = 0;
+        for streams in inner.logs.values_mut() {
+            if dropped >= limit {
+                break;
+            }
+            dropped += streams.drop_finished(from, below, finished_before_ms, limit - dropped);
+        }
+        inner.logs.retain(|_, streams| !streams.0.is_empty());
+        Ok(dropped as u64)
     }
 
     async fn stream(&self, session: &str, stream: &str) -> StoreResult<Option<StreamSummary>> {

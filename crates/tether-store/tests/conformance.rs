@@ -18,6 +18,12 @@ async fn memory_backend_conforms() {
         reopen: None,
     };
     run_all(&harness).await;
+    // The memory store is one of the backends that drop finished streams by age.
+    let store = MemoryStore::new(config());
+    store.create_session(&tether_store::conformance::session("s", "p", 60_000)).await.unwrap();
+    store.start_stream("s", "r1", vec![(tether_store::EventKind::Final, bytes::Bytes::from_static(b"ok"))]).await.unwrap();
+    assert_eq!(store.drop_finished_streams("r", "r2", tether_store::now_ms() + 1, 10).await.unwrap(), 1);
+    assert!(store.stream("s", "r1").await.unwrap().is_none());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
