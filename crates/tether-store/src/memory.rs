@@ -60,18 +60,15 @@ impl Streams {
     /// Drops the streams named in `[from, below)` that finished before
     /// `finished_before_ms`, until `budget` events were dropped; returns how many.
     fn drop_finished(&mut self, from: &str, below: &str, finished_before_ms: i64, budget: usize) -> usize {
-        let start = self.0.partition_point(|(n, _)| &**n < from);
-        let end = self.0.partition_point(|(n, _)| &**n < below).max(start);
         let mut dropped = 0;
-        let mut kept = Vec::with_capacity(end - start);
-        for (name, log) in self.0.drain(start..end) {
-            if dropped < budget && log.finished_at_ms.is_some_and(|t| t < finished_before_ms) {
+        self.0.retain(|(name, log)| {
+            let old = (from..below).contains(&&**name) && log.finished_at_ms.is_some_and(|t| t < finished_before_ms);
+            if old && dropped < budget {
                 dropped += log.events.len();
-            } else {
-                kept.push((name, log));
+                return false;
             }
-        }
-        self.0.splice(start..start, kept);
+            true
+        });
         dropped
     }
 }

@@ -286,13 +286,12 @@ pub(crate) async fn dispatch(mut ctx: ToolCtx, method: String, params: Option<Ma
                 _ => return Err(RpcError::invalid_params("tools/call needs params.name (the tool's name as a string)")),
             };
             let app = ctx.inner.app.clone();
-            let spec = app.operation_spec(&name);
             // A resume token is bound to everything but `_meta` (copied only
             // for the tools that run as operations).
-            let unbound = spec.as_ref().map(|_| {
+            let operation = app.operation_spec(&name).map(|spec| {
                 let mut unbound = params.clone();
                 unbound.remove("_meta");
-                unbound
+                (spec, unbound)
             });
             let arguments = match params.remove("arguments") {
                 None | Some(Value::Null) => Map::new(),
@@ -301,7 +300,7 @@ pub(crate) async fn dispatch(mut ctx: ToolCtx, method: String, params: Option<Ma
             };
             let meta = params.get("_meta");
             ctx.progress_token = meta.and_then(|m| m.get("progressToken")).cloned();
-            if let (Some(spec), Some(unbound)) = (spec, unbound) {
+            if let Some((spec, unbound)) = operation {
                 let token = match meta.and_then(|m| m.get(super::operations::TOKEN_META)) {
                     None | Some(Value::Null) => None,
                     Some(Value::String(t)) => Some(t.clone()),
