@@ -1,6 +1,8 @@
 //! In-process backend: everything in one mutex-guarded map. For tests and
 //! for `--store memory` (nothing survives a restart).
 
+mod packed;
+
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
@@ -11,10 +13,23 @@ use crate::{
     EventKind, SessionRecord, Store, StoreConfig, StoreError, StoreResult, StoredEvent, StreamSummary,
     VersionedValue, now_ms,
 };
+use packed::{Packed, Packer};
+
+struct KeptEvent {
+    seq: u64,
+    kind: EventKind,
+    payload: Packed,
+}
+
+impl KeptEvent {
+    fn event(&self) -> StoredEvent {
+        StoredEvent { seq: self.seq, kind: self.kind, payload: self.payload.to_bytes() }
+    }
+}
 
 struct StreamLog {
     next_seq: u64,
-    events: VecDeque<StoredEvent>,
+    events: VecDeque<KeptEvent>,
     /// When its final event was appended (`None`: still open).
     finished_at_ms: Option<i64>,
 }
@@ -46,6 +61,10 @@ impl Streams {
         let i = match self.0.binary_search_by(|(n, _)| (**n).cmp(name)) {
             Ok(i) => i,
             Err(i) => {
+                if self.0.capacity() == 0 {
+                    // A `Vec`'s first growth makes room for four (a third of an idle session's bytes).
+                    self.0.reserve_exact(1);
+                }
                 self.0.insert(i, (name.into(), StreamLog::new()));
                 i
             }
@@ -69,29 +88,37 @@ impl Streams {
             }
             true
         });
+        if self.0.capacity() > 2 * self.0.len() {
+            self.0.shrink_to_fit();
+        }
         dropped
     }
 }
 
 /// A session as kept: the ID is the map's key and the state is kept as its
-/// JSON text (a `serde_json::Value` tree takes several times the bytes of
-/// its text, and many idle sessions are mostly state).
+/// packed JSON text (a `serde_json::Value` tree takes several times the bytes
+/// of its text, and many idle sessions are mostly state).
 struct KeptSession {
     principal: Box<str>,
     created_at_ms: i64,
     expires_at_ms: i64,
     revision: u64,
-    state: Box<str>,
+    state: Packed,
+}
+
+fn pack_state(packer: &mut Packer, state: &serde_json::Value) -> StoreResult<Packed> {
+    let text = serde_json::to_vec(state).map_err(|e| StoreError::Backend(e.to_string()))?;
+    Ok(packer.pack(&text))
 }
 
 impl KeptSession {
-    fn keep(s: &SessionRecord) -> StoreResult<Self> {
+    fn keep(s: &SessionRecord, states: &mut Packer) -> StoreResult<Self> {
         Ok(Self {
             principal: s.principal.as_str().into(),
             created_at_ms: s.created_at_ms,
             expires_at_ms: s.expires_at_ms,
             revision: s.revision,
-            state: serde_json::to_string(&s.state).map_err(|e| StoreError::Backend(e.to_string()))?.into(),
+            state: pack_state(states, &s.state)?,
         })
     }
 
@@ -102,19 +129,65 @@ impl KeptSession {
             created_at_ms: self.created_at_ms,
             expires_at_ms: self.expires_at_ms,
             revision: self.revision,
-            state: serde_json::from_str(&self.state).map_err(|e| StoreError::Corrupt(format!("session {id} state: {e}")))?,
+            state: serde_json::from_slice(&self.state.to_bytes()).map_err(|e| StoreError::Corrupt(format!("session {id} state: {e}")))?,
         })
     }
 }
 
+/// What is kept under one session ID: one map entry and one copy of the ID
+/// (streams may be appended under an ID that has no session record).
+#[derive(Default)]
+struct Slot {
+    session: Option<KeptSession>,
+    streams: Streams,
+}
+
 #[derive(Default)]
 struct Inner {
-    sessions: HashMap<String, KeptSession>,
-    // session -> its streams
-    logs: HashMap<Box<str>, Streams>,
+    slots: HashMap<Box<str>, Slot>,
     cursors: HashMap<(String, String), u64>,
-    kv: HashMap<(String, String), VersionedValue>,
+    /// namespace -> key -> record (one copy of each key, no allocation to look one up).
+    kv: HashMap<Box<str>, HashMap<Box<str>, KeptValue>>,
     kv_revision: u64,
+    events_packer: Packer,
+    states_packer: Packer,
+    values_packer: Packer,
+}
+
+struct KeptValue {
+    value: Packed,
+    revision: u64,
+    expires_at_ms: Option<i64>,
+}
+
+impl Inner {
+    fn session(&self, id: &str) -> Option<&KeptSession> {
+        self.slots.get(id)?.session.as_ref()
+    }
+
+    fn session_mut(&mut self, id: &str) -> Option<&mut KeptSession> {
+        self.slots.get_mut(id)?.session.as_mut()
+    }
+
+    fn sessions(&self) -> impl Iterator<Item = (&str, &KeptSession)> {
+        self.slots.iter().filter_map(|(id, slot)| Some((&**id, slot.session.as_ref()?)))
+    }
+
+    fn streams(&self, id: &str) -> Option<&Streams> {
+        self.slots.get(id).map(|slot| &slot.streams)
+    }
+
+    /// Forgets the session, its streams and its cursors; whether it had a record.
+    fn remove(&mut self, id: &str) -> bool {
+        self.cursors.retain(|(s, _), _| s != id);
+        self.slots.remove(id).is_some_and(|slot| slot.session.is_some())
+    }
+}
+
+impl KeptValue {
+    fn live(&self, now_ms: i64) -> bool {
+        self.expires_at_ms.is_none_or(|t| t > now_ms)
+    }
 }
 
 /// The in-memory backend.
@@ -146,24 +219,27 @@ fn summary(name: &str, log: &StreamLog) -> StreamSummary {
 impl Store for MemoryStore {
     async fn create_session(&self, session: &SessionRecord) -> StoreResult<()> {
         let mut inner = self.lock()?;
-        if let Some(existing) = inner.sessions.get(&session.id)
-            && existing.expires_at_ms > now_ms() {
-                return Err(StoreError::Conflict(format!("session {}", session.id)));
-            }
-        inner.sessions.insert(session.id.clone(), KeptSession::keep(session)?);
+        if let Some(existing) = inner.session(&session.id)
+            && existing.expires_at_ms > now_ms()
+        {
+            return Err(StoreError::Conflict(format!("session {}", session.id)));
+        }
+        let kept = KeptSession::keep(session, &mut inner.states_packer)?;
+        inner.slots.entry(session.id.as_str().into()).or_default().session = Some(kept);
         Ok(())
     }
 
     async fn get_session(&self, id: &str, now_ms: i64) -> StoreResult<Option<SessionRecord>> {
         let inner = self.lock()?;
-        inner.sessions.get(id).filter(|s| s.expires_at_ms > now_ms).map(|s| s.record(id)).transpose()
+        inner.session(id).filter(|s| s.expires_at_ms > now_ms).map(|s| s.record(id)).transpose()
     }
 
     async fn update_session_state(&self, id: &str, expected: u64, state: &serde_json::Value) -> StoreResult<Option<u64>> {
         let mut inner = self.lock()?;
-        match inner.sessions.get_mut(id) {
+        let inner = &mut *inner;
+        match inner.slots.get_mut(id).and_then(|slot| slot.session.as_mut()) {
             Some(s) if s.revision == expected => {
-                s.state = serde_json::to_string(state).map_err(|e| StoreError::Backend(e.to_string()))?.into();
+                s.state = pack_state(&mut inner.states_packer, state)?;
                 s.revision += 1;
                 Ok(Some(s.revision))
             }
@@ -173,7 +249,7 @@ impl Store for MemoryStore {
 
     async fn touch_session(&self, id: &str, expires_at_ms: i64) -> StoreResult<bool> {
         let mut inner = self.lock()?;
-        match inner.sessions.get_mut(id) {
+        match inner.session_mut(id) {
             Some(s) => {
                 s.expires_at_ms = s.expires_at_ms.max(expires_at_ms);
                 Ok(true)
@@ -184,17 +260,14 @@ impl Store for MemoryStore {
 
     async fn delete_session(&self, id: &str) -> StoreResult<bool> {
         let mut inner = self.lock()?;
-        inner.logs.remove(id);
-        inner.cursors.retain(|(s, _), _| s != id);
-        Ok(inner.sessions.remove(id).is_some())
+        Ok(inner.remove(id))
     }
 
     async fn list_sessions(&self, principal: &str, limit: usize) -> StoreResult<Vec<SessionRecord>> {
         let inner = self.lock()?;
         let now = now_ms();
         let mut out = inner
-            .sessions
-            .iter()
+            .sessions()
             .filter(|(_, s)| &*s.principal == principal && s.expires_at_ms > now)
             .map(|(id, s)| s.record(id))
             .collect::<StoreResult<Vec<_>>>()?;
@@ -205,37 +278,39 @@ impl Store for MemoryStore {
 
     async fn count_sessions(&self, principal: &str, now_ms: i64) -> StoreResult<u64> {
         let inner = self.lock()?;
-        Ok(inner.sessions.values().filter(|s| &*s.principal == principal && s.expires_at_ms > now_ms).count() as u64)
+        Ok(inner.sessions().filter(|(_, s)| &*s.principal == principal && s.expires_at_ms > now_ms).count() as u64)
     }
 
     async fn expire_sessions(&self, now_ms: i64, limit: usize) -> StoreResult<Vec<String>> {
         let mut inner = self.lock()?;
-        let expired: Vec<String> = inner
-            .sessions
-            .iter()
-            .filter(|(_, s)| s.expires_at_ms <= now_ms)
-            .take(limit)
-            .map(|(id, _)| id.clone())
-            .collect();
+        let expired: Vec<String> =
+            inner.sessions().filter(|(_, s)| s.expires_at_ms <= now_ms).take(limit).map(|(id, _)| id.to_owned()).collect();
         for id in &expired {
-            inner.sessions.remove(id);
-            inner.logs.remove(id.as_str());
-            inner.cursors.retain(|(s, _), _| s != id);
+            inner.remove(id);
         }
-        inner.kv.retain(|_, v| v.expires_at_ms.is_none_or(|t| t > now_ms));
+        for records in inner.kv.values_mut() {
+            records.retain(|_, v| v.live(now_ms));
+        }
         Ok(expired)
     }
 
     async fn append(&self, session: &str, stream: &str, kind: EventKind, payload: Bytes) -> StoreResult<u64> {
         let cap = self.config.max_events_per_stream.max(1) as usize;
         let mut inner = self.lock()?;
-        let log = inner.logs.entry(session.into()).or_default().get_or_insert(stream);
+        let inner = &mut *inner;
+        let payload = inner.events_packer.pack(&payload);
+        // Looked up before inserting: `entry` would copy the ID on every append.
+        let slot = match inner.slots.get_mut(session) {
+            Some(slot) => slot,
+            None => inner.slots.entry(session.into()).or_default(),
+        };
+        let log = slot.streams.get_or_insert(stream);
         let seq = log.next_seq;
         log.next_seq += 1;
         if kind == EventKind::Final {
             log.finished_at_ms = Some(now_ms());
         }
-        log.events.push_back(StoredEvent { seq, kind, payload });
+        log.events.push_back(KeptEvent { seq, kind, payload });
         while log.events.len() > cap {
             log.events.pop_front();
         }
@@ -244,18 +319,17 @@ impl Store for MemoryStore {
 
     async fn read_after(&self, session: &str, stream: &str, after: u64, limit: usize) -> StoreResult<Vec<StoredEvent>> {
         let inner = self.lock()?;
-        let Some(log) = inner.logs.get(session).and_then(|l| l.get(stream)) else {
+        let Some(log) = inner.streams(session).and_then(|l| l.get(stream)) else {
             return Ok(Vec::new());
         };
         let start = log.events.partition_point(|e| e.seq <= after);
-        Ok(log.events.iter().skip(start).take(limit).cloned().collect())
+        Ok(log.events.iter().skip(start).take(limit).map(KeptEvent::event).collect())
     }
 
     async fn open_streams(&self, session: &str) -> StoreResult<Vec<StreamSummary>> {
         let inner = self.lock()?;
         Ok(inner
-            .logs
-            .get(session)
+            .streams(session)
             .map(|l| l.iter().filter(|(_, log)| !log.finished()).map(|(name, log)| summary(name, log)).collect())
             .unwrap_or_default())
     }
@@ -265,24 +339,24 @@ impl Store for MemoryStore {
     async fn drop_finished_streams(&self, from: &str, below: &str, finished_before_ms: i64, limit: usize) -> StoreResult<u64> {
         let mut inner = self.lock()?;
         let mut dropped = 0;
-        for streams in inner.logs.values_mut() {
+        for slot in inner.slots.values_mut() {
             if dropped >= limit {
                 break;
             }
-            dropped += streams.drop_finished(from, below, finished_before_ms, limit - dropped);
+            dropped += slot.streams.drop_finished(from, below, finished_before_ms, limit - dropped);
         }
-        inner.logs.retain(|_, streams| !streams.0.is_empty());
+        inner.slots.retain(|_, slot| slot.session.is_some() || !slot.streams.0.is_empty());
         Ok(dropped as u64)
     }
 
     async fn stream(&self, session: &str, stream: &str) -> StoreResult<Option<StreamSummary>> {
         let inner = self.lock()?;
-        Ok(inner.logs.get(session).and_then(|l| l.get(stream)).map(|log| summary(stream, log)))
+        Ok(inner.streams(session).and_then(|l| l.get(stream)).map(|log| summary(stream, log)))
     }
 
     async fn set_cursor(&self, session: &str, stream: &str, seq: u64) -> StoreResult<()> {
         let mut inner = self.lock()?;
-        if !inner.sessions.contains_key(session) {
+        if inner.session(session).is_none() {
             return Ok(());
         }
         let c = inner.cursors.entry((session.to_owned(), stream.to_owned())).or_default();
@@ -299,9 +373,10 @@ impl Store for MemoryStore {
         let inner = self.lock()?;
         Ok(inner
             .kv
-            .get(&(namespace.to_owned(), key.to_owned()))
-            .filter(|v| v.expires_at_ms.is_none_or(|t| t > now_ms))
-            .cloned())
+            .get(namespace)
+            .and_then(|records| records.get(key))
+            .filter(|v| v.live(now_ms))
+            .map(|v| VersionedValue { value: v.value.to_bytes(), revision: v.revision, expires_at_ms: v.expires_at_ms }))
     }
 
     async fn kv_compare_and_set(
@@ -314,20 +389,25 @@ impl Store for MemoryStore {
     ) -> StoreResult<Option<u64>> {
         let mut inner = self.lock()?;
         let now = now_ms();
-        let k = (namespace.to_owned(), key.to_owned());
-        let current = inner.kv.get(&k).filter(|v| v.expires_at_ms.is_none_or(|t| t > now)).map(|v| v.revision);
+        let inner = &mut *inner;
+        let current = inner.kv.get(namespace).and_then(|records| records.get(key)).filter(|v| v.live(now)).map(|v| v.revision);
         if current != expected {
             return Ok(None);
         }
         inner.kv_revision += 1;
         let revision = inner.kv_revision;
-        inner.kv.insert(k, VersionedValue { value, revision, expires_at_ms });
+        let value = inner.values_packer.pack(&value);
+        let records = match inner.kv.get_mut(namespace) {
+            Some(records) => records,
+            None => inner.kv.entry(namespace.into()).or_default(),
+        };
+        records.insert(key.into(), KeptValue { value, revision, expires_at_ms });
         Ok(Some(revision))
     }
 
     async fn kv_delete(&self, namespace: &str, key: &str) -> StoreResult<bool> {
         let mut inner = self.lock()?;
-        Ok(inner.kv.remove(&(namespace.to_owned(), key.to_owned())).is_some())
+        Ok(inner.kv.get_mut(namespace).and_then(|records| records.remove(key)).is_some())
     }
 
     async fn ping(&self) -> StoreResult<()> {
