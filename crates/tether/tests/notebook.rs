@@ -78,7 +78,7 @@ async fn sessions_beyond_the_memory_cache_keep_their_notebook_context() {
 
 /// A thought whose row cannot be stored is answered with an error, never with
 /// a result that claims it (the response would otherwise share the row's
-/// commit); the next thought is numbered after what the file holds.
+/// commit); the failed thought takes no number.
 #[tokio::test]
 async fn a_thought_that_cannot_be_stored_is_answered_with_an_error() {
     let server = TestServer::start(Backend::Sqlite, AppKind::Notebook, quick_config()).await;
@@ -87,22 +87,19 @@ async fn a_thought_that_cannot_be_stored_is_answered_with_an_error() {
     let first = c.call(&sid, 1, "thought", thought_args(1)).await;
     assert_eq!(first["result"]["structuredContent"]["thoughtHistoryLength"], 1, "{first}");
 
-    // Another writer takes number 2 in the file, behind the server's back.
+    // The next thought's write fails in the server's writer (as a full disk would fail it).
     let file = rusqlite::Connection::open(server.dir.path().join("tether.db")).unwrap();
     file.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
-    file.execute_batch(
-        "BEGIN IMMEDIATE;
-         INSERT INTO nb_thoughts(session_id, idx, body, recorded_at_ms) SELECT id, 2, '{}', 0 FROM nb_sessions;
-         UPDATE nb_sessions SET thought_count = 2;
-         COMMIT;",
-    )
-    .unwrap();
-    drop(file);
+    file.execute_batch("CREATE TRIGGER fail_thoughts BEFORE INSERT ON nb_thoughts_staged BEGIN SELECT RAISE(ABORT, 'injected'); END;")
+        .unwrap();
 
     let failed = c.call(&sid, 2, "thought", thought_args(2)).await;
     assert_eq!(failed["error"]["code"], -32603, "{failed}");
     assert!(failed["error"]["message"].as_str().is_some_and(|m| m.contains("not stored")), "{failed}");
     assert!(failed.get("result").is_none(), "{failed}");
-    let next = c.call(&sid, 3, "thought", thought_args(3)).await;
-    assert_eq!(next["result"]["structuredContent"]["thoughtHistoryLength"], 3, "{next}");
+
+    file.execute_batch("DROP TRIGGER fail_thoughts;").unwrap();
+    drop(file);
+    let next = c.call(&sid, 3, "thought", thought_args(2)).await;
+    assert_eq!(next["result"]["structuredContent"]["thoughtHistoryLength"], 2, "the failed thought took no number: {next}");
 }

@@ -9,10 +9,18 @@
 //! the exact values from the thoughts themselves ([`READ_COLUMNS`]), and
 //! orderings by recency look at every session whose row is within
 //! [`ROW_RECENCY_MS`] of the cut, then order by the exact time.
+//!
+//! Thoughts queued inside a request are not inserted into `nb_thoughts`
+//! one by one: its index, ordered by session, would take each thought to
+//! its own page (one 4 KiB WAL frame per thought, half the writer's work).
+//! They are appended to `nb_thoughts_staged` (rowid order, no index: a
+//! commit's thoughts share a page) and moved over together, sorted by
+//! session ([`settle`]): every [`SETTLE_EVERY`] thoughts, before any read of
+//! thoughts, and on open. Reads therefore only ever look at `nb_thoughts`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use rusqlite::{OptionalExtension, params};
@@ -44,6 +52,48 @@ CREATE TABLE IF NOT EXISTS nb_branches(
 ) WITHOUT ROWID;
 "#;
 
+/// Thoughts queued inside requests, until [`settle`] moves them to `nb_thoughts`.
+const STAGED_TABLE: &str = "CREATE TABLE IF NOT EXISTS nb_thoughts_staged(
+    id INTEGER PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    body TEXT NOT NULL,
+    recorded_at_ms INTEGER NOT NULL
+)";
+
+/// Queued thoughts between two settles on the hot path: the settle writes
+/// each active session's index page once for this many thoughts. Measured
+/// with `store_path` (64 sessions): 1,024 -> writer 10.4 µs/call, 4,096 ->
+/// 9.1 µs/call; a settle of 4,096 holds the writer ~4 ms (~1 µs a thought).
+const SETTLE_EVERY: u64 = 4_096;
+
+/// Moves the staged thoughts to `nb_thoughts`, sorted so each index page is
+/// written once. Numbers are exact by construction (one writer, exact
+/// counts); a staged thought whose number is taken anyway is dropped with
+/// an error in the log rather than blocking every later settle.
+fn settle(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
+    let moved = conn
+        .prepare_cached(
+            "INSERT OR IGNORE INTO nb_thoughts(session_id, idx, body, recorded_at_ms)
+             SELECT session_id, idx, body, recorded_at_ms FROM nb_thoughts_staged ORDER BY session_id, idx",
+        )?
+        .execute([])?;
+    let staged = conn.prepare_cached("DELETE FROM nb_thoughts_staged")?.execute([])?;
+    if moved < staged {
+        tracing::error!(dropped = staged - moved, "staged thoughts whose numbers were already taken were dropped");
+    }
+    Ok(())
+}
+
+/// Which queued thoughts a read may rely on being settled.
+#[derive(Default)]
+struct Staging {
+    /// Thoughts queued for `nb_thoughts_staged`, counted after each is queued.
+    queued: AtomicU64,
+    /// `queued` as it was when a settle that has committed since was queued.
+    settled_through: AtomicU64,
+}
+
 /// Thoughts in rowid order: a commit appends every session's new thoughts to
 /// the same few pages (see the store's events table). Files written before
 /// this layout are converted on open.
@@ -61,6 +111,7 @@ pub struct SqliteNotebook {
     /// thought can be answered before it is committed (see `append_thought`).
     /// Exact: one process writes a file (it is locked), all through here.
     counts: tokio::sync::Mutex<HashMap<(String, String), Counts>>,
+    staging: Staging,
 }
 
 /// Notebook sessions whose counts are kept; beyond, the map starts over.
@@ -118,11 +169,11 @@ impl Counts {
     }
 }
 
-/// Stores thought number `idx` of a session whose counts are known, and
-/// with `touch_row` its session's row; the row's counters only ever grow
-/// (a later thought may commit in the same batch).
+/// Stages thought number `idx` of a session whose counts are known, and
+/// with `touch_row` writes its session's row; the row's counters only ever
+/// grow (a later thought may commit in the same batch).
 #[allow(clippy::too_many_arguments)]
-fn insert_thought(
+fn stage_thought(
     conn: &rusqlite::Connection,
     session_id: &str,
     idx: u64,
@@ -132,7 +183,7 @@ fn insert_thought(
     now: i64,
     touch_row: bool,
 ) -> rusqlite::Result<()> {
-    conn.prepare_cached("INSERT INTO nb_thoughts(session_id, idx, body, recorded_at_ms) VALUES (?1, ?2, ?3, ?4)")?
+    conn.prepare_cached("INSERT INTO nb_thoughts_staged(session_id, idx, body, recorded_at_ms) VALUES (?1, ?2, ?3, ?4)")?
         .execute(params![session_id, idx as i64, body, now])?;
     if let Some((branch, from)) = thought.branch() {
         conn.prepare_cached("INSERT OR IGNORE INTO nb_branches(session_id, branch_id, from_thought) VALUES (?1, ?2, ?3)")?
@@ -154,10 +205,25 @@ impl SqliteNotebook {
         db.write(|ctx| {
             tether_store::sqlite::rebuild_with_rowid(&ctx.conn, "nb_thoughts", THOUGHTS_TABLE, "session_id, idx, body, recorded_at_ms")?;
             ctx.conn.execute(THOUGHTS_TABLE, [])?;
-            Ok(ctx.conn.execute_batch(SCHEMA)?)
+            ctx.conn.execute(STAGED_TABLE, [])?;
+            ctx.conn.execute_batch(SCHEMA)?;
+            // Thoughts staged before a crash or stop.
+            Ok(settle(&ctx.conn)?)
         })
         .await?;
-        Ok(Self { db, counts: tokio::sync::Mutex::new(HashMap::new()) })
+        Ok(Self { db, counts: tokio::sync::Mutex::new(HashMap::new()), staging: Staging::default() })
+    }
+
+    /// Waits until every thought queued so far (in particular every thought
+    /// already answered) is in `nb_thoughts`, where reads look.
+    async fn settled(&self) -> Result<(), RepoError> {
+        let queued = self.staging.queued.load(Ordering::Acquire);
+        if self.staging.settled_through.load(Ordering::Acquire) >= queued {
+            return Ok(());
+        }
+        self.db.write(|ctx| Ok(settle(&ctx.conn)?)).await?;
+        self.staging.settled_through.fetch_max(queued, Ordering::AcqRel);
+        Ok(())
     }
 
     /// Appends a thought counted by the table, and waits for its commit.
@@ -169,6 +235,7 @@ impl SqliteNotebook {
             .db
             .write(move |ctx| {
                 let conn = &ctx.conn;
+                settle(conn)?;
                 let counts: Option<(i64, i64)> = conn
                     .prepare_cached(&format!("SELECT {READ_COLUMNS} FROM nb_sessions s WHERE s.id = ?1 AND s.principal = ?2"))?
                     .query_row(params![session_id, principal], |r| Ok((r.get(7)?, r.get(8)?)))
@@ -253,6 +320,7 @@ impl NotebookRepo for SqliteNotebook {
     }
 
     async fn get_session(&self, principal: &str, id: &str) -> Result<Option<NotebookSession>, RepoError> {
+        self.settled().await?;
         let (principal, id) = (principal.to_owned(), id.to_owned());
         Ok(self
             .db
@@ -287,14 +355,25 @@ impl NotebookRepo for SqliteNotebook {
             if touch_row {
                 known.row_updated_ms = now;
             }
-            // Queued under the lock: thoughts of a session reach the writer in number order.
+            // Queued under the lock: thoughts of a session reach the writer in
+            // number order, and `staging.queued` counts in queue order.
+            let queued_before = self.staging.queued.load(Ordering::Acquire);
+            let settle_after = (queued_before + 1).is_multiple_of(SETTLE_EVERY);
             let queued = self
                 .db
                 .write_deferred(
-                    move |ctx| Ok(insert_thought(&ctx.conn, &session_id, idx, &body, &thought, branch_count, now, touch_row)?),
+                    move |ctx| {
+                        stage_thought(&ctx.conn, &session_id, idx, &body, &thought, branch_count, now, touch_row)?;
+                        if settle_after {
+                            settle(&ctx.conn)?;
+                        }
+                        Ok(())
+                    },
                     move || stale.store(true, Ordering::Release),
                 )
                 .await;
+            // Counted once queued: a read that sees this count settles after it.
+            self.staging.queued.store(queued_before + 1, Ordering::Release);
             return match queued {
                 Some(Ok(())) => Ok(recorded),
                 other => {
@@ -331,6 +410,7 @@ impl NotebookRepo for SqliteNotebook {
     }
 
     async fn thoughts(&self, principal: &str, session_id: &str) -> Result<Vec<StoredThought>, RepoError> {
+        self.settled().await?;
         let (principal, session_id) = (principal.to_owned(), session_id.to_owned());
         Ok(self
             .db
@@ -351,6 +431,7 @@ impl NotebookRepo for SqliteNotebook {
     }
 
     async fn latest_for_root(&self, principal: &str, root: &str) -> Result<Option<NotebookSession>, RepoError> {
+        self.settled().await?;
         let (principal, root) = (principal.to_owned(), root.to_owned());
         Ok(self
             .db
@@ -372,6 +453,7 @@ impl NotebookRepo for SqliteNotebook {
     }
 
     async fn list_sessions(&self, principal: &str, filter: &SessionFilter) -> Result<Vec<NotebookSession>, RepoError> {
+        self.settled().await?;
         let principal = principal.to_owned();
         let filter = filter.clone();
         Ok(self
@@ -399,6 +481,7 @@ impl NotebookRepo for SqliteNotebook {
     }
 
     async fn search(&self, principal: &str, text: &str, limit: usize) -> Result<Vec<SearchHit>, RepoError> {
+        self.settled().await?;
         let principal = principal.to_owned();
         let pattern = format!("%{}%", text.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_"));
         Ok(self
@@ -580,16 +663,9 @@ mod tests {
         let session = NotebookSession::new("p", None, Vec::new(), None);
         repo.create_session(&session).await.unwrap();
         repo.append_thought("p", &session.id, &step(1)).await.unwrap();
-        // Something else takes number 2 behind the notebook's back: its queued write will conflict.
-        let id = session.id.clone();
-        store
-            .db()
-            .write(move |ctx| {
-                ctx.conn.execute("INSERT INTO nb_thoughts(session_id, idx, body, recorded_at_ms) VALUES (?1, 2, '{}', 0)", [&id])?;
-                Ok(ctx.conn.execute("UPDATE nb_sessions SET thought_count = 2 WHERE id = ?1", [&id])?)
-            })
-            .await
-            .unwrap();
+        // The writer's next staged thought fails (as a full disk would fail it).
+        let fail = "CREATE TEMP TRIGGER fail_staging BEFORE INSERT ON nb_thoughts_staged BEGIN SELECT RAISE(ABORT, 'injected'); END";
+        store.db().write(move |ctx| Ok(ctx.conn.execute(fail, [])?)).await.unwrap();
 
         let stored = tether_store::fence::scope(async {
             repo.append_thought("p", &session.id, &step(2)).await.unwrap();
@@ -599,7 +675,60 @@ mod tests {
         assert!(matches!(stored, Err(StoreError::EarlierWriteFailed(_))), "{stored:?}");
         assert!(store.read_after("s", "r2", 0, 10).await.unwrap().is_empty(), "no response claims the thought was stored");
 
+        store.db().write(|ctx| Ok(ctx.conn.execute("DROP TRIGGER fail_staging", [])?)).await.unwrap();
         let again = tether_store::fence::scope(repo.append_thought("p", &session.id, &step(2))).await.unwrap();
-        assert_eq!(again.thought_history_length, 3, "counted from the table, after the row that was there");
+        assert_eq!(again.thought_history_length, 2, "counted from the table: the failed thought took no number");
+        assert_eq!(repo.thoughts("p", &session.id).await.unwrap().len(), 2);
+    }
+
+    async fn table_rows(store: &SqliteStore, table: &'static str) -> i64 {
+        store.db().read(move |conn| Ok(conn.query_row(&format!("SELECT COUNT(*) FROM {table}"), [], |r| r.get(0))?)).await.unwrap()
+    }
+
+    /// Queued thoughts wait in the staging table, at most SETTLE_EVERY of
+    /// them; every read sees them at once, and a reopen settles what a
+    /// stop left staged.
+    #[tokio::test]
+    async fn staged_thoughts_are_read_at_once_and_settle_in_bulk() {
+        use tether_store::{EventKind, Store};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nb.db");
+        let root = "file:///work/project";
+        let session = NotebookSession::new("p", None, Vec::new(), Some(root.to_owned()));
+        {
+            let (store, repo) = open(&path).await;
+            repo.create_session(&session).await.unwrap();
+            repo.append_thought("p", &session.id, &step(1)).await.unwrap();
+            let total = SETTLE_EVERY + 3;
+            tether_store::fence::scope(async {
+                for n in 2..=total {
+                    assert_eq!(repo.append_thought("p", &session.id, &step(n)).await.unwrap().thought_history_length, n);
+                }
+                store.start_stream("s", "r1", vec![(EventKind::Final, bytes::Bytes::from("ok"))]).await.unwrap();
+            })
+            .await;
+            let staged = table_rows(&store, "nb_thoughts_staged").await;
+            assert!(staged > 0 && staged < SETTLE_EVERY as i64, "the hot path settled the first {SETTLE_EVERY}: {staged} left staged");
+
+            assert_eq!(repo.get_session("p", &session.id).await.unwrap().unwrap().thought_count, total);
+            assert_eq!(table_rows(&store, "nb_thoughts_staged").await, 0, "a read settles first");
+            assert_eq!(repo.latest_for_root("p", root).await.unwrap().unwrap().thought_count, total);
+            let numbers: Vec<u64> = repo.thoughts("p", &session.id).await.unwrap().iter().map(|t| t.input.thought_number).collect();
+            assert_eq!(numbers, (1..=total).collect::<Vec<_>>(), "every thought once, in order");
+
+            // Two more, and no read before the stop.
+            tether_store::fence::scope(async {
+                repo.append_thought("p", &session.id, &step(total + 1)).await.unwrap();
+                repo.append_thought("p", &session.id, &step(total + 2)).await.unwrap();
+                store.start_stream("s", "r2", vec![(EventKind::Final, bytes::Bytes::from("ok"))]).await.unwrap();
+            })
+            .await;
+            assert_eq!(table_rows(&store, "nb_thoughts_staged").await, 2);
+        }
+        let (store, repo) = open(&path).await;
+        assert_eq!(table_rows(&store, "nb_thoughts_staged").await, 0, "settled on open");
+        assert_eq!(table_rows(&store, "nb_thoughts").await, (SETTLE_EVERY + 5) as i64);
+        let hits = repo.search("p", &format!("step {}", SETTLE_EVERY + 5), 10).await.unwrap();
+        assert_eq!(hits.len(), 1, "the last thought is found");
     }
 }
