@@ -57,11 +57,17 @@ struct Args {
     #[arg(long, value_delimiter = ',', default_value = "1,64")]
     clients: Vec<usize>,
     /// tools_call: length of the measure window of each run.
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "4s", value_parser = humantime::parse_duration)]
     duration: Duration,
     /// tools_call: calls made before the measure window opens (not recorded).
-    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     warmup: Duration,
+    /// tools_call: rounds over all systems, one after the other (A B C, A B C, ...);
+    /// each row reports the round with the median requests/s. The host drifts
+    /// by tens of percent within minutes: interleaving spreads that drift over
+    /// every system instead of landing on whichever ran in a slow minute.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
     /// restart_100k_sessions and idle_session: sessions to create.
     #[arg(long, default_value_t = 100_000)]
     sessions: usize,
@@ -74,7 +80,7 @@ struct Args {
     /// replay_10k: timed replays of those events (the median is reported).
     #[arg(long, default_value_t = 5)]
     replay_runs: usize,
-    /// Shorter runs of every scenario: --duration 2s --warmup 1s --sessions 10000 --replay-runs 3.
+    /// Shorter runs of every scenario: --duration 2s --warmup 1s --rounds 1 --sessions 10000 --replay-runs 3.
     #[arg(long)]
     quick: bool,
     /// Where the JSON rows are written.
@@ -93,6 +99,7 @@ fn main() -> ExitCode {
     if args.quick {
         args.duration = Duration::from_secs(2);
         args.warmup = Duration::from_secs(1);
+        args.rounds = 1;
         args.sessions = args.sessions.min(10_000);
         args.replay_runs = args.replay_runs.min(3);
     }
@@ -135,6 +142,7 @@ async fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
     anyhow::ensure!(args.clients.iter().all(|&c| c > 0), "--clients must all be 1 or more");
     anyhow::ensure!(!args.duration.is_zero(), "--duration must be more than 0");
     anyhow::ensure!(args.sessions > 0 && args.events > 0, "--sessions and --events must be 1 or more");
+    anyhow::ensure!(args.rounds > 0, "--rounds must be 1 or more");
     let programs = Programs {
         tether: args.tether.clone(),
         rmcp_ref: args.rmcp_ref.clone().unwrap_or_else(|| sibling("rmcp_ref")),
@@ -147,15 +155,25 @@ async fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
     let load_before = load_average();
     let mut rows = Vec::new();
     let mut skipped = Vec::new();
-    for &system in &args.systems {
-        if system == System::TetherRedis && !server::redis_available() {
-            eprintln!("== tether-redis: skipped, `redis-cli -h 127.0.0.1 ping` does not answer PONG");
-            skipped.push("tether-redis (no Redis on 127.0.0.1)");
-            continue;
+    let mut systems = args.systems.clone();
+    if systems.contains(&System::TetherRedis) && !server::redis_available() {
+        eprintln!("== tether-redis: skipped, `redis-cli -h 127.0.0.1 ping` does not answer PONG");
+        skipped.push("tether-redis (no Redis on 127.0.0.1)");
+        systems.retain(|&s| s != System::TetherRedis);
+    }
+    if wants(Scenario::ToolsCall) {
+        let mut rounds: Vec<Vec<Vec<Row>>> = vec![Vec::new(); systems.len()];
+        for round in 1..=args.rounds {
+            for (i, &system) in systems.iter().enumerate() {
+                eprintln!("== {}: tools_call, round {round} of {}", system.name(), args.rounds);
+                rounds[i].push(tools_call(args, &programs, system).await);
+            }
         }
-        if wants(Scenario::ToolsCall) {
-            rows.extend(tools_call(args, &programs, system).await);
+        for runs in rounds {
+            rows.extend(median_rounds(runs));
         }
+    }
+    for &system in &systems {
         // The floor has no MCP, no streams and no sessions: only tools_call applies.
         if system == System::AxumFloor {
             continue;
@@ -226,10 +244,42 @@ async fn start(programs: &Programs, launch: &Launch) -> anyhow::Result<(Server, 
     Ok((server, store))
 }
 
+/// One row per client count from a system's tools_call rounds (each a
+/// `Vec` of rows in `--clients` order): the round with the median
+/// requests/s, its spread noted, the highest peak RSS of all rounds. A
+/// count with errors in any round reports that round's row instead.
+fn median_rounds(rounds: Vec<Vec<Row>>) -> Vec<Row> {
+    let Some(first) = rounds.first() else { return Vec::new() };
+    let counts = first.len();
+    let runs = rounds.len();
+    let mut by_count: Vec<Vec<Row>> = (0..counts).map(|_| Vec::with_capacity(runs)).collect();
+    for round in rounds {
+        for (i, row) in round.into_iter().enumerate().take(counts) {
+            by_count[i].push(row);
+        }
+    }
+    by_count
+        .into_iter()
+        .filter_map(|mut same| {
+            if let Some(failed) = same.iter().position(|r| r.errors > 0) {
+                return Some(same.swap_remove(failed));
+            }
+            let peak_rss = same.iter().filter_map(|r| r.rss_mib).reduce(f64::max);
+            same.sort_by(|a, b| a.rps.unwrap_or(0.0).total_cmp(&b.rps.unwrap_or(0.0)));
+            let (low, high) = (same.first()?.rps.unwrap_or(0.0), same.last()?.rps.unwrap_or(0.0));
+            let mut median = same.swap_remove(same.len() / 2);
+            median.rss_mib = peak_rss;
+            if runs > 1 {
+                median.spread = Some(format!("median of {runs} interleaved rounds, {low:.0} to {high:.0} rps"));
+            }
+            Some(median)
+        })
+        .collect()
+}
+
 /// tools_call at each client count on one fresh server; peak RSS covers all of them.
 async fn tools_call(args: &Args, programs: &Programs, system: System) -> Vec<Row> {
     let fail = |e: anyhow::Error| args.clients.iter().map(|&c| Row::failed(system, Scenario::ToolsCall, c, args.quick, format!("{e:#}"))).collect();
-    eprintln!("== {}: tools_call", system.name());
     let (server, _store) = match start(programs, &Launch::new(system)).await {
         Ok(started) => started,
         Err(e) => return fail(e),
@@ -299,7 +349,7 @@ async fn replay_10k(args: &Args, programs: &Programs, system: System) -> Row {
             let ms = outcome.ms;
             eprintln!("   median {ms:.1} ms of {} runs ({:.1} to {:.1} ms)", outcome.runs, outcome.min_ms, outcome.max_ms);
             row.ms = Some(round(ms, 1));
-            row.replay_spread = Some(format!("median of {} runs, {:.1} to {:.1} ms", outcome.runs, outcome.min_ms, outcome.max_ms));
+            row.spread = Some(format!("median of {} runs, {:.1} to {:.1} ms", outcome.runs, outcome.min_ms, outcome.max_ms));
             if outcome.resent_last_event {
                 eprintln!("   note: the server re-sent the Last-Event-ID event before the missed ones");
                 row.deviation = Some(format!("re-sent the Last-Event-ID event first (a duplicate), then the {} missed ones", args.events));
@@ -407,4 +457,36 @@ async fn idle_and_restart(args: &Args, programs: &Programs, system: System, idle
         rows.push(restart_row);
     }
     rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(clients: usize, rps: f64, p50: f64, rss: f64) -> Row {
+        Row { rps: Some(rps), p50_ms: Some(p50), rss_mib: Some(rss), ..Row::new(System::TetherSqlite, Scenario::ToolsCall, clients, false) }
+    }
+
+    #[test]
+    fn each_client_count_reports_its_median_round_with_the_spread_and_the_peak_rss() {
+        let rounds = vec![
+            vec![run(1, 100.0, 0.1, 40.0), run(64, 900.0, 1.0, 40.0)],
+            vec![run(1, 300.0, 0.3, 55.0), run(64, 700.0, 2.0, 55.0)],
+            vec![run(1, 200.0, 0.2, 45.0), run(64, 800.0, 3.0, 45.0)],
+        ];
+        let rows = median_rounds(rounds);
+        assert_eq!(rows.len(), 2);
+        assert_eq!((rows[0].clients, rows[0].rps, rows[0].p50_ms), (1, Some(200.0), Some(0.2)), "the median round, whole");
+        assert_eq!((rows[1].clients, rows[1].rps, rows[1].p50_ms), (64, Some(800.0), Some(3.0)));
+        assert!(rows.iter().all(|r| r.rss_mib == Some(55.0)), "peak RSS of every round");
+        assert_eq!(rows[1].spread.as_deref(), Some("median of 3 interleaved rounds, 700 to 900 rps"));
+    }
+
+    #[test]
+    fn a_round_with_errors_is_reported_not_hidden_by_the_median() {
+        let failed = Row::failed(System::TetherSqlite, Scenario::ToolsCall, 64, false, "wrong answer".into());
+        let rows = median_rounds(vec![vec![run(64, 900.0, 1.0, 40.0)], vec![failed], vec![run(64, 800.0, 1.0, 40.0)]]);
+        assert_eq!(rows.len(), 1);
+        assert_eq!((rows[0].errors, rows[0].error.as_deref()), (1, Some("wrong answer")));
+    }
 }

@@ -57,9 +57,9 @@ pub struct Row {
     /// idle_session with sqlite or Redis: store bytes per session outside the server process.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub store_bytes: Option<f64>,
-    /// replay_10k: how many timed replays the median `ms` is from, and their range.
+    /// How many runs the figure (`rps` or `ms`) is the median of, and their range.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub replay_spread: Option<String>,
+    pub spread: Option<String>,
     /// How the system was set up for this row when it differs from its usual setup.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
@@ -91,7 +91,7 @@ impl Row {
             bytes: None,
             count: None,
             store_bytes: None,
-            replay_spread: None,
+            spread: None,
             note: None,
             quick,
             errors: 0,
@@ -138,7 +138,7 @@ fn notes(r: &Row) -> String {
         (_, Some(n)) => parts.push(format!("{} sessions", thousands(n))),
         _ => {}
     }
-    if let Some(spread) = &r.replay_spread {
+    if let Some(spread) = &r.spread {
         parts.push(spread.clone());
     }
     if let Some(b) = r.store_bytes {
