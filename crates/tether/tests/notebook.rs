@@ -90,7 +90,7 @@ async fn a_thought_that_cannot_be_stored_is_answered_with_an_error() {
     // The next thought's write fails in the server's writer (as a full disk would fail it).
     let file = rusqlite::Connection::open(server.dir.path().join("tether.db")).unwrap();
     file.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
-    file.execute_batch("CREATE TRIGGER fail_thoughts BEFORE INSERT ON nb_thoughts_staged BEGIN SELECT RAISE(ABORT, 'injected'); END;")
+    file.execute_batch("CREATE TRIGGER fail_thoughts BEFORE INSERT ON nb_thoughts BEGIN SELECT RAISE(ABORT, 'injected'); END;")
         .unwrap();
 
     let failed = c.call(&sid, 2, "thought", thought_args(2)).await;

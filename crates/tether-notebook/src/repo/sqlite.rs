@@ -10,13 +10,13 @@
 //! orderings by recency look at every session whose row is within
 //! [`ROW_RECENCY_MS`] of the cut, then order by the exact time.
 //!
-//! Thoughts queued inside a request are not inserted into `nb_thoughts`
-//! one by one: its index, ordered by session, would take each thought to
-//! its own page (one 4 KiB WAL frame per thought, half the writer's work).
-//! They are appended to `nb_thoughts_staged` (rowid order, no index: a
-//! commit's thoughts share a page) and moved over together, sorted by
-//! session ([`settle`]): every [`SETTLE_EVERY`] thoughts, before any read of
-//! thoughts, and on open. Reads therefore only ever look at `nb_thoughts`.
+//! Thoughts are appended to `nb_thoughts` in rowid order with no index of
+//! their own: an index ordered by session takes each thought to its own
+//! page (one 4 KiB WAL frame per thought, half the writer's work). Where a
+//! session's thoughts are is kept in `nb_thought_index`, filled for many
+//! thoughts at once, sorted by session ([`settle`]): every [`SETTLE_EVERY`]
+//! thoughts, before any read of thoughts, and on open. Reads therefore see
+//! every thought that was answered, through the index.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -43,7 +43,6 @@ CREATE TABLE IF NOT EXISTS nb_sessions(
 );
 CREATE INDEX IF NOT EXISTS nb_sessions_by_root ON nb_sessions(principal, root_uri, updated_at_ms DESC);
 CREATE INDEX IF NOT EXISTS nb_sessions_by_principal ON nb_sessions(principal, updated_at_ms DESC);
-CREATE UNIQUE INDEX IF NOT EXISTS nb_thoughts_by_session ON nb_thoughts(session_id, idx);
 CREATE TABLE IF NOT EXISTS nb_branches(
     session_id TEXT NOT NULL,
     branch_id TEXT NOT NULL,
@@ -52,50 +51,69 @@ CREATE TABLE IF NOT EXISTS nb_branches(
 ) WITHOUT ROWID;
 "#;
 
-/// Thoughts queued inside requests, until [`settle`] moves them to `nb_thoughts`.
-const STAGED_TABLE: &str = "CREATE TABLE IF NOT EXISTS nb_thoughts_staged(
-    id INTEGER PRIMARY KEY,
+/// Where a session's thoughts are: `(session_id, idx)` -> the thought's
+/// rowid, filled by [`settle`] for many thoughts at once.
+const INDEX_TABLE: &str = "CREATE TABLE IF NOT EXISTS nb_thought_index(
     session_id TEXT NOT NULL,
     idx INTEGER NOT NULL,
-    body TEXT NOT NULL,
-    recorded_at_ms INTEGER NOT NULL
-)";
+    thought INTEGER NOT NULL,
+    PRIMARY KEY(session_id, idx)
+) WITHOUT ROWID";
 
-/// Queued thoughts between two settles on the hot path: the settle writes
-/// each active session's index page once for this many thoughts. Measured
-/// with `store_path` (64 sessions): 1,024 -> writer 10.4 µs/call, 4,096 ->
-/// 9.1 µs/call; a settle of 4,096 holds the writer ~4 ms (~1 µs a thought).
+/// Earlier layouts kept a unique index on `nb_thoughts`; their thoughts are
+/// indexed by the first settle (`through` starts at 0).
+const DROP_EARLIER_INDEX: &str = "DROP INDEX IF EXISTS nb_thoughts_by_session;";
+
+/// One earlier layout staged thoughts in a table of their own before moving them.
+const MOVE_EARLIER_STAGED: &str = "INSERT INTO nb_thoughts(session_id, idx, body, recorded_at_ms)
+        SELECT session_id, idx, body, recorded_at_ms FROM nb_thoughts_staged ORDER BY id;
+    DROP TABLE nb_thoughts_staged;";
+
+/// One row: every thought with a rowid up to `through` is in the index.
+const SETTLED_TABLE: &str = "CREATE TABLE IF NOT EXISTS nb_settled(through INTEGER NOT NULL);
+    INSERT INTO nb_settled(through) SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM nb_settled);";
+
+/// Thoughts appended between two settles on the hot path: the settle writes
+/// each active session's index page once for this many thoughts. A settle
+/// of 4,096 thoughts holds the writer a few milliseconds (fifth round in
+/// docs/benchmarks.md).
 const SETTLE_EVERY: u64 = 4_096;
 
-/// Moves the staged thoughts to `nb_thoughts`, sorted so each index page is
-/// written once. Numbers are exact by construction (one writer, exact
-/// counts); a staged thought whose number is taken anyway is dropped with
-/// an error in the log rather than blocking every later settle.
+/// Indexes the thoughts appended since the last settle, sorted so each index
+/// page is written once. Numbers are exact by construction (one writer,
+/// exact counts); a thought whose number is taken anyway stays out of the
+/// index with an error in the log rather than blocking every later settle.
 fn settle(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
-    let moved = conn
+    let through: i64 = conn.prepare_cached("SELECT through FROM nb_settled")?.query_row([], |r| r.get(0))?;
+    let (pending, last): (i64, Option<i64>) = conn
+        .prepare_cached("SELECT COUNT(*), MAX(id) FROM nb_thoughts WHERE id > ?1")?
+        .query_row([through], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    let Some(last) = last else { return Ok(()) };
+    let indexed = conn
         .prepare_cached(
-            "INSERT OR IGNORE INTO nb_thoughts(session_id, idx, body, recorded_at_ms)
-             SELECT session_id, idx, body, recorded_at_ms FROM nb_thoughts_staged ORDER BY session_id, idx",
+            "INSERT OR IGNORE INTO nb_thought_index(session_id, idx, thought)
+             SELECT session_id, idx, id FROM nb_thoughts WHERE id > ?1 ORDER BY session_id, idx",
         )?
-        .execute([])?;
-    let staged = conn.prepare_cached("DELETE FROM nb_thoughts_staged")?.execute([])?;
-    if moved < staged {
-        tracing::error!(dropped = staged - moved, "staged thoughts whose numbers were already taken were dropped");
+        .execute([through])?;
+    conn.prepare_cached("UPDATE nb_settled SET through = ?1")?.execute([last])?;
+    if (indexed as i64) < pending {
+        tracing::error!(left_out = pending - indexed as i64, "thoughts whose numbers were already taken were left out of the index");
     }
     Ok(())
 }
 
-/// Which queued thoughts a read may rely on being settled.
+/// Which appended thoughts a read may rely on being indexed.
 #[derive(Default)]
-struct Staging {
-    /// Thoughts queued for `nb_thoughts_staged`, counted after each is queued.
-    queued: AtomicU64,
-    /// `queued` as it was when a settle that has committed since was queued.
+struct Indexing {
+    /// Thoughts appended inside requests, counted after each is queued.
+    appended: AtomicU64,
+    /// `appended` as it was when a settle that has committed since was queued.
     settled_through: AtomicU64,
 }
 
 /// Thoughts in rowid order: a commit appends every session's new thoughts to
-/// the same few pages (see the store's events table). Files written before
+/// the same few pages (see the store's events table). No index on it: reads
+/// find a session's thoughts through `nb_thought_index`. Files written before
 /// this layout are converted on open.
 const THOUGHTS_TABLE: &str = "CREATE TABLE IF NOT EXISTS nb_thoughts(
     id INTEGER PRIMARY KEY,
@@ -111,7 +129,7 @@ pub struct SqliteNotebook {
     /// thought can be answered before it is committed (see `append_thought`).
     /// Exact: one process writes a file (it is locked), all through here.
     counts: tokio::sync::Mutex<HashMap<(String, String), Counts>>,
-    staging: Staging,
+    indexing: Indexing,
 }
 
 /// Notebook sessions whose counts are kept; beyond, the map starts over.
@@ -143,10 +161,11 @@ const ROW_RECENCY_MS: i64 = 1_000;
 
 /// The columns of [`row_to_session`] for a row aliased `s`, with the exact
 /// last update and counts (the row's may trail them, see the module doc):
-/// two lookups on `nb_thoughts_by_session` and a count of its branches.
+/// two lookups on `nb_thought_index` and a count of its branches.
 const READ_COLUMNS: &str = "s.id, s.principal, s.title, s.tags, s.root_uri, s.created_at_ms,
-    MAX(s.updated_at_ms, COALESCE((SELECT t.recorded_at_ms FROM nb_thoughts t WHERE t.session_id = s.id ORDER BY t.idx DESC LIMIT 1), 0)),
-    MAX(s.thought_count, COALESCE((SELECT MAX(t.idx) FROM nb_thoughts t WHERE t.session_id = s.id), 0)),
+    MAX(s.updated_at_ms, COALESCE((SELECT t.recorded_at_ms FROM nb_thought_index i JOIN nb_thoughts t ON t.id = i.thought
+                                   WHERE i.session_id = s.id ORDER BY i.idx DESC LIMIT 1), 0)),
+    MAX(s.thought_count, COALESCE((SELECT MAX(i.idx) FROM nb_thought_index i WHERE i.session_id = s.id), 0)),
     MAX(s.branch_count, (SELECT COUNT(*) FROM nb_branches b WHERE b.session_id = s.id))";
 
 impl Counts {
@@ -169,11 +188,11 @@ impl Counts {
     }
 }
 
-/// Stages thought number `idx` of a session whose counts are known, and
+/// Appends thought number `idx` of a session whose counts are known, and
 /// with `touch_row` writes its session's row; the row's counters only ever
 /// grow (a later thought may commit in the same batch).
 #[allow(clippy::too_many_arguments)]
-fn stage_thought(
+fn append_thought(
     conn: &rusqlite::Connection,
     session_id: &str,
     idx: u64,
@@ -183,7 +202,7 @@ fn stage_thought(
     now: i64,
     touch_row: bool,
 ) -> rusqlite::Result<()> {
-    conn.prepare_cached("INSERT INTO nb_thoughts_staged(session_id, idx, body, recorded_at_ms) VALUES (?1, ?2, ?3, ?4)")?
+    conn.prepare_cached("INSERT INTO nb_thoughts(session_id, idx, body, recorded_at_ms) VALUES (?1, ?2, ?3, ?4)")?
         .execute(params![session_id, idx as i64, body, now])?;
     if let Some((branch, from)) = thought.branch() {
         conn.prepare_cached("INSERT OR IGNORE INTO nb_branches(session_id, branch_id, from_thought) VALUES (?1, ?2, ?3)")?
@@ -205,24 +224,32 @@ impl SqliteNotebook {
         db.write(|ctx| {
             tether_store::sqlite::rebuild_with_rowid(&ctx.conn, "nb_thoughts", THOUGHTS_TABLE, "session_id, idx, body, recorded_at_ms")?;
             ctx.conn.execute(THOUGHTS_TABLE, [])?;
-            ctx.conn.execute(STAGED_TABLE, [])?;
             ctx.conn.execute_batch(SCHEMA)?;
-            // Thoughts staged before a crash or stop.
+            ctx.conn.execute(INDEX_TABLE, [])?;
+            ctx.conn.execute_batch(SETTLED_TABLE)?;
+            ctx.conn.execute_batch(DROP_EARLIER_INDEX)?;
+            let staged: bool = ctx
+                .conn
+                .query_row("SELECT EXISTS (SELECT 1 FROM sqlite_schema WHERE name = 'nb_thoughts_staged')", [], |r| r.get(0))?;
+            if staged {
+                ctx.conn.execute_batch(MOVE_EARLIER_STAGED)?;
+            }
+            // Thoughts appended before a crash or stop, or by an earlier layout.
             Ok(settle(&ctx.conn)?)
         })
         .await?;
-        Ok(Self { db, counts: tokio::sync::Mutex::new(HashMap::new()), staging: Staging::default() })
+        Ok(Self { db, counts: tokio::sync::Mutex::new(HashMap::new()), indexing: Indexing::default() })
     }
 
     /// Waits until every thought queued so far (in particular every thought
-    /// already answered) is in `nb_thoughts`, where reads look.
+    /// already answered) is in `nb_thought_index`, where reads look.
     async fn settled(&self) -> Result<(), RepoError> {
-        let queued = self.staging.queued.load(Ordering::Acquire);
-        if self.staging.settled_through.load(Ordering::Acquire) >= queued {
+        let appended = self.indexing.appended.load(Ordering::Acquire);
+        if self.indexing.settled_through.load(Ordering::Acquire) >= appended {
             return Ok(());
         }
         self.db.write(|ctx| Ok(settle(&ctx.conn)?)).await?;
-        self.staging.settled_through.fetch_max(queued, Ordering::AcqRel);
+        self.indexing.settled_through.fetch_max(appended, Ordering::AcqRel);
         Ok(())
     }
 
@@ -244,6 +271,12 @@ impl SqliteNotebook {
                 let now = tether_store::now_ms();
                 conn.prepare_cached("INSERT INTO nb_thoughts(session_id, idx, body, recorded_at_ms) VALUES (?1, ?2, ?3, ?4)")?
                     .execute(params![session_id, count + 1, body, now])?;
+                // Indexed at once (everything before it was settled above); a
+                // number taken behind the repository's back fails the thought.
+                let id = conn.last_insert_rowid();
+                conn.prepare_cached("INSERT INTO nb_thought_index(session_id, idx, thought) VALUES (?1, ?2, ?3)")?
+                    .execute(params![session_id, count + 1, id])?;
+                conn.prepare_cached("UPDATE nb_settled SET through = ?1")?.execute([id])?;
                 let branch = thought.branch();
                 if let Some((branch, from)) = &branch {
                     conn.prepare_cached(
@@ -356,14 +389,14 @@ impl NotebookRepo for SqliteNotebook {
                 known.row_updated_ms = now;
             }
             // Queued under the lock: thoughts of a session reach the writer in
-            // number order, and `staging.queued` counts in queue order.
-            let queued_before = self.staging.queued.load(Ordering::Acquire);
+            // number order, and `indexing.appended` counts in queue order.
+            let queued_before = self.indexing.appended.load(Ordering::Acquire);
             let settle_after = (queued_before + 1).is_multiple_of(SETTLE_EVERY);
             let queued = self
                 .db
                 .write_deferred(
                     move |ctx| {
-                        stage_thought(&ctx.conn, &session_id, idx, &body, &thought, branch_count, now, touch_row)?;
+                        append_thought(&ctx.conn, &session_id, idx, &body, &thought, branch_count, now, touch_row)?;
                         if settle_after {
                             settle(&ctx.conn)?;
                         }
@@ -373,7 +406,7 @@ impl NotebookRepo for SqliteNotebook {
                 )
                 .await;
             // Counted once queued: a read that sees this count settles after it.
-            self.staging.queued.store(queued_before + 1, Ordering::Release);
+            self.indexing.appended.store(queued_before + 1, Ordering::Release);
             return match queued {
                 Some(Ok(())) => Ok(recorded),
                 other => {
@@ -416,8 +449,9 @@ impl NotebookRepo for SqliteNotebook {
             .db
             .read(move |conn| {
                 let mut stmt = conn.prepare_cached(
-                    "SELECT t.body, t.recorded_at_ms FROM nb_thoughts t JOIN nb_sessions s ON s.id = t.session_id
-                     WHERE t.session_id = ?1 AND s.principal = ?2 ORDER BY t.idx",
+                    "SELECT t.body, t.recorded_at_ms FROM nb_sessions s JOIN nb_thought_index i ON i.session_id = s.id
+                     JOIN nb_thoughts t ON t.id = i.thought
+                     WHERE s.id = ?1 AND s.principal = ?2 ORDER BY i.idx",
                 )?;
                 let rows = stmt.query_map(params![session_id, principal], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
                 rows.map(|row| {
@@ -488,9 +522,10 @@ impl NotebookRepo for SqliteNotebook {
             .db
             .read(move |conn| {
                 let mut stmt = conn.prepare_cached(
-                    "SELECT s.id, s.title, t.idx, t.body FROM nb_sessions s JOIN nb_thoughts t ON t.session_id = s.id
+                    "SELECT s.id, s.title, i.idx, t.body FROM nb_sessions s JOIN nb_thought_index i ON i.session_id = s.id
+                     JOIN nb_thoughts t ON t.id = i.thought
                      WHERE s.principal = ?1 AND json_extract(t.body, '$.thought') LIKE ?2 ESCAPE '\\'
-                     ORDER BY s.updated_at_ms DESC, t.idx LIMIT ?3",
+                     ORDER BY s.updated_at_ms DESC, i.idx LIMIT ?3",
                 )?;
                 let rows = stmt.query_map(params![principal, pattern, limit as i64], |r| {
                     Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, i64>(2)?, r.get::<_, String>(3)?))
@@ -526,13 +561,10 @@ mod tests {
         let path = dir.path().join("old.db");
         {
             let conn = rusqlite::Connection::open(&path).unwrap();
-            let index = "CREATE UNIQUE INDEX IF NOT EXISTS nb_thoughts_by_session ON nb_thoughts(session_id, idx);";
-            assert!(SCHEMA.contains(index));
             let earlier = format!(
                 "CREATE TABLE nb_thoughts(session_id TEXT NOT NULL, idx INTEGER NOT NULL, body TEXT NOT NULL,
                  recorded_at_ms INTEGER NOT NULL, PRIMARY KEY(session_id, idx)) WITHOUT ROWID;
-                 {}",
-                SCHEMA.replace(index, "")
+                 {SCHEMA}"
             );
             conn.execute_batch(&earlier).unwrap();
             conn.execute(&format!("INSERT INTO nb_sessions({COLUMNS}) VALUES ('n1', 'p', 't', '[]', NULL, 1, 1, 2, 0)"), []).unwrap();
@@ -663,8 +695,8 @@ mod tests {
         let session = NotebookSession::new("p", None, Vec::new(), None);
         repo.create_session(&session).await.unwrap();
         repo.append_thought("p", &session.id, &step(1)).await.unwrap();
-        // The writer's next staged thought fails (as a full disk would fail it).
-        let fail = "CREATE TEMP TRIGGER fail_staging BEFORE INSERT ON nb_thoughts_staged BEGIN SELECT RAISE(ABORT, 'injected'); END";
+        // The writer's next thought fails (as a full disk would fail it).
+        let fail = "CREATE TEMP TRIGGER fail_thoughts BEFORE INSERT ON nb_thoughts BEGIN SELECT RAISE(ABORT, 'injected'); END";
         store.db().write(move |ctx| Ok(ctx.conn.execute(fail, [])?)).await.unwrap();
 
         let stored = tether_store::fence::scope(async {
@@ -675,21 +707,23 @@ mod tests {
         assert!(matches!(stored, Err(StoreError::EarlierWriteFailed(_))), "{stored:?}");
         assert!(store.read_after("s", "r2", 0, 10).await.unwrap().is_empty(), "no response claims the thought was stored");
 
-        store.db().write(|ctx| Ok(ctx.conn.execute("DROP TRIGGER fail_staging", [])?)).await.unwrap();
+        store.db().write(|ctx| Ok(ctx.conn.execute("DROP TRIGGER fail_thoughts", [])?)).await.unwrap();
         let again = tether_store::fence::scope(repo.append_thought("p", &session.id, &step(2))).await.unwrap();
         assert_eq!(again.thought_history_length, 2, "counted from the table: the failed thought took no number");
         assert_eq!(repo.thoughts("p", &session.id).await.unwrap().len(), 2);
     }
 
-    async fn table_rows(store: &SqliteStore, table: &'static str) -> i64 {
-        store.db().read(move |conn| Ok(conn.query_row(&format!("SELECT COUNT(*) FROM {table}"), [], |r| r.get(0))?)).await.unwrap()
+    async fn count(store: &SqliteStore, query: &'static str) -> i64 {
+        store.db().read(move |conn| Ok(conn.query_row(query, [], |r| r.get(0))?)).await.unwrap()
     }
 
-    /// Queued thoughts wait in the staging table, at most SETTLE_EVERY of
-    /// them; every read sees them at once, and a reopen settles what a
-    /// stop left staged.
+    const UNINDEXED: &str = "SELECT COUNT(*) FROM nb_thoughts WHERE id > (SELECT through FROM nb_settled)";
+
+    /// Thoughts appended inside requests wait for the index, at most
+    /// SETTLE_EVERY of them; every read sees them at once, and a reopen
+    /// indexes what a stop left.
     #[tokio::test]
-    async fn staged_thoughts_are_read_at_once_and_settle_in_bulk() {
+    async fn thoughts_are_read_at_once_and_indexed_in_bulk() {
         use tether_store::{EventKind, Store};
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("nb.db");
@@ -707,11 +741,11 @@ mod tests {
                 store.start_stream("s", "r1", vec![(EventKind::Final, bytes::Bytes::from("ok"))]).await.unwrap();
             })
             .await;
-            let staged = table_rows(&store, "nb_thoughts_staged").await;
-            assert!(staged > 0 && staged < SETTLE_EVERY as i64, "the hot path settled the first {SETTLE_EVERY}: {staged} left staged");
+            let waiting = count(&store, UNINDEXED).await;
+            assert!(waiting > 0 && waiting < SETTLE_EVERY as i64, "the hot path indexed the first {SETTLE_EVERY}: {waiting} left");
 
             assert_eq!(repo.get_session("p", &session.id).await.unwrap().unwrap().thought_count, total);
-            assert_eq!(table_rows(&store, "nb_thoughts_staged").await, 0, "a read settles first");
+            assert_eq!(count(&store, UNINDEXED).await, 0, "a read settles first");
             assert_eq!(repo.latest_for_root("p", root).await.unwrap().unwrap().thought_count, total);
             let numbers: Vec<u64> = repo.thoughts("p", &session.id).await.unwrap().iter().map(|t| t.input.thought_number).collect();
             assert_eq!(numbers, (1..=total).collect::<Vec<_>>(), "every thought once, in order");
@@ -723,12 +757,42 @@ mod tests {
                 store.start_stream("s", "r2", vec![(EventKind::Final, bytes::Bytes::from("ok"))]).await.unwrap();
             })
             .await;
-            assert_eq!(table_rows(&store, "nb_thoughts_staged").await, 2);
+            assert_eq!(count(&store, UNINDEXED).await, 2);
         }
         let (store, repo) = open(&path).await;
-        assert_eq!(table_rows(&store, "nb_thoughts_staged").await, 0, "settled on open");
-        assert_eq!(table_rows(&store, "nb_thoughts").await, (SETTLE_EVERY + 5) as i64);
+        assert_eq!(count(&store, UNINDEXED).await, 0, "indexed on open");
+        assert_eq!(count(&store, "SELECT COUNT(*) FROM nb_thought_index").await, (SETTLE_EVERY + 5) as i64);
         let hits = repo.search("p", &format!("step {}", SETTLE_EVERY + 5), 10).await.unwrap();
         assert_eq!(hits.len(), 1, "the last thought is found");
+    }
+
+    /// A file of the layout that staged whole thoughts in a table of their
+    /// own (and kept a unique index on nb_thoughts) opens with every thought.
+    #[tokio::test]
+    async fn thoughts_of_the_staging_layout_survive_the_conversion() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("staged.db");
+        {
+            let conn = rusqlite::Connection::open(&path).unwrap();
+            conn.execute_batch(&format!(
+                "{THOUGHTS_TABLE}; {SCHEMA}
+                 CREATE UNIQUE INDEX nb_thoughts_by_session ON nb_thoughts(session_id, idx);
+                 CREATE TABLE nb_thoughts_staged(id INTEGER PRIMARY KEY, session_id TEXT NOT NULL, idx INTEGER NOT NULL,
+                     body TEXT NOT NULL, recorded_at_ms INTEGER NOT NULL);"
+            ))
+            .unwrap();
+            conn.execute(&format!("INSERT INTO nb_sessions({COLUMNS}) VALUES ('n1', 'p', 't', '[]', NULL, 1, 1, 1, 0)"), []).unwrap();
+            for (table, idx) in [("nb_thoughts", 1), ("nb_thoughts_staged", 2)] {
+                let body = format!(r#"{{"thought":"step {idx}","thoughtNumber":{idx},"totalThoughts":3,"nextThoughtNeeded":true}}"#);
+                conn.execute(&format!("INSERT INTO {table}(session_id, idx, body, recorded_at_ms) VALUES ('n1', ?1, ?2, 5)"), rusqlite::params![idx, body])
+                    .unwrap();
+            }
+        }
+        let (store, repo) = open(&path).await;
+        let thoughts: Vec<String> = repo.thoughts("p", "n1").await.unwrap().into_iter().map(|t| t.input.thought).collect();
+        assert_eq!(thoughts, ["step 1", "step 2"]);
+        assert_eq!(repo.get_session("p", "n1").await.unwrap().unwrap().thought_count, 2);
+        assert_eq!(count(&store, "SELECT COUNT(*) FROM sqlite_schema WHERE name IN ('nb_thoughts_staged', 'nb_thoughts_by_session')").await, 0);
+        assert_eq!(repo.append_thought("p", "n1", &step(3)).await.unwrap().thought_history_length, 3, "numbering continues");
     }
 }
