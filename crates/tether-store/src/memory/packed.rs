@@ -5,7 +5,8 @@
 //! only in the resume token, its state only in a stream name. A [`Packer`]
 //! keeps a handful of recent payloads as references; a payload that shares
 //! at least half its bytes (a common prefix plus a common suffix) with one
-//! of them is kept as that reference plus the bytes in between.
+//! of them, and at least half of that one's, is kept as that reference plus
+//! the bytes in between.
 
 use std::sync::Arc;
 
@@ -62,10 +63,10 @@ impl Packer {
             .iter()
             .flatten()
             .map(|base| (base, shared_ends(base, bytes)))
+            // At least half of both: a short payload must not keep a long reference alive.
+            .filter(|(base, (prefix, suffix))| 2 * (prefix + suffix) >= bytes.len().max(base.len()))
             .max_by_key(|(_, (prefix, suffix))| prefix + suffix);
-        if let Some((base, (prefix, suffix))) = best
-            && 2 * (prefix + suffix) >= bytes.len()
-        {
+        if let Some((base, (prefix, suffix))) = best {
             return Packed::Near {
                 base: base.clone(),
                 prefix: prefix as u32,
@@ -132,6 +133,16 @@ mod tests {
         assert_eq!(kept_bytes(&round_trip(&mut packer, &shapes[REFERENCES])), 0);
         // What was packed against a replaced reference still reads back.
         assert_eq!(kept[0].to_bytes(), shapes[0].as_bytes());
+    }
+
+    #[test]
+    fn a_short_payload_does_not_keep_a_long_reference_alive() {
+        let mut packer = Packer::default();
+        let long = format!("{{\"a\":\"{}\"}}", "x".repeat(100_000));
+        round_trip(&mut packer, &long);
+        let short = format!("{{\"a\":\"{}\"}}", "x".repeat(200));
+        let packed = round_trip(&mut packer, &short);
+        assert!(matches!(&packed, Packed::Near { base, .. } if base.len() == short.len()), "its own reference, not the long one");
     }
 
     #[test]
