@@ -126,8 +126,7 @@ pub fn result_message(id: &Value, result: &Value) -> Bytes {
     let envelope = ResultEnvelope { jsonrpc: "2.0", id, result };
     // A `Value` always serializes (its map keys are strings).
     let mut body = serde_json::to_vec(&envelope).unwrap_or_default();
-    // Exact size: a stored response (the memory store keeps them) does not
-    // carry the serializer's spare capacity, up to half its bytes.
+    // Exact size: `Bytes` takes a full `Vec` over without a shared header.
     body.shrink_to_fit();
     Bytes::from(body)
 }

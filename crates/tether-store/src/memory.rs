@@ -206,6 +206,18 @@ impl MemoryStore {
     }
 }
 
+/// The value under `key`, inserted if missing. Looked up first: `entry`
+/// would copy the key on every call (every append).
+fn entry<'m, V: Default>(map: &'m mut HashMap<Box<str>, V>, key: &str) -> &'m mut V {
+    if !map.contains_key(key) {
+        map.insert(key.into(), V::default());
+    }
+    match map.get_mut(key) {
+        Some(value) => value,
+        None => unreachable!("inserted above"),
+    }
+}
+
 fn summary(name: &str, log: &StreamLog) -> StreamSummary {
     StreamSummary {
         stream: name.to_owned(),
@@ -299,12 +311,7 @@ impl Store for MemoryStore {
         let mut inner = self.lock()?;
         let inner = &mut *inner;
         let payload = inner.events_packer.pack(&payload);
-        // Looked up before inserting: `entry` would copy the ID on every append.
-        let slot = match inner.slots.get_mut(session) {
-            Some(slot) => slot,
-            None => inner.slots.entry(session.into()).or_default(),
-        };
-        let log = slot.streams.get_or_insert(stream);
+        let log = entry(&mut inner.slots, session).streams.get_or_insert(stream);
         let seq = log.next_seq;
         log.next_seq += 1;
         if kind == EventKind::Final {
@@ -397,11 +404,7 @@ impl Store for MemoryStore {
         inner.kv_revision += 1;
         let revision = inner.kv_revision;
         let value = inner.values_packer.pack(&value);
-        let records = match inner.kv.get_mut(namespace) {
-            Some(records) => records,
-            None => inner.kv.entry(namespace.into()).or_default(),
-        };
-        records.insert(key.into(), KeptValue { value, revision, expires_at_ms });
+        entry(&mut inner.kv, namespace).insert(key.into(), KeptValue { value, revision, expires_at_ms });
         Ok(Some(revision))
     }
 
