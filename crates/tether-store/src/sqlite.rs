@@ -573,7 +573,7 @@ fn writer_loop(
     wal: Arc<WalRecycling>,
 ) {
     let mut batch: Vec<Box<dyn Job>> = Vec::with_capacity(MAX_BATCH);
-    while let Some(first) = next_job(&mut rx) {
+    while let Some(first) = rx.blocking_recv() {
         batch.push(first);
         while batch.len() < MAX_BATCH {
             match rx.try_recv() {
@@ -593,24 +593,6 @@ fn writer_loop(
         wal.catch_up(&ctx.conn);
     }
     tracing::debug!("sqlite writer stopped");
-}
-
-/// How long the writer looks for the next job, yielding its core, before it
-/// sleeps. Under load the next job usually comes within this, and a sleep
-/// and wake-up cost more (two context switches; on the 2-vCPU bench host,
-/// twelve alternating runs: +4.5% calls/s, -2 µs of server CPU per call).
-const WRITER_SPIN: std::time::Duration = std::time::Duration::from_micros(20);
-
-fn next_job(rx: &mut mpsc::Receiver<Box<dyn Job>>) -> Option<Box<dyn Job>> {
-    let until = std::time::Instant::now() + WRITER_SPIN;
-    loop {
-        match rx.try_recv() {
-            Ok(job) => return Some(job),
-            Err(mpsc::error::TryRecvError::Disconnected) => return None,
-            Err(mpsc::error::TryRecvError::Empty) if std::time::Instant::now() < until => std::thread::yield_now(),
-            Err(mpsc::error::TryRecvError::Empty) => return rx.blocking_recv(),
-        }
-    }
 }
 
 fn run_batch(ctx: &mut WriterCtx, batch: &mut [Box<dyn Job>]) -> StoreResult<()> {
