@@ -6,7 +6,7 @@
 //! [`conformance`] suite.
 //!
 //! Backends: [`memory::MemoryStore`] (tests, `--store memory`) and
-//! [`sqlite::SqliteStore`] (embedded default: WAL, one writer thread with
+//! [`sqlite::SqliteStore`] (embedded default: WAL, one writer with
 //! group commit), [`redis::RedisStore`] (several replicas).
 
 mod error;

@@ -1,8 +1,8 @@
 //! Embedded backend on one SQLite file.
 //!
-//! Writes go through one writer thread ([`SqliteDb::write`]) that takes every
-//! job queued at that moment and commits them in one transaction (group
-//! commit): a burst of appends costs one commit. Each job runs inside its own
+//! Writes go through one writer ([`SqliteDb::write`], [`writer`]) that takes
+//! every job queued at that moment and commits them in one transaction
+//! (group commit): a burst of appends costs one commit. Each job runs inside its own
 //! savepoint, so one failing job does not undo its neighbours. Its caller is
 //! answered only after the commit, so "returned" means "durable".
 //!
@@ -17,7 +17,9 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use bytes::Bytes;
 use rusqlite::{Connection, OptionalExtension, params};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
+
+mod writer;
 
 use crate::{
     EventKind, SessionRecord, Store, StoreConfig, StoreError, StoreResult, StoredEvent, StreamSummary,
@@ -96,7 +98,7 @@ CREATE TABLE IF NOT EXISTS kv(
 ) WITHOUT ROWID;
 "#;
 
-/// State the writer thread owns besides its connection.
+/// What the writer holds besides its connection.
 pub struct WriterCtx {
     pub conn: Connection,
     /// session -> stream -> last assigned seq (a cache of `MAX(seq)`).
@@ -175,7 +177,7 @@ where
 /// Cheap to clone.
 #[derive(Clone)]
 pub struct SqliteDb {
-    jobs: mpsc::Sender<Box<dyn Job>>,
+    writer: Arc<writer::Writer>,
     readers: Arc<Mutex<Vec<Connection>>>,
     read_permits: Arc<tokio::sync::Semaphore>,
     path: Arc<PathBuf>,
@@ -461,15 +463,11 @@ impl SqliteDb {
             wal_frames.frames.store(i64::from(frames), std::sync::atomic::Ordering::Relaxed);
             Ok(())
         }))?;
-        let (tx, rx) = mpsc::channel::<Box<dyn Job>>(WRITE_QUEUE);
         let ctx = WriterCtx { conn, seqs: HashMap::new(), kv_revision, max_events_per_stream: max_events };
-        std::thread::Builder::new()
-            .name("tether-sqlite-writer".into())
-            .spawn(move || writer_loop(ctx, rx, commits_tx, wal))
-            .map_err(|e| StoreError::Backend(format!("cannot start writer thread: {e}")))?;
+        let writer = writer::Writer::new(ctx, commits_tx, wal, strict);
 
         Ok(Self {
-            jobs: tx,
+            writer,
             readers: Arc::new(Mutex::new(Vec::new())),
             read_permits: Arc::new(tokio::sync::Semaphore::new(READ_POOL)),
             path: Arc::new(path),
@@ -483,7 +481,7 @@ impl SqliteDb {
 
     /// Runs `f` on the writer inside the next group commit and returns its
     /// value once that commit is durable. `f` must not block on anything but
-    /// SQLite, and may run twice (see [`writer_loop`]): it must not change
+    /// SQLite (it runs on a runtime worker), and may run twice (see [`writer`]): it must not change
     /// anything outside the transaction but the [`WriterCtx`] caches.
     pub async fn write<T, F>(&self, f: F) -> StoreResult<T>
     where
@@ -492,7 +490,7 @@ impl SqliteDb {
     {
         let (tx, rx) = oneshot::channel();
         let job: Box<dyn Job> = Box::new(WriteJob { work: f, result: None, answer: tx });
-        self.jobs.send(job).await.map_err(|_| StoreError::Unavailable("sqlite writer has stopped".into()))?;
+        self.writer.submit(job).await?;
         rx.await.map_err(|_| StoreError::Unavailable("sqlite writer has stopped".into()))?
     }
 
@@ -500,7 +498,7 @@ impl SqliteDb {
     /// it, when the current task runs in a [`crate::fence::scope`]: the
     /// task's appends then check that it succeeded before they store
     /// anything (see [`crate::fence`]). `None` outside a scope: the caller
-    /// uses [`SqliteDb::write`]. `on_failure` runs on the writer thread if
+    /// uses [`SqliteDb::write`]. `on_failure` runs on the writer if
     /// `f` or its commit fails; it must not block. `f` may run twice, as
     /// with `write`.
     pub async fn write_deferred<F>(&self, f: F, on_failure: impl FnOnce() + Send + 'static) -> Option<StoreResult<()>>
@@ -512,8 +510,8 @@ impl SqliteDb {
         }
         let ticket = crate::fence::Ticket::default();
         let job: Box<dyn Job> = Box::new(DeferredJob { work: f, ticket: ticket.clone(), on_failure: Some(Box::new(on_failure)) });
-        if self.jobs.send(job).await.is_err() {
-            return Some(Err(StoreError::Unavailable("sqlite writer has stopped".into())));
+        if let Err(e) = self.writer.submit(job).await {
+            return Some(Err(e));
         }
         crate::fence::push(ticket);
         Some(Ok(()))
@@ -570,64 +568,6 @@ fn run_in_savepoint<T>(ctx: &mut WriterCtx, f: &mut impl FnMut(&mut WriterCtx) -
             Err(e)
         }
     }
-}
-
-/// The group commit. Jobs run one after the other in one transaction, with
-/// no savepoint each (journalling every job's pages cost more than the job).
-/// If one fails, the whole transaction is rolled back and every job of the
-/// batch runs again, each in its own savepoint, so a failing job undoes only
-/// itself. Callers are answered after the commit.
-fn writer_loop(
-    mut ctx: WriterCtx,
-    mut rx: mpsc::Receiver<Box<dyn Job>>,
-    commits: std::sync::mpsc::SyncSender<()>,
-    wal: Arc<WalRecycling>,
-) {
-    let mut batch: Vec<Box<dyn Job>> = Vec::with_capacity(MAX_BATCH);
-    while let Some(first) = rx.blocking_recv() {
-        batch.push(first);
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
-            }
-        }
-        let committed = run_batch(&mut ctx, &mut batch).inspect_err(|_e| {
-            ctx.seqs.clear();
-            let _ = ctx.conn.execute_batch("ROLLBACK");
-        });
-        for job in batch.drain(..) {
-            job.complete(committed.as_ref().map(|_| ()).map_err(|e| StoreError::Backend(e.to_string())));
-        }
-        // Full means the checkpointer is already due to run.
-        let _ = commits.try_send(());
-        wal.catch_up(&ctx.conn);
-    }
-    tracing::debug!("sqlite writer stopped");
-}
-
-fn run_batch(ctx: &mut WriterCtx, batch: &mut [Box<dyn Job>]) -> StoreResult<()> {
-    let kv_revision = ctx.kv_revision;
-    begin(ctx)?;
-    if !batch.iter_mut().all(|job| job.run(ctx, false)) {
-        ctx.conn.prepare_cached("ROLLBACK")?.execute([])?;
-        ctx.seqs.clear();
-        ctx.kv_revision = kv_revision;
-        begin(ctx)?;
-        for job in batch.iter_mut() {
-            job.run(ctx, true);
-        }
-    }
-    ctx.conn.prepare_cached("COMMIT")?.execute([]).map_err(|e| StoreError::Backend(format!("commit failed: {e}")))?;
-    Ok(())
-}
-
-fn begin(ctx: &mut WriterCtx) -> StoreResult<()> {
-    ctx.conn
-        .prepare_cached("BEGIN IMMEDIATE")?
-        .execute([])
-        .map_err(|e| StoreError::Backend(format!("cannot begin transaction: {e}")))?;
-    Ok(())
 }
 
 impl WriterCtx {
@@ -1104,61 +1044,50 @@ mod tests {
 
     use super::*;
 
+    /// A job that panics stops the writer (its transaction is in an unknown
+    /// state): its caller and every later one get an error instead of
+    /// waiting forever for a leader that is gone.
+    #[tokio::test]
+    async fn a_panicking_job_stops_the_writer_with_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = SqliteDb::open(&dir.path().join("t.db"), &StoreConfig::default()).await.unwrap();
+        db.write(|ctx| Ok(ctx.conn.execute_batch("CREATE TABLE t(name TEXT PRIMARY KEY)")?)).await.unwrap();
+        let panicked = db.write(|_| -> StoreResult<()> { panic!("on purpose") }).await;
+        assert!(matches!(panicked, Err(StoreError::Unavailable(_))), "{panicked:?}");
+        let later = tokio::time::timeout(Duration::from_secs(5), db.write(|ctx| Ok(ctx.conn.execute("INSERT INTO t VALUES ('x')", [])?)))
+            .await
+            .expect("a write after the panic is answered");
+        assert!(matches!(later, Err(StoreError::Unavailable(_))), "{later:?}");
+    }
+
     /// A job that fails in a group commit undoes only itself: its neighbours
     /// in the same commit run again in savepoints and are committed.
     ///
-    /// On the current-thread runtime on purpose: a job's send takes its
-    /// channel permit and pushes the job in one poll, so once the channel
-    /// shows three permits taken, all three jobs are in it. On two workers a
-    /// sender could be preempted in between, and the writer would take the
-    /// jobs in separate batches (seen about once in 80 runs under load).
+    /// On the current-thread runtime on purpose: `join!` polls the three
+    /// writes in turn, each queues its job in its first poll, and the leader
+    /// task the first one starts runs only once all three wait: one batch.
     #[tokio::test]
     async fn a_failing_job_undoes_only_itself() {
         let dir = tempfile::tempdir().unwrap();
         let db = SqliteDb::open(&dir.path().join("t.db"), &StoreConfig::default()).await.unwrap();
         db.write(|ctx| Ok(ctx.conn.execute_batch("CREATE TABLE t(name TEXT PRIMARY KEY)")?)).await.unwrap();
 
-        // Holds the writer until the next three jobs are queued, so they share a batch.
-        let (release, released) = std::sync::mpsc::channel::<()>();
-        let released = Arc::new(Mutex::new(released));
-        let holding = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let blocker = tokio::spawn({
-            let (db, holding) = (db.clone(), holding.clone());
-            async move {
-                db.write(move |_| {
-                    holding.store(true, Ordering::SeqCst);
-                    let _ = released.lock().map(|r| r.recv_timeout(Duration::from_secs(10)));
-                    Ok(())
-                })
-                .await
-            }
-        });
         let runs = Arc::new(AtomicUsize::new(0));
-        let insert = |db: &SqliteDb, name: &'static str, fail: bool, runs: Arc<AtomicUsize>| {
-            let db = db.clone();
-            tokio::spawn(async move {
-                db.write(move |ctx| {
-                    runs.fetch_add(1, Ordering::SeqCst);
-                    ctx.conn.execute("INSERT INTO t(name) VALUES (?1)", [name])?;
-                    if fail { Err(StoreError::Conflict("on purpose".into())) } else { Ok(()) }
-                })
-                .await
+        let insert = |name: &'static str, fail: bool, runs: Arc<AtomicUsize>| {
+            db.write(move |ctx| {
+                runs.fetch_add(1, Ordering::SeqCst);
+                ctx.conn.execute("INSERT INTO t(name) VALUES (?1)", [name])?;
+                if fail { Err(StoreError::Conflict("on purpose".into())) } else { Ok(()) }
             })
         };
-        while !holding.load(Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        let a = insert(&db, "a", false, runs.clone());
-        let b = insert(&db, "b", true, Arc::new(AtomicUsize::new(0)));
-        let c = insert(&db, "c", false, runs.clone());
-        while db.jobs.max_capacity() - db.jobs.capacity() < 3 {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        release.send(()).unwrap();
-        blocker.await.unwrap().unwrap();
-        assert!(a.await.unwrap().is_ok());
-        assert!(matches!(b.await.unwrap(), Err(StoreError::Conflict(_))));
-        assert!(c.await.unwrap().is_ok());
+        let (a, b, c) = tokio::join!(
+            insert("a", false, runs.clone()),
+            insert("b", true, Arc::new(AtomicUsize::new(0))),
+            insert("c", false, runs.clone())
+        );
+        assert!(a.is_ok());
+        assert!(matches!(b, Err(StoreError::Conflict(_))));
+        assert!(c.is_ok());
 
         let names: Vec<String> = db
             .read(|conn| {

@@ -28,22 +28,36 @@ async fn memory_backend_conforms() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sqlite_backend_conforms() {
+    sqlite_conforms(config()).await;
+}
+
+/// `--durability strict`: every commit waits for its fsync, so the writer
+/// commits on the blocking pool instead of a runtime worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_backend_conforms_with_strict_durability() {
+    sqlite_conforms(StoreConfig { strict_durability: true, ..config() }).await;
+}
+
+async fn sqlite_conforms(config: StoreConfig) {
     let dir = Arc::new(tempfile::tempdir().unwrap());
     let counter = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let fresh_dir = dir.clone();
+    let (fresh_config, reopen_config) = (config.clone(), config);
     let harness = Harness {
         fresh: Box::new(move || {
             let n = counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             let path = fresh_dir.path().join(format!("db{n}.sqlite"));
-            Box::pin(async move { Arc::new(SqliteStore::open(&path, config()).await.unwrap()) as Arc<dyn Store> })
+            let config = fresh_config.clone();
+            Box::pin(async move { Arc::new(SqliteStore::open(&path, config).await.unwrap()) as Arc<dyn Store> })
         }),
         reopen: Some(Box::new(move |store: Arc<dyn Store>| {
             let path = store.describe().trim_start_matches("sqlite:").to_owned();
+            let config = reopen_config.clone();
             Box::pin(async move {
                 drop(store);
-                // The writer thread lets go of the file lock when its last handle is gone.
+                // The file lock is let go when the last handle (and writer task) is gone.
                 for _ in 0..100 {
-                    match SqliteStore::open(std::path::Path::new(&path), config()).await {
+                    match SqliteStore::open(std::path::Path::new(&path), config.clone()).await {
                         Ok(s) => return Arc::new(s) as Arc<dyn Store>,
                         Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
                     }

@@ -1,0 +1,193 @@
+//! The group-committing writer of one SQLite file, without a thread of its own.
+//!
+//! Callers queue jobs ([`Writer::submit`]). The first caller that finds
+//! nobody committing starts a *leader* task; it takes every queued job, runs
+//! them back to back in one transaction, commits, answers them, yields, and
+//! goes on while jobs are waiting; when the queue is empty it ends. Jobs
+//! queued while a commit runs share the next one (group commit).
+//!
+//! Why a task and not a thread: with a writer thread every commit woke it
+//! across threads and every answer woke a task across threads, and on a
+//! small machine the thread competed with the runtime's workers for a core.
+//! The leader answers from the worker its callers run on. A commit only
+//! writes to the page cache (`synchronous=NORMAL`, checkpoints on their own
+//! thread), so it holds its worker about as long as any other CPU-bound
+//! step; with `--durability strict` every commit waits for an fsync, and
+//! the leader runs on the blocking pool instead.
+
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::{Job, MAX_BATCH, WRITE_QUEUE, WalRecycling, WriterCtx};
+use crate::{StoreError, StoreResult};
+
+/// A job and its place in the bounded queue.
+struct Queued {
+    job: Box<dyn Job>,
+    _slot: OwnedSemaphorePermit,
+}
+
+#[derive(Default)]
+struct Queue {
+    jobs: Vec<Queued>,
+    /// A leader task is running or about to: it will take what is queued.
+    leading: bool,
+    /// A job panicked: the transaction's state is unknown, nothing more is written.
+    stopped: bool,
+}
+
+pub(super) struct Writer {
+    queue: Mutex<Queue>,
+    /// Free places in the queue: callers wait for one when it is full (back-pressure).
+    slots: Arc<Semaphore>,
+    /// Taken only by the leader.
+    ctx: Mutex<WriterCtx>,
+    /// Wakes the checkpointer after commits.
+    commits: std::sync::mpsc::SyncSender<()>,
+    wal: Arc<WalRecycling>,
+    /// Commits wait for an fsync: lead on the blocking pool.
+    fsync_per_commit: bool,
+}
+
+fn stopped() -> StoreError {
+    StoreError::Unavailable("sqlite writer has stopped".into())
+}
+
+impl Writer {
+    pub(super) fn new(
+        ctx: WriterCtx,
+        commits: std::sync::mpsc::SyncSender<()>,
+        wal: Arc<WalRecycling>,
+        fsync_per_commit: bool,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            queue: Mutex::new(Queue::default()),
+            slots: Arc::new(Semaphore::new(WRITE_QUEUE)),
+            ctx: Mutex::new(ctx),
+            commits,
+            wal,
+            fsync_per_commit,
+        })
+    }
+
+    /// Queues `job` for the next group commit; it is answered through its
+    /// own channel once that commit's outcome is known.
+    pub(super) async fn submit(self: &Arc<Self>, job: Box<dyn Job>) -> StoreResult<()> {
+        let slot = self.slots.clone().acquire_owned().await.map_err(|_| stopped())?;
+        let start_leader = {
+            let mut queue = self.queue.lock().map_err(|_| stopped())?;
+            if queue.stopped {
+                return Err(stopped());
+            }
+            queue.jobs.push(Queued { job, _slot: slot });
+            !std::mem::replace(&mut queue.leading, true)
+        };
+        if start_leader {
+            self.start_leader();
+        }
+        Ok(())
+    }
+
+    fn start_leader(self: &Arc<Self>) {
+        let writer = self.clone();
+        if self.fsync_per_commit {
+            tokio::task::spawn_blocking(move || {
+                let _stop_on_panic = StopOnPanic(&writer);
+                while writer.commit_next_batch() {}
+            });
+        } else {
+            tokio::spawn(async move {
+                let _stop_on_panic = StopOnPanic(&writer);
+                while writer.commit_next_batch() {
+                    // Let the worker's other tasks run between two commits.
+                    tokio::task::yield_now().await;
+                }
+            });
+        }
+    }
+
+    /// Commits what is queued. `false` when nothing was (the leader ends).
+    fn commit_next_batch(&self) -> bool {
+        let mut batch = {
+            let Ok(mut queue) = self.queue.lock() else { return false };
+            if queue.jobs.is_empty() || queue.stopped {
+                queue.leading = false;
+                return false;
+            }
+            let take = queue.jobs.len().min(MAX_BATCH);
+            queue.jobs.drain(..take).collect::<Vec<_>>()
+        };
+        let Ok(mut ctx) = self.ctx.lock() else {
+            // A job panicked while it held the writer (and StopOnPanic stopped it).
+            for queued in batch {
+                queued.job.complete(Err(stopped()));
+            }
+            return false;
+        };
+        let committed = commit(&mut ctx, &mut batch).inspect_err(|_| {
+            ctx.seqs.clear();
+            let _ = ctx.conn.execute_batch("ROLLBACK");
+        });
+        for queued in batch {
+            queued.job.complete(committed.as_ref().map(|_| ()).map_err(|e| StoreError::Backend(e.to_string())));
+        }
+        // Full means the checkpointer is already due to run.
+        let _ = self.commits.try_send(());
+        self.wal.catch_up(&ctx.conn);
+        true
+    }
+}
+
+/// Stops the writer if a job panics in the leader: the transaction it left
+/// open is in an unknown state. Queued callers are answered with an error.
+struct StopOnPanic<'a>(&'a Writer);
+
+impl Drop for StopOnPanic<'_> {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let jobs = match self.0.queue.lock() {
+            Ok(mut queue) => {
+                queue.stopped = true;
+                queue.leading = false;
+                std::mem::take(&mut queue.jobs)
+            }
+            Err(poisoned) => std::mem::take(&mut poisoned.into_inner().jobs),
+        };
+        tracing::error!("a sqlite write panicked; the writer has stopped");
+        for queued in jobs {
+            queued.job.complete(Err(stopped()));
+        }
+    }
+}
+
+/// The group commit. Jobs run one after the other in one transaction, with
+/// no savepoint each (journalling every job's pages cost more than the job).
+/// If one fails, the whole transaction is rolled back and every job of the
+/// batch runs again, each in its own savepoint, so a failing job undoes only
+/// itself. Callers are answered after the commit.
+fn commit(ctx: &mut WriterCtx, batch: &mut [Queued]) -> StoreResult<()> {
+    let kv_revision = ctx.kv_revision;
+    begin(ctx)?;
+    if !batch.iter_mut().all(|queued| queued.job.run(ctx, false)) {
+        ctx.conn.prepare_cached("ROLLBACK")?.execute([])?;
+        ctx.seqs.clear();
+        ctx.kv_revision = kv_revision;
+        begin(ctx)?;
+        for queued in batch.iter_mut() {
+            queued.job.run(ctx, true);
+        }
+    }
+    ctx.conn.prepare_cached("COMMIT")?.execute([]).map_err(|e| StoreError::Backend(format!("commit failed: {e}")))?;
+    Ok(())
+}
+
+fn begin(ctx: &mut WriterCtx) -> StoreResult<()> {
+    ctx.conn
+        .prepare_cached("BEGIN IMMEDIATE")?
+        .execute([])
+        .map_err(|e| StoreError::Backend(format!("cannot begin transaction: {e}")))?;
+    Ok(())
+}
