@@ -234,11 +234,17 @@ impl WalRecycling {
         self.frames.load(std::sync::atomic::Ordering::Relaxed) >= WAL_RESTART_PAGES
     }
 
+    /// The checkpointer asked for the catch-up ([`WalRecycling::catch_up`]).
+    fn catch_up_due(&self) -> bool {
+        self.restart_due.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// On the writer, between transactions: the catch-up checkpoint, if due
-    /// and the checkpointer is not in the middle of one.
+    /// and the checkpointer is not in the middle of one. It ends with an
+    /// fsync of the database file.
     fn catch_up(&self, conn: &Connection) {
         use std::sync::atomic::Ordering;
-        if !self.restart_due.load(Ordering::Acquire) {
+        if !self.catch_up_due() {
             return;
         }
         let Ok(_running) = self.checkpointing.try_lock() else { return };

@@ -134,8 +134,22 @@ impl Writer {
         }
         // Full means the checkpointer is already due to run.
         let _ = self.commits.try_send(());
-        self.wal.catch_up(&ctx.conn);
+        if self.wal.catch_up_due() {
+            // It waits for an fsync: the worker's other tasks move to another thread meanwhile.
+            off_the_worker(|| self.wal.catch_up(&ctx.conn));
+        }
         true
+    }
+}
+
+/// Runs `f`, which blocks on the disk, without holding up the other tasks of
+/// the runtime worker it is called on (`block_in_place`); inline where that
+/// is not possible (a current-thread runtime, the blocking pool).
+fn off_the_worker<T>(f: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
     }
 }
 
