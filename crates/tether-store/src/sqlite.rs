@@ -207,6 +207,10 @@ const CHECKPOINT_POLL: std::time::Duration = std::time::Duration::from_millis(5)
 /// truncated and grown again (growing a file costs the kernel far more per
 /// write than overwriting cached pages).
 const WAL_RESTART_PAGES: i64 = 4_096;
+/// WAL frames after which the writer copies the WAL back itself, waiting
+/// for the checkpointer's pass if one runs: a bound on the WAL whatever the
+/// write rate.
+const WAL_LIMIT_PAGES: i64 = 4 * WAL_RESTART_PAGES;
 /// The WAL file is truncated to this size if it ever grew past it.
 const WAL_SIZE_LIMIT_BYTES: i64 = 256 * 1024 * 1024;
 
@@ -234,20 +238,33 @@ impl WalRecycling {
         self.frames.load(std::sync::atomic::Ordering::Relaxed) >= WAL_RESTART_PAGES
     }
 
-    /// The checkpointer asked for the catch-up ([`WalRecycling::catch_up`]).
+    /// The WAL holds so many frames that the writer copies them itself.
+    fn over_limit(&self) -> bool {
+        self.frames.load(std::sync::atomic::Ordering::Relaxed) >= WAL_LIMIT_PAGES
+    }
+
+    /// The checkpointer asked for the catch-up ([`WalRecycling::catch_up`]),
+    /// or the WAL is over its limit.
     fn catch_up_due(&self) -> bool {
-        self.restart_due.load(std::sync::atomic::Ordering::Acquire)
+        self.restart_due.load(std::sync::atomic::Ordering::Acquire) || self.over_limit()
     }
 
     /// On the writer, between transactions: the catch-up checkpoint, if due
-    /// and the checkpointer is not in the middle of one. It ends with an
-    /// fsync of the database file.
+    /// and the checkpointer is not in the middle of one, or, when the WAL is
+    /// over its limit (the checkpointer falls behind the writes, e.g. starved
+    /// of CPU), after the checkpointer's pass: writes wait meanwhile. It ends
+    /// with an fsync of the database file.
     fn catch_up(&self, conn: &Connection) {
         use std::sync::atomic::Ordering;
         if !self.catch_up_due() {
             return;
         }
-        let Ok(_running) = self.checkpointing.try_lock() else { return };
+        let _running = if self.over_limit() {
+            self.checkpointing.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        } else {
+            let Ok(running) = self.checkpointing.try_lock() else { return };
+            running
+        };
         self.restart_due.store(false, Ordering::Release);
         let copied = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(0));
         // The next transaction starts the WAL over.
