@@ -31,7 +31,7 @@ import anyio
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
 
-STATS = {"initialize": 0, "posts": 0, "deletes": 0, "gets": 0, "sessionless_rejected": 0}
+STATS = {"initialize": 0, "initialize_rejected": 0, "posts": 0, "deletes": 0, "gets": 0, "sessionless_rejected": 0}
 
 server = MCPServer(name="py-fixture", version="1.0")
 
@@ -113,6 +113,9 @@ def counting(app):
                 status = message["status"]
                 if is_initialize and status < 400:
                     STATS["initialize"] += 1
+                if is_initialize and status >= 400:
+                    # e.g. a Streamable HTTP probe at a legacy server's /sse
+                    STATS["initialize_rejected"] += 1
                 if status == 400 and not has_session and isinstance(parsed, dict) and not is_initialize:
                     STATS["sessionless_rejected"] += 1
             await send(message)

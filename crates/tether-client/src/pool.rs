@@ -119,6 +119,9 @@ struct State {
     mode: Mode,
     session: Option<Session>,
     sessionless: Option<Session>,
+    /// The server answered over the 2024-11-05 HTTP+SSE transport: its next
+    /// session goes there directly, without a Streamable HTTP probe first.
+    legacy: bool,
 }
 
 /// One (URL, principal).
@@ -326,7 +329,12 @@ impl Pool {
         if let Some(s) = &state.session {
             return Ok(s.clone());
         }
-        let (session, _result) = Session::connect(&server.url, server.options.clone(), self.initialize_params()).await?;
+        let (session, _result) = if state.legacy {
+            Session::connect_legacy_transport(&server.url, server.options.clone(), self.initialize_params()).await?
+        } else {
+            Session::connect(&server.url, server.options.clone(), self.initialize_params()).await?
+        };
+        state.legacy = session.is_legacy();
         tracing::debug!(url = %server.url, session = ?session.session_id(), "initialized");
         self.attach_handlers(&session);
         state.session = Some(session.clone());

@@ -291,6 +291,13 @@ impl Session {
         }
     }
 
+    /// Like [`Session::connect`], straight over the 2024-11-05 HTTP+SSE
+    /// transport (no Streamable HTTP probe): for a server known to speak only it.
+    pub async fn connect_legacy_transport(url: &str, options: ClientOptions, initialize_params: Value) -> Result<(Session, Value), ClientError> {
+        check_url(url)?;
+        Session::connect_legacy(http_client()?, url, options, initialize_params).await
+    }
+
     /// A session without `initialize` for servers that need none
     /// (stateless Streamable HTTP): requests carry no `Mcp-Session-Id` and
     /// announce `protocol_version`.

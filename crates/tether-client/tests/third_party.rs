@@ -135,6 +135,9 @@ async fn the_pool_recovers_through_a_new_initialize_after_a_server_restart() {
         let r = pool.call_tool(&spec, "echo", json!({"text": "before"}), None).await.unwrap();
         assert_eq!(text(&r), "before");
         let before = pool.session_id(&spec).await;
+        if shape == Shape::PyLegacy {
+            assert_eq!(server.stat("initialize_rejected").await, 1, "the first session probes Streamable HTTP once");
+        }
 
         server.restart();
         if shape == Shape::PyLegacy {
@@ -147,6 +150,9 @@ async fn the_pool_recovers_through_a_new_initialize_after_a_server_restart() {
             .unwrap_or_else(|e| panic!("{shape:?}: the call after the restart failed: {e}"));
         assert_eq!(text(&r), "after", "{shape:?}");
         assert_eq!(server.stat("initialize").await, 1, "{shape:?}: the new process saw one initialize");
+        if shape == Shape::PyLegacy {
+            assert_eq!(server.stat("initialize_rejected").await, 0, "a server known to be legacy is not probed again");
+        }
         if shape != Shape::PyLegacy {
             let after = pool.session_id(&spec).await;
             assert!(after.is_some() && after != before, "{shape:?}: a new session ({before:?} -> {after:?})");
