@@ -318,7 +318,6 @@ fn table_exists(conn: &Connection, table: &str) -> StoreResult<bool> {
         .is_some())
 }
 
-/// Settings every connection gets.
 /// Opens one of the process's connections to the file. Every connection
 /// goes through SQLite's `unix-excl` VFS: the process takes the file's POSIX
 /// lock once and its connections share the WAL index in heap memory, so a
@@ -330,6 +329,7 @@ pub fn open_connection(path: &Path) -> StoreResult<Connection> {
     Ok(Connection::open_with_flags_and_vfs(path, rusqlite::OpenFlags::default(), c"unix-excl")?)
 }
 
+/// Settings every connection gets.
 fn tune(conn: &Connection) -> StoreResult<()> {
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
@@ -514,7 +514,7 @@ impl SqliteDb {
         let (tx, rx) = oneshot::channel();
         let job: Box<dyn Job> = Box::new(WriteJob { work: f, result: None, answer: tx });
         self.writer.submit(job).await?;
-        rx.await.map_err(|_| StoreError::Unavailable("sqlite writer has stopped".into()))?
+        rx.await.map_err(|_| writer::stopped())?
     }
 
     /// Queues `f` for the next group commit and returns without waiting for

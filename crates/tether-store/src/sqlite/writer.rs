@@ -55,7 +55,7 @@ pub(super) struct Writer {
     fsync_per_commit: bool,
 }
 
-fn stopped() -> StoreError {
+pub(super) fn stopped() -> StoreError {
     StoreError::Unavailable("sqlite writer has stopped".into())
 }
 
@@ -95,14 +95,14 @@ impl Writer {
     }
 
     fn start_leader(self: &Arc<Self>) {
-        let leader = Leader { writer: self.clone(), done: false };
+        let mut leader = Leader { writer: self.clone(), batch: Vec::new(), done: false };
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) if self.fsync_per_commit => {
                 runtime.spawn_blocking(move || leader.run());
             }
             Ok(runtime) => {
                 runtime.spawn(async move {
-                    while leader.writer.commit_next_batch() {
+                    while leader.writer.commit_next_batch(&mut leader.batch) {
                         if leader.writer.wal.catch_up_due() {
                             // It waits for an fsync; jobs queue up meanwhile.
                             let writer = leader.writer.clone();
@@ -120,29 +120,30 @@ impl Writer {
         }
     }
 
-    /// Commits what is queued. `false` when nothing was (the leader ends).
-    fn commit_next_batch(&self) -> bool {
-        let mut batch = {
+    /// Commits what is queued, moved into `batch` (the leader's, reused).
+    /// `false` when nothing was (the leader ends).
+    fn commit_next_batch(&self, batch: &mut Vec<Queued>) -> bool {
+        {
             let Ok(mut queue) = self.queue.lock() else { return false };
             if queue.jobs.is_empty() || queue.stopped {
                 queue.leading = false;
                 return false;
             }
             let take = queue.jobs.len().min(MAX_BATCH);
-            queue.jobs.drain(..take).collect::<Vec<_>>()
-        };
+            batch.extend(queue.jobs.drain(..take));
+        }
         let Ok(mut ctx) = self.ctx.lock() else {
             // A job panicked while it held the writer (and its leader stopped it).
-            for queued in batch {
+            for queued in batch.drain(..) {
                 queued.job.complete(Err(stopped()));
             }
             return false;
         };
-        let committed = commit(&mut ctx, &mut batch).inspect_err(|_| {
+        let committed = commit(&mut ctx, batch).inspect_err(|_| {
             ctx.seqs.clear();
             let _ = ctx.conn.execute_batch("ROLLBACK");
         });
-        for queued in batch {
+        for queued in batch.drain(..) {
             queued.job.complete(committed.as_ref().map(|_| ()).map_err(|e| StoreError::Backend(e.to_string())));
         }
         // Full means the checkpointer is already due to run.
@@ -161,13 +162,15 @@ impl Writer {
 /// The one task (or thread) committing, while it runs.
 struct Leader {
     writer: Arc<Writer>,
+    /// The jobs of the commit under way (kept to reuse its allocation).
+    batch: Vec<Queued>,
     /// It ended because the queue was empty.
     done: bool,
 }
 
 impl Leader {
-    fn run(self) {
-        while self.writer.commit_next_batch() {
+    fn run(mut self) {
+        while self.writer.commit_next_batch(&mut self.batch) {
             self.writer.catch_up();
         }
         self.finish();
