@@ -38,11 +38,20 @@ pub struct Outcome {
     /// Latency in microseconds of the calls counted in `ok_in_window`.
     pub latency_us: Histogram<u64>,
     pub measured: Duration,
+    /// CPU time this load generator used inside the measure window (Linux).
+    pub client_cpu: Option<Duration>,
 }
 
 impl Outcome {
     pub fn rps(&self) -> f64 {
         self.ok_in_window as f64 / self.measured.as_secs_f64()
+    }
+    /// The load generator's own CPU per counted call. Its work per call is
+    /// the same against every system, so this reads the host's speed at the
+    /// time: on a shared VM it moves by tens of percent within minutes.
+    pub fn client_us_per_call(&self) -> Option<f64> {
+        let cpu = self.client_cpu?;
+        (self.ok_in_window > 0).then(|| cpu.as_secs_f64() * 1e6 / self.ok_in_window as f64)
     }
     pub fn quantile_ms(&self, q: f64) -> f64 {
         self.latency_us.value_at_quantile(q) as f64 / 1000.0
@@ -85,6 +94,12 @@ pub async fn run(protocol: Protocol, mcp_url: &str, clients: usize, warmup: Dura
     let measure_from = Instant::now() + warmup;
     let window = Window { measure_from, end: measure_from + duration };
     tx.send(Some(window))?;
+    let cpu_in_window = tokio::spawn(async move {
+        tokio::time::sleep_until(measure_from.into()).await;
+        let from = own_cpu_time();
+        tokio::time::sleep_until(window.end.into()).await;
+        Some(own_cpu_time()?.saturating_sub(from?))
+    });
 
     let mut out = Outcome {
         ok_in_window: 0,
@@ -92,6 +107,7 @@ pub async fn run(protocol: Protocol, mcp_url: &str, clients: usize, warmup: Dura
         first_errors: Vec::new(),
         latency_us: histogram(),
         measured: duration,
+        client_cpu: None,
     };
     for task in tasks {
         let r = task.await?;
@@ -104,7 +120,19 @@ pub async fn run(protocol: Protocol, mcp_url: &str, clients: usize, warmup: Dura
         }
         out.latency_us.add(&r.latency_us)?;
     }
+    out.client_cpu = cpu_in_window.await.ok().flatten();
     Ok(out)
+}
+
+/// This process's user + system CPU time so far, from `/proc/self/stat`
+/// (`None` elsewhere). Clock ticks are taken as 1/100 s, Linux's `USER_HZ`.
+fn own_cpu_time() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The fields after the command name, which sits in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat.get(stat.rfind(')')? + 2..)?.split(' ').collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 10))
 }
 
 /// One HTTP client with one pooled keep-alive HTTP/1 connection (TCP_NODELAY on).

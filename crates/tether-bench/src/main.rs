@@ -65,8 +65,10 @@ struct Args {
     /// tools_call: rounds over all systems, one after the other (A B C, A B C, ...);
     /// each row reports the round with the median requests/s. The host drifts
     /// by tens of percent within minutes: interleaving spreads that drift over
-    /// every system instead of landing on whichever ran in a slow minute.
-    #[arg(long, default_value_t = 3)]
+    /// every system instead of landing on whichever ran in a slow minute, and
+    /// the budget's ratio lines compare each round with the same round of the
+    /// other system (the median of those ratios).
+    #[arg(long, default_value_t = 5)]
     rounds: usize,
     /// restart_100k_sessions and idle_session: sessions to create.
     #[arg(long, default_value_t = 100_000)]
@@ -264,6 +266,7 @@ fn median_rounds(rounds: Vec<Vec<Row>>) -> Vec<Row> {
             if let Some(failed) = same.iter().position(|r| r.errors > 0) {
                 return Some(same.swap_remove(failed));
             }
+            let in_round_order: Vec<f64> = same.iter().map(|r| r.rps.unwrap_or(0.0)).collect();
             let peak_rss = same.iter().filter_map(|r| r.rss_mib).reduce(f64::max);
             same.sort_by(|a, b| a.rps.unwrap_or(0.0).total_cmp(&b.rps.unwrap_or(0.0)));
             let (low, high) = (same.first()?.rps.unwrap_or(0.0), same.last()?.rps.unwrap_or(0.0));
@@ -271,6 +274,7 @@ fn median_rounds(rounds: Vec<Vec<Row>>) -> Vec<Row> {
             median.rss_mib = peak_rss;
             if runs > 1 {
                 median.spread = Some(format!("median of {runs} interleaved rounds, {low:.0} to {high:.0} rps"));
+                median.rounds_rps = in_round_order;
             }
             Some(median)
         })
@@ -300,9 +304,17 @@ async fn tools_call(args: &Args, programs: &Programs, system: System) -> Vec<Row
                 row.rps = Some(round(outcome.rps(), 1));
                 row.p50_ms = Some(round(outcome.quantile_ms(0.50), 3));
                 row.p99_ms = Some(round(outcome.quantile_ms(0.99), 3));
+                row.client_us_per_call = outcome.client_us_per_call().map(|us| round(us, 1));
                 row.errors = outcome.errors;
                 row.error = outcome.first_errors.first().cloned();
-                eprintln!("   {:.0} rps, p50 {:.3} ms, p99 {:.3} ms, {} errors", outcome.rps(), outcome.quantile_ms(0.5), outcome.quantile_ms(0.99), outcome.errors);
+                eprintln!(
+                    "   {:.0} rps, p50 {:.3} ms, p99 {:.3} ms, {} errors, load generator {:.1} µs CPU per call",
+                    outcome.rps(),
+                    outcome.quantile_ms(0.5),
+                    outcome.quantile_ms(0.99),
+                    outcome.errors,
+                    outcome.client_us_per_call().unwrap_or(f64::NAN)
+                );
             }
             Err(e) => {
                 row.errors = 1;
@@ -480,6 +492,7 @@ mod tests {
         assert_eq!((rows[1].clients, rows[1].rps, rows[1].p50_ms), (64, Some(800.0), Some(3.0)));
         assert!(rows.iter().all(|r| r.rss_mib == Some(55.0)), "peak RSS of every round");
         assert_eq!(rows[1].spread.as_deref(), Some("median of 3 interleaved rounds, 700 to 900 rps"));
+        assert_eq!(rows[1].rounds_rps, vec![900.0, 700.0, 800.0], "every round, in round order");
     }
 
     #[test]
