@@ -191,7 +191,8 @@ pub async fn run(
             (Some(method), None) => {
                 if method == "notifications/cancelled" {
                     // The remote knows the request under the client runtime's
-                    // id, not the host's: stop waiting for it here.
+                    // id, not the host's: aborting the task drops its upstream
+                    // request, and the client runtime tells the remote.
                     let key = params.as_ref().and_then(|p| p.get("requestId")).map(Value::to_string);
                     if let Some(handle) = key.and_then(|k| in_flight.remove(&k)) {
                         handle.abort();

@@ -381,15 +381,17 @@ impl Session {
                 Kind::Legacy(channel) => self.inner.legacy_request(channel, &message, &id, accepted).await,
             }
         };
+        // Dropped before the answer (the caller gave up, e.g. a bridge whose
+        // host cancelled) or timed out: the server is told to stop the work.
+        let mut cancel = CancelOnDrop { session: self, id: id.clone(), reason: (method != "initialize").then_some("cancelled by the caller") };
         let limit = self.inner.options.request_timeout;
         match tokio::time::timeout(limit, work).await {
-            Ok(r) => r,
+            Ok(r) => {
+                cancel.reason = None;
+                r
+            }
             Err(_) => {
-                let me = self.clone();
-                let cancel = json!({"requestId": id, "reason": "client timeout"});
-                tokio::spawn(async move {
-                    let _ = me.notify("notifications/cancelled", Some(cancel)).await;
-                });
+                cancel.reason = cancel.reason.and(Some("client timeout"));
                 Err(ReqError::Client(ClientError::Transport(format!(
                     "no answer to {method} from {} within {}; the server may be overloaded (raise the request timeout to wait longer)",
                     self.inner.url,
@@ -951,6 +953,31 @@ async fn legacy_reader(weak: Weak<Inner>, channel: Arc<LegacyChannel>, mut event
     channel.alive.store(false, Ordering::Release);
     if let Ok(mut pending) = channel.pending.lock() {
         pending.clear();
+    }
+}
+
+
+/// Sends `notifications/cancelled` for a request when dropped with a
+/// reason (the request was given up before its answer). `initialize` has
+/// none: the protocol forbids cancelling it.
+struct CancelOnDrop<'a> {
+    session: &'a Session,
+    id: Value,
+    reason: Option<&'static str>,
+}
+
+impl Drop for CancelOnDrop<'_> {
+    fn drop(&mut self) {
+        let Some(reason) = self.reason else { return };
+        // Without a runtime nothing can be sent; the server's own timeout ends the work.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let session = self.session.clone();
+        let params = json!({"requestId": self.id.take(), "reason": reason});
+        runtime.spawn(async move {
+            if let Err(e) = session.notify("notifications/cancelled", Some(params)).await {
+                tracing::debug!("could not tell the server a request was cancelled: {e}");
+            }
+        });
     }
 }
 

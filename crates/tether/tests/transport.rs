@@ -336,6 +336,34 @@ async fn a_request_cut_off_by_a_crash_ends_with_an_interrupted_error() {
     assert_eq!(again, events);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_the_client_runtime_gives_up_on_is_cancelled_at_the_server() {
+    let server = TestServer::start(Backend::Memory, AppKind::Test, quick_config()).await;
+    let init = json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "cancel-test", "version": "0"}});
+    let options = tether_client::ClientOptions::default();
+    let (session, _) = tether_client::Session::connect(&server.url, options, init).await.unwrap();
+    let hang = json!({"name": "hang", "arguments": {"tag": "dropped"}});
+    // The caller stops waiting (a bridge's host cancelled, a select! lost the race): the future is dropped.
+    let gave_up = tokio::time::timeout(Duration::from_millis(300), session.request("tools/call", Some(hang))).await;
+    assert!(gave_up.is_err(), "hang answered before it was cancelled: {gave_up:?}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !ENDED_HANGS.lock().unwrap().iter().any(|t| t == "dropped") {
+        assert!(std::time::Instant::now() < deadline, "the server's tool was never cancelled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // A short request timeout cancels the same way.
+    let options = tether_client::ClientOptions { request_timeout: Duration::from_millis(300), ..Default::default() };
+    let init = json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "cancel-test", "version": "0"}});
+    let (session, _) = tether_client::Session::connect(&server.url, options, init).await.unwrap();
+    let err = session.request("tools/call", Some(json!({"name": "hang", "arguments": {"tag": "timed-out"}}))).await.unwrap_err();
+    assert!(err.to_string().contains("within"), "{err}");
+    while !ENDED_HANGS.lock().unwrap().iter().any(|t| t == "timed-out") {
+        assert!(std::time::Instant::now() < deadline, "the timed-out tool was never cancelled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test]
 async fn bad_requests_get_the_right_status_and_a_readable_message() {
     let config = ServerConfig { max_body: 1024, allowed_origins: vec!["https://app.example".into()], ..quick_config() };

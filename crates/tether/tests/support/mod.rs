@@ -45,8 +45,25 @@ pub enum AppKind {
     Test,
 }
 
+/// `tag` arguments of `hang` calls that have ended: they end only when
+/// cancelled (by the client, or with their session or the server).
+pub static ENDED_HANGS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Records a `hang` call's tag when the call ends, however it ends (the
+/// engine drops a tool's future when its request is cancelled).
+struct HangEnds(Option<String>);
+
+impl Drop for HangEnds {
+    fn drop(&mut self) {
+        if let Some(tag) = self.0.take() {
+            ENDED_HANGS.lock().unwrap_or_else(|e| e.into_inner()).push(tag);
+        }
+    }
+}
+
 /// Tools for transport tests: `echo`, `chatty` (notifications between
-/// pauses), `hang` (runs until cancelled), `ask` (asks the client `roots/list`),
+/// pauses), `hang` (runs until cancelled; its `tag` goes to
+/// [`ENDED_HANGS`]), `ask` (asks the client `roots/list`),
 /// `announce` (a session-level notification on the standalone stream);
 /// resumable: `count` (restartable: `n` chunks, `pause_ms` apart, progress),
 /// `fragile` (not restartable: sleeps `pause_ms`, then one chunk, or fails
@@ -112,6 +129,7 @@ impl McpApp for TestApp {
                 Ok(CallToolResult::structured(json!({"announced": true})))
             }
             "hang" => {
+                let _ends = HangEnds(args.get("tag").and_then(Value::as_str).map(str::to_owned));
                 ctx.cancelled().cancelled().await;
                 Ok(CallToolResult::success(vec![ContentBlock::text("cancelled")]))
             }
