@@ -27,6 +27,14 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use super::{Job, MAX_BATCH, WRITE_QUEUE, WalRecycling, WriterCtx};
 use crate::{StoreError, StoreResult};
 
+/// How often the leader yields to its worker's other tasks between two
+/// commits. Each `yield_now` lets the callers it just answered and the
+/// requests that arrived meanwhile run (and queue their jobs) before it comes
+/// back: the next group grows with the load, without a timer. Never yielding
+/// was 10-25% slower (five alternating runs, all behind); twice gave +9% over
+/// once (median of eleven alternating pairs, 8 ahead), four times no more.
+const YIELDS_BETWEEN_COMMITS: usize = 2;
+
 /// A job and its place in the bounded queue.
 struct Queued {
     job: Box<dyn Job>,
@@ -108,8 +116,9 @@ impl Writer {
                             let writer = leader.writer.clone();
                             let _ = tokio::task::spawn_blocking(move || writer.catch_up()).await;
                         } else {
-                            // Let the worker's other tasks run between two commits.
-                            tokio::task::yield_now().await;
+                            for _ in 0..YIELDS_BETWEEN_COMMITS {
+                                tokio::task::yield_now().await;
+                            }
                         }
                     }
                     leader.finish();
