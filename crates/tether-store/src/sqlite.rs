@@ -610,12 +610,29 @@ impl WriterCtx {
     }
 
     fn record_seq(&mut self, session: &str, stream: &str, seq: u64) {
-        let streams = self.seqs.entry(session.to_owned()).or_default();
+        let streams = match self.seqs.get_mut(session) {
+            Some(streams) => streams,
+            None => self.seqs.entry(session.to_owned()).or_default(),
+        };
         if streams.len() >= SEQ_CACHE_STREAMS {
-            // Every request opens a stream; most are never appended to again.
+            // Streams that never finished (their process stopped) are not
+            // appended to again either.
             streams.clear();
         }
-        streams.insert(stream.to_owned(), seq);
+        match streams.get_mut(stream) {
+            Some(last) => *last = seq,
+            None => {
+                streams.insert(stream.to_owned(), seq);
+            }
+        }
+    }
+
+    /// A stream that will not be appended to again (a later append would
+    /// look its last number up).
+    fn forget_stream(&mut self, session: &str, stream: &str) {
+        if let Some(streams) = self.seqs.get_mut(session) {
+            streams.remove(stream);
+        }
     }
 
     fn forget_session(&mut self, session: &str) {
@@ -656,7 +673,13 @@ impl SqliteStore {
                     }
                     seq += 1;
                 }
-                ctx.record_seq(&session, &stream, seq - 1);
+                if finishes {
+                    // Nothing follows a final response: a quick request's
+                    // stream never enters the cache, a slow one's leaves it.
+                    ctx.forget_stream(&session, &stream);
+                } else {
+                    ctx.record_seq(&session, &stream, seq - 1);
+                }
                 if finishes && first > 1 {
                     ctx.conn
                         .prepare_cached("UPDATE tracked_streams SET finished_at_ms = ?3 WHERE session = ?1 AND stream = ?2")?
