@@ -47,8 +47,9 @@ impl Outcome {
         self.ok_in_window as f64 / self.measured.as_secs_f64()
     }
     /// The load generator's own CPU per counted call. Its work per call is
-    /// the same against every system, so this reads the host's speed at the
-    /// time: on a shared VM it moves by tens of percent within minutes.
+    /// the same against every system, so this moves with the host's speed (by
+    /// tens of percent within minutes on a shared VM) and with how much the
+    /// server's work slows the machine both run on.
     pub fn client_us_per_call(&self) -> Option<f64> {
         let cpu = self.client_cpu?;
         (self.ok_in_window > 0).then(|| cpu.as_secs_f64() * 1e6 / self.ok_in_window as f64)

@@ -956,7 +956,6 @@ async fn legacy_reader(weak: Weak<Inner>, channel: Arc<LegacyChannel>, mut event
     }
 }
 
-
 /// Sends `notifications/cancelled` for a request when dropped with a
 /// reason (the request was given up before its answer). `initialize` has
 /// none: the protocol forbids cancelling it.
