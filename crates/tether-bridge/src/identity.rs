@@ -169,6 +169,7 @@ pub fn parse_stat(bytes: &[u8]) -> Option<StatFields> {
 pub struct SystemProcesses;
 
 /// How many command-line arguments are kept (the wrapper test needs two).
+#[cfg(target_os = "linux")]
 const ARGV_KEPT: usize = 4;
 
 #[cfg(target_os = "linux")]
@@ -258,6 +259,7 @@ mod tests {
         }
     }
 
+    #[cfg(target_os = "linux")]
     fn stat_line(pid: u32, name: &str, ppid: u32, start: u64) -> String {
         // 52 fields as in a current kernel; field 22 is the start time.
         let mut fields: Vec<String> = vec![pid.to_string(), format!("({name})"), "S".into(), ppid.to_string()];
