@@ -19,6 +19,7 @@ use bytes::Bytes;
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::oneshot;
 
+mod wal_gather;
 mod writer;
 
 use crate::{
@@ -324,9 +325,18 @@ fn table_exists(conn: &Connection, table: &str) -> StoreResult<bool> {
 /// transaction takes no `fcntl` locks on a `-shm` file (they were a tenth of
 /// the writer's time under load). The file is this process's alone anyway
 /// (see [`prepare_path`]); another process that opens it meanwhile is told
-/// it is locked.
+/// it is locked. `unix-excl` is wrapped by [`wal_gather`], which writes a
+/// commit's WAL frames with one system call.
 pub fn open_connection(path: &Path) -> StoreResult<Connection> {
-    Ok(Connection::open_with_flags_and_vfs(path, rusqlite::OpenFlags::default(), c"unix-excl")?)
+    let vfs = match wal_gather::register() {
+        Ok(()) => wal_gather::VFS_NAME,
+        Err(e) => {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| tracing::warn!(error = %e, "sqlite: WAL write gathering unavailable; using unix-excl"));
+            c"unix-excl"
+        }
+    };
+    Ok(Connection::open_with_flags_and_vfs(path, rusqlite::OpenFlags::default(), vfs)?)
 }
 
 /// Settings every connection gets.
