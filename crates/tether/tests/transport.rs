@@ -207,6 +207,26 @@ async fn last_event_id_replays_exactly_the_rest_of_that_stream_after_the_request
 }
 
 #[tokio::test]
+async fn a_replay_longer_than_one_store_page_arrives_whole_and_in_order() {
+    // The pump reads the store in pages of 512 events, the next page while it
+    // delivers one: every page boundary must join without a gap or a duplicate.
+    each_backend(AppKind::Test, quick_config(), |server| async move {
+        let c = Client::new(&server.url);
+        let sid = c.initialize().await;
+        let events = c.request(&sid, 1, "tools/call", json!({"name": "chatty", "arguments": {"steps": 1300, "pause_ms": 0}})).await;
+        assert_eq!(events.len(), 1302, "prime, 1300 notifications, response");
+        for from in [0, 1, 510, 511, 512, 1023, 1024, 1300] {
+            let last = events[from].id.clone().unwrap();
+            let mut replay = SseReader::new(c.get(&sid, Some(&last)).send().await.unwrap());
+            let replayed: Vec<SseEvent> = replay.all_events().await.into_iter().filter(|e| !e.data.is_empty()).collect();
+            assert_eq!(replayed.len(), events.len() - from - 1, "replay after event {from}");
+            assert!(replayed == events[from + 1..], "replay after event {from}: same IDs, same data, in order, once");
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn unknown_or_foreign_event_ids_are_refused() {
     each_backend(AppKind::Test, quick_config(), |server| async move {
         let c = Client::new(&server.url);

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use tether_store::EventKind;
+use tether_store::{EventKind, StoreError, StoredEvent};
 use tokio::sync::{broadcast, mpsc};
 
 use super::Inner;
@@ -94,31 +94,53 @@ impl Pump {
     }
 
     /// Reads the store after the cursor; `End` when the stream is done or broken.
+    /// While a full page is delivered the next one is read, so a long replay
+    /// waits for the store about once, not once per page.
     async fn catch_up(&mut self) -> Step {
+        let store = self.inner.store.clone();
+        let (session, stream) = (self.session.id.clone(), self.spec.stream.clone());
+        let mut page = match store.read_after(&session, &stream, self.cursor, CATCHUP_PAGE).await {
+            Ok(page) => page,
+            Err(e) => return self.read_failed(e).await,
+        };
         loop {
-            let page = match self.inner.store.read_after(&self.session.id, &self.spec.stream, self.cursor, CATCHUP_PAGE).await
-            {
-                Ok(page) => page,
-                Err(e) => {
-                    tracing::warn!(session = %self.session.id, error = %e, "replay read failed; asking client to reconnect");
-                    let _ = self.tx.send(Frame::Reconnect).await;
-                    return Step::End;
-                }
-            };
-            let full = page.len() == CATCHUP_PAGE;
+            let next_after = page.last().map(|event| event.seq).filter(|_| page.len() == CATCHUP_PAGE);
             let before = self.cursor;
-            for event in page {
-                if let Step::End = self.deliver(event.seq, event.kind, event.payload).await {
-                    return Step::End;
+            let (delivered, next) = match next_after {
+                Some(after) => {
+                    let (delivered, next) =
+                        tokio::join!(self.deliver_page(page), store.read_after(&session, &stream, after, CATCHUP_PAGE));
+                    (delivered, Some(next))
                 }
+                None => (self.deliver_page(page).await, None),
+            };
+            if let Step::End = delivered {
+                return Step::End;
             }
             if self.cursor != before {
                 self.remember_delivery();
             }
-            if !full {
-                return Step::Continue;
+            page = match next {
+                None => return Step::Continue,
+                Some(Ok(page)) => page,
+                Some(Err(e)) => return self.read_failed(e).await,
+            };
+        }
+    }
+
+    async fn deliver_page(&mut self, page: Vec<StoredEvent>) -> Step {
+        for event in page {
+            if let Step::End = self.deliver(event.seq, event.kind, event.payload).await {
+                return Step::End;
             }
         }
+        Step::Continue
+    }
+
+    async fn read_failed(&self, e: StoreError) -> Step {
+        tracing::warn!(session = %self.session.id, error = %e, "replay read failed; asking client to reconnect");
+        let _ = self.tx.send(Frame::Reconnect).await;
+        Step::End
     }
 
     async fn run(mut self, sub: Subscription) {
