@@ -194,11 +194,7 @@ async fn last_event_id_replays_exactly_the_rest_of_that_stream_after_the_request
         let other = c.request(&sid, 2, "tools/call", json!({"name": "echo", "arguments": {"x": 1}})).await;
 
         for from in 0..events.len() {
-            let last = events[from].id.clone().unwrap();
-            let mut replay = SseReader::new(c.get(&sid, Some(&last)).send().await.unwrap());
-            let replayed: Vec<SseEvent> = replay.all_events().await.into_iter().filter(|e| !e.data.is_empty()).collect();
-            let expected: Vec<SseEvent> = events[from + 1..].to_vec();
-            assert_eq!(replayed, expected, "replay after event {from}: same IDs, same data, in order, once");
+            assert_replays_the_rest(&c, &sid, &events, from).await;
         }
         let other_ids: Vec<_> = other.iter().filter_map(|e| e.id.clone()).collect();
         assert!(events.iter().all(|e| !other_ids.contains(e.id.as_ref().unwrap())), "event IDs are unique in the session");
@@ -216,14 +212,20 @@ async fn a_replay_longer_than_one_store_page_arrives_whole_and_in_order() {
         let events = c.request(&sid, 1, "tools/call", json!({"name": "chatty", "arguments": {"steps": 1300, "pause_ms": 0}})).await;
         assert_eq!(events.len(), 1302, "prime, 1300 notifications, response");
         for from in [0, 1, 510, 511, 512, 1023, 1024, 1300] {
-            let last = events[from].id.clone().unwrap();
-            let mut replay = SseReader::new(c.get(&sid, Some(&last)).send().await.unwrap());
-            let replayed: Vec<SseEvent> = replay.all_events().await.into_iter().filter(|e| !e.data.is_empty()).collect();
-            assert_eq!(replayed.len(), events.len() - from - 1, "replay after event {from}");
-            assert!(replayed == events[from + 1..], "replay after event {from}: same IDs, same data, in order, once");
+            assert_replays_the_rest(&c, &sid, &events, from).await;
         }
     })
     .await;
+}
+
+/// Resuming with the ID of `events[from]` delivers exactly the events after
+/// it: same IDs, same data, in order, once.
+async fn assert_replays_the_rest(c: &Client, sid: &str, events: &[SseEvent], from: usize) {
+    let last = events[from].id.clone().unwrap();
+    let mut replay = SseReader::new(c.get(sid, Some(&last)).send().await.unwrap());
+    let replayed: Vec<SseEvent> = replay.all_events().await.into_iter().filter(|e| !e.data.is_empty()).collect();
+    assert_eq!(replayed.len(), events.len() - from - 1, "replay after event {from}");
+    assert!(replayed == events[from + 1..], "replay after event {from}: same IDs, same data, in order, once");
 }
 
 #[tokio::test]

@@ -285,16 +285,25 @@ unsafe extern "C" fn write(file: *mut ffi::sqlite3_file, data: *const c_void, le
     f.write(data, offset)
 }
 
-/// Flushes, then calls the inner file's method: the operations that must see
-/// every byte SQLite has written.
-macro_rules! flush_then {
-    ($name:ident, $method:ident, ($($arg:ident: $ty:ty),*), $missing:expr) => {
+/// A method that calls the inner file's: `flush` for the operations that
+/// must see every byte SQLite has written, `pass` for those that do not
+/// look at the bytes (locks, sizes of sectors, device traits).
+macro_rules! forward {
+    (flush $name:ident, $method:ident, ($($arg:ident: $ty:ty),*), $missing:expr) => {
+        forward!(@ $name, $method, ($($arg: $ty),*), $missing, true);
+    };
+    (pass $name:ident, $method:ident, ($($arg:ident: $ty:ty),*), $missing:expr) => {
+        forward!(@ $name, $method, ($($arg: $ty),*), $missing, false);
+    };
+    (@ $name:ident, $method:ident, ($($arg:ident: $ty:ty),*), $missing:expr, $flush:expr) => {
         unsafe extern "C" fn $name(file: *mut ffi::sqlite3_file, $($arg: $ty),*) -> c_int {
             // SAFETY: called by SQLite on a file opened by `open`.
             let f = unsafe { gather_file(file) };
-            let rc = f.flush();
-            if rc != ffi::SQLITE_OK {
-                return rc;
+            if $flush {
+                let rc = f.flush();
+                if rc != ffi::SQLITE_OK {
+                    return rc;
+                }
             }
             match f.inner_methods().$method {
                 // SAFETY: same arguments, on the inner file.
@@ -305,32 +314,16 @@ macro_rules! flush_then {
     };
 }
 
-flush_then!(read, xRead, (buf: *mut c_void, len: c_int, offset: i64), ffi::SQLITE_IOERR_READ);
-flush_then!(truncate, xTruncate, (size: i64), ffi::SQLITE_IOERR_TRUNCATE);
-flush_then!(sync, xSync, (flags: c_int), ffi::SQLITE_IOERR_FSYNC);
-flush_then!(file_size, xFileSize, (size: *mut i64), ffi::SQLITE_IOERR_FSTAT);
-flush_then!(file_control, xFileControl, (op: c_int, arg: *mut c_void), ffi::SQLITE_NOTFOUND);
-
-/// Calls the inner file's method: operations that do not look at the bytes.
-macro_rules! pass_through {
-    ($name:ident, $method:ident, ($($arg:ident: $ty:ty),*), $missing:expr) => {
-        unsafe extern "C" fn $name(file: *mut ffi::sqlite3_file, $($arg: $ty),*) -> c_int {
-            // SAFETY: called by SQLite on a file opened by `open`.
-            let f = unsafe { gather_file(file) };
-            match f.inner_methods().$method {
-                // SAFETY: same arguments, on the inner file.
-                Some(method) => unsafe { method(f.inner, $($arg),*) },
-                None => $missing,
-            }
-        }
-    };
-}
-
-pass_through!(lock, xLock, (level: c_int), ffi::SQLITE_OK);
-pass_through!(unlock, xUnlock, (level: c_int), ffi::SQLITE_OK);
-pass_through!(check_reserved_lock, xCheckReservedLock, (out: *mut c_int), ffi::SQLITE_OK);
-pass_through!(sector_size, xSectorSize, (), 4096);
-pass_through!(device_characteristics, xDeviceCharacteristics, (), 0);
+forward!(flush read, xRead, (buf: *mut c_void, len: c_int, offset: i64), ffi::SQLITE_IOERR_READ);
+forward!(flush truncate, xTruncate, (size: i64), ffi::SQLITE_IOERR_TRUNCATE);
+forward!(flush sync, xSync, (flags: c_int), ffi::SQLITE_IOERR_FSYNC);
+forward!(flush file_size, xFileSize, (size: *mut i64), ffi::SQLITE_IOERR_FSTAT);
+forward!(flush file_control, xFileControl, (op: c_int, arg: *mut c_void), ffi::SQLITE_NOTFOUND);
+forward!(pass lock, xLock, (level: c_int), ffi::SQLITE_OK);
+forward!(pass unlock, xUnlock, (level: c_int), ffi::SQLITE_OK);
+forward!(pass check_reserved_lock, xCheckReservedLock, (out: *mut c_int), ffi::SQLITE_OK);
+forward!(pass sector_size, xSectorSize, (), 4096);
+forward!(pass device_characteristics, xDeviceCharacteristics, (), 0);
 
 #[cfg(test)]
 mod tests {
