@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use serde_json::{Value, json};
-use tokio::sync::watch;
 
 use crate::server::Protocol;
 use crate::sse;
@@ -20,18 +19,18 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Error messages kept (and printed) per run; the rest are only counted.
 const KEPT_ERRORS: usize = 5;
 
-/// When the clients warm up and when the measurement counts.
+/// When a run's calls start counting and when they stop.
 #[derive(Debug, Clone, Copy)]
 struct Window {
     measure_from: Instant,
     end: Instant,
 }
 
-/// What one run (one system, one client count) produced.
+/// What one run (one system, one client count, one slice) produced.
 pub struct Outcome {
     /// Calls checked as correct that completed inside the measure window.
     pub ok_in_window: u64,
-    /// Every failed call or session set-up, warm-up included.
+    /// Every failed call, lead-in included.
     pub errors: u64,
     /// A few error messages, for the log.
     pub first_errors: Vec<String>,
@@ -48,7 +47,7 @@ impl Outcome {
     }
     /// The load generator's own CPU per counted call. Its work per call is
     /// the same against every system, so this moves with the host's speed (by
-    /// tens of percent within minutes on a shared VM) and with how much the
+    /// tens of percent within seconds on a shared VM) and with how much the
     /// server's work slows the machine both run on.
     pub fn client_us_per_call(&self) -> Option<f64> {
         let cpu = self.client_cpu?;
@@ -80,49 +79,95 @@ fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid histogram bounds")
 }
 
-/// Runs `clients` clients against `mcp_url`: all open their sessions, then
-/// call for `warmup` (not recorded) and `duration` (recorded).
-pub async fn run(protocol: Protocol, mcp_url: &str, clients: usize, warmup: Duration, duration: Duration) -> anyhow::Result<Outcome> {
-    let (tx, rx) = watch::channel(None::<Window>);
-    let ready = Arc::new(tokio::sync::Barrier::new(clients + 1));
-    let mut tasks = Vec::with_capacity(clients);
-    for _ in 0..clients {
-        let (url, rx, ready) = (mcp_url.to_string(), rx.clone(), ready.clone());
-        tasks.push(tokio::spawn(async move { client(protocol, url, rx, ready).await }));
-    }
-    // Every client has its session (or has failed to get one): start the clock.
-    ready.wait().await;
-    let measure_from = Instant::now() + warmup;
-    let window = Window { measure_from, end: measure_from + duration };
-    tx.send(Some(window))?;
-    let cpu_in_window = tokio::spawn(async move {
-        tokio::time::sleep_until(measure_from.into()).await;
-        let from = own_cpu_time();
-        tokio::time::sleep_until(window.end.into()).await;
-        Some(own_cpu_time()?.saturating_sub(from?))
-    });
+/// One client: its connection, its session (none for the axum floor) and
+/// how many calls it has made on it (each `thought` answer is checked
+/// against that count, across runs).
+struct Client {
+    http: reqwest::Client,
+    session: String,
+    calls: u64,
+}
 
-    let mut out = Outcome {
-        ok_in_window: 0,
-        errors: 0,
-        first_errors: Vec::new(),
-        latency_us: histogram(),
-        measured: duration,
-        client_cpu: None,
-    };
-    for task in tasks {
-        let r = task.await?;
-        out.ok_in_window += r.ok_in_window;
-        out.errors += r.errors;
-        for e in r.first_errors {
-            if out.first_errors.len() < KEPT_ERRORS {
-                out.first_errors.push(e);
+/// The clients of one system, kept from one run to the next: each with its
+/// own MCP session and its own keep-alive HTTP/1 connection.
+pub struct Load {
+    protocol: Protocol,
+    url: Arc<str>,
+    clients: Vec<Client>,
+}
+
+impl Load {
+    /// Opens `clients` sessions on `mcp_url` at once (connections for the
+    /// axum floor); fails if any cannot be opened.
+    pub async fn open(protocol: Protocol, mcp_url: &str, clients: usize) -> anyhow::Result<Self> {
+        let url: Arc<str> = mcp_url.into();
+        let opening: Vec<_> = (0..clients)
+            .map(|_| {
+                let url = url.clone();
+                tokio::spawn(async move {
+                    let http = http_client()?;
+                    let session = match protocol {
+                        Protocol::Mcp => open_session(&http, &url, false).await.map_err(|e| format!("session set-up: {e}"))?,
+                        Protocol::Echo => String::new(),
+                    };
+                    Ok::<_, String>(Client { http, session, calls: 0 })
+                })
+            })
+            .collect();
+        let mut opened = Vec::with_capacity(clients);
+        let mut failures = Vec::new();
+        for task in opening {
+            match task.await {
+                Ok(Ok(client)) => opened.push(client),
+                Ok(Err(e)) => failures.push(e),
+                Err(e) => failures.push(format!("client task failed: {e}")),
             }
         }
-        out.latency_us.add(&r.latency_us)?;
+        if let Some(first) = failures.first() {
+            anyhow::bail!("{} of {clients} clients could not start: {first}", failures.len());
+        }
+        Ok(Self { protocol, url, clients: opened })
     }
-    out.client_cpu = cpu_in_window.await.ok().flatten();
-    Ok(out)
+
+    /// Every client calls back to back for `lead_in` (not recorded), then
+    /// for `duration` (recorded).
+    pub async fn run(&mut self, lead_in: Duration, duration: Duration) -> anyhow::Result<Outcome> {
+        let measure_from = Instant::now() + lead_in;
+        let window = Window { measure_from, end: measure_from + duration };
+        let cpu_in_window = tokio::spawn(async move {
+            tokio::time::sleep_until(measure_from.into()).await;
+            let from = own_cpu_time();
+            tokio::time::sleep_until(window.end.into()).await;
+            Some(own_cpu_time()?.saturating_sub(from?))
+        });
+        let tasks: Vec<_> = std::mem::take(&mut self.clients)
+            .into_iter()
+            .map(|client| tokio::spawn(calls(self.protocol, self.url.clone(), client, window)))
+            .collect();
+
+        let mut out = Outcome {
+            ok_in_window: 0,
+            errors: 0,
+            first_errors: Vec::new(),
+            latency_us: histogram(),
+            measured: duration,
+            client_cpu: None,
+        };
+        for task in tasks {
+            let (client, r) = task.await?;
+            self.clients.push(client);
+            out.ok_in_window += r.ok_in_window;
+            out.errors += r.errors;
+            for e in r.first_errors {
+                if out.first_errors.len() < KEPT_ERRORS {
+                    out.first_errors.push(e);
+                }
+            }
+            out.latency_us.add(&r.latency_us)?;
+        }
+        out.client_cpu = cpu_in_window.await.ok().flatten();
+        Ok(out)
+    }
 }
 
 /// This process's user + system CPU time so far, from `/proc/self/stat`
@@ -148,42 +193,16 @@ pub fn http_client() -> Result<reqwest::Client, String> {
         .map_err(|e| format!("cannot build an HTTP client: {e}"))
 }
 
-/// One client: a session (MCP), then calls until the window ends.
-async fn client(protocol: Protocol, url: String, mut rx: watch::Receiver<Option<Window>>, ready: Arc<tokio::sync::Barrier>) -> ClientResult {
+/// One client's calls until the window ends.
+async fn calls(protocol: Protocol, url: Arc<str>, mut client: Client, window: Window) -> (Client, ClientResult) {
     let mut r = ClientResult { ok_in_window: 0, errors: 0, first_errors: Vec::new(), latency_us: histogram() };
-    let session = match http_client() {
-        Ok(http) => match protocol {
-            Protocol::Mcp => match open_session(&http, &url, false).await {
-                Ok(id) => Ok((http, id)),
-                Err(e) => Err(format!("session set-up: {e}")),
-            },
-            Protocol::Echo => Ok((http, String::new())),
-        },
-        Err(e) => Err(e),
-    };
-    ready.wait().await;
-    let (http, session_id) = match session {
-        Ok(s) => s,
-        Err(e) => {
-            r.error(e);
-            return r;
-        }
-    };
-    let window = match rx.wait_for(Option::is_some).await {
-        Ok(w) => match *w {
-            Some(w) => w,
-            None => return r,
-        },
-        Err(_) => return r,
-    };
-
-    let mut n: u64 = 0;
     while Instant::now() < window.end {
-        n += 1;
+        client.calls += 1;
+        let n = client.calls;
         let started = Instant::now();
         let result = match protocol {
-            Protocol::Mcp => call_thought(&http, &url, &session_id, n).await,
-            Protocol::Echo => call_echo(&http, &url, n).await,
+            Protocol::Mcp => call_thought(&client.http, &url, &client.session, n).await,
+            Protocol::Echo => call_echo(&client.http, &url, n).await,
         };
         let done = Instant::now();
         match result {
@@ -196,7 +215,7 @@ async fn client(protocol: Protocol, url: String, mut rx: watch::Receiver<Option<
             Err(e) => r.error(format!("call #{n}: {e}")),
         }
     }
-    r
+    (client, r)
 }
 
 pub fn post(http: &reqwest::Client, url: &str, session: Option<&str>, body: &Value) -> reqwest::RequestBuilder {

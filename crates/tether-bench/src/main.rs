@@ -56,19 +56,20 @@ struct Args {
     /// tools_call: concurrent clients (one session and one connection each), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,64")]
     clients: Vec<usize>,
-    /// tools_call: length of the measure window of each run.
-    #[arg(long, default_value = "4s", value_parser = humantime::parse_duration)]
+    /// tools_call: length of each system's measured slice in a round.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     duration: Duration,
-    /// tools_call: calls made before the measure window opens (not recorded).
+    /// tools_call: calls each system's clients make before the first round (not recorded).
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     warmup: Duration,
-    /// tools_call: rounds over all systems, one after the other (A B C, A B C, ...);
-    /// each row reports the round with the median requests/s. The host drifts
-    /// by tens of percent within minutes: interleaving spreads that drift over
-    /// every system instead of landing on whichever ran in a slow minute, and
-    /// the budget's ratio lines compare each round with the same round of the
-    /// other system (the median of those ratios).
-    #[arg(long, default_value_t = 5)]
+    /// tools_call: rounds over all systems, one slice each (A B C, A B C, ...,
+    /// every server running throughout); each row reports the round with the
+    /// median requests/s. The host drifts by tens of percent within seconds:
+    /// short interleaved slices spread that drift over every system instead
+    /// of landing on whichever ran in a slow stretch, and the budget's ratio
+    /// lines compare each round with the same round of the other system (the
+    /// median of those ratios).
+    #[arg(long, default_value_t = 15)]
     rounds: usize,
     /// restart_100k_sessions and idle_session: sessions to create.
     #[arg(long, default_value_t = 100_000)]
@@ -82,7 +83,7 @@ struct Args {
     /// replay_10k: timed replays of those events (the median is reported).
     #[arg(long, default_value_t = 5)]
     replay_runs: usize,
-    /// Shorter runs of every scenario: --duration 2s --warmup 1s --rounds 1 --sessions 10000 --replay-runs 3.
+    /// Shorter runs of every scenario: --duration 1s --warmup 1s --rounds 3 --sessions 10000 --replay-runs 3.
     #[arg(long)]
     quick: bool,
     /// Where the JSON rows are written.
@@ -99,9 +100,9 @@ struct Args {
 fn main() -> ExitCode {
     let mut args = Args::parse();
     if args.quick {
-        args.duration = Duration::from_secs(2);
+        args.duration = Duration::from_secs(1);
         args.warmup = Duration::from_secs(1);
-        args.rounds = 1;
+        args.rounds = 3;
         args.sessions = args.sessions.min(10_000);
         args.replay_runs = args.replay_runs.min(3);
     }
@@ -164,16 +165,7 @@ async fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
         systems.retain(|&s| s != System::TetherRedis);
     }
     if wants(Scenario::ToolsCall) {
-        let mut rounds: Vec<Vec<Vec<Row>>> = vec![Vec::new(); systems.len()];
-        for round in 1..=args.rounds {
-            for (i, &system) in systems.iter().enumerate() {
-                eprintln!("== {}: tools_call, round {round} of {}", system.name(), args.rounds);
-                rounds[i].push(tools_call(args, &programs, system).await);
-            }
-        }
-        for runs in rounds {
-            rows.extend(median_rounds(runs));
-        }
+        rows.extend(tools_call(args, &programs, &systems).await);
     }
     for &system in &systems {
         // The floor has no MCP, no streams and no sessions: only tools_call applies.
@@ -246,91 +238,118 @@ async fn start(programs: &Programs, launch: &Launch) -> anyhow::Result<(Server, 
     Ok((server, store))
 }
 
-/// One row per client count from a system's tools_call rounds (each a
-/// `Vec` of rows in `--clients` order): the round with the median
-/// requests/s, its spread noted, the highest peak RSS of all rounds. A
-/// count with errors in any round reports that round's row instead.
-fn median_rounds(rounds: Vec<Vec<Row>>) -> Vec<Row> {
-    let Some(first) = rounds.first() else { return Vec::new() };
-    let counts = first.len();
-    let runs = rounds.len();
-    let mut by_count: Vec<Vec<Row>> = (0..counts).map(|_| Vec::with_capacity(runs)).collect();
-    for round in rounds {
-        for (i, row) in round.into_iter().enumerate().take(counts) {
-            by_count[i].push(row);
-        }
+/// The row of one system and client count from its tools_call rounds: the
+/// round with the median requests/s, with the spread and every round's
+/// requests/s. A round with errors is reported instead.
+fn median_round(mut rounds: Vec<Row>) -> Option<Row> {
+    if let Some(failed) = rounds.iter().position(|r| r.errors > 0) {
+        return Some(rounds.swap_remove(failed));
     }
-    by_count
-        .into_iter()
-        .filter_map(|mut same| {
-            if let Some(failed) = same.iter().position(|r| r.errors > 0) {
-                return Some(same.swap_remove(failed));
-            }
-            let in_round_order: Vec<f64> = same.iter().map(|r| r.rps.unwrap_or(0.0)).collect();
-            let peak_rss = same.iter().filter_map(|r| r.rss_mib).reduce(f64::max);
-            same.sort_by(|a, b| a.rps.unwrap_or(0.0).total_cmp(&b.rps.unwrap_or(0.0)));
-            let (low, high) = (same.first()?.rps.unwrap_or(0.0), same.last()?.rps.unwrap_or(0.0));
-            let mut median = same.swap_remove(same.len() / 2);
-            median.rss_mib = peak_rss;
-            if runs > 1 {
-                median.spread = Some(format!("median of {runs} interleaved rounds, {low:.0} to {high:.0} rps"));
-                median.rounds_rps = in_round_order;
-            }
-            Some(median)
-        })
-        .collect()
+    let runs = rounds.len();
+    let in_round_order: Vec<f64> = rounds.iter().map(|r| r.rps.unwrap_or(0.0)).collect();
+    rounds.sort_by(|a, b| a.rps.unwrap_or(0.0).total_cmp(&b.rps.unwrap_or(0.0)));
+    let (low, high) = (rounds.first()?.rps.unwrap_or(0.0), rounds.last()?.rps.unwrap_or(0.0));
+    let mut median = rounds.swap_remove(runs / 2);
+    if runs > 1 {
+        median.spread = Some(format!("median of {runs} interleaved rounds, {low:.0} to {high:.0} rps"));
+        median.rounds_rps = in_round_order;
+    }
+    Some(median)
 }
 
-/// tools_call at each client count on one fresh server; peak RSS covers all of them.
-async fn tools_call(args: &Args, programs: &Programs, system: System) -> Vec<Row> {
-    let fail = |e: anyhow::Error| args.clients.iter().map(|&c| Row::failed(system, Scenario::ToolsCall, c, args.quick, format!("{e:#}"))).collect();
-    let (server, _store) = match start(programs, &Launch::new(system)).await {
-        Ok(started) => started,
-        Err(e) => return fail(e),
-    };
+/// Calls made at the start of every measured slice and not counted: the
+/// system's threads wake up from the other systems' slices.
+const SLICE_LEAD_IN: Duration = Duration::from_millis(100);
+
+/// tools_call, interleaved in short slices: every system's server runs at
+/// once (idle outside its slices), each with its clients' sessions open
+/// and warmed up; then each round gives every system one `--duration`
+/// slice in turn. The host's speed drifts by tens of percent within
+/// seconds (the load generator's own CPU per call, the same work against
+/// every system, moves with it), so figures taken minutes apart compare the
+/// host as much as the systems; slices a second apart see the same host.
+/// Peak RSS is the server's over the whole run.
+async fn tools_call(args: &Args, programs: &Programs, systems: &[System]) -> Vec<Row> {
+    let mut servers = Vec::with_capacity(systems.len());
+    for &system in systems {
+        eprintln!("== {}: starting for tools_call", system.name());
+        servers.push((system, start(programs, &Launch::new(system)).await));
+    }
     let mut rows = Vec::new();
     for &clients in &args.clients {
-        eprintln!(
-            "   {clients} clients, {} warm-up + {} measured",
-            humantime::format_duration(args.warmup),
-            humantime::format_duration(args.duration)
-        );
-        let mut row = Row::new(system, Scenario::ToolsCall, clients, args.quick);
-        match load::run(system.protocol(), &server.mcp_url, clients, args.warmup, args.duration).await {
-            Ok(outcome) => {
-                for e in &outcome.first_errors {
-                    eprintln!("   error: {e}");
+        let mut loads = Vec::new();
+        for (system, started) in &servers {
+            let row = |error: String| Row::failed(*system, Scenario::ToolsCall, clients, args.quick, error);
+            let server = match started {
+                Ok((server, _)) => server,
+                Err(e) => {
+                    rows.push(row(format!("{e:#}")));
+                    continue;
                 }
-                row.rps = Some(round(outcome.rps(), 1));
-                row.p50_ms = Some(round(outcome.quantile_ms(0.50), 3));
-                row.p99_ms = Some(round(outcome.quantile_ms(0.99), 3));
-                row.client_us_per_call = outcome.client_us_per_call().map(|us| round(us, 1));
-                row.errors = outcome.errors;
-                row.error = outcome.first_errors.first().cloned();
-                eprintln!(
-                    "   {:.0} rps, p50 {:.3} ms, p99 {:.3} ms, {} errors, load generator {:.1} µs CPU per call",
-                    outcome.rps(),
-                    outcome.quantile_ms(0.5),
-                    outcome.quantile_ms(0.99),
-                    outcome.errors,
-                    outcome.client_us_per_call().unwrap_or(f64::NAN)
-                );
-            }
-            Err(e) => {
-                row.errors = 1;
-                row.error = Some(format!("{e:#}"));
+            };
+            eprintln!("== {}: tools_call, {clients} clients, {} warm-up", system.name(), humantime::format_duration(args.warmup));
+            let warmed = match load::Load::open(system.protocol(), &server.mcp_url, clients).await {
+                Ok(mut load) => load.run(args.warmup, Duration::ZERO).await.map(|warm_up| (load, warm_up)),
+                Err(e) => Err(e),
+            };
+            match warmed {
+                Ok((load, warm_up)) if warm_up.errors == 0 => loads.push((*system, load, Vec::with_capacity(args.rounds))),
+                Ok((_, warm_up)) => rows.push(row(format!("warm-up: {}", warm_up.first_errors.join("; ")))),
+                Err(e) => rows.push(row(format!("{e:#}"))),
             }
         }
-        rows.push(row);
+        for round in 1..=args.rounds {
+            eprintln!("== tools_call, {clients} clients, round {round} of {}", args.rounds);
+            for (system, load, rounds) in &mut loads {
+                let outcome = load.run(SLICE_LEAD_IN, args.duration).await;
+                rounds.push(measured(*system, clients, args.quick, outcome));
+            }
+        }
+        rows.extend(loads.into_iter().filter_map(|(_, _, rounds)| median_round(rounds)));
     }
-    match server.peak_rss_mib() {
-        Ok(rss) => rows.iter_mut().for_each(|r| r.rss_mib = Some(round(rss, 1))),
-        Err(e) => eprintln!("   cannot read the peak RSS: {e:#}"),
-    }
-    if let Err(e) = server.stop().await {
-        eprintln!("   {e:#}");
+    for (system, started) in servers {
+        let Ok((server, _store)) = started else { continue };
+        match server.peak_rss_mib() {
+            Ok(rss) => rows.iter_mut().filter(|r| r.system == system.name()).for_each(|r| r.rss_mib = Some(round(rss, 1))),
+            Err(e) => eprintln!("   {}: cannot read the peak RSS: {e:#}", system.name()),
+        }
+        if let Err(e) = server.stop().await {
+            eprintln!("   {e:#}");
+        }
     }
     rows
+}
+
+/// One slice's row.
+fn measured(system: System, clients: usize, quick: bool, outcome: anyhow::Result<load::Outcome>) -> Row {
+    let mut row = Row::new(system, Scenario::ToolsCall, clients, quick);
+    match outcome {
+        Ok(outcome) => {
+            for e in &outcome.first_errors {
+                eprintln!("   {}: error: {e}", system.name());
+            }
+            row.rps = Some(round(outcome.rps(), 1));
+            row.p50_ms = Some(round(outcome.quantile_ms(0.50), 3));
+            row.p99_ms = Some(round(outcome.quantile_ms(0.99), 3));
+            row.client_us_per_call = outcome.client_us_per_call().map(|us| round(us, 1));
+            row.errors = outcome.errors;
+            row.error = outcome.first_errors.first().cloned();
+            eprintln!(
+                "   {:<14} {:>8.0} rps, p50 {:.3} ms, p99 {:.3} ms, {} errors, load generator {:.1} µs CPU per call",
+                system.name(),
+                outcome.rps(),
+                outcome.quantile_ms(0.5),
+                outcome.quantile_ms(0.99),
+                outcome.errors,
+                outcome.client_us_per_call().unwrap_or(f64::NAN)
+            );
+        }
+        Err(e) => {
+            row.errors = 1;
+            row.error = Some(format!("{e:#}"));
+        }
+    }
+    row
 }
 
 /// replay_10k on one fresh server.
@@ -480,26 +499,17 @@ mod tests {
     }
 
     #[test]
-    fn each_client_count_reports_its_median_round_with_the_spread_and_the_peak_rss() {
-        let rounds = vec![
-            vec![run(1, 100.0, 0.1, 40.0), run(64, 900.0, 1.0, 40.0)],
-            vec![run(1, 300.0, 0.3, 55.0), run(64, 700.0, 2.0, 55.0)],
-            vec![run(1, 200.0, 0.2, 45.0), run(64, 800.0, 3.0, 45.0)],
-        ];
-        let rows = median_rounds(rounds);
-        assert_eq!(rows.len(), 2);
-        assert_eq!((rows[0].clients, rows[0].rps, rows[0].p50_ms), (1, Some(200.0), Some(0.2)), "the median round, whole");
-        assert_eq!((rows[1].clients, rows[1].rps, rows[1].p50_ms), (64, Some(800.0), Some(3.0)));
-        assert!(rows.iter().all(|r| r.rss_mib == Some(55.0)), "peak RSS of every round");
-        assert_eq!(rows[1].spread.as_deref(), Some("median of 3 interleaved rounds, 700 to 900 rps"));
-        assert_eq!(rows[1].rounds_rps, vec![900.0, 700.0, 800.0], "every round, in round order");
+    fn a_client_count_reports_its_median_round_with_the_spread() {
+        let row = median_round(vec![run(64, 900.0, 1.0, 40.0), run(64, 700.0, 2.0, 40.0), run(64, 800.0, 3.0, 40.0)]).expect("a row");
+        assert_eq!((row.clients, row.rps, row.p50_ms), (64, Some(800.0), Some(3.0)), "the median round, whole");
+        assert_eq!(row.spread.as_deref(), Some("median of 3 interleaved rounds, 700 to 900 rps"));
+        assert_eq!(row.rounds_rps, vec![900.0, 700.0, 800.0], "every round, in round order");
     }
 
     #[test]
     fn a_round_with_errors_is_reported_not_hidden_by_the_median() {
         let failed = Row::failed(System::TetherSqlite, Scenario::ToolsCall, 64, false, "wrong answer".into());
-        let rows = median_rounds(vec![vec![run(64, 900.0, 1.0, 40.0)], vec![failed], vec![run(64, 800.0, 1.0, 40.0)]]);
-        assert_eq!(rows.len(), 1);
-        assert_eq!((rows[0].errors, rows[0].error.as_deref()), (1, Some("wrong answer")));
+        let row = median_round(vec![run(64, 900.0, 1.0, 40.0), failed, run(64, 800.0, 1.0, 40.0)]).expect("a row");
+        assert_eq!((row.errors, row.error.as_deref()), (1, Some("wrong answer")));
     }
 }
