@@ -265,14 +265,12 @@ pub fn budget(rows: &[Row]) -> String {
     }
     for system in ["tether-memory", "tether-sqlite", "tether-redis"] {
         let line = |scenario: Scenario, figure: fn(&Row) -> Option<f64>, unit: &str, limit: f64| {
-            let row = find(rows, system, scenario, None);
-            let (text, met) = match row.and_then(|r| Some((r, figure(r)?))) {
+            let (text, met) = match find(rows, system, scenario, None).and_then(|r| Some((r.count, figure(r)?))) {
                 // The budget's restart and idle lines are for 100,000 sessions; fewer
                 // (a --quick run) leave a fixed overhead spread over too few.
-                Some((r, v)) if scenario != Scenario::Replay10k && r.count.is_some_and(|n| n < BUDGET_SESSIONS) => (
-                    format!("{v:.1} {unit} with {} sessions", r.count.unwrap_or(0)),
-                    "— (the budget is for 100,000 sessions)",
-                ),
+                Some((Some(sessions), v)) if scenario != Scenario::Replay10k && sessions < BUDGET_SESSIONS => {
+                    (format!("{v:.1} {unit} with {sessions} sessions"), "— (the budget is for 100,000 sessions)")
+                }
                 Some((_, v)) => (format!("{v:.1} {unit}"), if v <= limit { "yes" } else { "**no**" }),
                 None => ("not measured".to_string(), "—"),
             };
@@ -284,7 +282,7 @@ pub fn budget(rows: &[Row]) -> String {
         }
         s.push_str(&line(Scenario::IdleSession, |r| r.bytes, "bytes", 1024.0));
     }
-    s.replace("  |", " |")
+    s
 }
 
 fn escape(text: &str) -> String {
