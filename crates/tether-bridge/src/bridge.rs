@@ -231,16 +231,21 @@ pub async fn run(
                 };
                 let task = shared.clone();
                 tasks.spawn(async move {
-                    let current = task.current().map(|r| r.generation);
-                    if current != Some(generation) {
+                    // The id belongs to the session that asked: another
+                    // session never sent it, so the answer is not retried there.
+                    let Some(remote) = task.current().filter(|r| r.generation == generation) else {
                         debug!("dropping a host response for an earlier remote session");
-                    }
-                    let sent = task.with_retry(|s| {
-                        let (remote_id, answer) = (remote_id.clone(), answer.clone());
-                        async move { s.respond(remote_id, answer).await }
-                    });
-                    if let Err(e) = sent.await {
-                        warn!("forwarding the host's answer to the remote failed: {e}");
+                        return None;
+                    };
+                    match remote.session.respond(remote_id, answer).await {
+                        Ok(()) => {}
+                        Err(UpstreamError::SessionNotFound) => {
+                            debug!("the remote session that asked is gone; its answer is dropped");
+                            if let Err(e) = task.reconnect(generation).await {
+                                warn!("initializing the remote session again failed: {e}");
+                            }
+                        }
+                        Err(e) => warn!("forwarding the host's answer to the remote failed: {e}"),
                     }
                     None
                 });

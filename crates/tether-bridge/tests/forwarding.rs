@@ -100,7 +100,11 @@ impl UpstreamSession for FakeSession {
     }
 
     async fn respond(&self, id: Value, result: Result<Value, Value>) -> Result<(), UpstreamError> {
-        self.remote.state().answers.push((id, result));
+        let mut s = self.remote.state();
+        if s.forgotten.get(&self.id) == Some(&true) {
+            return Err(UpstreamError::SessionNotFound);
+        }
+        s.answers.push((id, result));
         Ok(())
     }
 
@@ -425,4 +429,55 @@ async fn requests_beyond_the_in_flight_limit_are_refused_without_blocking_answer
     assert_eq!(recv().await["id"], 4, "a freed slot is used again");
     drop(in_tx);
     tokio::time::timeout(Duration::from_secs(10), done).await.unwrap().unwrap();
+}
+
+/// Waits until the remote has `n` answers from the host (or 5 s), then a
+/// little longer so that an answer that should not come has time to.
+async fn answers_after(remote: &FakeRemote, n: usize) -> Vec<(Value, Result<Value, Value>)> {
+    for _ in 0..500 {
+        if remote.state().answers.len() >= n {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    remote.state().answers.clone()
+}
+
+#[tokio::test]
+async fn a_hosts_answer_to_a_request_of_an_earlier_remote_session_is_dropped() {
+    let remote = FakeRemote::default();
+    let dir = private_dir();
+    let mut host = Host::start(&remote, dir.path());
+    host.initialize().await;
+
+    // Session 1 asks the host; before the host answers, the remote forgets
+    // the session and the bridge moves to a fresh one.
+    remote.push(1, ServerMessage::Request { id: json!("old-1"), method: "roots/list".into(), params: None }).await;
+    let stale = host.recv().await;
+    assert_eq!(stale["method"], "roots/list");
+    remote.forget_all();
+    host.send(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})).await;
+    let second = host.recv().await["result"]["session"].as_u64().unwrap();
+    assert_ne!(second, 1, "re-initialized without a usable token");
+    host.send(json!({"jsonrpc": "2.0", "id": stale["id"], "result": {"roots": []}})).await;
+
+    // The new session asks too; only its own request gets an answer.
+    remote.push(second, ServerMessage::Request { id: json!("new-1"), method: "roots/list".into(), params: None }).await;
+    let fresh = host.recv().await;
+    host.send(json!({"jsonrpc": "2.0", "id": fresh["id"], "result": {"roots": [{"uri": "file:///new"}]}})).await;
+    let answers = answers_after(&remote, 1).await;
+    assert_eq!(answers, vec![(json!("new-1"), Ok(json!({"roots": [{"uri": "file:///new"}]})))], "the stale answer never reaches the new session");
+
+    // The bridge has not noticed yet that the second session is gone when the host
+    // answers: that answer is not re-sent to the session opened next.
+    remote.push(second, ServerMessage::Request { id: json!("new-2"), method: "roots/list".into(), params: None }).await;
+    let lost = host.recv().await;
+    remote.forget_all();
+    host.send(json!({"jsonrpc": "2.0", "id": lost["id"], "result": {"roots": []}})).await;
+    host.send(json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list"})).await;
+    let next_session = host.recv().await["result"]["session"].as_u64().unwrap();
+    assert!(next_session != second && next_session != 1, "a new remote session for the next request");
+    assert_eq!(answers_after(&remote, 2).await.len(), 1, "no answer under an id the new session never sent");
+    host.close().await;
 }
