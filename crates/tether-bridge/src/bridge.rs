@@ -19,6 +19,11 @@
 //! - End of input ends the bridge once the requests in flight are answered
 //!   (at most [`BridgeOptions::drain_timeout`]). The remote session is left
 //!   alone (no DELETE): the next bridge of this host resumes it.
+//!
+//! One handler per message kind: `Host::request`, `Host::notification`,
+//! `Host::response` (the host's lines, read in order by [`run`]), and
+//! `Shared::pump` with `Shared::remote_request` / `Shared::answer_remote`
+//! (the remote's messages and the host's answers to them).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -101,175 +106,195 @@ pub async fn run(
     out: mpsc::Sender<Outgoing>,
     options: BridgeOptions,
 ) {
-    let permits = Arc::new(Semaphore::new(options.max_in_flight.max(1)));
-    let shared = Arc::new(Shared {
-        connector,
-        tokens: Mutex::new(tokens),
-        init_params: Mutex::new(None),
-        remote: Mutex::new(None),
-        reconnecting: tokio::sync::Mutex::new(()),
-        out: out.clone(),
-        pending: Mutex::new(Pending::default()),
-        pumps: Mutex::new(Vec::new()),
-        options,
-    });
-    // Host requests in flight by id (for `notifications/cancelled`).
-    let mut in_flight: HashMap<String, AbortHandle> = HashMap::new();
-    let mut tasks: JoinSet<Option<String>> = JoinSet::new();
+    let mut host = Host {
+        permits: Arc::new(Semaphore::new(options.max_in_flight.max(1))),
+        shared: Arc::new(Shared {
+            connector,
+            tokens: Mutex::new(tokens),
+            init_params: Mutex::new(None),
+            remote: Mutex::new(None),
+            reconnecting: tokio::sync::Mutex::new(()),
+            out: out.clone(),
+            pending: Mutex::new(Pending::default()),
+            pumps: Mutex::new(Vec::new()),
+            options,
+        }),
+        in_flight: HashMap::new(),
+        tasks: JoinSet::new(),
+    };
     loop {
         let line = tokio::select! {
             line = input.recv() => line,
-            Some(done) = tasks.join_next(), if !tasks.is_empty() => {
+            Some(done) = host.tasks.join_next(), if !host.tasks.is_empty() => {
                 if let Ok(Some(key)) = done {
-                    in_flight.remove(&key);
+                    host.in_flight.remove(&key);
                 }
                 continue;
             }
         };
-        let bytes = match line {
+        match line {
             None => break,
             Some(Line::TooLong) => {
-                let message = format!("message longer than {} bytes", shared.options.max_line);
-                shared.send(error_response(Value::Null, -32600, &message)).await;
-                continue;
+                let message = format!("message longer than {} bytes", host.shared.options.max_line);
+                host.shared.send(error_response(Value::Null, -32600, &message)).await;
             }
-            Some(Line::Text(bytes)) => bytes,
-        };
-        let message: Value = match serde_json::from_slice(&bytes) {
+            Some(Line::Text(bytes)) => host.line(&bytes).await,
+        }
+    }
+    host.drain().await;
+    let _ = out.send(Outgoing::Close).await;
+}
+
+/// The host's side of the bridge: what it sent and what is still running for it.
+struct Host {
+    shared: Arc<Shared>,
+    /// One per host request in flight ([`BridgeOptions::max_in_flight`]).
+    permits: Arc<Semaphore>,
+    /// Host requests in flight by id (for `notifications/cancelled`).
+    in_flight: HashMap<String, AbortHandle>,
+    /// Forwarded requests (yielding their `in_flight` key) and answers.
+    tasks: JoinSet<Option<String>>,
+}
+
+impl Host {
+    /// One stdin line: sorted by message kind.
+    async fn line(&mut self, bytes: &[u8]) {
+        let message: Value = match serde_json::from_slice(bytes) {
             Ok(message) => message,
             Err(e) => {
-                shared.send(error_response(Value::Null, -32700, &format!("parse error: {e}"))).await;
-                continue;
+                self.shared.send(error_response(Value::Null, -32700, &format!("parse error: {e}"))).await;
+                return;
             }
         };
         let Value::Object(mut message) = message else {
             let text = "a JSON-RPC message is one object (batches are not supported)";
-            shared.send(error_response(Value::Null, -32600, text)).await;
-            continue;
+            self.shared.send(error_response(Value::Null, -32600, text)).await;
+            return;
         };
         let id = message.remove("id");
         let params = message.remove("params");
         let method = message.get("method").and_then(Value::as_str).map(str::to_owned);
         match (method, id) {
-            (Some(method), Some(id)) if method == "initialize" => shared.initialize(id, params).await,
-            (Some(method), Some(id)) => {
-                if shared.current().is_none() {
-                    let response = if method == "ping" {
-                        json!({"jsonrpc": "2.0", "id": id, "result": {}})
-                    } else {
-                        error_response(id, -32600, "not initialized: send initialize first")
-                    };
-                    shared.send(response).await;
-                    continue;
-                }
-                // Refused rather than waited for: a blocked stdin would also
-                // hold back the host's answers that running requests wait on.
-                let Ok(permit) = permits.clone().try_acquire_owned() else {
-                    let text = format!("too many requests in flight (at most {})", shared.options.max_in_flight);
-                    shared.send(error_response(id, -32603, &text)).await;
-                    continue;
-                };
-                let key = id.to_string();
-                let done_key = key.clone();
-                let task = shared.clone();
-                let handle = tasks.spawn(async move {
-                    let result = task.with_retry(|s| {
-                        let params = params.clone();
-                        let method = method.clone();
-                        async move { s.request(&method, params).await }
-                    });
-                    let response = match result.await {
-                        Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
-                        Err(e) => json!({"jsonrpc": "2.0", "id": id, "error": e.to_rpc_error()}),
-                    };
-                    task.send(response).await;
-                    drop(permit);
-                    Some(done_key)
-                });
-                in_flight.insert(key, handle);
-            }
-            (Some(method), None) => {
-                if method == "notifications/cancelled" {
-                    // The remote knows the request under the client runtime's
-                    // id, not the host's: aborting the task drops its upstream
-                    // request, and the client runtime tells the remote.
-                    let key = params.as_ref().and_then(|p| p.get("requestId")).map(Value::to_string);
-                    if let Some(handle) = key.and_then(|k| in_flight.remove(&k)) {
-                        handle.abort();
-                        debug!("host cancelled a request");
-                    }
-                    continue;
-                }
-                if method == "notifications/initialized" {
-                    // The connector completed the handshake itself, before the
-                    // host saw the result; a second one would repeat the
-                    // server's on-initialized work (e.g. its roots/list).
-                    debug!("notifications/initialized was already sent to the remote");
-                    continue;
-                }
-                if shared.current().is_none() {
-                    debug!("dropping notification {method} before initialize");
-                    continue;
-                }
-                let sent = shared.with_retry(|s| {
-                    let params = params.clone();
-                    let method = method.clone();
-                    async move { s.notify(&method, params).await }
-                });
-                if let Err(e) = sent.await {
-                    warn!("forwarding {method} to the remote failed: {e}");
-                }
-            }
+            (Some(method), Some(id)) if method == "initialize" => self.shared.initialize(id, params).await,
+            (Some(method), Some(id)) => self.request(id, method, params).await,
+            (Some(method), None) => self.notification(method, params).await,
             (None, Some(id)) if message.contains_key("result") || message.contains_key("error") => {
                 let answer = match message.remove("result") {
                     Some(result) => Ok(result),
                     None => Err(message.remove("error").unwrap_or(Value::Null)),
                 };
-                let Some((generation, remote_id)) = id.as_u64().and_then(|bid| lock(&shared.pending).map.remove(&bid)) else {
-                    debug!("dropping a host response to unknown id {id}");
-                    continue;
-                };
-                let task = shared.clone();
-                tasks.spawn(async move {
-                    // The id belongs to the session that asked: another
-                    // session never sent it, so the answer is not retried there.
-                    let Some(remote) = task.current().filter(|r| r.generation == generation) else {
-                        debug!("dropping a host response for an earlier remote session");
-                        return None;
-                    };
-                    match remote.session.respond(remote_id, answer).await {
-                        Ok(()) => {}
-                        Err(UpstreamError::SessionNotFound) => {
-                            debug!("the remote session that asked is gone; its answer is dropped");
-                            if let Err(e) = task.reconnect(generation).await {
-                                warn!("initializing the remote session again failed: {e}");
-                            }
-                        }
-                        Err(e) => warn!("forwarding the host's answer to the remote failed: {e}"),
-                    }
-                    None
-                });
+                self.response(id, answer);
             }
             (_, id) => {
                 let text = "not a JSON-RPC request, notification or response";
-                shared.send(error_response(id.unwrap_or(Value::Null), -32600, text)).await;
+                self.shared.send(error_response(id.unwrap_or(Value::Null), -32600, text)).await;
             }
         }
     }
-    debug!("stdin closed; the bridge ends (the remote session stays for the next start)");
-    // Requests already sent still get their answers (a host may read stdout
-    // until the process exits), for a bounded time.
-    let drained = tokio::time::timeout(shared.options.drain_timeout, async { while tasks.join_next().await.is_some() {} }).await;
-    if drained.is_err() {
-        debug!("requests still running after {:?} are abandoned", shared.options.drain_timeout);
+
+    /// A host request: forwarded on its own task, answered under the host's id.
+    async fn request(&mut self, id: Value, method: String, params: Option<Value>) {
+        let shared = &self.shared;
+        if shared.current().is_none() {
+            let response = if method == "ping" {
+                json!({"jsonrpc": "2.0", "id": id, "result": {}})
+            } else {
+                error_response(id, -32600, "not initialized: send initialize first")
+            };
+            shared.send(response).await;
+            return;
+        }
+        // Refused rather than waited for: a blocked stdin would also
+        // hold back the host's answers that running requests wait on.
+        let Ok(permit) = self.permits.clone().try_acquire_owned() else {
+            let text = format!("too many requests in flight (at most {})", shared.options.max_in_flight);
+            shared.send(error_response(id, -32603, &text)).await;
+            return;
+        };
+        let key = id.to_string();
+        let done_key = key.clone();
+        let task = shared.clone();
+        let handle = self.tasks.spawn(async move {
+            let result = task.with_retry(|s| {
+                let params = params.clone();
+                let method = method.clone();
+                async move { s.request(&method, params).await }
+            });
+            let response = match result.await {
+                Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
+                Err(e) => json!({"jsonrpc": "2.0", "id": id, "error": e.to_rpc_error()}),
+            };
+            task.send(response).await;
+            drop(permit);
+            Some(done_key)
+        });
+        self.in_flight.insert(key, handle);
     }
-    tasks.abort_all();
-    while tasks.join_next().await.is_some() {}
-    for pump in lock(&shared.pumps).drain(..) {
-        pump.abort();
+
+    /// A host notification: forwarded in order (before the next line is read).
+    async fn notification(&mut self, method: String, params: Option<Value>) {
+        if method == "notifications/cancelled" {
+            // The remote knows the request under the client runtime's
+            // id, not the host's: aborting the task drops its upstream
+            // request, and the client runtime tells the remote.
+            let key = params.as_ref().and_then(|p| p.get("requestId")).map(Value::to_string);
+            if let Some(handle) = key.and_then(|k| self.in_flight.remove(&k)) {
+                handle.abort();
+                debug!("host cancelled a request");
+            }
+            return;
+        }
+        if method == "notifications/initialized" {
+            // The connector completed the handshake itself, before the
+            // host saw the result; a second one would repeat the
+            // server's on-initialized work (e.g. its roots/list).
+            debug!("notifications/initialized was already sent to the remote");
+            return;
+        }
+        if self.shared.current().is_none() {
+            debug!("dropping notification {method} before initialize");
+            return;
+        }
+        let sent = self.shared.with_retry(|s| {
+            let params = params.clone();
+            let method = method.clone();
+            async move { s.notify(&method, params).await }
+        });
+        if let Err(e) = sent.await {
+            warn!("forwarding {method} to the remote failed: {e}");
+        }
     }
-    *lock(&shared.remote) = None;
-    let _ = out.send(Outgoing::Close).await;
+
+    /// The host's answer to a remote request: back to the session that
+    /// asked, under the remote's id, or nowhere.
+    fn response(&mut self, id: Value, answer: Result<Value, Value>) {
+        let Some((generation, remote_id)) = id.as_u64().and_then(|bid| lock(&self.shared.pending).map.remove(&bid)) else {
+            debug!("dropping a host response to unknown id {id}");
+            return;
+        };
+        let task = self.shared.clone();
+        self.tasks.spawn(async move {
+            task.answer_remote(generation, remote_id, answer).await;
+            None
+        });
+    }
+
+    /// After stdin closed: requests already sent still get their answers (a
+    /// host may read stdout until the process exits), for a bounded time.
+    async fn drain(mut self) {
+        debug!("stdin closed; the bridge ends (the remote session stays for the next start)");
+        let timeout = self.shared.options.drain_timeout;
+        let drained = tokio::time::timeout(timeout, async { while self.tasks.join_next().await.is_some() {} }).await;
+        if drained.is_err() {
+            debug!("requests still running after {timeout:?} are abandoned");
+        }
+        self.tasks.abort_all();
+        while self.tasks.join_next().await.is_some() {}
+        for pump in lock(&self.shared.pumps).drain(..) {
+            pump.abort();
+        }
+        *lock(&self.shared.remote) = None;
+    }
 }
 
 fn error_response(id: Value, code: i64, message: &str) -> Value {
@@ -378,39 +403,66 @@ impl Shared {
         remote
     }
 
-    /// The remote's own messages to the host.
+    /// The remote's own messages to the host, in order.
     async fn pump(self: Arc<Self>, generation: u64, mut incoming: mpsc::Receiver<ServerMessage>) {
         while let Some(message) = incoming.recv().await {
             let message = match message {
                 ServerMessage::Notification { method, params } => with_params(json!({"jsonrpc": "2.0", "method": method}), params),
-                ServerMessage::Request { id, method, params } => {
-                    let bridge_id = {
-                        let mut pending = lock(&self.pending);
-                        if pending.map.len() >= self.options.max_pending_server_requests {
-                            None
-                        } else {
-                            pending.next_id += 1;
-                            let bridge_id = pending.next_id;
-                            pending.map.insert(bridge_id, (generation, id.clone()));
-                            Some(bridge_id)
-                        }
-                    };
-                    let Some(bridge_id) = bridge_id else {
-                        warn!("too many remote requests waiting for the host; refusing {method}");
-                        if let Some(remote) = self.current() {
-                            let error = json!({"code": -32603, "message": "too many requests waiting for the host"});
-                            let _ = remote.session.respond(id, Err(error)).await;
-                        }
-                        continue;
-                    };
-                    with_params(json!({"jsonrpc": "2.0", "id": bridge_id, "method": method}), params)
-                }
+                ServerMessage::Request { id, method, params } => match self.remote_request(generation, id, &method).await {
+                    Some(bridge_id) => with_params(json!({"jsonrpc": "2.0", "id": bridge_id, "method": method}), params),
+                    None => continue,
+                },
             };
             if self.out.send(Outgoing::Message(message)).await.is_err() {
                 return;
             }
         }
         debug!("the remote session's message stream ended");
+    }
+
+    /// A remote request for the host: the bridge id it goes out under, or
+    /// `None` when too many wait already (the remote is refused at once).
+    async fn remote_request(&self, generation: u64, id: Value, method: &str) -> Option<u64> {
+        let bridge_id = {
+            let mut pending = lock(&self.pending);
+            if pending.map.len() >= self.options.max_pending_server_requests {
+                None
+            } else {
+                pending.next_id += 1;
+                let bridge_id = pending.next_id;
+                pending.map.insert(bridge_id, (generation, id.clone()));
+                Some(bridge_id)
+            }
+        };
+        if bridge_id.is_none() {
+            warn!("too many remote requests waiting for the host; refusing {method}");
+            if let Some(remote) = self.current() {
+                let error = json!({"code": -32603, "message": "too many requests waiting for the host"});
+                let _ = remote.session.respond(id, Err(error)).await;
+            }
+        }
+        bridge_id
+    }
+
+    /// The host's answer to the request `remote_id` of remote session
+    /// `generation`.
+    async fn answer_remote(self: &Arc<Self>, generation: u64, remote_id: Value, answer: Result<Value, Value>) {
+        // The id belongs to the session that asked: another session never
+        // sent it, so the answer is not retried there.
+        let Some(remote) = self.current().filter(|r| r.generation == generation) else {
+            debug!("dropping a host response for an earlier remote session");
+            return;
+        };
+        match remote.session.respond(remote_id, answer).await {
+            Ok(()) => {}
+            Err(UpstreamError::SessionNotFound) => {
+                debug!("the remote session that asked is gone; its answer is dropped");
+                if let Err(e) = self.reconnect(generation).await {
+                    warn!("initializing the remote session again failed: {e}");
+                }
+            }
+            Err(e) => warn!("forwarding the host's answer to the remote failed: {e}"),
+        }
     }
 
     /// Runs `op` on the current session; if the remote forgot the session,

@@ -1,33 +1,28 @@
-//! One MCP session over Streamable HTTP (protocol 2025-03-26 and later), or
-//! over the 2024-11-05 HTTP+SSE transport when the server only speaks that.
-//!
-//! Streamable HTTP: every message is a POST (`Accept: application/json,
-//! text/event-stream`); a request is answered with JSON or with an SSE stream
-//! that may carry server requests and notifications before the response. A
-//! response stream that drops before the response is resumed with `GET` +
-//! `Last-Event-ID` after the server's `retry`. A background task keeps the
-//! standalone GET stream open (reconnecting with `Last-Event-ID`, capped
-//! backoff). `close` sends DELETE.
-//!
-//! HTTP+SSE: a GET opens the event stream, whose `endpoint` event names the
-//! URL to POST messages to; every answer arrives on the event stream.
-//!
-//! Server-to-client messages from any stream go to one bounded channel
-//! (`take_incoming`); requests among them are answered with `respond`.
+//! One MCP session, the front the pool, the bridge and the commands use:
+//! [`Session`] with its requests, notifications, answers to server
+//! requests, cancellation of requests given up, and the messages the server
+//! sends on its own (one bounded channel, `take_incoming`). What is common
+//! to both transports lives here (headers, POST and its refusals, error
+//! bodies, sorting what arrives); the transports themselves are
+//! [`streamable`] (Streamable HTTP, tried first) and [`legacy_sse`] (the
+//! 2024-11-05 HTTP+SSE fallback).
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+mod legacy_sse;
+mod streamable;
+
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use reqwest::StatusCode;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Value, json};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::error::{ClientError, ReqError};
-use crate::sse::{Events, MAX_MESSAGE_BYTES, read_body};
+use crate::sse::read_body;
+use legacy_sse::LegacyChannel;
 
 const SESSION_HEADER: &str = "mcp-session-id";
 const VERSION_HEADER: &str = "mcp-protocol-version";
@@ -35,16 +30,8 @@ const LAST_EVENT_ID: &str = "last-event-id";
 const ACCEPT_BOTH: &str = "application/json, text/event-stream";
 /// Server messages buffered for `take_incoming`.
 const INCOMING_BUFFER: usize = 256;
-/// Reconnect delay when the server named none.
-const DEFAULT_RETRY: Duration = Duration::from_secs(1);
-/// Longest wait between two reconnection attempts.
-const MAX_BACKOFF: Duration = Duration::from_secs(30);
-/// Attempts to resume one response stream before giving up.
-const MAX_RESUME_ATTEMPTS: u32 = 8;
 /// Error bodies are read up to this size for their message.
 const MAX_ERROR_BODY: usize = 64 * 1024;
-/// How long `connect` waits for the standalone stream to open.
-const STANDALONE_READY_WAIT: Duration = Duration::from_secs(1);
 /// Connection establishment limit (the request itself has `request_timeout`).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -161,12 +148,6 @@ fn same_id(a: &Value, b: &Value) -> bool {
 
 fn outcome_to_result(outcome: Result<Value, Value>) -> Result<Value, ReqError> {
     outcome.map_err(|error| ReqError::Client(ClientError::from_rpc_object(&error)))
-}
-
-fn backoff(retry: Option<Duration>, failures: u32) -> Duration {
-    let base = retry.unwrap_or(DEFAULT_RETRY).min(MAX_BACKOFF);
-    let factor = 1u32 << failures.saturating_sub(1).min(5);
-    (base * factor).min(MAX_BACKOFF)
 }
 
 fn content_type(response: &reqwest::Response) -> String {
@@ -443,25 +424,7 @@ impl Session {
                 // Closing the event stream ends an HTTP+SSE session.
                 channel.alive.store(false, Ordering::Release);
             }
-            Kind::Streamable => {
-                let Some(sid) = self.session_id() else { return };
-                let request = self.inner.http.delete(&self.inner.url).headers(self.inner.headers(false));
-                match tokio::time::timeout(Duration::from_secs(10), request.send()).await {
-                    Ok(Ok(r)) if r.status().is_success() || r.status() == StatusCode::NOT_FOUND => {
-                        tracing::debug!(url = %self.inner.url, "session {sid} terminated");
-                    }
-                    Ok(Ok(r)) if r.status() == StatusCode::METHOD_NOT_ALLOWED => {
-                        tracing::debug!(url = %self.inner.url, "the server does not allow DELETE; session left to expire");
-                    }
-                    Ok(Ok(r)) => {
-                        let status = r.status();
-                        let message = error_message(r).await;
-                        tracing::warn!(url = %self.inner.url, "terminating the session: HTTP {status}: {message}");
-                    }
-                    Ok(Err(e)) => tracing::warn!(url = %self.inner.url, "terminating the session: {}", transport_error(&self.inner.url, e)),
-                    Err(_) => tracing::warn!(url = %self.inner.url, "terminating the session: no answer to DELETE within 10s"),
-                }
-            }
+            Kind::Streamable => self.inner.terminate().await,
         }
     }
 
@@ -479,26 +442,6 @@ impl Session {
         }
     }
 
-    async fn initialize_streamable(&self, params: Value) -> Result<Value, ReqError> {
-        let result = self.request_raw("initialize", Some(params), None).await?;
-        self.finish_initialize(&result)?;
-        self.notify("notifications/initialized", None).await?;
-        if self.inner.session_id.get().is_some() {
-            let weak = Arc::downgrade(&self.inner);
-            let closed = self.inner.closed.subscribe();
-            let (ready_tx, ready_rx) = oneshot::channel();
-            let task = tokio::spawn(standalone_stream(weak, closed, ready_tx));
-            if let Ok(mut tasks) = self.inner.tasks.lock() {
-                tasks.push(task);
-            }
-            // Servers drop session-level messages (e.g. a `roots/list` asked
-            // by the first tool call) while no standalone stream is open:
-            // give it a moment to open before the caller's first request.
-            let _ = tokio::time::timeout(STANDALONE_READY_WAIT, ready_rx).await;
-        }
-        Ok(result)
-    }
-
     fn finish_initialize(&self, result: &Value) -> Result<(), ClientError> {
         let version = result.get("protocolVersion").and_then(Value::as_str).ok_or_else(|| {
             ClientError::Transport(format!("the initialize result from {} has no protocolVersion; is this an MCP server?", self.inner.url))
@@ -507,64 +450,6 @@ impl Session {
         Ok(())
     }
 
-    async fn connect_legacy(
-        http: reqwest::Client,
-        url: &str,
-        options: ClientOptions,
-        initialize_params: Value,
-    ) -> Result<(Session, Value), ClientError> {
-        let base = build_base_headers(&options)?;
-        let mut headers = base.clone();
-        headers.insert(reqwest::header::ACCEPT, HeaderValue::from_static("text/event-stream"));
-        let response = tokio::time::timeout(options.request_timeout, http.get(url).headers(headers).send())
-            .await
-            .map_err(|_| ClientError::Transport(format!("no answer to GET {url}")))?
-            .map_err(|e| transport_error(url, e))?;
-        let status = response.status();
-        if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
-            return Err(ClientError::Auth { status: status.as_u16(), message: error_message(response).await });
-        }
-        if !status.is_success() || !content_type(&response).starts_with("text/event-stream") {
-            return Err(ClientError::Transport(format!("GET {url} answered HTTP {status} without an event stream")));
-        }
-        let mut events = Events::new(response);
-        let endpoint = tokio::time::timeout(options.request_timeout, async {
-            while let Some(event) = events.next().await {
-                match event {
-                    Ok(e) if e.kind == "endpoint" => return Ok(e.data.trim().to_owned()),
-                    Ok(_) => continue,
-                    Err(e) => return Err(e),
-                }
-            }
-            Err("the event stream ended before an `endpoint` event".to_owned())
-        })
-        .await
-        .map_err(|_| ClientError::Transport(format!("GET {url}: no `endpoint` event")))?
-        .map_err(|e| ClientError::Transport(format!("GET {url}: {e}")))?;
-        let base_url = check_url(url)?;
-        let post_url = base_url
-            .join(&endpoint)
-            .map_err(|e| ClientError::Transport(format!("the server's endpoint {endpoint:?} is not a URL: {e}")))?;
-        if post_url.origin() != base_url.origin() {
-            return Err(ClientError::Transport(format!(
-                "the server's endpoint {post_url} is on another origin than {url}; refusing to send messages there"
-            )));
-        }
-        let channel = Arc::new(LegacyChannel {
-            endpoint: post_url.to_string(),
-            pending: Mutex::new(HashMap::new()),
-            alive: AtomicBool::new(true),
-        });
-        let session = Session::build(http, url, options, Kind::Legacy(channel.clone()))?;
-        let reader = tokio::spawn(legacy_reader(Arc::downgrade(&session.inner), channel, events));
-        if let Ok(mut tasks) = session.inner.tasks.lock() {
-            tasks.push(reader);
-        }
-        let result = session.request_raw("initialize", Some(initialize_params), None).await.map_err(ReqError::into_client)?;
-        session.finish_initialize(&result)?;
-        session.notify("notifications/initialized", None).await?;
-        Ok((session, result))
-    }
 }
 
 impl Inner {
@@ -624,141 +509,6 @@ impl Inner {
         Err(ReqError::Status { status: status.as_u16(), message, url: self.url.clone() })
     }
 
-    async fn streamable_request(
-        &self,
-        message: &Value,
-        id: &Value,
-        accepted: Option<Box<dyn FnOnce() + Send>>,
-    ) -> Result<Value, ReqError> {
-        let initializing = message.get("method").and_then(Value::as_str) == Some("initialize");
-        let response = self.post(&self.url, message).await?;
-        if let Some(sid) = response.headers().get(SESSION_HEADER).filter(|_| initializing) {
-            let sid = sid
-                .to_str()
-                .ok()
-                .filter(|s| !s.is_empty() && s.bytes().all(|b| (0x21..=0x7e).contains(&b)))
-                .ok_or_else(|| ClientError::Transport("the server sent an Mcp-Session-Id that is not visible ASCII".into()))?;
-            let _ = self.session_id.set(sid.to_owned());
-        }
-        if let Some(f) = accepted {
-            f();
-        }
-        if response.status() == StatusCode::ACCEPTED {
-            return Err(ClientError::Transport(format!(
-                "the server at {} accepted a request without answering it (HTTP 202)",
-                self.url
-            ))
-            .into());
-        }
-        let ct = content_type(&response);
-        if ct.starts_with("text/event-stream") {
-            self.read_response_stream(Events::new(response), message, id).await
-        } else if ct.starts_with("application/json") {
-            let body = read_body(response, MAX_MESSAGE_BYTES).await.map_err(ClientError::Transport)?;
-            let parsed: Value = serde_json::from_slice(&body)
-                .map_err(|e| ClientError::Transport(format!("the server at {} sent invalid JSON: {e}", self.url)))?;
-            let messages = match parsed {
-                Value::Array(items) => items,
-                single => vec![single],
-            };
-            let mut answer = None;
-            for m in messages {
-                match sort_message(m) {
-                    Some(Incoming::Response { id: rid, outcome }) if same_id(&rid, id) => answer = Some(outcome),
-                    Some(Incoming::Server(msg)) => self.deliver(msg).await,
-                    _ => {}
-                }
-            }
-            match answer {
-                Some(outcome) => outcome_to_result(outcome),
-                None => Err(ClientError::Transport(format!("the server at {} answered without a response to request {id}", self.url)).into()),
-            }
-        } else {
-            Err(ClientError::Transport(format!(
-                "the server at {} answered with content type {ct:?}; expected application/json or text/event-stream",
-                self.url
-            ))
-            .into())
-        }
-    }
-
-    /// Reads a request's SSE stream up to its response, resuming it with
-    /// `GET` + `Last-Event-ID` when it drops first.
-    async fn read_response_stream(&self, mut events: Events, message: &Value, id: &Value) -> Result<Value, ReqError> {
-        let method = message.get("method").and_then(Value::as_str).unwrap_or("request");
-        let mut failures = 0u32;
-        loop {
-            let mut broke = None;
-            while let Some(item) = events.next().await {
-                let event = match item {
-                    Ok(e) => e,
-                    Err(e) => {
-                        broke = Some(e);
-                        break;
-                    }
-                };
-                if event.kind != "message" {
-                    continue;
-                }
-                let Ok(value) = serde_json::from_str::<Value>(&event.data) else {
-                    tracing::warn!(url = %self.url, "ignoring an SSE event that is not JSON");
-                    continue;
-                };
-                match sort_message(value) {
-                    Some(Incoming::Response { id: rid, outcome }) if same_id(&rid, id) => return outcome_to_result(outcome),
-                    Some(Incoming::Server(msg)) => self.deliver(msg).await,
-                    _ => {}
-                }
-            }
-            if events.received_any {
-                failures = 0;
-            }
-            let why = broke.map(|e| format!(" ({e})")).unwrap_or_default();
-            let Some(last) = events.last_id.clone() else {
-                return Err(ClientError::Transport(format!(
-                    "the server at {} closed the stream of {method} before answering{why}, and gave no event ID to resume from",
-                    self.url
-                ))
-                .into());
-            };
-            failures += 1;
-            if failures > MAX_RESUME_ATTEMPTS {
-                return Err(ClientError::Transport(format!(
-                    "the stream of {method} from {} dropped {MAX_RESUME_ATTEMPTS} times before its answer{why}",
-                    self.url
-                ))
-                .into());
-            }
-            let delay = backoff(events.retry, failures);
-            tracing::debug!(url = %self.url, "the stream of {method} dropped{why}; resuming after event {last} in {delay:?}");
-            tokio::time::sleep(delay).await;
-            let retry = events.retry;
-            let request = self.http.get(&self.url).headers(self.headers(false)).header(LAST_EVENT_ID, last.as_str());
-            let response = match request.send().await {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::debug!(url = %self.url, "resuming: {}", transport_error(&self.url, e));
-                    // Try again from the same event.
-                    events = Events::empty(Some(last), retry);
-                    continue;
-                }
-            };
-            let status = response.status();
-            if !status.is_success() {
-                let detail = error_message(response).await;
-                return Err(ClientError::Transport(format!(
-                    "the stream of {method} dropped before its answer and the server at {} refused to resume it (HTTP {status}: {detail})",
-                    self.url
-                ))
-                .into());
-            }
-            let mut resumed = Events::new(response);
-            resumed.last_id = Some(last);
-            resumed.retry = retry;
-            events = resumed;
-        }
-    }
-
     /// POSTs a notification or a response (answered 202, or 200 by some servers).
     async fn send_one_way(&self, message: &Value) -> Result<(), ReqError> {
         let url = match &self.kind {
@@ -778,41 +528,6 @@ impl Inner {
         Ok(())
     }
 
-    async fn legacy_request(
-        &self,
-        channel: &LegacyChannel,
-        message: &Value,
-        id: &Value,
-        accepted: Option<Box<dyn FnOnce() + Send>>,
-    ) -> Result<Value, ReqError> {
-        if !channel.alive.load(Ordering::Acquire) {
-            return Err(ClientError::SessionNotFound.into());
-        }
-        let (tx, rx) = oneshot::channel();
-        let key = id.to_string();
-        if let Ok(mut pending) = channel.pending.lock() {
-            pending.insert(key.clone(), tx);
-        }
-        let posted = self.post(&channel.endpoint, message).await;
-        if let Err(e) = posted {
-            if let Ok(mut pending) = channel.pending.lock() {
-                pending.remove(&key);
-            }
-            return Err(e);
-        }
-        if let Some(f) = accepted {
-            f();
-        }
-        match rx.await {
-            Ok(outcome) => outcome,
-            Err(_) => Err(ClientError::Transport(format!(
-                "the server at {} closed its event stream before answering",
-                self.url
-            ))
-            .into()),
-        }
-    }
-
     /// Hands a server message to `take_incoming`'s receiver. Before the
     /// receiver is taken, messages wait in the bounded buffer (dropped
     /// when it is full); after, the stream waits for room.
@@ -823,136 +538,6 @@ impl Inner {
         } else if self.incoming_tx.try_send(message).is_err() {
             tracing::debug!(url = %self.url, "no one reads this session's server messages; dropping one");
         }
-    }
-}
-
-impl Events {
-    /// A stream with nothing in it (to retry a resume from `last_id`).
-    fn empty(last_id: Option<String>, retry: Option<Duration>) -> Events {
-        let mut e = Events::with_limit(Box::pin(futures::stream::empty()), MAX_MESSAGE_BYTES);
-        e.last_id = last_id;
-        e.retry = retry;
-        e
-    }
-}
-
-/// The standalone GET stream of a Streamable HTTP session: open, deliver,
-/// reconnect with `Last-Event-ID` after `retry` (capped backoff); ends when
-/// the session closes or the server offers none (405) or forgot it (404).
-async fn standalone_stream(weak: Weak<Inner>, mut closed: watch::Receiver<bool>, ready: oneshot::Sender<()>) {
-    let mut ready = Some(ready);
-    let mut last_id: Option<String> = None;
-    let mut retry: Option<Duration> = None;
-    let mut failures = 0u32;
-    loop {
-        let Some(inner) = weak.upgrade() else { return };
-        let url = inner.url.clone();
-        let mut request = inner.http.get(&inner.url).headers(inner.headers(false));
-        if let Some(id) = &last_id {
-            request = request.header(LAST_EVENT_ID, id.as_str());
-        }
-        drop(inner);
-        let response = tokio::select! {
-            r = request.send() => r,
-            _ = closed.changed() => return,
-        };
-        if let Some(r) = ready.take() {
-            let _ = r.send(());
-        }
-        match response {
-            Ok(r) if r.status().is_success() && content_type(&r).starts_with("text/event-stream") => {
-                let mut events = Events::new(r);
-                events.last_id = last_id.clone();
-                loop {
-                    let item = tokio::select! {
-                        item = events.next() => item,
-                        _ = closed.changed() => return,
-                    };
-                    match item {
-                        Some(Ok(event)) if event.kind == "message" => {
-                            let Ok(value) = serde_json::from_str::<Value>(&event.data) else { continue };
-                            if let Some(Incoming::Server(msg)) = sort_message(value) {
-                                let Some(inner) = weak.upgrade() else { return };
-                                inner.deliver(msg).await;
-                            }
-                        }
-                        Some(Ok(_)) => {}
-                        Some(Err(e)) => {
-                            tracing::debug!(%url, "standalone stream broke: {e}");
-                            break;
-                        }
-                        None => break,
-                    }
-                }
-                last_id = events.last_id.clone();
-                retry = events.retry.or(retry);
-                failures = if events.received_any { 1 } else { failures + 1 };
-            }
-            Ok(r) if r.status() == StatusCode::METHOD_NOT_ALLOWED => {
-                tracing::debug!(%url, "the server offers no standalone stream");
-                return;
-            }
-            Ok(r) if r.status() == StatusCode::NOT_FOUND => {
-                tracing::debug!(%url, "standalone stream: the server forgot the session");
-                return;
-            }
-            Ok(r) => {
-                failures += 1;
-                tracing::debug!(%url, "standalone stream: HTTP {}", r.status());
-            }
-            Err(e) => {
-                failures += 1;
-                tracing::debug!(%url, "standalone stream: {e}");
-            }
-        }
-        let delay = backoff(retry, failures);
-        tokio::select! {
-            _ = tokio::time::sleep(delay) => {}
-            _ = closed.changed() => return,
-        }
-    }
-}
-
-/// The state of an HTTP+SSE (2024-11-05) session.
-struct LegacyChannel {
-    /// Where messages are POSTed (from the `endpoint` event).
-    endpoint: String,
-    /// Requests waiting for their answer on the event stream.
-    pending: Mutex<HashMap<String, oneshot::Sender<Result<Value, ReqError>>>>,
-    /// The event stream is open.
-    alive: AtomicBool,
-}
-
-async fn legacy_reader(weak: Weak<Inner>, channel: Arc<LegacyChannel>, mut events: Events) {
-    while let Some(item) = events.next().await {
-        let event = match item {
-            Ok(e) => e,
-            Err(e) => {
-                tracing::debug!("HTTP+SSE event stream broke: {e}");
-                break;
-            }
-        };
-        if event.kind != "message" {
-            continue;
-        }
-        let Ok(value) = serde_json::from_str::<Value>(&event.data) else { continue };
-        match sort_message(value) {
-            Some(Incoming::Response { id, outcome }) => {
-                let waiting = channel.pending.lock().ok().and_then(|mut p| p.remove(&id.to_string()));
-                if let Some(tx) = waiting {
-                    let _ = tx.send(outcome_to_result(outcome));
-                }
-            }
-            Some(Incoming::Server(msg)) => {
-                let Some(inner) = weak.upgrade() else { break };
-                inner.deliver(msg).await;
-            }
-            None => {}
-        }
-    }
-    channel.alive.store(false, Ordering::Release);
-    if let Ok(mut pending) = channel.pending.lock() {
-        pending.clear();
     }
 }
 
@@ -1004,13 +589,6 @@ mod tests {
         ));
         assert!(sort_message(json!([1, 2])).is_none());
         assert!(same_id(&json!(7), &json!("7")));
-    }
-
-    #[test]
-    fn backoff_starts_at_the_servers_retry_and_is_capped() {
-        assert_eq!(backoff(Some(Duration::from_millis(200)), 1), Duration::from_millis(200));
-        assert_eq!(backoff(Some(Duration::from_millis(200)), 3), Duration::from_millis(800));
-        assert_eq!(backoff(None, 50), MAX_BACKOFF);
     }
 
     #[test]

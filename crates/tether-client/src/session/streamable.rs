@@ -1,0 +1,319 @@
+//! The Streamable HTTP transport (protocol 2025-03-26 and later): every
+//! message is a POST (`Accept: application/json, text/event-stream`); a
+//! request is answered with JSON or with an SSE stream that may carry server
+//! requests and notifications before the response. A response stream that
+//! drops before the response is resumed with `GET` + `Last-Event-ID` after
+//! the server's `retry` (priming IDs count). A background task keeps the
+//! standalone GET stream open (reconnecting with `Last-Event-ID`, capped
+//! backoff). Closing sends DELETE.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::Value;
+use tokio::sync::{oneshot, watch};
+
+use super::{
+    Incoming, Inner, LAST_EVENT_ID, SESSION_HEADER, Session, content_type, error_message, outcome_to_result, same_id, sort_message,
+    transport_error,
+};
+use crate::error::{ClientError, ReqError};
+use crate::sse::{Events, MAX_MESSAGE_BYTES, read_body};
+
+/// Reconnect delay when the server named none.
+const DEFAULT_RETRY: Duration = Duration::from_secs(1);
+/// Longest wait between two reconnection attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// Attempts to resume one response stream before giving up.
+const MAX_RESUME_ATTEMPTS: u32 = 8;
+/// How long `connect` waits for the standalone stream to open.
+const STANDALONE_READY_WAIT: Duration = Duration::from_secs(1);
+
+/// The wait before the next attempt after `failures` in a row: the
+/// server's `retry`, doubled per failure, capped.
+fn backoff(retry: Option<Duration>, failures: u32) -> Duration {
+    let base = retry.unwrap_or(DEFAULT_RETRY).min(MAX_BACKOFF);
+    let factor = 1u32 << failures.saturating_sub(1).min(5);
+    (base * factor).min(MAX_BACKOFF)
+}
+
+impl Session {
+    /// `initialize` and `notifications/initialized`, then the standalone
+    /// stream (if the server gave a session ID).
+    pub(super) async fn initialize_streamable(&self, params: Value) -> Result<Value, ReqError> {
+        let result = self.request_raw("initialize", Some(params), None).await?;
+        self.finish_initialize(&result)?;
+        self.notify("notifications/initialized", None).await?;
+        if self.inner.session_id.get().is_some() {
+            let weak = Arc::downgrade(&self.inner);
+            let closed = self.inner.closed.subscribe();
+            let (ready_tx, ready_rx) = oneshot::channel();
+            let task = tokio::spawn(standalone_stream(weak, closed, ready_tx));
+            if let Ok(mut tasks) = self.inner.tasks.lock() {
+                tasks.push(task);
+            }
+            // Servers drop session-level messages (e.g. a `roots/list` asked
+            // by the first tool call) while no standalone stream is open:
+            // give it a moment to open before the caller's first request.
+            let _ = tokio::time::timeout(STANDALONE_READY_WAIT, ready_rx).await;
+        }
+        Ok(result)
+    }
+}
+
+impl Inner {
+    pub(super) async fn streamable_request(
+        &self,
+        message: &Value,
+        id: &Value,
+        accepted: Option<Box<dyn FnOnce() + Send>>,
+    ) -> Result<Value, ReqError> {
+        let initializing = message.get("method").and_then(Value::as_str) == Some("initialize");
+        let response = self.post(&self.url, message).await?;
+        if let Some(sid) = response.headers().get(SESSION_HEADER).filter(|_| initializing) {
+            let sid = sid
+                .to_str()
+                .ok()
+                .filter(|s| !s.is_empty() && s.bytes().all(|b| (0x21..=0x7e).contains(&b)))
+                .ok_or_else(|| ClientError::Transport("the server sent an Mcp-Session-Id that is not visible ASCII".into()))?;
+            let _ = self.session_id.set(sid.to_owned());
+        }
+        if let Some(f) = accepted {
+            f();
+        }
+        if response.status() == StatusCode::ACCEPTED {
+            return Err(ClientError::Transport(format!(
+                "the server at {} accepted a request without answering it (HTTP 202)",
+                self.url
+            ))
+            .into());
+        }
+        let ct = content_type(&response);
+        if ct.starts_with("text/event-stream") {
+            self.read_response_stream(Events::new(response), message, id).await
+        } else if ct.starts_with("application/json") {
+            let body = read_body(response, MAX_MESSAGE_BYTES).await.map_err(ClientError::Transport)?;
+            let parsed: Value = serde_json::from_slice(&body)
+                .map_err(|e| ClientError::Transport(format!("the server at {} sent invalid JSON: {e}", self.url)))?;
+            let messages = match parsed {
+                Value::Array(items) => items,
+                single => vec![single],
+            };
+            let mut answer = None;
+            for m in messages {
+                match sort_message(m) {
+                    Some(Incoming::Response { id: rid, outcome }) if same_id(&rid, id) => answer = Some(outcome),
+                    Some(Incoming::Server(msg)) => self.deliver(msg).await,
+                    _ => {}
+                }
+            }
+            match answer {
+                Some(outcome) => outcome_to_result(outcome),
+                None => Err(ClientError::Transport(format!("the server at {} answered without a response to request {id}", self.url)).into()),
+            }
+        } else {
+            Err(ClientError::Transport(format!(
+                "the server at {} answered with content type {ct:?}; expected application/json or text/event-stream",
+                self.url
+            ))
+            .into())
+        }
+    }
+
+    /// Reads a request's SSE stream up to its response, resuming it with
+    /// `GET` + `Last-Event-ID` when it drops first.
+    async fn read_response_stream(&self, mut events: Events, message: &Value, id: &Value) -> Result<Value, ReqError> {
+        let method = message.get("method").and_then(Value::as_str).unwrap_or("request");
+        let mut failures = 0u32;
+        loop {
+            let mut broke = None;
+            while let Some(item) = events.next().await {
+                let event = match item {
+                    Ok(e) => e,
+                    Err(e) => {
+                        broke = Some(e);
+                        break;
+                    }
+                };
+                if event.kind != "message" {
+                    continue;
+                }
+                let Ok(value) = serde_json::from_str::<Value>(&event.data) else {
+                    tracing::warn!(url = %self.url, "ignoring an SSE event that is not JSON");
+                    continue;
+                };
+                match sort_message(value) {
+                    Some(Incoming::Response { id: rid, outcome }) if same_id(&rid, id) => return outcome_to_result(outcome),
+                    Some(Incoming::Server(msg)) => self.deliver(msg).await,
+                    _ => {}
+                }
+            }
+            if events.received_any {
+                failures = 0;
+            }
+            let why = broke.map(|e| format!(" ({e})")).unwrap_or_default();
+            let Some(last) = events.last_id.clone() else {
+                return Err(ClientError::Transport(format!(
+                    "the server at {} closed the stream of {method} before answering{why}, and gave no event ID to resume from",
+                    self.url
+                ))
+                .into());
+            };
+            failures += 1;
+            if failures > MAX_RESUME_ATTEMPTS {
+                return Err(ClientError::Transport(format!(
+                    "the stream of {method} from {} dropped {MAX_RESUME_ATTEMPTS} times before its answer{why}",
+                    self.url
+                ))
+                .into());
+            }
+            let delay = backoff(events.retry, failures);
+            tracing::debug!(url = %self.url, "the stream of {method} dropped{why}; resuming after event {last} in {delay:?}");
+            tokio::time::sleep(delay).await;
+            let retry = events.retry;
+            let request = self.http.get(&self.url).headers(self.headers(false)).header(LAST_EVENT_ID, last.as_str());
+            let response = match request.send().await {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::debug!(url = %self.url, "resuming: {}", transport_error(&self.url, e));
+                    // Try again from the same event.
+                    events = Events::empty(Some(last), retry);
+                    continue;
+                }
+            };
+            let status = response.status();
+            if !status.is_success() {
+                let detail = error_message(response).await;
+                return Err(ClientError::Transport(format!(
+                    "the stream of {method} dropped before its answer and the server at {} refused to resume it (HTTP {status}: {detail})",
+                    self.url
+                ))
+                .into());
+            }
+            let mut resumed = Events::new(response);
+            resumed.last_id = Some(last);
+            resumed.retry = retry;
+            events = resumed;
+        }
+    }
+
+    /// DELETE: the server may forget the session now (errors logged, not returned).
+    pub(super) async fn terminate(&self) {
+        let Some(sid) = self.session_id.get() else { return };
+        let request = self.http.delete(&self.url).headers(self.headers(false));
+        match tokio::time::timeout(Duration::from_secs(10), request.send()).await {
+            Ok(Ok(r)) if r.status().is_success() || r.status() == StatusCode::NOT_FOUND => {
+                tracing::debug!(url = %self.url, "session {sid} terminated");
+            }
+            Ok(Ok(r)) if r.status() == StatusCode::METHOD_NOT_ALLOWED => {
+                tracing::debug!(url = %self.url, "the server does not allow DELETE; session left to expire");
+            }
+            Ok(Ok(r)) => {
+                let status = r.status();
+                let message = error_message(r).await;
+                tracing::warn!(url = %self.url, "terminating the session: HTTP {status}: {message}");
+            }
+            Ok(Err(e)) => tracing::warn!(url = %self.url, "terminating the session: {}", transport_error(&self.url, e)),
+            Err(_) => tracing::warn!(url = %self.url, "terminating the session: no answer to DELETE within 10s"),
+        }
+    }
+}
+
+impl Events {
+    /// A stream with nothing in it (to retry a resume from `last_id`).
+    fn empty(last_id: Option<String>, retry: Option<Duration>) -> Events {
+        let mut e = Events::with_limit(Box::pin(futures::stream::empty()), MAX_MESSAGE_BYTES);
+        e.last_id = last_id;
+        e.retry = retry;
+        e
+    }
+}
+/// The standalone GET stream of a Streamable HTTP session: open, deliver,
+/// reconnect with `Last-Event-ID` after `retry` (capped backoff); ends when
+/// the session closes or the server offers none (405) or forgot it (404).
+async fn standalone_stream(weak: Weak<Inner>, mut closed: watch::Receiver<bool>, ready: oneshot::Sender<()>) {
+    let mut ready = Some(ready);
+    let mut last_id: Option<String> = None;
+    let mut retry: Option<Duration> = None;
+    let mut failures = 0u32;
+    loop {
+        let Some(inner) = weak.upgrade() else { return };
+        let url = inner.url.clone();
+        let mut request = inner.http.get(&inner.url).headers(inner.headers(false));
+        if let Some(id) = &last_id {
+            request = request.header(LAST_EVENT_ID, id.as_str());
+        }
+        drop(inner);
+        let response = tokio::select! {
+            r = request.send() => r,
+            _ = closed.changed() => return,
+        };
+        if let Some(r) = ready.take() {
+            let _ = r.send(());
+        }
+        match response {
+            Ok(r) if r.status().is_success() && content_type(&r).starts_with("text/event-stream") => {
+                let mut events = Events::new(r);
+                events.last_id = last_id.clone();
+                loop {
+                    let item = tokio::select! {
+                        item = events.next() => item,
+                        _ = closed.changed() => return,
+                    };
+                    match item {
+                        Some(Ok(event)) if event.kind == "message" => {
+                            let Ok(value) = serde_json::from_str::<Value>(&event.data) else { continue };
+                            if let Some(Incoming::Server(msg)) = sort_message(value) {
+                                let Some(inner) = weak.upgrade() else { return };
+                                inner.deliver(msg).await;
+                            }
+                        }
+                        Some(Ok(_)) => {}
+                        Some(Err(e)) => {
+                            tracing::debug!(%url, "standalone stream broke: {e}");
+                            break;
+                        }
+                        None => break,
+                    }
+                }
+                last_id = events.last_id.clone();
+                retry = events.retry.or(retry);
+                failures = if events.received_any { 1 } else { failures + 1 };
+            }
+            Ok(r) if r.status() == StatusCode::METHOD_NOT_ALLOWED => {
+                tracing::debug!(%url, "the server offers no standalone stream");
+                return;
+            }
+            Ok(r) if r.status() == StatusCode::NOT_FOUND => {
+                tracing::debug!(%url, "standalone stream: the server forgot the session");
+                return;
+            }
+            Ok(r) => {
+                failures += 1;
+                tracing::debug!(%url, "standalone stream: HTTP {}", r.status());
+            }
+            Err(e) => {
+                failures += 1;
+                tracing::debug!(%url, "standalone stream: {e}");
+            }
+        }
+        let delay = backoff(retry, failures);
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = closed.changed() => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_starts_at_the_servers_retry_and_is_capped() {
+        assert_eq!(backoff(Some(Duration::from_millis(200)), 1), Duration::from_millis(200));
+        assert_eq!(backoff(Some(Duration::from_millis(200)), 3), Duration::from_millis(800));
+        assert_eq!(backoff(None, 50), MAX_BACKOFF);
+    }
+}
