@@ -24,8 +24,15 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::{Job, MAX_BATCH, WRITE_QUEUE, WalRecycling, WriterCtx};
+use super::WriterCtx;
+use super::checkpoint::WalRecycling;
+use super::job::Job;
 use crate::{StoreError, StoreResult};
+
+/// Jobs waiting for the writer; senders wait when it is full (back-pressure).
+const WRITE_QUEUE: usize = 4096;
+/// At most this many jobs share one commit.
+const MAX_BATCH: usize = 512;
 
 /// How often the leader yields to its worker's other tasks between two
 /// commits. Each `yield_now` lets the callers it just answered and the
