@@ -1,6 +1,6 @@
 //! Redis backend, for several replicas sharing one store.
 //!
-//! Every multi-key step is one Lua script, so it is atomic on the server and
+//! Every multi-key step is one Lua script (`redis/scripts/`), so it is atomic on the server and
 //! no lock is ever held across a network round trip. Layout under the prefix
 //! `P` (default `tether:`):
 //!
@@ -59,18 +59,11 @@ fn unavailable(e: redis::RedisError) -> StoreError {
     }
 }
 
-const DROP_SESSION: &str = r#"
-local function drop(p, id)
-  local streams = redis.call('SMEMBERS', p..'ss:'..id)
-  for _, s in ipairs(streams) do redis.call('DEL', p..'e:'..id..':'..s) end
-  redis.call('DEL', p..'ss:'..id, p..'q:'..id, p..'f:'..id, p..'c:'..id)
-  local principal = redis.call('HGET', p..'s:'..id, 'principal')
-  if principal then redis.call('ZREM', p..'sp:'..principal, id) end
-  redis.call('ZREM', p..'sx', id)
-  return redis.call('DEL', p..'s:'..id)
-end
-"#;
+/// The function `drop(p, id)` the scripts that remove sessions begin with.
+const DROP_SESSION: &str = include_str!("redis/scripts/drop_session.lua");
 
+/// One script per multi-key step; each file says at its top what the script
+/// does and what its KEYS and ARGV are.
 struct Scripts {
     create: Script,
     update: Script,
@@ -87,137 +80,15 @@ impl Scripts {
     fn new() -> Self {
         let with_drop = |body: &str| Script::new(&format!("{DROP_SESSION}\n{body}"));
         Self {
-            // ARGV: p, id, principal, created, expires, revision, state, now
-            create: with_drop(
-                r#"
-local p, id = ARGV[1], ARGV[2]
-local k = p..'s:'..id
-local e = redis.call('HGET', k, 'expires')
-if e and tonumber(e) > tonumber(ARGV[8]) then return 0 end
-if e then drop(p, id) end
-redis.call('HSET', k, 'principal', ARGV[3], 'created', ARGV[4], 'expires', ARGV[5], 'revision', ARGV[6], 'state', ARGV[7])
-redis.call('PEXPIREAT', k, ARGV[5])
-redis.call('ZADD', p..'sp:'..ARGV[3], ARGV[5], id)
-redis.call('ZADD', p..'sx', ARGV[5], id)
-return 1
-"#,
-            ),
-            // KEYS: session; ARGV: expected revision, state
-            update: Script::new(
-                r#"
-local r = redis.call('HGET', KEYS[1], 'revision')
-if not r or tonumber(r) ~= tonumber(ARGV[1]) then return -1 end
-redis.call('HSET', KEYS[1], 'state', ARGV[2])
-return redis.call('HINCRBY', KEYS[1], 'revision', 1)
-"#,
-            ),
-            // ARGV: p, id, expires
-            touch: Script::new(
-                r#"
-local p, id = ARGV[1], ARGV[2]
-local k = p..'s:'..id
-local e = redis.call('HGET', k, 'expires')
-if not e then return 0 end
-local new = tonumber(ARGV[3])
-if tonumber(e) > new then new = tonumber(e) end
-local at = string.format('%d', new)
-redis.call('HSET', k, 'expires', at)
-redis.call('PEXPIREAT', k, at)
-local principal = redis.call('HGET', k, 'principal')
-redis.call('ZADD', p..'sp:'..principal, at, id)
-redis.call('ZADD', p..'sx', at, id)
-for _, s in ipairs(redis.call('SMEMBERS', p..'ss:'..id)) do redis.call('PEXPIREAT', p..'e:'..id..':'..s, at) end
-for _, x in ipairs({'ss:', 'q:', 'f:', 'c:'}) do redis.call('PEXPIREAT', p..x..id, at) end
-return 1
-"#,
-            ),
-            // ARGV: p, id
-            delete: with_drop("return drop(ARGV[1], ARGV[2])"),
-            // ARGV: p, now, limit
-            expire: with_drop(
-                r#"
-local ids = redis.call('ZRANGEBYSCORE', ARGV[1]..'sx', '-inf', ARGV[2], 'LIMIT', 0, tonumber(ARGV[3]))
-for _, id in ipairs(ids) do drop(ARGV[1], id) end
-return ids
-"#,
-            ),
-            // ARGV: p, id, stream, cap, then kind and payload of each event.
-            // Returns the first event's seq; announces every event.
-            append: Script::new(
-                r#"
-local p, id, s, cap = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local n = (#ARGV - 4) / 2
-local first = redis.call('HINCRBY', p..'q:'..id, s, n) - n + 1
-local key = p..'e:'..id..':'..s
-for i = 0, n - 1 do
-  local kind = ARGV[5 + 2 * i]
-  redis.call('XADD', key, 'MAXLEN', cap, '0-'..(first + i), 'k', kind, 'p', ARGV[6 + 2 * i])
-  if kind == '2' then redis.call('HSET', p..'f:'..id, s, 1) end
-end
-redis.call('SADD', p..'ss:'..id, s)
-local e = redis.call('HGET', p..'s:'..id, 'expires')
-for _, k in ipairs({key, p..'ss:'..id, p..'q:'..id, p..'f:'..id}) do
-  if e then redis.call('PEXPIREAT', k, e) else redis.call('PEXPIRE', k, 3600000) end
-end
-for i = 0, n - 1 do redis.call('PUBLISH', p..'live', id..'\n'..s..'\n'..(first + i)) end
-return first
-"#,
-            ),
-            // ARGV: p, id, only-stream or ''
-            streams: Script::new(
-                r#"
-local p, id = ARGV[1], ARGV[2]
-local names
-if ARGV[3] == '' then
-  names = redis.call('SMEMBERS', p..'ss:'..id)
-elseif redis.call('SISMEMBER', p..'ss:'..id, ARGV[3]) == 1 then
-  -- One stream: no walk over all of a long session's streams.
-  names = {ARGV[3]}
-else
-  names = {}
-end
-local out = {}
-for _, s in ipairs(names) do
-  if ARGV[3] == '' or ARGV[3] == s then
-    local last = tonumber(redis.call('HGET', p..'q:'..id, s) or '0')
-    local first = last + 1
-    local head = redis.call('XRANGE', p..'e:'..id..':'..s, '-', '+', 'COUNT', 1)
-    if head[1] then first = tonumber(string.sub(head[1][1], 3)) end
-    local fin = redis.call('HGET', p..'f:'..id, s) and 1 or 0
-    table.insert(out, {s, first, last, fin})
-  end
-end
-return out
-"#,
-            ),
-            // ARGV: p, id, stream, seq
-            set_cursor: Script::new(
-                r#"
-local p, id = ARGV[1], ARGV[2]
-local e = redis.call('HGET', p..'s:'..id, 'expires')
-if not e then return 0 end
-local k = p..'c:'..id
-local cur = tonumber(redis.call('HGET', k, ARGV[3]) or '0')
-if tonumber(ARGV[4]) > cur then redis.call('HSET', k, ARGV[3], ARGV[4]) end
-redis.call('PEXPIREAT', k, e)
-return 1
-"#,
-            ),
-            // KEYS: record, revision counter; ARGV: expected or '', value, expires or '', now
-            kv_cas: Script::new(
-                r#"
-local cur = redis.call('HMGET', KEYS[1], 'r', 'x')
-local live = cur[1] and (cur[2] == false or cur[2] == '' or tonumber(cur[2]) > tonumber(ARGV[4]))
-local rev = ''
-if live then rev = cur[1] end
-if rev ~= ARGV[1] then return -1 end
-local n = redis.call('INCR', KEYS[2])
-redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'v', ARGV[2], 'r', n, 'x', ARGV[3])
-if ARGV[3] ~= '' then redis.call('PEXPIREAT', KEYS[1], ARGV[3]) end
-return n
-"#,
-            ),
+            create: with_drop(include_str!("redis/scripts/create_session.lua")),
+            update: Script::new(include_str!("redis/scripts/update_session_state.lua")),
+            touch: Script::new(include_str!("redis/scripts/touch_session.lua")),
+            delete: with_drop(include_str!("redis/scripts/delete_session.lua")),
+            expire: with_drop(include_str!("redis/scripts/expire_sessions.lua")),
+            append: Script::new(include_str!("redis/scripts/append.lua")),
+            streams: Script::new(include_str!("redis/scripts/streams.lua")),
+            set_cursor: Script::new(include_str!("redis/scripts/set_cursor.lua")),
+            kv_cas: Script::new(include_str!("redis/scripts/kv_compare_and_set.lua")),
         }
     }
 }
