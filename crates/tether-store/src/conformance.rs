@@ -1,6 +1,10 @@
 //! The store conformance suite: one set of checks that every backend must
 //! pass. Backends call [`run_all`] from their own test files with a factory
 //! that opens a fresh store; durable backends also pass a reopen function.
+//! A test file that makes one test per scenario (so a failure names its
+//! scenario and the scenarios run in parallel) expands
+//! [`conformance_scenarios!`](crate::conformance_scenarios), the list
+//! [`run_all`] runs.
 //!
 //! Each check panics with a message naming the broken promise.
 
@@ -36,21 +40,51 @@ pub fn session(id: &str, principal: &str, ttl_ms: i64) -> SessionRecord {
     }
 }
 
+/// Every scenario, in the order [`run_all`] runs them, for a test file's
+/// macro: `conformance_scenarios!(m, args...)` expands to
+/// `m! { [args...] kind name, ... }`, where `kind` says what the scenario
+/// function takes: `store` a fresh store (`&Arc<dyn Store>` from
+/// [`Harness::fresh`]), `harness` the [`Harness`] (it opens its own stores),
+/// `durable` a harness with [`Harness::reopen`] (skipped without one).
+#[macro_export]
+macro_rules! conformance_scenarios {
+    ($m:ident $(, $($args:tt)*)?) => {
+        $m! {
+            [$($($args)*)?]
+            store sessions_roundtrip,
+            store session_compare_and_set,
+            store session_expiry,
+            store append_ordering_and_read_after,
+            store streams_are_independent,
+            harness trimming_keeps_the_newest,
+            store concurrent_appenders,
+            store cursors,
+            store kv_compare_and_set_and_expiry,
+            store delete_drops_logs,
+            store finished_streams_are_dropped_by_age_or_kept,
+            durable reopen_keeps_committed,
+        }
+    };
+}
+
 pub async fn run_all(h: &Harness) {
-    sessions_roundtrip(&(h.fresh)().await).await;
-    session_compare_and_set(&(h.fresh)().await).await;
-    session_expiry(&(h.fresh)().await).await;
-    append_ordering_and_read_after(&(h.fresh)().await).await;
-    streams_are_independent(&(h.fresh)().await).await;
-    trimming_keeps_the_newest(h).await;
-    concurrent_appenders(&(h.fresh)().await).await;
-    cursors(&(h.fresh)().await).await;
-    kv_compare_and_set_and_expiry(&(h.fresh)().await).await;
-    delete_drops_logs(&(h.fresh)().await).await;
-    finished_streams_are_dropped_by_age_or_kept(&(h.fresh)().await).await;
-    if h.reopen.is_some() {
-        reopen_keeps_committed(h).await;
+    macro_rules! run {
+        ([] $($kind:ident $scenario:ident,)*) => {
+            $(run!(@ $kind $scenario);)*
+        };
+        (@ store $scenario:ident) => {
+            $scenario(&(h.fresh)().await).await
+        };
+        (@ harness $scenario:ident) => {
+            $scenario(h).await
+        };
+        (@ durable $scenario:ident) => {
+            if h.reopen.is_some() {
+                $scenario(h).await;
+            }
+        };
     }
+    crate::conformance_scenarios!(run);
 }
 
 pub async fn sessions_roundtrip(store: &Arc<dyn Store>) {
