@@ -5,7 +5,7 @@
 use libfuzzer_sys::fuzz_target;
 use tether_server::engine::resume::open_token;
 use tether_server::ids::EventId;
-use tether_server::protocol::parse_message;
+use tether_server::tether_wire::parse_message;
 
 fuzz_target!(|data: &[u8]| {
     let _ = parse_message(data);

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use rmcp::model::{CallToolResult, ContentBlock, Implementation, Tool};
 use serde_json::{Map, Value};
-use tether_server::{McpApp, OperationCtx, OperationSpec, RpcError, SessionCtx, ToolCtx};
+use tether_server::{OperationCtx, OperationSpec, RequestCtx, RpcError, SessionCtx, ToolApp};
 
 pub use repo::{NotebookRepo, NotebookSession, SessionFilter, memory::MemoryNotebook, redis::RedisNotebook, sqlite::SqliteNotebook};
 
@@ -43,8 +43,8 @@ impl Notebook {
     }
 
     /// The notebook session the MCP session works in, created on first use.
-    async fn current_session(&self, ctx: &ToolCtx) -> Result<NotebookSession, RpcError> {
-        let session_ctx = ctx.session();
+    async fn current_session(&self, ctx: &RequestCtx) -> Result<NotebookSession, RpcError> {
+        let session_ctx = ctx.require_session()?;
         let principal = session_ctx.principal().to_owned();
         if let Some(found) = self.stored_current(&session_ctx, &principal).await? {
             return Ok(found);
@@ -83,15 +83,15 @@ impl Notebook {
         }
     }
 
-    async fn thought(&self, ctx: &ToolCtx, arguments: Map<String, Value>) -> Result<CallToolResult, RpcError> {
+    async fn thought(&self, ctx: &RequestCtx, arguments: Map<String, Value>) -> Result<CallToolResult, RpcError> {
         let input = match thought::ThoughtInput::parse(&arguments) {
             Ok(input) => input,
             Err(message) => return Ok(CallToolResult::error(vec![ContentBlock::text(message)])),
         };
-        let principal = ctx.session().principal().to_owned();
+        let principal = ctx.principal().to_owned();
         // Fast path: append to the session the MCP session names (the append
         // checks it exists and belongs to the principal); else find or start one.
-        let named = ctx.session().app_state().await.get(CURRENT_SESSION).and_then(Value::as_str).map(str::to_owned);
+        let named = ctx.require_session()?.app_state().await.get(CURRENT_SESSION).and_then(Value::as_str).map(str::to_owned);
         if let Some(id) = named {
             match self.repo.append_thought(&principal, &id, &input).await {
                 Ok(recorded) => return Ok(CallToolResult::structured(thought::output(&input, &recorded))),
@@ -110,7 +110,7 @@ pub(crate) fn repo_error(e: repo::RepoError) -> RpcError {
 }
 
 #[async_trait]
-impl McpApp for Notebook {
+impl ToolApp for Notebook {
     fn server_info(&self) -> Implementation {
         Implementation::new("tether-notebook", env!("CARGO_PKG_VERSION"))
     }
@@ -141,17 +141,13 @@ impl McpApp for Notebook {
         }
     }
 
-    async fn on_initialized(&self, ctx: SessionCtx) {
-        roots::refresh(ctx).await;
-    }
-
     async fn on_notification(&self, ctx: SessionCtx, method: &str, _params: Option<Map<String, Value>>) {
-        if method == "notifications/roots/list_changed" {
+        if method == "notifications/initialized" || method == "notifications/roots/list_changed" {
             roots::refresh(ctx).await;
         }
     }
 
-    async fn call_tool(&self, ctx: ToolCtx, name: &str, arguments: Map<String, Value>) -> Result<CallToolResult, RpcError> {
+    async fn call_tool(&self, ctx: RequestCtx, name: &str, arguments: Map<String, Value>) -> Result<CallToolResult, RpcError> {
         match name {
             tools::THOUGHT => self.thought(&ctx, arguments).await,
             tools::INIT => self.init(&ctx, arguments).await,

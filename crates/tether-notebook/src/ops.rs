@@ -4,7 +4,7 @@
 
 use rmcp::model::{CallToolResult, ContentBlock};
 use serde_json::{Map, Value, json};
-use tether_server::{OperationCtx, RpcError, ToolCtx};
+use tether_server::{OperationCtx, RpcError, RequestCtx};
 
 use crate::repo::{NotebookSession, SessionFilter};
 use crate::roots::{self, RootsView};
@@ -65,15 +65,15 @@ fn context_result(success: bool, session: Option<&NotebookSession>, message: Str
 }
 
 impl Notebook {
-    pub(crate) async fn init(&self, ctx: &ToolCtx, args: Map<String, Value>) -> Result<CallToolResult, RpcError> {
-        let principal = ctx.session().principal().to_owned();
+    pub(crate) async fn init(&self, ctx: &RequestCtx, args: Map<String, Value>) -> Result<CallToolResult, RpcError> {
+        let principal = ctx.principal().to_owned();
         match str_arg(&args, "operation") {
             Some("list_roots") => {
                 let v = roots::ensure(ctx).await?;
                 Ok(CallToolResult::structured(json!({
                     "roots": v.reported.clone().unwrap_or_default(),
                     "boundRoot": v.bound,
-                    "rootsSupported": roots::client_supports_roots(&ctx.session().client_capabilities().await),
+                    "rootsSupported": roots::client_supports_roots(&ctx.require_session()?.client_capabilities()),
                 })))
             }
             Some("bind_root") => {
@@ -87,7 +87,7 @@ impl Notebook {
                     return Ok(tool_error(format!("{uri} is not one of the client's roots ({}); call init list_roots", known.join(", "))));
                 }
                 let uri = uri.to_owned();
-                ctx.session().update_app_state(|app| {
+                ctx.require_session()?.update_app_state(|app| {
                     app.insert(roots::BOUND_ROOT.into(), json!(uri));
                 }).await?;
                 Ok(CallToolResult::structured(json!({"success": true, "boundRoot": uri})))
@@ -109,7 +109,7 @@ impl Notebook {
             Some("load_context") => self.load_context(ctx, &principal, &args).await,
             Some("list_sessions") => self.list(&principal, &args).await,
             Some("get_state") => {
-                let app = ctx.session().app_state().await;
+                let app = ctx.require_session()?.app_state().await;
                 let bound = roots::view(&app).bound;
                 let current = match app.get(CURRENT_SESSION).and_then(Value::as_str) {
                     Some(id) => self.repo.get_session(&principal, id).await.map_err(repo_error)?,
@@ -129,12 +129,12 @@ impl Notebook {
         }
     }
 
-    async fn load_context(&self, ctx: &ToolCtx, principal: &str, args: &Map<String, Value>) -> Result<CallToolResult, RpcError> {
+    async fn load_context(&self, ctx: &RequestCtx, principal: &str, args: &Map<String, Value>) -> Result<CallToolResult, RpcError> {
         if let Some(id) = str_arg(args, "sessionId") {
             let Some(session) = self.repo.get_session(principal, id).await.map_err(repo_error)? else {
                 return Ok(context_result(false, None, format!("Session {id} not found")));
             };
-            let bound = roots::view(&ctx.session().app_state().await).bound;
+            let bound = roots::view(&ctx.require_session()?.app_state().await).bound;
             if session.mcp_root_uri.is_some() && session.mcp_root_uri != bound {
                 tracing::info!(notebook_session = %session.id, root = ?session.mcp_root_uri, bound = ?bound,
                     "loading a session of another root by explicit sessionId");
@@ -143,8 +143,8 @@ impl Notebook {
             let message = format!("Loaded session {} ({} thoughts, last updated {})", session.id, session.thought_count, ago(session.updated_at_ms));
             return Ok(context_result(true, Some(&session), message));
         }
-        if !roots::client_supports_roots(&ctx.session().client_capabilities().await) {
-            tracing::warn!(session = ctx.session().session_id(),
+        if !roots::client_supports_roots(&ctx.require_session()?.client_capabilities()) {
+            tracing::warn!(session = ctx.require_session()?.session_id(),
                 "client does not support MCP roots: load_context needs a sessionId; bind a root to recover sessions automatically");
             return Ok(context_result(false, None,
                 "This client does not report MCP roots, so load_context needs a sessionId (see init list_sessions). \
@@ -237,9 +237,9 @@ impl Notebook {
         Ok(())
     }
 
-    pub(crate) async fn make_current(&self, ctx: &ToolCtx, id: &str) -> Result<(), RpcError> {
+    pub(crate) async fn make_current(&self, ctx: &RequestCtx, id: &str) -> Result<(), RpcError> {
         let id = id.to_owned();
-        ctx.session().update_app_state(|app| {
+        ctx.require_session()?.update_app_state(|app| {
             app.insert(CURRENT_SESSION.into(), json!(id));
         }).await?;
         Ok(())

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
-use tether_server::{SessionCtx, ToolCtx};
+use tether_server::{SessionCtx, RequestCtx};
 
 pub(crate) const ROOTS: &str = "roots";
 pub(crate) const BOUND_ROOT: &str = "boundRoot";
@@ -83,7 +83,7 @@ pub(crate) async fn record(ctx: &SessionCtx, roots: Vec<Root>) -> Result<RootsVi
 /// Asks the client for its roots on the standalone stream and records the
 /// answer (after `initialized` and on `list_changed`).
 pub(crate) async fn refresh(ctx: SessionCtx) {
-    if !client_supports_roots(&ctx.client_capabilities().await) {
+    if !client_supports_roots(&ctx.client_capabilities()) {
         return;
     }
     match ctx.request_client("roots/list", None, BACKGROUND_WAIT).await {
@@ -101,10 +101,10 @@ pub(crate) async fn refresh(ctx: SessionCtx) {
 
 /// The roots for a tool call: if the client supports roots and never
 /// answered, ask now on the call's own stream and wait a few seconds.
-pub(crate) async fn ensure(ctx: &ToolCtx) -> Result<RootsView, tether_server::RpcError> {
-    let session = ctx.session();
+pub(crate) async fn ensure(ctx: &RequestCtx) -> Result<RootsView, tether_server::RpcError> {
+    let session = ctx.require_session()?;
     let current = view(&session.app_state().await);
-    if current.reported.is_some() || !client_supports_roots(&session.client_capabilities().await) {
+    if current.reported.is_some() || !client_supports_roots(&session.client_capabilities()) {
         return Ok(current);
     }
     match ctx.request_client("roots/list", None, IN_CALL_WAIT).await {

@@ -1,42 +1,75 @@
-//! The seam between the engine and an MCP application such as the notebook.
+//! The seam between the engine and an MCP application (the notebook, later
+//! the gateway).
 //!
-//! An application lists its tools and answers calls. It never sees HTTP,
-//! streams or event IDs: it talks to its client through [`ToolCtx`] (progress,
-//! notifications, server-to-client requests such as `roots/list`) and keeps
-//! per-session context through [`SessionCtx::app_state`], which the engine
-//! stores durably with the session.
+//! An application answers `initialize` and any request method with raw JSON,
+//! hears client notifications (in order, one at a time per session) and the
+//! end of sessions. It never sees HTTP, streams or event IDs: it talks to its
+//! client through [`RequestCtx`] (progress, notifications, server-to-client
+//! requests such as `roots/list`) and keeps per-session context in
+//! [`SessionCtx::app_state`] (durable, stored with the session) and
+//! [`SessionCtx::local`] (in memory, dropped when the session leaves memory).
+//!
+//! Applications made of tools implement [`ToolApp`](crate::tools::ToolApp)
+//! instead and are served through [`ToolRouter`](crate::tools::ToolRouter).
+
+use std::any::Any;
+use std::sync::Arc;
 
 use async_trait::async_trait;
-use rmcp::model::{CallToolResult, Implementation, Tool};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-pub use crate::engine::{OperationCtx, SessionCtx, ToolCtx};
-use crate::protocol::{INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND};
+pub use crate::engine::{OperationCtx, RequestCtx, SessionCtx};
+pub use tether_wire::RpcError;
 
-/// A JSON-RPC error an application can answer a request with.
+/// A request's result, passed to the client as it is (no typed model in
+/// between that could drop fields it does not know).
+pub type RawResult = Box<RawValue>;
+
+/// Who sent a request: the authenticated principal and what the client
+/// declared in `initialize` (or, later, in a sessionless request's `_meta`).
 #[derive(Debug, Clone, PartialEq)]
-pub struct RpcError {
-    pub code: i64,
-    pub message: String,
-    pub data: Option<Value>,
+pub struct Caller {
+    /// The principal the bearer token maps to (`anonymous` without auth).
+    pub principal: String,
+    /// The protocol revision of this exchange.
+    pub protocol_version: String,
+    /// `capabilities` as the client declared them.
+    pub client_capabilities: Value,
+    /// `clientInfo` as the client sent it.
+    pub client_info: Value,
 }
 
-impl RpcError {
-    pub fn new(code: i64, message: impl Into<String>) -> Self {
-        Self { code, message: message.into(), data: None }
-    }
-    pub fn invalid_params(message: impl Into<String>) -> Self {
-        Self::new(INVALID_PARAMS, message)
-    }
-    pub fn method_not_found(method: &str) -> Self {
-        Self::new(METHOD_NOT_FOUND, format!("method not found: {method}"))
-    }
-    pub fn internal(message: impl Into<String>) -> Self {
-        Self::new(INTERNAL_ERROR, message)
+/// Why a session left this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndReason {
+    /// The client sent DELETE: the session and its stored data are gone.
+    Deleted,
+    /// Its TTL passed: the session and its stored data are gone.
+    Expired,
+    /// Dropped from memory to stay under `--session-cache`, or because
+    /// another replica ended it; its durable state is still in the store,
+    /// and a later request loads it again (with fresh local state).
+    Evicted,
+}
+
+/// A session that left this process, as told to [`McpApp::on_session_end`].
+pub struct SessionEnd {
+    pub session_id: String,
+    pub principal: String,
+    pub reason: EndReason,
+    /// What the application kept in [`SessionCtx::local`], if anything.
+    pub(crate) local: Option<Arc<dyn Any + Send + Sync>>,
+}
+
+impl SessionEnd {
+    /// The session's in-memory state of type `T`, if it had one.
+    pub fn local<T: Send + Sync + 'static>(&self) -> Option<Arc<T>> {
+        self.local.clone().and_then(|l| l.downcast::<T>().ok())
     }
 }
 
-/// How a resumable tool runs (see [`McpApp::operation_spec`]).
+/// How a resumable tool runs (see [`ToolApp::operation_spec`](crate::tools::ToolApp::operation_spec)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OperationSpec {
     /// After a crash the operation continues from its stored cursor (the
@@ -46,40 +79,45 @@ pub struct OperationSpec {
     pub expected_duration_ms: u64,
 }
 
+/// Runs the work of durable operations (resumable tool calls). The engine
+/// calls it to start an operation and to restart one whose process died.
+#[async_trait]
+pub trait OperationRunner: Send + Sync + 'static {
+    /// Pushes the result in chunks through `ctx` (skipping the first
+    /// `ctx.resume_from()` chunks after a restart). The last chunk pushed
+    /// before `Ok` is the final one.
+    async fn run_operation(&self, ctx: OperationCtx, tool: &str, arguments: Map<String, Value>) -> Result<(), RpcError>;
+}
+
 /// An MCP server application served by the engine.
+///
+/// Every method may be called concurrently for different requests; a panic
+/// in any of them ends only that request (JSON-RPC `-32603`) or that
+/// notification, never the session or the server.
 #[async_trait]
 pub trait McpApp: Send + Sync + 'static {
-    fn server_info(&self) -> Implementation;
+    /// Answers `initialize`: `params` as the client sent them; returns the
+    /// result object (`capabilities`, `serverInfo`, `instructions`…). The
+    /// engine fills in `protocolVersion` when the result has none and adds
+    /// its own `_meta` keys (the session resume token). An `Err` is sent to
+    /// the client as the answer and leaves no session behind.
+    async fn initialize(&self, caller: &Caller, params: &Map<String, Value>) -> Result<Map<String, Value>, RpcError>;
 
-    fn instructions(&self) -> Option<String> {
-        None
-    }
+    /// Answers one request (any method but `initialize`). `params` includes
+    /// `_meta` as sent; the engine has already taken `progressToken` from it
+    /// for [`RequestCtx::progress`].
+    async fn handle_request(&self, ctx: RequestCtx, method: &str, params: Option<Map<String, Value>>) -> Result<RawResult, RpcError>;
 
-    /// The tools offered (the same for every session).
-    fn tools(&self) -> Vec<Tool>;
-
-    /// Runs one `tools/call`. Unknown tools and malformed arguments that the
-    /// protocol must reject are `Err`; failures the caller should read are
-    /// `Ok` with `is_error: true`.
-    async fn call_tool(&self, ctx: ToolCtx, name: &str, arguments: Map<String, Value>) -> Result<CallToolResult, RpcError>;
-
-    /// `Some` for tools whose calls run as durable, resumable operations
-    /// (`_meta.nextResumeToken` / `_meta.resumeToken`); those are run by
-    /// [`McpApp::run_operation`] instead of [`McpApp::call_tool`].
-    fn operation_spec(&self, _tool: &str) -> Option<OperationSpec> {
-        None
-    }
-
-    /// Runs a resumable tool: pushes its result in chunks through `ctx`
-    /// (skipping the first `ctx.resume_from()` chunks after a restart). The
-    /// last chunk pushed before `Ok` is the final one.
-    async fn run_operation(&self, _ctx: OperationCtx, tool: &str, _arguments: Map<String, Value>) -> Result<(), RpcError> {
-        Err(RpcError::invalid_params(format!("unknown tool `{tool}`")))
-    }
-
-    /// After `notifications/initialized`.
-    async fn on_initialized(&self, _ctx: SessionCtx) {}
-
-    /// Any other client notification (e.g. `notifications/roots/list_changed`).
+    /// A client notification (including `notifications/initialized`; the
+    /// engine handles `notifications/cancelled` itself). Notifications of
+    /// one session arrive here one at a time, in the order they were posted.
     async fn on_notification(&self, _ctx: SessionCtx, _method: &str, _params: Option<Map<String, Value>>) {}
+
+    /// A session left this process (see [`EndReason`]).
+    async fn on_session_end(&self, _ended: SessionEnd) {}
+}
+
+/// Shorthand for a raw result from anything serializable.
+pub fn raw_result<T: serde::Serialize + ?Sized>(value: &T) -> Result<RawResult, RpcError> {
+    serde_json::value::to_raw_value(value).map_err(|e| RpcError::internal(format!("result could not be serialized: {e}")))
 }

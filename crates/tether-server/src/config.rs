@@ -41,6 +41,15 @@ pub struct ServerConfig {
     /// this long is presumed dead, and its unfinished requests are closed as
     /// interrupted.
     pub replica_lease: Duration,
+    /// On shutdown, requests in flight get this long to finish; then they
+    /// end as interrupted.
+    pub drain_timeout: Duration,
+    /// Client notifications of one session waiting for the application;
+    /// more get 429.
+    pub max_queued_notifications: usize,
+    /// Server-to-client requests (e.g. `roots/list`) of one session waiting
+    /// for the client's answer; more fail at once.
+    pub max_pending_client_requests: usize,
 }
 
 impl Default for ServerConfig {
@@ -61,6 +70,9 @@ impl Default for ServerConfig {
             result_chunk_bytes: 64 * 1024,
             operation_ttl: Duration::from_secs(3600),
             replica_lease: Duration::from_secs(10),
+            drain_timeout: Duration::from_secs(10),
+            max_queued_notifications: 64,
+            max_pending_client_requests: 16,
         }
     }
 }

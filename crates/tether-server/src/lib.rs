@@ -6,20 +6,25 @@
 //!   recovery after a crash. Knows nothing about HTTP.
 //! - [`http`]: the axum router at `/mcp` and `/healthz`: header and body
 //!   validation, SSE framing, status codes.
-//! - [`app`]: the trait an MCP application (the notebook) implements.
-//! - [`protocol`]: the JSON-RPC envelope and protocol revisions.
+//! - [`app`]: the seam an MCP application implements ([`McpApp`]).
+//! - [`tools`]: the provided tool router, for applications made of tools.
+//!
+//! The wire format (envelope, error codes, header names, `_meta` keys) is
+//! the `tether-wire` crate's.
 
 pub mod app;
 pub mod config;
 pub mod engine;
 pub mod http;
 pub mod ids;
-pub mod protocol;
+pub mod tools;
 
-pub use app::{McpApp, OperationCtx, OperationSpec, RpcError, SessionCtx, ToolCtx};
+pub use app::{Caller, EndReason, McpApp, OperationCtx, OperationRunner, OperationSpec, RawResult, RequestCtx, RpcError, SessionCtx, SessionEnd, raw_result};
+pub use tools::{ToolApp, ToolRouter};
 pub use config::ServerConfig;
 pub use engine::Engine;
 
 /// The rmcp model types the [`McpApp`] trait speaks, re-exported so apps
 /// need no separate rmcp dependency to match versions.
 pub use rmcp::model as rmcp_model;
+pub use tether_wire;

@@ -4,7 +4,7 @@
 use proptest::prelude::*;
 use tether_server::engine::resume::{open_token, seal_token};
 use tether_server::ids::EventId;
-use tether_server::protocol::parse_message;
+use tether_wire::parse_message;
 
 proptest! {
     #[test]

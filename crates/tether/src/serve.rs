@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use tether_notebook::{MemoryNotebook, Notebook, NotebookRepo, RedisNotebook, SqliteNotebook};
 use tether_server::http::Auth;
-use tether_server::{Engine, ServerConfig};
+use tether_server::{Engine, ServerConfig, ToolRouter};
 use tether_store::memory::MemoryStore;
 use tether_store::sqlite::SqliteStore;
 use tether_store::{Store, StoreConfig, StoreUrl};
@@ -189,7 +189,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         session_cache: args.session_cache,
         ..ServerConfig::default()
     };
-    let engine = Engine::new(store, Arc::new(Notebook::new(notebook)), config);
+    let engine = Engine::new(store, Arc::new(ToolRouter::new(Notebook::new(notebook))), config);
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}: is another server using it? pick one with --listen", args.listen))?;

@@ -1,7 +1,10 @@
-//! What a request's work sees ([`ToolCtx`]) and what a session's application
-//! context sees ([`SessionCtx`]), plus the dispatch of MCP methods onto the
-//! [`McpApp`](crate::app::McpApp).
+//! What an application sees: [`RequestCtx`] for one running request (its
+//! caller, its session if it has one, progress, related messages) and
+//! [`SessionCtx`] for a session's context (durable app state, in-memory
+//! local state, messages on the standalone stream). Also where a related
+//! message goes, and server-to-client requests with their bounded wait.
 
+use std::any::Any;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -9,15 +12,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
 use tether_store::EventKind;
+use tether_wire::envelope;
 use tokio_util::sync::CancellationToken;
 
 use super::request_stream::RequestStream;
 use super::session::Session;
-use super::{EngineError, Inner, WorkFuture};
-use crate::app::RpcError;
-use crate::protocol;
-
-pub(crate) type Work = Box<dyn FnOnce(ToolCtx) -> WorkFuture + Send>;
+use super::Inner;
+use crate::app::{Caller, RpcError};
 
 /// Bounded retries of a state update racing with another writer.
 const STATE_UPDATE_ATTEMPTS: usize = 8;
@@ -25,6 +26,10 @@ const STATE_UPDATE_ATTEMPTS: usize = 8;
 /// The key of a request id in the in-flight and pending maps.
 pub(crate) fn request_key(id: &Value) -> String {
     id.to_string()
+}
+
+pub(crate) fn storage_error(e: impl std::fmt::Display) -> RpcError {
+    RpcError::internal(format!("storage unavailable: {e}"))
 }
 
 /// The context of one session, for application state and messages not
@@ -37,9 +42,10 @@ pub struct SessionCtx {
 
 /// The context of one running request.
 #[derive(Clone)]
-pub struct ToolCtx {
+pub struct RequestCtx {
     inner: Arc<Inner>,
-    session: Arc<Session>,
+    caller: Arc<Caller>,
+    session: Option<Arc<Session>>,
     stream: Option<Arc<RequestStream>>,
     request_id: Value,
     progress_token: Option<Value>,
@@ -59,18 +65,31 @@ impl SessionCtx {
         &self.session.principal
     }
 
+    /// The client as it declared itself in this session's `initialize`.
+    pub fn caller(&self) -> Arc<Caller> {
+        self.session.caller()
+    }
+
     pub fn protocol_version(&self) -> String {
-        self.session.protocol_version()
+        self.session.caller().protocol_version.clone()
     }
 
     /// The capabilities the client declared in `initialize`.
-    pub async fn client_capabilities(&self) -> Value {
-        self.session.durable.lock().await.state.client_capabilities.clone()
+    pub fn client_capabilities(&self) -> Value {
+        self.session.caller().client_capabilities.clone()
     }
 
     /// The application's durable per-session context.
     pub async fn app_state(&self) -> Map<String, Value> {
         self.session.durable.lock().await.state.app.clone()
+    }
+
+    /// The application's in-memory per-session state of type `T`, created
+    /// with `T::default()` on first use. It lives as long as the session is
+    /// held in memory (see [`EndReason`](crate::app::EndReason)); what must
+    /// survive belongs in [`SessionCtx::app_state`].
+    pub fn local<T: Default + Send + Sync + 'static>(&self) -> Arc<T> {
+        self.session.local::<T>()
     }
 
     /// Changes the application's per-session context with compare-and-set
@@ -100,13 +119,13 @@ impl SessionCtx {
                     let fresh = store
                         .get_session(&self.session.id, tether_store::now_ms())
                         .await
-                        .map_err(|e| RpcError::internal(format!("storage unavailable: {e}")))?
+                        .map_err(storage_error)?
                         .ok_or_else(|| RpcError::internal("session ended while updating it"))?;
                     durable.revision = fresh.revision;
                     durable.state = serde_json::from_value(fresh.state)
                         .map_err(|e| RpcError::internal(format!("stored session state unreadable: {e}")))?;
                 }
-                Err(e) => return Err(RpcError::internal(format!("storage unavailable: {e}"))),
+                Err(e) => return Err(storage_error(e)),
             }
         }
         Err(RpcError::internal("session state kept changing underneath; try again"))
@@ -114,7 +133,7 @@ impl SessionCtx {
 
     /// A notification on the standalone stream (stored, delivered when a GET listens).
     pub async fn notify(&self, method: &str, params: Option<Value>) -> Result<(), RpcError> {
-        let payload = protocol::outbound_message(None, method, params.as_ref());
+        let payload = envelope::outbound_message(None, method, params.as_ref());
         emit_related(&self.inner, &self.session, None, payload).await
     }
 
@@ -124,7 +143,7 @@ impl SessionCtx {
     }
 }
 
-impl ToolCtx {
+impl RequestCtx {
     pub(crate) fn new(
         inner: Arc<Inner>,
         session: Arc<Session>,
@@ -133,15 +152,31 @@ impl ToolCtx {
         progress_token: Option<Value>,
         cancel: CancellationToken,
     ) -> Self {
-        Self { inner, session, stream, request_id, progress_token, cancel }
+        Self { caller: session.caller(), inner, session: Some(session), stream, request_id, progress_token, cancel }
     }
 
     pub(crate) fn inner(&self) -> &Arc<Inner> {
         &self.inner
     }
 
-    pub fn session(&self) -> SessionCtx {
-        SessionCtx::new(self.inner.clone(), self.session.clone())
+    /// Who sent the request.
+    pub fn caller(&self) -> &Caller {
+        &self.caller
+    }
+
+    pub fn principal(&self) -> &str {
+        &self.caller.principal
+    }
+
+    /// The session the request belongs to; `None` for a request served
+    /// without one.
+    pub fn session(&self) -> Option<SessionCtx> {
+        self.session.as_ref().map(|s| SessionCtx::new(self.inner.clone(), s.clone()))
+    }
+
+    /// The session, or the error a request that needs one answers with.
+    pub fn require_session(&self) -> Result<SessionCtx, RpcError> {
+        self.session().ok_or_else(|| RpcError::invalid_request("this request needs a session: send initialize first"))
     }
 
     pub fn request_id(&self) -> &Value {
@@ -156,8 +191,9 @@ impl ToolCtx {
     /// A notification related to this request (on its stream while the
     /// client listens there, else on the standalone stream if one listens).
     pub async fn notify(&self, method: &str, params: Option<Value>) -> Result<(), RpcError> {
-        let payload = protocol::outbound_message(None, method, params.as_ref());
-        emit_related(&self.inner, &self.session, self.stream.as_deref(), payload).await
+        let session = self.session.as_ref().ok_or_else(no_session)?;
+        let payload = envelope::outbound_message(None, method, params.as_ref());
+        emit_related(&self.inner, session, self.stream.as_deref(), payload).await
     }
 
     /// `notifications/progress`, if the client asked for progress.
@@ -175,8 +211,13 @@ impl ToolCtx {
 
     /// A server-to-client request related to this request (e.g. `roots/list`).
     pub async fn request_client(&self, method: &str, params: Option<Value>, timeout: Duration) -> Result<Value, RpcError> {
-        request_client(&self.inner, &self.session, self.stream.as_deref(), method, params, timeout).await
+        let session = self.session.as_ref().ok_or_else(no_session)?;
+        request_client(&self.inner, session, self.stream.as_deref(), method, params, timeout).await
     }
+}
+
+fn no_session() -> RpcError {
+    RpcError::internal("this request has no session to send messages on")
 }
 
 /// Where a message related to a request goes (design brief, "Streams and
@@ -200,13 +241,24 @@ async fn emit_related(inner: &Inner, session: &Session, own: Option<&RequestStre
     let stream = related_stream(inner, session, own).await;
     if let Some(own) = own.filter(|own| own.name == stream) {
         // The priming event comes first on its stream.
-        own.ensure_primed(inner, &session.id).await.map_err(|e| RpcError::internal(format!("storage unavailable: {e}")))?;
+        own.ensure_primed(inner, &session.id).await.map_err(storage_error)?;
     }
-    inner
-        .emit(&session.id, &stream, EventKind::Message, payload)
-        .await
-        .map(|_| ())
-        .map_err(|e| RpcError::internal(format!("storage unavailable: {e}")))
+    inner.emit(&session.id, &stream, EventKind::Message, payload).await.map(|_| ()).map_err(storage_error)
+}
+
+/// Removes a pending server-to-client request from its session's map however
+/// the wait ends (answer, timeout, the waiting request being dropped).
+struct PendingSlot<'a> {
+    session: &'a Session,
+    key: String,
+}
+
+impl Drop for PendingSlot<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut pending) = self.session.pending.lock() {
+            pending.remove(&self.key);
+        }
+    }
 }
 
 async fn request_client(
@@ -221,162 +273,38 @@ async fn request_client(
     let id = Value::String(format!("tether-{}-{n}", inner.instance));
     let key = request_key(&id);
     let (tx, rx) = tokio::sync::oneshot::channel();
-    if let Ok(mut pending) = session.pending.lock() {
+    {
+        let mut pending = session.pending.lock().map_err(|_| RpcError::internal("pending requests lock poisoned"))?;
+        let limit = inner.config.max_pending_client_requests;
+        if pending.len() >= limit {
+            return Err(RpcError::internal(format!(
+                "{limit} requests to the client are already waiting for its answers in this session; not sending {method}"
+            )));
+        }
         pending.insert(key.clone(), tx);
     }
-    let payload = protocol::outbound_message(Some(&id), method, params.as_ref());
-    if let Err(e) = emit_related(inner, session, own, payload).await {
-        forget_pending(session, &key);
-        return Err(e);
-    }
-    let answer = if inner.store.is_shared() {
-        // The client may POST its answer to another replica.
-        tokio::time::timeout(timeout, super::replicas::await_answer(inner, &session.id, &key, rx)).await.map(Ok)
-    } else {
-        tokio::time::timeout(timeout, rx).await
+    let _slot = PendingSlot { session, key: key.clone() };
+    let payload = envelope::outbound_message(Some(&id), method, params.as_ref());
+    emit_related(inner, session, own, payload).await?;
+    let answer = async {
+        if inner.store.is_shared() {
+            // The client may POST its answer to another replica.
+            tokio::time::timeout(timeout, super::replicas::await_answer(inner, &session.id, &key, rx)).await.map(Ok)
+        } else {
+            tokio::time::timeout(timeout, rx).await
+        }
     };
-    forget_pending(session, &key);
+    let answer = tokio::select! {
+        answer = answer => answer,
+        _ = inner.shutdown.cancelled() => return Err(RpcError::internal(format!("the server is shutting down; {method} was not answered"))),
+    };
     match answer {
         Ok(Ok(Ok(result))) => Ok(result),
-        Ok(Ok(Err(error))) => Err(RpcError {
-            code: error.get("code").and_then(Value::as_i64).unwrap_or(protocol::INTERNAL_ERROR),
-            message: error.get("message").and_then(Value::as_str).unwrap_or("client returned an error").to_owned(),
-            data: error.get("data").cloned(),
-        }),
+        Ok(Ok(Err(error))) => Err(RpcError::from_object(&error)),
         Ok(Err(_)) => Err(RpcError::internal("session ended before the client answered")),
         Err(_) => Err(RpcError::internal(format!("client did not answer {method} within {}s", timeout.as_secs_f32()))),
     }
 }
 
-fn forget_pending(session: &Session, key: &str) {
-    if let Ok(mut pending) = session.pending.lock() {
-        pending.remove(key);
-    }
-}
-
-/// Runs `work`, racing cancellation, and renders the JSON-RPC response.
-pub(crate) async fn run_work(ctx: ToolCtx, work: Work, cancel: CancellationToken) -> Bytes {
-    let id = ctx.request_id.clone();
-    let result = tokio::select! {
-        r = work(ctx) => r,
-        _ = cancel.cancelled() => Err(RpcError::new(-32800, "request cancelled")),
-    };
-    match result {
-        Ok(v) => protocol::result_message(&id, &v),
-        Err(e) => protocol::error_message(Some(&id), e.code, &e.message, e.data.as_ref()),
-    }
-}
-
-/// Removes a finished request from the in-flight map.
-pub(crate) fn finish(session: &Session, key: &str) {
-    if let Ok(mut inflight) = session.inflight.lock() {
-        inflight.remove(key);
-    }
-}
-
-/// Routes one client request to the application.
-pub(crate) async fn dispatch(mut ctx: ToolCtx, method: String, params: Option<Map<String, Value>>) -> Result<Value, RpcError> {
-    let mut params = params.unwrap_or_default();
-    match method.as_str() {
-        "ping" => Ok(json!({})),
-        "tools/list" => Ok(json!({"tools": advertised_tools(&ctx.inner)})),
-        "tools/call" => {
-            let name = match params.get("name") {
-                Some(Value::String(n)) => n.clone(),
-                _ => return Err(RpcError::invalid_params("tools/call needs params.name (the tool's name as a string)")),
-            };
-            let app = ctx.inner.app.clone();
-            // A resume token is bound to everything but `_meta` (copied only
-            // for the tools that run as operations).
-            let operation = app.operation_spec(&name).map(|spec| {
-                let mut unbound = params.clone();
-                unbound.remove("_meta");
-                (spec, unbound)
-            });
-            let arguments = match params.remove("arguments") {
-                None | Some(Value::Null) => Map::new(),
-                Some(Value::Object(a)) => a,
-                Some(_) => return Err(RpcError::invalid_params("tools/call params.arguments must be an object")),
-            };
-            let meta = params.get("_meta");
-            ctx.progress_token = meta.and_then(|m| m.get("progressToken")).cloned();
-            if let Some((spec, unbound)) = operation {
-                let token = match meta.and_then(|m| m.get(super::operations::TOKEN_META)) {
-                    None | Some(Value::Null) => None,
-                    Some(Value::String(t)) => Some(t.clone()),
-                    Some(_) => return Err(RpcError::invalid_params("invalid resumeToken: it must be the string the server sent")),
-                };
-                let binding = super::operations::binding(ctx.session.principal.as_str(), "tools/call", &Value::Object(unbound));
-                return super::operations::call(&ctx, &name, arguments, binding, token.as_deref(), spec).await;
-            }
-            let result = app.call_tool(ctx, &name, arguments).await?;
-            let mut value = serde_json::to_value(result).map_err(|e| RpcError::internal(e.to_string()))?;
-            // Only the sessionless revision knows `resultType`; the ones served here do not.
-            if let Some(obj) = value.as_object_mut() {
-                obj.remove("resultType");
-            }
-            Ok(value)
-        }
-        other => Err(RpcError::method_not_found(other)),
-    }
-}
-
-/// The app's tools; resumable ones carry `dev.tether/resumable` and an
-/// expected-duration hint in their `_meta`.
-fn advertised_tools(inner: &Inner) -> Vec<Value> {
-    inner
-        .app
-        .tools()
-        .into_iter()
-        .map(|tool| {
-            let spec = inner.app.operation_spec(&tool.name);
-            let mut v = serde_json::to_value(tool).unwrap_or(Value::Null);
-            if let (Some(spec), Some(obj)) = (spec, v.as_object_mut()) {
-                let meta = obj.entry("_meta").or_insert_with(|| json!({}));
-                if let Some(m) = meta.as_object_mut() {
-                    m.insert("dev.tether/resumable".into(), json!(true));
-                    m.insert("dev.tether/expectedDurationMs".into(), json!(spec.expected_duration_ms));
-                    m.insert("dev.tether/restartable".into(), json!(spec.restartable));
-                }
-            }
-            v
-        })
-        .collect()
-}
-
-/// Handles one client notification.
-pub(crate) async fn on_notification(
-    inner: Arc<Inner>,
-    session: Arc<Session>,
-    method: String,
-    params: Option<Map<String, Value>>,
-) -> Result<(), EngineError> {
-    match method.as_str() {
-        "notifications/initialized" => {
-            let ctx = SessionCtx::new(inner.clone(), session.clone());
-            let already = session.durable.lock().await.state.initialized;
-            if !already {
-                ctx.update_state(|s| s.initialized = true)
-                    .await
-                    .map_err(|e| EngineError::Unavailable(tether_store::StoreError::Backend(e.message)))?;
-            }
-            let app = inner.app.clone();
-            tokio::spawn(async move { app.on_initialized(ctx).await });
-        }
-        "notifications/cancelled" => {
-            if let Some(id) = params.as_ref().and_then(|p| p.get("requestId")) {
-                let key = request_key(id);
-                if let Some(token) = session.inflight.lock().ok().and_then(|m| m.get(&key).cloned()) {
-                    tracing::info!(session = %session.id, request = %key, "request cancelled by client");
-                    token.cancel();
-                }
-            }
-        }
-        _ => {
-            let ctx = SessionCtx::new(inner.clone(), session);
-            let app = inner.app.clone();
-            tokio::spawn(async move { app.on_notification(ctx, &method, params).await });
-        }
-    }
-    Ok(())
-}
+/// A session's in-memory application state (see [`SessionCtx::local`]).
+pub(crate) type Local = Option<Arc<dyn Any + Send + Sync>>;

@@ -24,10 +24,12 @@ use sha2::{Digest, Sha256};
 use tether_store::{StoreError, now_ms};
 use tokio::sync::watch;
 
+use futures::FutureExt;
+use tether_wire::meta;
+
 use super::keys::{same_tag, tag};
-use super::{Inner, ToolCtx};
-use crate::app::{OperationSpec, RpcError};
-use crate::protocol::INVALID_PARAMS;
+use super::{Inner, RequestCtx};
+use crate::app::{OperationRunner, OperationSpec, RpcError};
 
 const OP_NAMESPACE: &str = "op";
 const CHUNK_NAMESPACE: &str = "op-chunk";
@@ -35,9 +37,6 @@ const TOKEN_PREFIX: &str = "rt1_";
 /// Pause between store polls when the operation runs in another process.
 const REMOTE_POLL: Duration = Duration::from_millis(100);
 
-pub const NEXT_TOKEN_META: &str = "nextResumeToken";
-pub const TOKEN_META: &str = "resumeToken";
-pub const PENDING_META: &str = "dev.tether/pending";
 pub const INTERRUPTED_MESSAGE: &str =
     "operation interrupted by a server restart before it finished; call the tool again without resumeToken";
 
@@ -93,7 +92,7 @@ pub struct OperationCtx {
 }
 
 fn invalid(reason: &str) -> RpcError {
-    RpcError::new(INVALID_PARAMS, format!("invalid resumeToken: {reason}"))
+    RpcError::invalid_params(format!("invalid resumeToken: {reason}"))
 }
 
 fn storage(e: StoreError) -> RpcError {
@@ -220,6 +219,29 @@ async fn update_record(inner: &Inner, id: &str, mut f: impl FnMut(&mut OpRecord)
     Err(RpcError::internal("operation record kept changing; try again"))
 }
 
+/// Moves a running operation from `dead_owner` to this process; `None` if
+/// someone else moved it first (or it is no longer running).
+async fn claim(inner: &Inner, id: &str, dead_owner: &str) -> Result<Option<OpRecord>, RpcError> {
+    for _ in 0..8 {
+        let Some(stored) = inner.store.kv_get(OP_NAMESPACE, id, now_ms()).await.map_err(storage)? else { return Ok(None) };
+        let mut record: OpRecord =
+            serde_json::from_slice(&stored.value).map_err(|e| RpcError::internal(format!("operation record unreadable: {e}")))?;
+        if record.owner != dead_owner || record.state != OpState::Running {
+            return Ok(None);
+        }
+        record.owner = inner.instance.clone();
+        let swapped = inner
+            .store
+            .kv_compare_and_set(OP_NAMESPACE, id, Some(stored.revision), encode(&record)?, Some(record.expires_at_ms))
+            .await
+            .map_err(storage)?;
+        if swapped.is_some() {
+            return Ok(Some(record));
+        }
+    }
+    Err(RpcError::internal("operation record kept changing; try again"))
+}
+
 async fn load(inner: &Inner, id: &str) -> Result<Option<OpRecord>, RpcError> {
     let stored = inner.store.kv_get(OP_NAMESPACE, id, now_ms()).await.map_err(storage)?;
     Ok(stored.and_then(|s| serde_json::from_slice(&s.value).ok()))
@@ -231,7 +253,10 @@ impl Operations {
     }
 
     /// Runs the operation's work in its own task, from chunk `resume_from`.
-    fn start(&self, inner: Arc<Inner>, id: String, record: &OpRecord) -> watch::Receiver<Status> {
+    /// A panic in the work fails the operation; a shutdown that cannot wait
+    /// leaves it running in the store, to be restarted (or reported
+    /// interrupted) by the next process a client asks.
+    fn start(&self, inner: Arc<Inner>, runner: Arc<dyn OperationRunner>, id: String, record: &OpRecord) -> watch::Receiver<Status> {
         let (tx, rx) = watch::channel(Status { chunks: record.chunks, ..Status::default() });
         if let Ok(mut m) = self.live.lock() {
             m.insert(id.clone(), tx.clone());
@@ -245,14 +270,22 @@ impl Operations {
             resume_from: record.chunks,
         };
         let (tool, arguments) = (record.tool.clone(), record.arguments.clone());
-        tokio::spawn(async move {
+        let tracker = inner.clone();
+        tracker.spawn(async move {
             let status = ctx.status.clone();
-            let outcome = inner.app.run_operation(ctx, &tool, arguments).await;
+            let work = std::panic::AssertUnwindSafe(runner.run_operation(ctx, &tool, arguments)).catch_unwind();
+            let outcome = tokio::select! {
+                outcome = work => outcome.unwrap_or_else(|_| {
+                    tracing::error!(operation = %id, %tool, "the application panicked running an operation");
+                    Err(RpcError::internal(super::PANICKED_MESSAGE))
+                }),
+                _ = inner.interrupt.cancelled() => return,
+            };
             let update = update_record(&inner, &id, |r| match &outcome {
                 Ok(()) => r.state = OpState::Done,
                 Err(e) => {
                     r.state = OpState::Failed;
-                    r.error = Some(json!({"code": e.code, "message": e.message, "data": e.data}));
+                    r.error = Some(e.to_object());
                 }
             })
             .await;
@@ -270,7 +303,8 @@ impl Operations {
 
 /// Runs one `tools/call` of a resumable tool (a new call or a resumed one).
 pub(crate) async fn call(
-    ctx: &ToolCtx,
+    ctx: &RequestCtx,
+    runner: Arc<dyn OperationRunner>,
     tool: &str,
     arguments: Map<String, Value>,
     binding: String,
@@ -278,7 +312,8 @@ pub(crate) async fn call(
     spec: OperationSpec,
 ) -> Result<Value, RpcError> {
     let inner = ctx.inner().clone();
-    let principal = ctx.session().principal().to_owned();
+    let principal = ctx.principal().to_owned();
+    let session = ctx.require_session()?;
     let key = inner.key.get(inner.store.as_ref()).await.map_err(storage)?;
 
     let (id, index) = match token {
@@ -286,7 +321,7 @@ pub(crate) async fn call(
             let raw: [u8; 16] = rand::random();
             let id = hex::encode(raw);
             let record = OpRecord {
-                session: ctx.session().session_id().to_owned(),
+                session: session.session_id().to_owned(),
                 principal,
                 binding,
                 tool: tool.to_owned(),
@@ -305,7 +340,7 @@ pub(crate) async fn call(
                 .await
                 .map_err(storage)?
                 .ok_or_else(|| RpcError::internal("operation id collision"))?;
-            inner.operations.start(inner.clone(), id.clone(), &record);
+            inner.operations.start(inner.clone(), runner, id.clone(), &record);
             (raw, 0)
         }
         Some(token) => {
@@ -332,10 +367,13 @@ pub(crate) async fn call(
             if orphaned {
                 // Its process died. Restartable work continues from its cursor; other work says so.
                 if record.restartable {
-                    let me = inner.instance.clone();
-                    let record = update_record(&inner, &id, |r| r.owner = me.clone()).await?;
-                    tracing::info!(operation = %id, from_chunk = record.chunks, "restarting an interrupted operation");
-                    inner.operations.start(inner.clone(), id.clone(), &record);
+                    // Only the resume that moves the record from the dead
+                    // owner to this process restarts the work: two replicas,
+                    // or two resumes here, must not both run it.
+                    if let Some(claimed) = claim(&inner, &id, &record.owner).await? {
+                        tracing::info!(operation = %id, from_chunk = claimed.chunks, "restarting an interrupted operation");
+                        inner.operations.start(inner.clone(), runner, id.clone(), &claimed);
+                    }
                 } else {
                     update_record(&inner, &id, |r| {
                         r.state = OpState::Interrupted;
@@ -352,7 +390,7 @@ pub(crate) async fn call(
 }
 
 /// Waits (bounded) for chunk `index`, then answers with it or a pending result.
-async fn respond(ctx: &ToolCtx, inner: &Arc<Inner>, key: &[u8; 32], raw: &[u8; 16], index: u64) -> Result<Value, RpcError> {
+async fn respond(ctx: &RequestCtx, inner: &Arc<Inner>, key: &[u8; 32], raw: &[u8; 16], index: u64) -> Result<Value, RpcError> {
     let id = hex::encode(raw);
     let deadline = tokio::time::Instant::now() + inner.config.resume_wait;
     if let Some(mut status) = inner.operations.status(&id) {
@@ -392,11 +430,7 @@ async fn respond(ctx: &ToolCtx, inner: &Arc<Inner>, key: &[u8; 32], raw: &[u8; 1
     if record.state == OpState::Failed {
         finish(inner, &id, record.chunks).await;
         let e = record.error.unwrap_or(Value::Null);
-        return Err(RpcError {
-            code: e.get("code").and_then(Value::as_i64).unwrap_or(crate::protocol::INTERNAL_ERROR),
-            message: e.get("message").and_then(Value::as_str).unwrap_or("operation failed").to_owned(),
-            data: e.get("data").filter(|d| !d.is_null()).cloned(),
-        });
+        return Err(RpcError::from_object(&e));
     }
     if record.chunks > index {
         let stored = inner
@@ -410,7 +444,7 @@ async fn respond(ctx: &ToolCtx, inner: &Arc<Inner>, key: &[u8; 32], raw: &[u8; 1
         if last {
             finish(inner, &id, record.chunks).await;
         } else {
-            set_meta(&mut chunk, NEXT_TOKEN_META, json!(seal(key, raw, index + 1)));
+            set_meta(&mut chunk, meta::NEXT_RESUME_TOKEN, json!(seal(key, raw, index + 1)));
         }
         return Ok(chunk);
     }
@@ -421,8 +455,8 @@ async fn respond(ctx: &ToolCtx, inner: &Arc<Inner>, key: &[u8; 32], raw: &[u8; 1
     }
     // Not ready within the wait budget: same point of progress, same token.
     let mut pending = json!({"content": [{"type": "text", "text": "still working; call again with _meta.resumeToken"}]});
-    set_meta(&mut pending, NEXT_TOKEN_META, json!(seal(key, raw, index)));
-    set_meta(&mut pending, PENDING_META, json!(true));
+    set_meta(&mut pending, meta::NEXT_RESUME_TOKEN, json!(seal(key, raw, index)));
+    set_meta(&mut pending, meta::PENDING, json!(true));
     Ok(pending)
 }
 

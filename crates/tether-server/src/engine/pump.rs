@@ -85,7 +85,7 @@ impl Pump {
         if self.spec.standalone_generation.is_some() {
             let store = self.inner.store.clone();
             let (session, stream, seq) = (self.session.id.clone(), self.spec.stream.clone(), self.cursor);
-            tokio::spawn(async move {
+            self.inner.spawn(async move {
                 if let Err(e) = store.set_cursor(&session, &stream, seq).await {
                     tracing::warn!(%session, error = %e, "could not record standalone stream cursor");
                 }
@@ -216,6 +216,7 @@ pub(crate) fn spawn_pump(inner: Arc<Inner>, session: Arc<Session>, spec: PumpSpe
     let (tx, rx) = mpsc::channel(FRAME_BUFFER);
     let cursor = spec.after;
     let pump = Pump { inner, session, spec, tx, cursor };
-    tokio::spawn(pump.run(sub));
+    let inner = pump.inner.clone();
+    inner.spawn(pump.run(sub));
     rx
 }

@@ -41,7 +41,7 @@ pub(crate) fn start(inner: &Arc<Inner>) {
         let weak = Arc::downgrade(inner);
         let hub = inner.hub.clone();
         let shutdown = inner.shutdown.clone();
-        tokio::spawn(async move {
+        inner.spawn(async move {
             loop {
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
@@ -71,22 +71,31 @@ pub(crate) fn start(inner: &Arc<Inner>) {
         });
     }
     let weak = Arc::downgrade(inner);
-    tokio::spawn(async move {
-        let Some(lease) = weak.upgrade().map(|i| i.config.replica_lease) else { return };
+    let shutdown = inner.shutdown.clone();
+    let lease = inner.config.replica_lease;
+    inner.spawn(async move {
         // Renew three times per lease, so one slow round does not kill it.
+        // The lease outlives the shutdown signal: requests still draining
+        // are this replica's, and `release_lease` ends it after the drain.
         let mut tick = tokio::time::interval(lease / 3);
         loop {
-            tick.tick().await;
-            let Some(inner) = weak.upgrade() else { return };
-            if inner.shutdown.is_cancelled() {
-                let _ = inner.store.kv_delete(LEASE_NAMESPACE, &inner.instance).await;
-                return;
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tick.tick() => {}
             }
+            let Some(inner) = weak.upgrade() else { return };
             if let Err(e) = renew_lease(&inner).await {
                 tracing::warn!(error = %e, "could not renew this replica's lease");
             }
         }
     });
+}
+
+/// This replica stops: nothing of it runs any more (after the drain).
+pub(crate) async fn release_lease(inner: &Inner) {
+    if let Err(e) = inner.store.kv_delete(LEASE_NAMESPACE, &inner.instance).await {
+        tracing::warn!(error = %e, "could not release this replica's lease; other replicas wait for it to lapse");
+    }
 }
 
 async fn renew_lease(inner: &Inner) -> Result<(), StoreError> {
@@ -140,9 +149,7 @@ pub(crate) async fn refresh(inner: &Inner, session: &Session) -> Result<bool, En
     let mut durable = session.durable.lock().await;
     if record.revision > durable.revision
         && let Ok(state) = serde_json::from_value::<SessionState>(record.state) {
-            if let Ok(mut v) = session.protocol_version.lock() {
-                *v = state.protocol_version.clone();
-            }
+            session.set_caller_from(&state);
             durable.state = state;
             durable.revision = record.revision;
         }
@@ -185,7 +192,8 @@ fn deliver_stored_answer(inner: Arc<Inner>, session: String, request: String) {
     if !waiting {
         return;
     }
-    tokio::spawn(async move {
+    let tracker = inner.clone();
+    tracker.spawn(async move {
         if let Some(answer) = take_answer(&inner, &session, &request).await
             && let Some(tx) = cached.pending.lock().ok().and_then(|mut p| p.remove(&request)) {
                 let _ = tx.send(answer);
@@ -211,7 +219,7 @@ pub(crate) async fn await_answer(inner: &Inner, session: &str, request: &str, mu
     loop {
         tokio::select! {
             answer = &mut local => {
-                return answer.unwrap_or_else(|_| Err(serde_json::json!({"code": -32603, "message": "session ended before the client answered"})));
+                return answer.unwrap_or_else(|_| Err(tether_wire::RpcError::internal("session ended before the client answered").to_object()));
             }
             _ = tokio::time::sleep(ANSWER_POLL) => {
                 if let Some(answer) = take_answer(inner, session, request).await {

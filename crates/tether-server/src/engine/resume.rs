@@ -17,10 +17,6 @@ use tether_store::{Store, StoreError, now_ms};
 
 use super::keys::{same_tag, tag};
 
-pub const TOKEN_META: &str = "dev.tether/sessionResumeToken";
-pub const RESUMED_META: &str = "dev.tether/resumed";
-pub const REFUSED_META: &str = "dev.tether/resumeRefused";
-
 const TOKEN_NAMESPACE: &str = "resume-token";
 const TOKEN_PREFIX: &str = "tt1_";
 /// Spent and unspent token records are forgotten after this long.

@@ -5,14 +5,17 @@
 //! The stored record is the truth (invariant 2): everything here except the
 //! in-flight maps can be rebuilt from the store at any time.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
+use std::any::Any;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
+
+use crate::app::Caller;
 
 /// The engine's part of a stored session (`SessionRecord::state`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -56,18 +59,40 @@ pub struct Session {
     pub(crate) next_server_request: AtomicU64,
     /// Bumped whenever a GET takes over the standalone stream.
     pub(crate) standalone_owner: watch::Sender<u64>,
-    pub(crate) protocol_version: Mutex<String>,
+    /// The client as the current `initialize` declared it (replaced on resume).
+    caller: Mutex<Arc<Caller>>,
+    /// The application's in-memory state (`SessionCtx::local`).
+    pub(crate) local: Mutex<super::ctx::Local>,
+    /// Client notifications waiting for the application, in order.
+    pub(crate) notifications: Mutex<NotificationQueue>,
     /// Cancelled when the session ends (DELETE, expiry): its pumps stop.
     pub(crate) closed: CancellationToken,
+}
+
+/// A client notification for the application.
+pub(crate) struct QueuedNotification {
+    pub method: String,
+    pub params: Option<Map<String, Value>>,
+}
+
+/// The notifications of one session waiting for the application, handled
+/// one at a time by a drain task that exists only while some wait.
+#[derive(Default)]
+pub(crate) struct NotificationQueue {
+    pub waiting: VecDeque<QueuedNotification>,
+    /// A drain task is running (it clears this when it finds the queue empty).
+    pub draining: bool,
 }
 
 impl Session {
     pub(crate) fn new(id: String, principal: String, revision: u64, state: SessionState, expires_at_ms: i64) -> Self {
         Self {
+            caller: Mutex::new(Arc::new(caller_of(&principal, &state))),
             id,
             principal,
             standalone_stream: state.standalone_stream.clone(),
-            protocol_version: Mutex::new(state.protocol_version.clone()),
+            local: Mutex::new(None),
+            notifications: Mutex::new(NotificationQueue::default()),
             durable: tokio::sync::Mutex::new(Durable { revision, state }),
             expires_persisted: AtomicI64::new(expires_at_ms),
             last_seen: AtomicI64::new(tether_store::now_ms()),
@@ -80,7 +105,43 @@ impl Session {
     }
 
     pub fn protocol_version(&self) -> String {
-        self.protocol_version.lock().map(|v| v.clone()).unwrap_or_default()
+        self.caller().protocol_version.clone()
+    }
+
+    pub(crate) fn caller(&self) -> Arc<Caller> {
+        match self.caller.lock() {
+            Ok(c) => c.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// After the state changed (a resume): the caller follows it.
+    pub(crate) fn set_caller_from(&self, state: &SessionState) {
+        let caller = Arc::new(caller_of(&self.principal, state));
+        match self.caller.lock() {
+            Ok(mut c) => *c = caller,
+            Err(poisoned) => *poisoned.into_inner() = caller,
+        }
+    }
+
+    /// The application's in-memory state of type `T` (created on first use;
+    /// state of another type is replaced).
+    pub(crate) fn local<T: Default + Send + Sync + 'static>(&self) -> Arc<T> {
+        let mut local = match self.local.lock() {
+            Ok(l) => l,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if let Some(found) = local.clone().and_then(|l| l.downcast::<T>().ok()) {
+            return found;
+        }
+        let fresh = Arc::new(T::default());
+        *local = Some(fresh.clone() as Arc<dyn Any + Send + Sync>);
+        fresh
+    }
+
+    /// Takes the application's in-memory state (the session is leaving).
+    pub(crate) fn take_local(&self) -> super::ctx::Local {
+        self.local.lock().ok().and_then(|mut l| l.take())
     }
 
     pub(crate) fn inflight_count(&self) -> usize {
@@ -88,7 +149,14 @@ impl Session {
     }
 
     pub(crate) fn is_busy(&self) -> bool {
-        self.inflight_count() > 0 || self.pending.lock().map(|m| !m.is_empty()).unwrap_or(false)
+        self.inflight_count() > 0
+            || self.pending.lock().map(|m| !m.is_empty()).unwrap_or(false)
+            || self.notifications.lock().map(|q| q.draining).unwrap_or(false)
+    }
+
+    /// Server-to-client requests waiting for the client's answer here.
+    pub fn pending_client_requests(&self) -> usize {
+        self.pending.lock().map(|m| m.len()).unwrap_or(0)
     }
 
     pub(crate) fn last_seen(&self) -> i64 {
@@ -98,5 +166,14 @@ impl Session {
     /// A copy of the stored state.
     pub async fn state(&self) -> SessionState {
         self.durable.lock().await.state.clone()
+    }
+}
+
+fn caller_of(principal: &str, state: &SessionState) -> Caller {
+    Caller {
+        principal: principal.to_owned(),
+        protocol_version: state.protocol_version.clone(),
+        client_capabilities: state.client_capabilities.clone(),
+        client_info: state.client_info.clone(),
     }
 }

@@ -117,7 +117,7 @@ impl Auth {
         }
         let unauthorized = |m: &str| HttpError {
             www_authenticate: true,
-            ..HttpError::new(StatusCode::UNAUTHORIZED, crate::protocol::INVALID_REQUEST, m)
+            ..HttpError::new(StatusCode::UNAUTHORIZED, tether_wire::code::INVALID_REQUEST, m)
         };
         let token = headers
             .get(header::AUTHORIZATION)

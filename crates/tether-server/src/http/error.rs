@@ -5,13 +5,10 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
-use crate::engine::EngineError;
-use crate::protocol::{self, EnvelopeError};
+use tether_wire::code::{INTERNAL_ERROR, INVALID_REQUEST, SERVER_ERROR, SESSION_NOT_FOUND};
+use tether_wire::{EnvelopeError, RpcError, envelope};
 
-/// JSON-RPC code that MCP SDKs use for "session not found".
-pub const SESSION_NOT_FOUND: i64 = -32001;
-/// Generic server-side refusal (limits).
-pub const SERVER_ERROR: i64 = -32000;
+use crate::engine::EngineError;
 
 #[derive(Debug)]
 pub struct HttpError {
@@ -27,10 +24,10 @@ impl HttpError {
         Self { status, code, message: message.into(), id: None, www_authenticate: false }
     }
     pub fn bad_request(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, protocol::INVALID_REQUEST, message)
+        Self::new(StatusCode::BAD_REQUEST, INVALID_REQUEST, message)
     }
     pub fn internal(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, protocol::INTERNAL_ERROR, message)
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, INTERNAL_ERROR, message)
     }
 }
 
@@ -49,7 +46,8 @@ impl From<EngineError> for HttpError {
                 Self { status: StatusCode::BAD_REQUEST, code, message, id, www_authenticate: false }
             }
             EngineError::TooMany(m) => Self::new(StatusCode::TOO_MANY_REQUESTS, SERVER_ERROR, m),
-            EngineError::Unavailable(_) => Self::new(StatusCode::SERVICE_UNAVAILABLE, protocol::INTERNAL_ERROR, message),
+            EngineError::ShuttingDown => Self::new(StatusCode::SERVICE_UNAVAILABLE, SERVER_ERROR, message),
+            EngineError::Unavailable(_) => Self::new(StatusCode::SERVICE_UNAVAILABLE, INTERNAL_ERROR, message),
         }
     }
 }
@@ -61,7 +59,7 @@ impl IntoResponse for HttpError {
         } else {
             tracing::debug!(status = %self.status, message = %self.message, "request refused");
         }
-        let body = protocol::error_message(self.id.as_ref(), self.code, &self.message, None);
+        let body = envelope::error_message(self.id.as_ref(), &RpcError::new(self.code, self.message));
         let mut response = (self.status, [(header::CONTENT_TYPE, "application/json")], body).into_response();
         if self.www_authenticate {
             response.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));

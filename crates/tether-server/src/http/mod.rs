@@ -23,13 +23,9 @@ use tokio::net::TcpListener;
 pub use auth::{ANONYMOUS, Auth, TokenTable};
 pub use error::HttpError;
 
-use crate::engine::{Engine, PostOutcome, Session};
-use crate::protocol::{self, Inbound};
+use tether_wire::{Inbound, headers};
 
-/// Header names of the transport.
-pub const SESSION_HEADER: &str = "mcp-session-id";
-pub const VERSION_HEADER: &str = "mcp-protocol-version";
-pub const LAST_EVENT_ID: &str = "last-event-id";
+use crate::engine::{Engine, PostOutcome, Session};
 
 #[derive(Clone)]
 struct AppState {
@@ -60,7 +56,6 @@ pub async fn serve(
             tracing::warn!(error = %e, "could not set TCP_NODELAY");
         }
     });
-    let reaper = engine.spawn_reaper();
     let on_shutdown = engine.clone();
     let result = axum::serve(listener, router(engine.clone(), auth))
         .with_graceful_shutdown(async move {
@@ -69,7 +64,7 @@ pub async fn serve(
             on_shutdown.shutdown().await;
         })
         .await;
-    reaper.abort();
+    // Already done when the graceful shutdown ran; this covers a listener error.
     engine.shutdown().await;
     tracing::info!("store flushed; bye");
     result
@@ -86,7 +81,7 @@ async fn handle_post(state: &AppState, headers: &HeaderMap, body: Body) -> Resul
     validate::accept_for_post(headers)?;
     validate::content_type_json(headers)?;
     let bytes = validate::read_body(headers, body, engine.config().max_body).await?;
-    let message = protocol::parse_message(&bytes).map_err(HttpError::from)?;
+    let message = tether_wire::parse_message(&bytes).map_err(HttpError::from)?;
 
     let outcome = match message {
         Inbound::Request { id, method, params } if method == "initialize" => {
@@ -99,6 +94,7 @@ async fn handle_post(state: &AppState, headers: &HeaderMap, body: Body) -> Resul
         PostOutcome::Accepted => StatusCode::ACCEPTED.into_response(),
         PostOutcome::Stream { frames, session_id } => sse::response(frames, retry, Some(&session_id)),
         PostOutcome::Complete { frames, session_id } => sse::complete(&frames, retry, &session_id),
+        PostOutcome::Sessionless { body } => (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], body).into_response(),
         PostOutcome::Json { body, session_id } => match body.await {
             Ok(body) => {
                 let mut response = (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], body).into_response();
@@ -120,7 +116,7 @@ async fn existing_session(state: &AppState, headers: &HeaderMap, principal: &str
 
 fn set_session_header(response: &mut Response, session_id: &str) {
     if let Ok(v) = HeaderValue::from_str(session_id) {
-        response.headers_mut().insert(SESSION_HEADER, v);
+        response.headers_mut().insert(headers::SESSION_ID, v);
     }
 }
 

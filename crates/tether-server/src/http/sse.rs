@@ -71,7 +71,7 @@ fn event_stream(body: Body, session_id: Option<&str>) -> Response {
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache, no-transform"));
     headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
     if let Some(id) = session_id.and_then(|s| HeaderValue::from_str(s).ok()) {
-        headers.insert(super::SESSION_HEADER, id);
+        headers.insert(tether_wire::headers::SESSION_ID, id);
     }
     response
 }

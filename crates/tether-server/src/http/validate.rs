@@ -4,8 +4,11 @@
 use axum::body::Body;
 use axum::http::{HeaderMap, StatusCode, header};
 
-use super::{HttpError, LAST_EVENT_ID, SESSION_HEADER, VERSION_HEADER};
-use crate::protocol::{self, SUPPORTED_VERSIONS};
+use tether_wire::code::INVALID_REQUEST;
+use tether_wire::headers::{LAST_EVENT_ID, PROTOCOL_VERSION, SESSION_ID};
+use tether_wire::revision;
+
+use super::HttpError;
 
 /// The one value of a header; two values of a header that must have one is
 /// a bad request, not a guess.
@@ -36,7 +39,7 @@ pub fn origin(headers: &HeaderMap, allowed: &[String]) -> Result<(), HttpError> 
     let forbidden = |o: &str| {
         HttpError::new(
             StatusCode::FORBIDDEN,
-            protocol::INVALID_REQUEST,
+            INVALID_REQUEST,
             format!("Origin `{o}` is not allowed; start the server with --allowed-origin {o} to allow it"),
         )
     };
@@ -81,7 +84,7 @@ pub fn accept_for_post(headers: &HeaderMap) -> Result<(), HttpError> {
         (true, true) => Ok(()),
         _ => Err(HttpError::new(
             StatusCode::NOT_ACCEPTABLE,
-            protocol::INVALID_REQUEST,
+            INVALID_REQUEST,
             "Accept must list both application/json and text/event-stream",
         )),
     }
@@ -92,7 +95,7 @@ pub fn accept_for_get(headers: &HeaderMap) -> Result<(), HttpError> {
         (_, true) => Ok(()),
         _ => Err(HttpError::new(
             StatusCode::NOT_ACCEPTABLE,
-            protocol::INVALID_REQUEST,
+            INVALID_REQUEST,
             "Accept must list text/event-stream to open a stream",
         )),
     }
@@ -107,7 +110,7 @@ pub fn content_type_json(headers: &HeaderMap) -> Result<(), HttpError> {
         Some("application/json") => Ok(()),
         _ => Err(HttpError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            protocol::INVALID_REQUEST,
+            INVALID_REQUEST,
             "Content-Type must be application/json",
         )),
     }
@@ -116,7 +119,7 @@ pub fn content_type_json(headers: &HeaderMap) -> Result<(), HttpError> {
 fn too_large(max: usize) -> HttpError {
     HttpError::new(
         StatusCode::PAYLOAD_TOO_LARGE,
-        protocol::INVALID_REQUEST,
+        INVALID_REQUEST,
         format!("body is larger than {max} bytes (the server's --max-body)"),
     )
 }
@@ -140,19 +143,19 @@ pub async fn read_body(headers: &HeaderMap, body: Body, max: usize) -> Result<by
 
 /// `MCP-Protocol-Version`, if present, must name a revision we serve.
 pub fn protocol_version(headers: &HeaderMap) -> Result<(), HttpError> {
-    match header_str(headers, VERSION_HEADER)? {
+    match header_str(headers, PROTOCOL_VERSION)? {
         None => Ok(()),
-        Some(v) if protocol::is_supported_version(v) => Ok(()),
+        Some(v) if revision::is_supported(v) => Ok(()),
         Some(v) => Err(HttpError::bad_request(format!(
             "unsupported MCP-Protocol-Version `{}`; this server speaks {}",
             v.chars().take(40).collect::<String>(),
-            SUPPORTED_VERSIONS.join(", ")
+            revision::SUPPORTED.join(", ")
         ))),
     }
 }
 
 pub fn session_id(headers: &HeaderMap) -> Result<String, HttpError> {
-    let id = header_str(headers, SESSION_HEADER)?.ok_or_else(|| {
+    let id = header_str(headers, SESSION_ID)?.ok_or_else(|| {
         HttpError::bad_request("Mcp-Session-Id header is required: send initialize first and echo the session ID it returns")
     })?;
     if id.is_empty() || id.len() > 256 || !id.bytes().all(|b| (0x21..=0x7e).contains(&b)) {

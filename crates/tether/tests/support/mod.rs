@@ -11,7 +11,7 @@ use futures::StreamExt;
 use serde_json::{Map, Value, json};
 use tether_notebook::{MemoryNotebook, Notebook, NotebookRepo, SqliteNotebook};
 use tether_server::rmcp_model::{CallToolResult, ContentBlock, Implementation, Tool};
-use tether_server::{Engine, McpApp, RpcError, ServerConfig, ToolCtx};
+use tether_server::{Engine, McpApp, RequestCtx, RpcError, ServerConfig, ToolApp, ToolRouter};
 use tether_store::memory::MemoryStore;
 use tether_store::sqlite::SqliteStore;
 use tether_store::{Store, StoreConfig};
@@ -71,7 +71,7 @@ impl Drop for HangEnds {
 pub struct TestApp;
 
 #[async_trait::async_trait]
-impl McpApp for TestApp {
+impl ToolApp for TestApp {
     fn server_info(&self) -> Implementation {
         Implementation::new("test-app", "0")
     }
@@ -112,7 +112,7 @@ impl McpApp for TestApp {
         }
     }
 
-    async fn call_tool(&self, ctx: ToolCtx, name: &str, args: Map<String, Value>) -> Result<CallToolResult, RpcError> {
+    async fn call_tool(&self, ctx: RequestCtx, name: &str, args: Map<String, Value>) -> Result<CallToolResult, RpcError> {
         match name {
             "echo" => Ok(CallToolResult::structured(Value::Object(args))),
             "chatty" => {
@@ -125,7 +125,7 @@ impl McpApp for TestApp {
                 Ok(CallToolResult::structured(json!({"steps": steps})))
             }
             "announce" => {
-                ctx.session().notify("notifications/tools/list_changed", None).await?;
+                ctx.require_session()?.notify("notifications/tools/list_changed", None).await?;
                 Ok(CallToolResult::structured(json!({"announced": true})))
             }
             "hang" => {
@@ -224,8 +224,8 @@ impl TestServer {
                 }
             };
             let app: Arc<dyn McpApp> = match app {
-                AppKind::Notebook => Arc::new(Notebook::new(repo)),
-                AppKind::Test => Arc::new(TestApp),
+                AppKind::Notebook => Arc::new(ToolRouter::new(Notebook::new(repo))),
+                AppKind::Test => Arc::new(ToolRouter::new(TestApp)),
             };
             let engine = Engine::new(store, app, config);
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

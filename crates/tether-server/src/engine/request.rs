@@ -1,0 +1,181 @@
+//! One request from start to its one final response: its slot among the
+//! session's requests in flight (bounded; freed however the work ends), its
+//! stream (or a JSON answer), its work in a task of its own that outlives the
+//! connection, and the rendering of the result. A panic in the application,
+//! a cancellation, or a shutdown that cannot wait ends the request with an
+//! error response that is stored like any other.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde_json::Value;
+use tether_store::StoreError;
+use tether_wire::{RpcError, envelope};
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+use super::ctx::{RequestCtx, request_key};
+use super::pump::{PumpSpec, spawn_pump};
+use super::request_stream::{self, RequestStream};
+use super::session::Session;
+use super::{EngineError, Frame, INTERRUPTED_MESSAGE, Inner, PostOutcome};
+use crate::app::RawResult;
+use crate::ids::{self, EventId};
+
+/// A request's work: what the application does with its context.
+pub(crate) type Work = Box<dyn FnOnce(RequestCtx) -> BoxFuture<'static, Result<RawResult, RpcError>> + Send>;
+
+/// The answer to a request whose application code panicked.
+pub const PANICKED_MESSAGE: &str = "the server failed while handling this request (a bug: see the server log); the session is still usable";
+
+/// A request's place in its session's in-flight map, freed on drop: when
+/// the work returns, panics, or its task is dropped.
+struct InflightSlot {
+    session: Arc<Session>,
+    key: String,
+}
+
+impl InflightSlot {
+    /// Takes a slot, or says why not (a running request has this id; too many run).
+    fn take(session: &Arc<Session>, key: String, cancel: CancellationToken, limit: usize) -> Result<Self, EngineError> {
+        let mut inflight = session.inflight.lock().map_err(|_| StoreError::Backend("inflight lock poisoned".into()))?;
+        if inflight.contains_key(&key) {
+            return Err(EngineError::BadRequest {
+                code: tether_wire::code::INVALID_REQUEST,
+                message: format!("request id {key} is already in use by a running request of this session"),
+                id: None,
+            });
+        }
+        if inflight.len() >= limit {
+            return Err(EngineError::TooMany(format!("this session already runs {} requests; wait for one to finish", inflight.len())));
+        }
+        inflight.insert(key.clone(), cancel);
+        Ok(Self { session: session.clone(), key })
+    }
+}
+
+impl Drop for InflightSlot {
+    fn drop(&mut self) {
+        if let Ok(mut inflight) = self.session.inflight.lock() {
+            inflight.remove(&self.key);
+        }
+    }
+}
+
+/// Runs `work`, racing cancellation and the end of the shutdown grace, and
+/// renders the JSON-RPC response. A panic becomes `-32603`.
+async fn run_work(inner: &Inner, ctx: RequestCtx, work: Work, cancel: CancellationToken) -> Bytes {
+    let id = ctx.request_id().clone();
+    let session = ctx.session().map(|s| s.session_id().to_owned()).unwrap_or_default();
+    let guarded = std::panic::AssertUnwindSafe(work(ctx)).catch_unwind();
+    let result = tokio::select! {
+        r = guarded => r.unwrap_or_else(|panic| {
+            let what = panic_message(&panic);
+            tracing::error!(%session, request = %id, panic = %what, "the application panicked; the request ends with -32603");
+            Err(RpcError::internal(PANICKED_MESSAGE))
+        }),
+        _ = cancel.cancelled() => Err(RpcError::cancelled()),
+        _ = inner.interrupt.cancelled() => Err(RpcError::internal(INTERRUPTED_MESSAGE)),
+    };
+    match result {
+        Ok(raw) => envelope::raw_result_message(&id, &raw),
+        Err(e) => envelope::error_message(Some(&id), &e),
+    }
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".into())
+}
+
+impl Inner {
+    /// Registers a request, opens its stream (unless JSON mode) and runs
+    /// `work` in its own task, which outlives the connection.
+    pub(crate) async fn start_request(
+        self: Arc<Self>,
+        session: Arc<Session>,
+        id: Value,
+        method: &str,
+        progress_token: Option<Value>,
+        work: Work,
+    ) -> Result<PostOutcome, EngineError> {
+        if self.shutdown.is_cancelled() {
+            return Err(EngineError::ShuttingDown);
+        }
+        let cancel = CancellationToken::new();
+        let slot = InflightSlot::take(&session, request_key(&id), cancel.clone(), self.config.max_inflight_per_session)?;
+        let session_id = session.id.clone();
+        if self.config.json_response {
+            let (tx, rx) = oneshot::channel();
+            let ctx = RequestCtx::new(self.clone(), session.clone(), None, id.clone(), progress_token, cancel.clone());
+            let inner = self.clone();
+            self.spawn(async move {
+                let _slot = slot;
+                let body = run_work(&inner, ctx, work, cancel).await;
+                let _ = tx.send(body);
+            });
+            return Ok(PostOutcome::Json { body: rx, session_id });
+        }
+
+        let (stream, attachment, quick) = RequestStream::new(ids::new_request_stream(), id.clone(), method);
+        let name = stream.name.clone();
+        let request_id = id.clone();
+        let ctx = RequestCtx::new(self.clone(), session.clone(), Some(stream.clone()), id, progress_token, cancel.clone());
+        let prime_delay = self.config.prime_delay;
+        let worker_session = session.clone();
+        let inner = self.clone();
+        // A request's stream is where the work's deferred writes are
+        // checked (`tether_store::fence`); JSON answers are not stored, so
+        // JSON mode above defers nothing.
+        self.spawn(tether_store::fence::scope(async move {
+            let _slot = slot;
+            let session = worker_session;
+            let mut work = std::pin::pin!(run_work(&inner, ctx, work, cancel));
+            let payload = tokio::select! {
+                payload = &mut work => payload,
+                _ = tokio::time::sleep(prime_delay) => {
+                    // Slow work: give the client an event ID to resume from now.
+                    if let Err(e) = stream.ensure_primed(&inner, &session.id).await {
+                        tracing::error!(session = %session.id, error = %e, "could not store a priming event");
+                    }
+                    work.await
+                }
+            };
+            if !session.closed.is_cancelled() {
+                let mut stored = stream.finish(&inner, &session.id, payload).await;
+                if let Err(StoreError::EarlierWriteFailed(why)) = &stored {
+                    let error = RpcError::internal(format!("the request's changes were not stored: {why}"));
+                    stored = stream.finish(&inner, &session.id, envelope::error_message(Some(&request_id), &error)).await;
+                }
+                if let Err(e) = stored {
+                    tracing::error!(session = %session.id, error = %e, "could not store a response; the client will see it as interrupted");
+                }
+            }
+        }));
+        if let Ok(request_stream::Quick::Done { response_seq, response }) = quick.await {
+            let frames = vec![
+                Frame::Prime { id: EventId::new(&name, response_seq.saturating_sub(1)) },
+                Frame::Event { id: EventId::new(&name, response_seq), data: response },
+            ];
+            return Ok(PostOutcome::Complete { frames, session_id });
+        }
+        // Slow or chatty work (or a store failure): follow the stream from the store.
+        let sub = self.hub.subscribe(&session.id, &name);
+        let spec = PumpSpec {
+            stream: name,
+            after: 0,
+            catch_up: true,
+            close_on_final: true,
+            standalone_generation: None,
+            first: None,
+            attachment: Some(attachment),
+        };
+        let frames = spawn_pump(self.clone(), session, spec, sub);
+        Ok(PostOutcome::Stream { frames, session_id })
+    }
+}

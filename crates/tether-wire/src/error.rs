@@ -1,0 +1,98 @@
+//! JSON-RPC error codes and [`RpcError`], the error object of a JSON-RPC
+//! answer: what an application answers a request with, what a client gets
+//! back, what the bridge forwards.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+/// The JSON-RPC and MCP error codes tether uses.
+pub mod code {
+    pub const PARSE_ERROR: i64 = -32700;
+    pub const INVALID_REQUEST: i64 = -32600;
+    pub const METHOD_NOT_FOUND: i64 = -32601;
+    pub const INVALID_PARAMS: i64 = -32602;
+    pub const INTERNAL_ERROR: i64 = -32603;
+    /// MCP: the request was cancelled (`notifications/cancelled`).
+    pub const REQUEST_CANCELLED: i64 = -32800;
+    /// Generic server-side refusal (a limit was reached).
+    pub const SERVER_ERROR: i64 = -32000;
+    /// What MCP SDKs use for "session not found" (with HTTP 404).
+    pub const SESSION_NOT_FOUND: i64 = -32001;
+}
+
+/// A JSON-RPC error object: `{"code", "message", "data"?}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RpcError {
+    pub code: i64,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<Value>,
+}
+
+impl RpcError {
+    pub fn new(code: i64, message: impl Into<String>) -> Self {
+        Self { code, message: message.into(), data: None }
+    }
+    pub fn with_data(mut self, data: Value) -> Self {
+        self.data = Some(data);
+        self
+    }
+    pub fn invalid_request(message: impl Into<String>) -> Self {
+        Self::new(code::INVALID_REQUEST, message)
+    }
+    pub fn invalid_params(message: impl Into<String>) -> Self {
+        Self::new(code::INVALID_PARAMS, message)
+    }
+    pub fn method_not_found(method: &str) -> Self {
+        Self::new(code::METHOD_NOT_FOUND, format!("method not found: {method}"))
+    }
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(code::INTERNAL_ERROR, message)
+    }
+    pub fn cancelled() -> Self {
+        Self::new(code::REQUEST_CANCELLED, "request cancelled")
+    }
+
+    /// Reads an error object a peer sent; what is missing or malformed is
+    /// filled in (`-32603`, "(no message)") rather than refused, because the
+    /// caller still has to answer someone.
+    pub fn from_object(error: &Value) -> Self {
+        Self {
+            code: error.get("code").and_then(Value::as_i64).unwrap_or(code::INTERNAL_ERROR),
+            message: error.get("message").and_then(Value::as_str).unwrap_or("(no message)").to_owned(),
+            data: error.get("data").filter(|d| !d.is_null()).cloned(),
+        }
+    }
+
+    /// The error object as JSON.
+    pub fn to_object(&self) -> Value {
+        let mut error = json!({"code": self.code, "message": self.message});
+        if let Some(data) = &self.data {
+            error["data"] = data.clone();
+        }
+        error
+    }
+}
+
+impl fmt::Display for RpcError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "JSON-RPC error {}: {}", self.code, self.message)
+    }
+}
+
+impl std::error::Error for RpcError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_objects_round_trip_and_fill_in_what_a_peer_left_out() {
+        let e = RpcError::invalid_params("no").with_data(json!({"k": 1}));
+        assert_eq!(RpcError::from_object(&e.to_object()), e);
+        let partial = RpcError::from_object(&json!({"message": 7}));
+        assert_eq!((partial.code, partial.message.as_str()), (code::INTERNAL_ERROR, "(no message)"));
+    }
+}

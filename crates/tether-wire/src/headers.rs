@@ -1,0 +1,14 @@
+//! Header names of the Streamable HTTP transport (lower case, as `http`
+//! stores them; header lookups are case-insensitive).
+
+/// The session a request belongs to (set by the server on `initialize`).
+pub const SESSION_ID: &str = "mcp-session-id";
+/// The revision a request after `initialize` speaks.
+pub const PROTOCOL_VERSION: &str = "mcp-protocol-version";
+/// Resume a stream after this event (GET).
+pub const LAST_EVENT_ID: &str = "last-event-id";
+
+/// The `Accept` of a POST: the answer may be JSON or an SSE stream.
+pub const ACCEPT_POST: &str = "application/json, text/event-stream";
+/// The content type of an SSE stream (and the `Accept` of a GET).
+pub const EVENT_STREAM: &str = "text/event-stream";

@@ -1,0 +1,30 @@
+//! The `_meta` keys tether reads and writes. Keys under `dev.tether/` are
+//! tether's own; the others come from the source designs.
+
+/// Everything tether adds under its own prefix (the bridge hides these from its host).
+pub const TETHER_PREFIX: &str = "dev.tether/";
+
+/// In an `initialize` result: the token that resumes this session later;
+/// in `initialize` params: the token presented to resume one.
+pub const SESSION_RESUME_TOKEN: &str = "dev.tether/sessionResumeToken";
+/// In an `initialize` result that presented a token: whether it resumed.
+pub const RESUMED: &str = "dev.tether/resumed";
+/// Why a presented token did not resume (one word).
+pub const RESUME_REFUSED: &str = "dev.tether/resumeRefused";
+
+/// In a partial result: the token to ask for the next part with.
+pub const NEXT_RESUME_TOKEN: &str = "nextResumeToken";
+/// In a repeated request: the token of the part asked for.
+pub const RESUME_TOKEN: &str = "resumeToken";
+/// In a partial result: nothing new was ready yet.
+pub const PENDING: &str = "dev.tether/pending";
+
+/// In `tools/list`: this tool's calls run as resumable operations.
+pub const RESUMABLE: &str = "dev.tether/resumable";
+/// In `tools/list`: how long a call of this tool usually takes.
+pub const EXPECTED_DURATION_MS: &str = "dev.tether/expectedDurationMs";
+/// In `tools/list`: an interrupted call continues after a restart.
+pub const RESTARTABLE: &str = "dev.tether/restartable";
+
+/// In request params: the token progress notifications carry.
+pub const PROGRESS_TOKEN: &str = "progressToken";

@@ -1,0 +1,29 @@
+//! The protocol revisions tether serves with sessions (the "legacy era").
+
+/// Served, newest first.
+pub const SUPPORTED: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26"];
+/// Offered when a client asks for a revision not served.
+pub const LATEST: &str = "2025-11-25";
+/// Assumed when a request after initialize carries no `MCP-Protocol-Version`.
+pub const ASSUMED: &str = "2025-03-26";
+
+pub fn is_supported(v: &str) -> bool {
+    SUPPORTED.contains(&v)
+}
+
+/// The revision to answer an `initialize` asking for `requested` with.
+pub fn negotiate(requested: Option<&str>) -> &'static str {
+    requested.and_then(|r| SUPPORTED.iter().find(|v| **v == r).copied()).unwrap_or(LATEST)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn negotiates_known_versions_and_offers_latest_otherwise() {
+        assert_eq!(negotiate(Some("2025-06-18")), "2025-06-18");
+        assert_eq!(negotiate(Some("2099-01-01")), LATEST);
+        assert_eq!(negotiate(None), LATEST);
+    }
+}
