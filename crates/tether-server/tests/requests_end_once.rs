@@ -244,28 +244,47 @@ async fn server_to_client_requests_waiting_per_session_are_bounded() {
     assert!(session.pending_client_requests() == 0, "nothing stays pending after the waits end");
 }
 
-#[tokio::test]
-async fn two_resumes_of_an_orphaned_operation_restart_its_work_once() {
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new(StoreConfig::default()));
-    // The first process starts the operation and "dies" (its engine is dropped unused).
-    let first = harness_on(store.clone(), config());
+/// A store shared by replicas: the real Redis of the test command, under a
+/// prefix of its own.
+async fn shared_store() -> Arc<dyn Store> {
+    let url = std::env::var("TETHER_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into());
+    let prefix = format!("tether-test:{}:{}:", std::process::id(), rand::random::<u32>());
+    let config = StoreConfig { redis_prefix: prefix, ..StoreConfig::default() };
+    let store = tether_store::redis::RedisStore::open(&url, config)
+        .await
+        .unwrap_or_else(|e| panic!("Redis is needed and not reachable at {url}: {e}; run scripts/test (it starts Redis)"));
+    Arc::new(store)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_resuming_an_orphaned_operation_restart_its_work_once() {
+    let store = shared_store().await;
+    let replica = || ServerConfig { replica_lease: Duration::from_millis(300), ..config() };
+    // The first replica starts the operation and stops before it finishes
+    // (its work is left running in the store, its lease released).
+    let first = harness_on(store.clone(), replica());
     let session = open_session(&first).await;
     let (_, answers) = messages(first.engine.post(session.clone(), call(1, "count", json!({}))).await.expect("accepted")).await;
     let token = answers[0]["result"]["_meta"]["nextResumeToken"].as_str().expect("a pending answer with a token").to_owned();
-    assert_eq!(first.seen.operation_starts.load(Ordering::SeqCst), 1);
+    first.engine.shutdown().await;
 
-    // The next process sees the operation orphaned; two resumes race.
-    let next = harness_on(store, config());
-    let session = next.engine.session(&session.id, "p").await.expect("rehydrated");
-    let resume = |id: u64| {
-        let params = json!({"name": "count", "arguments": {}, "_meta": {"resumeToken": token}});
-        next.engine.post(session.clone(), Inbound::Request { id: json!(id), method: "tools/call".into(), params: params.as_object().cloned() })
+    // Two other replicas see it orphaned; a resume reaches each at once.
+    let (b, c) = (harness_on(store.clone(), replica()), harness_on(store, replica()));
+    let resume = |h: &Harness, id: u64| {
+        let (engine, token, session) = (h.engine.clone(), token.clone(), session.id.clone());
+        async move {
+            let session = engine.session(&session, "p").await.expect("rehydrated");
+            let params = json!({"name": "count", "arguments": {}, "_meta": {"resumeToken": token}});
+            let request = Inbound::Request { id: json!(id), method: "tools/call".into(), params: params.as_object().cloned() };
+            messages(engine.post(session, request).await.expect("accepted")).await.1
+        }
     };
-    let (a, b) = tokio::join!(resume(2), resume(3));
-    let (_, a) = messages(a.expect("accepted")).await;
-    let (_, b) = messages(b.expect("accepted")).await;
-    assert!(a[0].get("result").is_some() && b[0].get("result").is_some(), "{a:?} {b:?}");
-    assert_eq!(next.seen.operation_starts.load(Ordering::SeqCst), 1, "the orphaned work is restarted once, not per resume");
+    let (from_b, from_c) = tokio::join!(resume(&b, 2), resume(&c, 3));
+    assert!(from_b[0].get("result").is_some() && from_c[0].get("result").is_some(), "{from_b:?} {from_c:?}");
+    let starts = b.seen.operation_starts.load(Ordering::SeqCst) + c.seen.operation_starts.load(Ordering::SeqCst);
+    assert_eq!(starts, 1, "the orphaned work is restarted by one replica, once");
+    b.engine.shutdown().await;
+    c.engine.shutdown().await;
 }
 
 #[tokio::test]
