@@ -9,11 +9,13 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use serde_json::{Value, json};
+use tether_wire::sse::Decoder;
+use tether_wire::{Inbound, headers, parse_message};
 
 use crate::server::Protocol;
-use crate::sse;
 
-pub const PROTOCOL_VERSION: &str = "2025-11-25";
+/// The revision the bench asks every server for.
+pub const PROTOCOL_VERSION: &str = tether_wire::revision::LATEST;
 /// A call taking longer than this is an error, not a latency sample.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Error messages kept (and printed) per run; the rest are only counted.
@@ -222,10 +224,10 @@ pub fn post(http: &reqwest::Client, url: &str, session: Option<&str>, body: &Val
     let mut req = http
         .post(url)
         .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
+        .header("accept", headers::ACCEPT_POST)
         .body(body.to_string());
     if let Some(id) = session {
-        req = req.header("mcp-session-id", id).header("mcp-protocol-version", PROTOCOL_VERSION);
+        req = req.header(headers::SESSION_ID, id).header(headers::PROTOCOL_VERSION, PROTOCOL_VERSION);
     }
     req
 }
@@ -245,16 +247,16 @@ pub async fn open_session(http: &reqwest::Client, url: &str, roots: bool) -> Res
     let resp = post(http, url, None, &init).send().await.map_err(|e| format!("initialize: {e}"))?;
     let session = resp
         .headers()
-        .get("mcp-session-id")
+        .get(headers::SESSION_ID)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned)
         .ok_or_else(|| format!("initialize: no Mcp-Session-Id header (status {})", resp.status()))?;
-    let msg = response_message(resp, 0).await.map_err(|e| format!("initialize: {e}"))?;
-    if msg.pointer("/result/protocolVersion").and_then(Value::as_str) != Some(PROTOCOL_VERSION) {
-        return Err(format!("initialize: result.protocolVersion is not {PROTOCOL_VERSION} in {msg}"));
+    let result = response_result(resp, 0).await.map_err(|e| format!("initialize: {e}"))?;
+    if result.get("protocolVersion").and_then(Value::as_str) != Some(PROTOCOL_VERSION) {
+        return Err(format!("initialize: result.protocolVersion is not {PROTOCOL_VERSION} in {result}"));
     }
-    if !msg.pointer("/result/capabilities/tools").is_some_and(Value::is_object) {
-        return Err(format!("initialize: no result.capabilities.tools in {msg}"));
+    if !result.pointer("/capabilities/tools").is_some_and(Value::is_object) {
+        return Err(format!("initialize: no result.capabilities.tools in {result}"));
     }
 
     let note = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
@@ -289,14 +291,14 @@ fn thought_call(n: u64) -> Value {
 /// the structuredContent must be exactly what the notebook answers.
 pub async fn call_thought(http: &reqwest::Client, url: &str, session: &str, n: u64) -> Result<(), String> {
     let resp = post(http, url, Some(session), &thought_call(n)).send().await.map_err(|e| e.to_string())?;
-    let msg = response_message(resp, n).await?;
-    check_thought(&msg, n)
+    let result = response_result(resp, n).await?;
+    check_thought(&result, n)
 }
 
-/// The checks of a `thought` answer (JSON-RPC envelope already checked).
-pub fn check_thought(msg: &Value, n: u64) -> Result<(), String> {
-    if msg.pointer("/result/isError") == Some(&Value::Bool(true)) {
-        return Err(format!("tool error: {msg}"));
+/// The checks of a `thought` result (JSON-RPC envelope already checked).
+pub fn check_thought(result: &Value, n: u64) -> Result<(), String> {
+    if result.get("isError") == Some(&Value::Bool(true)) {
+        return Err(format!("tool error: {result}"));
     }
     let want = json!({
         "thoughtNumber": n,
@@ -305,10 +307,10 @@ pub fn check_thought(msg: &Value, n: u64) -> Result<(), String> {
         "branches": [],
         "thoughtHistoryLength": n,
     });
-    match msg.pointer("/result/structuredContent") {
+    match result.get("structuredContent") {
         Some(got) if *got == want => Ok(()),
         Some(got) => Err(format!("structuredContent is {got}, want {want}")),
-        None => Err(format!("no result.structuredContent in {msg}")),
+        None => Err(format!("no result.structuredContent in {result}")),
     }
 }
 
@@ -344,36 +346,56 @@ pub fn has_content_type(resp: &reqwest::Response, prefix: &str) -> bool {
         .is_some_and(|ct| ct.starts_with(prefix))
 }
 
-/// Reads the whole body (SSE or plain JSON) and returns the JSON-RPC
-/// response, checked for status 200, the expected id and no `error`.
-pub async fn response_message(resp: reqwest::Response, id: u64) -> Result<Value, String> {
+/// Reads the whole body (SSE or plain JSON) and returns the result of the
+/// JSON-RPC response, checked for status 200, the expected id and no `error`.
+pub async fn response_result(resp: reqwest::Response, id: u64) -> Result<Value, String> {
     let status = resp.status();
-    let sse = has_content_type(&resp, "text/event-stream");
+    let sse = has_content_type(&resp, headers::EVENT_STREAM);
     let json_type = has_content_type(&resp, "application/json");
     let body = resp.bytes().await.map_err(|e| format!("reading the body: {e}"))?;
-    let text = String::from_utf8_lossy(&body);
+    let text = || String::from_utf8_lossy(&body).chars().take(200).collect::<String>();
     if status != reqwest::StatusCode::OK {
-        return Err(format!("status {status}: {}", text.chars().take(200).collect::<String>()));
+        return Err(format!("status {status}: {}", text()));
     }
     if !sse && !json_type {
-        return Err(format!("content-type is neither text/event-stream nor application/json: {}", text.chars().take(200).collect::<String>()));
+        return Err(format!("content-type is neither text/event-stream nor application/json: {}", text()));
     }
-    let json_text = if sse {
-        let events = sse::parse_body(&body)?;
-        match events.iter().rev().find(|e| e.has_data()) {
-            Some(e) => e.data.clone(),
-            None => return Err(format!("no data event in the SSE body: {text:?}")),
-        }
-    } else {
-        text.trim().to_string()
-    };
-    let msg: Value = serde_json::from_str(&json_text).map_err(|e| format!("bad JSON ({e}): {json_text}"))?;
-    if let Some(err) = msg.get("error") {
-        return Err(format!("JSON-RPC error: {err}"));
-    }
-    if msg.get("jsonrpc").and_then(Value::as_str) != Some("2.0") || msg.get("id").and_then(Value::as_u64) != Some(id) {
-        return Err(format!("not the JSON-RPC response to id {id}: {msg}"));
-    }
-    Ok(msg)
+    result_in(&body, sse, id)
 }
 
+/// The result of the response to `id` in a whole body (of an SSE body, the
+/// last event with data).
+fn result_in(body: &bytes::Bytes, sse: bool, id: u64) -> Result<Value, String> {
+    let message = if sse {
+        let events = Decoder::new().push(body.clone()).map_err(|e| e.to_string())?;
+        match events.into_iter().rev().find(|e| e.has_data()) {
+            Some(e) => bytes::Bytes::from(e.data),
+            None => return Err(format!("no data event in the SSE body: {:?}", String::from_utf8_lossy(body))),
+        }
+    } else {
+        body.clone()
+    };
+    let shown = || String::from_utf8_lossy(&message).chars().take(300).collect::<String>();
+    match parse_message(&message) {
+        Ok(Inbound::Response { id: got, outcome: Ok(result) }) if got.as_u64() == Some(id) => Ok(result),
+        Ok(Inbound::Response { id: got, outcome: Err(error) }) if got.as_u64() == Some(id) => Err(format!("JSON-RPC error: {error}")),
+        Ok(_) => Err(format!("not the JSON-RPC response to id {id}: {}", shown())),
+        Err(e) => Err(format!("{} ({}): {}", e.message, e.code, shown())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_result_of_a_quick_sse_answer_or_a_json_body_is_checked() {
+        let sse = bytes::Bytes::from_static(b"id: r1.0\nretry: 3000\ndata:\n\nevent: message\nid: r1.1\ndata: {\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{\"ok\":true}}\n\n");
+        assert_eq!(result_in(&sse, true, 7), Ok(json!({"ok": true})));
+        assert!(result_in(&sse, true, 8).unwrap_err().contains("not the JSON-RPC response to id 8"));
+        let error = bytes::Bytes::from_static(br#"{"jsonrpc":"2.0","id":7,"error":{"code":-32602,"message":"no"}}"#);
+        assert!(result_in(&error, false, 7).unwrap_err().starts_with("JSON-RPC error"));
+        let priming_only = bytes::Bytes::from_static(b"id: r1.0\ndata:\n\n");
+        assert!(result_in(&priming_only, true, 7).unwrap_err().contains("no data event"));
+    }
+}

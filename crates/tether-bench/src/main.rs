@@ -7,14 +7,14 @@
 //! - [`server`]: the systems, their stores, starting/stopping/killing them.
 //! - [`load`]: the `tools_call` load generator and the MCP calls all share.
 //! - [`replay`]: `replay_10k`. [`sessions`]: bulk sessions, restart timing.
-//! - [`sse`]: SSE parsing. [`report`]: rows, table, budget, chart.
+//! - [`report`]: rows, table, budget, chart. SSE is read with
+//!   `tether_wire::sse`, the decoder the client and the tests use.
 
 mod load;
 mod replay;
 mod report;
 mod server;
 mod sessions;
-mod sse;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

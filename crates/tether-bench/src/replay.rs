@@ -28,10 +28,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use serde_json::Value;
+use tether_wire::sse::Decoder;
+use tether_wire::{Inbound, headers, parse_message};
 
 use crate::load::{self, PROTOCOL_VERSION};
-use crate::sse;
 
 /// Parallel connections that POST the notifications.
 const SENDERS: usize = 8;
@@ -51,24 +51,21 @@ struct Delivered {
 
 /// The JSON-RPC id of a `roots/list` request in an event's data, checked.
 fn roots_request_id(data: &str) -> Result<String, String> {
-    let msg: Value = serde_json::from_str(data).map_err(|e| format!("event data is not JSON ({e}): {data}"))?;
-    if msg.get("jsonrpc").and_then(Value::as_str) != Some("2.0") || msg.get("method").and_then(Value::as_str) != Some("roots/list") {
-        return Err(format!("event is not a roots/list request: {data}"));
-    }
-    match msg.get("id") {
-        Some(id @ (Value::String(_) | Value::Number(_))) => Ok(id.to_string()),
-        _ => Err(format!("roots/list request without a string or number id: {data}")),
+    match parse_message(data.as_bytes()) {
+        Ok(Inbound::Request { id, method, .. }) if method == "roots/list" => Ok(id.to_string()),
+        Ok(_) => Err(format!("event is not a roots/list request: {data}")),
+        Err(e) => Err(format!("event data is not a JSON-RPC message ({}): {data}", e.message)),
     }
 }
 
 fn get(http: &reqwest::Client, url: &str, session: &str, last_event_id: Option<&str>) -> reqwest::RequestBuilder {
     let mut req = http
         .get(url)
-        .header("accept", "text/event-stream")
-        .header("mcp-session-id", session)
-        .header("mcp-protocol-version", PROTOCOL_VERSION);
+        .header("accept", headers::EVENT_STREAM)
+        .header(headers::SESSION_ID, session)
+        .header(headers::PROTOCOL_VERSION, PROTOCOL_VERSION);
     if let Some(id) = last_event_id {
-        req = req.header("last-event-id", id);
+        req = req.header(headers::LAST_EVENT_ID, id);
     }
     req
 }
@@ -76,7 +73,7 @@ fn get(http: &reqwest::Client, url: &str, session: &str, last_event_id: Option<&
 async fn open_stream(req: reqwest::RequestBuilder, what: &str) -> anyhow::Result<reqwest::Response> {
     let resp = req.send().await.with_context(|| format!("{what}: GET failed"))?;
     let status = resp.status();
-    let sse = load::has_content_type(&resp, "text/event-stream");
+    let sse = load::has_content_type(&resp, headers::EVENT_STREAM);
     if status != reqwest::StatusCode::OK || !sse {
         let body = resp.text().await.unwrap_or_default();
         bail!("{what}: GET answered {status} (SSE: {sse}): {}", body.chars().take(300).collect::<String>());
@@ -117,7 +114,7 @@ pub async fn run(url: &str, events: usize, runs: usize) -> anyhow::Result<Outcom
     let reader = {
         let seen = seen.clone();
         tokio::spawn(async move {
-            let mut parser = sse::Parser::new();
+            let mut decoder = Decoder::new();
             let mut event_ids = HashSet::new();
             let mut request_ids = HashSet::new();
             loop {
@@ -126,7 +123,7 @@ pub async fn run(url: &str, events: usize, runs: usize) -> anyhow::Result<Outcom
                     Ok(None) => return Err("the standalone stream ended".to_string()),
                     Err(e) => return Err(format!("reading the standalone stream: {e}")),
                 };
-                for event in parser.push(&chunk)? {
+                for event in decoder.push(chunk).map_err(|e| e.to_string())? {
                     if !event.has_data() {
                         continue;
                     }
@@ -223,7 +220,7 @@ async fn timed_replay(
     let started = Instant::now();
     let outcome = tokio::time::timeout(REPLAY_TIMEOUT, async {
         let mut resp = open_stream(get(http, url, session, Some(resume_id)), "resume").await?;
-        let mut parser = sse::Parser::new();
+        let mut decoder = Decoder::new();
         let mut got = 0usize;
         let mut resent_last_event = false;
         loop {
@@ -232,7 +229,7 @@ async fn timed_replay(
                 Ok(None) => bail!("the replay ended after {got} of {events} events"),
                 Err(e) => bail!("reading the replay after {got} events: {e}"),
             };
-            for event in parser.push(&chunk).map_err(anyhow::Error::msg)? {
+            for event in decoder.push(chunk)? {
                 if !event.has_data() {
                     continue;
                 }

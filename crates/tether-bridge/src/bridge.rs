@@ -29,6 +29,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use serde_json::{Value, json};
+use tether_wire::meta::{RESUME_REFUSED, RESUMED, SESSION_RESUME_TOKEN, TETHER_PREFIX};
+use tether_wire::{Inbound, RpcError, parse_message};
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::{AbortHandle, JoinSet};
 use tracing::{debug, info, warn};
@@ -37,11 +39,6 @@ use crate::stdio::{Line, Outgoing};
 use crate::token_store::{ResumeTokenStore, log_lines};
 use crate::upstream::{Connector, ServerMessage, UpstreamError, UpstreamSession};
 
-pub const TOKEN_META: &str = "dev.tether/sessionResumeToken";
-pub const RESUMED_META: &str = "dev.tether/resumed";
-pub const REFUSED_META: &str = "dev.tether/resumeRefused";
-/// Every `_meta` key with this prefix is tether's own and never reaches the host.
-pub const TETHER_META_PREFIX: &str = "dev.tether/";
 
 /// Limits of one bridge.
 #[derive(Debug, Clone)]
@@ -136,7 +133,7 @@ pub async fn run(
             None => break,
             Some(Line::TooLong) => {
                 let message = format!("message longer than {} bytes", host.shared.options.max_line);
-                host.shared.send(error_response(Value::Null, -32600, &message)).await;
+                host.shared.send(error_response(Value::Null, RpcError::invalid_request(message))).await;
             }
             Some(Line::Text(bytes)) => host.line(&bytes).await,
         }
@@ -159,36 +156,21 @@ struct Host {
 impl Host {
     /// One stdin line: sorted by message kind.
     async fn line(&mut self, bytes: &[u8]) {
-        let message: Value = match serde_json::from_slice(bytes) {
+        let message = match parse_message(bytes) {
             Ok(message) => message,
             Err(e) => {
-                self.shared.send(error_response(Value::Null, -32700, &format!("parse error: {e}"))).await;
+                let error = RpcError::new(e.code, e.message);
+                self.shared.send(error_response(e.id.unwrap_or(Value::Null), error)).await;
                 return;
             }
         };
-        let Value::Object(mut message) = message else {
-            let text = "a JSON-RPC message is one object (batches are not supported)";
-            self.shared.send(error_response(Value::Null, -32600, text)).await;
-            return;
-        };
-        let id = message.remove("id");
-        let params = message.remove("params");
-        let method = message.get("method").and_then(Value::as_str).map(str::to_owned);
-        match (method, id) {
-            (Some(method), Some(id)) if method == "initialize" => self.shared.initialize(id, params).await,
-            (Some(method), Some(id)) => self.request(id, method, params).await,
-            (Some(method), None) => self.notification(method, params).await,
-            (None, Some(id)) if message.contains_key("result") || message.contains_key("error") => {
-                let answer = match message.remove("result") {
-                    Some(result) => Ok(result),
-                    None => Err(message.remove("error").unwrap_or(Value::Null)),
-                };
-                self.response(id, answer);
+        match message {
+            Inbound::Request { id, method, params } if method == "initialize" => {
+                self.shared.initialize(id, params.map(Value::Object)).await
             }
-            (_, id) => {
-                let text = "not a JSON-RPC request, notification or response";
-                self.shared.send(error_response(id.unwrap_or(Value::Null), -32600, text)).await;
-            }
+            Inbound::Request { id, method, params } => self.request(id, method, params.map(Value::Object)).await,
+            Inbound::Notification { method, params } => self.notification(method, params.map(Value::Object)).await,
+            Inbound::Response { id, outcome } => self.response(id, outcome),
         }
     }
 
@@ -199,7 +181,7 @@ impl Host {
             let response = if method == "ping" {
                 json!({"jsonrpc": "2.0", "id": id, "result": {}})
             } else {
-                error_response(id, -32600, "not initialized: send initialize first")
+                error_response(id, RpcError::invalid_request("not initialized: send initialize first"))
             };
             shared.send(response).await;
             return;
@@ -208,7 +190,7 @@ impl Host {
         // hold back the host's answers that running requests wait on.
         let Ok(permit) = self.permits.clone().try_acquire_owned() else {
             let text = format!("too many requests in flight (at most {})", shared.options.max_in_flight);
-            shared.send(error_response(id, -32603, &text)).await;
+            shared.send(error_response(id, RpcError::internal(text))).await;
             return;
         };
         let key = id.to_string();
@@ -222,7 +204,7 @@ impl Host {
             });
             let response = match result.await {
                 Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
-                Err(e) => json!({"jsonrpc": "2.0", "id": id, "error": e.to_rpc_error()}),
+                Err(e) => error_response(id, e.to_rpc_error()),
             };
             task.send(response).await;
             drop(permit);
@@ -297,8 +279,8 @@ impl Host {
     }
 }
 
-fn error_response(id: Value, code: i64, message: &str) -> Value {
-    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
+fn error_response(id: Value, error: RpcError) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "error": error.to_object()})
 }
 
 /// Removes every `dev.tether/…` key from `value["_meta"]` (and `_meta` if
@@ -307,7 +289,7 @@ pub fn strip_tether_meta(value: &mut Value) {
     let Some(object) = value.as_object_mut() else { return };
     let now_empty = match object.get_mut("_meta") {
         Some(Value::Object(meta)) => {
-            meta.retain(|k, _| !k.starts_with(TETHER_META_PREFIX));
+            meta.retain(|k, _| !k.starts_with(TETHER_PREFIX));
             meta.is_empty()
         }
         _ => false,
@@ -332,7 +314,7 @@ impl Shared {
     /// is kept) and answer with the remote's result.
     async fn initialize(self: &Arc<Self>, id: Value, params: Option<Value>) {
         if self.current().is_some() {
-            self.send(error_response(id, -32600, "already initialized")).await;
+            self.send(error_response(id, RpcError::invalid_request("already initialized"))).await;
             return;
         }
         let mut params = params.unwrap_or_else(|| json!({}));
@@ -347,7 +329,7 @@ impl Shared {
             }
             Err(e) => {
                 warn!("initialize with the remote failed: {e}");
-                self.send(json!({"jsonrpc": "2.0", "id": id, "error": e.to_rpc_error()})).await;
+                self.send(error_response(id, e.to_rpc_error())).await;
             }
         }
     }
@@ -362,13 +344,13 @@ impl Shared {
             if !meta.is_object() {
                 *meta = json!({});
             }
-            meta[TOKEN_META] = json!(token);
+            meta[SESSION_RESUME_TOKEN] = json!(token);
         }
         let (session, mut result) = self.connector.connect(params).await?;
         let meta = result.get("_meta");
-        let resumed = meta.and_then(|m| m.get(RESUMED_META)).and_then(Value::as_bool) == Some(true);
-        let new_token = meta.and_then(|m| m.get(TOKEN_META)).and_then(Value::as_str).map(str::to_owned);
-        let refusal = meta.and_then(|m| m.get(REFUSED_META)).map(Value::to_string).unwrap_or_default();
+        let resumed = meta.and_then(|m| m.get(RESUMED)).and_then(Value::as_bool) == Some(true);
+        let new_token = meta.and_then(|m| m.get(SESSION_RESUME_TOKEN)).and_then(Value::as_str).map(str::to_owned);
+        let refusal = meta.and_then(|m| m.get(RESUME_REFUSED)).map(Value::to_string).unwrap_or_default();
         {
             let mut tokens = lock(&self.tokens);
             if token.is_some() {
@@ -437,8 +419,8 @@ impl Shared {
         if bridge_id.is_none() {
             warn!("too many remote requests waiting for the host; refusing {method}");
             if let Some(remote) = self.current() {
-                let error = json!({"code": -32603, "message": "too many requests waiting for the host"});
-                let _ = remote.session.respond(id, Err(error)).await;
+                let error = RpcError::internal("too many requests waiting for the host");
+                let _ = remote.session.respond(id, Err(error.to_object())).await;
             }
         }
         bridge_id

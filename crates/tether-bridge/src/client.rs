@@ -28,7 +28,7 @@ struct ClientConnector {
 fn convert(e: ClientError) -> UpstreamError {
     match e {
         ClientError::SessionNotFound => UpstreamError::SessionNotFound,
-        ClientError::Rpc { code, message, data } => UpstreamError::Rpc { code, message, data },
+        ClientError::Rpc(error) => UpstreamError::Rpc(error),
         ClientError::Auth { status, message } => UpstreamError::Other(format!("authentication refused (HTTP {status}): {message}")),
         other => UpstreamError::Other(other.to_string()),
     }

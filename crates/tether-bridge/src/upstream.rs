@@ -7,6 +7,7 @@
 //! small is what lets the forwarding logic be tested without HTTP.
 
 use serde_json::Value;
+use tether_wire::RpcError;
 use tokio::sync::mpsc;
 
 /// Why the remote did not answer a message.
@@ -16,32 +17,22 @@ pub enum UpstreamError {
     #[error("the remote server does not know this session")]
     SessionNotFound,
     /// A JSON-RPC error from the remote, passed to the host unchanged.
-    #[error("JSON-RPC error {code}: {message}")]
-    Rpc { code: i64, message: String, data: Option<Value> },
+    #[error("{0}")]
+    Rpc(RpcError),
     /// Anything else (transport, authentication, configuration).
     #[error("{0}")]
     Other(String),
 }
 
 impl UpstreamError {
-    /// The JSON-RPC `error` object to give the host.
-    pub fn to_rpc_error(&self) -> Value {
+    /// The JSON-RPC error to give the host.
+    pub fn to_rpc_error(&self) -> RpcError {
         match self {
-            UpstreamError::Rpc { code, message, data } => {
-                let mut error = serde_json::json!({"code": code, "message": message});
-                if let Some(data) = data {
-                    error["data"] = data.clone();
-                }
-                error
+            UpstreamError::Rpc(error) => error.clone(),
+            UpstreamError::SessionNotFound => {
+                RpcError::internal("tether bridge: the remote server lost the session and it could not be re-established")
             }
-            UpstreamError::SessionNotFound => serde_json::json!({
-                "code": -32603,
-                "message": "tether bridge: the remote server lost the session and it could not be re-established"
-            }),
-            UpstreamError::Other(detail) => serde_json::json!({
-                "code": -32603,
-                "message": format!("tether bridge: remote MCP server: {detail}")
-            }),
+            UpstreamError::Other(detail) => RpcError::internal(format!("tether bridge: remote MCP server: {detail}")),
         }
     }
 }

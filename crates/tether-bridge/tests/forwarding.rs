@@ -8,10 +8,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tether_bridge::bridge::{self, BridgeOptions, REFUSED_META, RESUMED_META, TOKEN_META};
+use tether_bridge::bridge::{self, BridgeOptions};
 use tether_bridge::stdio::{Line, Outgoing};
 use tether_bridge::upstream::{Connector, ServerMessage, UpstreamError, UpstreamSession};
 use tether_bridge::{ResumeOptions, ResumeTokenStore};
+use tether_wire::meta::{RESUME_REFUSED as REFUSED_META, RESUMED as RESUMED_META, SESSION_RESUME_TOKEN as TOKEN_META};
+use tether_wire::{RpcError, code};
 use tokio::sync::{mpsc, oneshot};
 
 /// What the fake remote saw, and its sessions.
@@ -74,7 +76,7 @@ impl UpstreamSession for FakeSession {
             }
             s.calls.push((self.id, method.to_owned(), params.clone()));
             match method {
-                "fail" => return Err(UpstreamError::Rpc { code: -32602, message: "bad".into(), data: Some(json!({"x": 1})) }),
+                "fail" => return Err(UpstreamError::Rpc(RpcError::invalid_params("bad").with_data(json!({"x": 1})))),
                 "wait" => {
                     let (tx, rx) = oneshot::channel();
                     let key = params.as_ref().map(|p| p["key"].to_string()).unwrap_or_default();
@@ -275,7 +277,7 @@ async fn requests_keep_the_hosts_ids_and_remote_requests_get_bridge_ids() {
 
     // An error from the remote reaches the host unchanged.
     host.send(json!({"jsonrpc": "2.0", "id": 5, "method": "fail"})).await;
-    assert_eq!(host.recv().await, json!({"jsonrpc": "2.0", "id": 5, "error": {"code": -32602, "message": "bad", "data": {"x": 1}}}));
+    assert_eq!(host.recv().await, json!({"jsonrpc": "2.0", "id": 5, "error": {"code": code::INVALID_PARAMS, "message": "bad", "data": {"x": 1}}}));
 
     // The remote asks the host; the answer goes back under the remote's id.
     remote.push(1, ServerMessage::Request { id: json!("srv-9"), method: "roots/list".into(), params: None }).await;
@@ -341,15 +343,19 @@ async fn bad_host_input_gets_json_rpc_errors_and_the_bridge_goes_on() {
     let dir = private_dir();
     let mut host = Host::start(&remote, dir.path());
     host.send(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})).await;
-    assert_eq!(host.recv().await["error"]["code"], -32600, "not initialized yet");
+    assert_eq!(host.recv().await["error"]["code"], code::INVALID_REQUEST, "not initialized yet");
     host.send(json!({"jsonrpc": "2.0", "id": 2, "method": "ping"})).await;
     assert_eq!(host.recv().await, json!({"jsonrpc": "2.0", "id": 2, "result": {}}));
     host.send_raw(b"{not json").await;
-    assert_eq!(host.recv().await["error"]["code"], -32700);
+    assert_eq!(host.recv().await["error"]["code"], code::PARSE_ERROR);
     host.send(json!([{"jsonrpc": "2.0", "id": 3, "method": "ping"}])).await;
-    assert_eq!(host.recv().await["error"]["code"], -32600);
+    assert_eq!(host.recv().await["error"]["code"], code::INVALID_REQUEST);
     host.send(json!({"jsonrpc": "2.0", "id": 4})).await;
-    assert_eq!(host.recv().await, json!({"jsonrpc": "2.0", "id": 4, "error": {"code": -32600, "message": "not a JSON-RPC request, notification or response"}}));
+    let neither = host.recv().await;
+    assert_eq!((&neither["id"], &neither["error"]["code"]), (&Value::Null, &json!(code::INVALID_REQUEST)), "{neither}");
+    assert!(neither["error"]["message"].as_str().unwrap().contains("exactly one of `result` or an `error`"), "{neither}");
+    host.send(json!({"jsonrpc": "2.0", "id": 8, "method": "ping", "params": [1]})).await;
+    assert_eq!(host.recv().await, json!({"jsonrpc": "2.0", "id": 8, "error": {"code": code::INVALID_PARAMS, "message": "`params` must be an object"}}));
     host.input.as_ref().unwrap().send(Line::TooLong).await.unwrap();
     assert!(host.recv().await["error"]["message"].as_str().unwrap().contains("longer than"));
     host.initialize().await;

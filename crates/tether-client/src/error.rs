@@ -2,7 +2,7 @@
 //! keeps the HTTP status of a refused request for the pool, which decides
 //! from it whether a server wants a session (`requires_session = "auto"`).
 
-use serde_json::Value;
+use tether_wire::{RpcError, code};
 
 /// What went wrong talking to an MCP server.
 #[derive(Debug, thiserror::Error)]
@@ -11,8 +11,8 @@ pub enum ClientError {
     #[error("the server no longer knows this session (HTTP 404): initialize a new session")]
     SessionNotFound,
     /// JSON-RPC error answered by the server.
-    #[error("the server answered with JSON-RPC error {code}: {message}")]
-    Rpc { code: i64, message: String, data: Option<Value> },
+    #[error("the server answered with JSON-RPC error {}: {}", .0.code, .0.message)]
+    Rpc(RpcError),
     /// 401/403.
     #[error("the server refused the credentials (HTTP {status}): {message}")]
     Auth { status: u16, message: String },
@@ -22,17 +22,6 @@ pub enum ClientError {
     /// Session-required server while requires_session=false, etc.
     #[error("{0}")]
     Config(String),
-}
-
-impl ClientError {
-    /// A JSON-RPC error object (`{"code", "message", "data"?}`) as an error.
-    pub(crate) fn from_rpc_object(error: &Value) -> Self {
-        ClientError::Rpc {
-            code: error.get("code").and_then(Value::as_i64).unwrap_or(-32603),
-            message: error.get("message").and_then(Value::as_str).unwrap_or("(no message)").to_owned(),
-            data: error.get("data").cloned(),
-        }
-    }
 }
 
 /// A failed request before it became a `ClientError`: an HTTP status the
@@ -73,7 +62,10 @@ impl ReqError {
         match self {
             ReqError::Status { status: 400 | 404, message, .. } => mentions(message),
             ReqError::Status { status: 405, .. } => true,
-            ReqError::Client(ClientError::Rpc { code: -32600 | -32000 | -32001, message, .. }) => mentions(message),
+            // -32000 and -32001: the server-error codes other SDKs answer a missing session with.
+            ReqError::Client(ClientError::Rpc(RpcError { code: code::INVALID_REQUEST | -32000 | -32001, message, .. })) => {
+                mentions(message)
+            }
             _ => false,
         }
     }

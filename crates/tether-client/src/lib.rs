@@ -22,8 +22,8 @@ pub use error::ClientError;
 pub use pool::{CallProgress, Pool, PoolOptions, ProgressHandler, RootsProvider};
 pub use session::{ClientOptions, ServerMessage, Session};
 
-/// The protocol revision this client asks for.
-pub const DEFAULT_PROTOCOL_VERSION: &str = "2025-11-25";
+/// The protocol revision this client asks for: the newest tether serves.
+pub const DEFAULT_PROTOCOL_VERSION: &str = tether_wire::revision::LATEST;
 
 #[cfg(test)]
 mod tests {

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
+use tether_wire::{RpcError, code};
 use tokio::task::JoinHandle;
 
 use crate::config::{RequiresSession, ServerSpec};
@@ -375,7 +376,7 @@ impl Pool {
                         let answer = match method.as_str() {
                             "ping" => Ok(json!({})),
                             "roots/list" => Ok(json!({"roots": roots()})),
-                            other => Err(json!({"code": -32601, "message": format!("this client does not handle {other}")})),
+                            other => Err(RpcError::new(code::METHOD_NOT_FOUND, format!("this client does not handle {other}")).to_object()),
                         };
                         let Some(s) = weak.upgrade() else { break };
                         let url = url.clone();

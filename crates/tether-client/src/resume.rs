@@ -11,15 +11,10 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
+use tether_wire::meta::{NEXT_RESUME_TOKEN, PENDING, RESUME_TOKEN};
 
 use crate::ClientError;
 
-/// Result `_meta` key: the token to resume with.
-pub const NEXT_TOKEN: &str = "nextResumeToken";
-/// Request `_meta` key: the token being resumed.
-pub const TOKEN: &str = "resumeToken";
-/// Result `_meta` key of a round that carries no data yet.
-pub const PENDING: &str = "dev.tether/pending";
 /// Default bound on rounds of one call.
 pub const DEFAULT_MAX_ROUNDS: usize = 1000;
 /// Bound on the text joined from all rounds.
@@ -67,7 +62,7 @@ where
         let started = Instant::now();
         let result = send(request).await?;
         let meta = result.get("_meta").and_then(Value::as_object);
-        let next = meta.and_then(|m| m.get(NEXT_TOKEN)).filter(|t| !t.is_null()).cloned();
+        let next = meta.and_then(|m| m.get(NEXT_RESUME_TOKEN)).filter(|t| !t.is_null()).cloned();
         let pending = meta.and_then(|m| m.get(PENDING)) == Some(&Value::Bool(true));
         if number == 1 && next.is_none() {
             // Not resumed: the result exactly as the server sent it.
@@ -120,7 +115,7 @@ fn with_token(params: &Value, token: Value) -> Value {
             *meta = Value::Object(Map::new());
         }
         if let Some(m) = meta.as_object_mut() {
-            m.insert(TOKEN.to_owned(), token);
+            m.insert(RESUME_TOKEN.to_owned(), token);
         }
     }
     p
@@ -133,7 +128,7 @@ fn finish(mut last: Value, joined: Vec<Value>, structured: Option<Value>) -> Val
             obj.entry("structuredContent").or_insert(s);
         }
         if let Some(meta) = obj.get_mut("_meta").and_then(Value::as_object_mut) {
-            meta.remove(NEXT_TOKEN);
+            meta.remove(NEXT_RESUME_TOKEN);
             meta.remove(PENDING);
         }
     }

@@ -20,14 +20,12 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
+use tether_wire::{Inbound, RpcError, envelope, headers};
+
 use crate::error::{ClientError, ReqError};
 use crate::sse::read_body;
 use legacy_sse::LegacyChannel;
 
-const SESSION_HEADER: &str = "mcp-session-id";
-const VERSION_HEADER: &str = "mcp-protocol-version";
-const LAST_EVENT_ID: &str = "last-event-id";
-const ACCEPT_BOTH: &str = "application/json, text/event-stream";
 /// Server messages buffered for `take_incoming`.
 const INCOMING_BUFFER: usize = 256;
 /// Error bodies are read up to this size for their message.
@@ -125,20 +123,36 @@ enum Incoming {
     Server(ServerMessage),
 }
 
-fn sort_message(v: Value) -> Option<Incoming> {
-    let Value::Object(mut m) = v else { return None };
-    let params = m.remove("params");
-    match (m.remove("method"), m.remove("id")) {
-        (Some(Value::String(method)), Some(id)) => Some(Incoming::Server(ServerMessage::Request { id, method, params })),
-        (Some(Value::String(method)), None) => Some(Incoming::Server(ServerMessage::Notification { method, params })),
-        (None, Some(id)) => {
-            if let Some(error) = m.remove("error") {
-                Some(Incoming::Response { id, outcome: Err(error) })
-            } else {
-                Some(Incoming::Response { id, outcome: Ok(m.remove("result").unwrap_or(Value::Null)) })
-            }
+impl From<Inbound> for Incoming {
+    fn from(message: Inbound) -> Self {
+        match message {
+            Inbound::Request { id, method, params } => Incoming::Server(ServerMessage::Request { id, method, params: params.map(Value::Object) }),
+            Inbound::Notification { method, params } => Incoming::Server(ServerMessage::Notification { method, params: params.map(Value::Object) }),
+            Inbound::Response { id, outcome } => Incoming::Response { id, outcome },
         }
-        _ => None,
+    }
+}
+
+/// The message in an SSE event's data; what is not one valid JSON-RPC
+/// message is logged and skipped (the server's next message may still be).
+fn read_event(url: &str, data: &str) -> Option<Incoming> {
+    match envelope::parse_message(data.as_bytes()) {
+        Ok(message) => Some(message.into()),
+        Err(e) => {
+            tracing::warn!(%url, "ignoring an SSE event that is not a JSON-RPC message: {}", e.message);
+            None
+        }
+    }
+}
+
+/// One message of a JSON body (which may hold a batch of them), like [`read_event`].
+fn read_value(url: &str, value: Value) -> Option<Incoming> {
+    match envelope::from_value(value) {
+        Ok(message) => Some(message.into()),
+        Err(e) => {
+            tracing::warn!(%url, "ignoring a message that is not JSON-RPC: {}", e.message);
+            None
+        }
     }
 }
 
@@ -147,7 +161,7 @@ fn same_id(a: &Value, b: &Value) -> bool {
 }
 
 fn outcome_to_result(outcome: Result<Value, Value>) -> Result<Value, ReqError> {
-    outcome.map_err(|error| ReqError::Client(ClientError::from_rpc_object(&error)))
+    outcome.map_err(|error| ReqError::Client(ClientError::Rpc(RpcError::from_object(&error))))
 }
 
 fn content_type(response: &reqwest::Response) -> String {
@@ -457,17 +471,17 @@ impl Inner {
     fn headers(&self, post: bool) -> HeaderMap {
         let mut h = self.base_headers.clone();
         if post {
-            h.insert(reqwest::header::ACCEPT, HeaderValue::from_static(ACCEPT_BOTH));
+            h.insert(reqwest::header::ACCEPT, HeaderValue::from_static(headers::ACCEPT_POST));
             h.insert(reqwest::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         } else {
-            h.insert(reqwest::header::ACCEPT, HeaderValue::from_static("text/event-stream"));
+            h.insert(reqwest::header::ACCEPT, HeaderValue::from_static(headers::EVENT_STREAM));
         }
         if let Kind::Streamable = self.kind {
             if let Some(v) = self.session_id.get().and_then(|s| HeaderValue::from_str(s).ok()) {
-                h.insert(SESSION_HEADER, v);
+                h.insert(headers::SESSION_ID, v);
             }
             if let Some(v) = self.protocol_version.get().and_then(|s| HeaderValue::from_str(s).ok()) {
-                h.insert(VERSION_HEADER, v);
+                h.insert(headers::PROTOCOL_VERSION, v);
             }
         }
         h
@@ -571,23 +585,22 @@ mod tests {
 
     #[test]
     fn messages_are_sorted_into_responses_requests_and_notifications() {
+        let sort = |v: Value| read_value("http://test", v);
+        assert!(matches!(sort(json!({"jsonrpc": "2.0", "id": 3, "result": {"a": 1}})), Some(Incoming::Response { outcome: Ok(_), .. })));
         assert!(matches!(
-            sort_message(json!({"jsonrpc": "2.0", "id": 3, "result": {"a": 1}})),
-            Some(Incoming::Response { outcome: Ok(_), .. })
-        ));
-        assert!(matches!(
-            sort_message(json!({"jsonrpc": "2.0", "id": 3, "error": {"code": -1, "message": "x"}})),
+            sort(json!({"jsonrpc": "2.0", "id": 3, "error": {"code": -1, "message": "x"}})),
             Some(Incoming::Response { outcome: Err(_), .. })
         ));
         assert!(matches!(
-            sort_message(json!({"jsonrpc": "2.0", "id": "a", "method": "roots/list"})),
-            Some(Incoming::Server(ServerMessage::Request { .. }))
+            sort(json!({"jsonrpc": "2.0", "id": "a", "method": "roots/list"})),
+            Some(Incoming::Server(ServerMessage::Request { params: None, .. }))
         ));
         assert!(matches!(
-            sort_message(json!({"jsonrpc": "2.0", "method": "notifications/progress", "params": {}})),
-            Some(Incoming::Server(ServerMessage::Notification { .. }))
+            read_event("http://test", r#"{"jsonrpc": "2.0", "method": "notifications/progress", "params": {"p": 1}}"#),
+            Some(Incoming::Server(ServerMessage::Notification { params: Some(_), .. }))
         ));
-        assert!(sort_message(json!([1, 2])).is_none());
+        assert!(sort(json!([1, 2])).is_none());
+        assert!(read_event("http://test", "{not json").is_none());
         assert!(same_id(&json!(7), &json!("7")));
     }
 

@@ -13,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde_json::{Value, json};
 use tether_client::{ClientError, Pool, PoolOptions, RequiresSession, ServerSpec};
+use tether_wire::headers::SESSION_ID;
 
 #[derive(Clone, Default)]
 struct Counts {
@@ -28,11 +29,11 @@ async fn mcp(State(counts): State<Counts>, headers: HeaderMap, body: Bytes) -> R
             let result = json!({"jsonrpc": "2.0", "id": message["id"], "result": {
                 "protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
                 "serverInfo": {"name": "forgetful", "version": "0"}}});
-            (StatusCode::OK, [("content-type", "application/json"), ("mcp-session-id", &format!("s{n}"))], result.to_string())
+            (StatusCode::OK, [("content-type", "application/json"), (SESSION_ID, &format!("s{n}"))], result.to_string())
                 .into_response()
         }
         Some(m) if m.starts_with("notifications/") => StatusCode::ACCEPTED.into_response(),
-        _ if headers.contains_key("mcp-session-id") => {
+        _ if headers.contains_key(SESSION_ID) => {
             counts.calls.fetch_add(1, Ordering::SeqCst);
             (StatusCode::NOT_FOUND, "Session not found").into_response()
         }

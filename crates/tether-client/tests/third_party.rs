@@ -14,6 +14,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use support::*;
 use tether_client::{ClientError, ClientOptions, Pool, PoolOptions, RequiresSession, ServerSpec, Session};
+use tether_wire::{RpcError, code};
 
 fn roots_pool() -> Pool {
     Pool::new(PoolOptions {
@@ -222,7 +223,7 @@ async fn a_session_used_directly_delivers_server_requests_and_answers_them() {
             .unwrap_or_else(|e| panic!("{shape:?}: {e}"));
         assert!(text(&r).contains("file:///direct"), "{shape:?}: {r}");
         let err = session.request("no/such/method", None).await.unwrap_err();
-        assert!(matches!(err, ClientError::Rpc { code: -32601, .. }), "{shape:?}: {err:?}");
+        assert!(matches!(err, ClientError::Rpc(RpcError { code: code::METHOD_NOT_FOUND, .. })), "{shape:?}: {err:?}");
         session.close().await;
         handler.abort();
     }

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use tether_client::{ClientError, Config, RequiresSession, Resolved};
+use tether_wire::{RpcError, code};
 
 /// Flags every client subcommand takes.
 #[derive(clap::Args, Debug, Clone)]
@@ -72,10 +73,10 @@ pub fn failure(e: ClientError, resolved: &Resolved) -> Failure {
             resolved.token_hint()
         )),
         ClientError::Config(m) => Failure::Usage(m),
-        ClientError::Rpc { code: -32602, message, .. } => {
+        ClientError::Rpc(RpcError { code: code::INVALID_PARAMS, message, .. }) => {
             Failure::Usage(format!("the server refused the arguments (invalid params): {message}"))
         }
-        ClientError::Rpc { code, message, .. } => Failure::Connection(format!("the server answered with error {code}: {message}")),
+        ClientError::Rpc(RpcError { code, message, .. }) => Failure::Connection(format!("the server answered with error {code}: {message}")),
         ClientError::SessionNotFound => Failure::Connection(format!(
             "{} forgot the session twice in a row; try again, or check the server's logs",
             resolved.spec.url

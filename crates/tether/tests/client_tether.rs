@@ -13,6 +13,7 @@ use std::time::Duration;
 use client_support::*;
 use serde_json::{Value, json};
 use tether_client::{CallProgress, ClientError, ClientOptions, Pool, RequiresSession, ServerMessage, ServerSpec, Session};
+use tether_wire::{RpcError, code};
 
 fn init_params(meta: Option<Value>) -> Value {
     let mut p = json!({"protocolVersion": "2025-11-25", "capabilities": {"roots": {}}, "clientInfo": {"name": "client-tests", "version": "0"}});
@@ -83,7 +84,7 @@ async fn a_response_stream_cut_by_a_crash_is_resumed_with_last_event_id() {
     // Only the resumed stream (GET + Last-Event-ID) carries this answer:
     // the restarted server closes the cut-off request with -32603.
     match outcome {
-        Err(ClientError::Rpc { code: -32603, message, .. }) => assert!(message.contains("interrupted"), "{message}"),
+        Err(ClientError::Rpc(RpcError { code: code::INTERNAL_ERROR, message, .. })) => assert!(message.contains("interrupted"), "{message}"),
         other => panic!("expected the interrupted error through the resumed stream, got {other:?}"),
     }
     // The session itself survived the crash (tether's store).

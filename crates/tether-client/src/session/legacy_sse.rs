@@ -13,12 +13,15 @@ use reqwest::header::HeaderValue;
 use serde_json::Value;
 use tokio::sync::oneshot;
 
+use tether_wire::headers::EVENT_STREAM;
+use tether_wire::sse::Decoder;
+
 use super::{
     ClientOptions, Incoming, Inner, Kind, Session, build_base_headers, check_url, content_type, error_message, outcome_to_result,
-    sort_message, transport_error,
+    read_event, transport_error,
 };
 use crate::error::{ClientError, ReqError};
-use crate::sse::Events;
+use crate::sse::{self, Events};
 
 impl Session {
     pub(super) async fn connect_legacy(
@@ -29,7 +32,7 @@ impl Session {
     ) -> Result<(Session, Value), ClientError> {
         let base = build_base_headers(&options)?;
         let mut headers = base.clone();
-        headers.insert(reqwest::header::ACCEPT, HeaderValue::from_static("text/event-stream"));
+        headers.insert(reqwest::header::ACCEPT, HeaderValue::from_static(EVENT_STREAM));
         let response = tokio::time::timeout(options.request_timeout, http.get(url).headers(headers).send())
             .await
             .map_err(|_| ClientError::Transport(format!("no answer to GET {url}")))?
@@ -38,16 +41,16 @@ impl Session {
         if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
             return Err(ClientError::Auth { status: status.as_u16(), message: error_message(response).await });
         }
-        if !status.is_success() || !content_type(&response).starts_with("text/event-stream") {
+        if !status.is_success() || !content_type(&response).starts_with(EVENT_STREAM) {
             return Err(ClientError::Transport(format!("GET {url} answered HTTP {status} without an event stream")));
         }
-        let mut events = Events::new(response);
+        let mut events = sse::events(response, Decoder::new());
         let endpoint = tokio::time::timeout(options.request_timeout, async {
             while let Some(event) = events.next().await {
                 match event {
-                    Ok(e) if e.kind == "endpoint" => return Ok(e.data.trim().to_owned()),
+                    Ok(e) if e.kind() == "endpoint" => return Ok(e.data.trim().to_owned()),
                     Ok(_) => continue,
-                    Err(e) => return Err(e),
+                    Err(e) => return Err(e.to_string()),
                 }
             }
             Err("the event stream ended before an `endpoint` event".to_owned())
@@ -70,7 +73,7 @@ impl Session {
             alive: AtomicBool::new(true),
         });
         let session = Session::build(http, url, options, Kind::Legacy(channel.clone()))?;
-        let reader = tokio::spawn(legacy_reader(Arc::downgrade(&session.inner), channel, events));
+        let reader = tokio::spawn(legacy_reader(url.to_owned(), Arc::downgrade(&session.inner), channel, events));
         if let Ok(mut tasks) = session.inner.tasks.lock() {
             tasks.push(reader);
         }
@@ -128,7 +131,7 @@ pub(super) struct LegacyChannel {
     pub(super) alive: AtomicBool,
 }
 
-async fn legacy_reader(weak: Weak<Inner>, channel: Arc<LegacyChannel>, mut events: Events) {
+async fn legacy_reader(url: String, weak: Weak<Inner>, channel: Arc<LegacyChannel>, mut events: Events) {
     while let Some(item) = events.next().await {
         let event = match item {
             Ok(e) => e,
@@ -137,11 +140,10 @@ async fn legacy_reader(weak: Weak<Inner>, channel: Arc<LegacyChannel>, mut event
                 break;
             }
         };
-        if event.kind != "message" {
+        if event.kind() != "message" {
             continue;
         }
-        let Ok(value) = serde_json::from_str::<Value>(&event.data) else { continue };
-        match sort_message(value) {
+        match read_event(&url, &event.data) {
             Some(Incoming::Response { id, outcome }) => {
                 let waiting = channel.pending.lock().ok().and_then(|mut p| p.remove(&id.to_string()));
                 if let Some(tx) = waiting {

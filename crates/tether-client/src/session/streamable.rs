@@ -14,12 +14,12 @@ use reqwest::StatusCode;
 use serde_json::Value;
 use tokio::sync::{oneshot, watch};
 
-use super::{
-    Incoming, Inner, LAST_EVENT_ID, SESSION_HEADER, Session, content_type, error_message, outcome_to_result, same_id, sort_message,
-    transport_error,
-};
+use tether_wire::headers;
+use tether_wire::sse::Decoder;
+
+use super::{Incoming, Inner, Session, content_type, error_message, outcome_to_result, read_event, read_value, same_id, transport_error};
 use crate::error::{ClientError, ReqError};
-use crate::sse::{Events, MAX_MESSAGE_BYTES, read_body};
+use crate::sse::{self, Events, MAX_MESSAGE_BYTES, read_body};
 
 /// Reconnect delay when the server named none.
 const DEFAULT_RETRY: Duration = Duration::from_secs(1);
@@ -71,7 +71,7 @@ impl Inner {
     ) -> Result<Value, ReqError> {
         let initializing = message.get("method").and_then(Value::as_str) == Some("initialize");
         let response = self.post(&self.url, message).await?;
-        if let Some(sid) = response.headers().get(SESSION_HEADER).filter(|_| initializing) {
+        if let Some(sid) = response.headers().get(headers::SESSION_ID).filter(|_| initializing) {
             let sid = sid
                 .to_str()
                 .ok()
@@ -90,8 +90,8 @@ impl Inner {
             .into());
         }
         let ct = content_type(&response);
-        if ct.starts_with("text/event-stream") {
-            self.read_response_stream(Events::new(response), message, id).await
+        if ct.starts_with(headers::EVENT_STREAM) {
+            self.read_response_stream(sse::events(response, Decoder::new()), message, id).await
         } else if ct.starts_with("application/json") {
             let body = read_body(response, MAX_MESSAGE_BYTES).await.map_err(ClientError::Transport)?;
             let parsed: Value = serde_json::from_slice(&body)
@@ -102,7 +102,7 @@ impl Inner {
             };
             let mut answer = None;
             for m in messages {
-                match sort_message(m) {
+                match read_value(&self.url, m) {
                     Some(Incoming::Response { id: rid, outcome }) if same_id(&rid, id) => answer = Some(outcome),
                     Some(Incoming::Server(msg)) => self.deliver(msg).await,
                     _ => {}
@@ -136,24 +136,20 @@ impl Inner {
                         break;
                     }
                 };
-                if event.kind != "message" {
+                if event.kind() != "message" {
                     continue;
                 }
-                let Ok(value) = serde_json::from_str::<Value>(&event.data) else {
-                    tracing::warn!(url = %self.url, "ignoring an SSE event that is not JSON");
-                    continue;
-                };
-                match sort_message(value) {
+                match read_event(&self.url, &event.data) {
                     Some(Incoming::Response { id: rid, outcome }) if same_id(&rid, id) => return outcome_to_result(outcome),
                     Some(Incoming::Server(msg)) => self.deliver(msg).await,
                     _ => {}
                 }
             }
-            if events.received_any {
+            if events.decoder().received_any() {
                 failures = 0;
             }
             let why = broke.map(|e| format!(" ({e})")).unwrap_or_default();
-            let Some(last) = events.last_id.clone() else {
+            let Some(last) = events.decoder().last_id().map(str::to_owned) else {
                 return Err(ClientError::Transport(format!(
                     "the server at {} closed the stream of {method} before answering{why}, and gave no event ID to resume from",
                     self.url
@@ -168,17 +164,17 @@ impl Inner {
                 ))
                 .into());
             }
-            let delay = backoff(events.retry, failures);
+            let retry = events.decoder().retry();
+            let delay = backoff(retry, failures);
             tracing::debug!(url = %self.url, "the stream of {method} dropped{why}; resuming after event {last} in {delay:?}");
             tokio::time::sleep(delay).await;
-            let retry = events.retry;
-            let request = self.http.get(&self.url).headers(self.headers(false)).header(LAST_EVENT_ID, last.as_str());
+            let request = self.http.get(&self.url).headers(self.headers(false)).header(headers::LAST_EVENT_ID, last.as_str());
             let response = match request.send().await {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::debug!(url = %self.url, "resuming: {}", transport_error(&self.url, e));
                     // Try again from the same event.
-                    events = Events::empty(Some(last), retry);
+                    events = sse::no_events(Decoder::new().resuming(Some(last), retry));
                     continue;
                 }
             };
@@ -191,10 +187,7 @@ impl Inner {
                 ))
                 .into());
             }
-            let mut resumed = Events::new(response);
-            resumed.last_id = Some(last);
-            resumed.retry = retry;
-            events = resumed;
+            events = sse::events(response, Decoder::new().resuming(Some(last), retry));
         }
     }
 
@@ -220,15 +213,7 @@ impl Inner {
     }
 }
 
-impl Events {
-    /// A stream with nothing in it (to retry a resume from `last_id`).
-    fn empty(last_id: Option<String>, retry: Option<Duration>) -> Events {
-        let mut e = Events::with_limit(Box::pin(futures::stream::empty()), MAX_MESSAGE_BYTES);
-        e.last_id = last_id;
-        e.retry = retry;
-        e
-    }
-}
+
 /// The standalone GET stream of a Streamable HTTP session: open, deliver,
 /// reconnect with `Last-Event-ID` after `retry` (capped backoff); ends when
 /// the session closes or the server offers none (405) or forgot it (404).
@@ -242,7 +227,7 @@ async fn standalone_stream(weak: Weak<Inner>, mut closed: watch::Receiver<bool>,
         let url = inner.url.clone();
         let mut request = inner.http.get(&inner.url).headers(inner.headers(false));
         if let Some(id) = &last_id {
-            request = request.header(LAST_EVENT_ID, id.as_str());
+            request = request.header(headers::LAST_EVENT_ID, id.as_str());
         }
         drop(inner);
         let response = tokio::select! {
@@ -253,18 +238,16 @@ async fn standalone_stream(weak: Weak<Inner>, mut closed: watch::Receiver<bool>,
             let _ = r.send(());
         }
         match response {
-            Ok(r) if r.status().is_success() && content_type(&r).starts_with("text/event-stream") => {
-                let mut events = Events::new(r);
-                events.last_id = last_id.clone();
+            Ok(r) if r.status().is_success() && content_type(&r).starts_with(headers::EVENT_STREAM) => {
+                let mut events = sse::events(r, Decoder::new().resuming(last_id.clone(), None));
                 loop {
                     let item = tokio::select! {
                         item = events.next() => item,
                         _ = closed.changed() => return,
                     };
                     match item {
-                        Some(Ok(event)) if event.kind == "message" => {
-                            let Ok(value) = serde_json::from_str::<Value>(&event.data) else { continue };
-                            if let Some(Incoming::Server(msg)) = sort_message(value) {
+                        Some(Ok(event)) if event.kind() == "message" => {
+                            if let Some(Incoming::Server(msg)) = read_event(&url, &event.data) {
                                 let Some(inner) = weak.upgrade() else { return };
                                 inner.deliver(msg).await;
                             }
@@ -277,9 +260,10 @@ async fn standalone_stream(weak: Weak<Inner>, mut closed: watch::Receiver<bool>,
                         None => break,
                     }
                 }
-                last_id = events.last_id.clone();
-                retry = events.retry.or(retry);
-                failures = if events.received_any { 1 } else { failures + 1 };
+                let decoder = events.into_decoder();
+                last_id = decoder.last_id().map(str::to_owned);
+                retry = decoder.retry().or(retry);
+                failures = if decoder.received_any() { 1 } else { failures + 1 };
             }
             Ok(r) if r.status() == StatusCode::METHOD_NOT_ALLOWED => {
                 tracing::debug!(%url, "the server offers no standalone stream");

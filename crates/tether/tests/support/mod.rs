@@ -15,8 +15,9 @@ use tether_server::{Engine, McpApp, RequestCtx, RpcError, ServerConfig, ToolApp,
 use tether_store::memory::MemoryStore;
 use tether_store::sqlite::SqliteStore;
 use tether_store::{Store, StoreConfig};
+use tether_wire::{headers, meta, sse};
 
-pub const ACCEPT_BOTH: &str = "application/json, text/event-stream";
+pub const ACCEPT_BOTH: &str = headers::ACCEPT_POST;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Backend {
@@ -277,7 +278,7 @@ impl Drop for TestServer {
     }
 }
 
-/// One SSE event as it came over the wire.
+/// One SSE block as it came over the wire (or a block of comments only: a keep-alive).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SseEvent {
     pub id: Option<String>,
@@ -293,37 +294,58 @@ impl SseEvent {
     }
 }
 
-/// Reads SSE blocks from a streaming response.
+impl From<sse::Event> for SseEvent {
+    fn from(e: sse::Event) -> Self {
+        SseEvent { id: e.id, event: e.event, data: e.data, retry: e.retry, comment: false }
+    }
+}
+
+/// Reads SSE blocks from a streaming response, with the decoder the client
+/// uses (`tether_wire::sse`), keep-alive comments included.
 pub struct SseReader {
     stream: futures::stream::BoxStream<'static, reqwest::Result<Bytes>>,
-    // Raw bytes: a network read may end inside a multi-byte character.
-    buf: Vec<u8>,
+    decoder: sse::Decoder,
+    ready: std::collections::VecDeque<SseEvent>,
+    /// Comment-only blocks already handed out.
+    comments: u64,
     pub ended: bool,
 }
 
 impl SseReader {
     pub fn new(resp: reqwest::Response) -> Self {
-        Self { stream: resp.bytes_stream().boxed(), buf: Vec::new(), ended: false }
+        Self {
+            stream: resp.bytes_stream().boxed(),
+            decoder: sse::Decoder::new(),
+            ready: Default::default(),
+            comments: 0,
+            ended: false,
+        }
     }
 
     /// The next block (event or comment), `None` at the end of the stream.
+    /// Of one network read, its events come before its comments.
     pub async fn next_block(&mut self, timeout: Duration) -> Option<SseEvent> {
         loop {
-            if let Some(i) = self.buf.windows(2).position(|w| w == b"\n\n") {
-                let raw: Vec<u8> = self.buf.drain(..i + 2).collect();
-                let block = String::from_utf8(raw).expect("SSE blocks are UTF-8");
+            if let Some(block) = self.ready.pop_front() {
                 if std::env::var_os("TETHER_TEST_DEBUG").is_some() {
                     eprintln!("SSE block: {block:?}");
                 }
-                return Some(parse_block(&block));
+                return Some(block);
+            }
+            if self.comments < self.decoder.comments() {
+                self.comments += 1;
+                return Some(SseEvent { comment: true, ..SseEvent::default() });
             }
             match tokio::time::timeout(timeout, self.stream.next()).await {
-                Ok(Some(Ok(bytes))) => self.buf.extend_from_slice(&bytes),
+                Ok(Some(Ok(bytes))) => {
+                    let events = self.decoder.push(bytes).unwrap_or_else(|e| panic!("the SSE stream is broken: {e}"));
+                    self.ready.extend(events.into_iter().map(SseEvent::from));
+                }
                 Ok(_) => {
                     self.ended = true;
                     return None;
                 }
-                Err(_) => panic!("no SSE data within {timeout:?}; buffered: {:?}", String::from_utf8_lossy(&self.buf)),
+                Err(_) => panic!("no SSE block within {timeout:?}"),
             }
         }
     }
@@ -358,29 +380,6 @@ impl SseReader {
     }
 }
 
-fn parse_block(block: &str) -> SseEvent {
-    let mut e = SseEvent::default();
-    let mut data = Vec::new();
-    let mut only_comments = true;
-    for line in block.lines() {
-        if line.is_empty() || line.starts_with(':') {
-            continue;
-        }
-        only_comments = false;
-        let (field, value) = line.split_once(':').map(|(f, v)| (f, v.strip_prefix(' ').unwrap_or(v))).unwrap_or((line, ""));
-        match field {
-            "id" => e.id = Some(value.to_owned()),
-            "event" => e.event = Some(value.to_owned()),
-            "data" => data.push(value.to_owned()),
-            "retry" => e.retry = value.parse().ok(),
-            _ => {}
-        }
-    }
-    e.comment = only_comments;
-    e.data = data.join("\n");
-    e
-}
-
 /// A raw client of one server.
 #[derive(Clone)]
 pub struct Client {
@@ -401,7 +400,7 @@ impl Client {
             .header("accept", ACCEPT_BOTH)
             .body(body.to_string());
         if let Some(s) = session {
-            req = req.header("mcp-session-id", s).header("mcp-protocol-version", "2025-11-25");
+            req = req.header(headers::SESSION_ID, s).header(headers::PROTOCOL_VERSION, tether_wire::revision::LATEST);
         }
         req
     }
@@ -416,9 +415,9 @@ impl Client {
     }
 
     pub fn get(&self, session: &str, last_event_id: Option<&str>) -> reqwest::RequestBuilder {
-        let mut req = self.http.get(&self.url).header("accept", "text/event-stream").header("mcp-session-id", session);
+        let mut req = self.http.get(&self.url).header("accept", headers::EVENT_STREAM).header(headers::SESSION_ID, session);
         if let Some(id) = last_event_id {
-            req = req.header("last-event-id", id);
+            req = req.header(headers::LAST_EVENT_ID, id);
         }
         req
     }
@@ -433,7 +432,7 @@ impl Client {
             .await
             .unwrap();
         assert_eq!(resp.status(), 200);
-        let sid = resp.headers().get("mcp-session-id").expect("session header").to_str().unwrap().to_owned();
+        let sid = resp.headers().get(headers::SESSION_ID).expect("session header").to_str().unwrap().to_owned();
         let events = SseReader::new(resp).all_events().await;
         assert!(events.last().unwrap().json()["result"]["protocolVersion"].is_string());
         let r = self.post(Some(&sid), &json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).send().await.unwrap();
@@ -516,7 +515,7 @@ impl Client {
             .await
             .unwrap();
         assert_eq!(resp.status(), 200);
-        let sid = resp.headers()["mcp-session-id"].to_str().unwrap().to_owned();
+        let sid = resp.headers()[headers::SESSION_ID].to_str().unwrap().to_owned();
         let events = SseReader::new(resp).all_events().await;
         (sid, events.last().unwrap().json()["result"].clone())
     }
@@ -565,13 +564,13 @@ impl Client {
     /// response in order (pending ones included).
     pub async fn resume_loop(&self, session: &str, tool: &str, args: &Value) -> Vec<Value> {
         let mut out = Vec::new();
-        let mut meta = json!({});
+        let mut resume = json!({});
         for round in 0..500u64 {
-            let response = self.call_meta(session, 5000 + round, tool, args, meta.clone()).await;
-            let next = response["result"]["_meta"]["nextResumeToken"].as_str().map(str::to_owned);
+            let response = self.call_meta(session, 5000 + round, tool, args, resume.clone()).await;
+            let next = response["result"]["_meta"][meta::NEXT_RESUME_TOKEN].as_str().map(str::to_owned);
             out.push(response);
             match next {
-                Some(token) => meta = json!({"resumeToken": token}),
+                Some(token) => resume = json!({(meta::RESUME_TOKEN): token}),
                 None => return out,
             }
         }
@@ -583,7 +582,7 @@ impl Client {
 pub fn joined_text(responses: &[Value]) -> String {
     responses
         .iter()
-        .filter(|r| r["result"]["_meta"]["dev.tether/pending"] != true)
+        .filter(|r| r["result"]["_meta"][meta::PENDING] != true)
         .flat_map(|r| r["result"]["content"].as_array().cloned().unwrap_or_default())
         .filter_map(|c| c["text"].as_str().map(str::to_owned))
         .collect()
