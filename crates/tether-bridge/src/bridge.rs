@@ -381,6 +381,9 @@ impl Shared {
             let shared = self.clone();
             pumps.push(tokio::spawn(async move { shared.pump(generation, incoming).await }).abort_handle());
         }
+        // The host's answers to an earlier session's requests would be
+        // dropped anyway; they must not hold places the new session needs.
+        lock(&self.pending).map.retain(|_, (asked_by, _)| *asked_by == generation);
         *lock(&self.remote) = Some(remote.clone());
         remote
     }

@@ -487,3 +487,38 @@ async fn a_hosts_answer_to_a_request_of_an_earlier_remote_session_is_dropped() {
     assert_eq!(answers_after(&remote, 2).await.len(), 1, "no answer under an id the new session never sent");
     host.close().await;
 }
+
+#[tokio::test]
+async fn requests_of_an_earlier_remote_session_do_not_count_against_the_pending_limit() {
+    let remote = FakeRemote::default();
+    let dir = private_dir();
+    let options = ResumeOptions { token_dir: Some(dir.path().to_owned()), host_pid: Some(std::process::id()) };
+    let (in_tx, in_rx) = mpsc::channel(16);
+    let (out_tx, mut out_rx) = mpsc::channel(64);
+    let bridge_options = BridgeOptions { max_pending_server_requests: 1, drain_timeout: Duration::from_millis(100), ..BridgeOptions::default() };
+    let connector: Arc<dyn Connector> = Arc::new(remote.clone());
+    let done = tokio::spawn(bridge::run(connector, ResumeTokenStore::init(&options), in_rx, out_tx, bridge_options));
+    let send = |v: Value| {
+        let in_tx = in_tx.clone();
+        async move { in_tx.send(Line::Text(v.to_string().into_bytes())).await.unwrap() }
+    };
+    let mut recv = async || match tokio::time::timeout(Duration::from_secs(5), out_rx.recv()).await {
+        Ok(Some(Outgoing::Message(m))) => m,
+        other => panic!("{other:?}"),
+    };
+    send(json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {}})).await;
+    recv().await;
+    // Session 1 asks and the host never answers; then session 1 is lost.
+    remote.push(1, ServerMessage::Request { id: json!("old"), method: "roots/list".into(), params: None }).await;
+    assert_eq!(recv().await["method"], "roots/list");
+    remote.forget_all();
+    send(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})).await;
+    let second = recv().await["result"]["session"].as_u64().unwrap();
+    // The new session's request reaches the host: the unanswerable one is not in the way.
+    remote.push(second, ServerMessage::Request { id: json!("new"), method: "roots/list".into(), params: None }).await;
+    let ask = recv().await;
+    assert_eq!(ask["method"], "roots/list", "{ask}");
+    assert!(remote.state().answers.is_empty(), "nothing refused: {:?}", remote.state().answers);
+    drop(in_tx);
+    tokio::time::timeout(Duration::from_secs(10), done).await.unwrap().unwrap();
+}
