@@ -70,6 +70,10 @@ pub struct ServeArgs {
     /// Events kept per stream before the oldest are trimmed.
     #[arg(long, env = "TETHER_MAX_EVENTS_PER_STREAM", default_value_t = 100_000)]
     max_events_per_stream: u64,
+    /// On SIGTERM or ctrl-c, how long requests in flight get to finish
+    /// before they end as interrupted (keep it below your supervisor's stop timeout).
+    #[arg(long, env = "TETHER_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    drain_timeout: Duration,
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -187,6 +191,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         result_chunk_bytes: args.result_chunk_bytes,
         max_sessions_per_principal: args.max_sessions_per_principal,
         session_cache: args.session_cache,
+        drain_timeout: args.drain_timeout,
         ..ServerConfig::default()
     };
     let engine = Engine::new(store, Arc::new(ToolRouter::new(Notebook::new(notebook))), config);

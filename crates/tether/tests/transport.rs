@@ -475,3 +475,62 @@ async fn sessions_per_principal_are_bounded() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn requests_in_flight_per_session_are_bounded_and_their_ids_unique_over_http() {
+    let config = ServerConfig { max_inflight_per_session: 2, ..quick_config() };
+    let server = TestServer::start(Backend::Memory, AppKind::Test, config).await;
+    let c = Client::new(&server.url);
+    let sid = c.initialize().await;
+    let hang = |id: u64| json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": "hang", "arguments": {}}});
+    // Two running requests (their streams stay open) fill the session's slots.
+    let first = c.post(Some(&sid), &hang(1)).send().await.unwrap();
+    let second = c.post(Some(&sid), &hang(2)).send().await.unwrap();
+    assert_eq!((first.status(), second.status()), (reqwest::StatusCode::OK, reqwest::StatusCode::OK));
+    let third = c.post(Some(&sid), &hang(3)).send().await.unwrap();
+    assert_eq!(third.status(), 429);
+    let body: Value = third.json().await.unwrap();
+    assert!(body["error"]["message"].as_str().unwrap().contains("already runs 2 requests"), "{body}");
+    // A running request's id cannot be reused.
+    let reused = c.post(Some(&sid), &json!({"jsonrpc": "2.0", "id": 1, "method": "ping"})).send().await.unwrap();
+    assert_eq!(reused.status(), 400);
+    let body: Value = reused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], -32600);
+    assert!(body["error"]["message"].as_str().unwrap().contains("already in use"), "{body}");
+    // Cancelling one frees its slot.
+    let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1}});
+    assert_eq!(c.post(Some(&sid), &cancel).send().await.unwrap().status(), 202);
+    let mut freed = false;
+    for n in 0..50 {
+        let ping = json!({"jsonrpc": "2.0", "id": 100 + n, "method": "ping"});
+        if c.post(Some(&sid), &ping).send().await.unwrap().status() == 200 {
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(freed, "a cancelled request gives its slot back");
+    drop((first, second));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_flood_of_roots_list_changed_is_refused_beyond_the_sessions_queue() {
+    let config = ServerConfig { max_queued_notifications: 4, max_pending_client_requests: 2, ..quick_config() };
+    let server = TestServer::start(Backend::Memory, AppKind::Notebook, config).await;
+    let c = Client::new(&server.url);
+    // The client declares roots and never answers roots/list: each
+    // list_changed makes the notebook ask and wait for the answer.
+    let sid = c.initialize_with(json!({"roots": {"listChanged": true}})).await;
+    let note = json!({"jsonrpc": "2.0", "method": "notifications/roots/list_changed"});
+    let mut statuses = Vec::new();
+    for _ in 0..200 {
+        statuses.push(c.post(Some(&sid), &note).send().await.unwrap().status().as_u16());
+    }
+    assert!(statuses.contains(&429), "some of 200 notifications at once are refused: {statuses:?}");
+    assert!(statuses.iter().all(|s| *s == 202 || *s == 429), "{statuses:?}");
+    let accepted = statuses.iter().filter(|s| **s == 202).count();
+    assert!(accepted <= 6, "at most the queue (4), the one being handled and the initialized one wait: {accepted} accepted");
+    assert_eq!(reqwest::get(format!("{}/healthz", server.base)).await.unwrap().status(), 200);
+    server.stop().await;
+}

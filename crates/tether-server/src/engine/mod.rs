@@ -72,6 +72,17 @@ pub enum EngineError {
     Unavailable(#[from] StoreError),
 }
 
+/// How the transport wants a request answered (its choice, e.g.
+/// `--json-response`; the engine only follows it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reply {
+    /// On a stream of the session: stored, resumable with `Last-Event-ID`.
+    Stream,
+    /// One JSON body when the work is done; nothing is stored, so nothing
+    /// can be resumed.
+    Json,
+}
+
 /// What a POST turns into.
 pub enum PostOutcome {
     /// A notification or response was taken (HTTP 202).
@@ -187,6 +198,7 @@ impl Engine {
         principal: &str,
         id: Value,
         params: Option<Map<String, Value>>,
+        reply: Reply,
     ) -> Result<PostOutcome, EngineError> {
         if self.inner.shutdown.is_cancelled() {
             return Err(EngineError::ShuttingDown);
@@ -276,7 +288,7 @@ impl Engine {
         result_meta.insert(meta::SESSION_RESUME_TOKEN.into(), json!(token));
         result.insert("_meta".into(), Value::Object(result_meta));
         let raw = crate::app::raw_result(&result).map_err(unavailable)?;
-        self.inner.clone().start_request(session, id, "initialize", None, Box::new(move |_| Box::pin(async move { Ok(raw) }))).await
+        self.inner.clone().start_request(session, id, "initialize", None, reply, Box::new(move |_| Box::pin(async move { Ok(raw) }))).await
     }
 
     /// Spends a resume token and returns its session, or why not.
@@ -346,7 +358,7 @@ impl Engine {
     }
 
     /// Handles a POSTed message other than `initialize` for an existing session.
-    pub async fn post(&self, session: Arc<Session>, message: Inbound) -> Result<PostOutcome, EngineError> {
+    pub async fn post(&self, session: Arc<Session>, message: Inbound, reply: Reply) -> Result<PostOutcome, EngineError> {
         match message {
             Inbound::Request { id, method, .. } if method == "initialize" => Err(EngineError::BadRequest {
                 code: code::INVALID_REQUEST,
@@ -361,7 +373,7 @@ impl Engine {
                 let owned = method.clone();
                 let work: request::Work =
                     Box::new(move |ctx| Box::pin(async move { app.handle_request(ctx, &owned, params).await }));
-                self.inner.clone().start_request(session, id, &method, progress_token, work).await
+                self.inner.clone().start_request(session, id, &method, progress_token, reply, work).await
             }
             Inbound::Notification { method, params } => {
                 notifications::receive(&self.inner, session, method, params).await?;

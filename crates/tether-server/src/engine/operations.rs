@@ -201,19 +201,31 @@ impl OperationCtx {
 
 /// Compare-and-set loop on an operation record.
 async fn update_record(inner: &Inner, id: &str, mut f: impl FnMut(&mut OpRecord)) -> Result<OpRecord, RpcError> {
+    let updated = update_record_if(inner, id, |r| {
+        f(r);
+        true
+    })
+    .await?;
+    updated.ok_or_else(|| RpcError::internal("operation record expired"))
+}
+
+/// Compare-and-set loop on an operation record that writes only when `f`
+/// says so; `None` when the record is gone or `f` declined.
+async fn update_record_if(inner: &Inner, id: &str, mut f: impl FnMut(&mut OpRecord) -> bool) -> Result<Option<OpRecord>, RpcError> {
     for _ in 0..8 {
-        let stored = inner.store.kv_get(OP_NAMESPACE, id, now_ms()).await.map_err(storage)?;
-        let Some(stored) = stored else { return Err(RpcError::internal("operation record expired")) };
+        let Some(stored) = inner.store.kv_get(OP_NAMESPACE, id, now_ms()).await.map_err(storage)? else { return Ok(None) };
         let mut record: OpRecord =
             serde_json::from_slice(&stored.value).map_err(|e| RpcError::internal(format!("operation record unreadable: {e}")))?;
-        f(&mut record);
+        if !f(&mut record) {
+            return Ok(None);
+        }
         let done = inner
             .store
             .kv_compare_and_set(OP_NAMESPACE, id, Some(stored.revision), encode(&record)?, Some(record.expires_at_ms))
             .await
             .map_err(storage)?;
         if done.is_some() {
-            return Ok(record);
+            return Ok(Some(record));
         }
     }
     Err(RpcError::internal("operation record kept changing; try again"))
@@ -222,24 +234,14 @@ async fn update_record(inner: &Inner, id: &str, mut f: impl FnMut(&mut OpRecord)
 /// Moves a running operation from `dead_owner` to this process; `None` if
 /// someone else moved it first (or it is no longer running).
 async fn claim(inner: &Inner, id: &str, dead_owner: &str) -> Result<Option<OpRecord>, RpcError> {
-    for _ in 0..8 {
-        let Some(stored) = inner.store.kv_get(OP_NAMESPACE, id, now_ms()).await.map_err(storage)? else { return Ok(None) };
-        let mut record: OpRecord =
-            serde_json::from_slice(&stored.value).map_err(|e| RpcError::internal(format!("operation record unreadable: {e}")))?;
-        if record.owner != dead_owner || record.state != OpState::Running {
-            return Ok(None);
+    update_record_if(inner, id, |r| {
+        let still_orphaned = r.owner == dead_owner && r.state == OpState::Running;
+        if still_orphaned {
+            r.owner = inner.instance.clone();
         }
-        record.owner = inner.instance.clone();
-        let swapped = inner
-            .store
-            .kv_compare_and_set(OP_NAMESPACE, id, Some(stored.revision), encode(&record)?, Some(record.expires_at_ms))
-            .await
-            .map_err(storage)?;
-        if swapped.is_some() {
-            return Ok(Some(record));
-        }
-    }
-    Err(RpcError::internal("operation record kept changing; try again"))
+        still_orphaned
+    })
+    .await
 }
 
 async fn load(inner: &Inner, id: &str) -> Result<Option<OpRecord>, RpcError> {

@@ -102,6 +102,7 @@ impl Inner {
         id: Value,
         method: &str,
         progress_token: Option<Value>,
+        reply: super::Reply,
         work: Work,
     ) -> Result<PostOutcome, EngineError> {
         if self.shutdown.is_cancelled() {
@@ -110,7 +111,7 @@ impl Inner {
         let cancel = CancellationToken::new();
         let slot = InflightSlot::take(&session, request_key(&id), cancel.clone(), self.config.max_inflight_per_session)?;
         let session_id = session.id.clone();
-        if self.config.json_response {
+        if reply == super::Reply::Json {
             let (tx, rx) = oneshot::channel();
             let ctx = RequestCtx::new(self.clone(), session.clone(), None, id.clone(), progress_token, cancel.clone());
             let inner = self.clone();

@@ -4,6 +4,7 @@
 
 mod auth;
 mod error;
+mod extract;
 mod sse;
 mod validate;
 
@@ -11,7 +12,6 @@ use std::future::Future;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -25,10 +25,11 @@ pub use error::HttpError;
 
 use tether_wire::{Inbound, headers};
 
-use crate::engine::{Engine, PostOutcome, Session};
+use crate::engine::{Engine, PostOutcome, Reply, Session};
+use extract::{AcceptsAnswers, AcceptsStream, Message, Principal};
 
 #[derive(Clone)]
-struct AppState {
+pub(crate) struct AppState {
     engine: Engine,
     auth: Auth,
     allowed_origins: Arc<Vec<String>>,
@@ -37,10 +38,11 @@ struct AppState {
 /// The router with `/mcp` and `/healthz` (which needs no token).
 pub fn router(engine: Engine, auth: Auth) -> Router {
     let allowed_origins = Arc::new(engine.config().allowed_origins.clone());
-    Router::new()
+    let state = AppState { engine, auth, allowed_origins };
+    let mcp = Router::new()
         .route("/mcp", post(post_mcp).get(get_mcp).delete(delete_mcp))
-        .route("/healthz", get(healthz))
-        .with_state(AppState { engine, auth, allowed_origins })
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), extract::check_origin));
+    Router::new().merge(mcp).route("/healthz", get(healthz)).with_state(state)
 }
 
 /// Serves until `shutdown` resolves; then tells open streams to reconnect,
@@ -70,40 +72,38 @@ pub async fn serve(
     result
 }
 
-async fn post_mcp(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
-    handle_post(&state, &headers, body).await.unwrap_or_else(IntoResponse::into_response)
-}
-
-async fn handle_post(state: &AppState, headers: &HeaderMap, body: Body) -> Result<Response, HttpError> {
+async fn post_mcp(
+    State(state): State<AppState>,
+    Principal(principal): Principal,
+    _: AcceptsAnswers,
+    headers: HeaderMap,
+    Message(message): Message,
+) -> Result<Response, HttpError> {
     let engine = &state.engine;
-    validate::origin(headers, &state.allowed_origins)?;
-    let principal = state.auth.principal(headers)?;
-    validate::accept_for_post(headers)?;
-    validate::content_type_json(headers)?;
-    let bytes = validate::read_body(headers, body, engine.config().max_body).await?;
-    let message = tether_wire::parse_message(&bytes).map_err(HttpError::from)?;
-
+    let reply = if engine.config().json_response { Reply::Json } else { Reply::Stream };
     let outcome = match message {
-        Inbound::Request { id, method, params } if method == "initialize" => {
-            engine.initialize(&principal, id, params).await?
-        }
-        message => engine.post(existing_session(state, headers, &principal).await?, message).await?,
+        Inbound::Request { id, method, params } if method == "initialize" => engine.initialize(&principal, id, params, reply).await?,
+        message => engine.post(existing_session(&state, &headers, &principal).await?, message, reply).await?,
     };
     let retry = engine.config().sse_retry_ms;
     Ok(match outcome {
         PostOutcome::Accepted => StatusCode::ACCEPTED.into_response(),
         PostOutcome::Stream { frames, session_id } => sse::response(frames, retry, Some(&session_id)),
         PostOutcome::Complete { frames, session_id } => sse::complete(&frames, retry, &session_id),
-        PostOutcome::Sessionless { body } => (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        PostOutcome::Sessionless { body } => json_response(body, None),
         PostOutcome::Json { body, session_id } => match body.await {
-            Ok(body) => {
-                let mut response = (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], body).into_response();
-                set_session_header(&mut response, &session_id);
-                response
-            }
+            Ok(body) => json_response(body, Some(&session_id)),
             Err(_) => return Err(HttpError::internal("the request's task ended without an answer")),
         },
     })
+}
+
+fn json_response(body: bytes::Bytes, session_id: Option<&str>) -> Response {
+    let mut response = (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], body).into_response();
+    if let Some(id) = session_id.and_then(|id| HeaderValue::from_str(id).ok()) {
+        response.headers_mut().insert(headers::SESSION_ID, id);
+    }
+    response
 }
 
 /// The session named by `Mcp-Session-Id` for this principal, after the
@@ -114,39 +114,24 @@ async fn existing_session(state: &AppState, headers: &HeaderMap, principal: &str
     Ok(state.engine.session(&session_id, principal).await?)
 }
 
-fn set_session_header(response: &mut Response, session_id: &str) {
-    if let Ok(v) = HeaderValue::from_str(session_id) {
-        response.headers_mut().insert(headers::SESSION_ID, v);
-    }
-}
-
-async fn get_mcp(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    handle_get(&state, &headers).await.unwrap_or_else(IntoResponse::into_response)
-}
-
-async fn handle_get(state: &AppState, headers: &HeaderMap) -> Result<Response, HttpError> {
+async fn get_mcp(
+    State(state): State<AppState>,
+    Principal(principal): Principal,
+    _: AcceptsStream,
+    headers: HeaderMap,
+) -> Result<Response, HttpError> {
     let engine = &state.engine;
-    validate::origin(headers, &state.allowed_origins)?;
-    let principal = state.auth.principal(headers)?;
-    validate::accept_for_get(headers)?;
-    let session = existing_session(state, headers, &principal).await?;
-    let frames = match validate::last_event_id(headers)? {
+    let session = existing_session(&state, &headers, &principal).await?;
+    let frames = match validate::last_event_id(&headers)? {
         Some(last) => engine.resume(session, &last).await?,
         None => engine.open_standalone(session).await?,
     };
     Ok(sse::response(frames, engine.config().sse_retry_ms, None))
 }
 
-async fn delete_mcp(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    handle_delete(&state, &headers).await.unwrap_or_else(IntoResponse::into_response)
-}
-
-async fn handle_delete(state: &AppState, headers: &HeaderMap) -> Result<Response, HttpError> {
-    let engine = &state.engine;
-    validate::origin(headers, &state.allowed_origins)?;
-    let principal = state.auth.principal(headers)?;
-    let session = existing_session(state, headers, &principal).await?;
-    engine.delete(session).await?;
+async fn delete_mcp(State(state): State<AppState>, Principal(principal): Principal, headers: HeaderMap) -> Result<Response, HttpError> {
+    let session = existing_session(&state, &headers, &principal).await?;
+    state.engine.delete(session).await?;
     Ok(StatusCode::OK.into_response())
 }
 

@@ -157,7 +157,7 @@ pub struct TestServer {
 }
 
 pub fn quick_config() -> ServerConfig {
-    ServerConfig { keepalive: Duration::from_millis(200), ..ServerConfig::default() }
+    ServerConfig { keepalive: Duration::from_millis(200), drain_timeout: Duration::from_secs(1), ..ServerConfig::default() }
 }
 
 impl TestServer {

@@ -1,0 +1,72 @@
+//! The transport's checks as axum layers and extractors, so every handler
+//! gets them the same way and none can forget one: the Origin check is a
+//! middleware over `/mcp` (DNS-rebinding protection runs before anything
+//! else, also before authentication); the principal, the Accept header and
+//! the JSON-RPC body are extractors whose rejection is the [`HttpError`]
+//! that names what to send instead.
+
+use axum::extract::{FromRequest, FromRequestParts, Request, State};
+use axum::http::request::Parts;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use tether_wire::Inbound;
+
+use super::{AppState, HttpError, validate};
+
+/// Middleware: a present `Origin` must be a localhost origin or one of
+/// `--allowed-origin` (403 otherwise).
+pub(super) async fn check_origin(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    match validate::origin(request.headers(), &state.allowed_origins) {
+        Ok(()) => next.run(request).await,
+        Err(refused) => refused.into_response(),
+    }
+}
+
+/// Who is asking: the principal of the bearer token (401 without a valid one
+/// while `--auth-tokens` is on).
+pub(super) struct Principal(pub String);
+
+impl FromRequestParts<AppState> for Principal {
+    type Rejection = HttpError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        state.auth.principal(&parts.headers).map(Principal)
+    }
+}
+
+/// A POST's Accept lists both JSON and SSE (406 otherwise).
+pub(super) struct AcceptsAnswers;
+
+impl<S: Send + Sync> FromRequestParts<S> for AcceptsAnswers {
+    type Rejection = HttpError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        validate::accept_for_post(&parts.headers).map(|()| AcceptsAnswers)
+    }
+}
+
+/// A GET's Accept lists SSE (406 otherwise).
+pub(super) struct AcceptsStream;
+
+impl<S: Send + Sync> FromRequestParts<S> for AcceptsStream {
+    type Rejection = HttpError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        validate::accept_for_get(&parts.headers).map(|()| AcceptsStream)
+    }
+}
+
+/// One JSON-RPC message in a JSON body of at most `--max-body` bytes (415,
+/// 413, or 400 with the JSON-RPC code of what is wrong).
+pub(super) struct Message(pub Inbound);
+
+impl FromRequest<AppState> for Message {
+    type Rejection = HttpError;
+
+    async fn from_request(request: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        let (parts, body) = request.into_parts();
+        validate::content_type_json(&parts.headers)?;
+        let bytes = validate::read_body(&parts.headers, body, state.engine.config().max_body).await?;
+        Ok(Message(tether_wire::parse_message(&bytes)?))
+    }
+}
