@@ -29,6 +29,8 @@ mod job;
 mod readers;
 mod schema;
 mod store;
+// SQLite's C interface: the workspace's only `unsafe` code.
+#[allow(unsafe_code)]
 mod wal_gather;
 mod writer;
 
