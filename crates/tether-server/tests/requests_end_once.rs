@@ -370,3 +370,27 @@ async fn a_refused_initialize_answers_the_error_and_leaves_no_session() {
     assert_eq!(store.count_sessions("p", tether_store::now_ms()).await.expect("count"), 0, "no session stored");
     assert_eq!(engine.cached_sessions(), 0, "no session held");
 }
+
+#[tokio::test]
+async fn the_application_hears_of_expiry_and_of_eviction_from_memory() {
+    let h = harness(ServerConfig { session_ttl: Duration::from_millis(200), session_cache: 1, ..config() });
+    let expiring = open_session(&h).await;
+    let id = expiring.id.clone();
+    drop(expiring);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(matches!(h.engine.session(&id, "p").await, Err(EngineError::SessionNotFound)));
+    // With room for one session in memory, a second one pushes the idle first one out.
+    let first = open_session(&h).await;
+    let first_id = first.id.clone();
+    drop(first);
+    let _second = open_session(&h).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while h.seen.ended.lock().unwrap().len() < 2 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let ended = h.seen.ended.lock().unwrap().clone();
+    assert!(ended.contains(&(id, EndReason::Expired, None)), "{ended:?}");
+    assert!(ended.contains(&(first_id.clone(), EndReason::Evicted, None)), "{ended:?}");
+    // Evicted is not ended: the session comes back from the store.
+    assert!(h.engine.session(&first_id, "p").await.is_ok(), "an evicted session is still in the store");
+}
