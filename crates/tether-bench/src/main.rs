@@ -9,7 +9,10 @@
 //! - [`replay`]: `replay_10k`. [`sessions`]: bulk sessions, restart timing.
 //! - [`report`]: rows, table, budget, chart. SSE is read with
 //!   `tether_wire::sse`, the decoder the client and the tests use.
+//! - [`baseline`]: with `--baseline`, each tether figure against its twin's
+//!   from an earlier build.
 
+mod baseline;
 mod load;
 mod replay;
 mod report;
@@ -24,7 +27,7 @@ use anyhow::Context;
 use clap::Parser;
 
 use report::{Row, Scenario, round};
-use server::{Launch, Programs, Server, Store, System};
+use server::{BASELINE_SUFFIX, Launch, Programs, Server, Store, Subject, System};
 
 #[derive(Debug, Parser)]
 #[command(name = "tether-bench", about = "tether and reference MCP servers side by side: throughput, latency, replay, restart, memory")]
@@ -32,6 +35,12 @@ struct Args {
     /// The `tether` binary to start.
     #[arg(long, default_value = "target/release/tether")]
     tether: PathBuf,
+    /// An earlier tether build (e.g. of the commit before a change): every
+    /// tether system also runs from it as its twin `<system>@baseline`, with
+    /// the same flags and a store of its own, right after it in every
+    /// scenario (the same tools_call rounds); the report compares the two.
+    #[arg(long)]
+    baseline: Option<PathBuf>,
     /// The rmcp reference server (default: `rmcp_ref` next to this binary).
     #[arg(long)]
     rmcp_ref: Option<PathBuf>,
@@ -146,8 +155,12 @@ async fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
     anyhow::ensure!(!args.duration.is_zero(), "--duration must be more than 0");
     anyhow::ensure!(args.sessions > 0 && args.events > 0, "--sessions and --events must be 1 or more");
     anyhow::ensure!(args.rounds > 0, "--rounds must be 1 or more");
+    if let Some(baseline) = &args.baseline {
+        anyhow::ensure!(baseline.is_file(), "--baseline {} is not a file", baseline.display());
+    }
     let programs = Programs {
         tether: args.tether.clone(),
+        baseline: args.baseline.clone(),
         rmcp_ref: args.rmcp_ref.clone().unwrap_or_else(|| sibling("rmcp_ref")),
         axum_floor: args.axum_floor.clone().unwrap_or_else(|| sibling("axum_floor")),
         node: args.node.clone(),
@@ -164,27 +177,31 @@ async fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
         skipped.push("tether-redis (no Redis on 127.0.0.1)");
         systems.retain(|&s| s != System::TetherRedis);
     }
+    // With --baseline, each tether system is followed by its baseline twin.
+    let subjects: Vec<Subject> = systems
+        .iter()
+        .flat_map(|&system| {
+            let twin = (args.baseline.is_some() && system.is_tether()).then_some(Subject { system, baseline: true });
+            std::iter::once(Subject::from(system)).chain(twin)
+        })
+        .collect();
     if wants(Scenario::ToolsCall) {
-        rows.extend(tools_call(args, &programs, &systems).await);
+        rows.extend(tools_call(args, &programs, &subjects).await);
     }
-    for &system in &systems {
+    for &subject in &subjects {
         // The floor has no MCP, no streams and no sessions: only tools_call applies.
-        if system == System::AxumFloor {
+        if subject.system == System::AxumFloor {
             continue;
         }
         if wants(Scenario::Replay10k) {
-            rows.push(replay_10k(args, &programs, system).await);
+            rows.push(replay_10k(args, &programs, subject).await);
         }
-        let restart = wants(Scenario::Restart100kSessions) && system.durable_sessions();
+        let restart = wants(Scenario::Restart100kSessions) && subject.system.durable_sessions();
         if wants(Scenario::IdleSession) || restart {
-            rows.extend(idle_and_restart(args, &programs, system, wants(Scenario::IdleSession), restart).await);
+            rows.extend(idle_and_restart(args, &programs, subject, wants(Scenario::IdleSession), restart).await);
         }
     }
-    rows.sort_by_key(|r| {
-        let scenario = Scenario::ALL.iter().position(|s| s.name() == r.scenario).unwrap_or(usize::MAX);
-        let system = System::ALL.iter().position(|s| s.name() == r.system).unwrap_or(usize::MAX);
-        (scenario, system, r.clients)
-    });
+    sort(&mut rows);
 
     let caption = args.quick.then(|| {
         format!(
@@ -205,12 +222,27 @@ async fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
     }
     markdown.push('\n');
     markdown.push_str(&budget);
+    if let Some(path) = &args.baseline {
+        markdown.push_str(&format!("\nAgainst the baseline `{}` (current / baseline):\n\n", path.display()));
+        markdown.push_str(&baseline::comparison(&rows));
+    }
     print!("{markdown}");
     write(&args.out, &(serde_json::to_string_pretty(&rows)? + "\n"))?;
     write(&args.table, &markdown)?;
     write(&args.chart, &report::chart(&rows, 64, args.quick))?;
     eprintln!("rows written to {}, table to {}, chart to {}", args.out.display(), args.table.display(), args.chart.display());
     Ok(rows)
+}
+
+/// Table order: by scenario, system and clients; a baseline twin's row
+/// right after the current build's.
+fn sort(rows: &mut [Row]) {
+    rows.sort_by_key(|r| {
+        let scenario = Scenario::ALL.iter().position(|s| s.name() == r.scenario).unwrap_or(usize::MAX);
+        let name = r.system.strip_suffix(BASELINE_SUFFIX).unwrap_or(&r.system);
+        let system = System::ALL.iter().position(|s| s.name() == name).unwrap_or(usize::MAX);
+        (scenario, system, r.clients, name.len() < r.system.len())
+    });
 }
 
 /// The 1-minute load average (other work on the machine skews every figure).
@@ -233,7 +265,7 @@ fn machine() -> String {
 
 /// Starts `system` on a fresh store (or none).
 async fn start(programs: &Programs, launch: &Launch) -> anyhow::Result<(Server, Option<Store>)> {
-    let store = Store::fresh(launch.system, programs)?;
+    let store = Store::fresh(launch.subject.system, programs)?;
     let server = Server::start(launch, programs, store.as_ref()).await?;
     Ok((server, store))
 }
@@ -269,17 +301,17 @@ const SLICE_LEAD_IN: Duration = Duration::from_millis(100);
 /// every system, moves with it), so figures taken minutes apart compare the
 /// host as much as the systems; slices a second apart see the same host.
 /// Peak RSS is the server's over the whole run.
-async fn tools_call(args: &Args, programs: &Programs, systems: &[System]) -> Vec<Row> {
-    let mut servers = Vec::with_capacity(systems.len());
-    for &system in systems {
-        eprintln!("== {}: starting for tools_call", system.name());
-        servers.push((system, start(programs, &Launch::new(system)).await));
+async fn tools_call(args: &Args, programs: &Programs, subjects: &[Subject]) -> Vec<Row> {
+    let mut servers = Vec::with_capacity(subjects.len());
+    for &subject in subjects {
+        eprintln!("== {}: starting for tools_call", subject.name());
+        servers.push((subject, start(programs, &Launch::new(subject)).await));
     }
     let mut rows = Vec::new();
     for &clients in &args.clients {
         let mut loads = Vec::new();
-        for (system, started) in &servers {
-            let row = |error: String| Row::failed(*system, Scenario::ToolsCall, clients, args.quick, error);
+        for (subject, started) in &servers {
+            let row = |error: String| Row::failed(*subject, Scenario::ToolsCall, clients, args.quick, error);
             let server = match started {
                 Ok((server, _)) => server,
                 Err(e) => {
@@ -287,31 +319,31 @@ async fn tools_call(args: &Args, programs: &Programs, systems: &[System]) -> Vec
                     continue;
                 }
             };
-            eprintln!("== {}: tools_call, {clients} clients, {} warm-up", system.name(), humantime::format_duration(args.warmup));
-            let warmed = match load::Load::open(system.protocol(), &server.mcp_url, clients).await {
+            eprintln!("== {}: tools_call, {clients} clients, {} warm-up", subject.name(), humantime::format_duration(args.warmup));
+            let warmed = match load::Load::open(subject.system.protocol(), &server.mcp_url, clients).await {
                 Ok(mut load) => load.run(args.warmup, Duration::ZERO).await.map(|warm_up| (load, warm_up)),
                 Err(e) => Err(e),
             };
             match warmed {
-                Ok((load, warm_up)) if warm_up.errors == 0 => loads.push((*system, load, Vec::with_capacity(args.rounds))),
+                Ok((load, warm_up)) if warm_up.errors == 0 => loads.push((*subject, load, Vec::with_capacity(args.rounds))),
                 Ok((_, warm_up)) => rows.push(row(format!("warm-up: {}", warm_up.first_errors.join("; ")))),
                 Err(e) => rows.push(row(format!("{e:#}"))),
             }
         }
         for round in 1..=args.rounds {
             eprintln!("== tools_call, {clients} clients, round {round} of {}", args.rounds);
-            for (system, load, rounds) in &mut loads {
+            for (subject, load, rounds) in &mut loads {
                 let outcome = load.run(SLICE_LEAD_IN, args.duration).await;
-                rounds.push(measured(*system, clients, args.quick, outcome));
+                rounds.push(measured(*subject, clients, args.quick, outcome));
             }
         }
         rows.extend(loads.into_iter().filter_map(|(_, _, rounds)| median_round(rounds)));
     }
-    for (system, started) in servers {
+    for (subject, started) in servers {
         let Ok((server, _store)) = started else { continue };
         match server.peak_rss_mib() {
-            Ok(rss) => rows.iter_mut().filter(|r| r.system == system.name()).for_each(|r| r.rss_mib = Some(round(rss, 1))),
-            Err(e) => eprintln!("   {}: cannot read the peak RSS: {e:#}", system.name()),
+            Ok(rss) => rows.iter_mut().filter(|r| r.system == subject.name()).for_each(|r| r.rss_mib = Some(round(rss, 1))),
+            Err(e) => eprintln!("   {}: cannot read the peak RSS: {e:#}", subject.name()),
         }
         if let Err(e) = server.stop().await {
             eprintln!("   {e:#}");
@@ -321,12 +353,12 @@ async fn tools_call(args: &Args, programs: &Programs, systems: &[System]) -> Vec
 }
 
 /// One slice's row.
-fn measured(system: System, clients: usize, quick: bool, outcome: anyhow::Result<load::Outcome>) -> Row {
-    let mut row = Row::new(system, Scenario::ToolsCall, clients, quick);
+fn measured(subject: Subject, clients: usize, quick: bool, outcome: anyhow::Result<load::Outcome>) -> Row {
+    let mut row = Row::new(subject, Scenario::ToolsCall, clients, quick);
     match outcome {
         Ok(outcome) => {
             for e in &outcome.first_errors {
-                eprintln!("   {}: error: {e}", system.name());
+                eprintln!("   {}: error: {e}", subject.name());
             }
             row.rps = Some(round(outcome.rps(), 1));
             row.p50_ms = Some(round(outcome.quantile_ms(0.50), 3));
@@ -335,8 +367,8 @@ fn measured(system: System, clients: usize, quick: bool, outcome: anyhow::Result
             row.errors = outcome.errors;
             row.error = outcome.first_errors.first().cloned();
             eprintln!(
-                "   {:<14} {:>8.0} rps, p50 {:.3} ms, p99 {:.3} ms, {} errors, load generator {:.1} µs CPU per call",
-                system.name(),
+                "   {:<22} {:>8.0} rps, p50 {:.3} ms, p99 {:.3} ms, {} errors, load generator {:.1} µs CPU per call",
+                subject.name(),
                 outcome.rps(),
                 outcome.quantile_ms(0.5),
                 outcome.quantile_ms(0.99),
@@ -353,12 +385,12 @@ fn measured(system: System, clients: usize, quick: bool, outcome: anyhow::Result
 }
 
 /// replay_10k on one fresh server.
-async fn replay_10k(args: &Args, programs: &Programs, system: System) -> Row {
-    eprintln!("== {}: replay_10k ({} events)", system.name(), args.events);
-    let mut row = Row::new(system, Scenario::Replay10k, 1, args.quick);
+async fn replay_10k(args: &Args, programs: &Programs, subject: Subject) -> Row {
+    eprintln!("== {}: replay_10k ({} events)", subject.name(), args.events);
+    let mut row = Row::new(subject, Scenario::Replay10k, 1, args.quick);
     row.count = Some(args.events as u64);
-    let mut launch = Launch::new(system);
-    if system == System::Rmcp {
+    let mut launch = Launch::new(subject);
+    if subject.system == System::Rmcp {
         // rmcp keeps `channel_capacity` events per stream for replay (16 by default).
         let capacity = args.events + 16;
         launch.channel_capacity = Some(capacity);
@@ -405,11 +437,11 @@ async fn settled_rss(server: &Server) -> anyhow::Result<u64> {
 /// idle_session and/or restart_100k_sessions on one fresh server and store:
 /// warm-up sessions, RSS, `--sessions` more sessions, RSS again; then
 /// SIGKILL, restart on the same store, time the first answer on an old session.
-async fn idle_and_restart(args: &Args, programs: &Programs, system: System, idle: bool, restart: bool) -> Vec<Row> {
+async fn idle_and_restart(args: &Args, programs: &Programs, subject: Subject, idle: bool, restart: bool) -> Vec<Row> {
     let n = args.sessions;
-    eprintln!("== {}: {} sessions for{}{}", system.name(), n, if idle { " idle_session" } else { "" }, if restart { " restart_100k_sessions" } else { "" });
-    let mut idle_row = Row::new(system, Scenario::IdleSession, args.session_clients, args.quick);
-    let mut restart_row = Row::new(system, Scenario::Restart100kSessions, args.session_clients, args.quick);
+    eprintln!("== {}: {} sessions for{}{}", subject.name(), n, if idle { " idle_session" } else { "" }, if restart { " restart_100k_sessions" } else { "" });
+    let mut idle_row = Row::new(subject, Scenario::IdleSession, args.session_clients, args.quick);
+    let mut restart_row = Row::new(subject, Scenario::Restart100kSessions, args.session_clients, args.quick);
     idle_row.count = Some(n as u64);
     restart_row.count = Some(n as u64);
     let outcome = async {
@@ -417,11 +449,11 @@ async fn idle_and_restart(args: &Args, programs: &Programs, system: System, idle
         let warm = (n / 100).max(args.session_clients);
         // All the bench's sessions belong to one (anonymous) principal; tether
         // caps that at 100,000 by default, which warm-up + 100,000 exceeds.
-        let mut launch = Launch::new(system);
-        if system.is_tether() {
+        let mut launch = Launch::new(subject);
+        if subject.system.is_tether() {
             launch.max_sessions = Some(warm + n + 1_000);
         }
-        let store = Store::fresh(system, programs)?;
+        let store = Store::fresh(subject.system, programs)?;
         let server = Server::start(&launch, programs, store.as_ref()).await?;
         sessions::create(&server.mcp_url, warm, args.session_clients).await.context("warm-up sessions")?;
         let before = settled_rss(&server).await?;
@@ -511,5 +543,31 @@ mod tests {
         let failed = Row::failed(System::TetherSqlite, Scenario::ToolsCall, 64, false, "wrong answer".into());
         let row = median_round(vec![run(64, 900.0, 1.0, 40.0), failed, run(64, 800.0, 1.0, 40.0)]).expect("a row");
         assert_eq!((row.errors, row.error.as_deref()), (1, Some("wrong answer")));
+    }
+
+    #[test]
+    fn a_baseline_row_comes_right_after_the_current_one() {
+        let twin = |system| Subject { system, baseline: true };
+        let mut rows = vec![
+            Row::new(twin(System::TetherSqlite), Scenario::ToolsCall, 64, false),
+            Row::new(System::Rmcp, Scenario::ToolsCall, 1, false),
+            Row::new(twin(System::TetherSqlite), Scenario::ToolsCall, 1, false),
+            Row::new(System::TetherSqlite, Scenario::Replay10k, 1, false),
+            Row::new(System::TetherSqlite, Scenario::ToolsCall, 64, false),
+            Row::new(System::TetherSqlite, Scenario::ToolsCall, 1, false),
+        ];
+        sort(&mut rows);
+        let order: Vec<String> = rows.iter().map(|r| format!("{} {} {}", r.system, r.scenario, r.clients)).collect();
+        assert_eq!(
+            order,
+            [
+                "tether-sqlite tools_call 1",
+                "tether-sqlite@baseline tools_call 1",
+                "tether-sqlite tools_call 64",
+                "tether-sqlite@baseline tools_call 64",
+                "rmcp tools_call 1",
+                "tether-sqlite replay_10k 1",
+            ]
+        );
     }
 }

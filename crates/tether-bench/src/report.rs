@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use crate::server::System;
+use crate::server::{Subject, System};
 
 /// The scenarios, in table order (`--scenarios` takes these names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
@@ -87,9 +87,9 @@ pub struct Row {
 }
 
 impl Row {
-    pub fn new(system: System, scenario: Scenario, clients: usize, quick: bool) -> Self {
+    pub fn new(subject: impl Into<Subject>, scenario: Scenario, clients: usize, quick: bool) -> Self {
         Row {
-            system: system.name().into(),
+            system: subject.into().name(),
             scenario: scenario.name().into(),
             clients,
             rps: None,
@@ -111,8 +111,8 @@ impl Row {
         }
     }
 
-    pub fn failed(system: System, scenario: Scenario, clients: usize, quick: bool, error: String) -> Self {
-        Row { errors: 1, error: Some(error), ..Row::new(system, scenario, clients, quick) }
+    pub fn failed(subject: impl Into<Subject>, scenario: Scenario, clients: usize, quick: bool, error: String) -> Self {
+        Row { errors: 1, error: Some(error), ..Row::new(subject, scenario, clients, quick) }
     }
 
     fn valid(&self) -> bool {
@@ -227,6 +227,22 @@ fn paired_ratios(a: &Row, b: &Row) -> Option<Vec<f64>> {
         .then(|| a.rounds_rps.iter().zip(&b.rounds_rps).map(|(x, y)| x / y).collect())
 }
 
+/// `a`'s requests/s over `b`'s, and its text: the median of the paired
+/// rounds' ratios when both ran the same rounds, with the ratio of the two
+/// median rounds beside it; else the ratio of the two rows.
+pub fn rps_ratio(a: &Row, b: &Row) -> Option<(String, f64)> {
+    let (x, y) = a.rps.zip(b.rps).filter(|&(_, y)| y > 0.0)?;
+    let of_medians = format!("{:.2}x ({x:.0} / {y:.0} rps)", x / y);
+    Some(match paired_ratios(a, b) {
+        Some(mut ratios) => {
+            let listed = ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", ");
+            let paired = median(&mut ratios).unwrap_or(0.0);
+            (format!("{paired:.2}x (median of {} paired rounds: {listed}); median rounds {of_medians}", ratios.len()), paired)
+        }
+        None => (of_medians, x / y),
+    })
+}
+
 /// Sessions the budget's restart and idle lines are measured with.
 const BUDGET_SESSIONS: u64 = 100_000;
 
@@ -243,19 +259,7 @@ pub fn budget(rows: &[Row]) -> String {
         ("tether-sqlite tools_call (64 clients) >= 0.5x axum-floor", "axum-floor", 0.5),
         ("tether-sqlite tools_call (64 clients) >= 0.8x tether-memory", "tether-memory", 0.8),
     ] {
-        let judged = sqlite.zip(tools_call(other)).and_then(|(a, b)| {
-            let (x, y) = a.rps.zip(b.rps).filter(|&(_, y)| y > 0.0)?;
-            let of_medians = format!("{:.2}x ({x:.0} / {y:.0} rps)", x / y);
-            Some(match paired_ratios(a, b) {
-                Some(mut ratios) => {
-                    let listed = ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", ");
-                    let paired = median(&mut ratios).unwrap_or(0.0);
-                    let text = format!("{paired:.2}x (median of {} paired rounds: {listed}); median rounds {of_medians}", ratios.len());
-                    (text, paired >= target)
-                }
-                None => (of_medians, x / y >= target),
-            })
-        });
+        let judged = sqlite.zip(tools_call(other)).and_then(|(a, b)| rps_ratio(a, b)).map(|(text, ratio)| (text, ratio >= target));
         let (measured, verdict) = match judged {
             Some((text, true)) => (text, "yes"),
             Some((text, false)) => (text, "**no**"),

@@ -1,7 +1,8 @@
-//! The systems under test: how each one is started (as a child process on a
-//! loopback port), the stores tether runs on, waiting until a server answers
-//! `/healthz`, reading its RSS from `/proc`, and stopping it (SIGTERM) or
-//! killing it (SIGKILL).
+//! The systems under test (with `--baseline`, tether's also from an earlier
+//! build): how each one is started (as a child process on a loopback port),
+//! the stores tether runs on, waiting until a server answers `/healthz`,
+//! reading its RSS from `/proc`, and stopping it (SIGTERM) or killing it
+//! (SIGKILL).
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -36,6 +37,31 @@ pub enum System {
     TsSdk,
     /// A bare axum JSON echo route (`axum_floor`): the HTTP floor.
     AxumFloor,
+}
+
+/// What a tether system's baseline twin adds to its name (`tether-sqlite@baseline`).
+pub const BASELINE_SUFFIX: &str = "@baseline";
+
+/// A system as this run starts it: from its usual program, or, for a tether
+/// system's baseline twin (`--baseline`), from the baseline tether binary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Subject {
+    pub system: System,
+    /// The twin started from `--baseline` (tether systems only).
+    pub baseline: bool,
+}
+
+impl Subject {
+    /// The name in the rows and the table: the system's, or `<system>@baseline`.
+    pub fn name(self) -> String {
+        format!("{}{}", self.system.name(), if self.baseline { BASELINE_SUFFIX } else { "" })
+    }
+}
+
+impl From<System> for Subject {
+    fn from(system: System) -> Self {
+        Subject { system, baseline: false }
+    }
 }
 
 /// How the load generator talks to a system.
@@ -83,6 +109,8 @@ impl System {
 #[derive(Debug, Clone)]
 pub struct Programs {
     pub tether: PathBuf,
+    /// `--baseline`: an earlier tether build, for the baseline twins.
+    pub baseline: Option<PathBuf>,
     pub rmcp_ref: PathBuf,
     pub axum_floor: PathBuf,
     pub node: PathBuf,
@@ -187,7 +215,7 @@ fn delete_redis_keys(prefix: &str) -> anyhow::Result<()> {
 
 /// How to start one system.
 pub struct Launch {
-    pub system: System,
+    pub subject: Subject,
     /// `127.0.0.1:0` or a fixed port (restarts).
     pub listen: String,
     /// rmcp only: `--channel-capacity` (events kept per stream for replay).
@@ -197,15 +225,20 @@ pub struct Launch {
 }
 
 impl Launch {
-    pub fn new(system: System) -> Self {
-        Self { system, listen: "127.0.0.1:0".into(), channel_capacity: None, max_sessions: None }
+    pub fn new(subject: Subject) -> Self {
+        Self { subject, listen: "127.0.0.1:0".into(), channel_capacity: None, max_sessions: None }
     }
 
     fn command(&self, programs: &Programs, store: Option<&Store>) -> anyhow::Result<Command> {
-        let mut cmd = match self.system {
+        let mut cmd = match self.subject.system {
             System::TetherMemory | System::TetherSqlite | System::TetherRedis => {
                 let store = store.context("a tether system needs a store")?;
-                let mut cmd = Command::new(existing(&programs.tether, "cargo build --release -p tether, or pass --tether")?);
+                let tether = match (self.subject.baseline, &programs.baseline) {
+                    (false, _) => existing(&programs.tether, "cargo build --release -p tether, or pass --tether")?,
+                    (true, Some(baseline)) => existing(baseline, "pass a tether binary to --baseline")?,
+                    (true, None) => bail!("{} needs --baseline", self.subject.name()),
+                };
+                let mut cmd = Command::new(tether);
                 cmd.args(["serve", "--listen", &self.listen]).args(store.args());
                 if let Some(n) = self.max_sessions {
                     cmd.args(["--max-sessions-per-principal", &n.to_string()]);
@@ -252,7 +285,7 @@ fn existing<'a>(path: &'a Path, hint: &str) -> anyhow::Result<&'a Path> {
 
 /// A running server; `stop` or `kill` it when done (dropping it kills the process).
 pub struct Server {
-    pub system: System,
+    pub subject: Subject,
     child: Child,
     pid: u32,
     /// The MCP endpoint, e.g. `http://127.0.0.1:41234/mcp` (known once `ready` returned).
@@ -268,7 +301,7 @@ impl Server {
         let mut child = launch
             .command(programs, store)?
             .spawn()
-            .with_context(|| format!("cannot start {}", launch.system.name()))?;
+            .with_context(|| format!("cannot start {}", launch.subject.name()))?;
         let pid = child.id().context("the server exited at once")?;
         let stderr = child.stderr.take().context("no stderr pipe")?;
         let log = Arc::new(Mutex::new(VecDeque::new()));
@@ -292,7 +325,7 @@ impl Server {
                 }
             }
         });
-        Ok(Server { system: launch.system, child, pid, mcp_url: String::new(), url_rx: Some(url_rx), log })
+        Ok(Server { subject: launch.subject, child, pid, mcp_url: String::new(), url_rx: Some(url_rx), log })
     }
 
     /// Spawns the process and waits until it printed its URL and answers `/healthz`.
@@ -307,8 +340,8 @@ impl Server {
         let rx = self.url_rx.take().context("ready() called twice")?;
         self.mcp_url = match tokio::time::timeout(START_TIMEOUT, rx).await {
             Ok(Ok(url)) => url,
-            Ok(Err(_)) => bail!("{} exited before printing its URL; its stderr:\n{}", self.system.name(), self.log_tail()),
-            Err(_) => bail!("{} printed no URL within {START_TIMEOUT:?}; its stderr:\n{}", self.system.name(), self.log_tail()),
+            Ok(Err(_)) => bail!("{} exited before printing its URL; its stderr:\n{}", self.subject.name(), self.log_tail()),
+            Err(_) => bail!("{} printed no URL within {START_TIMEOUT:?}; its stderr:\n{}", self.subject.name(), self.log_tail()),
         };
         let base = self.mcp_url.strip_suffix("/mcp").unwrap_or(&self.mcp_url);
         let url = format!("{base}/healthz");
@@ -366,13 +399,13 @@ impl Server {
             Ok(status) => {
                 let status = status?;
                 if !status.success() {
-                    eprintln!("tether-bench: {} ({}) exited with {status} after SIGTERM", self.system.name(), self.pid);
+                    eprintln!("tether-bench: {} ({}) exited with {status} after SIGTERM", self.subject.name(), self.pid);
                 }
                 Ok(())
             }
             Err(_) => {
                 self.child.kill().await?;
-                bail!("{} ({}) ignored SIGTERM for {STOP_TIMEOUT:?} and was killed", self.system.name(), self.pid)
+                bail!("{} ({}) ignored SIGTERM for {STOP_TIMEOUT:?} and was killed", self.subject.name(), self.pid)
             }
         }
     }
@@ -381,7 +414,7 @@ impl Server {
     pub async fn kill(mut self) -> anyhow::Result<()> {
         self.signal(libc::SIGKILL)?;
         let status = tokio::time::timeout(STOP_TIMEOUT, self.child.wait()).await.context("a SIGKILLed server did not exit")??;
-        anyhow::ensure!(!status.success(), "{} exited cleanly instead of being killed", self.system.name());
+        anyhow::ensure!(!status.success(), "{} exited cleanly instead of being killed", self.subject.name());
         Ok(())
     }
 }
