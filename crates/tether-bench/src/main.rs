@@ -413,6 +413,12 @@ async fn replay_10k(args: &Args, programs: &Programs, subject: Subject) -> Row {
             eprintln!("   median {ms:.1} ms of {} runs ({:.1} to {:.1} ms)", outcome.runs, outcome.min_ms, outcome.max_ms);
             row.ms = Some(round(ms, 1));
             row.spread = Some(format!("median of {} runs, {:.1} to {:.1} ms", outcome.runs, outcome.min_ms, outcome.max_ms));
+            let retries = format!("fill: {} retries after 429", outcome.fill_retries);
+            eprintln!("   {retries}");
+            row.note = Some(match row.note.take() {
+                Some(note) => format!("{note}; {retries}"),
+                None => retries,
+            });
             if outcome.resent_last_event {
                 eprintln!("   note: the server re-sent the Last-Event-ID event before the missed ones");
                 row.deviation = Some(format!("re-sent the Last-Event-ID event first (a duplicate), then the {} missed ones", args.events));

@@ -15,8 +15,17 @@
 //!    the same messages. This is repeated (`--replay-runs`, each time on a
 //!    new connection after the previous one was closed); the median counts.
 //!
-//! The client never answers the `roots/list` requests (a server gives up on
-//! them after its own timeout; nothing else is sent meanwhile).
+//! During the fill (steps 2 and 3) the client answers every `roots/list` it
+//! reads on the live GET at once (`{"roots": []}`, POSTed, 202 expected), and
+//! a `list_changed` refused with 429 is sent again after a short pause
+//! (`Retry-After` honoured); the retries are counted and reported. A server
+//! may bound the client notifications a session has waiting and the
+//! server-to-client requests waiting for the client's answer (tether does
+//! since issue 22: its notebook handles one `list_changed` at a time and
+//! waits for the answer to its `roots/list`), so a client that never
+//! answered would fill those bounds and be refused. The answers are all in
+//! before step 4: nothing else is sent while the replay is timed, and the
+//! stored requests replayed are the same either way.
 //!
 //! One deviation is recognised rather than failed: a server that sends the
 //! `Last-Event-ID` event itself again before the missed ones (rmcp 3.9's
@@ -24,10 +33,12 @@
 //! row; anything else that differs from the expected events is an error.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use serde_json::{Value, json};
 use tether_wire::sse::Decoder;
 use tether_wire::{Inbound, headers, parse_message};
 
@@ -35,8 +46,14 @@ use crate::load::{self, PROTOCOL_VERSION};
 
 /// Parallel connections that POST the notifications.
 const SENDERS: usize = 8;
-/// How long the stored events may take to show up on the live stream.
+/// How long the fill may take: the notifications (retries included), their
+/// `roots/list` requests on the live stream and the client's answers.
 const FILL_TIMEOUT: Duration = Duration::from_secs(180);
+/// The pause before a notification refused with 429 is sent again (without
+/// `Retry-After`); it grows by `RETRY_STEP` per refusal up to `RETRY_MAX`.
+const RETRY_FIRST: Duration = Duration::from_millis(2);
+const RETRY_STEP: Duration = Duration::from_millis(1);
+const RETRY_MAX: Duration = Duration::from_millis(20);
 /// How long the timed replay may take before it counts as failed.
 const REPLAY_TIMEOUT: Duration = Duration::from_secs(60);
 /// Time for the server to notice that the first GET was closed.
@@ -50,9 +67,9 @@ struct Delivered {
 }
 
 /// The JSON-RPC id of a `roots/list` request in an event's data, checked.
-fn roots_request_id(data: &str) -> Result<String, String> {
+fn roots_request_id(data: &str) -> Result<Value, String> {
     match parse_message(data.as_bytes()) {
-        Ok(Inbound::Request { id, method, .. }) if method == "roots/list" => Ok(id.to_string()),
+        Ok(Inbound::Request { id, method, .. }) if method == "roots/list" => Ok(id),
         Ok(_) => Err(format!("event is not a roots/list request: {data}")),
         Err(e) => Err(format!("event data is not a JSON-RPC message ({}): {data}", e.message)),
     }
@@ -96,9 +113,59 @@ pub struct Outcome {
     pub runs: usize,
     /// The server first re-sent the `Last-Event-ID` event itself (a duplicate).
     pub resent_last_event: bool,
+    /// `list_changed` POSTs of the fill sent again after a 429.
+    pub fill_retries: u64,
 }
 
-/// Runs the scenario against `url`.
+/// How long to wait before sending again a POST refused with 429: the
+/// server's `Retry-After` (in seconds) if it gave one, else `pause`.
+fn retry_pause(resp: &reqwest::Response, pause: Duration) -> Duration {
+    let retry_after = resp.headers().get("retry-after").and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
+    retry_after.map_or(pause, Duration::from_secs)
+}
+
+/// One `notifications/roots/list_changed`, sent again after a pause while
+/// the server refuses it with 429 (until `deadline`); answered 202, or an
+/// error. Returns how many times it was sent again.
+async fn notify_list_changed(http: &reqwest::Client, url: &str, session: &str, deadline: Instant) -> Result<u64, String> {
+    let note = json!({"jsonrpc": "2.0", "method": "notifications/roots/list_changed"});
+    let mut retries = 0u64;
+    let mut pause = RETRY_FIRST;
+    loop {
+        let resp = load::post(http, url, Some(session), &note).send().await.map_err(|e| format!("notifications/roots/list_changed: {e}"))?;
+        if resp.status() != reqwest::StatusCode::TOO_MANY_REQUESTS {
+            load::accepted(resp).await.map_err(|e| format!("notifications/roots/list_changed: {e}"))?;
+            return Ok(retries);
+        }
+        let wait = retry_pause(&resp, pause);
+        let body = resp.text().await.unwrap_or_default();
+        if Instant::now() + wait > deadline {
+            return Err(format!(
+                "notifications/roots/list_changed: still answered 429 after {retries} retries within {FILL_TIMEOUT:?}: {}",
+                body.chars().take(200).collect::<String>()
+            ));
+        }
+        tokio::time::sleep(wait).await;
+        retries += 1;
+        pause = (pause + RETRY_STEP).min(RETRY_MAX);
+    }
+}
+
+/// Answers each `roots/list` whose id comes through `ids` with an empty
+/// list, POSTed to the session (202 expected), until the channel closes;
+/// returns how many it answered.
+async fn answer_roots(url: String, session: String, mut ids: tokio::sync::mpsc::UnboundedReceiver<Value>) -> Result<usize, String> {
+    let http = load::http_client()?;
+    let mut answered = 0;
+    while let Some(id) = ids.recv().await {
+        let answer = json!({"jsonrpc": "2.0", "id": id, "result": {"roots": []}});
+        let resp = load::post(&http, &url, Some(&session), &answer).send().await.map_err(|e| format!("answer to roots/list {id}: {e}"))?;
+        load::accepted(resp).await.map_err(|e| format!("answer to roots/list {id}: {e}"))?;
+        answered += 1;
+    }
+    Ok(answered)
+}
+
 /// Runs the scenario against `url`; the timed replay is repeated `runs`
 /// times (same missed events, a new connection each time).
 pub async fn run(url: &str, events: usize, runs: usize) -> anyhow::Result<Outcome> {
@@ -106,12 +173,15 @@ pub async fn run(url: &str, events: usize, runs: usize) -> anyhow::Result<Outcom
     let http = load::http_client().map_err(anyhow::Error::msg)?;
     let session = load::open_session(&http, url, true).await.map_err(anyhow::Error::msg).context("session set-up")?;
 
-    // 1. The live standalone stream, read in the background.
+    // 1. The live standalone stream, read in the background; every roots/list
+    //    read there is answered at once by another task.
     let live_http = stream_client()?;
     let mut live = open_stream(get(&live_http, url, &session, None), "standalone stream").await?;
     let seen: Arc<Mutex<Vec<Delivered>>> = Arc::default();
     let (count_tx, mut count_rx) = tokio::sync::watch::channel(0usize);
-    let reader = {
+    let (answer_tx, answer_rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut answerer = tokio::spawn(answer_roots(url.to_string(), session.clone(), answer_rx));
+    let mut reader = {
         let seen = seen.clone();
         tokio::spawn(async move {
             let mut decoder = Decoder::new();
@@ -127,7 +197,8 @@ pub async fn run(url: &str, events: usize, runs: usize) -> anyhow::Result<Outcom
                     if !event.has_data() {
                         continue;
                     }
-                    let request_id = roots_request_id(&event.data)?;
+                    let id = roots_request_id(&event.data)?;
+                    let request_id = id.to_string();
                     let event_id = event.id.filter(|id| !id.is_empty()).ok_or_else(|| format!("event without an id: {}", event.data))?;
                     if !event_ids.insert(event_id.clone()) {
                         return Err(format!("event id {event_id} delivered twice on the live stream"));
@@ -140,49 +211,69 @@ pub async fn run(url: &str, events: usize, runs: usize) -> anyhow::Result<Outcom
                         seen.push(Delivered { event_id, request_id });
                         seen.len()
                     };
+                    let _ = answer_tx.send(id);
                     let _ = count_tx.send(n);
                 }
             }
         })
     };
 
-    // 2. N+1 notifications, each answered 202.
+    // 2. N+1 notifications, each answered 202 (sent again while answered 429).
     let wanted = events + 1;
-    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let mut senders = Vec::new();
+    let deadline = Instant::now() + FILL_TIMEOUT;
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut senders = tokio::task::JoinSet::new();
     for _ in 0..SENDERS {
         let (url, session, next) = (url.to_string(), session.clone(), next.clone());
-        senders.push(tokio::spawn(async move {
+        senders.spawn(async move {
             let http = load::http_client()?;
-            let note = serde_json::json!({"jsonrpc": "2.0", "method": "notifications/roots/list_changed"});
-            while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < wanted {
-                let resp = load::post(&http, &url, Some(&session), &note).send().await.map_err(|e| e.to_string())?;
-                load::accepted(resp).await.map_err(|e| format!("notifications/roots/list_changed: {e}"))?;
+            let mut retries = 0;
+            while next.fetch_add(1, Ordering::Relaxed) < wanted {
+                retries += notify_list_changed(&http, &url, &session, deadline).await?;
             }
-            Ok::<(), String>(())
-        }));
-    }
-    for s in senders {
-        s.await?.map_err(anyhow::Error::msg)?;
+            Ok::<u64, String>(retries)
+        });
     }
 
     // 3. Wait until all of them came through the live stream, then close it.
-    let filled = tokio::time::timeout(FILL_TIMEOUT, count_rx.wait_for(|&n| n >= wanted)).await.map(|r| r.map(|_| ()));
-    if reader.is_finished() {
-        match reader.await {
+    let fill = async {
+        let mut retries = 0;
+        while let Some(sent) = senders.join_next().await {
+            retries += sent.map_err(|e| format!("sender: {e}"))??;
+        }
+        count_rx.wait_for(|&n| n >= wanted).await.map_err(|_| "live stream reader stopped".to_string())?;
+        Ok::<u64, String>(retries)
+    };
+    let filled = tokio::select! {
+        biased;
+        filled = tokio::time::timeout_at(deadline.into(), fill) => filled,
+        ended = &mut reader => match ended {
             Ok(Err(e)) => bail!("live stream: {e}"),
             Ok(Ok(())) => bail!("live stream reader ended"),
             Err(e) => bail!("live stream reader: {e}"),
-        }
-    }
-    match filled {
-        Ok(Ok(_)) => {}
-        Ok(Err(_)) => bail!("live stream reader stopped"),
+        },
+        ended = &mut answerer => match ended {
+            Ok(Err(e)) => bail!("{e}"),
+            Ok(Ok(n)) => bail!("the answers to roots/list stopped after {n}"),
+            Err(e) => bail!("roots/list answerer: {e}"),
+        },
+    };
+    drop(senders);
+    let fill_retries = match filled {
+        Ok(Ok(retries)) => retries,
+        Ok(Err(e)) => bail!("{e}"),
         Err(_) => bail!("only {} of {wanted} roots/list requests arrived within {FILL_TIMEOUT:?}", *count_rx.borrow()),
-    }
+    };
+    // The reader's end closes the answers' channel: the answerer sends what is left, then ends.
     reader.abort();
     let _ = reader.await;
     drop(live_http);
+    match tokio::time::timeout_at(deadline.into(), answerer).await {
+        Ok(Ok(Ok(_))) => {}
+        Ok(Ok(Err(e))) => bail!("{e}"),
+        Ok(Err(e)) => bail!("roots/list answerer: {e}"),
+        Err(_) => bail!("the answers to roots/list were not all sent within {FILL_TIMEOUT:?}"),
+    }
     tokio::time::sleep(CLOSE_SETTLE).await;
     let seen = seen.lock().map_err(|_| anyhow::anyhow!("lock poisoned"))?.clone();
     let resume_from = seen.len() - events - 1;
@@ -203,7 +294,14 @@ pub async fn run(url: &str, events: usize, runs: usize) -> anyhow::Result<Outcom
     }
     let mut sorted = times.clone();
     sorted.sort_by(f64::total_cmp);
-    Ok(Outcome { ms: sorted[sorted.len() / 2], min_ms: sorted[0], max_ms: sorted[sorted.len() - 1], runs: times.len(), resent_last_event })
+    Ok(Outcome {
+        ms: sorted[sorted.len() / 2],
+        min_ms: sorted[0],
+        max_ms: sorted[sorted.len() - 1],
+        runs: times.len(),
+        resent_last_event,
+        fill_retries,
+    })
 }
 
 /// One GET with `Last-Event-ID`, checked event by event; the time from
@@ -234,7 +332,7 @@ async fn timed_replay(
                     continue;
                 }
                 let want = &expected[got];
-                let request_id = roots_request_id(&event.data).map_err(anyhow::Error::msg)?;
+                let request_id = roots_request_id(&event.data).map_err(anyhow::Error::msg)?.to_string();
                 let event_id = event.id.unwrap_or_default();
                 let again = Delivered { event_id: event_id.clone(), request_id: request_id.clone() };
                 if got == 0 && !resent_last_event && again == *resume_event {

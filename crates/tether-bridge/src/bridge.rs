@@ -39,7 +39,6 @@ use crate::stdio::{Line, Outgoing};
 use crate::token_store::{ResumeTokenStore, log_lines};
 use crate::upstream::{Connector, ServerMessage, UpstreamError, UpstreamSession};
 
-
 /// Limits of one bridge.
 #[derive(Debug, Clone)]
 pub struct BridgeOptions {
@@ -392,7 +391,9 @@ impl Shared {
     async fn pump(self: Arc<Self>, generation: u64, mut incoming: mpsc::Receiver<ServerMessage>) {
         while let Some(message) = incoming.recv().await {
             let message = match message {
-                ServerMessage::Notification { method, params } => with_params(json!({"jsonrpc": "2.0", "method": method}), params),
+                ServerMessage::Notification { method, params } => {
+                    with_params(json!({"jsonrpc": "2.0", "method": method}), params)
+                }
                 ServerMessage::Request { id, method, params } => match self.remote_request(generation, id, &method).await {
                     Some(bridge_id) => with_params(json!({"jsonrpc": "2.0", "id": bridge_id, "method": method}), params),
                     None => continue,

@@ -29,7 +29,9 @@ fn convert(e: ClientError) -> UpstreamError {
     match e {
         ClientError::SessionNotFound => UpstreamError::SessionNotFound,
         ClientError::Rpc(error) => UpstreamError::Rpc(error),
-        ClientError::Auth { status, message } => UpstreamError::Other(format!("authentication refused (HTTP {status}): {message}")),
+        ClientError::Auth { status, message } => {
+            UpstreamError::Other(format!("authentication refused (HTTP {status}): {message}"))
+        }
         other => UpstreamError::Other(other.to_string()),
     }
 }
@@ -74,7 +76,9 @@ impl UpstreamSession for ClientSession {
             while let Some(message) = from_client.recv().await {
                 let message = match message {
                     tether_client::ServerMessage::Request { id, method, params } => ServerMessage::Request { id, method, params },
-                    tether_client::ServerMessage::Notification { method, params } => ServerMessage::Notification { method, params },
+                    tether_client::ServerMessage::Notification { method, params } => {
+                        ServerMessage::Notification { method, params }
+                    }
                 };
                 if tx.send(message).await.is_err() {
                     return;

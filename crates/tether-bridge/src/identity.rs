@@ -152,7 +152,13 @@ pub fn parse_stat(bytes: &[u8]) -> Option<StatFields> {
     let open = bytes.iter().position(|b| *b == b'(')?;
     let close = bytes.iter().rposition(|b| *b == b')')?;
     let fields_follow = bytes.get(close + 2..).is_some_and(|rest| rest.iter().any(|b| !b.is_ascii_whitespace()));
-    if !bytes.first()?.is_ascii_digit() || open < 2 || open > close || bytes[open - 1] != b' ' || bytes.get(close + 1) != Some(&b' ') || !fields_follow {
+    if !bytes.first()?.is_ascii_digit()
+        || open < 2
+        || open > close
+        || bytes[open - 1] != b' '
+        || bytes.get(close + 1) != Some(&b' ')
+        || !fields_follow
+    {
         return None;
     }
     let stat = procfs::process::Stat::from_read(bytes).ok()?;
@@ -289,7 +295,21 @@ mod tests {
                 assert_eq!((f.pid, f.ppid), (10, 2));
             }
         }
-        for bad in ["", ")", "(", "()", "(x) S 1", "12 (x)", "12 (x) ", "12 (x)S", "x (y) S 1 2", "12 (x) S notanumber", "1é(x) S 1", "12(x) S 1", "12 ) 1 2 (x 3"] {
+        for bad in [
+            "",
+            ")",
+            "(",
+            "()",
+            "(x) S 1",
+            "12 (x)",
+            "12 (x) ",
+            "12 (x)S",
+            "x (y) S 1 2",
+            "12 (x) S notanumber",
+            "1é(x) S 1",
+            "12(x) S 1",
+            "12 ) 1 2 (x 3",
+        ] {
             assert!(parse_stat(bad.as_bytes()).is_none(), "{bad:?}");
         }
     }
@@ -386,7 +406,18 @@ mod tests {
         assert_eq!(HostIdentity::from_file_name("token-4321-98765"), Some(id));
         assert_eq!(HostIdentity::from_file_name("token-4321-98765.lock"), Some(id));
         assert_eq!(HostIdentity::from_file_name("token-4321-98765.tmp-00ff"), Some(id));
-        for other in ["token-", "token-1", "token-1-", "token--2", "token-a-2", "token-1-2x", "tokens-1-2", "x", "token-1-2-3", "token-99999999999-1"] {
+        for other in [
+            "token-",
+            "token-1",
+            "token-1-",
+            "token--2",
+            "token-a-2",
+            "token-1-2x",
+            "tokens-1-2",
+            "x",
+            "token-1-2-3",
+            "token-99999999999-1",
+        ] {
             assert_eq!(HostIdentity::from_file_name(other), None, "{other}");
         }
     }

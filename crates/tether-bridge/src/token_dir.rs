@@ -50,7 +50,15 @@ pub enum Kind {
 
 /// The trust rule on raw metadata values (separate for tests: ownership by
 /// another user cannot be arranged without privileges).
-pub fn check_entry(kind: Kind, is_symlink: bool, is_dir: bool, is_file: bool, owner: u32, mode: u32, me: u32) -> Result<(), Untrusted> {
+pub fn check_entry(
+    kind: Kind,
+    is_symlink: bool,
+    is_dir: bool,
+    is_file: bool,
+    owner: u32,
+    mode: u32,
+    me: u32,
+) -> Result<(), Untrusted> {
     if is_symlink {
         return Err(Untrusted::Symlink);
     }
@@ -116,7 +124,14 @@ pub fn create_private_new(path: &Path) -> io::Result<File> {
 /// Opens or creates a private file (0600) for locking, without following a
 /// symlink, and checks it.
 pub fn open_private_lock(path: &Path) -> Result<File, Untrusted> {
-    let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).custom_flags(no_follow_flags()).open(path)?;
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(no_follow_flags())
+        .open(path)?;
     check_metadata(Kind::RegularFile, &file.metadata()?)?;
     Ok(file)
 }
@@ -146,10 +161,16 @@ mod tests {
             Err(Untrusted::NotOwned { owner: 0, me: 1000 })
         ));
         for mode in [0o710, 0o701, 0o750, 0o705, 0o770, 0o777, 0o720, 0o702] {
-            assert!(matches!(check_entry(Kind::Directory, false, true, false, me, mode, me), Err(Untrusted::TooOpen(_))), "{mode:o}");
+            assert!(
+                matches!(check_entry(Kind::Directory, false, true, false, me, mode, me), Err(Untrusted::TooOpen(_))),
+                "{mode:o}"
+            );
         }
         for mode in [0o640, 0o604, 0o660, 0o666] {
-            assert!(matches!(check_entry(Kind::RegularFile, false, false, true, me, mode, me), Err(Untrusted::TooOpen(_))), "{mode:o}");
+            assert!(
+                matches!(check_entry(Kind::RegularFile, false, false, true, me, mode, me), Err(Untrusted::TooOpen(_))),
+                "{mode:o}"
+            );
         }
         let message = check_entry(Kind::Directory, false, true, false, me, 0o755, me).unwrap_err().to_string();
         assert!(message.contains("0755") && message.contains("chmod go-rwx"), "{message}");

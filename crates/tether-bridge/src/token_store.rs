@@ -79,7 +79,9 @@ pub struct ResumeTokenStore {
 #[derive(Debug)]
 enum Inner {
     /// Memory only: no file is read or written.
-    Disabled { token: Option<String> },
+    Disabled {
+        token: Option<String>,
+    },
     Enabled(OnDisk),
 }
 

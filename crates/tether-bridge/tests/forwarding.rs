@@ -266,7 +266,10 @@ async fn requests_keep_the_hosts_ids_and_remote_requests_get_bridge_ids() {
     host.initialize().await;
     // Two overlapping requests with odd ids; the first waits for the second.
     host.send(json!({"jsonrpc": "2.0", "id": "x-1", "method": "wait", "params": {"key": 1}})).await;
-    host.send(json!({"jsonrpc": "2.0", "id": 77, "method": "tools/call", "params": {"name": "t", "_meta": {"progressToken": 5}}})).await;
+    host.send(
+        json!({"jsonrpc": "2.0", "id": 77, "method": "tools/call", "params": {"name": "t", "_meta": {"progressToken": 5}}}),
+    )
+    .await;
     let second = host.recv().await;
     assert_eq!(second["id"], 77);
     assert_eq!(second["result"]["params"]["_meta"]["progressToken"], 5, "params pass through untouched");
@@ -277,7 +280,10 @@ async fn requests_keep_the_hosts_ids_and_remote_requests_get_bridge_ids() {
 
     // An error from the remote reaches the host unchanged.
     host.send(json!({"jsonrpc": "2.0", "id": 5, "method": "fail"})).await;
-    assert_eq!(host.recv().await, json!({"jsonrpc": "2.0", "id": 5, "error": {"code": code::INVALID_PARAMS, "message": "bad", "data": {"x": 1}}}));
+    assert_eq!(
+        host.recv().await,
+        json!({"jsonrpc": "2.0", "id": 5, "error": {"code": code::INVALID_PARAMS, "message": "bad", "data": {"x": 1}}})
+    );
 
     // The remote asks the host; the answer goes back under the remote's id.
     remote.push(1, ServerMessage::Request { id: json!("srv-9"), method: "roots/list".into(), params: None }).await;
@@ -285,13 +291,17 @@ async fn requests_keep_the_hosts_ids_and_remote_requests_get_bridge_ids() {
     assert_eq!(ask["method"], "roots/list");
     assert!(ask["id"].is_u64());
     host.send(json!({"jsonrpc": "2.0", "id": ask["id"], "result": {"roots": [{"uri": "file:///p"}]}})).await;
-    remote.push(1, ServerMessage::Request { id: json!(12), method: "sampling/createMessage".into(), params: Some(json!({"a": 1})) }).await;
+    remote
+        .push(1, ServerMessage::Request { id: json!(12), method: "sampling/createMessage".into(), params: Some(json!({"a": 1})) })
+        .await;
     let ask2 = host.recv().await;
     assert_ne!(ask2["id"], ask["id"]);
     assert_eq!(ask2["params"], json!({"a": 1}));
     host.send(json!({"jsonrpc": "2.0", "id": ask2["id"], "error": {"code": -1, "message": "no"}})).await;
     // Notifications both ways.
-    remote.push(1, ServerMessage::Notification { method: "notifications/message".into(), params: Some(json!({"level": "info"})) }).await;
+    remote
+        .push(1, ServerMessage::Notification { method: "notifications/message".into(), params: Some(json!({"level": "info"})) })
+        .await;
     assert_eq!(host.recv().await, json!({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info"}}));
     host.send(json!({"jsonrpc": "2.0", "method": "notifications/roots/list_changed"})).await;
     // A response to an id the bridge never used is dropped.
@@ -355,7 +365,10 @@ async fn bad_host_input_gets_json_rpc_errors_and_the_bridge_goes_on() {
     assert_eq!((&neither["id"], &neither["error"]["code"]), (&Value::Null, &json!(code::INVALID_REQUEST)), "{neither}");
     assert!(neither["error"]["message"].as_str().unwrap().contains("exactly one of `result` or an `error`"), "{neither}");
     host.send(json!({"jsonrpc": "2.0", "id": 8, "method": "ping", "params": [1]})).await;
-    assert_eq!(host.recv().await, json!({"jsonrpc": "2.0", "id": 8, "error": {"code": code::INVALID_PARAMS, "message": "`params` must be an object"}}));
+    assert_eq!(
+        host.recv().await,
+        json!({"jsonrpc": "2.0", "id": 8, "error": {"code": code::INVALID_PARAMS, "message": "`params` must be an object"}})
+    );
     host.input.as_ref().unwrap().send(Line::TooLong).await.unwrap();
     assert!(host.recv().await["error"]["message"].as_str().unwrap().contains("longer than"));
     host.initialize().await;
@@ -399,7 +412,8 @@ async fn requests_beyond_the_in_flight_limit_are_refused_without_blocking_answer
     let options = ResumeOptions { token_dir: Some(dir.path().to_owned()), host_pid: Some(std::process::id()) };
     let (in_tx, in_rx) = mpsc::channel(16);
     let (out_tx, mut out_rx) = mpsc::channel(64);
-    let bridge_options = BridgeOptions { max_in_flight: 2, drain_timeout: Duration::from_millis(100), ..BridgeOptions::default() };
+    let bridge_options =
+        BridgeOptions { max_in_flight: 2, drain_timeout: Duration::from_millis(100), ..BridgeOptions::default() };
     let connector: Arc<dyn Connector> = Arc::new(remote.clone());
     let done = tokio::spawn(bridge::run(connector, ResumeTokenStore::init(&options), in_rx, out_tx, bridge_options));
     let send = |v: Value| {
@@ -473,7 +487,11 @@ async fn a_hosts_answer_to_a_request_of_an_earlier_remote_session_is_dropped() {
     let fresh = host.recv().await;
     host.send(json!({"jsonrpc": "2.0", "id": fresh["id"], "result": {"roots": [{"uri": "file:///new"}]}})).await;
     let answers = answers_after(&remote, 1).await;
-    assert_eq!(answers, vec![(json!("new-1"), Ok(json!({"roots": [{"uri": "file:///new"}]})))], "the stale answer never reaches the new session");
+    assert_eq!(
+        answers,
+        vec![(json!("new-1"), Ok(json!({"roots": [{"uri": "file:///new"}]})))],
+        "the stale answer never reaches the new session"
+    );
 
     // The bridge has not noticed yet that the second session is gone when the host
     // answers: that answer is not re-sent to the session opened next.
@@ -495,7 +513,8 @@ async fn requests_of_an_earlier_remote_session_do_not_count_against_the_pending_
     let options = ResumeOptions { token_dir: Some(dir.path().to_owned()), host_pid: Some(std::process::id()) };
     let (in_tx, in_rx) = mpsc::channel(16);
     let (out_tx, mut out_rx) = mpsc::channel(64);
-    let bridge_options = BridgeOptions { max_pending_server_requests: 1, drain_timeout: Duration::from_millis(100), ..BridgeOptions::default() };
+    let bridge_options =
+        BridgeOptions { max_pending_server_requests: 1, drain_timeout: Duration::from_millis(100), ..BridgeOptions::default() };
     let connector: Arc<dyn Connector> = Arc::new(remote.clone());
     let done = tokio::spawn(bridge::run(connector, ResumeTokenStore::init(&options), in_rx, out_tx, bridge_options));
     let send = |v: Value| {

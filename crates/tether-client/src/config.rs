@@ -148,7 +148,9 @@ impl Resolved {
             (_, _, false) => format!(
                 "pass a token with {AUTH_TOKEN_ENV}=<token>, or name a variable with auth_env = \"VAR\" for this server in the config"
             ),
-            (_, _, true) => format!("the token in {AUTH_TOKEN_ENV} was refused: check it, or set auth_env for this server in the config"),
+            (_, _, true) => {
+                format!("the token in {AUTH_TOKEN_ENV} was refused: check it, or set auth_env for this server in the config")
+            }
         }
     }
 }
@@ -217,7 +219,9 @@ impl Config {
         };
         if target.contains("://") {
             // A URL; settings of a configured server with that URL apply.
-            if let Some((name, entry)) = self.servers.iter().find(|(_, e)| e.url.trim_end_matches('/') == target.trim_end_matches('/')) {
+            if let Some((name, entry)) =
+                self.servers.iter().find(|(_, e)| e.url.trim_end_matches('/') == target.trim_end_matches('/'))
+            {
                 return Ok(entry_spec(Some(name), entry, &target, env));
             }
             let token = env(AUTH_TOKEN_ENV).filter(|t| !t.trim().is_empty());
@@ -243,11 +247,7 @@ impl Config {
 fn entry_spec(name: Option<&String>, entry: &ServerEntry, url: &str, env: &dyn Fn(&str) -> Option<String>) -> Resolved {
     let token_env = entry.auth_env.clone().unwrap_or_else(|| AUTH_TOKEN_ENV.to_owned());
     let token = env(&token_env).filter(|t| !t.trim().is_empty());
-    let timeout = entry
-        .timeout
-        .as_deref()
-        .and_then(|t| humantime::parse_duration(t).ok())
-        .unwrap_or(Duration::from_secs(60));
+    let timeout = entry.timeout.as_deref().and_then(|t| humantime::parse_duration(t).ok()).unwrap_or(Duration::from_secs(60));
     let options = ClientOptions {
         bearer_token: token,
         headers: entry.headers.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
@@ -312,7 +312,11 @@ headers = { "X-Team" = "a" }
 
     #[test]
     fn bad_files_are_refused_with_the_place_of_the_mistake() {
-        assert!(Config::parse("[servers.a]\nurl = \"http://x\"\nrequires_session = \"maybe\"\n").unwrap_err().contains("auto, true or false"));
+        assert!(
+            Config::parse("[servers.a]\nurl = \"http://x\"\nrequires_session = \"maybe\"\n")
+                .unwrap_err()
+                .contains("auto, true or false")
+        );
         assert!(Config::parse("[servers.a]\nurl = \"http://x\"\ncolour = 1\n").unwrap_err().contains("colour"));
         assert!(Config::parse("default = \"b\"\n[servers.a]\nurl = \"http://x\"\n").unwrap_err().contains("names no"));
         assert!(Config::parse("[servers.a]\nurl = \"http://x\"\ntimeout = \"soon\"\n").unwrap_err().contains("timeout"));

@@ -29,7 +29,11 @@ pub enum ClientError {
 #[derive(Debug)]
 pub(crate) enum ReqError {
     /// The server refused the POST with this status (not 401/403, not a 404 on a session).
-    Status { status: u16, message: String, url: String },
+    Status {
+        status: u16,
+        message: String,
+        url: String,
+    },
     Client(ClientError),
 }
 

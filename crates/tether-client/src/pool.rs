@@ -246,7 +246,13 @@ impl Pool {
         }
     }
 
-    async fn auto(&self, entry: &Arc<Entry>, server: &ServerSpec, method: &str, params: Option<Value>) -> Result<Value, ClientError> {
+    async fn auto(
+        &self,
+        entry: &Arc<Entry>,
+        server: &ServerSpec,
+        method: &str,
+        params: Option<Value>,
+    ) -> Result<Value, ClientError> {
         let guard = entry.state.clone().lock_owned().await;
         match guard.mode {
             Mode::Session => {
@@ -342,7 +348,13 @@ impl Pool {
         Ok(session)
     }
 
-    async fn with_session(&self, entry: &Entry, server: &ServerSpec, method: &str, params: Option<Value>) -> Result<Value, ClientError> {
+    async fn with_session(
+        &self,
+        entry: &Entry,
+        server: &ServerSpec,
+        method: &str,
+        params: Option<Value>,
+    ) -> Result<Value, ClientError> {
         let s = self.session_for(entry, server).await?;
         match s.request_raw(method, params.clone(), None).await {
             Err(ReqError::Client(ClientError::SessionNotFound)) => {
@@ -376,7 +388,10 @@ impl Pool {
                         let answer = match method.as_str() {
                             "ping" => Ok(json!({})),
                             "roots/list" => Ok(json!({"roots": roots()})),
-                            other => Err(RpcError::new(code::METHOD_NOT_FOUND, format!("this client does not handle {other}")).to_object()),
+                            other => {
+                                Err(RpcError::new(code::METHOD_NOT_FOUND, format!("this client does not handle {other}"))
+                                    .to_object())
+                            }
                         };
                         let Some(s) = weak.upgrade() else { break };
                         let url = url.clone();

@@ -189,11 +189,31 @@ mod tests {
     #[tokio::test]
     async fn a_result_without_a_token_is_returned_untouched_and_rounds_are_bounded() {
         let one = json!({"content": [{"type": "text", "text": "x"}], "_meta": {"k": 1}});
-        let r = follow(json!({"name": "x"}), 10, |_| { let o = one.clone(); async move { Ok(o) } }, |_| {}).await.unwrap();
+        let r = follow(
+            json!({"name": "x"}),
+            10,
+            |_| {
+                let o = one.clone();
+                async move { Ok(o) }
+            },
+            |_| {},
+        )
+        .await
+        .unwrap();
         assert_eq!(r, one);
 
         let forever = json!({"content": [{"type": "text", "text": "x"}], "_meta": {"nextResumeToken": "again"}});
-        let err = follow(json!({"name": "x"}), 5, |_| { let o = forever.clone(); async move { Ok(o) } }, |_| {}).await.unwrap_err();
+        let err = follow(
+            json!({"name": "x"}),
+            5,
+            |_| {
+                let o = forever.clone();
+                async move { Ok(o) }
+            },
+            |_| {},
+        )
+        .await
+        .unwrap_err();
         assert!(err.to_string().contains("5 rounds"), "{err}");
     }
 }

@@ -126,8 +126,12 @@ enum Incoming {
 impl From<Inbound> for Incoming {
     fn from(message: Inbound) -> Self {
         match message {
-            Inbound::Request { id, method, params } => Incoming::Server(ServerMessage::Request { id, method, params: params.map(Value::Object) }),
-            Inbound::Notification { method, params } => Incoming::Server(ServerMessage::Notification { method, params: params.map(Value::Object) }),
+            Inbound::Request { id, method, params } => {
+                Incoming::Server(ServerMessage::Request { id, method, params: params.map(Value::Object) })
+            }
+            Inbound::Notification { method, params } => {
+                Incoming::Server(ServerMessage::Notification { method, params: params.map(Value::Object) })
+            }
             Inbound::Response { id, outcome } => Incoming::Response { id, outcome },
         }
     }
@@ -165,12 +169,7 @@ fn outcome_to_result(outcome: Result<Value, Value>) -> Result<Value, ReqError> {
 }
 
 fn content_type(response: &reqwest::Response) -> String {
-    response
-        .headers()
-        .get(reqwest::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_ascii_lowercase()
+    response.headers().get(reqwest::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_ascii_lowercase()
 }
 
 /// The message of an error body: a JSON-RPC error's message, a JSON
@@ -288,7 +287,11 @@ impl Session {
 
     /// Like [`Session::connect`], straight over the 2024-11-05 HTTP+SSE
     /// transport (no Streamable HTTP probe): for a server known to speak only it.
-    pub async fn connect_legacy_transport(url: &str, options: ClientOptions, initialize_params: Value) -> Result<(Session, Value), ClientError> {
+    pub async fn connect_legacy_transport(
+        url: &str,
+        options: ClientOptions,
+        initialize_params: Value,
+    ) -> Result<(Session, Value), ClientError> {
         check_url(url)?;
         Session::connect_legacy(http_client()?, url, options, initialize_params).await
     }
@@ -378,7 +381,8 @@ impl Session {
         };
         // Dropped before the answer (the caller gave up, e.g. a bridge whose
         // host cancelled) or timed out: the server is told to stop the work.
-        let mut cancel = CancelOnDrop { session: self, id: id.clone(), reason: (method != "initialize").then_some("cancelled by the caller") };
+        let mut cancel =
+            CancelOnDrop { session: self, id: id.clone(), reason: (method != "initialize").then_some("cancelled by the caller") };
         let limit = self.inner.options.request_timeout;
         match tokio::time::timeout(limit, work).await {
             Ok(r) => {
@@ -458,12 +462,14 @@ impl Session {
 
     fn finish_initialize(&self, result: &Value) -> Result<(), ClientError> {
         let version = result.get("protocolVersion").and_then(Value::as_str).ok_or_else(|| {
-            ClientError::Transport(format!("the initialize result from {} has no protocolVersion; is this an MCP server?", self.inner.url))
+            ClientError::Transport(format!(
+                "the initialize result from {} has no protocolVersion; is this an MCP server?",
+                self.inner.url
+            ))
         })?;
         let _ = self.inner.protocol_version.set(version.to_owned());
         Ok(())
     }
-
 }
 
 impl Inner {
@@ -495,14 +501,8 @@ impl Inner {
     /// session: `SessionNotFound`, others: `Status`).
     async fn post(&self, url: &str, message: &Value) -> Result<reqwest::Response, ReqError> {
         let body = serde_json::to_vec(message).map_err(|e| ClientError::Transport(format!("cannot encode the message: {e}")))?;
-        let response = self
-            .http
-            .post(url)
-            .headers(self.headers(true))
-            .body(body)
-            .send()
-            .await
-            .map_err(|e| transport_error(&self.url, e))?;
+        let response =
+            self.http.post(url).headers(self.headers(true)).body(body).send().await.map_err(|e| transport_error(&self.url, e))?;
         self.check_status(response).await
     }
 
@@ -586,7 +586,10 @@ mod tests {
     #[test]
     fn messages_are_sorted_into_responses_requests_and_notifications() {
         let sort = |v: Value| read_value("http://test", v);
-        assert!(matches!(sort(json!({"jsonrpc": "2.0", "id": 3, "result": {"a": 1}})), Some(Incoming::Response { outcome: Ok(_), .. })));
+        assert!(matches!(
+            sort(json!({"jsonrpc": "2.0", "id": 3, "result": {"a": 1}})),
+            Some(Incoming::Response { outcome: Ok(_), .. })
+        ));
         assert!(matches!(
             sort(json!({"jsonrpc": "2.0", "id": 3, "error": {"code": -1, "message": "x"}})),
             Some(Incoming::Response { outcome: Err(_), .. })

@@ -105,7 +105,9 @@ async fn requires_session_auto_true_and_false_behave_as_configured() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_parallel_first_calls_make_exactly_one_initialize() {
-    for (shape, mode) in [(Shape::PyStateful, RequiresSession::Auto), (Shape::Ts, RequiresSession::Auto), (Shape::Ts, RequiresSession::Always)] {
+    for (shape, mode) in
+        [(Shape::PyStateful, RequiresSession::Auto), (Shape::Ts, RequiresSession::Auto), (Shape::Ts, RequiresSession::Always)]
+    {
         let server = Fixture::start(shape);
         let pool = Pool::default();
         let spec = ServerSpec::new(server.url()).requires_session(mode);

@@ -26,7 +26,8 @@ async fn fill(repo: &Arc<dyn NotebookRepo>) {
         join_all(chunk.iter().map(|&i| {
             let repo = repo.clone();
             async move {
-                let mut s = NotebookSession::new(&format!("p{}", i % PRINCIPALS), None, vec![format!("t{}", i % 7)], Some(root(i)));
+                let mut s =
+                    NotebookSession::new(&format!("p{}", i % PRINCIPALS), None, vec![format!("t{}", i % 7)], Some(root(i)));
                 s.updated_at_ms += i as i64;
                 repo.create_session(&s).await.expect("insert");
             }

@@ -25,7 +25,9 @@ use rmcp::model::{CallToolResult, ContentBlock, Implementation, Tool};
 use serde_json::{Map, Value};
 use tether_server::{OperationCtx, OperationSpec, RequestCtx, RpcError, SessionCtx, ToolApp};
 
-pub use repo::{NotebookRepo, NotebookSession, SessionFilter, memory::MemoryNotebook, redis::RedisNotebook, sqlite::SqliteNotebook};
+pub use repo::{
+    NotebookRepo, NotebookSession, SessionFilter, memory::MemoryNotebook, redis::RedisNotebook, sqlite::SqliteNotebook,
+};
 
 /// Key of the current notebook session in the MCP session's app state.
 pub(crate) const CURRENT_SESSION: &str = "notebookSessionId";
@@ -68,14 +70,19 @@ impl Notebook {
             .await?;
         let winner = state.get(CURRENT_SESSION).and_then(Value::as_str).unwrap_or(&id).to_owned();
         if winner != id
-            && let Some(found) = self.repo.get_session(&principal, &winner).await.map_err(repo_error)? {
-                return Ok(found);
-            }
+            && let Some(found) = self.repo.get_session(&principal, &winner).await.map_err(repo_error)?
+        {
+            return Ok(found);
+        }
         tracing::info!(notebook_session = %created.id, "started a notebook session");
         Ok(created)
     }
 
-    async fn stored_current(&self, ctx: &tether_server::SessionCtx, principal: &str) -> Result<Option<NotebookSession>, RpcError> {
+    async fn stored_current(
+        &self,
+        ctx: &tether_server::SessionCtx,
+        principal: &str,
+    ) -> Result<Option<NotebookSession>, RpcError> {
         let state = ctx.app_state().await;
         match state.get(CURRENT_SESSION).and_then(Value::as_str) {
             Some(id) => self.repo.get_session(principal, id).await.map_err(repo_error),

@@ -4,7 +4,7 @@
 
 use rmcp::model::{CallToolResult, ContentBlock};
 use serde_json::{Map, Value, json};
-use tether_server::{OperationCtx, RpcError, RequestCtx};
+use tether_server::{OperationCtx, RequestCtx, RpcError};
 
 use crate::repo::{NotebookSession, SessionFilter};
 use crate::roots::{self, RootsView};
@@ -84,12 +84,17 @@ impl Notebook {
                 let listed = v.reported.as_ref().is_some_and(|r| r.iter().any(|r| r.uri == uri));
                 if !listed {
                     let known: Vec<String> = v.reported.unwrap_or_default().into_iter().map(|r| r.uri).collect();
-                    return Ok(tool_error(format!("{uri} is not one of the client's roots ({}); call init list_roots", known.join(", "))));
+                    return Ok(tool_error(format!(
+                        "{uri} is not one of the client's roots ({}); call init list_roots",
+                        known.join(", ")
+                    )));
                 }
                 let uri = uri.to_owned();
-                ctx.require_session()?.update_app_state(|app| {
-                    app.insert(roots::BOUND_ROOT.into(), json!(uri));
-                }).await?;
+                ctx.require_session()?
+                    .update_app_state(|app| {
+                        app.insert(roots::BOUND_ROOT.into(), json!(uri));
+                    })
+                    .await?;
                 Ok(CallToolResult::structured(json!({"success": true, "boundRoot": uri})))
             }
             Some("start_new") => {
@@ -129,7 +134,12 @@ impl Notebook {
         }
     }
 
-    async fn load_context(&self, ctx: &RequestCtx, principal: &str, args: &Map<String, Value>) -> Result<CallToolResult, RpcError> {
+    async fn load_context(
+        &self,
+        ctx: &RequestCtx,
+        principal: &str,
+        args: &Map<String, Value>,
+    ) -> Result<CallToolResult, RpcError> {
         if let Some(id) = str_arg(args, "sessionId") {
             let Some(session) = self.repo.get_session(principal, id).await.map_err(repo_error)? else {
                 return Ok(context_result(false, None, format!("Session {id} not found")));
@@ -140,27 +150,46 @@ impl Notebook {
                     "loading a session of another root by explicit sessionId");
             }
             self.make_current(ctx, &session.id).await?;
-            let message = format!("Loaded session {} ({} thoughts, last updated {})", session.id, session.thought_count, ago(session.updated_at_ms));
+            let message = format!(
+                "Loaded session {} ({} thoughts, last updated {})",
+                session.id,
+                session.thought_count,
+                ago(session.updated_at_ms)
+            );
             return Ok(context_result(true, Some(&session), message));
         }
         if !roots::client_supports_roots(&ctx.require_session()?.client_capabilities()) {
-            tracing::warn!(session = ctx.require_session()?.session_id(),
-                "client does not support MCP roots: load_context needs a sessionId; bind a root to recover sessions automatically");
-            return Ok(context_result(false, None,
+            tracing::warn!(
+                session = ctx.require_session()?.session_id(),
+                "client does not support MCP roots: load_context needs a sessionId; bind a root to recover sessions automatically"
+            );
+            return Ok(context_result(
+                false,
+                None,
                 "This client does not report MCP roots, so load_context needs a sessionId (see init list_sessions). \
-                 With roots support the session of this project is found automatically.".into()));
+                 With roots support the session of this project is found automatically."
+                    .into(),
+            ));
         }
         let RootsView { reported, bound } = roots::ensure(ctx).await?;
         let Some(root) = bound else {
             let known: Vec<String> = reported.unwrap_or_default().into_iter().map(|r| r.uri).collect();
-            return Ok(context_result(false, None, format!(
-                "No root is bound: call init bind_root with one of [{}], or pass sessionId", known.join(", "))));
+            return Ok(context_result(
+                false,
+                None,
+                format!("No root is bound: call init bind_root with one of [{}], or pass sessionId", known.join(", ")),
+            ));
         };
         match self.repo.latest_for_root(principal, &root).await.map_err(repo_error)? {
             Some(session) => {
                 self.make_current(ctx, &session.id).await?;
                 tracing::info!(notebook_session = %session.id, %root, "auto-recovered session for root");
-                let message = format!("Auto-recovered session {} ({} thoughts, last updated {})", session.id, session.thought_count, ago(session.updated_at_ms));
+                let message = format!(
+                    "Auto-recovered session {} ({} thoughts, last updated {})",
+                    session.id,
+                    session.thought_count,
+                    ago(session.updated_at_ms)
+                );
                 Ok(context_result(true, Some(&session), message))
             }
             None => Ok(context_result(false, None, format!("No sessions found for {root}. Use start_new to begin."))),
@@ -178,7 +207,12 @@ impl Notebook {
     }
 
     /// The session named by `sessionId`, or the current one.
-    async fn named_or_current(&self, principal: &str, current: Option<&str>, args: &Map<String, Value>) -> Result<Option<NotebookSession>, RpcError> {
+    async fn named_or_current(
+        &self,
+        principal: &str,
+        current: Option<&str>,
+        args: &Map<String, Value>,
+    ) -> Result<Option<NotebookSession>, RpcError> {
         let Some(id) = str_arg(args, "sessionId").or(current) else { return Ok(None) };
         self.repo.get_session(principal, id).await.map_err(repo_error)
     }
@@ -200,7 +234,8 @@ impl Notebook {
             },
             Some("search") => match str_arg(&args, "query") {
                 Some(query) => {
-                    let hits = self.repo.search(&principal, query, limit_arg(&args, DEFAULT_SEARCH_LIMIT)).await.map_err(repo_error)?;
+                    let hits =
+                        self.repo.search(&principal, query, limit_arg(&args, DEFAULT_SEARCH_LIMIT)).await.map_err(repo_error)?;
                     CallToolResult::structured(json!({"query": query, "hits": hits}))
                 }
                 None => tool_error("search needs query: the text to find in thoughts"),
@@ -226,10 +261,9 @@ impl Notebook {
                     }
                 }
             }
-            other => tool_error(format!(
-                "session needs operation: one of list, get, search, export (got {})",
-                other.unwrap_or("none")
-            )),
+            other => {
+                tool_error(format!("session needs operation: one of list, get, search, export (got {})", other.unwrap_or("none")))
+            }
         };
         if ctx.resume_from() == 0 {
             ctx.push(result).await?;
@@ -239,9 +273,11 @@ impl Notebook {
 
     pub(crate) async fn make_current(&self, ctx: &RequestCtx, id: &str) -> Result<(), RpcError> {
         let id = id.to_owned();
-        ctx.require_session()?.update_app_state(|app| {
-            app.insert(CURRENT_SESSION.into(), json!(id));
-        }).await?;
+        ctx.require_session()?
+            .update_app_state(|app| {
+                app.insert(CURRENT_SESSION.into(), json!(id));
+            })
+            .await?;
         Ok(())
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
-use tether_server::{SessionCtx, RequestCtx};
+use tether_server::{RequestCtx, SessionCtx};
 
 pub(crate) const ROOTS: &str = "roots";
 pub(crate) const BOUND_ROOT: &str = "boundRoot";

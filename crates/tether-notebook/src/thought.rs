@@ -119,13 +119,19 @@ mod tests {
 
     #[test]
     fn raises_total_to_number() {
-        let input = ThoughtInput::parse(&args(json!({"thought": "t", "thoughtNumber": 5, "totalThoughts": 3, "nextThoughtNeeded": true}))).unwrap();
+        let input = ThoughtInput::parse(&args(
+            json!({"thought": "t", "thoughtNumber": 5, "totalThoughts": 3, "nextThoughtNeeded": true}),
+        ))
+        .unwrap();
         assert_eq!(input.total_thoughts, 5);
     }
 
     #[test]
     fn branch_id_without_origin_is_refused_with_a_reason() {
-        let err = ThoughtInput::parse(&args(json!({"thought": "t", "thoughtNumber": 2, "totalThoughts": 3, "nextThoughtNeeded": true, "branchId": "b"}))).unwrap_err();
+        let err = ThoughtInput::parse(&args(
+            json!({"thought": "t", "thoughtNumber": 2, "totalThoughts": 3, "nextThoughtNeeded": true, "branchId": "b"}),
+        ))
+        .unwrap_err();
         assert!(err.contains("branchFromThought"), "{err}");
     }
 

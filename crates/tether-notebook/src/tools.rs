@@ -100,4 +100,3 @@ pub fn session() -> Tool {
 pub fn all() -> Vec<Tool> {
     vec![thought(), init(), session()]
 }
-

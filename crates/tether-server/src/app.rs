@@ -106,7 +106,12 @@ pub trait McpApp: Send + Sync + 'static {
     /// Answers one request (any method but `initialize`). `params` includes
     /// `_meta` as sent; the engine has already taken `progressToken` from it
     /// for [`RequestCtx::progress`].
-    async fn handle_request(&self, ctx: RequestCtx, method: &str, params: Option<Map<String, Value>>) -> Result<RawResult, RpcError>;
+    async fn handle_request(
+        &self,
+        ctx: RequestCtx,
+        method: &str,
+        params: Option<Map<String, Value>>,
+    ) -> Result<RawResult, RpcError>;
 
     /// A client notification (including `notifications/initialized`; the
     /// engine handles `notifications/cancelled` itself). Notifications of

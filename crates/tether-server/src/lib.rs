@@ -19,10 +19,13 @@ pub mod http;
 pub mod ids;
 pub mod tools;
 
-pub use app::{Caller, EndReason, McpApp, OperationCtx, OperationRunner, OperationSpec, RawResult, RequestCtx, RpcError, SessionCtx, SessionEnd, raw_result};
-pub use tools::{ToolApp, ToolRouter};
+pub use app::{
+    Caller, EndReason, McpApp, OperationCtx, OperationRunner, OperationSpec, RawResult, RequestCtx, RpcError, SessionCtx,
+    SessionEnd, raw_result,
+};
 pub use config::ServerConfig;
 pub use engine::Engine;
+pub use tools::{ToolApp, ToolRouter};
 
 /// The rmcp model types the [`McpApp`] trait speaks, re-exported so apps
 /// need no separate rmcp dependency to match versions.

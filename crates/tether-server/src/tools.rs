@@ -138,7 +138,12 @@ impl<T: ToolApp> McpApp for ToolRouter<T> {
         Ok(result)
     }
 
-    async fn handle_request(&self, ctx: RequestCtx, method: &str, params: Option<Map<String, Value>>) -> Result<RawResult, RpcError> {
+    async fn handle_request(
+        &self,
+        ctx: RequestCtx,
+        method: &str,
+        params: Option<Map<String, Value>>,
+    ) -> Result<RawResult, RpcError> {
         match method {
             "ping" => raw_result(&json!({})),
             "tools/list" => raw_result(&json!({"tools": self.advertised_tools()})),

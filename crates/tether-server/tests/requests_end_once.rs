@@ -14,7 +14,8 @@ use serde_json::{Map, Value, json};
 use tether_server::engine::{EngineError, Frame, PostOutcome, Reply, Session};
 use tether_server::rmcp_model::{CallToolResult, ContentBlock, Implementation, Tool};
 use tether_server::{
-    Engine, EndReason, OperationCtx, OperationSpec, RequestCtx, RpcError, ServerConfig, SessionCtx, SessionEnd, ToolApp, ToolRouter,
+    EndReason, Engine, OperationCtx, OperationSpec, RequestCtx, RpcError, ServerConfig, SessionCtx, SessionEnd, ToolApp,
+    ToolRouter,
 };
 use tether_store::memory::MemoryStore;
 use tether_store::{EventKind, Store, StoreConfig};
@@ -46,7 +47,10 @@ impl ToolApp for TestTools {
 
     fn tools(&self) -> Vec<Tool> {
         let schema = Arc::new(Map::new());
-        ["echo", "panic", "sleep", "hang", "ask_many", "touch_local", "count"].into_iter().map(|n| Tool::new(n, n, schema.clone())).collect()
+        ["echo", "panic", "sleep", "hang", "ask_many", "touch_local", "count"]
+            .into_iter()
+            .map(|n| Tool::new(n, n, schema.clone()))
+            .collect()
     }
 
     fn operation_spec(&self, tool: &str) -> Option<OperationSpec> {
@@ -79,8 +83,12 @@ impl ToolApp for TestTools {
                 let n = args.get("n").and_then(Value::as_u64).unwrap_or(1) as usize;
                 let asks = (0..n).map(|_| ctx.request_client("roots/list", None, Duration::from_millis(300)));
                 let answers = futures::future::join_all(asks).await;
-                let refused_at_once: Vec<String> =
-                    answers.into_iter().filter_map(Result::err).map(|e| e.message).filter(|m| m.contains("already waiting")).collect();
+                let refused_at_once: Vec<String> = answers
+                    .into_iter()
+                    .filter_map(Result::err)
+                    .map(|e| e.message)
+                    .filter(|m| m.contains("already waiting"))
+                    .collect();
                 Ok(CallToolResult::structured(json!({"refused": refused_at_once.len()})))
             }
             "touch_local" => {
@@ -159,14 +167,19 @@ fn session_id(outcome: &PostOutcome) -> String {
 }
 
 async fn open_session(h: &Harness) -> Arc<Session> {
-    let params = json!({"protocolVersion": "2025-11-25", "capabilities": {"roots": {}}, "clientInfo": {"name": "t", "version": "0"}});
+    let params =
+        json!({"protocolVersion": "2025-11-25", "capabilities": {"roots": {}}, "clientInfo": {"name": "t", "version": "0"}});
     let outcome = h.engine.initialize("p", json!(0), params.as_object().cloned(), Reply::Stream).await.expect("initialize");
     let id = session_id(&outcome);
     h.engine.session(&id, "p").await.expect("session")
 }
 
 fn call(id: u64, tool: &str, arguments: Value) -> Inbound {
-    Inbound::Request { id: json!(id), method: "tools/call".into(), params: json!({"name": tool, "arguments": arguments}).as_object().cloned() }
+    Inbound::Request {
+        id: json!(id),
+        method: "tools/call".into(),
+        params: json!({"name": tool, "arguments": arguments}).as_object().cloned(),
+    }
 }
 
 #[tokio::test]
@@ -186,7 +199,8 @@ async fn a_panicking_tool_ends_its_request_with_an_internal_error_that_replays_a
         assert_eq!(replayed, answers[0]);
     }
     // Five panics with a limit of two in flight: every slot was freed.
-    let (_, answers) = messages(h.engine.post(session.clone(), call(9, "echo", json!({"ok": 1})), Reply::Stream).await.expect("accepted")).await;
+    let (_, answers) =
+        messages(h.engine.post(session.clone(), call(9, "echo", json!({"ok": 1})), Reply::Stream).await.expect("accepted")).await;
     assert_eq!(answers[0]["result"]["structuredContent"], json!({"ok": 1}), "the session is still usable");
 }
 
@@ -238,7 +252,9 @@ async fn client_notifications_are_handled_in_order_through_a_bounded_queue() {
 async fn server_to_client_requests_waiting_per_session_are_bounded() {
     let h = harness(ServerConfig { max_pending_client_requests: 4, ..config() });
     let session = open_session(&h).await;
-    let (_, answers) = messages(h.engine.post(session.clone(), call(1, "ask_many", json!({"n": 10})), Reply::Stream).await.expect("accepted")).await;
+    let (_, answers) =
+        messages(h.engine.post(session.clone(), call(1, "ask_many", json!({"n": 10})), Reply::Stream).await.expect("accepted"))
+            .await;
     let answer = answers.last().expect("an answer");
     assert_eq!(answer["result"]["structuredContent"]["refused"], json!(6), "{answer}");
     assert!(session.pending_client_requests() == 0, "nothing stays pending after the waits end");
@@ -264,7 +280,8 @@ async fn two_replicas_resuming_an_orphaned_operation_restart_its_work_once() {
     // (its work is left running in the store, its lease released).
     let first = harness_on(store.clone(), replica());
     let session = open_session(&first).await;
-    let (_, answers) = messages(first.engine.post(session.clone(), call(1, "count", json!({})), Reply::Stream).await.expect("accepted")).await;
+    let (_, answers) =
+        messages(first.engine.post(session.clone(), call(1, "count", json!({})), Reply::Stream).await.expect("accepted")).await;
     let token = answers[0]["result"]["_meta"]["nextResumeToken"].as_str().expect("a pending answer with a token").to_owned();
     first.engine.shutdown().await;
 
@@ -336,7 +353,8 @@ async fn shutdown_lets_requests_in_flight_finish_and_ends_the_rest_as_interrupte
 async fn the_application_hears_when_a_session_ends_with_its_local_state() {
     let h = harness(config());
     let session = open_session(&h).await;
-    let _ = messages(h.engine.post(session.clone(), call(1, "touch_local", json!({})), Reply::Stream).await.expect("accepted")).await;
+    let _ =
+        messages(h.engine.post(session.clone(), call(1, "touch_local", json!({})), Reply::Stream).await.expect("accepted")).await;
     let id = session.id.clone();
     h.engine.delete(session).await.expect("deleted");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
@@ -351,10 +369,19 @@ struct Refusing;
 
 #[async_trait::async_trait]
 impl tether_server::McpApp for Refusing {
-    async fn initialize(&self, _caller: &tether_server::Caller, _params: &Map<String, Value>) -> Result<Map<String, Value>, RpcError> {
+    async fn initialize(
+        &self,
+        _caller: &tether_server::Caller,
+        _params: &Map<String, Value>,
+    ) -> Result<Map<String, Value>, RpcError> {
         Err(RpcError::invalid_params("this server only talks to clients that declare roots"))
     }
-    async fn handle_request(&self, _ctx: RequestCtx, method: &str, _params: Option<Map<String, Value>>) -> Result<tether_server::RawResult, RpcError> {
+    async fn handle_request(
+        &self,
+        _ctx: RequestCtx,
+        method: &str,
+        _params: Option<Map<String, Value>>,
+    ) -> Result<tether_server::RawResult, RpcError> {
         Err(RpcError::method_not_found(method))
     }
 }
@@ -366,7 +393,12 @@ async fn a_refused_initialize_answers_the_error_and_leaves_no_session() {
     let params = json!({"protocolVersion": "2025-11-25", "capabilities": {}});
     let outcome = engine.initialize("p", json!(7), params.as_object().cloned(), Reply::Stream).await.expect("answered");
     let (_, answers) = messages(outcome).await;
-    assert_eq!(answers, vec![json!({"jsonrpc": "2.0", "id": 7, "error": {"code": -32602, "message": "this server only talks to clients that declare roots"}})]);
+    assert_eq!(
+        answers,
+        vec![
+            json!({"jsonrpc": "2.0", "id": 7, "error": {"code": -32602, "message": "this server only talks to clients that declare roots"}})
+        ]
+    );
     assert_eq!(store.count_sessions("p", tether_store::now_ms()).await.expect("count"), 0, "no session stored");
     assert_eq!(engine.cached_sessions(), 0, "no session held");
 }

@@ -163,7 +163,10 @@ pub async fn append_ordering_and_read_after(store: &Arc<dyn Store>) {
     let more = vec![(EventKind::Message, Bytes::from_static(b"m4")), (EventKind::Message, Bytes::from_static(b"m5"))];
     assert_eq!(store.append_batch("s", "r2", more).await.unwrap(), 4, "a batch on a stream with events starts after them");
     let tail = store.read_after("s", "r2", 3, 10).await.unwrap();
-    assert_eq!(tail.iter().map(|e| (e.seq, e.payload.clone())).collect::<Vec<_>>(), vec![(4, Bytes::from("m4")), (5, Bytes::from("m5"))]);
+    assert_eq!(
+        tail.iter().map(|e| (e.seq, e.payload.clone())).collect::<Vec<_>>(),
+        vec![(4, Bytes::from("m4")), (5, Bytes::from("m5"))]
+    );
     assert!(store.stream("s", "nope").await.unwrap().is_none());
     // A new stream starts at 1; claiming that an existing one is new never overwrites it.
     assert_eq!(store.start_stream("s", "r3", vec![(EventKind::Prime, Bytes::from_static(b"p3"))]).await.unwrap(), 1);
@@ -172,7 +175,10 @@ pub async fn append_ordering_and_read_after(store: &Arc<dyn Store>) {
         assert_eq!(seq, 3, "numbered after what was there");
     }
     let r3 = store.read_after("s", "r3", 0, 10).await.unwrap();
-    assert_eq!(&r3[..2].iter().map(|e| e.payload.clone()).collect::<Vec<_>>(), &[Bytes::from_static(b"p3"), Bytes::from_static(b"f3")]);
+    assert_eq!(
+        &r3[..2].iter().map(|e| e.payload.clone()).collect::<Vec<_>>(),
+        &[Bytes::from_static(b"p3"), Bytes::from_static(b"f3")]
+    );
 }
 
 pub async fn streams_are_independent(store: &Arc<dyn Store>) {
@@ -189,7 +195,10 @@ pub async fn streams_are_independent(store: &Arc<dyn Store>) {
     assert!(!store.open_streams("a").await.unwrap()[1].finished);
     // A final event closes a stream; a quick request (first and final events together) is never open.
     store.append("a", "r", EventKind::Final, Bytes::from_static(b"done")).await.unwrap();
-    store.start_stream("a", "q", vec![(EventKind::Prime, Bytes::new()), (EventKind::Final, Bytes::from_static(b"ok"))]).await.unwrap();
+    store
+        .start_stream("a", "q", vec![(EventKind::Prime, Bytes::new()), (EventKind::Final, Bytes::from_static(b"ok"))])
+        .await
+        .unwrap();
     let names: Vec<String> = store.open_streams("a").await.unwrap().into_iter().map(|s| s.stream).collect();
     assert_eq!(names, vec!["g".to_string()], "only the stream without a final event is open");
     assert!(store.stream("a", "r").await.unwrap().is_some_and(|s| s.finished && s.last_seq == 2));

@@ -79,9 +79,7 @@ pub(crate) fn push(ticket: Ticket) -> bool {
 /// last thing that relied on them); any other append checks them and leaves
 /// them for the response.
 pub(crate) fn pending(take: bool) -> Vec<Ticket> {
-    PENDING
-        .try_with(|p| if take { std::mem::take(&mut *p.borrow_mut()) } else { p.borrow().clone() })
-        .unwrap_or_default()
+    PENDING.try_with(|p| if take { std::mem::take(&mut *p.borrow_mut()) } else { p.borrow().clone() }).unwrap_or_default()
 }
 
 /// On the writer: fails if a write these depend on failed.

@@ -44,12 +44,8 @@ pub trait Store: Send + Sync + 'static {
     /// Replaces `state` if the stored revision equals `expected_revision`;
     /// returns the new revision, or `None` if somebody else changed it first
     /// (or the session is gone).
-    async fn update_session_state(
-        &self,
-        id: &str,
-        expected_revision: u64,
-        state: &serde_json::Value,
-    ) -> StoreResult<Option<u64>>;
+    async fn update_session_state(&self, id: &str, expected_revision: u64, state: &serde_json::Value)
+    -> StoreResult<Option<u64>>;
 
     /// Moves the session's expiry forward. Returns false if the session is gone.
     async fn touch_session(&self, id: &str, expires_at_ms: i64) -> StoreResult<bool>;
@@ -110,7 +106,13 @@ pub trait Store: Send + Sync + 'static {
     /// events were stored together may count as finished when it was named.
     /// Backends whose `delete_session` drops every log of the session, and
     /// whose logs expire with it, may keep them until then (the default).
-    async fn drop_finished_streams(&self, _from: &str, _below: &str, _finished_before_ms: i64, _limit: usize) -> StoreResult<u64> {
+    async fn drop_finished_streams(
+        &self,
+        _from: &str,
+        _below: &str,
+        _finished_before_ms: i64,
+        _limit: usize,
+    ) -> StoreResult<u64> {
         Ok(0)
     }
 

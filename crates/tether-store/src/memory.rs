@@ -10,8 +10,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use crate::{
-    EventKind, SessionRecord, Store, StoreConfig, StoreError, StoreResult, StoredEvent, StreamSummary,
-    VersionedValue, now_ms,
+    EventKind, SessionRecord, Store, StoreConfig, StoreError, StoreResult, StoredEvent, StreamSummary, VersionedValue, now_ms,
 };
 use packed::{Packed, Packer};
 
@@ -129,7 +128,8 @@ impl KeptSession {
             created_at_ms: self.created_at_ms,
             expires_at_ms: self.expires_at_ms,
             revision: self.revision,
-            state: serde_json::from_slice(&self.state.to_bytes()).map_err(|e| StoreError::Corrupt(format!("session {id} state: {e}")))?,
+            state: serde_json::from_slice(&self.state.to_bytes())
+                .map_err(|e| StoreError::Corrupt(format!("session {id} state: {e}")))?,
         })
     }
 }
@@ -378,12 +378,11 @@ impl Store for MemoryStore {
 
     async fn kv_get(&self, namespace: &str, key: &str, now_ms: i64) -> StoreResult<Option<VersionedValue>> {
         let inner = self.lock()?;
-        Ok(inner
-            .kv
-            .get(namespace)
-            .and_then(|records| records.get(key))
-            .filter(|v| v.live(now_ms))
-            .map(|v| VersionedValue { value: v.value.to_bytes(), revision: v.revision, expires_at_ms: v.expires_at_ms }))
+        Ok(inner.kv.get(namespace).and_then(|records| records.get(key)).filter(|v| v.live(now_ms)).map(|v| VersionedValue {
+            value: v.value.to_bytes(),
+            revision: v.revision,
+            expires_at_ms: v.expires_at_ms,
+        }))
     }
 
     async fn kv_compare_and_set(

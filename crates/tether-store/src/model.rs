@@ -5,10 +5,7 @@ use serde::{Deserialize, Serialize};
 
 /// Milliseconds since the Unix epoch, the store's only clock unit.
 pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
 /// One MCP session as stored. `state` belongs to the engine (negotiated

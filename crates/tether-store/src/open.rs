@@ -49,9 +49,7 @@ impl std::str::FromStr for StoreUrl {
         if s.starts_with("redis://") || s.starts_with("rediss://") {
             return Ok(StoreUrl::Redis(s.to_owned()));
         }
-        Err(StoreError::Config(format!(
-            "unknown store `{s}`: use `memory`, `sqlite:PATH` or `redis://HOST:PORT/DB`"
-        )))
+        Err(StoreError::Config(format!("unknown store `{s}`: use `memory`, `sqlite:PATH` or `redis://HOST:PORT/DB`")))
     }
 }
 

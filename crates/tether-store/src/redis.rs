@@ -116,10 +116,11 @@ impl RedisStore {
             .set_response_timeout(Some(Duration::from_secs(5)))
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_secs(1));
-        let conn = tokio::time::timeout(Duration::from_secs(5), ConnectionManager::new_with_config(client.clone(), manager_config))
-            .await
-            .map_err(|_| StoreError::Unavailable(format!("redis at {} did not answer within 5s", redacted(url))))?
-            .map_err(|e| StoreError::Unavailable(format!("cannot connect to redis at {}: {e}", redacted(url))))?;
+        let conn =
+            tokio::time::timeout(Duration::from_secs(5), ConnectionManager::new_with_config(client.clone(), manager_config))
+                .await
+                .map_err(|_| StoreError::Unavailable(format!("redis at {} did not answer within 5s", redacted(url))))?
+                .map_err(|e| StoreError::Unavailable(format!("cannot connect to redis at {}: {e}", redacted(url))))?;
         let (remote, _) = broadcast::channel(REMOTE_BUFFER);
         let alive = Arc::new(());
         let store = Self {
@@ -173,9 +174,10 @@ async fn listen(client: redis::Client, channel: String, tx: broadcast::Sender<Re
                         let Ok(text) = msg.get_payload::<String>() else { continue };
                         let mut parts = text.splitn(3, '\n');
                         if let (Some(session), Some(stream), Some(seq)) = (parts.next(), parts.next(), parts.next())
-                            && let Ok(seq) = seq.parse() {
-                                let _ = tx.send(RemoteAppend { session: session.into(), stream: stream.into(), seq });
-                            }
+                            && let Ok(seq) = seq.parse()
+                        {
+                            let _ = tx.send(RemoteAppend { session: session.into(), stream: stream.into(), seq });
+                        }
                     }
                 }
             }
@@ -214,8 +216,8 @@ impl RedisStore {
             .query_async(&mut conn)
             .await
             .map_err(unavailable)?;
-        let [Some(principal), Some(created), Some(expires), Some(revision), Some(state)] = <[Option<Vec<u8>>; 5]>::try_from(values)
-            .map_err(|_| StoreError::Corrupt(format!("session {id}")))?
+        let [Some(principal), Some(created), Some(expires), Some(revision), Some(state)] =
+            <[Option<Vec<u8>>; 5]>::try_from(values).map_err(|_| StoreError::Corrupt(format!("session {id}")))?
         else {
             return Ok(None);
         };
@@ -275,7 +277,15 @@ impl Store for RedisStore {
 
     async fn touch_session(&self, id: &str, expires_at_ms: i64) -> StoreResult<bool> {
         let mut conn = self.conn.clone();
-        let r: i64 = self.scripts.touch.arg(&*self.prefix).arg(id).arg(expires_at_ms).invoke_async(&mut conn).await.map_err(unavailable)?;
+        let r: i64 = self
+            .scripts
+            .touch
+            .arg(&*self.prefix)
+            .arg(id)
+            .arg(expires_at_ms)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
         Ok(r == 1)
     }
 
@@ -352,7 +362,10 @@ impl Store for RedisStore {
         entries
             .into_iter()
             .map(|(id, fields)| {
-                let seq = id.strip_prefix("0-").and_then(|s| s.parse().ok()).ok_or_else(|| StoreError::Corrupt(format!("event id {id}")))?;
+                let seq = id
+                    .strip_prefix("0-")
+                    .and_then(|s| s.parse().ok())
+                    .ok_or_else(|| StoreError::Corrupt(format!("event id {id}")))?;
                 let kind = as_i64(field(&fields, "k"))
                     .and_then(|k| EventKind::from_u8(k as u8))
                     .ok_or_else(|| StoreError::Corrupt(format!("event {id} kind")))?;
@@ -369,7 +382,12 @@ impl Store for RedisStore {
         let mut out: Vec<StreamSummary> = rows
             .into_iter()
             .filter(|(_, _, _, fin)| *fin != 1)
-            .map(|(stream, first, last, _)| StreamSummary { stream, first_seq: first as u64, last_seq: last as u64, finished: false })
+            .map(|(stream, first, last, _)| StreamSummary {
+                stream,
+                first_seq: first as u64,
+                last_seq: last as u64,
+                finished: false,
+            })
             .collect();
         out.sort_by(|a, b| a.stream.cmp(&b.stream));
         Ok(out)
@@ -380,18 +398,35 @@ impl Store for RedisStore {
             return Ok(None);
         }
         let mut conn = self.conn.clone();
-        let rows: Vec<(String, i64, i64, i64)> =
-            self.scripts.streams.arg(&*self.prefix).arg(session).arg(stream).invoke_async(&mut conn).await.map_err(unavailable)?;
-        Ok(rows
-            .into_iter()
-            .next()
-            .map(|(stream, first, last, fin)| StreamSummary { stream, first_seq: first as u64, last_seq: last as u64, finished: fin == 1 }))
+        let rows: Vec<(String, i64, i64, i64)> = self
+            .scripts
+            .streams
+            .arg(&*self.prefix)
+            .arg(session)
+            .arg(stream)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        Ok(rows.into_iter().next().map(|(stream, first, last, fin)| StreamSummary {
+            stream,
+            first_seq: first as u64,
+            last_seq: last as u64,
+            finished: fin == 1,
+        }))
     }
 
     async fn set_cursor(&self, session: &str, stream: &str, seq: u64) -> StoreResult<()> {
         let mut conn = self.conn.clone();
-        let _: i64 =
-            self.scripts.set_cursor.arg(&*self.prefix).arg(session).arg(stream).arg(seq).invoke_async(&mut conn).await.map_err(unavailable)?;
+        let _: i64 = self
+            .scripts
+            .set_cursor
+            .arg(&*self.prefix)
+            .arg(session)
+            .arg(stream)
+            .arg(seq)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
         Ok(())
     }
 
@@ -411,12 +446,19 @@ impl Store for RedisStore {
             .map_err(unavailable)?;
         let mut values = values.into_iter();
         let (Some(Some(value)), Some(Some(revision))) = (values.next(), values.next()) else { return Ok(None) };
-        let expires: Option<i64> =
-            values.next().flatten().and_then(|x| String::from_utf8(x).ok()).filter(|x| !x.is_empty()).and_then(|x| x.parse().ok());
+        let expires: Option<i64> = values
+            .next()
+            .flatten()
+            .and_then(|x| String::from_utf8(x).ok())
+            .filter(|x| !x.is_empty())
+            .and_then(|x| x.parse().ok());
         if expires.is_some_and(|t| t <= now_ms) {
             return Ok(None);
         }
-        let revision = String::from_utf8(revision).ok().and_then(|r| r.parse().ok()).ok_or_else(|| StoreError::Corrupt(format!("kv {namespace}/{key}")))?;
+        let revision = String::from_utf8(revision)
+            .ok()
+            .and_then(|r| r.parse().ok())
+            .ok_or_else(|| StoreError::Corrupt(format!("kv {namespace}/{key}")))?;
         Ok(Some(VersionedValue { value: Bytes::from(value), revision, expires_at_ms: expires }))
     }
 

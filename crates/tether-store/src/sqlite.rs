@@ -113,11 +113,14 @@ fn configure(conn: &Connection, strict: bool) -> StoreResult<()> {
 fn prepare_path(path: &Path) -> StoreResult<std::fs::File> {
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
-        && !dir.exists() {
-            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|e| {
-                StoreError::Config(format!("cannot create directory {}: {e}", dir.display()))
-            })?;
-        }
+        && !dir.exists()
+    {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| StoreError::Config(format!("cannot create directory {}: {e}", dir.display())))?;
+    }
     // Create the database file ourselves so it starts out 0600; SQLite gives
     // its -wal and -shm files the same mode.
     std::fs::OpenOptions::new()
@@ -140,9 +143,7 @@ fn prepare_path(path: &Path) -> StoreResult<std::fs::File> {
             "{} is in use by another tether process; stop it or choose another --store path",
             path.display()
         ))),
-        Err(std::fs::TryLockError::Error(e)) => {
-            Err(StoreError::Config(format!("cannot lock {}: {e}", lock_path.display())))
-        }
+        Err(std::fs::TryLockError::Error(e)) => Err(StoreError::Config(format!("cannot lock {}: {e}", lock_path.display()))),
     }
 }
 
@@ -267,9 +268,10 @@ mod tests {
         db.write(|ctx| Ok(ctx.conn.execute_batch("CREATE TABLE t(name TEXT PRIMARY KEY)")?)).await.unwrap();
         let panicked = db.write(|_| -> StoreResult<()> { panic!("on purpose") }).await;
         assert!(matches!(panicked, Err(StoreError::Unavailable(_))), "{panicked:?}");
-        let later = tokio::time::timeout(Duration::from_secs(5), db.write(|ctx| Ok(ctx.conn.execute("INSERT INTO t VALUES ('x')", [])?)))
-            .await
-            .expect("a write after the panic is answered");
+        let later =
+            tokio::time::timeout(Duration::from_secs(5), db.write(|ctx| Ok(ctx.conn.execute("INSERT INTO t VALUES ('x')", [])?)))
+                .await
+                .expect("a write after the panic is answered");
         assert!(matches!(later, Err(StoreError::Unavailable(_))), "{later:?}");
     }
 

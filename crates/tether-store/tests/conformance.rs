@@ -48,10 +48,7 @@ mod memory {
     use super::*;
 
     async fn harness(_scenario: &str) -> Harness {
-        Harness {
-            fresh: Box::new(|| Box::pin(async { Arc::new(MemoryStore::new(config())) as Arc<dyn Store> })),
-            reopen: None,
-        }
+        Harness { fresh: Box::new(|| Box::pin(async { Arc::new(MemoryStore::new(config())) as Arc<dyn Store> })), reopen: None }
     }
 
     async fn passed(_scenario: &str) {}
@@ -159,7 +156,9 @@ async fn redis_harness(run: &str) -> Harness {
     let counter = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let probe = RedisStore::open(&url, config()).await;
     if let Err(e) = probe {
-        panic!("Redis is needed for this test and is not reachable at {url}: {e}. Run scripts/test (it starts Redis) or set TETHER_TEST_REDIS_URL.");
+        panic!(
+            "Redis is needed for this test and is not reachable at {url}: {e}. Run scripts/test (it starts Redis) or set TETHER_TEST_REDIS_URL."
+        );
     }
     let last_prefix = Arc::new(std::sync::Mutex::new(String::new()));
     let (fresh_url, fresh_last, fresh_run) = (url.clone(), last_prefix.clone(), run.to_owned());

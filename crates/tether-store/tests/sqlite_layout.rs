@@ -47,7 +47,11 @@ async fn events_of_an_earlier_layout_survive_the_conversion() {
     );
     let summary = store.stream("s1", "r1").await.unwrap().expect("the stream is known");
     assert_eq!((summary.first_seq, summary.last_seq, summary.finished), (1, 3, true));
-    assert_eq!(store.append("s1", "r1", EventKind::Message, Bytes::from_static(b"after")).await.unwrap(), 4, "numbering continues");
+    assert_eq!(
+        store.append("s1", "r1", EventKind::Message, Bytes::from_static(b"after")).await.unwrap(),
+        4,
+        "numbering continues"
+    );
     drop(store);
 
     let conn = rusqlite::Connection::open(&path).unwrap();

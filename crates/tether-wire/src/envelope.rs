@@ -10,10 +10,20 @@ use crate::error::{RpcError, code};
 /// One message a peer sent.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Inbound {
-    Request { id: Value, method: String, params: Option<Map<String, Value>> },
-    Notification { method: String, params: Option<Map<String, Value>> },
+    Request {
+        id: Value,
+        method: String,
+        params: Option<Map<String, Value>>,
+    },
+    Notification {
+        method: String,
+        params: Option<Map<String, Value>>,
+    },
     /// An answer: `Err` holds the error object as sent.
-    Response { id: Value, outcome: Result<Value, Value> },
+    Response {
+        id: Value,
+        outcome: Result<Value, Value>,
+    },
 }
 
 /// Why a body is not one valid JSON-RPC message.
@@ -76,7 +86,11 @@ pub fn from_value(value: Value) -> Result<Inbound, EnvelopeError> {
             None | Some(Value::Null) => None,
             Some(Value::Object(p)) => Some(p),
             Some(_) => {
-                return Err(EnvelopeError { code: code::INVALID_PARAMS, message: "`params` must be an object".into(), id: id_for_errors });
+                return Err(EnvelopeError {
+                    code: code::INVALID_PARAMS,
+                    message: "`params` must be an object".into(),
+                    id: id_for_errors,
+                });
             }
         };
         return Ok(match id {
@@ -149,8 +163,14 @@ mod tests {
             parse_message(br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#),
             Ok(Inbound::Request { method, .. }) if method == "ping"
         ));
-        assert!(matches!(parse_message(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#), Ok(Inbound::Notification { .. })));
-        assert!(matches!(parse_message(br#"{"jsonrpc":"2.0","id":"a","result":{}}"#), Ok(Inbound::Response { outcome: Ok(_), .. })));
+        assert!(matches!(
+            parse_message(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#),
+            Ok(Inbound::Notification { .. })
+        ));
+        assert!(matches!(
+            parse_message(br#"{"jsonrpc":"2.0","id":"a","result":{}}"#),
+            Ok(Inbound::Response { outcome: Ok(_), .. })
+        ));
         assert!(matches!(
             parse_message(br#"{"jsonrpc":"2.0","id":"a","error":{"code":1,"message":"x"}}"#),
             Ok(Inbound::Response { outcome: Err(_), .. })

@@ -176,7 +176,12 @@ impl Decoder {
                     if let Some(ms) = block.retry {
                         self.retry = Some(Duration::from_millis(ms));
                     }
-                    out.push(Event { id: block.id, event: block.event, data: block.data.unwrap_or_default(), retry: block.retry });
+                    out.push(Event {
+                        id: block.id,
+                        event: block.event,
+                        data: block.data.unwrap_or_default(),
+                        retry: block.retry,
+                    });
                 }
                 Poll::Ready(Some(Err(e))) => return Err(self.fail(SseError::Malformed(e.to_string()))),
                 // The feed never ends; `sse-stream` ends only after an error it reported.
@@ -388,7 +393,10 @@ mod tests {
             }
             assert_eq!(n, 50);
         });
-        assert_eq!(SseError::TooLarge { limit: DEFAULT_MAX_EVENT_BYTES }.to_string(), "the server sent an SSE event larger than 32 MiB; refusing it");
+        assert_eq!(
+            SseError::TooLarge { limit: DEFAULT_MAX_EVENT_BYTES }.to_string(),
+            "the server sent an SSE event larger than 32 MiB; refusing it"
+        );
     }
 
     #[test]

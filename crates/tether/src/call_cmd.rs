@@ -85,7 +85,9 @@ pub fn arguments(json: Option<&str>, pairs: &[String]) -> Result<Map<String, Val
         };
         return match serde_json::from_str::<Value>(&text) {
             Ok(Value::Object(m)) => Ok(m),
-            Ok(_) => Err(Failure::Usage("--json must be a JSON object of the tool's arguments, e.g. '{\"text\": \"hi\"}'".into())),
+            Ok(_) => {
+                Err(Failure::Usage("--json must be a JSON object of the tool's arguments, e.g. '{\"text\": \"hi\"}'".into()))
+            }
             Err(e) => Err(Failure::Usage(format!("--json is not valid JSON: {e}"))),
         };
     }
@@ -187,9 +189,12 @@ mod tests {
 
     #[test]
     fn args_become_json_values() {
-        let m = arguments(None, &["n=3".into(), "s=hello world".into(), "b=true".into(), "z=007".into(), "q:=\"42\"".into(), "o:={\"a\":[1]}".into()])
-            .map_err(|_| ())
-            .unwrap();
+        let m = arguments(
+            None,
+            &["n=3".into(), "s=hello world".into(), "b=true".into(), "z=007".into(), "q:=\"42\"".into(), "o:={\"a\":[1]}".into()],
+        )
+        .map_err(|_| ())
+        .unwrap();
         assert_eq!(Value::Object(m), json!({"n": 3, "s": "hello world", "b": true, "z": "007", "q": "42", "o": {"a": [1]}}));
         assert!(matches!(arguments(None, &["novalue".into()]), Err(Failure::Usage(_))));
         assert!(matches!(arguments(Some("[1]"), &[]), Err(Failure::Usage(_))));

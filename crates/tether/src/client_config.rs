@@ -55,9 +55,7 @@ fn one_line(s: &str) -> String {
 /// The server a command talks to.
 pub fn resolve(target: Option<&str>, common: &CommonArgs) -> Result<Resolved, Failure> {
     let (config, _path) = Config::load_or_default(common.config.as_deref()).map_err(|e| Failure::Usage(e.to_string()))?;
-    let mut resolved = config
-        .resolve(target, &|name| std::env::var(name).ok())
-        .map_err(|e| Failure::Usage(e.to_string()))?;
+    let mut resolved = config.resolve(target, &|name| std::env::var(name).ok()).map_err(|e| Failure::Usage(e.to_string()))?;
     if let Some(r) = common.requires_session {
         resolved.spec.requires_session = r;
     }
@@ -76,7 +74,9 @@ pub fn failure(e: ClientError, resolved: &Resolved) -> Failure {
         ClientError::Rpc(RpcError { code: code::INVALID_PARAMS, message, .. }) => {
             Failure::Usage(format!("the server refused the arguments (invalid params): {message}"))
         }
-        ClientError::Rpc(RpcError { code, message, .. }) => Failure::Connection(format!("the server answered with error {code}: {message}")),
+        ClientError::Rpc(RpcError { code, message, .. }) => {
+            Failure::Connection(format!("the server answered with error {code}: {message}"))
+        }
         ClientError::SessionNotFound => Failure::Connection(format!(
             "{} forgot the session twice in a row; try again, or check the server's logs",
             resolved.spec.url

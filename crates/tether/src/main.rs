@@ -40,9 +40,7 @@ fn main() -> std::process::ExitCode {
     // Client commands keep stderr for their one-line reasons.
     let default_filter = if matches!(cli.command, Command::Tools(_) | Command::Call(_)) { "warn" } else { "info" };
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_filter.into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_filter.into()))
         .with_writer(std::io::stderr)
         // Colour only for a person at a terminal, never in a host's log file.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

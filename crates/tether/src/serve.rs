@@ -147,9 +147,10 @@ fn auth(path: Option<&std::path::Path>) -> anyhow::Result<Auth> {
     {
         use std::os::unix::fs::PermissionsExt;
         if let Ok(meta) = std::fs::metadata(path)
-            && meta.permissions().mode() & 0o077 != 0 {
-                tracing::warn!(file = %path.display(), "token file is readable by group or others; chmod 600 it");
-            }
+            && meta.permissions().mode() & 0o077 != 0
+        {
+            tracing::warn!(file = %path.display(), "token file is readable by group or others; chmod 600 it");
+        }
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
             Ok(mut hup) => {
                 let auth = auth.clone();

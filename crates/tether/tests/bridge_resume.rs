@@ -121,11 +121,13 @@ impl Bridge {
         let (answer_to, asked) = (Arc::downgrade(&stdin), roots_asked.clone());
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let message: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("stdout carries only JSON-RPC: {line:?}: {e}"));
+                let message: Value =
+                    serde_json::from_str(&line).unwrap_or_else(|e| panic!("stdout carries only JSON-RPC: {line:?}: {e}"));
                 if message["method"] == "roots/list" {
                     // The host answers the remote's question, under the bridge's id.
                     asked.fetch_add(1, Ordering::SeqCst);
-                    let answer = json!({"jsonrpc": "2.0", "id": message["id"], "result": {"roots": [{"uri": ROOT, "name": "project"}]}});
+                    let answer =
+                        json!({"jsonrpc": "2.0", "id": message["id"], "result": {"roots": [{"uri": ROOT, "name": "project"}]}});
                     if let Some(stdin) = answer_to.upgrade() {
                         let mut stdin = stdin.lock().unwrap();
                         let _ = writeln!(stdin, "{answer}");
@@ -153,9 +155,10 @@ impl Bridge {
         let deadline = Instant::now() + WAIT;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let message = self.messages.recv_timeout(left).unwrap_or_else(|e| {
-                panic!("no response to {method} within {WAIT:?} ({e}); bridge log:\n{}", self.log_text())
-            });
+            let message = self
+                .messages
+                .recv_timeout(left)
+                .unwrap_or_else(|e| panic!("no response to {method} within {WAIT:?} ({e}); bridge log:\n{}", self.log_text()));
             if message["id"] == id {
                 return message;
             }
@@ -558,7 +561,10 @@ fn the_bearer_token_comes_from_the_named_variable() {
 
     // Without the token the remote refuses, and the host hears why.
     let mut anonymous = Bridge::start(&server.url, dir.path(), &[]);
-    let response = anonymous.request("initialize", json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "h", "version": "1"}}));
+    let response = anonymous.request(
+        "initialize",
+        json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "h", "version": "1"}}),
+    );
     assert!(response.get("error").is_some(), "{response}");
     anonymous.close();
 }

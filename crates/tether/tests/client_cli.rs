@@ -48,7 +48,19 @@ fn call_prints_the_result_and_exits_by_outcome() {
 
     // --arg values: numbers and booleans become JSON.
     let out = tether(
-        &["call", &url, "thought", "--arg", "thought=first step", "--arg", "thoughtNumber=1", "--arg", "totalThoughts=2", "--arg", "nextThoughtNeeded=true"],
+        &[
+            "call",
+            &url,
+            "thought",
+            "--arg",
+            "thought=first step",
+            "--arg",
+            "thoughtNumber=1",
+            "--arg",
+            "totalThoughts=2",
+            "--arg",
+            "nextThoughtNeeded=true",
+        ],
         &[],
         home.path(),
     );
@@ -58,7 +70,11 @@ fn call_prints_the_result_and_exits_by_outcome() {
     assert_eq!(stderr(&out), "");
 
     // A text-only result prints as text.
-    let out = tether(&["call", &url, "session", "--json", r#"{"operation":"export","format":"markdown","sessionId":"nope"}"#], &[], home.path());
+    let out = tether(
+        &["call", &url, "session", "--json", r#"{"operation":"export","format":"markdown","sessionId":"nope"}"#],
+        &[],
+        home.path(),
+    );
     // (an unknown notebook session is a tool error: isError, exit 1, the text on stdout)
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(stdout(&out).contains("no such session"), "{}", stdout(&out));
@@ -125,7 +141,10 @@ fn tokens_come_from_the_environment_and_a_401_says_how_to_pass_one() {
     std::fs::create_dir_all(&config).unwrap();
     std::fs::write(
         config.join("config.toml"),
-        format!("default = \"notes\"\n\n[servers.notes]\nurl = \"{}\"\nrequires_session = \"auto\"\nauth_env = \"NOTES_TOKEN\"\n", server.url()),
+        format!(
+            "default = \"notes\"\n\n[servers.notes]\nurl = \"{}\"\nrequires_session = \"auto\"\nauth_env = \"NOTES_TOKEN\"\n",
+            server.url()
+        ),
     )
     .unwrap();
     let out = tether(&["tools", "notes"], &[("MCP_AUTH_TOKEN", TOKEN)], home.path());

@@ -33,7 +33,8 @@ async fn a_session_initializes_answers_server_requests_resumes_by_token_and_dele
     let (session, result) = Session::connect(&server.url(), ClientOptions::default(), init_params(None)).await.unwrap();
     assert_eq!(session.protocol_version(), "2025-11-25");
     let sid = session.session_id().expect("tether gives a session ID");
-    let token = result["_meta"]["dev.tether/sessionResumeToken"].as_str().expect("the initialize result keeps its _meta").to_owned();
+    let token =
+        result["_meta"]["dev.tether/sessionResumeToken"].as_str().expect("the initialize result keeps its _meta").to_owned();
 
     // The notebook asks for roots on the standalone stream after `initialized`.
     let mut incoming = session.take_incoming().unwrap();
@@ -43,7 +44,8 @@ async fn a_session_initializes_answers_server_requests_resumes_by_token_and_dele
     session.respond(id, Ok(json!({"roots": [{"uri": "file:///proj", "name": "proj"}]}))).await.unwrap();
     let mut roots = Value::Null;
     for _ in 0..50 {
-        let r = session.request("tools/call", Some(json!({"name": "init", "arguments": {"operation": "list_roots"}}))).await.unwrap();
+        let r =
+            session.request("tools/call", Some(json!({"name": "init", "arguments": {"operation": "list_roots"}}))).await.unwrap();
         roots = r["structuredContent"]["roots"].clone();
         if roots.as_array().is_some_and(|a| !a.is_empty()) {
             break;
@@ -53,9 +55,13 @@ async fn a_session_initializes_answers_server_requests_resumes_by_token_and_dele
     assert_eq!(roots, json!([{"uri": "file:///proj", "name": "proj"}]), "the answer reached the server");
 
     // initialize with the caller's `_meta` (a session resume token) is sent as given.
-    let (again, result) = Session::connect(&server.url(), ClientOptions::default(), init_params(Some(json!({"dev.tether/sessionResumeToken": token}))))
-        .await
-        .unwrap();
+    let (again, result) = Session::connect(
+        &server.url(),
+        ClientOptions::default(),
+        init_params(Some(json!({"dev.tether/sessionResumeToken": token}))),
+    )
+    .await
+    .unwrap();
     assert_eq!(result["_meta"]["dev.tether/resumed"], true, "{result}");
     assert_eq!(again.session_id().as_deref(), Some(sid.as_str()));
 
@@ -84,7 +90,9 @@ async fn a_response_stream_cut_by_a_crash_is_resumed_with_last_event_id() {
     // Only the resumed stream (GET + Last-Event-ID) carries this answer:
     // the restarted server closes the cut-off request with -32603.
     match outcome {
-        Err(ClientError::Rpc(RpcError { code: code::INTERNAL_ERROR, message, .. })) => assert!(message.contains("interrupted"), "{message}"),
+        Err(ClientError::Rpc(RpcError { code: code::INTERNAL_ERROR, message, .. })) => {
+            assert!(message.contains("interrupted"), "{message}")
+        }
         other => panic!("expected the interrupted error through the resumed stream, got {other:?}"),
     }
     // The session itself survived the crash (tether's store).
@@ -103,7 +111,8 @@ async fn the_pool_detects_that_tether_needs_a_session_and_recovers_a_forgotten_o
     // The server forgets the session (here: someone DELETEs it).
     let deleted = reqwest::Client::new().delete(server.url()).header("mcp-session-id", &sid).send().await.unwrap();
     assert!(deleted.status().is_success());
-    let r = pool.call_tool(&spec, "session", json!({"operation": "list"}), None).await.expect("recovered through a new initialize");
+    let r =
+        pool.call_tool(&spec, "session", json!({"operation": "list"}), None).await.expect("recovered through a new initialize");
     assert_eq!(r["isError"], false);
     let new_sid = pool.session_id(&spec).await.unwrap();
     assert_ne!(new_sid, sid);
@@ -134,7 +143,12 @@ async fn the_resume_loop_joins_a_paged_export_into_exactly_the_unpaged_document(
     for n in 1..=40u64 {
         let t = format!("{n:03} ") + &"é∑x".repeat(80) + " end";
         let r = pool
-            .call_tool(&spec, "thought", json!({"thought": t, "thoughtNumber": n, "totalThoughts": 40, "nextThoughtNeeded": n < 40}), None)
+            .call_tool(
+                &spec,
+                "thought",
+                json!({"thought": t, "thoughtNumber": n, "totalThoughts": 40, "nextThoughtNeeded": n < 40}),
+                None,
+            )
             .await
             .unwrap();
         assert_eq!(r["isError"], false, "{r}");
@@ -147,7 +161,8 @@ async fn the_resume_loop_joins_a_paged_export_into_exactly_the_unpaged_document(
             seen.lock().unwrap().push(r);
         }
     });
-    let paged = pool.call_tool(&spec, "session", json!({"operation": "export", "format": "markdown"}), Some(progress)).await.unwrap();
+    let paged =
+        pool.call_tool(&spec, "session", json!({"operation": "export", "format": "markdown"}), Some(progress)).await.unwrap();
     let rounds = rounds.lock().unwrap().clone();
     let chunks = rounds.iter().filter(|r| !r.pending).count();
     assert!(chunks >= 10, "about 20 KB in 2 KiB chunks: {} data rounds of {}", chunks, rounds.len());
@@ -158,11 +173,8 @@ async fn the_resume_loop_joins_a_paged_export_into_exactly_the_unpaged_document(
     for t in &thoughts {
         at += document[at..].find(t.as_str()).expect("every thought, in order, nothing lost") + t.len();
     }
-    let notebook = document
-        .lines()
-        .find_map(|l| l.strip_prefix("- session: "))
-        .expect("the export names its notebook session")
-        .to_owned();
+    let notebook =
+        document.lines().find_map(|l| l.strip_prefix("- session: ")).expect("the export names its notebook session").to_owned();
 
     // The CLI prints the same joined document.
     let home = tempfile::tempdir().unwrap();

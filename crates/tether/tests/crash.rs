@@ -32,8 +32,11 @@ async fn sigkill_mid_burst_then_restart_resumes_everything() {
         let answered_tx = answered_tx.clone();
         calls.push(tokio::spawn(async move {
             let resp = c
-                .post(Some(&sid), &json!({"jsonrpc": "2.0", "id": 100 + i, "method": "tools/call",
-                    "params": {"name": "thought", "arguments": thought_args(i + 1)}}))
+                .post(
+                    Some(&sid),
+                    &json!({"jsonrpc": "2.0", "id": 100 + i, "method": "tools/call",
+                    "params": {"name": "thought", "arguments": thought_args(i + 1)}}),
+                )
                 .send()
                 .await;
             let Ok(resp) = resp else { return (i, Vec::new()) };

@@ -20,7 +20,11 @@ async fn a_burst_of_first_thoughts_lands_in_one_notebook_session() {
         let mut lengths = Vec::new();
         for call in calls {
             let result = call.await.unwrap();
-            lengths.push(result["result"]["structuredContent"]["thoughtHistoryLength"].as_u64().unwrap_or_else(|| panic!("{backend:?}: {result}")));
+            lengths.push(
+                result["result"]["structuredContent"]["thoughtHistoryLength"]
+                    .as_u64()
+                    .unwrap_or_else(|| panic!("{backend:?}: {result}")),
+            );
         }
         lengths.sort();
         assert_eq!(lengths, (1..=30).collect::<Vec<u64>>(), "{backend:?}: every thought in one history, none lost");
@@ -32,16 +36,28 @@ async fn thoughts_follow_sequential_thinking_semantics() {
     let server = TestServer::start(Backend::Sqlite, AppKind::Notebook, quick_config()).await;
     let c = Client::new(&server.url);
     let sid = c.initialize().await;
-    let r = c.call(&sid, 1, "thought", json!({"thought": "a", "thoughtNumber": 4, "totalThoughts": 2, "nextThoughtNeeded": true})).await;
+    let r = c
+        .call(&sid, 1, "thought", json!({"thought": "a", "thoughtNumber": 4, "totalThoughts": 2, "nextThoughtNeeded": true}))
+        .await;
     assert_eq!(r["result"]["structuredContent"]["totalThoughts"], 4, "total raised to the thought number");
     let r = c
-        .call(&sid, 2, "thought", json!({"thought": "b", "thoughtNumber": 5, "totalThoughts": 6, "nextThoughtNeeded": true,
-            "branchFromThought": 4, "branchId": "alt"}))
+        .call(
+            &sid,
+            2,
+            "thought",
+            json!({"thought": "b", "thoughtNumber": 5, "totalThoughts": 6, "nextThoughtNeeded": true,
+            "branchFromThought": 4, "branchId": "alt"}),
+        )
         .await;
     assert_eq!(r["result"]["structuredContent"]["branches"], json!(["alt"]));
     let r = c
-        .call(&sid, 3, "thought", json!({"thought": "c", "thoughtNumber": 6, "totalThoughts": 6, "nextThoughtNeeded": false,
-            "isRevision": true, "revisesThought": 4}))
+        .call(
+            &sid,
+            3,
+            "thought",
+            json!({"thought": "c", "thoughtNumber": 6, "totalThoughts": 6, "nextThoughtNeeded": false,
+            "isRevision": true, "revisesThought": 4}),
+        )
         .await;
     let s = &r["result"]["structuredContent"];
     assert_eq!((s["thoughtHistoryLength"].as_u64(), s["nextThoughtNeeded"].as_bool()), (Some(3), Some(false)));

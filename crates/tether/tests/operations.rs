@@ -49,7 +49,10 @@ async fn long_work_is_paged_with_tokens_in_order_and_tokens_are_stable() {
         let args = json!({"n": 4, "pause_ms": 400});
         let responses = c.resume_loop(&sid, "count", &args).await;
         assert_eq!(joined_text(&responses), "chunk 0;chunk 1;chunk 2;chunk 3;", "in order, nothing lost or repeated");
-        assert!(responses.iter().any(|r| r["result"]["_meta"]["dev.tether/pending"] == true), "some rounds waited past the budget");
+        assert!(
+            responses.iter().any(|r| r["result"]["_meta"]["dev.tether/pending"] == true),
+            "some rounds waited past the budget"
+        );
         assert!(next_token(responses.last().unwrap()).is_none());
 
         // Stability: asking again with the same token gives the same chunk and the same next token.
@@ -66,7 +69,8 @@ async fn invalid_tokens_get_invalid_params_with_a_short_reason() {
     let dir = Arc::new(tempfile::tempdir().unwrap());
     let path = dir.path().join("tokens");
     std::fs::write(&path, "alice-token-0123456789abcdef alice\nbob-token-0123456789abcdef00 bob\n").unwrap();
-    let server = TestServer::start_with_auth(dir, Backend::Sqlite, AppKind::Test, config(), Auth::from_file(&path).unwrap()).await;
+    let server =
+        TestServer::start_with_auth(dir, Backend::Sqlite, AppKind::Test, config(), Auth::from_file(&path).unwrap()).await;
     let alice = Client::with_token(&server.url, "alice-token-0123456789abcdef");
     let bob = Client::with_token(&server.url, "bob-token-0123456789abcdef00");
     let sid = alice.initialize().await;
@@ -138,13 +142,20 @@ async fn a_failed_operation_returns_its_error_and_no_token() {
 
 #[tokio::test]
 async fn work_continues_after_a_disconnect_and_progress_reaches_a_waiting_client() {
-    let server = TestServer::start(Backend::Sqlite, AppKind::Test, ServerConfig { resume_wait: Duration::from_secs(2), ..quick_config() }).await;
+    let server =
+        TestServer::start(Backend::Sqlite, AppKind::Test, ServerConfig { resume_wait: Duration::from_secs(2), ..quick_config() })
+            .await;
     let c = Client::new(&server.url);
     let sid = c.initialize().await;
     // Progress while waiting.
     let events = c
-        .request(&sid, 1, "tools/call", json!({"name": "count", "arguments": {"n": 3, "pause_ms": 100},
-            "_meta": {"progressToken": "p1"}}))
+        .request(
+            &sid,
+            1,
+            "tools/call",
+            json!({"name": "count", "arguments": {"n": 3, "pause_ms": 100},
+            "_meta": {"progressToken": "p1"}}),
+        )
         .await;
     let progress: Vec<f64> = events
         .iter()
@@ -161,8 +172,11 @@ async fn work_continues_after_a_disconnect_and_progress_reaches_a_waiting_client
     // Disconnect mid-operation: drop the connection after the priming event.
     let args = json!({"n": 2, "pause_ms": 300});
     let resp = c
-        .post(Some(&sid), &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-            "params": {"name": "count", "arguments": args}}))
+        .post(
+            Some(&sid),
+            &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "count", "arguments": args}}),
+        )
         .send()
         .await
         .unwrap();
@@ -207,7 +221,11 @@ async fn after_a_crash_restartable_work_continues_and_other_work_reports_the_int
             None => break,
         }
     }
-    assert_eq!(format!("{before}{}", joined_text(&responses)), "chunk 0;chunk 1;chunk 2;chunk 3;chunk 4;", "continued from its stored cursor");
+    assert_eq!(
+        format!("{before}{}", joined_text(&responses)),
+        "chunk 0;chunk 1;chunk 2;chunk 3;chunk 4;",
+        "continued from its stored cursor"
+    );
 
     let r = c.call_meta(&sid, 3, "fragile", &fragile_args, json!({"resumeToken": fragile_token})).await;
     assert_eq!(r["result"]["isError"], true, "{r}");
@@ -226,7 +244,14 @@ async fn a_notebook_export_of_300_thoughts_is_paged_and_joins_back_byte_for_byte
             // 1,000 bytes: a 5-byte prefix, multi-byte characters, padding.
             let text = format!("{n:04} ") + &"é∑x".repeat(165) + "yyyyy";
             assert_eq!(text.len(), 1000);
-            let r = c.call(&sid, n, "thought", json!({"thought": text, "thoughtNumber": n, "totalThoughts": 300, "nextThoughtNeeded": n < 300})).await;
+            let r = c
+                .call(
+                    &sid,
+                    n,
+                    "thought",
+                    json!({"thought": text, "thoughtNumber": n, "totalThoughts": 300, "nextThoughtNeeded": n < 300}),
+                )
+                .await;
             assert_eq!(r["result"]["isError"], false);
             expected_thoughts.push(text);
         }
@@ -236,12 +261,17 @@ async fn a_notebook_export_of_300_thoughts_is_paged_and_joins_back_byte_for_byte
             assert!(chunks.len() >= 5, "{format}: about 300 KB in 64 KiB chunks, got {}", chunks.len());
             for c in &chunks {
                 let len = c["result"]["content"][0]["text"].as_str().unwrap().len();
-                assert!(len <= 64 * 1024, "{format}: chunk of {len} bytes; all: {:?}", chunks.iter().map(|c| c["result"]["content"][0]["text"].as_str().map(str::len)).collect::<Vec<_>>());
+                assert!(
+                    len <= 64 * 1024,
+                    "{format}: chunk of {len} bytes; all: {:?}",
+                    chunks.iter().map(|c| c["result"]["content"][0]["text"].as_str().map(str::len)).collect::<Vec<_>>()
+                );
             }
             let document = joined_text(&responses);
             if format == "json" {
                 let parsed: Value = serde_json::from_str(&document).expect("joined JSON export parses");
-                let got: Vec<String> = parsed["thoughts"].as_array().unwrap().iter().map(|t| t["thought"].as_str().unwrap().to_owned()).collect();
+                let got: Vec<String> =
+                    parsed["thoughts"].as_array().unwrap().iter().map(|t| t["thought"].as_str().unwrap().to_owned()).collect();
                 assert_eq!(got, expected_thoughts, "nothing lost or repeated");
             } else {
                 let mut at = 0;

@@ -65,8 +65,11 @@ async fn a_server_request_raised_on_one_replica_is_answered_through_another() {
     let _prime = standalone.next_event().await.unwrap();
     // `ask` runs on A; its POST connection is dropped, so roots/list goes to the standalone log.
     let resp = ca
-        .post(Some(&sid), &json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
-            "params": {"name": "ask", "arguments": {"delay_ms": 300}}}))
+        .post(
+            Some(&sid),
+            &json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+            "params": {"name": "ask", "arguments": {"delay_ms": 300}}}),
+        )
         .send()
         .await
         .unwrap();
@@ -132,8 +135,11 @@ async fn a_replica_killed_mid_stream_loses_nothing_committed() {
     let (ca, cb) = (Client::new(&a.url), Client::new(&b.url));
     let sid = ca.initialize().await;
     let resp = ca
-        .post(Some(&sid), &json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
-            "params": {"name": "chatty", "arguments": {"steps": 50, "pause_ms": 40}}}))
+        .post(
+            Some(&sid),
+            &json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+            "params": {"name": "chatty", "arguments": {"steps": 50, "pause_ms": 40}}}),
+        )
         .send()
         .await
         .unwrap();
@@ -164,7 +170,18 @@ fn free_port() -> u16 {
 
 fn start_redis(port: u16, dir: &std::path::Path) -> std::process::Child {
     let child = Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes", "--appendfsync", "always"])
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+        ])
         .arg("--dir")
         .arg(dir)
         .stdout(Stdio::null())

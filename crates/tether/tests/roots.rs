@@ -203,7 +203,9 @@ async fn notebook_data_belongs_to_its_principal() {
     let dir = Arc::new(tempfile::tempdir().unwrap());
     let path = dir.path().join("tokens");
     std::fs::write(&path, "alice-token-0123456789abcdef alice\nbob-token-0123456789abcdef00 bob\n").unwrap();
-    let server = TestServer::start_with_auth(dir, Backend::Sqlite, AppKind::Notebook, quick_config(), Auth::from_file(&path).unwrap()).await;
+    let server =
+        TestServer::start_with_auth(dir, Backend::Sqlite, AppKind::Notebook, quick_config(), Auth::from_file(&path).unwrap())
+            .await;
     let alice = Client::with_token(&server.url, "alice-token-0123456789abcdef");
     let bob = Client::with_token(&server.url, "bob-token-0123456789abcdef00");
     let mut a = Agent::connect(&alice, Some(roots(&[ROOT_X]))).await;
@@ -231,8 +233,18 @@ async fn session_tool_lists_gets_searches_and_exports() {
         let c = Client::new(&server.url);
         let mut agent = Agent::connect(&c, Some(roots(&[ROOT_X]))).await;
         agent.init(json!({"operation": "start_new", "title": "Export me", "tags": ["alpha"]})).await;
-        agent.tool("thought", json!({"thought": "The cache needs a TTL", "thoughtNumber": 1, "totalThoughts": 2, "nextThoughtNeeded": true})).await;
-        agent.tool("thought", json!({"thought": "Use 100% of 50_ms", "thoughtNumber": 2, "totalThoughts": 2, "nextThoughtNeeded": false})).await;
+        agent
+            .tool(
+                "thought",
+                json!({"thought": "The cache needs a TTL", "thoughtNumber": 1, "totalThoughts": 2, "nextThoughtNeeded": true}),
+            )
+            .await;
+        agent
+            .tool(
+                "thought",
+                json!({"thought": "Use 100% of 50_ms", "thoughtNumber": 2, "totalThoughts": 2, "nextThoughtNeeded": false}),
+            )
+            .await;
         let got = agent.tool("session", json!({"operation": "get"})).await;
         assert_eq!(structured(&got)["thoughts"].as_array().unwrap().len(), 2);
         let hits = agent.tool("session", json!({"operation": "search", "query": "cache"})).await;

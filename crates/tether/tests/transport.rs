@@ -27,8 +27,11 @@ async fn initialize_creates_a_session_and_negotiates_the_version() {
         let c = Client::new(&server.url);
         for (asked, expected) in [("2025-06-18", "2025-06-18"), ("2025-03-26", "2025-03-26"), ("1999-01-01", "2025-11-25")] {
             let resp = c
-                .post(None, &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-                    "protocolVersion": asked, "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}))
+                .post(
+                    None,
+                    &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                    "protocolVersion": asked, "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}),
+                )
                 .send()
                 .await
                 .unwrap();
@@ -56,8 +59,11 @@ async fn a_post_request_streams_priming_event_then_response_then_closes() {
         let c = Client::new(&server.url);
         let sid = c.initialize().await;
         let resp = c
-            .post(Some(&sid), &json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-                "params": {"name": "thought", "arguments": thought_args(1)}}))
+            .post(
+                Some(&sid),
+                &json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                "params": {"name": "thought", "arguments": thought_args(1)}}),
+            )
             .send()
             .await
             .unwrap();
@@ -88,8 +94,11 @@ async fn json_response_mode_answers_with_plain_json() {
     each_backend(AppKind::Notebook, config, |server| async move {
         let c = Client::new(&server.url);
         let resp = c
-            .post(None, &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-                "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}))
+            .post(
+                None,
+                &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}),
+            )
             .send()
             .await
             .unwrap();
@@ -97,11 +106,7 @@ async fn json_response_mode_answers_with_plain_json() {
         let sid = resp.headers()["mcp-session-id"].to_str().unwrap().to_owned();
         let body: Value = resp.json().await.unwrap();
         assert_eq!(body["result"]["protocolVersion"], "2025-11-25");
-        let resp = c
-            .post(Some(&sid), &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}))
-            .send()
-            .await
-            .unwrap();
+        let resp = c.post(Some(&sid), &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})).send().await.unwrap();
         assert_eq!(resp.headers()["content-type"], "application/json");
         let body: Value = resp.json().await.unwrap();
         assert_eq!(body["result"]["tools"][0]["name"], "thought");
@@ -115,7 +120,8 @@ async fn notifications_and_responses_are_accepted_with_202() {
     each_backend(AppKind::Notebook, quick_config(), |server| async move {
         let c = Client::new(&server.url);
         let sid = c.initialize().await;
-        let n = c.post(Some(&sid), &json!({"jsonrpc": "2.0", "method": "notifications/roots/list_changed"})).send().await.unwrap();
+        let n =
+            c.post(Some(&sid), &json!({"jsonrpc": "2.0", "method": "notifications/roots/list_changed"})).send().await.unwrap();
         assert_eq!(n.status(), 202);
         assert!(n.text().await.unwrap().is_empty());
         let r = c.post(Some(&sid), &json!({"jsonrpc": "2.0", "id": "x", "result": {}})).send().await.unwrap();
@@ -141,8 +147,11 @@ async fn standalone_stream_keeps_alive_and_delivers_messages_raised_while_nobody
         // A server request of a call whose connection is gone reaches the GET,
         // and the answer POSTed back completes the call.
         let ask = c
-            .post(Some(&sid), &json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
-                "params": {"name": "ask", "arguments": {"delay_ms": 300}}}))
+            .post(
+                Some(&sid),
+                &json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+                "params": {"name": "ask", "arguments": {"delay_ms": 300}}}),
+            )
             .send()
             .await
             .unwrap();
@@ -209,7 +218,8 @@ async fn a_replay_longer_than_one_store_page_arrives_whole_and_in_order() {
     each_backend(AppKind::Test, quick_config(), |server| async move {
         let c = Client::new(&server.url);
         let sid = c.initialize().await;
-        let events = c.request(&sid, 1, "tools/call", json!({"name": "chatty", "arguments": {"steps": 1300, "pause_ms": 0}})).await;
+        let events =
+            c.request(&sid, 1, "tools/call", json!({"name": "chatty", "arguments": {"steps": 1300, "pause_ms": 0}})).await;
         assert_eq!(events.len(), 1302, "prime, 1300 notifications, response");
         for from in [0, 1, 510, 511, 512, 1023, 1024, 1300] {
             assert_replays_the_rest(&c, &sid, &events, from).await;
@@ -260,8 +270,11 @@ async fn related_messages_go_to_the_standalone_stream_when_the_request_connectio
         let _ = standalone.next_event().await.unwrap();
 
         let resp = c
-            .post(Some(&sid), &json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call",
-                "params": {"name": "chatty", "arguments": {"steps": 3, "pause_ms": 150}}}))
+            .post(
+                Some(&sid),
+                &json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call",
+                "params": {"name": "chatty", "arguments": {"steps": 3, "pause_ms": 150}}}),
+            )
             .send()
             .await
             .unwrap();
@@ -334,7 +347,10 @@ async fn a_request_cut_off_by_a_crash_ends_with_an_interrupted_error() {
     let c = Client::new(&server.url);
     let sid = c.initialize().await;
     let resp = c
-        .post(Some(&sid), &json!({"jsonrpc": "2.0", "id": 44, "method": "tools/call", "params": {"name": "hang", "arguments": {}}}))
+        .post(
+            Some(&sid),
+            &json!({"jsonrpc": "2.0", "id": 44, "method": "tools/call", "params": {"name": "hang", "arguments": {}}}),
+        )
         .send()
         .await
         .unwrap();
@@ -361,7 +377,8 @@ async fn a_request_cut_off_by_a_crash_ends_with_an_interrupted_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_the_client_runtime_gives_up_on_is_cancelled_at_the_server() {
     let server = TestServer::start(Backend::Memory, AppKind::Test, quick_config()).await;
-    let init = json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "cancel-test", "version": "0"}});
+    let init =
+        json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "cancel-test", "version": "0"}});
     let options = tether_client::ClientOptions::default();
     let (session, _) = tether_client::Session::connect(&server.url, options, init).await.unwrap();
     let hang = json!({"name": "hang", "arguments": {"tag": "dropped"}});
@@ -376,7 +393,8 @@ async fn a_request_the_client_runtime_gives_up_on_is_cancelled_at_the_server() {
 
     // A short request timeout cancels the same way.
     let options = tether_client::ClientOptions { request_timeout: Duration::from_millis(300), ..Default::default() };
-    let init = json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "cancel-test", "version": "0"}});
+    let init =
+        json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "cancel-test", "version": "0"}});
     let (session, _) = tether_client::Session::connect(&server.url, options, init).await.unwrap();
     let err = session.request("tools/call", Some(json!({"name": "hang", "arguments": {"tag": "timed-out"}}))).await.unwrap_err();
     assert!(err.to_string().contains("within"), "{err}");
@@ -396,18 +414,50 @@ async fn bad_requests_get_the_right_status_and_a_readable_message() {
         let cases: Vec<(&str, reqwest::RequestBuilder, u16, Option<i64>)> = vec![
             ("foreign origin", c.post(Some(&sid), &ping).header("origin", "https://evil.example"), 403, None),
             ("null origin", c.post(Some(&sid), &ping).header("origin", "null"), 403, None),
-            ("no event-stream in Accept", c.post_raw(&[("content-type", "application/json"), ("accept", "application/json"), ("mcp-session-id", &sid)], ping.to_string()), 406, None),
-            ("text/plain body", c.post_raw(&[("content-type", "text/plain"), ("accept", ACCEPT_BOTH), ("mcp-session-id", &sid)], ping.to_string()), 415, None),
-            ("too large", c.post(Some(&sid), &json!({"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"pad": "x".repeat(2000)}})), 413, None),
+            (
+                "no event-stream in Accept",
+                c.post_raw(
+                    &[("content-type", "application/json"), ("accept", "application/json"), ("mcp-session-id", &sid)],
+                    ping.to_string(),
+                ),
+                406,
+                None,
+            ),
+            (
+                "text/plain body",
+                c.post_raw(
+                    &[("content-type", "text/plain"), ("accept", ACCEPT_BOTH), ("mcp-session-id", &sid)],
+                    ping.to_string(),
+                ),
+                415,
+                None,
+            ),
+            (
+                "too large",
+                c.post(Some(&sid), &json!({"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"pad": "x".repeat(2000)}})),
+                413,
+                None,
+            ),
             ("unsupported version", c.post(Some(&sid), &ping).header("mcp-protocol-version", "1999-01-01"), 400, None),
             ("malformed JSON", c.post(Some(&sid), &ping).body("{\"jsonrpc\":"), 400, Some(-32700)),
             ("wrong jsonrpc", c.post(Some(&sid), &json!({"jsonrpc": "1.0", "id": 1, "method": "ping"})), 400, Some(-32600)),
             ("batch", c.post(Some(&sid), &json!([ping])), 400, Some(-32600)),
             ("no session header", c.post(None, &ping), 400, None),
             ("unknown session", c.post(Some("0000feedface"), &ping), 404, None),
-            ("non-ASCII session", c.post(None, &ping).header("mcp-session-id", reqwest::header::HeaderValue::from_bytes(b"\xc3\xa9t\xc3\xa9").unwrap()), 400, None),
+            (
+                "non-ASCII session",
+                c.post(None, &ping)
+                    .header("mcp-session-id", reqwest::header::HeaderValue::from_bytes(b"\xc3\xa9t\xc3\xa9").unwrap()),
+                400,
+                None,
+            ),
             ("GET without session", c.http.get(&c.url).header("accept", "text/event-stream"), 400, None),
-            ("GET without event-stream", c.http.get(&c.url).header("accept", "application/json").header("mcp-session-id", &sid), 406, None),
+            (
+                "GET without event-stream",
+                c.http.get(&c.url).header("accept", "application/json").header("mcp-session-id", &sid),
+                406,
+                None,
+            ),
             ("PUT", c.http.put(&c.url), 405, None),
         ];
         for (name, req, status, code) in cases {
@@ -444,7 +494,14 @@ async fn bad_requests_get_the_right_status_and_a_readable_message() {
         assert_eq!(unknown.last().unwrap().json()["error"]["code"], -32602);
         let no_method = c.request(&sid, 4, "resources/list", json!({})).await;
         assert_eq!(no_method.last().unwrap().json()["error"]["code"], -32601);
-        let bad_args = c.call(&sid, 5, "thought", json!({"thought": "x", "thoughtNumber": 2, "totalThoughts": 3, "nextThoughtNeeded": true, "branchId": "b"})).await;
+        let bad_args = c
+            .call(
+                &sid,
+                5,
+                "thought",
+                json!({"thought": "x", "thoughtNumber": 2, "totalThoughts": 3, "nextThoughtNeeded": true, "branchId": "b"}),
+            )
+            .await;
         assert_eq!(bad_args["result"]["isError"], true);
         assert!(bad_args["result"]["content"][0]["text"].as_str().unwrap().contains("branchFromThought"));
         // And the server is still healthy.

@@ -43,7 +43,10 @@ async fn requests_need_a_valid_bearer_token_and_sessions_belong_to_their_princip
         let alice = Client::with_token(&server.url, ALICE);
         let bob = Client::with_token(&server.url, BOB);
         let sid = alice.initialize().await;
-        assert_eq!(alice.call(&sid, 1, "thought", thought_args(1)).await["result"]["structuredContent"]["thoughtHistoryLength"], 1);
+        assert_eq!(
+            alice.call(&sid, 1, "thought", thought_args(1)).await["result"]["structuredContent"]["thoughtHistoryLength"],
+            1
+        );
 
         // Bob presenting Alice's session ID: exactly as if it did not exist.
         let ping = json!({"jsonrpc": "2.0", "id": 2, "method": "ping"});
@@ -55,7 +58,10 @@ async fn requests_need_a_valid_bearer_token_and_sessions_belong_to_their_princip
         assert_eq!(bob.get(&sid, None).send().await.unwrap().status(), 404);
         assert_eq!(bob.http.delete(&bob.url).header("mcp-session-id", &sid).send().await.unwrap().status(), 404);
         // Alice's session is untouched by Bob's attempts.
-        assert_eq!(alice.call(&sid, 3, "thought", thought_args(2)).await["result"]["structuredContent"]["thoughtHistoryLength"], 2);
+        assert_eq!(
+            alice.call(&sid, 3, "thought", thought_args(2)).await["result"]["structuredContent"]["thoughtHistoryLength"],
+            2
+        );
         // Health needs no token.
         assert_eq!(reqwest::get(format!("{}/healthz", server.base)).await.unwrap().status(), 200);
     }
@@ -122,7 +128,8 @@ async fn a_resume_token_reattaches_the_session_once_and_rotates() {
         let server = server_with_tokens(backend).await;
         let alice = Client::with_token(&server.url, ALICE);
         let (sid, first) = alice.initialize_params(init_params(None, "2025-11-25")).await;
-        let token1 = first["_meta"]["dev.tether/sessionResumeToken"].as_str().expect("every initialize carries a token").to_owned();
+        let token1 =
+            first["_meta"]["dev.tether/sessionResumeToken"].as_str().expect("every initialize carries a token").to_owned();
         assert!(!token1.contains(&sid) && !token1.contains("alice"), "token reveals nothing");
         alice.call(&sid, 1, "thought", thought_args(1)).await;
 
@@ -191,7 +198,11 @@ async fn hostile_input_never_gets_a_5xx_and_the_server_stays_healthy() {
         let c = Client::new(&server.url);
         let sid = c.initialize().await;
         let deep = format!("{}{}", "[".repeat(5000), "]".repeat(5000));
-        let deep_obj = format!("{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\",\"params\":{}{}}}", "{\"a\":".repeat(3000), "}".repeat(3000) + "}");
+        let deep_obj = format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\",\"params\":{}{}}}",
+            "{\"a\":".repeat(3000),
+            "}".repeat(3000) + "}"
+        );
         let bodies: Vec<String> = vec![
             String::new(),
             " ".into(),
@@ -276,8 +287,16 @@ async fn hostile_input_never_gets_a_5xx_and_the_server_stays_healthy() {
         ];
         for (name, value) in odd_headers {
             let v = reqwest::header::HeaderValue::from_bytes(value).unwrap();
-            send(c.post_raw(&[("content-type", "application/json"), ("accept", ACCEPT_BOTH)], r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#.into()).header(name, v.clone())).await;
-            send(c.http.get(&c.url).header("accept", "text/event-stream").header("mcp-session-id", sid.as_str()).header(name, v)).await;
+            send(
+                c.post_raw(
+                    &[("content-type", "application/json"), ("accept", ACCEPT_BOTH)],
+                    r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#.into(),
+                )
+                .header(name, v.clone()),
+            )
+            .await;
+            send(c.http.get(&c.url).header("accept", "text/event-stream").header("mcp-session-id", sid.as_str()).header(name, v))
+                .await;
         }
         for ct in ["text/plain", "application/xml", "multipart/form-data", "application/jsonx", ""] {
             send(c.post_raw(&[("content-type", ct), ("accept", ACCEPT_BOTH), ("mcp-session-id", &sid)], "{}".into())).await;

@@ -112,11 +112,9 @@ impl Inner {
         }
         match rx.await {
             Ok(outcome) => outcome,
-            Err(_) => Err(ClientError::Transport(format!(
-                "the server at {} closed its event stream before answering",
-                self.url
-            ))
-            .into()),
+            Err(_) => {
+                Err(ClientError::Transport(format!("the server at {} closed its event stream before answering", self.url)).into())
+            }
         }
     }
 }

@@ -17,7 +17,9 @@ use tokio::sync::{oneshot, watch};
 use tether_wire::headers;
 use tether_wire::sse::Decoder;
 
-use super::{Incoming, Inner, Session, content_type, error_message, outcome_to_result, read_event, read_value, same_id, transport_error};
+use super::{
+    Incoming, Inner, Session, content_type, error_message, outcome_to_result, read_event, read_value, same_id, transport_error,
+};
 use crate::error::{ClientError, ReqError};
 use crate::sse::{self, Events, MAX_MESSAGE_BYTES, read_body};
 
@@ -72,11 +74,10 @@ impl Inner {
         let initializing = message.get("method").and_then(Value::as_str) == Some("initialize");
         let response = self.post(&self.url, message).await?;
         if let Some(sid) = response.headers().get(headers::SESSION_ID).filter(|_| initializing) {
-            let sid = sid
-                .to_str()
-                .ok()
-                .filter(|s| !s.is_empty() && s.bytes().all(|b| (0x21..=0x7e).contains(&b)))
-                .ok_or_else(|| ClientError::Transport("the server sent an Mcp-Session-Id that is not visible ASCII".into()))?;
+            let sid =
+                sid.to_str().ok().filter(|s| !s.is_empty() && s.bytes().all(|b| (0x21..=0x7e).contains(&b))).ok_or_else(
+                    || ClientError::Transport("the server sent an Mcp-Session-Id that is not visible ASCII".into()),
+                )?;
             let _ = self.session_id.set(sid.to_owned());
         }
         if let Some(f) = accepted {
@@ -110,7 +111,10 @@ impl Inner {
             }
             match answer {
                 Some(outcome) => outcome_to_result(outcome),
-                None => Err(ClientError::Transport(format!("the server at {} answered without a response to request {id}", self.url)).into()),
+                None => {
+                    Err(ClientError::Transport(format!("the server at {} answered without a response to request {id}", self.url))
+                        .into())
+                }
             }
         } else {
             Err(ClientError::Transport(format!(
@@ -212,7 +216,6 @@ impl Inner {
         }
     }
 }
-
 
 /// The standalone GET stream of a Streamable HTTP session: open, deliver,
 /// reconnect with `Last-Event-ID` after `retry` (capped backoff); ends when

@@ -168,12 +168,13 @@ impl NotebookRepo for RedisNotebook {
             }
             for id in &ids {
                 if let Some(s) = self.get_session(principal, id).await?
-                    && filter.tag.as_ref().is_none_or(|t| s.tags.contains(t)) {
-                        out.push(s);
-                        if out.len() >= filter.limit {
-                            return Ok(out);
-                        }
+                    && filter.tag.as_ref().is_none_or(|t| s.tags.contains(t))
+                {
+                    out.push(s);
+                    if out.len() >= filter.limit {
+                        return Ok(out);
                     }
+                }
             }
             start += PAGE;
         }

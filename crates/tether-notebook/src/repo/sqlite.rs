@@ -97,7 +97,10 @@ fn settle(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
         .execute([through])?;
     conn.prepare_cached("UPDATE nb_settled SET through = ?1")?.execute([last])?;
     if (indexed as i64) < pending {
-        tracing::error!(left_out = pending - indexed as i64, "thoughts whose numbers were already taken were left out of the index");
+        tracing::error!(
+            left_out = pending - indexed as i64,
+            "thoughts whose numbers were already taken were left out of the index"
+        );
     }
     Ok(())
 }
@@ -222,15 +225,21 @@ fn append_thought(
 impl SqliteNotebook {
     pub async fn new(db: SqliteDb) -> Result<Self, RepoError> {
         db.write(|ctx| {
-            tether_store::sqlite::rebuild_with_rowid(&ctx.conn, "nb_thoughts", THOUGHTS_TABLE, "session_id, idx, body, recorded_at_ms")?;
+            tether_store::sqlite::rebuild_with_rowid(
+                &ctx.conn,
+                "nb_thoughts",
+                THOUGHTS_TABLE,
+                "session_id, idx, body, recorded_at_ms",
+            )?;
             ctx.conn.execute(THOUGHTS_TABLE, [])?;
             ctx.conn.execute_batch(SCHEMA)?;
             ctx.conn.execute(INDEX_TABLE, [])?;
             ctx.conn.execute_batch(SETTLED_TABLE)?;
             ctx.conn.execute_batch(DROP_EARLIER_INDEX)?;
-            let staged: bool = ctx
-                .conn
-                .query_row("SELECT EXISTS (SELECT 1 FROM sqlite_schema WHERE name = 'nb_thoughts_staged')", [], |r| r.get(0))?;
+            let staged: bool =
+                ctx.conn.query_row("SELECT EXISTS (SELECT 1 FROM sqlite_schema WHERE name = 'nb_thoughts_staged')", [], |r| {
+                    r.get(0)
+                })?;
             if staged {
                 ctx.conn.execute_batch(MOVE_EARLIER_STAGED)?;
             }
@@ -254,7 +263,13 @@ impl SqliteNotebook {
     }
 
     /// Appends a thought counted by the table, and waits for its commit.
-    async fn append_counted(&self, principal: &str, session_id: &str, thought: &ThoughtInput, body: String) -> Result<Recorded, RepoError> {
+    async fn append_counted(
+        &self,
+        principal: &str,
+        session_id: &str,
+        thought: &ThoughtInput,
+        body: String,
+    ) -> Result<Recorded, RepoError> {
         let (principal, session_id) = (principal.to_owned(), session_id.to_owned());
         let missing = session_id.clone();
         let thought = thought.clone();
@@ -301,7 +316,6 @@ impl SqliteNotebook {
             .await?;
         recorded.ok_or(RepoError::NotFound(missing))
     }
-
 }
 
 const COLUMNS: &str = "id, principal, title, tags, root_uri, created_at_ms, updated_at_ms, thought_count, branch_count";
@@ -453,7 +467,8 @@ impl NotebookRepo for SqliteNotebook {
                      JOIN nb_thoughts t ON t.id = i.thought
                      WHERE s.id = ?1 AND s.principal = ?2 ORDER BY i.idx",
                 )?;
-                let rows = stmt.query_map(params![session_id, principal], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+                let rows =
+                    stmt.query_map(params![session_id, principal], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
                 rows.map(|row| {
                     let (body, recorded_at_ms) = row?;
                     let input: ThoughtInput = serde_json::from_str(&body).map_err(storage)?;
@@ -567,11 +582,16 @@ mod tests {
                  {SCHEMA}"
             );
             conn.execute_batch(&earlier).unwrap();
-            conn.execute(&format!("INSERT INTO nb_sessions({COLUMNS}) VALUES ('n1', 'p', 't', '[]', NULL, 1, 1, 2, 0)"), []).unwrap();
+            conn.execute(&format!("INSERT INTO nb_sessions({COLUMNS}) VALUES ('n1', 'p', 't', '[]', NULL, 1, 1, 2, 0)"), [])
+                .unwrap();
             for idx in 1..=2 {
-                let body = format!(r#"{{"thought":"step {idx}","thoughtNumber":{idx},"totalThoughts":3,"nextThoughtNeeded":true}}"#);
-                conn.execute("INSERT INTO nb_thoughts(session_id, idx, body, recorded_at_ms) VALUES ('n1', ?1, ?2, 5)", rusqlite::params![idx, body])
-                    .unwrap();
+                let body =
+                    format!(r#"{{"thought":"step {idx}","thoughtNumber":{idx},"totalThoughts":3,"nextThoughtNeeded":true}}"#);
+                conn.execute(
+                    "INSERT INTO nb_thoughts(session_id, idx, body, recorded_at_ms) VALUES ('n1', ?1, ?2, 5)",
+                    rusqlite::params![idx, body],
+                )
+                .unwrap();
             }
         }
         let store = SqliteStore::open(&path, StoreConfig::default()).await.unwrap();
@@ -579,7 +599,9 @@ mod tests {
         let thoughts: Vec<String> = repo.thoughts("p", "n1").await.unwrap().into_iter().map(|t| t.input.thought).collect();
         assert_eq!(thoughts, ["step 1", "step 2"]);
         let input = crate::thought::ThoughtInput::parse(
-            serde_json::json!({"thought": "step 3", "thoughtNumber": 3, "totalThoughts": 3, "nextThoughtNeeded": false}).as_object().unwrap(),
+            serde_json::json!({"thought": "step 3", "thoughtNumber": 3, "totalThoughts": 3, "nextThoughtNeeded": false})
+                .as_object()
+                .unwrap(),
         )
         .unwrap();
         assert_eq!(repo.append_thought("p", "n1", &input).await.unwrap().thought_history_length, 3, "numbering continues");
@@ -623,7 +645,8 @@ mod tests {
                 assert_eq!(recorded.thought_history_length, n);
                 assert_eq!(first.unwrap(), 1, "the response is stored");
             }
-            let stored: Vec<String> = repo.thoughts("p", &session.id).await.unwrap().into_iter().map(|t| t.input.thought).collect();
+            let stored: Vec<String> =
+                repo.thoughts("p", &session.id).await.unwrap().into_iter().map(|t| t.input.thought).collect();
             assert_eq!(stored, (1..=5).map(|n| format!("step {n}")).collect::<Vec<_>>());
         }
         let (_store, repo) = open(&path).await;
@@ -701,7 +724,13 @@ mod tests {
 
         let stored = tether_store::fence::scope(async {
             repo.append_thought("p", &session.id, &step(2)).await.unwrap();
-            store.start_stream("s", "r2", vec![(EventKind::Prime, bytes::Bytes::new()), (EventKind::Final, bytes::Bytes::from("ok"))]).await
+            store
+                .start_stream(
+                    "s",
+                    "r2",
+                    vec![(EventKind::Prime, bytes::Bytes::new()), (EventKind::Final, bytes::Bytes::from("ok"))],
+                )
+                .await
         })
         .await;
         assert!(matches!(stored, Err(StoreError::EarlierWriteFailed(_))), "{stored:?}");
@@ -742,12 +771,16 @@ mod tests {
             })
             .await;
             let waiting = count(&store, UNINDEXED).await;
-            assert!(waiting > 0 && waiting < SETTLE_EVERY as i64, "the hot path indexed the first {SETTLE_EVERY}: {waiting} left");
+            assert!(
+                waiting > 0 && waiting < SETTLE_EVERY as i64,
+                "the hot path indexed the first {SETTLE_EVERY}: {waiting} left"
+            );
 
             assert_eq!(repo.get_session("p", &session.id).await.unwrap().unwrap().thought_count, total);
             assert_eq!(count(&store, UNINDEXED).await, 0, "a read settles first");
             assert_eq!(repo.latest_for_root("p", root).await.unwrap().unwrap().thought_count, total);
-            let numbers: Vec<u64> = repo.thoughts("p", &session.id).await.unwrap().iter().map(|t| t.input.thought_number).collect();
+            let numbers: Vec<u64> =
+                repo.thoughts("p", &session.id).await.unwrap().iter().map(|t| t.input.thought_number).collect();
             assert_eq!(numbers, (1..=total).collect::<Vec<_>>(), "every thought once, in order");
 
             // Two more, and no read before the stop.
@@ -781,18 +814,27 @@ mod tests {
                      body TEXT NOT NULL, recorded_at_ms INTEGER NOT NULL);"
             ))
             .unwrap();
-            conn.execute(&format!("INSERT INTO nb_sessions({COLUMNS}) VALUES ('n1', 'p', 't', '[]', NULL, 1, 1, 1, 0)"), []).unwrap();
+            conn.execute(&format!("INSERT INTO nb_sessions({COLUMNS}) VALUES ('n1', 'p', 't', '[]', NULL, 1, 1, 1, 0)"), [])
+                .unwrap();
             for (table, idx) in [("nb_thoughts", 1), ("nb_thoughts_staged", 2)] {
-                let body = format!(r#"{{"thought":"step {idx}","thoughtNumber":{idx},"totalThoughts":3,"nextThoughtNeeded":true}}"#);
-                conn.execute(&format!("INSERT INTO {table}(session_id, idx, body, recorded_at_ms) VALUES ('n1', ?1, ?2, 5)"), rusqlite::params![idx, body])
-                    .unwrap();
+                let body =
+                    format!(r#"{{"thought":"step {idx}","thoughtNumber":{idx},"totalThoughts":3,"nextThoughtNeeded":true}}"#);
+                conn.execute(
+                    &format!("INSERT INTO {table}(session_id, idx, body, recorded_at_ms) VALUES ('n1', ?1, ?2, 5)"),
+                    rusqlite::params![idx, body],
+                )
+                .unwrap();
             }
         }
         let (store, repo) = open(&path).await;
         let thoughts: Vec<String> = repo.thoughts("p", "n1").await.unwrap().into_iter().map(|t| t.input.thought).collect();
         assert_eq!(thoughts, ["step 1", "step 2"]);
         assert_eq!(repo.get_session("p", "n1").await.unwrap().unwrap().thought_count, 2);
-        assert_eq!(count(&store, "SELECT COUNT(*) FROM sqlite_schema WHERE name IN ('nb_thoughts_staged', 'nb_thoughts_by_session')").await, 0);
+        assert_eq!(
+            count(&store, "SELECT COUNT(*) FROM sqlite_schema WHERE name IN ('nb_thoughts_staged', 'nb_thoughts_by_session')")
+                .await,
+            0
+        );
         assert_eq!(repo.append_thought("p", "n1", &step(3)).await.unwrap().thought_history_length, 3, "numbering continues");
     }
 }

@@ -15,9 +15,9 @@ use tether_store::EventKind;
 use tether_wire::envelope;
 use tokio_util::sync::CancellationToken;
 
+use super::Inner;
 use super::request_stream::RequestStream;
 use super::session::Session;
-use super::Inner;
 use crate::app::{Caller, RpcError};
 
 /// Bounded retries of a state update racing with another writer.
@@ -94,7 +94,10 @@ impl SessionCtx {
 
     /// Changes the application's per-session context with compare-and-set
     /// against the store; `f` may run more than once.
-    pub async fn update_app_state(&self, mut f: impl FnMut(&mut Map<String, Value>) + Send) -> Result<Map<String, Value>, RpcError> {
+    pub async fn update_app_state(
+        &self,
+        mut f: impl FnMut(&mut Map<String, Value>) + Send,
+    ) -> Result<Map<String, Value>, RpcError> {
         self.update_state(|state| f(&mut state.app)).await.map(|s| s.app)
     }
 

@@ -100,8 +100,7 @@ pub enum PostOutcome {
 
 /// The message that closes a request cut off by a crash (design brief,
 /// "Requests cut off by a crash") or by a shutdown that could not wait.
-pub const INTERRUPTED_MESSAGE: &str =
-    "request interrupted by a server restart; it may or may not have taken effect";
+pub const INTERRUPTED_MESSAGE: &str = "request interrupted by a server restart; it may or may not have taken effect";
 
 pub(crate) struct Inner {
     pub store: Arc<dyn Store>,
@@ -288,7 +287,10 @@ impl Engine {
         result_meta.insert(meta::SESSION_RESUME_TOKEN.into(), json!(token));
         result.insert("_meta".into(), Value::Object(result_meta));
         let raw = crate::app::raw_result(&result).map_err(unavailable)?;
-        self.inner.clone().start_request(session, id, "initialize", None, reply, Box::new(move |_| Box::pin(async move { Ok(raw) }))).await
+        self.inner
+            .clone()
+            .start_request(session, id, "initialize", None, reply, Box::new(move |_| Box::pin(async move { Ok(raw) })))
+            .await
     }
 
     /// Spends a resume token and returns its session, or why not.
@@ -387,7 +389,9 @@ impl Engine {
                         let _ = tx.send(outcome);
                     }
                     // The request may wait on another replica.
-                    None if self.inner.store.is_shared() => replicas::post_answer(&self.inner, &session.id, &key, outcome).await?,
+                    None if self.inner.store.is_shared() => {
+                        replicas::post_answer(&self.inner, &session.id, &key, outcome).await?
+                    }
                     None => tracing::debug!(session = %session.id, id = %key, "response to no pending request ignored"),
                 }
                 Ok(PostOutcome::Accepted)
@@ -529,13 +533,13 @@ impl Inner {
         self.shutdown.cancel();
         self.tasks.close();
         if tokio::time::timeout(self.config.drain_timeout, self.tasks.wait()).await.is_err() {
-            tracing::warn!(
-                running = self.tasks.len(),
-                "requests still running after the drain timeout end as interrupted"
-            );
+            tracing::warn!(running = self.tasks.len(), "requests still running after the drain timeout end as interrupted");
             self.interrupt.cancel();
             if tokio::time::timeout(INTERRUPT_GRACE, self.tasks.wait()).await.is_err() {
-                tracing::warn!(running = self.tasks.len(), "tasks still running at exit; their requests close as interrupted on the next start");
+                tracing::warn!(
+                    running = self.tasks.len(),
+                    "tasks still running at exit; their requests close as interrupted on the next start"
+                );
             }
         }
         if self.store.is_shared() {
@@ -548,7 +552,12 @@ impl Inner {
 
     /// Appends the first events of a stream this process just named, in one
     /// commit, then publishes them.
-    pub(crate) async fn emit_first(&self, session: &str, stream: &str, events: Vec<(EventKind, Bytes)>) -> Result<u64, StoreError> {
+    pub(crate) async fn emit_first(
+        &self,
+        session: &str,
+        stream: &str,
+        events: Vec<(EventKind, Bytes)>,
+    ) -> Result<u64, StoreError> {
         let first = self.store.start_stream(session, stream, events.clone()).await?;
         for (i, (kind, payload)) in events.into_iter().enumerate() {
             self.hub.publish(session, stream, LiveEvent { seq: first + i as u64, kind, payload: Some(payload) });
@@ -585,5 +594,4 @@ impl Inner {
         };
         spawn_pump(self, session, spec, sub)
     }
-
 }

@@ -186,7 +186,10 @@ impl OperationCtx {
         }
         let expires = now_ms() + self.inner.config.operation_ttl.as_millis() as i64;
         let bytes = Bytes::from(value.to_string());
-        store.kv_compare_and_set(CHUNK_NAMESPACE, &chunk_key(&self.id, index), None, bytes, Some(expires)).await.map_err(storage)?;
+        store
+            .kv_compare_and_set(CHUNK_NAMESPACE, &chunk_key(&self.id, index), None, bytes, Some(expires))
+            .await
+            .map_err(storage)?;
         update_record(&self.inner, &self.id, |r| r.chunks = r.chunks.max(index + 1)).await?;
         self.status.send_modify(|s| s.chunks = index + 1);
         Ok(())
@@ -211,7 +214,11 @@ async fn update_record(inner: &Inner, id: &str, mut f: impl FnMut(&mut OpRecord)
 
 /// Compare-and-set loop on an operation record that writes only when `f`
 /// says so; `None` when the record is gone or `f` declined.
-async fn update_record_if(inner: &Inner, id: &str, mut f: impl FnMut(&mut OpRecord) -> bool) -> Result<Option<OpRecord>, RpcError> {
+async fn update_record_if(
+    inner: &Inner,
+    id: &str,
+    mut f: impl FnMut(&mut OpRecord) -> bool,
+) -> Result<Option<OpRecord>, RpcError> {
     for _ in 0..8 {
         let Some(stored) = inner.store.kv_get(OP_NAMESPACE, id, now_ms()).await.map_err(storage)? else { return Ok(None) };
         let mut record: OpRecord =
@@ -258,7 +265,13 @@ impl Operations {
     /// A panic in the work fails the operation; a shutdown that cannot wait
     /// leaves it running in the store, to be restarted (or reported
     /// interrupted) by the next process a client asks.
-    fn start(&self, inner: Arc<Inner>, runner: Arc<dyn OperationRunner>, id: String, record: &OpRecord) -> watch::Receiver<Status> {
+    fn start(
+        &self,
+        inner: Arc<Inner>,
+        runner: Arc<dyn OperationRunner>,
+        id: String,
+        record: &OpRecord,
+    ) -> watch::Receiver<Status> {
         let (tx, rx) = watch::channel(Status { chunks: record.chunks, ..Status::default() });
         if let Ok(mut m) = self.live.lock() {
             m.insert(id.clone(), tx.clone());
@@ -354,7 +367,9 @@ pub(crate) async fn call(
                 .find(|i| same_tag(&token_tag(&key, &raw, *i), &presented))
                 .ok_or_else(|| invalid("unknown token"))?;
             if record.principal != principal || record.binding != binding {
-                return Err(invalid("it does not match this request (resend the original request, changing only _meta.resumeToken)"));
+                return Err(invalid(
+                    "it does not match this request (resend the original request, changing only _meta.resumeToken)",
+                ));
             }
             if record.completed {
                 return Err(invalid("expired: the operation completed"));

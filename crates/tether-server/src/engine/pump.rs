@@ -156,9 +156,10 @@ impl Pump {
 
     async fn follow(&mut self, mut sub: Subscription, standalone_shared: bool) {
         if let Some(first) = self.spec.first.take()
-            && self.tx.send(first).await.is_err() {
-                return;
-            }
+            && self.tx.send(first).await.is_err()
+        {
+            return;
+        }
         let mut owner = self.session.standalone_owner.subscribe();
         // Not `interval(..)` + a first `tick().await`: that first tick goes
         // through the timer wheel and costs up to a millisecond per stream.

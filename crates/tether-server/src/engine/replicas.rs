@@ -133,9 +133,10 @@ pub(crate) async fn mark_standalone(inner: &Inner, session: &str) {
 /// The standalone stream is no longer held here (unless another replica took it).
 pub(crate) async fn unmark_standalone(inner: &Inner, session: &str) {
     if let Ok(Some(v)) = inner.store.kv_get(STANDALONE_NAMESPACE, session, now_ms()).await
-        && v.value.as_ref() == inner.instance.as_bytes() {
-            let _ = inner.store.kv_delete(STANDALONE_NAMESPACE, session).await;
-        }
+        && v.value.as_ref() == inner.instance.as_bytes()
+    {
+        let _ = inner.store.kv_delete(STANDALONE_NAMESPACE, session).await;
+    }
 }
 
 /// Whether some replica holds a live standalone GET of this session.
@@ -148,11 +149,12 @@ pub(crate) async fn refresh(inner: &Inner, session: &Session) -> Result<bool, En
     let Some(record) = inner.store.get_session(&session.id, now_ms()).await? else { return Ok(false) };
     let mut durable = session.durable.lock().await;
     if record.revision > durable.revision
-        && let Ok(state) = serde_json::from_value::<SessionState>(record.state) {
-            session.set_caller_from(&state);
-            durable.state = state;
-            durable.revision = record.revision;
-        }
+        && let Ok(state) = serde_json::from_value::<SessionState>(record.state)
+    {
+        session.set_caller_from(&state);
+        durable.state = state;
+        durable.revision = record.revision;
+    }
     // Activity on other replicas counts.
     let ttl = inner.config.session_ttl.as_millis() as i64;
     let seen_elsewhere = record.expires_at_ms - ttl - ttl / 10;
@@ -179,9 +181,10 @@ pub(crate) async fn post_answer(inner: &Inner, session: &str, request: &str, out
         .await?;
     // An announcement is one line per field; a key with a newline waits for the poll.
     if !request.contains('\n')
-        && let Err(e) = inner.store.announce(session, &format!("{ANSWERED}{request}"), 0).await {
-            tracing::debug!(%session, error = %e, "could not announce an answer; the waiting replica will poll for it");
-        }
+        && let Err(e) = inner.store.announce(session, &format!("{ANSWERED}{request}"), 0).await
+    {
+        tracing::debug!(%session, error = %e, "could not announce an answer; the waiting replica will poll for it");
+    }
     Ok(())
 }
 
@@ -195,9 +198,10 @@ fn deliver_stored_answer(inner: Arc<Inner>, session: String, request: String) {
     let tracker = inner.clone();
     tracker.spawn(async move {
         if let Some(answer) = take_answer(&inner, &session, &request).await
-            && let Some(tx) = cached.pending.lock().ok().and_then(|mut p| p.remove(&request)) {
-                let _ = tx.send(answer);
-            }
+            && let Some(tx) = cached.pending.lock().ok().and_then(|mut p| p.remove(&request))
+        {
+            let _ = tx.send(answer);
+        }
     });
 }
 
@@ -215,7 +219,12 @@ async fn take_answer(inner: &Inner, session: &str, request: &str) -> Option<Clie
 
 /// The answer to a server-to-client request: delivered locally, or stored by
 /// another replica.
-pub(crate) async fn await_answer(inner: &Inner, session: &str, request: &str, mut local: oneshot::Receiver<ClientAnswer>) -> ClientAnswer {
+pub(crate) async fn await_answer(
+    inner: &Inner,
+    session: &str,
+    request: &str,
+    mut local: oneshot::Receiver<ClientAnswer>,
+) -> ClientAnswer {
     loop {
         tokio::select! {
             answer = &mut local => {

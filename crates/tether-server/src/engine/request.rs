@@ -28,7 +28,8 @@ use crate::ids::{self, EventId};
 pub(crate) type Work = Box<dyn FnOnce(RequestCtx) -> BoxFuture<'static, Result<RawResult, RpcError>> + Send>;
 
 /// The answer to a request whose application code panicked.
-pub const PANICKED_MESSAGE: &str = "the server failed while handling this request (a bug: see the server log); the session is still usable";
+pub const PANICKED_MESSAGE: &str =
+    "the server failed while handling this request (a bug: see the server log); the session is still usable";
 
 /// A request's place in its session's in-flight map, freed on drop: when
 /// the work returns, panics, or its task is dropped.
@@ -49,7 +50,10 @@ impl InflightSlot {
             });
         }
         if inflight.len() >= limit {
-            return Err(EngineError::TooMany(format!("this session already runs {} requests; wait for one to finish", inflight.len())));
+            return Err(EngineError::TooMany(format!(
+                "this session already runs {} requests; wait for one to finish",
+                inflight.len()
+            )));
         }
         inflight.insert(key.clone(), cancel);
         Ok(Self { session: session.clone(), key })

@@ -52,7 +52,8 @@ pub async fn serve(
     listener: TcpListener,
     engine: Engine,
     auth: Auth,
-    shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     let listener = listener.tap_io(|tcp| {
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::warn!(error = %e, "could not set TCP_NODELAY");
@@ -82,7 +83,9 @@ async fn post_mcp(
     let engine = &state.engine;
     let reply = if engine.config().json_response { Reply::Json } else { Reply::Stream };
     let outcome = match message {
-        Inbound::Request { id, method, params } if method == "initialize" => engine.initialize(&principal, id, params, reply).await?,
+        Inbound::Request { id, method, params } if method == "initialize" => {
+            engine.initialize(&principal, id, params, reply).await?
+        }
         message => engine.post(existing_session(&state, &headers, &principal).await?, message, reply).await?,
     };
     let retry = engine.config().sse_retry_ms;
@@ -129,7 +132,11 @@ async fn get_mcp(
     Ok(sse::response(frames, engine.config().sse_retry_ms, None))
 }
 
-async fn delete_mcp(State(state): State<AppState>, Principal(principal): Principal, headers: HeaderMap) -> Result<Response, HttpError> {
+async fn delete_mcp(
+    State(state): State<AppState>,
+    Principal(principal): Principal,
+    headers: HeaderMap,
+) -> Result<Response, HttpError> {
     let session = existing_session(&state, &headers, &principal).await?;
     state.engine.delete(session).await?;
     Ok(StatusCode::OK.into_response())

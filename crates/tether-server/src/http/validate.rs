@@ -20,10 +20,7 @@ fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>,
     }
     match first {
         None => Ok(None),
-        Some(v) => v
-            .to_str()
-            .map(Some)
-            .map_err(|_| HttpError::bad_request(format!("the {name} header must be visible ASCII"))),
+        Some(v) => v.to_str().map(Some).map_err(|_| HttpError::bad_request(format!("the {name} header must be visible ASCII"))),
     }
 }
 
@@ -108,11 +105,7 @@ pub fn content_type_json(headers: &HeaderMap) -> Result<(), HttpError> {
         .map(|v| v.split(';').next().unwrap_or("").trim().to_ascii_lowercase());
     match media.as_deref() {
         Some("application/json") => Ok(()),
-        _ => Err(HttpError::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            INVALID_REQUEST,
-            "Content-Type must be application/json",
-        )),
+        _ => Err(HttpError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, INVALID_REQUEST, "Content-Type must be application/json")),
     }
 }
 

@@ -21,7 +21,12 @@ const REFERENCES: usize = 4;
 pub(super) enum Packed {
     Whole(Box<[u8]>),
     /// `base[..prefix] + middle + base[base.len() - suffix..]`.
-    Near { base: Arc<[u8]>, prefix: u32, suffix: u32, middle: Box<[u8]> },
+    Near {
+        base: Arc<[u8]>,
+        prefix: u32,
+        suffix: u32,
+        middle: Box<[u8]>,
+    },
 }
 
 impl Packed {
@@ -111,7 +116,12 @@ mod tests {
     #[test]
     fn near_copies_keep_only_what_differs() {
         let mut packer = Packer::default();
-        let response = |token: &str| format!(r#"{{"jsonrpc":"2.0","id":0,"result":{{"_meta":{{"token":"{token}"}},"instructions":"{}"}}}}"#, "x".repeat(200));
+        let response = |token: &str| {
+            format!(
+                r#"{{"jsonrpc":"2.0","id":0,"result":{{"_meta":{{"token":"{token}"}},"instructions":"{}"}}}}"#,
+                "x".repeat(200)
+            )
+        };
         let first = round_trip(&mut packer, &response("aaaaaaaaaaaaaaaa"));
         assert_eq!(kept_bytes(&first), 0, "the first of its shape is the reference itself");
         let second = round_trip(&mut packer, &response("bbbbbbbbbbbbbbbb"));
@@ -128,7 +138,9 @@ mod tests {
         let kept: Vec<Packed> = shapes.iter().map(|s| round_trip(&mut packer, s)).collect();
         // The first shape was replaced: a copy of it is its own reference again.
         let again = round_trip(&mut packer, &shapes[0]);
-        assert!(matches!(&again, Packed::Near { base, .. } if !Arc::ptr_eq(base, match &kept[0] { Packed::Near { base, .. } => base, Packed::Whole(_) => unreachable!() })));
+        assert!(
+            matches!(&again, Packed::Near { base, .. } if !Arc::ptr_eq(base, match &kept[0] { Packed::Near { base, .. } => base, Packed::Whole(_) => unreachable!() }))
+        );
         // The last one is still a reference: a copy of it keeps nothing new.
         assert_eq!(kept_bytes(&round_trip(&mut packer, &shapes[REFERENCES])), 0);
         // What was packed against a replaced reference still reads back.

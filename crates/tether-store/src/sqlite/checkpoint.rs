@@ -128,7 +128,12 @@ pub(super) fn start(
 /// Copies committed WAL pages back into the database file beside the
 /// writer, so a commit never pays for a checkpoint. Woken by the writer
 /// after commits; ends when the writer does.
-fn checkpointer_loop(conn: Connection, db_file: Option<std::fs::File>, commits: std::sync::mpsc::Receiver<()>, wal: Arc<WalRecycling>) {
+fn checkpointer_loop(
+    conn: Connection,
+    db_file: Option<std::fs::File>,
+    commits: std::sync::mpsc::Receiver<()>,
+    wal: Arc<WalRecycling>,
+) {
     // Passes since the WAL reached its restart size.
     let mut passes = 0;
     while commits.recv().is_ok() {

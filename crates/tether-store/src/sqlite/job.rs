@@ -71,10 +71,9 @@ where
         }
         let ok = commit.is_ok() && crate::fence::check(std::slice::from_ref(&self.ticket)).is_ok();
         self.ticket.committed(ok);
-        if !ok
-            && let Some(on_failure) = self.on_failure {
-                on_failure();
-            }
+        if !ok && let Some(on_failure) = self.on_failure {
+            on_failure();
+        }
     }
 }
 

@@ -27,11 +27,7 @@ pub(super) struct ReaderPool {
 
 impl ReaderPool {
     pub(super) fn new(path: Arc<PathBuf>) -> Self {
-        Self {
-            readers: Arc::new(Mutex::new(Vec::new())),
-            read_permits: Arc::new(tokio::sync::Semaphore::new(READ_POOL)),
-            path,
-        }
+        Self { readers: Arc::new(Mutex::new(Vec::new())), read_permits: Arc::new(tokio::sync::Semaphore::new(READ_POOL)), path }
     }
 
     /// Runs `f` on a pooled read connection.
@@ -61,9 +57,10 @@ impl ReaderPool {
             };
             let result = f(&conn);
             if let Ok(mut pool) = readers.lock()
-                && pool.len() < READ_POOL {
-                    pool.push(conn);
-                }
+                && pool.len() < READ_POOL
+            {
+                pool.push(conn);
+            }
             result
         })
         .await

@@ -76,9 +76,8 @@ CREATE TABLE IF NOT EXISTS kv(
 /// one transaction (the caller's, if one is open). Returns whether it did.
 /// For layouts of earlier versions.
 pub fn rebuild_with_rowid(conn: &Connection, table: &str, create: &str, columns: &str) -> StoreResult<bool> {
-    let sql: Option<String> = conn
-        .query_row("SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = ?1", [table], |r| r.get(0))
-        .optional()?;
+    let sql: Option<String> =
+        conn.query_row("SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = ?1", [table], |r| r.get(0)).optional()?;
     if !sql.is_some_and(|sql| sql.to_ascii_uppercase().contains("WITHOUT ROWID")) {
         return Ok(false);
     }

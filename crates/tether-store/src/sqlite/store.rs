@@ -68,7 +68,13 @@ impl WriterCtx {
 impl SqliteStore {
     /// Appends in one job; `new_stream`: the stream has no events (a
     /// wrong claim fails on the unique index instead of overwriting).
-    async fn append_events(&self, session: &str, stream: &str, events: Vec<(EventKind, Bytes)>, new_stream: bool) -> StoreResult<u64> {
+    async fn append_events(
+        &self,
+        session: &str,
+        stream: &str,
+        events: Vec<(EventKind, Bytes)>,
+        new_stream: bool,
+    ) -> StoreResult<u64> {
         if events.is_empty() {
             return Err(StoreError::Backend("append_batch needs at least one event".into()));
         }
@@ -263,8 +269,7 @@ impl Store for SqliteStore {
         self.db
             .write(move |ctx| {
                 let ids: Vec<String> = {
-                    let mut stmt =
-                        ctx.conn.prepare_cached("SELECT id FROM sessions WHERE expires_at_ms <= ?1 LIMIT ?2")?;
+                    let mut stmt = ctx.conn.prepare_cached("SELECT id FROM sessions WHERE expires_at_ms <= ?1 LIMIT ?2")?;
                     let rows = stmt.query_map(params![now_ms, limit as i64], |r| r.get(0))?;
                     rows.collect::<Result<_, _>>()?
                 };
@@ -272,10 +277,7 @@ impl Store for SqliteStore {
                     delete_session_rows(&ctx.conn, id)?;
                     ctx.forget_session(id);
                 }
-                ctx.conn.execute(
-                    "DELETE FROM kv WHERE expires_at_ms IS NOT NULL AND expires_at_ms <= ?1",
-                    params![now_ms],
-                )?;
+                ctx.conn.execute("DELETE FROM kv WHERE expires_at_ms IS NOT NULL AND expires_at_ms <= ?1", params![now_ms])?;
                 Ok(ids)
             })
             .await
@@ -307,8 +309,7 @@ impl Store for SqliteStore {
                 })?;
                 rows.map(|row| {
                     let (seq, kind, payload) = row?;
-                    let kind =
-                        EventKind::from_u8(kind).ok_or_else(|| StoreError::Corrupt(format!("event kind {kind}")))?;
+                    let kind = EventKind::from_u8(kind).ok_or_else(|| StoreError::Corrupt(format!("event kind {kind}")))?;
                     Ok(StoredEvent { seq: seq as u64, kind, payload: Bytes::from(payload) })
                 })
                 .collect()

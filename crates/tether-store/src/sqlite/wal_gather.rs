@@ -405,8 +405,8 @@ mod tests {
     fn what_a_commit_returned_is_in_the_file_at_once() {
         let dir = tempfile::tempdir().expect("tempdir");
         let conn = open(&dir.path().join("b.db"));
-        let reader = Connection::open_with_flags_and_vfs(dir.path().join("b.db"), OpenFlags::default(), VFS_NAME)
-            .expect("reader");
+        let reader =
+            Connection::open_with_flags_and_vfs(dir.path().join("b.db"), OpenFlags::default(), VFS_NAME).expect("reader");
         for n in 1..=30i64 {
             let tx = conn.unchecked_transaction().expect("begin");
             for _ in 0..n % 4 + 1 {

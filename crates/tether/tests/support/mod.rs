@@ -79,7 +79,10 @@ impl ToolApp for TestApp {
 
     fn tools(&self) -> Vec<Tool> {
         let schema = Arc::new(json!({"type": "object"}).as_object().cloned().unwrap());
-        ["echo", "chatty", "hang", "ask", "announce", "count", "fragile"].into_iter().map(|n| Tool::new(n, n, schema.clone())).collect()
+        ["echo", "chatty", "hang", "ask", "announce", "count", "fragile"]
+            .into_iter()
+            .map(|n| Tool::new(n, n, schema.clone()))
+            .collect()
     }
 
     fn operation_spec(&self, tool: &str) -> Option<tether_server::OperationSpec> {
@@ -90,7 +93,12 @@ impl ToolApp for TestApp {
         }
     }
 
-    async fn run_operation(&self, ctx: tether_server::OperationCtx, tool: &str, args: Map<String, Value>) -> Result<(), RpcError> {
+    async fn run_operation(
+        &self,
+        ctx: tether_server::OperationCtx,
+        tool: &str,
+        args: Map<String, Value>,
+    ) -> Result<(), RpcError> {
         let pause = Duration::from_millis(args.get("pause_ms").and_then(Value::as_u64).unwrap_or(0));
         match tool {
             "count" => {
@@ -217,9 +225,9 @@ impl TestServer {
                         .and_then(|s| s.split_once('\n').map(|(u, p)| (u.to_owned(), p.to_owned())))
                         .unwrap_or_else(|| (redis_url(), fresh_prefix()));
                     let config = StoreConfig { redis_prefix: prefix.clone(), ..store_config };
-                    let store = tether_store::redis::RedisStore::open(&url, config)
-                        .await
-                        .unwrap_or_else(|e| panic!("Redis is needed and not reachable at {url}: {e}; run scripts/test (it starts Redis)"));
+                    let store = tether_store::redis::RedisStore::open(&url, config).await.unwrap_or_else(|e| {
+                        panic!("Redis is needed and not reachable at {url}: {e}; run scripts/test (it starts Redis)")
+                    });
                     let repo = tether_notebook::RedisNotebook::new(store.connection(), &prefix);
                     (Arc::new(store), Arc::new(repo))
                 }
@@ -239,15 +247,7 @@ impl TestServer {
         });
         let addr = addr_rx.await.unwrap();
         let base = format!("http://{addr}");
-        Self {
-            url: format!("{base}/mcp"),
-            base,
-            backend,
-            runtime: Some(runtime),
-            stop: Some(stop_tx),
-            done: Some(done_rx),
-            dir,
-        }
+        Self { url: format!("{base}/mcp"), base, backend, runtime: Some(runtime), stop: Some(stop_tx), done: Some(done_rx), dir }
     }
 
     /// Graceful stop: streams are told to reconnect, the store is flushed.
@@ -425,9 +425,12 @@ impl Client {
     /// initialize + notifications/initialized; returns the session ID.
     pub async fn initialize_with(&self, capabilities: Value) -> String {
         let resp = self
-            .post(None, &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            .post(
+                None,
+                &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
                 "protocolVersion": "2025-11-25", "capabilities": capabilities,
-                "clientInfo": {"name": "tether-tests", "version": "0"}}}))
+                "clientInfo": {"name": "tether-tests", "version": "0"}}}),
+            )
             .send()
             .await
             .unwrap();
@@ -509,11 +512,8 @@ impl Client {
 
     /// initialize with arbitrary params; returns (session ID header, result).
     pub async fn initialize_params(&self, params: Value) -> (String, Value) {
-        let resp = self
-            .post(None, &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": params}))
-            .send()
-            .await
-            .unwrap();
+        let resp =
+            self.post(None, &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": params})).send().await.unwrap();
         assert_eq!(resp.status(), 200);
         let sid = resp.headers()[headers::SESSION_ID].to_str().unwrap().to_owned();
         let events = SseReader::new(resp).all_events().await;
@@ -526,8 +526,11 @@ impl Client {
     /// call's stream with `roots`; returns the call's response.
     pub async fn call_with_roots(&self, session: &str, id: u64, tool: &str, args: Value, roots: &Value) -> Value {
         let resp = self
-            .post(Some(session), &json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
-                "params": {"name": tool, "arguments": args}}))
+            .post(
+                Some(session),
+                &json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                "params": {"name": tool, "arguments": args}}),
+            )
             .send()
             .await
             .unwrap();
@@ -554,9 +557,7 @@ pub fn structured(response: &Value) -> &Value {
 impl Client {
     /// A tools/call with `_meta` (e.g. a resumeToken); returns the response.
     pub async fn call_meta(&self, session: &str, id: u64, tool: &str, args: &Value, meta: Value) -> Value {
-        let events = self
-            .request(session, id, "tools/call", json!({"name": tool, "arguments": args, "_meta": meta}))
-            .await;
+        let events = self.request(session, id, "tools/call", json!({"name": tool, "arguments": args, "_meta": meta})).await;
         events.last().expect("a response").json()
     }
 
