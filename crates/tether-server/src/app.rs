@@ -40,6 +40,72 @@ pub struct Caller {
     pub client_info: Value,
 }
 
+/// An `initialize` as the application sees it: the caller, the params as
+/// sent, and what the application wants the new (or resumed) session to start
+/// with: durable app state and in-memory local state (for example a child
+/// process started to answer this very `initialize`).
+pub struct Initialize<'a> {
+    pub caller: &'a Caller,
+    pub params: &'a Map<String, Value>,
+    pub(crate) app_state: Map<String, Value>,
+    pub(crate) local: Option<Arc<dyn Any + Send + Sync>>,
+}
+
+impl<'a> Initialize<'a> {
+    pub(crate) fn new(caller: &'a Caller, params: &'a Map<String, Value>) -> Self {
+        Self { caller, params, app_state: Map::new(), local: None }
+    }
+
+    /// Stored in the session's durable app state once the session exists
+    /// (merged into it when a resume token re-attaches an existing session).
+    pub fn set_app_state(&mut self, key: impl Into<String>, value: Value) {
+        self.app_state.insert(key.into(), value);
+    }
+
+    /// Becomes the session's [`SessionCtx::local`] state of type `T` (dropped
+    /// if the `initialize` fails after all).
+    pub fn set_local<T: Send + Sync + 'static>(&mut self, local: Arc<T>) {
+        self.local = Some(local);
+    }
+}
+
+/// The applications of one server by endpoint: the root one is served at
+/// `/mcp`, the others at `/mcp/NAME`. A session belongs to the endpoint it
+/// was initialized on.
+#[derive(Clone)]
+pub struct Endpoints {
+    apps: std::collections::HashMap<String, Arc<dyn McpApp>>,
+}
+
+/// The name of the root endpoint (`/mcp`).
+pub const ROOT_ENDPOINT: &str = "";
+
+impl Endpoints {
+    pub fn new(root: Arc<dyn McpApp>) -> Self {
+        Self { apps: std::collections::HashMap::from([(ROOT_ENDPOINT.to_owned(), root)]) }
+    }
+
+    /// Adds `/mcp/NAME`.
+    pub fn with(mut self, name: impl Into<String>, app: Arc<dyn McpApp>) -> Self {
+        self.apps.insert(name.into(), app);
+        self
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn McpApp>> {
+        self.apps.get(name)
+    }
+
+    pub fn all(&self) -> impl Iterator<Item = &Arc<dyn McpApp>> {
+        self.apps.values()
+    }
+}
+
+impl From<Arc<dyn McpApp>> for Endpoints {
+    fn from(root: Arc<dyn McpApp>) -> Self {
+        Self::new(root)
+    }
+}
+
 /// Why a session left this process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EndReason {
@@ -96,12 +162,12 @@ pub trait OperationRunner: Send + Sync + 'static {
 /// notification, never the session or the server.
 #[async_trait]
 pub trait McpApp: Send + Sync + 'static {
-    /// Answers `initialize`: `params` as the client sent them; returns the
-    /// result object (`capabilities`, `serverInfo`, `instructions`…). The
+    /// Answers `initialize`: `init.params` as the client sent them; returns
+    /// the result object (`capabilities`, `serverInfo`, `instructions`…). The
     /// engine fills in `protocolVersion` when the result has none and adds
     /// its own `_meta` keys (the session resume token). An `Err` is sent to
     /// the client as the answer and leaves no session behind.
-    async fn initialize(&self, caller: &Caller, params: &Map<String, Value>) -> Result<Map<String, Value>, RpcError>;
+    async fn initialize(&self, init: &mut Initialize<'_>) -> Result<Map<String, Value>, RpcError>;
 
     /// Answers one request (any method but `initialize`). `params` includes
     /// `_meta` as sent; the engine has already taken `progressToken` from it

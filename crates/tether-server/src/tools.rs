@@ -11,7 +11,7 @@ use rmcp::model::{CallToolResult, Implementation, Tool};
 use serde_json::{Map, Value, json};
 use tether_wire::meta;
 
-use crate::app::{Caller, McpApp, OperationRunner, OperationSpec, RawResult, RpcError, SessionEnd, raw_result};
+use crate::app::{Initialize, McpApp, OperationRunner, OperationSpec, RawResult, RpcError, SessionEnd, raw_result};
 use crate::engine::{OperationCtx, RequestCtx, SessionCtx, operations};
 
 /// An MCP application made of tools.
@@ -128,7 +128,7 @@ impl<T: ToolApp> OperationRunner for Runner<T> {
 
 #[async_trait]
 impl<T: ToolApp> McpApp for ToolRouter<T> {
-    async fn initialize(&self, _caller: &Caller, _params: &Map<String, Value>) -> Result<Map<String, Value>, RpcError> {
+    async fn initialize(&self, _init: &mut Initialize<'_>) -> Result<Map<String, Value>, RpcError> {
         let mut result = Map::new();
         result.insert("capabilities".into(), json!({"tools": {"listChanged": false}}));
         result.insert("serverInfo".into(), serde_json::to_value(self.tools.server_info()).unwrap_or(Value::Null));

@@ -169,9 +169,9 @@ fn session_id(outcome: &PostOutcome) -> String {
 async fn open_session(h: &Harness) -> Arc<Session> {
     let params =
         json!({"protocolVersion": "2025-11-25", "capabilities": {"roots": {}}, "clientInfo": {"name": "t", "version": "0"}});
-    let outcome = h.engine.initialize("p", json!(0), params.as_object().cloned(), Reply::Stream).await.expect("initialize");
+    let outcome = h.engine.initialize("", "p", json!(0), params.as_object().cloned(), Reply::Stream).await.expect("initialize");
     let id = session_id(&outcome);
-    h.engine.session(&id, "p").await.expect("session")
+    h.engine.session("", &id, "p").await.expect("session")
 }
 
 fn call(id: u64, tool: &str, arguments: Value) -> Inbound {
@@ -290,7 +290,7 @@ async fn two_replicas_resuming_an_orphaned_operation_restart_its_work_once() {
     let resume = |h: &Harness, id: u64| {
         let (engine, token, session) = (h.engine.clone(), token.clone(), session.id.clone());
         async move {
-            let session = engine.session(&session, "p").await.expect("rehydrated");
+            let session = engine.session("", &session, "p").await.expect("rehydrated");
             let params = json!({"name": "count", "arguments": {}, "_meta": {"resumeToken": token}});
             let request = Inbound::Request { id: json!(id), method: "tools/call".into(), params: params.as_object().cloned() };
             messages(engine.post(session, request, Reply::Stream).await.expect("accepted")).await.1
@@ -369,11 +369,7 @@ struct Refusing;
 
 #[async_trait::async_trait]
 impl tether_server::McpApp for Refusing {
-    async fn initialize(
-        &self,
-        _caller: &tether_server::Caller,
-        _params: &Map<String, Value>,
-    ) -> Result<Map<String, Value>, RpcError> {
+    async fn initialize(&self, _init: &mut tether_server::Initialize<'_>) -> Result<Map<String, Value>, RpcError> {
         Err(RpcError::invalid_params("this server only talks to clients that declare roots"))
     }
     async fn handle_request(
@@ -391,7 +387,7 @@ async fn a_refused_initialize_answers_the_error_and_leaves_no_session() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new(StoreConfig::default()));
     let engine = Engine::new(store.clone(), Arc::new(Refusing), config());
     let params = json!({"protocolVersion": "2025-11-25", "capabilities": {}});
-    let outcome = engine.initialize("p", json!(7), params.as_object().cloned(), Reply::Stream).await.expect("answered");
+    let outcome = engine.initialize("", "p", json!(7), params.as_object().cloned(), Reply::Stream).await.expect("answered");
     let (_, answers) = messages(outcome).await;
     assert_eq!(
         answers,
@@ -410,7 +406,7 @@ async fn the_application_hears_of_expiry_and_of_eviction_from_memory() {
     let id = expiring.id.clone();
     drop(expiring);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(matches!(h.engine.session(&id, "p").await, Err(EngineError::SessionNotFound)));
+    assert!(matches!(h.engine.session("", &id, "p").await, Err(EngineError::SessionNotFound)));
     // With room for one session in memory, a second one pushes the idle first one out.
     let first = open_session(&h).await;
     let first_id = first.id.clone();
@@ -424,5 +420,49 @@ async fn the_application_hears_of_expiry_and_of_eviction_from_memory() {
     assert!(ended.contains(&(id, EndReason::Expired, None)), "{ended:?}");
     assert!(ended.contains(&(first_id.clone(), EndReason::Evicted, None)), "{ended:?}");
     // Evicted is not ended: the session comes back from the store.
-    assert!(h.engine.session(&first_id, "p").await.is_ok(), "an evicted session is still in the store");
+    assert!(h.engine.session("", &first_id, "p").await.is_ok(), "an evicted session is still in the store");
+}
+
+/// An application that keeps what its `initialize` started.
+struct Remembering;
+
+#[async_trait::async_trait]
+impl tether_server::McpApp for Remembering {
+    async fn initialize(&self, init: &mut tether_server::Initialize<'_>) -> Result<Map<String, Value>, RpcError> {
+        init.set_app_state("clientName", init.caller.client_info["name"].clone());
+        init.set_local(Arc::new(Local { touched: AtomicUsize::new(7) }));
+        Ok(Map::new())
+    }
+    async fn handle_request(
+        &self,
+        ctx: RequestCtx,
+        _method: &str,
+        _params: Option<Map<String, Value>>,
+    ) -> Result<tether_server::RawResult, RpcError> {
+        let session = ctx.require_session()?;
+        let touched = session.local::<Local>().touched.load(Ordering::SeqCst);
+        tether_server::raw_result(&json!({"clientName": session.app_state().await["clientName"], "touched": touched}))
+    }
+}
+
+#[tokio::test]
+async fn sessions_belong_to_their_endpoint_and_start_with_what_initialize_kept() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new(StoreConfig::default()));
+    let seen = Arc::new(Seen::default());
+    let endpoints = tether_server::Endpoints::new(Arc::new(ToolRouter::new(TestTools(seen)))).with("kept", Arc::new(Remembering));
+    let engine = Engine::with_endpoints(store, endpoints, config());
+    let params = json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "c1", "version": "0"}});
+    let outcome = engine.initialize("kept", "p", json!(0), params.as_object().cloned(), Reply::Stream).await.expect("initialize");
+    let id = session_id(&outcome);
+    let (_, answers) = messages(outcome).await;
+    assert_eq!(answers[0]["result"]["protocolVersion"], "2025-11-25", "the engine fills in the revision");
+    assert!(matches!(engine.session("", &id, "p").await, Err(EngineError::SessionNotFound)), "not a session of /mcp");
+    let session = engine.session("kept", &id, "p").await.expect("a session of /mcp/kept");
+    let request = Inbound::Request { id: json!(1), method: "anything/at/all".into(), params: None };
+    let (_, answers) = messages(engine.post(session, request, Reply::Stream).await.expect("answered")).await;
+    assert_eq!(answers[0]["result"], json!({"clientName": "c1", "touched": 7}));
+    match engine.initialize("nowhere", "p", json!(0), params.as_object().cloned(), Reply::Stream).await {
+        Err(EngineError::UnknownEndpoint(name)) => assert_eq!(name, "nowhere"),
+        _ => panic!("an unknown endpoint is refused"),
+    }
 }

@@ -168,6 +168,7 @@ mod tests {
             initialized: true,
             resume_generation: 0,
             app: Map::new(),
+            endpoint: String::new(),
         };
         let s = Session::new(id.into(), "p".into(), 0, state, i64::MAX);
         s.last_seen.store(last_seen, Ordering::Relaxed);

@@ -46,7 +46,7 @@ pub use pump::Frame;
 pub use request::PANICKED_MESSAGE;
 pub use session::{Session, SessionState};
 
-use crate::app::{Caller, EndReason, McpApp, SessionEnd};
+use crate::app::{Caller, EndReason, Endpoints, Initialize, McpApp, SessionEnd};
 use crate::config::ServerConfig;
 use crate::ids::{self, EventId};
 use live::{LiveEvent, LiveHub};
@@ -55,6 +55,11 @@ use pump::{PumpSpec, spawn_pump};
 /// Why the engine refused something; the HTTP layer maps each to a status.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
+    /// No application is served at this endpoint (HTTP 404).
+    #[error(
+        "no MCP endpoint /mcp/{0} on this server; check the URL (the server's endpoints are /mcp and its configured upstreams)"
+    )]
+    UnknownEndpoint(String),
     /// Unknown, expired, deleted, or another principal's session (HTTP 404).
     #[error("session not found: it expired, was deleted, or never existed; send initialize without a session ID")]
     SessionNotFound,
@@ -104,7 +109,7 @@ pub const INTERRUPTED_MESSAGE: &str = "request interrupted by a server restart; 
 
 pub(crate) struct Inner {
     pub store: Arc<dyn Store>,
-    pub app: Arc<dyn McpApp>,
+    pub apps: Endpoints,
     pub config: ServerConfig,
     pub hub: Arc<LiveHub>,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
@@ -145,11 +150,17 @@ fn unavailable(e: RpcError) -> EngineError {
 impl Engine {
     /// Starts the engine's background work (the reaper; with a shared store,
     /// the announcement listener and the lease). Needs a Tokio runtime.
+    /// One application served at `/mcp`.
     pub fn new(store: Arc<dyn Store>, app: Arc<dyn McpApp>, config: ServerConfig) -> Self {
+        Self::with_endpoints(store, Endpoints::new(app), config)
+    }
+
+    /// Several applications, one per endpoint.
+    pub fn with_endpoints(store: Arc<dyn Store>, apps: Endpoints, config: ServerConfig) -> Self {
         let engine = Self {
             inner: Arc::new(Inner {
                 store,
-                app,
+                apps,
                 config,
                 hub: Arc::new(LiveHub::default()),
                 sessions: Mutex::new(HashMap::new()),
@@ -170,6 +181,11 @@ impl Engine {
             replicas::start(&engine.inner);
         }
         engine
+    }
+
+    /// Whether an application is served at `endpoint`.
+    pub fn serves(&self, endpoint: &str) -> bool {
+        self.inner.apps.get(endpoint).is_some()
     }
 
     pub fn config(&self) -> &ServerConfig {
@@ -194,6 +210,7 @@ impl Engine {
     /// a fresh resume token.
     pub async fn initialize(
         &self,
+        endpoint: &str,
         principal: &str,
         id: Value,
         params: Option<Map<String, Value>>,
@@ -202,6 +219,7 @@ impl Engine {
         if self.inner.shutdown.is_cancelled() {
             return Err(EngineError::ShuttingDown);
         }
+        let app = self.inner.apps.get(endpoint).ok_or_else(|| EngineError::UnknownEndpoint(endpoint.to_owned()))?.clone();
         let params = params.unwrap_or_default();
         let requested = match params.get("protocolVersion") {
             Some(Value::String(v)) => v.as_str(),
@@ -219,7 +237,9 @@ impl Engine {
             client_info: params.get("clientInfo").cloned().unwrap_or(Value::Null),
             client_capabilities: params.get("capabilities").cloned().unwrap_or_else(|| json!({})),
         };
-        let answered = std::panic::AssertUnwindSafe(self.inner.app.initialize(&caller, &params)).catch_unwind().await;
+        let mut init = Initialize::new(&caller, &params);
+        let answered = std::panic::AssertUnwindSafe(app.initialize(&mut init)).catch_unwind().await;
+        let (initial_app_state, initial_local) = (std::mem::take(&mut init.app_state), init.local.take());
         let mut result = match answered {
             Ok(Ok(result)) => result,
             Ok(Err(refused)) => {
@@ -247,7 +267,7 @@ impl Engine {
         };
         let mut resumed = None;
         if let Some(token) = presented {
-            match self.resume_session(principal, token).await? {
+            match self.resume_session(endpoint, principal, token).await? {
                 Ok(session) => resumed = Some(session),
                 Err(refusal) => {
                     tracing::info!(reason = refusal.as_str(), "resume token refused; starting a fresh session");
@@ -265,6 +285,7 @@ impl Engine {
                         s.client_capabilities = caller.client_capabilities.clone();
                         s.initialized = false;
                         s.resume_generation += 1;
+                        s.app.extend(initial_app_state.clone());
                     })
                     .await
                     .map_err(unavailable)?;
@@ -274,13 +295,16 @@ impl Engine {
                 session
             }
             None => {
-                let session = self.create_session(&caller, &version).await?;
+                let session = self.create_session(endpoint, &caller, &version, initial_app_state).await?;
                 if presented.is_some() {
                     result_meta.insert(meta::RESUMED.into(), json!(false));
                 }
                 session
             }
         };
+        if let Some(local) = initial_local {
+            session.set_local(local);
+        }
         let generation = session.durable.lock().await.state.resume_generation;
         let key = self.inner.key.get(self.inner.store.as_ref()).await?;
         let token = self.inner.tokens.issue(self.inner.store.as_ref(), &key, &session.id, principal, generation).await?;
@@ -294,13 +318,18 @@ impl Engine {
     }
 
     /// Spends a resume token and returns its session, or why not.
-    async fn resume_session(&self, principal: &str, token: &str) -> Result<Result<Arc<Session>, resume::Refusal>, EngineError> {
+    async fn resume_session(
+        &self,
+        endpoint: &str,
+        principal: &str,
+        token: &str,
+    ) -> Result<Result<Arc<Session>, resume::Refusal>, EngineError> {
         let key = self.inner.key.get(self.inner.store.as_ref()).await?;
         let redeemed = match self.inner.tokens.redeem(self.inner.store.as_ref(), &key, token, principal).await? {
             Ok(r) => r,
             Err(refusal) => return Ok(Err(refusal)),
         };
-        let session = match self.session(&redeemed.session, principal).await {
+        let session = match self.session(endpoint, &redeemed.session, principal).await {
             Ok(s) => s,
             Err(EngineError::SessionNotFound) => return Ok(Err(resume::Refusal::Expired)),
             Err(e) => return Err(e),
@@ -311,7 +340,13 @@ impl Engine {
         Ok(Ok(session))
     }
 
-    async fn create_session(&self, caller: &Caller, version: &str) -> Result<Arc<Session>, EngineError> {
+    async fn create_session(
+        &self,
+        endpoint: &str,
+        caller: &Caller,
+        version: &str,
+        app: Map<String, Value>,
+    ) -> Result<Arc<Session>, EngineError> {
         self.inner.admit_session(&caller.principal).await?;
         let state = SessionState {
             protocol_version: version.to_owned(),
@@ -320,7 +355,8 @@ impl Engine {
             client_capabilities: caller.client_capabilities.clone(),
             initialized: false,
             resume_generation: 0,
-            app: Map::new(),
+            app,
+            endpoint: endpoint.to_owned(),
         };
         let now = now_ms();
         let record = SessionRecord {
@@ -338,11 +374,12 @@ impl Engine {
         Ok(session)
     }
 
-    /// Finds a session for `principal`, rehydrating it from the store if this
-    /// process has not seen it. Another principal's session is "not found".
-    pub async fn session(&self, id: &str, principal: &str) -> Result<Arc<Session>, EngineError> {
+    /// Finds a session of `endpoint` for `principal`, rehydrating it from the
+    /// store if this process has not seen it. Another principal's session, or
+    /// one of another endpoint, is "not found".
+    pub async fn session(&self, endpoint: &str, id: &str, principal: &str) -> Result<Arc<Session>, EngineError> {
         let session = self.inner.load(id).await?.ok_or(EngineError::SessionNotFound)?;
-        if session.principal != principal {
+        if session.principal != principal || session.endpoint != endpoint {
             return Err(EngineError::SessionNotFound);
         }
         if self.inner.store.is_shared() && !replicas::refresh(&self.inner, &session).await? {
@@ -371,7 +408,7 @@ impl Engine {
             Inbound::Request { id, method, params } => {
                 let progress_token =
                     params.as_ref().and_then(|p| p.get("_meta")).and_then(|m| m.get(meta::PROGRESS_TOKEN)).cloned();
-                let app = self.inner.app.clone();
+                let app = self.inner.app_of(&session);
                 let owned = method.clone();
                 let work: request::Work =
                     Box::new(move |ctx| Box::pin(async move { app.handle_request(ctx, &owned, params).await }));
@@ -500,27 +537,46 @@ impl Inner {
         self.tasks.spawn(task);
     }
 
-    /// Tells the application that sessions left this process.
+    /// The application of a session's endpoint (the root one if the endpoint
+    /// is no longer configured: its requests then get "method not found").
+    pub(crate) fn app_of(&self, session: &Session) -> Arc<dyn McpApp> {
+        match self.apps.get(&session.endpoint) {
+            Some(app) => app.clone(),
+            None => Arc::new(NoEndpoint(session.endpoint.clone())),
+        }
+    }
+
+    /// Tells the applications that sessions left this process.
     pub(crate) fn ended(&self, sessions: Vec<Arc<Session>>, reason: EndReason) {
-        let ends: Vec<SessionEnd> = sessions
+        let ends: Vec<(Arc<dyn McpApp>, SessionEnd)> = sessions
             .into_iter()
-            .map(|s| SessionEnd { session_id: s.id.clone(), principal: s.principal.clone(), reason, local: s.take_local() })
+            .map(|s| {
+                let end = SessionEnd { session_id: s.id.clone(), principal: s.principal.clone(), reason, local: s.take_local() };
+                (self.app_of(&s), end)
+            })
             .collect();
         self.tell_ended(ends);
     }
 
-    /// A session this process did not hold ended (the reaper expired it).
+    /// A session this process did not hold ended (the reaper expired it):
+    /// every application hears of it, since its endpoint is not known here.
     pub(crate) fn ended_elsewhere(&self, session_id: String, reason: EndReason) {
-        self.tell_ended(vec![SessionEnd { session_id, principal: String::new(), reason, local: None }]);
+        let ends = self
+            .apps
+            .all()
+            .map(|app| {
+                (app.clone(), SessionEnd { session_id: session_id.clone(), principal: String::new(), reason, local: None })
+            })
+            .collect();
+        self.tell_ended(ends);
     }
 
-    fn tell_ended(&self, ends: Vec<SessionEnd>) {
+    fn tell_ended(&self, ends: Vec<(Arc<dyn McpApp>, SessionEnd)>) {
         if ends.is_empty() {
             return;
         }
-        let app = self.app.clone();
         self.spawn(async move {
-            for end in ends {
+            for (app, end) in ends {
                 let id = end.session_id.clone();
                 if std::panic::AssertUnwindSafe(app.on_session_end(end)).catch_unwind().await.is_err() {
                     tracing::error!(session = %id, "the application panicked hearing that a session ended");
@@ -593,5 +649,32 @@ impl Inner {
             attachment: None,
         };
         spawn_pump(self, session, spec, sub)
+    }
+}
+
+/// Serves the sessions of an endpoint that is no longer configured (removed
+/// from the config while sessions of it were stored): every request is
+/// refused with a sentence that says so.
+struct NoEndpoint(String);
+
+#[async_trait::async_trait]
+impl McpApp for NoEndpoint {
+    async fn initialize(&self, _init: &mut Initialize<'_>) -> Result<Map<String, Value>, RpcError> {
+        Err(self.refusal())
+    }
+
+    async fn handle_request(
+        &self,
+        _ctx: RequestCtx,
+        _method: &str,
+        _params: Option<Map<String, Value>>,
+    ) -> Result<crate::app::RawResult, RpcError> {
+        Err(self.refusal())
+    }
+}
+
+impl NoEndpoint {
+    fn refusal(&self) -> RpcError {
+        RpcError::invalid_request(format!("this session's endpoint /mcp/{} is no longer served; start a new session", self.0))
     }
 }

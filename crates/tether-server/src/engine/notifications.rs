@@ -83,7 +83,8 @@ async fn drain(inner: Arc<Inner>, session: Arc<Session>) {
         };
         let Some(QueuedNotification { method, params }) = next else { return };
         let ctx = SessionCtx::new(inner.clone(), session.clone());
-        let handled = std::panic::AssertUnwindSafe(inner.app.on_notification(ctx, &method, params)).catch_unwind().await;
+        let handled =
+            std::panic::AssertUnwindSafe(inner.app_of(&session).on_notification(ctx, &method, params)).catch_unwind().await;
         if handled.is_err() {
             tracing::error!(session = %session.id, %method, "the application panicked handling a notification; going on with the next");
         }

@@ -34,6 +34,9 @@ pub struct SessionState {
     /// Context the application keeps per session (e.g. the notebook's bound root).
     #[serde(default)]
     pub app: Map<String, Value>,
+    /// The endpoint the session was initialized on (`""`: `/mcp`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub endpoint: String,
 }
 
 pub(crate) struct Durable {
@@ -47,6 +50,8 @@ pub struct Session {
     pub id: String,
     pub principal: String,
     pub standalone_stream: String,
+    /// The endpoint (application) this session belongs to.
+    pub endpoint: String,
     pub(crate) durable: tokio::sync::Mutex<Durable>,
     /// Expiry last written to the store (ms).
     pub(crate) expires_persisted: AtomicI64,
@@ -91,6 +96,7 @@ impl Session {
             id,
             principal,
             standalone_stream: state.standalone_stream.clone(),
+            endpoint: state.endpoint.clone(),
             local: Mutex::new(None),
             notifications: Mutex::new(NotificationQueue::default()),
             durable: tokio::sync::Mutex::new(Durable { revision, state }),
@@ -137,6 +143,14 @@ impl Session {
         let fresh = Arc::new(T::default());
         *local = Some(fresh.clone() as Arc<dyn Any + Send + Sync>);
         fresh
+    }
+
+    /// Sets the application's in-memory state (from `initialize`).
+    pub(crate) fn set_local(&self, local: Arc<dyn Any + Send + Sync>) {
+        match self.local.lock() {
+            Ok(mut l) => *l = Some(local),
+            Err(poisoned) => *poisoned.into_inner() = Some(local),
+        }
     }
 
     /// Takes the application's in-memory state (the session is leaving).

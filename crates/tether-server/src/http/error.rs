@@ -42,6 +42,7 @@ impl From<EngineError> for HttpError {
         let message = e.to_string();
         match e {
             EngineError::SessionNotFound => Self::new(StatusCode::NOT_FOUND, SESSION_NOT_FOUND, message),
+            EngineError::UnknownEndpoint(_) => Self::new(StatusCode::NOT_FOUND, INVALID_REQUEST, message),
             EngineError::BadRequest { code, id, message } => {
                 Self { status: StatusCode::BAD_REQUEST, code, message, id, www_authenticate: false }
             }

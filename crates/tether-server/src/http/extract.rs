@@ -34,6 +34,19 @@ impl FromRequestParts<AppState> for Principal {
     }
 }
 
+/// The endpoint a request is for: `""` for `/mcp`, `NAME` for `/mcp/NAME`.
+pub(super) struct Endpoint(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for Endpoint {
+    type Rejection = HttpError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let path = parts.uri.path();
+        let name = path.strip_prefix("/mcp").map(|rest| rest.trim_start_matches('/')).unwrap_or_default();
+        Ok(Endpoint(name.to_owned()))
+    }
+}
+
 /// A POST's Accept lists both JSON and SSE (406 otherwise).
 pub(super) struct AcceptsAnswers;
 

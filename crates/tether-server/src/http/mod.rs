@@ -26,7 +26,7 @@ pub use error::HttpError;
 use tether_wire::{Inbound, headers};
 
 use crate::engine::{Engine, PostOutcome, Reply, Session};
-use extract::{AcceptsAnswers, AcceptsStream, Message, Principal};
+use extract::{AcceptsAnswers, AcceptsStream, Endpoint, Message, Principal};
 
 #[derive(Clone)]
 pub(crate) struct AppState {
@@ -41,6 +41,7 @@ pub fn router(engine: Engine, auth: Auth) -> Router {
     let state = AppState { engine, auth, allowed_origins };
     let mcp = Router::new()
         .route("/mcp", post(post_mcp).get(get_mcp).delete(delete_mcp))
+        .route("/mcp/{endpoint}", post(post_mcp).get(get_mcp).delete(delete_mcp))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), extract::check_origin));
     Router::new().merge(mcp).route("/healthz", get(healthz)).with_state(state)
 }
@@ -75,6 +76,7 @@ pub async fn serve(
 
 async fn post_mcp(
     State(state): State<AppState>,
+    Endpoint(endpoint): Endpoint,
     Principal(principal): Principal,
     _: AcceptsAnswers,
     headers: HeaderMap,
@@ -84,9 +86,9 @@ async fn post_mcp(
     let reply = if engine.config().json_response { Reply::Json } else { Reply::Stream };
     let outcome = match message {
         Inbound::Request { id, method, params } if method == "initialize" => {
-            engine.initialize(&principal, id, params, reply).await?
+            engine.initialize(&endpoint, &principal, id, params, reply).await?
         }
-        message => engine.post(existing_session(&state, &headers, &principal).await?, message, reply).await?,
+        message => engine.post(existing_session(&state, &endpoint, &headers, &principal).await?, message, reply).await?,
     };
     let retry = engine.config().sse_retry_ms;
     Ok(match outcome {
@@ -111,20 +113,29 @@ fn json_response(body: bytes::Bytes, session_id: Option<&str>) -> Response {
 
 /// The session named by `Mcp-Session-Id` for this principal, after the
 /// checks every request on an existing session gets.
-async fn existing_session(state: &AppState, headers: &HeaderMap, principal: &str) -> Result<Arc<Session>, HttpError> {
+async fn existing_session(
+    state: &AppState,
+    endpoint: &str,
+    headers: &HeaderMap,
+    principal: &str,
+) -> Result<Arc<Session>, HttpError> {
     validate::protocol_version(headers)?;
+    if !state.engine.serves(endpoint) {
+        return Err(crate::engine::EngineError::UnknownEndpoint(endpoint.to_owned()).into());
+    }
     let session_id = validate::session_id(headers)?;
-    Ok(state.engine.session(&session_id, principal).await?)
+    Ok(state.engine.session(endpoint, &session_id, principal).await?)
 }
 
 async fn get_mcp(
     State(state): State<AppState>,
+    Endpoint(endpoint): Endpoint,
     Principal(principal): Principal,
     _: AcceptsStream,
     headers: HeaderMap,
 ) -> Result<Response, HttpError> {
     let engine = &state.engine;
-    let session = existing_session(&state, &headers, &principal).await?;
+    let session = existing_session(&state, &endpoint, &headers, &principal).await?;
     let frames = match validate::last_event_id(&headers)? {
         Some(last) => engine.resume(session, &last).await?,
         None => engine.open_standalone(session).await?,
@@ -134,10 +145,11 @@ async fn get_mcp(
 
 async fn delete_mcp(
     State(state): State<AppState>,
+    Endpoint(endpoint): Endpoint,
     Principal(principal): Principal,
     headers: HeaderMap,
 ) -> Result<Response, HttpError> {
-    let session = existing_session(&state, &headers, &principal).await?;
+    let session = existing_session(&state, &endpoint, &headers, &principal).await?;
     state.engine.delete(session).await?;
     Ok(StatusCode::OK.into_response())
 }
