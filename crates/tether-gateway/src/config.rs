@@ -1,0 +1,207 @@
+//! What an upstream is: a command (a stdio server, one child per tether
+//! session) or a URL (a Streamable HTTP or HTTP+SSE server, one upstream
+//! session per tether session), from `--upstream NAME=…` or a TOML table
+//! `[upstreams.NAME]`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// One upstream as configured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpstreamConfig {
+    /// Served at `/mcp/NAME`.
+    pub name: String,
+    pub target: Target,
+    /// Bounds an upstream that never answers `initialize`.
+    pub init_timeout: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Target {
+    Command(CommandSpec),
+    Url(UrlSpec),
+}
+
+/// A stdio server.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CommandSpec {
+    /// The program and its arguments (no shell runs them).
+    pub command: Vec<String>,
+    /// The child's environment: only these, plus PATH and HOME.
+    pub env: BTreeMap<String, String>,
+    pub cwd: Option<PathBuf>,
+    /// A child with nothing in flight is stopped after this long.
+    pub idle_timeout: Duration,
+    /// Children of this upstream per tether process; beyond it the least
+    /// recently used idle one stops.
+    pub max_processes: usize,
+    /// Longest line the child may write on stdout (one JSON-RPC message).
+    pub max_line_bytes: usize,
+}
+
+/// A Streamable HTTP (or HTTP+SSE) server.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UrlSpec {
+    pub url: String,
+    pub headers: BTreeMap<String, String>,
+    /// The environment variable holding tether's own bearer token for it.
+    pub auth_env: Option<String>,
+    /// Forward the client's `Authorization` header instead (off by default).
+    pub forward_auth: bool,
+}
+
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+pub const DEFAULT_MAX_PROCESSES: usize = 64;
+pub const DEFAULT_INIT_TIMEOUT: Duration = Duration::from_secs(30);
+pub const DEFAULT_MAX_LINE_BYTES: usize = 4 * 1024 * 1024;
+
+/// Parses `NAME=URL` or `NAME=stdio:COMMAND ARGS…` (split like a shell
+/// would, without running one).
+pub fn parse_flag(flag: &str) -> Result<UpstreamConfig, String> {
+    let (name, target) = flag
+        .split_once('=')
+        .ok_or_else(|| format!("--upstream `{flag}` needs the form NAME=URL or 'NAME=stdio:COMMAND ARGS…'"))?;
+    let name = check_name(name)?;
+    let target = match target.strip_prefix("stdio:") {
+        Some(command) => {
+            let command = shell_words::split(command).map_err(|e| format!("--upstream {name}: cannot split `{command}`: {e}"))?;
+            if command.is_empty() {
+                return Err(format!("--upstream {name}=stdio: needs a command after `stdio:`"));
+            }
+            Target::Command(CommandSpec::new(command))
+        }
+        None if target.starts_with("http://") || target.starts_with("https://") => Target::Url(UrlSpec::new(target.to_owned())),
+        None => {
+            return Err(format!(
+                "--upstream {name}: `{target}` is neither an http(s) URL nor `stdio:COMMAND`; write {name}=http://HOST/mcp or '{name}=stdio:npx -y SERVER'"
+            ));
+        }
+    };
+    Ok(UpstreamConfig { name, target, init_timeout: DEFAULT_INIT_TIMEOUT })
+}
+
+/// Upstream names are path segments: letters, digits, `-` and `_`.
+pub fn check_name(name: &str) -> Result<String, String> {
+    let ok = !name.is_empty() && name.len() <= 64 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok { Ok(name.to_owned()) } else { Err(format!("upstream name `{name}` must be 1 to 64 letters, digits, `-` or `_`")) }
+}
+
+impl CommandSpec {
+    pub fn new(command: Vec<String>) -> Self {
+        Self {
+            command,
+            env: BTreeMap::new(),
+            cwd: None,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            max_processes: DEFAULT_MAX_PROCESSES,
+            max_line_bytes: DEFAULT_MAX_LINE_BYTES,
+        }
+    }
+
+    /// The command as a person would type it (for messages and logs).
+    pub fn display(&self) -> String {
+        shell_words::join(&self.command)
+    }
+}
+
+impl UrlSpec {
+    pub fn new(url: String) -> Self {
+        Self { url, headers: BTreeMap::new(), auth_env: None, forward_auth: false }
+    }
+}
+
+/// `[upstreams.NAME]` in the config file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamTable {
+    pub command: Option<Vec<String>>,
+    pub url: Option<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    pub cwd: Option<PathBuf>,
+    #[serde(default, with = "humantime_serde_opt")]
+    pub idle_timeout: Option<Duration>,
+    pub max_processes: Option<usize>,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    pub auth_env: Option<String>,
+    #[serde(default)]
+    pub forward_auth: bool,
+    #[serde(default, with = "humantime_serde_opt")]
+    pub upstream_init_timeout: Option<Duration>,
+}
+
+impl UpstreamTable {
+    pub fn into_config(self, name: &str) -> Result<UpstreamConfig, String> {
+        let name = check_name(name)?;
+        let target = match (self.command, self.url) {
+            (Some(command), None) => {
+                if command.is_empty() {
+                    return Err(format!("[upstreams.{name}] command must name a program"));
+                }
+                let mut spec = CommandSpec::new(command);
+                spec.env = self.env;
+                spec.cwd = self.cwd;
+                spec.idle_timeout = self.idle_timeout.unwrap_or(DEFAULT_IDLE_TIMEOUT);
+                spec.max_processes = self.max_processes.unwrap_or(DEFAULT_MAX_PROCESSES).max(1);
+                Target::Command(spec)
+            }
+            (None, Some(url)) => {
+                let mut spec = UrlSpec::new(url);
+                spec.headers = self.headers;
+                spec.auth_env = self.auth_env;
+                spec.forward_auth = self.forward_auth;
+                Target::Url(spec)
+            }
+            _ => return Err(format!("[upstreams.{name}] needs exactly one of `command` or `url`")),
+        };
+        Ok(UpstreamConfig { name, target, init_timeout: self.upstream_init_timeout.unwrap_or(DEFAULT_INIT_TIMEOUT) })
+    }
+}
+
+/// `"10m"`-style durations in TOML.
+mod humantime_serde_opt {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer};
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        let text: Option<String> = Option::deserialize(d)?;
+        text.map(|t| humantime::parse_duration(&t).map_err(serde::de::Error::custom)).transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_name_a_url_or_a_command_split_like_a_shell() {
+        let url = parse_flag("remote=http://127.0.0.1:9000/mcp").unwrap();
+        assert_eq!(url.target, Target::Url(UrlSpec::new("http://127.0.0.1:9000/mcp".into())));
+        let cmd = parse_flag("everything=stdio:npx -y '@modelcontextprotocol/server-everything' \"a b\"").unwrap();
+        let Target::Command(spec) = cmd.target else { panic!("a command") };
+        assert_eq!(spec.command, ["npx", "-y", "@modelcontextprotocol/server-everything", "a b"]);
+        assert!(parse_flag("noequals").unwrap_err().contains("NAME=URL"));
+        assert!(parse_flag("bad/name=http://x").unwrap_err().contains("letters"));
+        assert!(parse_flag("x=ftp://x").unwrap_err().contains("neither"));
+        assert!(parse_flag("x=stdio:").unwrap_err().contains("needs a command"));
+        assert!(parse_flag("x=stdio:'unclosed").unwrap_err().contains("cannot split"));
+    }
+
+    #[test]
+    fn tables_need_one_target_and_refuse_unknown_keys() {
+        let table: UpstreamTable =
+            toml::from_str("command = [\"srv\", \"--x\"]\nidle_timeout = \"10m\"\nenv = { A = \"1\" }").unwrap();
+        let config = table.into_config("s").unwrap();
+        let Target::Command(spec) = config.target else { panic!("a command") };
+        assert_eq!(spec.idle_timeout, Duration::from_secs(600));
+        assert_eq!(spec.env.get("A").map(String::as_str), Some("1"));
+        let both: UpstreamTable = toml::from_str("command = [\"a\"]\nurl = \"http://x\"").unwrap();
+        assert!(both.into_config("s").unwrap_err().contains("exactly one"));
+        assert!(toml::from_str::<UpstreamTable>("comand = [\"a\"]").unwrap_err().to_string().contains("comand"));
+    }
+}

@@ -1,0 +1,14 @@
+//! The gateway: any MCP server (a stdio command or a URL) served with
+//! tether's durable, resumable sessions at `/mcp/NAME`.
+//!
+//! The gateway is an application of the engine ([`tether_server::McpApp`]);
+//! the engine knows nothing of upstreams. Each tether session holds its own
+//! upstream connection in its in-memory local state and can rebuild it from
+//! the store at any time by replaying the stored `initialize`.
+//!
+//! - [`config`]: what an upstream is (flags and TOML).
+//! - [`upstream`]: the seam to a transport; [`stdio`] (a child process per
+//!   session) and [`http`] (an upstream HTTP session per session) implement it.
+
+pub mod config;
+pub mod upstream;

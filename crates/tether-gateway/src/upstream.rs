@@ -1,0 +1,70 @@
+//! One connection to an upstream MCP server, for one tether session: the
+//! seam between the gateway application (which knows tether sessions) and
+//! the transports (a child process over stdio, or an HTTP session).
+//!
+//! An upstream is started already initialized (the caller passes the
+//! client's `initialize` params and gets the upstream's result). Messages the
+//! upstream sends on its own (notifications, its requests such as
+//! `sampling/createMessage`) arrive on the [`Inbound`] channel in order; the
+//! gateway answers the requests with [`Upstream::answer`].
+
+use async_trait::async_trait;
+use serde_json::Value;
+use serde_json::value::RawValue;
+use tether_wire::RpcError;
+use tokio::sync::mpsc;
+
+/// The error text of a request that was in flight when its upstream died.
+pub const UPSTREAM_RESTARTED: &str = "upstream restarted; the request may or may not have taken effect";
+
+/// Messages the upstream sent on its own, in order. Bounded: an upstream
+/// that floods while nobody reads is back-pressured (stdio) or dropped.
+pub type Inbound = mpsc::Receiver<FromUpstream>;
+
+/// A message the upstream sent that is not an answer to one of ours.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FromUpstream {
+    Notification {
+        method: String,
+        params: Option<Value>,
+    },
+    /// `id` is the upstream's own; pass it back to [`Upstream::answer`].
+    Request {
+        id: Value,
+        method: String,
+        params: Option<Value>,
+    },
+}
+
+/// What an upstream start gives back.
+pub struct Started {
+    pub upstream: std::sync::Arc<dyn Upstream>,
+    pub inbound: Inbound,
+    /// The upstream's `initialize` result, unparsed.
+    pub initialize_result: Box<RawValue>,
+}
+
+/// A live upstream connection.
+#[async_trait]
+pub trait Upstream: Send + Sync + 'static {
+    /// Sends a request under an id of the upstream connection's own and waits
+    /// for its answer (the result unparsed). Dropping the future before the
+    /// answer sends `notifications/cancelled` upstream for that id. A request
+    /// in flight when the upstream dies ends with `-32603`
+    /// [`UPSTREAM_RESTARTED`].
+    async fn request(&self, method: &str, params: Option<Value>) -> Result<Box<RawValue>, RpcError>;
+
+    /// Sends a notification.
+    async fn notify(&self, method: &str, params: Option<Value>) -> Result<(), RpcError>;
+
+    /// Answers one of the upstream's requests.
+    async fn answer(&self, id: Value, outcome: Result<Value, RpcError>) -> Result<(), RpcError>;
+
+    /// False once the connection is gone (the child exited, the HTTP session
+    /// was refused with 404): the gateway starts a new one.
+    fn is_alive(&self) -> bool;
+
+    /// Ends the connection (kills the child; for HTTP, DELETEs the session
+    /// when `end_session`, else just lets go of it).
+    async fn close(&self, end_session: bool);
+}
