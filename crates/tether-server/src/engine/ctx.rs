@@ -134,6 +134,22 @@ impl SessionCtx {
         Err(RpcError::internal("session state kept changing underneath; try again"))
     }
 
+    /// Runs `task` as part of this session's work: the engine tracks it, so
+    /// shutdown waits for it (bounded). It should end by [`SessionCtx::closed`].
+    pub fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.inner.spawn(task);
+    }
+
+    /// Completes when the session ends (DELETE, expiry, another replica
+    /// ended it) or the server shuts down: background work of the session
+    /// stops then.
+    pub async fn closed(&self) {
+        tokio::select! {
+            _ = self.session.closed.cancelled() => {}
+            _ = self.inner.shutdown.cancelled() => {}
+        }
+    }
+
     /// A notification on the standalone stream (stored, delivered when a GET listens).
     pub async fn notify(&self, method: &str, params: Option<Value>) -> Result<(), RpcError> {
         let payload = envelope::outbound_message(None, method, params.as_ref());
