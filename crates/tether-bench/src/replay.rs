@@ -23,9 +23,10 @@
 //! server-to-client requests waiting for the client's answer (tether does
 //! since issue 22: its notebook handles one `list_changed` at a time and
 //! waits for the answer to its `roots/list`), so a client that never
-//! answered would fill those bounds and be refused. The answers are all in
-//! before step 4: nothing else is sent while the replay is timed, and the
-//! stored requests replayed are the same either way.
+//! answered would fill those bounds and be refused. Every request read on
+//! the live GET has been answered before step 4 starts, so the client sends
+//! nothing while the replay is timed; what is stored and replayed is the
+//! same either way.
 //!
 //! One deviation is recognised rather than failed: a server that sends the
 //! `Last-Event-ID` event itself again before the missed ones (rmcp 3.9's
@@ -119,8 +120,9 @@ pub struct Outcome {
 
 /// How long to wait before sending again a POST refused with 429: the
 /// server's `Retry-After` (in seconds) if it gave one, else `pause`.
-fn retry_pause(resp: &reqwest::Response, pause: Duration) -> Duration {
-    let retry_after = resp.headers().get("retry-after").and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
+fn retry_pause(headers: &reqwest::header::HeaderMap, pause: Duration) -> Duration {
+    let retry_after =
+        headers.get(reqwest::header::RETRY_AFTER).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
     retry_after.map_or(pause, Duration::from_secs)
 }
 
@@ -132,12 +134,15 @@ async fn notify_list_changed(http: &reqwest::Client, url: &str, session: &str, d
     let mut retries = 0u64;
     let mut pause = RETRY_FIRST;
     loop {
-        let resp = load::post(http, url, Some(session), &note).send().await.map_err(|e| format!("notifications/roots/list_changed: {e}"))?;
+        let resp = load::post(http, url, Some(session), &note)
+            .send()
+            .await
+            .map_err(|e| format!("notifications/roots/list_changed: {e}"))?;
         if resp.status() != reqwest::StatusCode::TOO_MANY_REQUESTS {
             load::accepted(resp).await.map_err(|e| format!("notifications/roots/list_changed: {e}"))?;
             return Ok(retries);
         }
-        let wait = retry_pause(&resp, pause);
+        let wait = retry_pause(resp.headers(), pause);
         let body = resp.text().await.unwrap_or_default();
         if Instant::now() + wait > deadline {
             return Err(format!(
@@ -154,12 +159,19 @@ async fn notify_list_changed(http: &reqwest::Client, url: &str, session: &str, d
 /// Answers each `roots/list` whose id comes through `ids` with an empty
 /// list, POSTed to the session (202 expected), until the channel closes;
 /// returns how many it answered.
-async fn answer_roots(url: String, session: String, mut ids: tokio::sync::mpsc::UnboundedReceiver<Value>) -> Result<usize, String> {
+async fn answer_roots(
+    url: String,
+    session: String,
+    mut ids: tokio::sync::mpsc::UnboundedReceiver<Value>,
+) -> Result<usize, String> {
     let http = load::http_client()?;
     let mut answered = 0;
     while let Some(id) = ids.recv().await {
         let answer = json!({"jsonrpc": "2.0", "id": id, "result": {"roots": []}});
-        let resp = load::post(&http, &url, Some(&session), &answer).send().await.map_err(|e| format!("answer to roots/list {id}: {e}"))?;
+        let resp = load::post(&http, &url, Some(&session), &answer)
+            .send()
+            .await
+            .map_err(|e| format!("answer to roots/list {id}: {e}"))?;
         load::accepted(resp).await.map_err(|e| format!("answer to roots/list {id}: {e}"))?;
         answered += 1;
     }
@@ -199,7 +211,8 @@ pub async fn run(url: &str, events: usize, runs: usize) -> anyhow::Result<Outcom
                     }
                     let id = roots_request_id(&event.data)?;
                     let request_id = id.to_string();
-                    let event_id = event.id.filter(|id| !id.is_empty()).ok_or_else(|| format!("event without an id: {}", event.data))?;
+                    let event_id =
+                        event.id.filter(|id| !id.is_empty()).ok_or_else(|| format!("event without an id: {}", event.data))?;
                     if !event_ids.insert(event_id.clone()) {
                         return Err(format!("event id {event_id} delivered twice on the live stream"));
                     }
@@ -358,5 +371,29 @@ async fn timed_replay(
     match outcome {
         Ok(result) => result,
         Err(_) => bail!("the replay of {events} events took longer than {REPLAY_TIMEOUT:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_in_seconds_is_honoured_else_the_own_pause() {
+        let pause = Duration::from_millis(3);
+        let mut headers = reqwest::header::HeaderMap::new();
+        assert_eq!(retry_pause(&headers, pause), pause);
+        headers.insert(reqwest::header::RETRY_AFTER, "2".parse().unwrap());
+        assert_eq!(retry_pause(&headers, pause), Duration::from_secs(2));
+        headers.insert(reqwest::header::RETRY_AFTER, "Wed, 21 Oct 2015 07:28:00 GMT".parse().unwrap());
+        assert_eq!(retry_pause(&headers, pause), pause);
+    }
+
+    #[test]
+    fn a_roots_list_request_gives_its_id_as_sent() {
+        assert_eq!(roots_request_id(r#"{"jsonrpc":"2.0","id":7,"method":"roots/list"}"#), Ok(json!(7)));
+        assert_eq!(roots_request_id(r#"{"jsonrpc":"2.0","id":"r-1","method":"roots/list"}"#), Ok(json!("r-1")));
+        assert!(roots_request_id(r#"{"jsonrpc":"2.0","id":7,"method":"ping"}"#).is_err());
+        assert!(roots_request_id(r#"{"jsonrpc":"2.0","method":"notifications/message"}"#).is_err());
     }
 }

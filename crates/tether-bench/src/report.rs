@@ -69,7 +69,9 @@ pub struct Row {
     /// host's speed and with how much the server slows the shared machine.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub client_us_per_call: Option<f64>,
-    /// How the system was set up for this row when it differs from its usual setup.
+    /// How the system was set up for this row when it differs from its usual
+    /// setup; for replay_10k also how many of the fill's notifications were
+    /// sent again after a 429.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
     /// A `--quick` run: shorter windows, fewer sessions; not the real figures.
