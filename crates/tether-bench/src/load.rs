@@ -221,11 +221,8 @@ async fn calls(protocol: Protocol, url: Arc<str>, mut client: Client, window: Wi
 }
 
 pub fn post(http: &reqwest::Client, url: &str, session: Option<&str>, body: &Value) -> reqwest::RequestBuilder {
-    let mut req = http
-        .post(url)
-        .header("content-type", "application/json")
-        .header("accept", headers::ACCEPT_POST)
-        .body(body.to_string());
+    let mut req =
+        http.post(url).header("content-type", "application/json").header("accept", headers::ACCEPT_POST).body(body.to_string());
     if let Some(id) = session {
         req = req.header(headers::SESSION_ID, id).header(headers::PROTOCOL_VERSION, PROTOCOL_VERSION);
     }
@@ -270,7 +267,10 @@ pub async fn accepted(resp: reqwest::Response) -> Result<(), String> {
     let status = resp.status();
     let body = resp.bytes().await.map_err(|e| format!("reading the body: {e}"))?;
     if status != reqwest::StatusCode::ACCEPTED {
-        return Err(format!("answered {status}, want 202: {}", String::from_utf8_lossy(&body).chars().take(200).collect::<String>()));
+        return Err(format!(
+            "answered {status}, want 202: {}",
+            String::from_utf8_lossy(&body).chars().take(200).collect::<String>()
+        ));
     }
     Ok(())
 }
@@ -329,7 +329,10 @@ async fn call_echo(http: &reqwest::Client, url: &str, n: u64) -> Result<(), Stri
     let json_type = has_content_type(&resp, "application/json");
     let bytes = resp.bytes().await.map_err(|e| format!("reading the body: {e}"))?;
     if status != reqwest::StatusCode::OK || !json_type {
-        return Err(format!("status {status} (JSON: {json_type}): {}", String::from_utf8_lossy(&bytes).chars().take(200).collect::<String>()));
+        return Err(format!(
+            "status {status} (JSON: {json_type}): {}",
+            String::from_utf8_lossy(&bytes).chars().take(200).collect::<String>()
+        ));
     }
     let echoed: Value = serde_json::from_slice(&bytes).map_err(|e| format!("bad JSON ({e})"))?;
     if echoed != body {
@@ -340,10 +343,7 @@ async fn call_echo(http: &reqwest::Client, url: &str, n: u64) -> Result<(), Stri
 
 /// Whether the response's `Content-Type` starts with `prefix` (parameters may follow).
 pub fn has_content_type(resp: &reqwest::Response, prefix: &str) -> bool {
-    resp.headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|ct| ct.starts_with(prefix))
+    resp.headers().get("content-type").and_then(|v| v.to_str().ok()).is_some_and(|ct| ct.starts_with(prefix))
 }
 
 /// Reads the whole body (SSE or plain JSON) and returns the result of the
@@ -378,7 +378,9 @@ fn result_in(body: &bytes::Bytes, sse: bool, id: u64) -> Result<Value, String> {
     let shown = || String::from_utf8_lossy(&message).chars().take(300).collect::<String>();
     match parse_message(&message) {
         Ok(Inbound::Response { id: got, outcome: Ok(result) }) if got.as_u64() == Some(id) => Ok(result),
-        Ok(Inbound::Response { id: got, outcome: Err(error) }) if got.as_u64() == Some(id) => Err(format!("JSON-RPC error: {error}")),
+        Ok(Inbound::Response { id: got, outcome: Err(error) }) if got.as_u64() == Some(id) => {
+            Err(format!("JSON-RPC error: {error}"))
+        }
         Ok(_) => Err(format!("not the JSON-RPC response to id {id}: {}", shown())),
         Err(e) => Err(format!("{} ({}): {}", e.message, e.code, shown())),
     }

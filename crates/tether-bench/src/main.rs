@@ -30,7 +30,10 @@ use report::{Row, Scenario, round};
 use server::{BASELINE_SUFFIX, Launch, Programs, Server, Store, Subject, System};
 
 #[derive(Debug, Parser)]
-#[command(name = "tether-bench", about = "tether and reference MCP servers side by side: throughput, latency, replay, restart, memory")]
+#[command(
+    name = "tether-bench",
+    about = "tether and reference MCP servers side by side: throughput, latency, replay, restart, memory"
+)]
 struct Args {
     /// The `tether` binary to start.
     #[arg(long, default_value = "target/release/tether")]
@@ -57,7 +60,12 @@ struct Args {
     #[arg(long, default_value = "redis://127.0.0.1:6379/")]
     redis: String,
     /// Systems to run, comma-separated, in this order.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "tether-memory,tether-sqlite,tether-redis,rmcp,ts-sdk,axum-floor")]
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "tether-memory,tether-sqlite,tether-redis,rmcp,ts-sdk,axum-floor"
+    )]
     systems: Vec<System>,
     /// Scenarios to run, comma-separated.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "tools_call,replay_10k,restart_100k_sessions,idle_session")]
@@ -137,10 +145,7 @@ fn main() -> ExitCode {
 
 /// A program next to this executable (the reference servers built with it).
 fn sibling(name: &str) -> PathBuf {
-    std::env::current_exe()
-        .ok()
-        .and_then(|exe| exe.parent().map(|dir| dir.join(name)))
-        .unwrap_or_else(|| PathBuf::from(name))
+    std::env::current_exe().ok().and_then(|exe| exe.parent().map(|dir| dir.join(name))).unwrap_or_else(|| PathBuf::from(name))
 }
 
 fn write(path: &Path, contents: &str) -> anyhow::Result<()> {
@@ -258,7 +263,9 @@ fn machine() -> String {
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
     let model = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|c| c.lines().find_map(|l| l.strip_prefix("model name").and_then(|v| v.split_once(':')).map(|(_, m)| m.trim().to_owned())))
+        .and_then(|c| {
+            c.lines().find_map(|l| l.strip_prefix("model name").and_then(|v| v.split_once(':')).map(|(_, m)| m.trim().to_owned()))
+        })
         .unwrap_or_else(|| "unknown CPU".into());
     format!("{cpus} CPUs ({model})")
 }
@@ -319,7 +326,11 @@ async fn tools_call(args: &Args, programs: &Programs, subjects: &[Subject]) -> V
                     continue;
                 }
             };
-            eprintln!("== {}: tools_call, {clients} clients, {} warm-up", subject.name(), humantime::format_duration(args.warmup));
+            eprintln!(
+                "== {}: tools_call, {clients} clients, {} warm-up",
+                subject.name(),
+                humantime::format_duration(args.warmup)
+            );
             let warmed = match load::Load::open(subject.system.protocol(), &server.mcp_url, clients).await {
                 Ok(mut load) => load.run(args.warmup, Duration::ZERO).await.map(|warm_up| (load, warm_up)),
                 Err(e) => Err(e),
@@ -421,7 +432,8 @@ async fn replay_10k(args: &Args, programs: &Programs, subject: Subject) -> Row {
             });
             if outcome.resent_last_event {
                 eprintln!("   note: the server re-sent the Last-Event-ID event before the missed ones");
-                row.deviation = Some(format!("re-sent the Last-Event-ID event first (a duplicate), then the {} missed ones", args.events));
+                row.deviation =
+                    Some(format!("re-sent the Last-Event-ID event first (a duplicate), then the {} missed ones", args.events));
             }
             row.rss_mib = Some(round(rss, 1));
         }
@@ -445,7 +457,13 @@ async fn settled_rss(server: &Server) -> anyhow::Result<u64> {
 /// SIGKILL, restart on the same store, time the first answer on an old session.
 async fn idle_and_restart(args: &Args, programs: &Programs, subject: Subject, idle: bool, restart: bool) -> Vec<Row> {
     let n = args.sessions;
-    eprintln!("== {}: {} sessions for{}{}", subject.name(), n, if idle { " idle_session" } else { "" }, if restart { " restart_100k_sessions" } else { "" });
+    eprintln!(
+        "== {}: {} sessions for{}{}",
+        subject.name(),
+        n,
+        if idle { " idle_session" } else { "" },
+        if restart { " restart_100k_sessions" } else { "" }
+    );
     let mut idle_row = Row::new(subject, Scenario::IdleSession, args.session_clients, args.quick);
     let mut restart_row = Row::new(subject, Scenario::Restart100kSessions, args.session_clients, args.quick);
     idle_row.count = Some(n as u64);
@@ -480,7 +498,12 @@ async fn idle_and_restart(args: &Args, programs: &Programs, subject: Subject, id
             if let (Some(a), Some(b)) = (store.as_ref().and_then(Store::outside_bytes), store_before) {
                 idle_row.store_bytes = Some(round((a as f64 - b as f64) / n as f64, 0));
             }
-            eprintln!("   RSS {:.1} MiB -> {:.1} MiB: {:.0} bytes per idle session", before as f64 / 1048576.0, after as f64 / 1048576.0, idle_row.bytes.unwrap_or(0.0));
+            eprintln!(
+                "   RSS {:.1} MiB -> {:.1} MiB: {:.0} bytes per idle session",
+                before as f64 / 1048576.0,
+                after as f64 / 1048576.0,
+                idle_row.bytes.unwrap_or(0.0)
+            );
         }
         if !restart {
             server.stop().await?;
@@ -533,12 +556,18 @@ mod tests {
     use super::*;
 
     fn run(clients: usize, rps: f64, p50: f64, rss: f64) -> Row {
-        Row { rps: Some(rps), p50_ms: Some(p50), rss_mib: Some(rss), ..Row::new(System::TetherSqlite, Scenario::ToolsCall, clients, false) }
+        Row {
+            rps: Some(rps),
+            p50_ms: Some(p50),
+            rss_mib: Some(rss),
+            ..Row::new(System::TetherSqlite, Scenario::ToolsCall, clients, false)
+        }
     }
 
     #[test]
     fn a_client_count_reports_its_median_round_with_the_spread() {
-        let row = median_round(vec![run(64, 900.0, 1.0, 40.0), run(64, 700.0, 2.0, 40.0), run(64, 800.0, 3.0, 40.0)]).expect("a row");
+        let row =
+            median_round(vec![run(64, 900.0, 1.0, 40.0), run(64, 700.0, 2.0, 40.0), run(64, 800.0, 3.0, 40.0)]).expect("a row");
         assert_eq!((row.clients, row.rps, row.p50_ms), (64, Some(800.0), Some(3.0)), "the median round, whole");
         assert_eq!(row.spread.as_deref(), Some("median of 3 interleaved rounds, 700 to 900 rps"));
         assert_eq!(row.rounds_rps, vec![900.0, 700.0, 800.0], "every round, in round order");

@@ -20,7 +20,8 @@ pub enum Scenario {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 4] = [Scenario::ToolsCall, Scenario::Replay10k, Scenario::Restart100kSessions, Scenario::IdleSession];
+    pub const ALL: [Scenario; 4] =
+        [Scenario::ToolsCall, Scenario::Replay10k, Scenario::Restart100kSessions, Scenario::IdleSession];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -261,7 +262,8 @@ pub fn budget(rows: &[Row]) -> String {
         ("tether-sqlite tools_call (64 clients) >= 0.5x axum-floor", "axum-floor", 0.5),
         ("tether-sqlite tools_call (64 clients) >= 0.8x tether-memory", "tether-memory", 0.8),
     ] {
-        let judged = sqlite.zip(tools_call(other)).and_then(|(a, b)| rps_ratio(a, b)).map(|(text, ratio)| (text, ratio >= target));
+        let judged =
+            sqlite.zip(tools_call(other)).and_then(|(a, b)| rps_ratio(a, b)).map(|(text, ratio)| (text, ratio >= target));
         let (measured, verdict) = match judged {
             Some((text, true)) => (text, "yes"),
             Some((text, false)) => (text, "**no**"),
@@ -314,7 +316,8 @@ pub fn chart(rows: &[Row], clients: usize, quick: bool) -> String {
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" viewBox=\"0 0 {width} {height}\" font-family=\"sans-serif\" font-size=\"13\">\n"
     );
     s.push_str(&format!("<rect width=\"{width}\" height=\"{height}\" fill=\"white\"/>\n"));
-    let title = format!("tools/call, {clients} clients: requests/s (higher is better){}", if quick { " — quick run" } else { "" });
+    let title =
+        format!("tools/call, {clients} clients: requests/s (higher is better){}", if quick { " — quick run" } else { "" });
     s.push_str(&format!("<text x=\"{left}\" y=\"24\" font-size=\"15\" font-weight=\"bold\">{}</text>\n", escape(&title)));
     s.push_str(&format!(
         "<text x=\"{left}\" y=\"42\" fill=\"#555\">one machine, loopback, same run; every response checked (tether-bench)</text>\n"
@@ -333,7 +336,13 @@ pub fn chart(rows: &[Row], clients: usize, quick: bool) -> String {
     }
     for (i, (name, value)) in bars.iter().enumerate() {
         let y = top + i as f64 * (bar_h + gap) + gap / 2.0;
-        let colour = if name.starts_with("tether") { "#2f6fdf" } else if *name == "axum-floor" { "#b8b8b8" } else { "#7a7a7a" };
+        let colour = if name.starts_with("tether") {
+            "#2f6fdf"
+        } else if *name == "axum-floor" {
+            "#b8b8b8"
+        } else {
+            "#7a7a7a"
+        };
         s.push_str(&format!(
             "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>\n",
             left - 8.0,
@@ -392,7 +401,11 @@ mod tests {
 
     #[test]
     fn restart_and_idle_with_fewer_sessions_than_the_budget_are_shown_but_not_judged() {
-        let idle = |system, count, bytes| Row { bytes: Some(bytes), count: Some(count), ..Row::new(system, Scenario::IdleSession, 64, count < 100_000) };
+        let idle = |system, count, bytes| Row {
+            bytes: Some(bytes),
+            count: Some(count),
+            ..Row::new(system, Scenario::IdleSession, 64, count < 100_000)
+        };
         let rows = vec![idle(System::TetherSqlite, 10_000, 3880.0), idle(System::TetherMemory, 100_000, 2000.0)];
         let b = budget(&rows);
         assert!(

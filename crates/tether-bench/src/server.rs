@@ -298,10 +298,8 @@ pub struct Server {
 impl Server {
     /// Spawns the process and returns at once (the restart scenario times from here).
     pub fn spawn(launch: &Launch, programs: &Programs, store: Option<&Store>) -> anyhow::Result<Server> {
-        let mut child = launch
-            .command(programs, store)?
-            .spawn()
-            .with_context(|| format!("cannot start {}", launch.subject.name()))?;
+        let mut child =
+            launch.command(programs, store)?.spawn().with_context(|| format!("cannot start {}", launch.subject.name()))?;
         let pid = child.id().context("the server exited at once")?;
         let stderr = child.stderr.take().context("no stderr pipe")?;
         let log = Arc::new(Mutex::new(VecDeque::new()));
@@ -383,18 +381,15 @@ impl Server {
         Ok(self.status_kib("VmRSS:")? * 1024)
     }
 
-    fn signal(&self, signal: i32) -> anyhow::Result<()> {
-        let pid = i32::try_from(self.pid).context("pid out of range")?;
-        // SAFETY: kill(2) with the pid of our own child, which we have not reaped yet.
-        if unsafe { libc::kill(pid, signal) } != 0 {
-            bail!("cannot signal {}: {}", self.pid, std::io::Error::last_os_error());
-        }
-        Ok(())
+    /// kill(2) to our own child, which we have not reaped yet.
+    fn signal(&self, signal: rustix::process::Signal) -> anyhow::Result<()> {
+        let pid = i32::try_from(self.pid).ok().and_then(rustix::process::Pid::from_raw).context("pid out of range")?;
+        rustix::process::kill_process(pid, signal).with_context(|| format!("cannot signal {}", self.pid))
     }
 
     /// Sends SIGTERM and waits for the exit (SIGKILL after a timeout).
     pub async fn stop(mut self) -> anyhow::Result<()> {
-        self.signal(libc::SIGTERM)?;
+        self.signal(rustix::process::Signal::TERM)?;
         match tokio::time::timeout(STOP_TIMEOUT, self.child.wait()).await {
             Ok(status) => {
                 let status = status?;
@@ -412,7 +407,7 @@ impl Server {
 
     /// SIGKILL, then reap the process.
     pub async fn kill(mut self) -> anyhow::Result<()> {
-        self.signal(libc::SIGKILL)?;
+        self.signal(rustix::process::Signal::KILL)?;
         let status = tokio::time::timeout(STOP_TIMEOUT, self.child.wait()).await.context("a SIGKILLed server did not exit")??;
         anyhow::ensure!(!status.success(), "{} exited cleanly instead of being killed", self.subject.name());
         Ok(())
@@ -428,10 +423,7 @@ pub fn free_port() -> anyhow::Result<u16> {
 /// The first `http://…/mcp` URL in a log line, if any.
 fn mcp_url_in(line: &str) -> Option<String> {
     let start = line.find("http://")?;
-    let url: String = line[start..]
-        .chars()
-        .take_while(|c| c.is_ascii_alphanumeric() || ":/.-_[]%".contains(*c))
-        .collect();
+    let url: String = line[start..].chars().take_while(|c| c.is_ascii_alphanumeric() || ":/.-_[]%".contains(*c)).collect();
     url.ends_with("/mcp").then_some(url)
 }
 
@@ -443,7 +435,10 @@ mod tests {
     fn finds_the_url_in_a_log_line() {
         let line = "2026-01-01T00:00:00Z  INFO tether::serve: tether listening on http://127.0.0.1:4567/mcp local=127.0.0.1:4567";
         assert_eq!(mcp_url_in(line).as_deref(), Some("http://127.0.0.1:4567/mcp"));
-        assert_eq!(mcp_url_in("rmcp reference listening on http://127.0.0.1:80/mcp (channel_capacity 16)").as_deref(), Some("http://127.0.0.1:80/mcp"));
+        assert_eq!(
+            mcp_url_in("rmcp reference listening on http://127.0.0.1:80/mcp (channel_capacity 16)").as_deref(),
+            Some("http://127.0.0.1:80/mcp")
+        );
         assert_eq!(mcp_url_in("INFO authentication is off"), None);
     }
 }

@@ -29,9 +29,8 @@ async fn echo(Json(body): Json<Value>) -> Json<Value> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let router = axum::Router::new()
-        .route("/mcp", axum::routing::post(echo))
-        .route("/healthz", axum::routing::get(|| async { "ok" }));
+    let router =
+        axum::Router::new().route("/mcp", axum::routing::post(echo)).route("/healthz", axum::routing::get(|| async { "ok" }));
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     let addr = listener.local_addr()?;
     eprintln!("axum floor listening on http://{addr}/mcp");

@@ -174,9 +174,7 @@ async fn main() -> anyhow::Result<()> {
     manager.session_config.channel_capacity = args.channel_capacity.max(1);
     let service: StreamableHttpService<Thinker, LocalSessionManager> =
         StreamableHttpService::new(|| Ok(Thinker::default()), Arc::new(manager), StreamableHttpServerConfig::default());
-    let router = axum::Router::new()
-        .nest_service("/mcp", service)
-        .route("/healthz", axum::routing::get(|| async { "ok" }));
+    let router = axum::Router::new().nest_service("/mcp", service).route("/healthz", axum::routing::get(|| async { "ok" }));
 
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     let addr = listener.local_addr()?;

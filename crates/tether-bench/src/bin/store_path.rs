@@ -33,9 +33,8 @@ fn threads() -> Vec<(String, u64, u64, u64)> {
             .map(|(_, rest)| rest.split_whitespace().skip(11).take(2).filter_map(|v| v.parse::<u64>().ok()).sum())
             .unwrap_or(0);
         let io = std::fs::read_to_string(path.join("io")).unwrap_or_default();
-        let field = |name: &str| {
-            io.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse::<u64>().ok())).unwrap_or(0)
-        };
+        let field =
+            |name: &str| io.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse::<u64>().ok())).unwrap_or(0);
         out.push((comm, ticks, field("syscw:"), field("wchar:")));
     }
     out
@@ -46,10 +45,7 @@ fn threads() -> Vec<(String, u64, u64, u64)> {
 const WORKERS: &str = "tokio-rt-worker";
 
 fn totals(comm: &str) -> (u64, u64, u64) {
-    threads()
-        .into_iter()
-        .filter(|t| t.0 == comm)
-        .fold((0, 0, 0), |acc, t| (acc.0 + t.1, acc.1 + t.2, acc.2 + t.3))
+    threads().into_iter().filter(|t| t.0 == comm).fold((0, 0, 0), |acc, t| (acc.0 + t.1, acc.1 + t.2, acc.2 + t.3))
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
