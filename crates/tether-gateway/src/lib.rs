@@ -11,4 +11,6 @@
 //!   session) and [`http`] (an upstream HTTP session per session) implement it.
 
 pub mod config;
+pub mod http;
+pub mod stdio;
 pub mod upstream;

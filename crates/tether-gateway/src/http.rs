@@ -1,0 +1,294 @@
+//! A URL upstream: one upstream MCP session per tether session, over
+//! Streamable HTTP (or the 2024-11-05 HTTP+SSE transport, found as the
+//! client runtime finds it), on [`tether_client::Session`].
+//!
+//! The client runtime does the transport work (session and protocol
+//! headers, SSE answers, resuming dropped streams, the standalone stream,
+//! `notifications/cancelled` for a request dropped before its answer). This
+//! module adds what a gateway needs on top: the upstream's credentials
+//! (tether's own from `auth_env`, or the client's `Authorization` only when
+//! `forward_auth` opts in), results as raw JSON, the upstream's own
+//! messages on the [`Inbound`] channel, and a 404 (the upstream forgot its
+//! session) turning the connection dead so the gateway starts a new one.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::Value;
+use serde_json::value::RawValue;
+use tether_client::{ClientError, ClientOptions, ServerMessage, Session};
+use tether_wire::RpcError;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::config::UrlSpec;
+use crate::upstream::{FromUpstream, Inbound, Started, UPSTREAM_RESTARTED, Upstream};
+
+/// Messages from the upstream waiting for the gateway.
+const INBOUND_BUFFER: usize = 256;
+/// The longest one upstream request may take. The client decides when to
+/// give up (and cancels); this only bounds a request nobody cancels.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// Opens an upstream session: `initialize` with `initialize_params` as
+/// given (then `notifications/initialized`, which the client runtime sends
+/// itself; see [`HttpUpstream::notify`]), waiting at most `init_timeout`.
+/// `client_authorization` is the client's `Authorization` header value,
+/// forwarded only when the upstream has `forward_auth`.
+pub async fn start(
+    spec: &UrlSpec,
+    upstream_name: &str,
+    session: &str,
+    initialize_params: Value,
+    init_timeout: Duration,
+    client_authorization: Option<String>,
+) -> Result<Started, RpcError> {
+    let (upstream, inbound, initialize_result) =
+        connect(spec, upstream_name, session, initialize_params, init_timeout, client_authorization).await?;
+    Ok(Started { upstream, inbound, initialize_result })
+}
+
+/// [`start`], keeping the concrete type (for
+/// [`HttpUpstream::upstream_session_id`], stored with the tether session).
+pub async fn connect(
+    spec: &UrlSpec,
+    upstream_name: &str,
+    session: &str,
+    initialize_params: Value,
+    init_timeout: Duration,
+    client_authorization: Option<String>,
+) -> Result<(Arc<HttpUpstream>, Inbound, Box<RawValue>), RpcError> {
+    let who = format!("upstream {upstream_name} at {}", spec.url);
+    let options = client_options(spec, client_authorization, |var| std::env::var(var).ok())
+        .map_err(|e| RpcError::internal(format!("{who}: {e}")))?;
+    let (client, result) = match tokio::time::timeout(init_timeout, Session::connect(&spec.url, options, initialize_params)).await
+    {
+        Ok(Ok(connected)) => connected,
+        Ok(Err(e)) => return Err(RpcError { message: format!("{who}: {}", describe(&e)), ..as_rpc(e) }),
+        Err(_) => {
+            return Err(RpcError::internal(format!(
+                "{who} did not answer initialize within {}",
+                humantime::format_duration(init_timeout)
+            )));
+        }
+    };
+    let initialize_result = serde_json::value::to_raw_value(&result)
+        .map_err(|e| RpcError::internal(format!("{who}: unreadable initialize result: {e}")))?;
+    let (inbound_tx, inbound) = mpsc::channel(INBOUND_BUFFER);
+    let relay = client.take_incoming().map(|from_client| tokio::spawn(relay(from_client, inbound_tx)));
+    let upstream = Arc::new(HttpUpstream {
+        name: upstream_name.to_owned(),
+        session: session.to_owned(),
+        url: spec.url.clone(),
+        upstream_session_id: client.session_id(),
+        client: Mutex::new(Some(client)),
+        alive: AtomicBool::new(true),
+        relay: Mutex::new(relay),
+    });
+    Ok((upstream, inbound, initialize_result))
+}
+
+/// The client runtime's options for this upstream: the configured headers,
+/// and at most one `Authorization`: tether's bearer token from the
+/// environment variable `auth_env`, else the client's header when
+/// `forward_auth`, else none (the client's is never forwarded by default).
+fn client_options(
+    spec: &UrlSpec,
+    client_authorization: Option<String>,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<ClientOptions, String> {
+    let mut headers: Vec<(String, String)> = spec.headers.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let mut bearer_token = None;
+    if let Some(var) = &spec.auth_env {
+        let token = env(var).filter(|t| !t.trim().is_empty()).ok_or_else(|| {
+            format!("auth_env names the environment variable {var}, which is not set (or empty) in tether's environment")
+        })?;
+        bearer_token = Some(token);
+    } else if spec.forward_auth
+        && let Some(authorization) = client_authorization
+    {
+        headers.retain(|(name, _)| !name.eq_ignore_ascii_case("authorization"));
+        headers.push(("Authorization".to_owned(), authorization));
+    }
+    Ok(ClientOptions { bearer_token, headers, request_timeout: REQUEST_TIMEOUT })
+}
+
+/// Hands the upstream's own messages to the gateway, in order, until
+/// either side is gone.
+async fn relay(mut from_client: mpsc::Receiver<ServerMessage>, inbound: mpsc::Sender<FromUpstream>) {
+    while let Some(message) = from_client.recv().await {
+        let message = match message {
+            ServerMessage::Request { id, method, params } => FromUpstream::Request { id, method, params },
+            ServerMessage::Notification { method, params } => FromUpstream::Notification { method, params },
+        };
+        if inbound.send(message).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// One upstream session, as an [`Upstream`].
+pub struct HttpUpstream {
+    name: String,
+    session: String,
+    url: String,
+    upstream_session_id: Option<String>,
+    /// Taken on close (requests then find no session).
+    client: Mutex<Option<Session>>,
+    alive: AtomicBool,
+    relay: Mutex<Option<JoinHandle<()>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Nothing panics while holding these locks; a poisoned one is still consistent.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A client runtime error as a JSON-RPC error: the upstream's own answer
+/// as it is, anything else `-32603`.
+fn as_rpc(e: ClientError) -> RpcError {
+    match e {
+        ClientError::Rpc(error) => error,
+        other => RpcError::internal(other.to_string()),
+    }
+}
+
+fn describe(e: &ClientError) -> String {
+    match e {
+        ClientError::Rpc(error) => format!("answered with JSON-RPC error {}: {}", error.code, error.message),
+        ClientError::Auth { status, message } => {
+            format!("refused tether's credentials (HTTP {status}): {message}; check auth_env or forward_auth")
+        }
+        other => other.to_string(),
+    }
+}
+
+impl HttpUpstream {
+    /// The upstream's `Mcp-Session-Id` (none for a stateless server or the
+    /// 2024-11-05 transport).
+    pub fn upstream_session_id(&self) -> Option<String> {
+        self.upstream_session_id.clone()
+    }
+
+    fn client(&self) -> Result<Session, RpcError> {
+        match lock(&self.client).as_ref() {
+            Some(client) if self.is_alive() => Ok(client.clone()),
+            _ => Err(RpcError::internal(format!(
+                "upstream {} at {}: this upstream session has ended; a new request opens another",
+                self.name, self.url
+            ))),
+        }
+    }
+
+    /// The connection is gone: the gateway starts a new one.
+    fn die(&self) {
+        self.alive.store(false, Ordering::Release);
+        if let Some(relay) = lock(&self.relay).take() {
+            // Closes the inbound channel.
+            relay.abort();
+        }
+    }
+
+    /// Maps a failure; a 404 (the upstream forgot the session) ends this connection.
+    fn failed(&self, e: ClientError) -> RpcError {
+        match e {
+            ClientError::SessionNotFound => {
+                tracing::info!(upstream = %self.name, session = %self.session, "the upstream at {} forgot its session (HTTP 404)", self.url);
+                self.die();
+                RpcError::internal(UPSTREAM_RESTARTED)
+            }
+            ClientError::Rpc(error) => error,
+            other => RpcError::internal(format!("upstream {} at {}: {}", self.name, self.url, describe(&other))),
+        }
+    }
+}
+
+impl Drop for HttpUpstream {
+    fn drop(&mut self) {
+        if let Some(relay) = lock(&self.relay).take() {
+            relay.abort();
+        }
+    }
+}
+
+#[async_trait]
+impl Upstream for HttpUpstream {
+    async fn request(&self, method: &str, params: Option<Value>) -> Result<Box<RawValue>, RpcError> {
+        // Dropping this future drops the client runtime's request, which
+        // sends `notifications/cancelled` under the id it used upstream.
+        let result = self.client()?.request(method, params).await.map_err(|e| self.failed(e))?;
+        serde_json::value::to_raw_value(&result)
+            .map_err(|e| RpcError::internal(format!("upstream {}: unreadable result: {e}", self.name)))
+    }
+
+    /// `notifications/initialized` is not sent again: the client runtime
+    /// sent it right after `initialize` (a server may refuse a second one).
+    async fn notify(&self, method: &str, params: Option<Value>) -> Result<(), RpcError> {
+        if method == "notifications/initialized" {
+            return Ok(());
+        }
+        self.client()?.notify(method, params).await.map_err(|e| self.failed(e))
+    }
+
+    async fn answer(&self, id: Value, outcome: Result<Value, RpcError>) -> Result<(), RpcError> {
+        let outcome = outcome.map_err(|e| e.to_object());
+        self.client()?.respond(id, outcome).await.map_err(|e| self.failed(e))
+    }
+
+    fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::Acquire)
+    }
+
+    /// With `end_session`, DELETEs the upstream session; else only lets go
+    /// of it (another replica, or a restart, may use its ID).
+    async fn close(&self, end_session: bool) {
+        self.die();
+        let Some(client) = lock(&self.client).take() else { return };
+        if end_session {
+            client.close().await;
+        }
+        // Dropping the last handle stops its background streams.
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn authorization(options: &ClientOptions) -> Vec<&str> {
+        let mut found: Vec<&str> = options
+            .headers
+            .iter()
+            .filter(|(name, _)| name.eq_ignore_ascii_case("authorization"))
+            .map(|(_, v)| v.as_str())
+            .collect();
+        if let Some(token) = &options.bearer_token {
+            found.push(token);
+        }
+        found
+    }
+
+    #[test]
+    fn the_clients_authorization_is_forwarded_only_when_asked_and_tethers_own_token_wins() {
+        let env = |var: &str| (var == "REMOTE_TOKEN").then(|| "tether-secret".to_owned());
+        let client = Some("Bearer client-secret".to_owned());
+        let mut spec = UrlSpec::new("http://127.0.0.1:9/mcp".into());
+        spec.headers.insert("X-Team".into(), "blue".into());
+
+        let plain = client_options(&spec, client.clone(), env).unwrap();
+        assert!(authorization(&plain).is_empty(), "never forwarded by default");
+        assert!(plain.headers.contains(&("X-Team".into(), "blue".into())));
+
+        spec.forward_auth = true;
+        assert_eq!(authorization(&client_options(&spec, client.clone(), env).unwrap()), ["Bearer client-secret"]);
+        assert!(authorization(&client_options(&spec, None, env).unwrap()).is_empty());
+
+        spec.auth_env = Some("REMOTE_TOKEN".into());
+        assert_eq!(authorization(&client_options(&spec, client.clone(), env).unwrap()), ["tether-secret"]);
+
+        spec.auth_env = Some("MISSING".into());
+        assert!(client_options(&spec, client, env).unwrap_err().contains("MISSING"));
+    }
+}

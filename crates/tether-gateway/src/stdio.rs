@@ -1,0 +1,704 @@
+//! A command upstream: one child process per tether session, speaking MCP's
+//! stdio transport (newline-delimited JSON-RPC on its stdin and stdout).
+//!
+//! [`start`] spawns the command (no shell; only the configured environment
+//! plus `PATH` and `HOME`; in a process group of its own, so stopping it
+//! also stops what it started, such as `npx`'s `node`), sends `initialize`
+//! and returns the connection as an [`Upstream`]. Four tasks serve it:
+//!
+//! - the writer owns the child's stdin and writes queued lines (a bounded
+//!   queue, so a child that stops reading back-pressures its callers);
+//! - the reader reads stdout with a bound per line, hands answers to the
+//!   request waiting for them (by the connection's own ids, a counter) and
+//!   everything else to the [`Inbound`] channel; a line that is not JSON-RPC,
+//!   too long, or an answer nobody waits for is logged and skipped;
+//! - the stderr reader logs each line (truncated), tagged with the upstream
+//!   and the session, and keeps the last one for error messages;
+//! - the supervisor owns the child: it waits for its exit (or kills it when
+//!   asked: `close`, the upstream dropped, stdout closed), lets the readers
+//!   finish what the child wrote before it exited (bounded), then ends every
+//!   request in flight with [`UPSTREAM_RESTARTED`] and closes the inbound
+//!   channel.
+
+use std::collections::{HashMap, VecDeque};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use serde::Deserialize;
+use serde::de::IgnoredAny;
+use serde_json::value::RawValue;
+use serde_json::{Value, json};
+use tether_wire::{Inbound as Message, RpcError, envelope};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
+use tokio::sync::{Notify, mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+
+use crate::config::CommandSpec;
+use crate::upstream::{FromUpstream, Started, UPSTREAM_RESTARTED, Upstream};
+
+/// Lines queued for the child's stdin.
+const WRITE_QUEUE: usize = 256;
+/// Lines written before one flush, at most.
+const WRITE_BATCH: usize = 64;
+/// Messages from the child waiting for the gateway.
+const INBOUND_BUFFER: usize = 256;
+/// Requests waiting for the child's answer, at most (the engine bounds
+/// requests per session far lower; this only keeps a broken caller bounded).
+const MAX_PENDING: usize = 1024;
+/// Recently given-up request ids remembered, so the child's late answer to
+/// one is expected rather than warned about.
+const RECENTLY_GIVEN_UP: usize = 64;
+/// Bytes of one stderr line logged (and read) at most.
+const STDERR_LINE_MAX: usize = 2048;
+/// Characters of the last stderr line quoted in error messages.
+const LAST_STDERR_MAX: usize = 300;
+/// How long the readers may go on after the child exited (what it wrote
+/// just before exiting is still in the pipes; a grandchild may hold them
+/// open forever).
+const EXIT_GRACE: Duration = Duration::from_secs(1);
+/// How long `close` (and a failed start) waits for the child to be gone.
+const CLOSE_WAIT: Duration = Duration::from_secs(5);
+
+/// Starts the command, sends `initialize` with `initialize_params` as given
+/// and waits at most `init_timeout` for its answer. Does not send
+/// `notifications/initialized`: the gateway forwards the client's (or sends
+/// it when it replays a stored `initialize`).
+pub async fn start(
+    spec: &CommandSpec,
+    upstream_name: &str,
+    session: &str,
+    initialize_params: Value,
+    init_timeout: Duration,
+) -> Result<Started, RpcError> {
+    let command = spec.display();
+    let Some((program, args)) = spec.command.split_first() else {
+        return Err(RpcError::internal(format!("upstream {upstream_name} has an empty command")));
+    };
+    let mut cmd = Command::new(program);
+    cmd.args(args).env_clear();
+    for key in ["PATH", "HOME"] {
+        if let Some(value) = std::env::var_os(key) {
+            cmd.env(key, value);
+        }
+    }
+    cmd.envs(&spec.env);
+    if let Some(cwd) = &spec.cwd {
+        cmd.current_dir(cwd);
+    }
+    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true).process_group(0);
+    let mut child = cmd.spawn().map_err(|e| {
+        let place = spec.cwd.as_ref().map(|cwd| format!(" in {}", cwd.display())).unwrap_or_default();
+        RpcError::internal(format!("cannot start upstream {upstream_name} (`{command}`{place}): {e}"))
+    })?;
+    let (Some(stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take()) else {
+        // Not reachable with piped stdio; the child is killed on drop.
+        return Err(RpcError::internal(format!("upstream {upstream_name} (`{command}`): its stdio pipes are missing")));
+    };
+
+    let shared = Arc::new(Shared {
+        upstream: upstream_name.to_owned(),
+        session: session.to_owned(),
+        command,
+        alive: AtomicBool::new(true),
+        pending: Mutex::new(Pending::default()),
+        last_stderr: Mutex::new(None),
+    });
+    let kill = Arc::new(Notify::new());
+    let (writer, write_rx) = mpsc::channel(WRITE_QUEUE);
+    let (inbound_tx, inbound) = mpsc::channel(INBOUND_BUFFER);
+    let (exited_tx, exited) = watch::channel(None);
+    let tasks = Tasks {
+        writer: tokio::spawn(write_stdin(stdin, write_rx, shared.clone())),
+        reader: tokio::spawn(read_stdout(stdout, spec.max_line_bytes, inbound_tx, shared.clone())),
+        stderr: tokio::spawn(read_stderr(stderr, shared.clone())),
+    };
+    tokio::spawn(supervise(child, tasks, shared.clone(), kill.clone(), exited_tx));
+    let upstream = Arc::new(StdioUpstream { shared, writer, next_id: AtomicU64::new(0), kill, exited });
+
+    let who = format!("upstream {upstream_name} (`{}`)", upstream.shared.command);
+    match tokio::time::timeout(init_timeout, upstream.request("initialize", Some(initialize_params))).await {
+        Ok(Ok(initialize_result)) => Ok(Started { upstream, inbound, initialize_result }),
+        Ok(Err(e)) if !upstream.is_alive() => {
+            let exit = upstream.wait_exit(CLOSE_WAIT).await;
+            // Ours (the connection ended) or the child's own refusal, which it exited after.
+            let ours = e.message == UPSTREAM_RESTARTED || e.message.contains(" is not running");
+            let refusal = if ours { String::new() } else { format!(" after refusing it ({})", e.message) };
+            Err(RpcError::internal(format!("{who} {exit} during initialize{refusal}{}", upstream.shared.stderr_hint())))
+        }
+        Ok(Err(refused)) => {
+            upstream.close(true).await;
+            Err(RpcError { message: format!("{who} refused initialize: {}", refused.message), ..refused })
+        }
+        Err(_) => {
+            upstream.close(true).await;
+            Err(RpcError::internal(format!(
+                "{who} did not answer initialize within {}{}",
+                humantime::format_duration(init_timeout),
+                upstream.shared.stderr_hint()
+            )))
+        }
+    }
+}
+
+/// A running child, as an [`Upstream`]. Dropping it stops the child.
+pub struct StdioUpstream {
+    shared: Arc<Shared>,
+    writer: mpsc::Sender<Bytes>,
+    next_id: AtomicU64,
+    kill: Arc<Notify>,
+    /// How the child ended, once it has (`"exited (exit status: 3)"`).
+    exited: watch::Receiver<Option<String>>,
+}
+
+/// What the tasks and the upstream share (never the upstream itself: its
+/// drop is what stops the child).
+struct Shared {
+    upstream: String,
+    session: String,
+    /// The command as typed, for messages.
+    command: String,
+    alive: AtomicBool,
+    pending: Mutex<Pending>,
+    last_stderr: Mutex<Option<String>>,
+}
+
+type Answer = Result<Box<RawValue>, RpcError>;
+
+#[derive(Default)]
+struct Pending {
+    waiting: HashMap<u64, oneshot::Sender<Answer>>,
+    given_up: VecDeque<u64>,
+    /// The connection is gone: nothing new waits.
+    ended: bool,
+}
+
+struct Tasks {
+    writer: JoinHandle<()>,
+    reader: JoinHandle<()>,
+    stderr: JoinHandle<()>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Nothing panics while holding these locks; a poisoned one is still consistent.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    fn register(&self, id: u64, tx: oneshot::Sender<Answer>) -> Result<(), RpcError> {
+        let mut pending = lock(&self.pending);
+        if pending.ended {
+            return Err(self.gone());
+        }
+        if pending.waiting.len() >= MAX_PENDING {
+            return Err(RpcError::internal(format!(
+                "upstream {} has {MAX_PENDING} requests in flight already; try again when some have finished",
+                self.upstream
+            )));
+        }
+        pending.waiting.insert(id, tx);
+        Ok(())
+    }
+
+    /// Removes a request nobody waits for any more; true if it was still waiting.
+    fn give_up(&self, id: u64) -> bool {
+        let mut pending = lock(&self.pending);
+        let was_waiting = pending.waiting.remove(&id).is_some();
+        if was_waiting {
+            if pending.given_up.len() >= RECENTLY_GIVEN_UP {
+                pending.given_up.pop_front();
+            }
+            pending.given_up.push_back(id);
+        }
+        was_waiting
+    }
+
+    fn answered(&self, id: &Value, answer: Answer) {
+        // Our ids are numbers; a child that echoes them as strings is forgiven.
+        let n = id.as_u64().or_else(|| id.as_str().and_then(|s| s.parse().ok()));
+        let (waiter, given_up) = {
+            let mut pending = lock(&self.pending);
+            let waiter = n.and_then(|n| pending.waiting.remove(&n));
+            (waiter, n.is_some_and(|n| pending.given_up.contains(&n)))
+        };
+        match waiter {
+            // The caller may have just gone; its answer has no one to go to.
+            Some(tx) => drop(tx.send(answer)),
+            None if given_up => {
+                tracing::debug!(upstream = %self.upstream, session = %self.session, "late answer to cancelled request {id}")
+            }
+            None => tracing::warn!(
+                upstream = %self.upstream,
+                session = %self.session,
+                "skipping an answer to id {id}, which no request of ours is waiting for"
+            ),
+        }
+    }
+
+    /// The connection is gone: every request in flight ends, nothing new starts.
+    fn end(&self) {
+        self.alive.store(false, Ordering::Release);
+        let waiting = {
+            let mut pending = lock(&self.pending);
+            pending.ended = true;
+            std::mem::take(&mut pending.waiting)
+        };
+        for (_, tx) in waiting {
+            let _ = tx.send(Err(RpcError::internal(UPSTREAM_RESTARTED)));
+        }
+    }
+
+    fn gone(&self) -> RpcError {
+        RpcError::internal(format!(
+            "upstream {} (`{}`) is not running{}; a new request starts it again",
+            self.upstream,
+            self.command,
+            self.stderr_hint()
+        ))
+    }
+
+    /// "; its last stderr line: …" for error messages.
+    fn stderr_hint(&self) -> String {
+        match lock(&self.last_stderr).as_deref() {
+            Some(line) => format!("; its last stderr line: {line}"),
+            None => "; it wrote nothing on stderr".to_owned(),
+        }
+    }
+
+    async fn deliver(&self, inbound: &mpsc::Sender<FromUpstream>, message: FromUpstream) {
+        // Waiting for room back-pressures the child (it blocks on a full
+        // stdout pipe); a gateway that dropped the receiver hears nothing more.
+        if inbound.send(message).await.is_err() {
+            tracing::debug!(upstream = %self.upstream, session = %self.session, "nobody reads this upstream's messages; dropping one");
+        }
+    }
+
+    /// One line the child wrote on stdout.
+    async fn dispatch(&self, line: &[u8], inbound: &mpsc::Sender<FromUpstream>) {
+        // The common case, an answer to one of our requests, is read once
+        // and its result kept as the child wrote it (no field reordered).
+        if let Ok(response) = serde_json::from_slice::<ResponseLine<'_>>(line)
+            && response.jsonrpc == "2.0"
+            && response.method.is_none()
+            && response.error.is_none()
+        {
+            self.answered(&json!(response.id), Ok(response.result.to_owned()));
+            return;
+        }
+        match envelope::parse_message(line) {
+            Ok(Message::Response { id, outcome: Ok(result) }) => {
+                let raw = serde_json::value::to_raw_value(&result)
+                    .map_err(|e| RpcError::internal(format!("upstream {}: unreadable result: {e}", self.upstream)));
+                self.answered(&id, raw);
+            }
+            Ok(Message::Response { id, outcome: Err(error) }) => self.answered(&id, Err(RpcError::from_object(&error))),
+            Ok(Message::Notification { method, params }) => {
+                self.deliver(inbound, FromUpstream::Notification { method, params: params.map(Value::Object) }).await;
+            }
+            Ok(Message::Request { id, method, params }) => {
+                self.deliver(inbound, FromUpstream::Request { id, method, params: params.map(Value::Object) }).await;
+            }
+            Err(e) => tracing::warn!(
+                upstream = %self.upstream,
+                session = %self.session,
+                "skipping a line on stdout that is not a JSON-RPC message ({}): {}",
+                e.message,
+                preview(line, 120)
+            ),
+        }
+    }
+}
+
+/// An answer with a result, read without parsing the result.
+#[derive(Deserialize)]
+struct ResponseLine<'a> {
+    #[serde(borrow)]
+    jsonrpc: &'a str,
+    id: u64,
+    #[serde(borrow)]
+    result: &'a RawValue,
+    method: Option<IgnoredAny>,
+    error: Option<IgnoredAny>,
+}
+
+/// The start of a line as text, for logs.
+fn preview(line: &[u8], max: usize) -> String {
+    let text = String::from_utf8_lossy(&line[..line.len().min(max)]);
+    let mut text: String = text.chars().filter(|c| !c.is_control()).collect();
+    if line.len() > max {
+        text.push('…');
+    }
+    text
+}
+
+impl StdioUpstream {
+    async fn send_line(&self, line: Bytes) -> Result<(), RpcError> {
+        if !self.is_alive() {
+            return Err(self.shared.gone());
+        }
+        self.writer.send(line).await.map_err(|_| self.shared.gone())
+    }
+
+    /// How the child ended ("exited (exit status: 3)"), waiting at most `limit`.
+    async fn wait_exit(&self, limit: Duration) -> String {
+        let mut exited = self.exited.clone();
+        match tokio::time::timeout(limit, exited.wait_for(Option::is_some)).await {
+            Ok(Ok(description)) => description.clone().unwrap_or_default(),
+            _ => "ended".to_owned(),
+        }
+    }
+}
+
+impl Drop for StdioUpstream {
+    fn drop(&mut self) {
+        // The supervisor holds the child; this is what tells it to stop.
+        self.kill.notify_one();
+    }
+}
+
+/// A request in flight: if its future is dropped before the answer, the
+/// waiting entry goes and the child is told with `notifications/cancelled`.
+struct InFlight<'a> {
+    upstream: &'a StdioUpstream,
+    id: u64,
+    /// The request line was queued for the child.
+    sent: bool,
+    /// Answered (or the connection ended): nothing to cancel.
+    done: bool,
+    /// The protocol forbids cancelling `initialize`.
+    cancellable: bool,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if self.done || !self.upstream.shared.give_up(self.id) {
+            return;
+        }
+        if !self.sent || !self.cancellable || !self.upstream.is_alive() {
+            return;
+        }
+        let params = json!({"requestId": self.id, "reason": "the gateway's client is no longer waiting for this request"});
+        let line = envelope::outbound_message(None, "notifications/cancelled", Some(&params));
+        // No await in drop: if the queue is full the child is far behind and
+        // the answer, when it comes, is dropped as a late one.
+        if self.upstream.writer.try_send(line).is_err() {
+            let shared = &self.upstream.shared;
+            tracing::debug!(upstream = %shared.upstream, session = %shared.session, "could not queue notifications/cancelled for request {}", self.id);
+        }
+    }
+}
+
+#[async_trait]
+impl Upstream for StdioUpstream {
+    async fn request(&self, method: &str, params: Option<Value>) -> Result<Box<RawValue>, RpcError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.shared.register(id, tx)?;
+        let mut in_flight = InFlight { upstream: self, id, sent: false, done: false, cancellable: method != "initialize" };
+        let line = envelope::outbound_message(Some(&json!(id)), method, params.as_ref());
+        self.writer.send(line).await.map_err(|_| self.shared.gone())?;
+        in_flight.sent = true;
+        let answer = rx.await;
+        in_flight.done = true;
+        // A dropped sender means the connection ended without a word.
+        answer.unwrap_or_else(|_| Err(RpcError::internal(UPSTREAM_RESTARTED)))
+    }
+
+    async fn notify(&self, method: &str, params: Option<Value>) -> Result<(), RpcError> {
+        self.send_line(envelope::outbound_message(None, method, params.as_ref())).await
+    }
+
+    async fn answer(&self, id: Value, outcome: Result<Value, RpcError>) -> Result<(), RpcError> {
+        let line = match outcome {
+            Ok(result) => envelope::result_message(&id, &result),
+            Err(error) => envelope::error_message(Some(&id), &error),
+        };
+        self.send_line(line).await
+    }
+
+    fn is_alive(&self) -> bool {
+        self.shared.alive.load(Ordering::Acquire)
+    }
+
+    /// Kills the child (and its process group) and waits for it, bounded.
+    async fn close(&self, _end_session: bool) {
+        self.kill.notify_one();
+        let _ = self.wait_exit(CLOSE_WAIT).await;
+    }
+}
+
+/// Owns the child until it is gone; then ends the connection.
+async fn supervise(
+    mut child: Child,
+    tasks: Tasks,
+    shared: Arc<Shared>,
+    kill: Arc<Notify>,
+    exited: watch::Sender<Option<String>>,
+) {
+    let pid = child.id();
+    let Tasks { writer, mut reader, mut stderr } = tasks;
+    let mut reader_done = false;
+    let description = tokio::select! {
+        status = child.wait() => exited_with(status),
+        () = kill.notified() => stop(&mut child, pid).await,
+        _ = &mut reader => {
+            reader_done = true;
+            // Stdout closed: most often the child is exiting; give it a
+            // moment before calling it stopped. Without stdout the
+            // connection is over either way.
+            match tokio::time::timeout(EXIT_GRACE, child.wait()).await {
+                Ok(status) => exited_with(status),
+                Err(_) => stop(&mut child, pid).await,
+            }
+        }
+    };
+    // What the child wrote before it exited may still be in the pipes: its
+    // last answers and its last stderr line (for the error message).
+    let drained = tokio::time::timeout(EXIT_GRACE, async {
+        if !reader_done {
+            let _ = (&mut reader).await;
+        }
+        let _ = (&mut stderr).await;
+    })
+    .await;
+    if drained.is_err() {
+        // Most likely something the child started still holds its pipes
+        // open (so its group still has members and the group ID is not
+        // reused): stop it too.
+        kill_group(pid);
+        reader.abort();
+        stderr.abort();
+    }
+    writer.abort();
+    tracing::info!(upstream = %shared.upstream, session = %shared.session, "upstream `{}` {description}", shared.command);
+    exited.send_replace(Some(description));
+    shared.end();
+}
+
+fn exited_with(status: std::io::Result<std::process::ExitStatus>) -> String {
+    match status {
+        Ok(status) => format!("exited ({status})"),
+        Err(e) => format!("could not be waited for ({e})"),
+    }
+}
+
+/// Kills the child and its process group and reaps it (bounded).
+async fn stop(child: &mut Child, pid: Option<u32>) -> String {
+    // The group first, while the child is not yet reaped (its ID cannot
+    // have been reused), so what it started goes too.
+    kill_group(pid);
+    let _ = child.start_kill();
+    match tokio::time::timeout(CLOSE_WAIT, child.wait()).await {
+        Ok(Ok(status)) => format!("was stopped ({status})"),
+        Ok(Err(e)) => format!("was stopped and could not be waited for ({e})"),
+        Err(_) => "was stopped but did not go away".to_owned(),
+    }
+}
+
+/// SIGKILL to the child's process group (its ID is the child's PID).
+fn kill_group(pid: Option<u32>) {
+    if let Some(pgid) = pid.and_then(|p| i32::try_from(p).ok()).and_then(rustix::process::Pid::from_raw) {
+        let _ = rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL);
+    }
+}
+
+async fn write_stdin(stdin: ChildStdin, mut lines: mpsc::Receiver<Bytes>, shared: Arc<Shared>) {
+    let mut out = BufWriter::new(stdin);
+    while let Some(first) = lines.recv().await {
+        let mut next = Some(first);
+        let mut written = 0;
+        let result = async {
+            // Whatever is queued goes out with one flush.
+            while let Some(line) = next.take() {
+                out.write_all(&line).await?;
+                out.write_all(b"\n").await?;
+                written += 1;
+                if written < WRITE_BATCH {
+                    next = lines.try_recv().ok();
+                }
+            }
+            out.flush().await
+        }
+        .await;
+        if let Err(e) = result {
+            // The child is gone or closed its stdin; the supervisor ends the connection.
+            tracing::debug!(upstream = %shared.upstream, session = %shared.session, "writing to the child's stdin failed: {e}");
+            return;
+        }
+    }
+}
+
+async fn read_stdout(stdout: ChildStdout, max: usize, inbound: mpsc::Sender<FromUpstream>, shared: Arc<Shared>) {
+    let mut lines = LineReader::new(BufReader::new(stdout), max, false);
+    loop {
+        match lines.next_line().await {
+            Ok(Some(Line::Text(line))) => shared.dispatch(&line, &inbound).await,
+            Ok(Some(Line::TooLong { len, .. })) => tracing::warn!(
+                upstream = %shared.upstream,
+                session = %shared.session,
+                len,
+                "skipping a line of {len} bytes on stdout, longer than max_line_bytes ({max})"
+            ),
+            Ok(None) => break,
+            Err(e) => {
+                tracing::warn!(upstream = %shared.upstream, session = %shared.session, "reading the child's stdout failed: {e}");
+                break;
+            }
+        }
+    }
+    // The supervisor sees this task end: without stdout the connection is over.
+}
+
+async fn read_stderr(stderr: ChildStderr, shared: Arc<Shared>) {
+    let mut lines = LineReader::new(BufReader::new(stderr), STDERR_LINE_MAX, true);
+    while let Ok(Some(line)) = lines.next_line().await {
+        let text = match line {
+            Line::Text(text) => preview(&text, STDERR_LINE_MAX),
+            Line::TooLong { len, head } => format!("{} ({len} bytes)", preview(&head, STDERR_LINE_MAX)),
+        };
+        tracing::info!(upstream = %shared.upstream, session = %shared.session, "stderr: {text}");
+        let last: String = text.chars().take(LAST_STDERR_MAX).collect();
+        *lock(&shared.last_stderr) = Some(last);
+    }
+}
+
+/// One line read with a bound.
+#[derive(Debug, PartialEq)]
+enum Line {
+    /// Without its `\n` (or `\r\n`).
+    Text(Vec<u8>),
+    /// Longer than the bound: its length, and its first bytes if asked for.
+    TooLong { len: usize, head: Vec<u8> },
+}
+
+/// Reads lines without ever buffering more than `max` bytes of one.
+struct LineReader<R> {
+    reader: R,
+    max: usize,
+    keep_head: bool,
+}
+
+impl<R: AsyncBufRead + Unpin> LineReader<R> {
+    fn new(reader: R, max: usize, keep_head: bool) -> Self {
+        Self { reader, max, keep_head }
+    }
+
+    /// The next non-blank line; `None` at the end of input. A last line
+    /// without `\n` still counts.
+    async fn next_line(&mut self) -> std::io::Result<Option<Line>> {
+        let mut buf = Vec::new();
+        let mut len = 0usize;
+        let mut too_long = false;
+        loop {
+            let available = self.reader.fill_buf().await?;
+            let at_end = available.is_empty();
+            let (used, complete) = match available.iter().position(|b| *b == b'\n') {
+                Some(i) => (i + 1, true),
+                None => (available.len(), at_end),
+            };
+            let chunk = &available[..if complete && !at_end { used - 1 } else { used }];
+            len += chunk.len();
+            if !too_long {
+                if buf.len() + chunk.len() > self.max {
+                    too_long = true;
+                    if self.keep_head {
+                        let room = self.max - buf.len();
+                        buf.extend_from_slice(&chunk[..room]);
+                    } else {
+                        buf = Vec::new();
+                    }
+                } else {
+                    buf.extend_from_slice(chunk);
+                }
+            }
+            self.reader.consume(used);
+            if !complete {
+                continue;
+            }
+            if too_long {
+                return Ok(Some(Line::TooLong { len, head: buf }));
+            }
+            if buf.last() == Some(&b'\r') {
+                buf.pop();
+            }
+            if !buf.iter().all(u8::is_ascii_whitespace) {
+                return Ok(Some(Line::Text(buf)));
+            }
+            if at_end {
+                return Ok(None);
+            }
+            buf.clear();
+            len = 0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn lines(input: &[u8], max: usize, keep_head: bool, buffer: usize) -> Vec<Line> {
+        let reader = BufReader::with_capacity(buffer, input);
+        let mut lines = LineReader::new(reader, max, keep_head);
+        let mut out = Vec::new();
+        while let Some(line) = lines.next_line().await.unwrap() {
+            out.push(line);
+        }
+        out
+    }
+
+    fn text(s: &str) -> Line {
+        Line::Text(s.as_bytes().to_vec())
+    }
+
+    #[tokio::test]
+    async fn lines_split_across_any_buffer_size_and_over_long_ones_are_skipped_whole() {
+        let input = b"{\"a\":1}\n\n  \r\n{\"b\":2}\r\n{\"c\":3}";
+        for buffer in [1, 2, 3, 7, 64] {
+            assert_eq!(lines(input, 100, false, buffer).await, vec![text("{\"a\":1}"), text("{\"b\":2}"), text("{\"c\":3}")]);
+        }
+        let mut input = b"short\n".to_vec();
+        input.extend(std::iter::repeat_n(b'x', 50));
+        input.extend_from_slice(b"\nexact-ten!\n");
+        input.extend(std::iter::repeat_n(b'y', 11));
+        for buffer in [1, 4, 16, 1024] {
+            assert_eq!(
+                lines(&input, 10, false, buffer).await,
+                vec![
+                    text("short"),
+                    Line::TooLong { len: 50, head: Vec::new() },
+                    text("exact-ten!"),
+                    Line::TooLong { len: 11, head: Vec::new() }
+                ],
+                "{buffer}"
+            );
+            assert_eq!(
+                lines(&input, 10, true, buffer).await[1],
+                Line::TooLong { len: 50, head: b"xxxxxxxxxx".to_vec() },
+                "{buffer}"
+            );
+        }
+        assert!(lines(b"", 10, false, 8).await.is_empty());
+        assert!(lines(b"\n \n", 10, false, 8).await.is_empty());
+    }
+
+    #[test]
+    fn answers_are_read_without_parsing_their_result() {
+        let line = br#"{"jsonrpc":"2.0","id":7,"result":{"z":1,"a":[1,2]}}"#;
+        let response: ResponseLine<'_> = serde_json::from_slice(line).unwrap();
+        assert_eq!((response.id, response.result.get()), (7, r#"{"z":1,"a":[1,2]}"#));
+        // Anything else goes the strict way.
+        assert!(serde_json::from_slice::<ResponseLine<'_>>(br#"{"jsonrpc":"2.0","id":"7","result":{}}"#).is_err());
+        assert!(serde_json::from_slice::<ResponseLine<'_>>(br#"{"jsonrpc":"2.0","id":7,"method":"x"}"#).is_err());
+    }
+
+    #[test]
+    fn previews_are_bounded_and_printable() {
+        assert_eq!(preview(b"ab\x1bc", 10), "abc");
+        assert_eq!(preview(b"abcdef", 3), "abc…");
+    }
+}

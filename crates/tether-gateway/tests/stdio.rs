@@ -1,0 +1,322 @@
+//! The stdio transport against a real child process: a small MCP server in
+//! Python (`fixtures/stdio_server.py`) that records what it saw, has tools
+//! that talk back (progress, sampling) and switches to misbehave. Time
+//! limits here only stop a hung test; they assert nothing about speed.
+
+use std::future::Future;
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tether_gateway::config::CommandSpec;
+use tether_gateway::stdio;
+use tether_gateway::upstream::{FromUpstream, Started, UPSTREAM_RESTARTED, Upstream};
+use tether_wire::code;
+
+const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/stdio_server.py");
+const INIT_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Fails the test instead of hanging it.
+async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(20), f).await.unwrap_or_else(|_| panic!("hung: {what}"))
+}
+
+fn spec(mode: Option<&str>) -> CommandSpec {
+    let mut command = vec!["python3".to_owned(), "-u".to_owned(), FIXTURE.to_owned()];
+    command.extend(mode.map(str::to_owned));
+    CommandSpec::new(command)
+}
+
+fn initialize_params() -> Value {
+    json!({
+        "protocolVersion": "2025-06-18",
+        "capabilities": {"sampling": {}},
+        "clientInfo": {"name": "the-original-client", "version": "1.2.3"}
+    })
+}
+
+async fn start(spec: &CommandSpec) -> Started {
+    within("start", stdio::start(spec, "fix", "s-1", initialize_params(), INIT_TIMEOUT)).await.expect("the fixture starts")
+}
+
+async fn call(upstream: &Arc<dyn Upstream>, tool: &str, arguments: Value) -> Result<Value, tether_wire::RpcError> {
+    let params = json!({"name": tool, "arguments": arguments});
+    let raw = within(tool, upstream.request("tools/call", Some(params))).await?;
+    Ok(serde_json::from_str(raw.get()).expect("a JSON result"))
+}
+
+/// What the child has read so far (its `debug/seen`).
+async fn seen(upstream: &Arc<dyn Upstream>) -> Vec<Value> {
+    let raw = within("debug/seen", upstream.request("debug/seen", None)).await.expect("debug/seen");
+    let seen: Value = serde_json::from_str(raw.get()).expect("JSON");
+    seen["seen"].as_array().cloned().unwrap_or_default()
+}
+
+async fn pid(upstream: &Arc<dyn Upstream>) -> u32 {
+    let result = call(upstream, "pid", json!({})).await.expect("pid");
+    result["structuredContent"]["pid"].as_u64().expect("a pid") as u32
+}
+
+fn process_exists(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Log lines written while the guard lives (the test's runtime is
+/// current-thread, so the tasks it spawns log on this thread too).
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    fn capture(&self) -> tracing::subscriber::DefaultGuard {
+        let logs = self.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_max_level(tracing::Level::DEBUG)
+            .with_writer(move || logs.clone())
+            .finish();
+        tracing::subscriber::set_default(subscriber)
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|e| e.into_inner())).into_owned()
+    }
+}
+
+#[tokio::test]
+async fn initialize_and_a_call_go_through_and_the_child_gets_only_its_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = spec(None);
+    spec.env.insert("FIXTURE_FLAVOUR".into(), "salty".into());
+    spec.cwd = Some(dir.path().to_path_buf());
+    let Started { upstream, initialize_result, .. } = start(&spec).await;
+
+    // The raw result is the child's, and the child saw the client's params as given.
+    let result: Value = serde_json::from_str(initialize_result.get()).unwrap();
+    assert_eq!(result["serverInfo"]["name"], "fixture");
+    let instructions: Value = serde_json::from_str(result["instructions"].as_str().unwrap()).unwrap();
+    assert_eq!(instructions["clientInfo"], json!({"name": "the-original-client", "version": "1.2.3"}));
+    assert_eq!(instructions["capabilities"], json!({"sampling": {}}));
+
+    let echoed = call(&upstream, "echo", json!({"text": "hello", "n": [1, 2]})).await.unwrap();
+    assert_eq!(echoed["structuredContent"], json!({"text": "hello", "n": [1, 2]}));
+
+    let env = call(&upstream, "env", json!({})).await.unwrap();
+    let vars = env["structuredContent"]["env"].as_object().unwrap();
+    assert_eq!(vars.get("FIXTURE_FLAVOUR"), Some(&json!("salty")));
+    assert!(vars.contains_key("PATH"), "PATH is passed: {vars:?}");
+    assert!(!vars.keys().any(|k| k.starts_with("CARGO")), "nothing else of tether's environment: {vars:?}");
+    let cwd = std::path::PathBuf::from(env["structuredContent"]["cwd"].as_str().unwrap());
+    assert_eq!(cwd.canonicalize().unwrap(), dir.path().canonicalize().unwrap());
+
+    // An error answer comes back as the child's JSON-RPC error.
+    let refused = call(&upstream, "no-such-tool", json!({})).await.unwrap_err();
+    assert_eq!(refused.code, code::INVALID_PARAMS);
+
+    // `start` sent no `notifications/initialized`: that is the gateway's to forward.
+    let methods: Vec<Value> = seen(&upstream).await.iter().map(|m| m["method"].clone()).collect();
+    assert_eq!(methods[0], "initialize");
+    assert!(!methods.contains(&json!("notifications/initialized")), "{methods:?}");
+    upstream.notify("notifications/initialized", None).await.unwrap();
+    let methods: Vec<Value> = seen(&upstream).await.iter().map(|m| m["method"].clone()).collect();
+    assert!(methods.contains(&json!("notifications/initialized")), "{methods:?}");
+    upstream.close(true).await;
+}
+
+#[tokio::test]
+async fn progress_notifications_arrive_on_inbound_and_the_call_still_answers() {
+    let Started { upstream, mut inbound, .. } = start(&spec(None)).await;
+    let params = json!({"name": "slow", "arguments": {"ms": 200}, "_meta": {"progressToken": "p-1"}});
+    let up = upstream.clone();
+    let call = tokio::spawn(async move { up.request("tools/call", Some(params)).await });
+    let progress = within("progress", inbound.recv()).await.expect("a notification");
+    let FromUpstream::Notification { method, params } = progress else { panic!("a notification: {progress:?}") };
+    assert_eq!(method, "notifications/progress");
+    assert_eq!(params.unwrap()["progressToken"], "p-1");
+    let result = within("slow call", call).await.unwrap().expect("the slow call answers");
+    let result: Value = serde_json::from_str(result.get()).unwrap();
+    assert_eq!(result["structuredContent"]["slept"], 200);
+}
+
+#[tokio::test]
+async fn a_request_of_the_child_arrives_on_inbound_and_the_answer_gets_back_to_it() {
+    let Started { upstream, mut inbound, .. } = start(&spec(None)).await;
+    let up = upstream.clone();
+    let sampled = tokio::spawn(async move { call(&up, "sample", json!({"prompt": "say hi"})).await });
+    let asked = within("sampling request", inbound.recv()).await.expect("a request");
+    let FromUpstream::Request { id, method, params } = asked else { panic!("a request: {asked:?}") };
+    assert_eq!(method, "sampling/createMessage");
+    assert_eq!(params.unwrap()["messages"][0]["content"]["text"], "say hi");
+    let answer = json!({"role": "assistant", "content": {"type": "text", "text": "hi"}, "model": "test"});
+    upstream.answer(id, Ok(answer.clone())).await.unwrap();
+    let result = within("sample call", sampled).await.unwrap().expect("the call answers");
+    assert_eq!(result["structuredContent"]["sampled"], answer);
+
+    // A refusal goes back as an error object.
+    let up = upstream.clone();
+    let refused_call = tokio::spawn(async move { call(&up, "sample", json!({})).await });
+    let Some(FromUpstream::Request { id, .. }) = within("second sampling request", inbound.recv()).await else {
+        panic!("a request")
+    };
+    upstream.answer(id, Err(tether_wire::RpcError::invalid_request("the user declined"))).await.unwrap();
+    let refused = within("refused sample call", refused_call).await.unwrap().unwrap_err();
+    assert!(refused.message.contains("the user declined"), "{refused:?}");
+}
+
+#[tokio::test]
+async fn a_request_dropped_before_its_answer_is_cancelled_at_the_child() {
+    let Started { upstream, mut inbound, .. } = start(&spec(None)).await;
+    let params = json!({"name": "slow", "arguments": {"ms": 30_000}, "_meta": {"progressToken": "p-drop"}});
+    {
+        let call = upstream.request("tools/call", Some(params));
+        tokio::pin!(call);
+        // The child has the request once it reports progress on it.
+        tokio::select! {
+            answered = &mut call => panic!("the slow call answered early: {answered:?}"),
+            progress = within("progress", inbound.recv()) => assert!(progress.is_some()),
+        }
+    }
+    // Dropped. The cancellation was queued before this request, so the
+    // child read it first.
+    let seen = seen(&upstream).await;
+    let slow_id = seen.iter().find(|m| m["method"] == "tools/call").expect("the slow call")["id"].clone();
+    let cancelled = seen.iter().find(|m| m["method"] == "notifications/cancelled").expect("notifications/cancelled");
+    assert_eq!(cancelled["params"]["requestId"], slow_id);
+    assert!(cancelled["params"]["reason"].is_string());
+    assert!(upstream.is_alive());
+}
+
+#[tokio::test]
+async fn kill_9_of_the_child_mid_call_ends_the_call_with_upstream_restarted() {
+    let Started { upstream, mut inbound, .. } = start(&spec(None)).await;
+    let pid = pid(&upstream).await;
+    let up = upstream.clone();
+    let params = json!({"name": "slow", "arguments": {"ms": 30_000}, "_meta": {"progressToken": 1}});
+    let call = tokio::spawn(async move { up.request("tools/call", Some(params)).await });
+    assert!(within("progress", inbound.recv()).await.is_some());
+
+    let killed = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+    assert!(killed.success());
+    let error = within("the call in flight", call).await.unwrap().unwrap_err();
+    assert_eq!((error.code, error.message.as_str()), (code::INTERNAL_ERROR, UPSTREAM_RESTARTED));
+    assert!(!upstream.is_alive());
+    assert!(within("inbound closes", inbound.recv()).await.is_none());
+
+    // Later requests fail at once, saying so.
+    let after = within("a request after the death", upstream.request("ping", None)).await.unwrap_err();
+    assert!(after.message.contains("is not running"), "{after:?}");
+    assert!(upstream.notify("notifications/progress", None).await.is_err());
+}
+
+#[tokio::test]
+async fn lines_that_are_not_json_too_long_or_answers_nobody_waits_for_are_skipped_with_a_warning() {
+    let logs = Logs::default();
+    let _capture = logs.capture();
+    let Started { upstream, .. } = start(&spec(None)).await;
+    for tool in ["non_json", "huge_line", "unknown_id"] {
+        let result = call(&upstream, tool, json!({})).await.unwrap_or_else(|e| panic!("{tool}: {e}"));
+        assert_eq!(result["structuredContent"]["after"], tool);
+        assert!(upstream.is_alive(), "{tool}");
+    }
+    let logs = logs.text();
+    let warnings: Vec<&str> = logs.lines().filter(|l| l.contains("WARN")).collect();
+    assert_eq!(warnings.len(), 3, "{logs}");
+    assert!(warnings.iter().all(|l| l.contains("upstream=fix") && l.contains("session=s-1")), "{warnings:?}");
+    assert!(warnings[0].contains("not a JSON-RPC message") && warnings[0].contains("this line is not JSON"), "{warnings:?}");
+    assert!(warnings[1].contains("len=10485760"), "{warnings:?}");
+    assert!(warnings[2].contains("987654321"), "{warnings:?}");
+    // stderr goes to the log, tagged.
+    assert!(logs.lines().any(|l| l.contains("INFO") && l.contains("fixture pid") && l.contains("upstream=fix")), "{logs}");
+}
+
+#[tokio::test]
+async fn a_child_that_exits_at_once_fails_start_with_its_status_and_last_stderr_line() {
+    let error = within("start", stdio::start(&spec(Some("--exit-at-once")), "fix", "s-1", initialize_params(), INIT_TIMEOUT))
+        .await
+        .err()
+        .expect("start fails");
+    assert_eq!(error.code, code::INTERNAL_ERROR);
+    for part in ["upstream fix", "stdio_server.py", "exited (exit status: 3) during initialize", "fixture exits at once as asked"]
+    {
+        assert!(error.message.contains(part), "{part:?} in {error:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_child_that_never_answers_initialize_is_stopped_after_the_init_timeout() {
+    let limit = Duration::from_millis(500);
+    let error = within("start", stdio::start(&spec(Some("--never-initialize")), "fix", "s-1", initialize_params(), limit))
+        .await
+        .err()
+        .expect("start fails");
+    assert!(error.message.contains("did not answer initialize within 500ms"), "{error:?}");
+    assert!(error.message.contains("is ignoring initialize"), "the last stderr line: {error:?}");
+    let pid: u32 = error.message.split("fixture pid ").nth(1).and_then(|r| r.split(' ').next()).unwrap().parse().unwrap();
+    assert!(!process_exists(pid), "the child was killed and reaped");
+}
+
+#[tokio::test]
+async fn a_command_that_cannot_start_is_named_in_the_error() {
+    let spec = CommandSpec::new(vec!["/nonexistent/tether-test-server".into(), "--flag".into()]);
+    let error = stdio::start(&spec, "fix", "s-1", initialize_params(), INIT_TIMEOUT).await.err().expect("spawn fails");
+    assert_eq!(error.code, code::INTERNAL_ERROR);
+    assert!(error.message.contains("/nonexistent/tether-test-server --flag"), "{error:?}");
+    assert!(error.message.contains("No such file or directory"), "{error:?}");
+}
+
+#[tokio::test]
+async fn close_stops_the_child_and_later_requests_fail_clearly() {
+    let Started { upstream, mut inbound, .. } = start(&spec(None)).await;
+    let first = pid(&upstream).await;
+    within("close", upstream.close(true)).await;
+    assert!(!upstream.is_alive());
+    assert!(!process_exists(first));
+    assert!(within("inbound closes", inbound.recv()).await.is_none());
+    let error = within("request", upstream.request("ping", None)).await.unwrap_err();
+    assert!(error.message.contains("is not running"), "{error:?}");
+
+    // Dropping the last handle stops a child as well.
+    let Started { upstream, mut inbound, .. } = start(&spec(None)).await;
+    let second = pid(&upstream).await;
+    drop(upstream);
+    assert!(within("inbound closes on drop", inbound.recv()).await.is_none());
+    within("the dropped child goes", async {
+        while process_exists(second) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn stopping_a_child_stops_what_it_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("grandchild");
+    // A launcher such as `npx` leaves a process of its own behind the server.
+    let script = format!("sleep 1000 & echo $! > '{}'; exec python3 -u '{FIXTURE}'", file.display());
+    let Started { upstream, .. } = start(&CommandSpec::new(vec!["sh".into(), "-c".into(), script])).await;
+    let grandchild: u32 = std::fs::read_to_string(&file).unwrap().trim().parse().unwrap();
+    assert!(process_exists(grandchild));
+    within("close", upstream.close(true)).await;
+    within("the grandchild goes", async {
+        // Gone, or a zombie waiting for init to reap it.
+        let running = || {
+            std::fs::read_to_string(format!("/proc/{grandchild}/stat"))
+                .is_ok_and(|stat| stat.rsplit(')').next().is_some_and(|rest| !rest.trim_start().starts_with('Z')))
+        };
+        while running() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
