@@ -6,11 +6,19 @@
 //! upstream connection in its in-memory local state and can rebuild it from
 //! the store at any time by replaying the stored `initialize`.
 //!
+//! - `app`: [`Gateway`], the application: forwarding both ways, rebuilding
+//!   a connection from the stored `initialize`, backoff, idle children.
+//! - `link`: one session's link to its upstream and the pump of what the
+//!   upstream sends on its own.
 //! - [`config`]: what an upstream is (flags and TOML).
 //! - [`upstream`]: the seam to a transport; [`stdio`] (a child process per
 //!   session) and [`http`] (an upstream HTTP session per session) implement it.
 
+mod app;
 pub mod config;
 pub mod http;
+mod link;
 pub mod stdio;
 pub mod upstream;
+
+pub use app::Gateway;

@@ -34,10 +34,11 @@ pub struct Caller {
     pub principal: String,
     /// The protocol revision of this exchange.
     pub protocol_version: String,
-    /// `capabilities` as the client declared them.
-    pub client_capabilities: Value,
+    /// `capabilities` as the client declared them (shared with the session's
+    /// stored state: an idle session holds one copy).
+    pub client_capabilities: Arc<Value>,
     /// `clientInfo` as the client sent it.
-    pub client_info: Value,
+    pub client_info: Arc<Value>,
 }
 
 /// An `initialize` as the application sees it: the caller, the params as

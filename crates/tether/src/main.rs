@@ -5,6 +5,7 @@ mod bridge_cmd;
 mod call_cmd;
 mod client_config;
 mod serve;
+mod serve_config;
 mod tools_cmd;
 
 use clap::{Parser, Subcommand};
@@ -17,7 +18,9 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
 #[command(name = "tether", version, about = "Durable, resumable sessions for the Model Context Protocol")]
-struct Cli {
+// A config file's flags come first and typed ones override them.
+#[command(args_override_self = true)]
+pub(crate) struct Cli {
     #[command(subcommand)]
     command: Command,
 }
@@ -36,7 +39,14 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let argv = match serve_config::expand(std::env::args_os().collect()) {
+        Ok(argv) => argv,
+        Err(e) => {
+            eprintln!("tether: {e:#}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let cli = Cli::parse_from(argv);
     // Client commands keep stderr for their one-line reasons.
     let default_filter = if matches!(cli.command, Command::Tools(_) | Command::Call(_)) { "warn" } else { "info" };
     tracing_subscriber::fmt()

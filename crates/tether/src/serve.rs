@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use tether_notebook::{MemoryNotebook, Notebook, NotebookRepo, RedisNotebook, SqliteNotebook};
 use tether_server::http::Auth;
-use tether_server::{Engine, ServerConfig, ToolRouter};
+use tether_server::{Endpoints, Engine, ServerConfig, ToolRouter};
 use tether_store::memory::MemoryStore;
 use tether_store::sqlite::SqliteStore;
 use tether_store::{Store, StoreConfig, StoreUrl};
@@ -74,6 +74,13 @@ pub struct ServeArgs {
     /// before they end as interrupted (keep it below your supervisor's stop timeout).
     #[arg(long, env = "TETHER_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     drain_timeout: Duration,
+    /// A TOML file with these flags as keys and `[upstreams.NAME]` tables;
+    /// typed flags and TETHER_* variables override it.
+    #[arg(long, env = "TETHER_CONFIG")]
+    config: Option<PathBuf>,
+    /// An MCP server to serve at /mcp/NAME: `NAME=URL` or 'NAME=stdio:COMMAND ARGS…' (repeat for more).
+    #[arg(long = "upstream", value_name = "NAME=TARGET")]
+    upstreams: Vec<String>,
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -195,7 +202,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         drain_timeout: args.drain_timeout,
         ..ServerConfig::default()
     };
-    let engine = Engine::new(store, Arc::new(ToolRouter::new(Notebook::new(notebook))), config);
+    let mut endpoints = Endpoints::new(Arc::new(ToolRouter::new(Notebook::new(notebook))));
+    for upstream in upstreams(&args.upstreams, args.config.as_deref())? {
+        tracing::info!(upstream = %upstream.name, "gateway endpoint /mcp/{}", upstream.name);
+        let name = upstream.name.clone();
+        endpoints = endpoints.with(name, tether_gateway::Gateway::new(upstream));
+    }
+    let engine = Engine::with_endpoints(store, endpoints, config);
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}: is another server using it? pick one with --listen", args.listen))?;
@@ -206,4 +219,22 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(%local, store = %url, "tether listening on http://{local}/mcp");
     tether_server::http::serve(listener, engine, auth, shutdown_signal()).await?;
     Ok(())
+}
+
+/// The upstreams of `--upstream` flags and of the config file; a name used twice is an error.
+fn upstreams(flags: &[String], file: Option<&std::path::Path>) -> anyhow::Result<Vec<tether_gateway::config::UpstreamConfig>> {
+    let mut all = match file {
+        Some(path) => crate::serve_config::upstreams(path)?,
+        None => Vec::new(),
+    };
+    for flag in flags {
+        all.push(tether_gateway::config::parse_flag(flag).map_err(anyhow::Error::msg)?);
+    }
+    let mut names = std::collections::HashSet::new();
+    for upstream in &all {
+        if !names.insert(upstream.name.as_str()) {
+            anyhow::bail!("upstream `{}` is configured twice; give each a name of its own", upstream.name);
+        }
+    }
+    Ok(all)
 }

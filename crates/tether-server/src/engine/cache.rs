@@ -163,8 +163,8 @@ mod tests {
         let state = SessionState {
             protocol_version: "2025-11-25".into(),
             standalone_stream: ids::new_standalone_stream(),
-            client_info: Value::Null,
-            client_capabilities: json!({}),
+            client_info: Arc::new(Value::Null),
+            client_capabilities: Arc::new(json!({})),
             initialized: true,
             resume_generation: 0,
             app: Map::new(),

@@ -75,7 +75,7 @@ impl SessionCtx {
     }
 
     /// The capabilities the client declared in `initialize`.
-    pub fn client_capabilities(&self) -> Value {
+    pub fn client_capabilities(&self) -> Arc<Value> {
         self.session.caller().client_capabilities.clone()
     }
 

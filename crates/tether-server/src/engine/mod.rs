@@ -234,8 +234,8 @@ impl Engine {
         let caller = Caller {
             principal: principal.to_owned(),
             protocol_version: revision::negotiate(Some(requested)).to_owned(),
-            client_info: params.get("clientInfo").cloned().unwrap_or(Value::Null),
-            client_capabilities: params.get("capabilities").cloned().unwrap_or_else(|| json!({})),
+            client_info: Arc::new(params.get("clientInfo").cloned().unwrap_or(Value::Null)),
+            client_capabilities: Arc::new(params.get("capabilities").cloned().unwrap_or_else(|| json!({}))),
         };
         let mut init = Initialize::new(&caller, &params);
         let answered = std::panic::AssertUnwindSafe(app.initialize(&mut init)).catch_unwind().await;

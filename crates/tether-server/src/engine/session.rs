@@ -23,9 +23,9 @@ pub struct SessionState {
     pub protocol_version: String,
     pub standalone_stream: String,
     #[serde(default)]
-    pub client_info: Value,
+    pub client_info: Arc<Value>,
     #[serde(default)]
-    pub client_capabilities: Value,
+    pub client_capabilities: Arc<Value>,
     #[serde(default)]
     pub initialized: bool,
     /// Bumped by every resume; only tokens of the current generation resume.

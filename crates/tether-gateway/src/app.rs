@@ -1,0 +1,311 @@
+//! [`Gateway`]: the application served at `/mcp/NAME` for one upstream. It
+//! forwards every client request and notification to the session's upstream
+//! connection and everything the upstream sends back, and rebuilds the
+//! connection from the stored `initialize` whenever it is gone.
+
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use serde_json::{Map, Value, json};
+use tether_server::{EndReason, Initialize, McpApp, RawResult, RequestCtx, RpcError, SessionCtx, SessionEnd};
+use tether_wire::meta;
+
+use crate::config::{Target, UpstreamConfig};
+use crate::link::{self, Link};
+use crate::upstream::{Started, Upstream};
+
+/// Key of the gateway's part of a session's durable app state.
+const STATE: &str = "gateway";
+/// A command that fails this often within [`FAILURE_WINDOW`] is backed off.
+const FAILURES_BEFORE_BACKOFF: usize = 3;
+const FAILURE_WINDOW: Duration = Duration::from_secs(30);
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// How often idle children are looked for.
+const IDLE_SWEEP: Duration = Duration::from_secs(5);
+
+/// One upstream, served to every session of its endpoint.
+pub struct Gateway {
+    config: UpstreamConfig,
+    links: Arc<Mutex<Vec<Weak<Link>>>>,
+    health: Mutex<Health>,
+}
+
+/// Recent failures of the upstream to start (or to stay up), for the backoff.
+#[derive(Default)]
+struct Health {
+    failures: Vec<Instant>,
+    blocked_until: Option<Instant>,
+    backoff: Option<Duration>,
+    last_error: String,
+}
+
+impl Gateway {
+    /// Needs a Tokio runtime (a sweep stops idle children).
+    pub fn new(config: UpstreamConfig) -> Arc<Self> {
+        let gateway = Arc::new(Self { config, links: Arc::default(), health: Mutex::default() });
+        if let Target::Command(spec) = &gateway.config.target {
+            let (links, idle) = (Arc::downgrade(&gateway.links), spec.idle_timeout);
+            tokio::spawn(sweep_idle(links, idle));
+        }
+        gateway
+    }
+
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// Starts a connection and initializes it with the client's params.
+    async fn connect(&self, session: &str, params: Value, authorization: Option<String>) -> Result<Started, RpcError> {
+        self.check_backoff()?;
+        if let Target::Command(spec) = &self.config.target {
+            self.make_room(spec.max_processes).await;
+        }
+        let started = match &self.config.target {
+            Target::Command(spec) => {
+                crate::stdio::start(spec, &self.config.name, session, params, self.config.init_timeout).await
+            }
+            Target::Url(spec) => {
+                crate::http::start(spec, &self.config.name, session, params, self.config.init_timeout, authorization).await
+            }
+        };
+        match &started {
+            Ok(_) => self.record_success(),
+            Err(e) => self.record_failure(&e.message),
+        }
+        started
+    }
+
+    fn check_backoff(&self) -> Result<(), RpcError> {
+        let health = self.health.lock().map_err(|_| RpcError::internal("gateway state unusable"))?;
+        match health.blocked_until {
+            Some(until) if until > Instant::now() => Err(RpcError::internal(format!(
+                "upstream `{}` keeps failing; trying again in {} s. Last error: {}",
+                self.config.name,
+                (until - Instant::now()).as_secs() + 1,
+                health.last_error
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    fn record_failure(&self, error: &str) {
+        let Ok(mut health) = self.health.lock() else { return };
+        let now = Instant::now();
+        health.failures.retain(|at| now.duration_since(*at) < FAILURE_WINDOW);
+        health.failures.push(now);
+        health.last_error = error.chars().take(500).collect();
+        if health.failures.len() >= FAILURES_BEFORE_BACKOFF {
+            let next = health.backoff.map_or(FIRST_BACKOFF, |b| (b * 2).min(MAX_BACKOFF));
+            health.backoff = Some(next);
+            health.blocked_until = Some(now + next);
+            tracing::warn!(upstream = %self.config.name, backoff_s = next.as_secs(), error, "upstream keeps failing; backing off");
+        }
+    }
+
+    fn record_success(&self) {
+        if let Ok(mut health) = self.health.lock() {
+            *health = Health::default();
+        }
+    }
+
+    /// Keeps this upstream's children under `max`: the least recently used
+    /// idle ones stop (their sessions live on and start a new one later).
+    async fn make_room(&self, max: usize) {
+        let mut idle: Vec<(Duration, Arc<Link>)> = Vec::new();
+        let live = {
+            let Ok(mut links) = self.links.lock() else { return };
+            links.retain(|l| l.strong_count() > 0);
+            let live: Vec<Arc<Link>> = links.iter().filter_map(Weak::upgrade).collect();
+            for link in &live {
+                if let Some(for_how_long) = link.idle_for() {
+                    idle.push((for_how_long, link.clone()));
+                }
+            }
+            live.len()
+        };
+        if live < max {
+            return;
+        }
+        idle.sort_by_key(|(idle_for, _)| std::cmp::Reverse(*idle_for));
+        for (_, link) in idle.into_iter().take(live + 1 - max) {
+            if let Some(upstream) = link.live.lock().await.take() {
+                tracing::info!(upstream = %self.config.name, "stopping the least recently used idle child (max_processes)");
+                upstream.close(false).await;
+            }
+        }
+    }
+
+    /// The session's live connection, made (and initialized the way the
+    /// client initialized this session) if there is none.
+    async fn upstream(&self, session: &SessionCtx, authorization: Option<String>) -> Result<Arc<dyn Upstream>, RpcError> {
+        let link = session.local::<Link>();
+        let mut live = link.live.lock().await;
+        if let Some(upstream) = live.as_ref().filter(|u| u.is_alive()) {
+            if let Some(parked) = link.parked_inbound.lock().ok().and_then(|mut p| p.take()) {
+                session.spawn(link::pump(session.clone(), link.clone(), upstream.clone(), parked));
+            }
+            return Ok(upstream.clone());
+        }
+        if live.take().is_some() {
+            tracing::info!(upstream = %self.config.name, session = session.session_id(), "upstream connection gone; starting a new one");
+        }
+        let stored = session.app_state().await.get(STATE).cloned().unwrap_or(Value::Null);
+        let params = stored.get("initialize").cloned().unwrap_or_else(|| json!({}));
+        let Started { upstream, inbound, .. } = self.connect(session.session_id(), params, authorization).await?;
+        // The client did all this once; the new connection must see it too.
+        upstream.notify("notifications/initialized", None).await?;
+        if let Some(level) = stored.get("logLevel").filter(|l| l.is_string()) {
+            upstream.request("logging/setLevel", Some(json!({"level": level}))).await?;
+        }
+        for uri in stored.get("subscriptions").and_then(Value::as_array).into_iter().flatten() {
+            upstream.request("resources/subscribe", Some(json!({"uri": uri}))).await?;
+        }
+        self.register(&link);
+        session.spawn(link::pump(session.clone(), link.clone(), upstream.clone(), inbound));
+        *live = Some(upstream.clone());
+        Ok(upstream)
+    }
+
+    fn register(&self, link: &Arc<Link>) {
+        if let Ok(mut links) = self.links.lock() {
+            links.retain(|l| l.strong_count() > 0);
+            links.push(Arc::downgrade(link));
+        }
+    }
+
+    /// After a request that changes what a new connection must replay.
+    async fn remember(&self, session: &SessionCtx, method: &str, params: &Option<Map<String, Value>>) -> Result<(), RpcError> {
+        let field = |k: &str| params.as_ref().and_then(|p| p.get(k)).cloned();
+        match method {
+            "logging/setLevel" => {
+                let level = field("level").unwrap_or(Value::Null);
+                session
+                    .update_app_state(|app| {
+                        state_of(app).insert("logLevel".into(), level.clone());
+                    })
+                    .await?;
+            }
+            "resources/subscribe" | "resources/unsubscribe" => {
+                let Some(uri) = field("uri") else { return Ok(()) };
+                let subscribe = method == "resources/subscribe";
+                session
+                    .update_app_state(|app| {
+                        let state = state_of(app);
+                        let list = state.entry("subscriptions").or_insert_with(|| json!([]));
+                        if let Some(list) = list.as_array_mut() {
+                            list.retain(|u| u != &uri);
+                            if subscribe {
+                                list.push(uri.clone());
+                            }
+                        }
+                    })
+                    .await?;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// The gateway's object in an app state (made one if it was not).
+fn state_of(app: &mut Map<String, Value>) -> &mut Map<String, Value> {
+    let entry = app.entry(STATE).or_insert_with(|| json!({}));
+    if !entry.is_object() {
+        *entry = json!({});
+    }
+    match entry {
+        Value::Object(map) => map,
+        _ => unreachable!("made an object just above"),
+    }
+}
+
+/// The client's `initialize` params as the upstream should see them:
+/// without tether's own `_meta` keys (the resume token is tether's).
+fn upstream_params(params: &Map<String, Value>) -> Value {
+    let mut params = params.clone();
+    if let Some(Value::Object(m)) = params.get_mut("_meta") {
+        m.retain(|k, _| !k.starts_with(meta::TETHER_PREFIX));
+    }
+    Value::Object(params)
+}
+
+/// Stops children with nothing in flight for `idle` (their sessions live on).
+async fn sweep_idle(links: Weak<Mutex<Vec<Weak<Link>>>>, idle: Duration) {
+    let mut tick = tokio::time::interval(IDLE_SWEEP.min(idle));
+    loop {
+        tick.tick().await;
+        let Some(links) = links.upgrade() else { return };
+        let candidates: Vec<Arc<Link>> = match links.lock() {
+            Ok(mut l) => {
+                l.retain(|w| w.strong_count() > 0);
+                l.iter().filter_map(Weak::upgrade).filter(|link| link.idle_for().is_some_and(|d| d >= idle)).collect()
+            }
+            Err(_) => return,
+        };
+        for link in candidates {
+            if let Some(upstream) = link.live.lock().await.take() {
+                tracing::info!("stopping an idle upstream child (idle_timeout)");
+                upstream.close(false).await;
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl McpApp for Gateway {
+    async fn initialize(&self, init: &mut Initialize<'_>) -> Result<Map<String, Value>, RpcError> {
+        let params = upstream_params(init.params);
+        let Started { upstream, inbound, initialize_result } = self.connect("(initializing)", params.clone(), None).await?;
+        let result: Map<String, Value> = serde_json::from_str(initialize_result.get()).map_err(|e| {
+            RpcError::internal(format!("upstream `{}` answered initialize with no object: {e}", self.config.name))
+        })?;
+        init.set_app_state(STATE, json!({"initialize": params}));
+        let link = Arc::new(Link::default());
+        *link.live.lock().await = Some(upstream);
+        if let Ok(mut parked) = link.parked_inbound.lock() {
+            *parked = Some(inbound);
+        }
+        self.register(&link);
+        init.set_local(link);
+        Ok(result)
+    }
+
+    async fn handle_request(
+        &self,
+        ctx: RequestCtx,
+        method: &str,
+        params: Option<Map<String, Value>>,
+    ) -> Result<RawResult, RpcError> {
+        let session = ctx.require_session()?;
+        let upstream = self.upstream(&session, None).await?;
+        let link = session.local::<Link>();
+        let progress_token = params.as_ref().and_then(|p| p.get("_meta")).and_then(|m| m.get("progressToken")).cloned();
+        let _in_flight = link.enter(&ctx, progress_token);
+        let result = upstream.request(method, params.clone().map(Value::Object)).await?;
+        self.remember(&session, method, &params).await?;
+        Ok(result)
+    }
+
+    async fn on_notification(&self, ctx: SessionCtx, method: &str, params: Option<Map<String, Value>>) {
+        let upstream = match self.upstream(&ctx, None).await {
+            Ok(u) => u,
+            Err(e) => {
+                tracing::warn!(upstream = %self.config.name, session = ctx.session_id(), %method, error = %e.message, "notification not forwarded");
+                return;
+            }
+        };
+        if let Err(e) = upstream.notify(method, params.map(Value::Object)).await {
+            tracing::warn!(upstream = %self.config.name, session = ctx.session_id(), %method, error = %e.message, "notification not forwarded");
+        }
+    }
+
+    async fn on_session_end(&self, ended: SessionEnd) {
+        let Some(link) = ended.local::<Link>() else { return };
+        if let Some(upstream) = link.live.lock().await.take() {
+            let end_upstream_session = ended.reason != EndReason::Evicted;
+            upstream.close(end_upstream_session).await;
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! One tether session's link to its upstream: the live connection (if any),
+//! the client requests in flight through it (so the upstream's progress,
+//! log messages and requests reach the client on the right stream), and the
+//! pump that delivers what the upstream sends on its own.
+//!
+//! A link lives in the session's in-memory local state; the durable part
+//! (the client's `initialize`, its log level and subscriptions) lives in the
+//! session's app state, so a new connection can be initialized the same way
+//! at any time: after a tether restart, on another replica, after the child
+//! died.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tether_server::{RequestCtx, SessionCtx};
+
+use crate::upstream::{FromUpstream, Inbound, Upstream};
+
+/// How long the client may take to answer a request of the upstream
+/// (sampling, elicitation: a person may be answering).
+const CLIENT_ANSWER_WAIT: Duration = Duration::from_secs(600);
+
+/// A session's link (in `SessionCtx::local`).
+#[derive(Default)]
+pub struct Link {
+    /// The live connection; a new one is made under this lock.
+    pub(crate) live: tokio::sync::Mutex<Option<Arc<dyn Upstream>>>,
+    /// Messages of a connection made before the session existed (in
+    /// `initialize`), waiting for a session context to deliver them.
+    pub(crate) parked_inbound: Mutex<Option<Inbound>>,
+    in_flight: Mutex<BTreeMap<u64, InFlight>>,
+    next: AtomicU64,
+    last_used: Mutex<Option<Instant>>,
+}
+
+/// A client request being served through the link.
+struct InFlight {
+    ctx: RequestCtx,
+    progress_token: Option<Value>,
+}
+
+/// Removes an in-flight entry however the request ends.
+pub(crate) struct InFlightGuard<'a> {
+    link: &'a Link,
+    key: u64,
+}
+
+impl Drop for InFlightGuard<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut map) = self.link.in_flight.lock() {
+            map.remove(&self.key);
+        }
+        self.link.touch();
+    }
+}
+
+impl Link {
+    /// Notes a client request going through the link (until the guard drops).
+    pub(crate) fn enter(&self, ctx: &RequestCtx, progress_token: Option<Value>) -> InFlightGuard<'_> {
+        let key = self.next.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut map) = self.in_flight.lock() {
+            map.insert(key, InFlight { ctx: ctx.clone(), progress_token });
+        }
+        self.touch();
+        InFlightGuard { link: self, key }
+    }
+
+    pub(crate) fn touch(&self) {
+        if let Ok(mut at) = self.last_used.lock() {
+            *at = Some(Instant::now());
+        }
+    }
+
+    /// Nothing in flight since this long (None: never used or busy).
+    pub(crate) fn idle_for(&self) -> Option<Duration> {
+        let busy = self.in_flight.lock().map(|m| !m.is_empty()).unwrap_or(true);
+        if busy {
+            return None;
+        }
+        self.last_used.lock().ok().and_then(|at| *at).map(|at| at.elapsed())
+    }
+
+    /// The request a message of the upstream belongs to: the one whose
+    /// progress token it carries, else the only request in flight (stdio
+    /// has no other way to say), else none (the session's standalone stream).
+    fn related(&self, progress_token: Option<&Value>) -> Option<RequestCtx> {
+        let map = self.in_flight.lock().ok()?;
+        if let Some(token) = progress_token {
+            return map.values().find(|f| f.progress_token.as_ref() == Some(token)).map(|f| f.ctx.clone());
+        }
+        if map.len() == 1 { map.values().next().map(|f| f.ctx.clone()) } else { None }
+    }
+}
+
+/// Delivers what the upstream sends on its own to the client, until the
+/// connection or the session ends. Its requests are answered concurrently
+/// (a sampling request may wait on a person) but bounded by the engine's
+/// limit on requests waiting for the client.
+pub(crate) async fn pump(session: SessionCtx, link: Arc<Link>, upstream: Arc<dyn Upstream>, mut inbound: Inbound) {
+    loop {
+        let message = tokio::select! {
+            m = inbound.recv() => m,
+            _ = session.closed() => None,
+        };
+        let Some(message) = message else { return };
+        match message {
+            FromUpstream::Notification { method, params } => {
+                let token = params.as_ref().and_then(|p| p.get("progressToken"));
+                let session_level = method.ends_with("/list_changed") || method == "notifications/resources/updated";
+                let sent = match link.related(token).filter(|_| !session_level) {
+                    Some(ctx) => ctx.notify(&method, params.clone()).await,
+                    None => session.notify(&method, params.clone()).await,
+                };
+                if let Err(e) = sent {
+                    tracing::warn!(session = session.session_id(), %method, error = %e.message, "could not deliver an upstream notification");
+                }
+            }
+            FromUpstream::Request { id, method, params } => {
+                let related = link.related(None);
+                let (session, upstream) = (session.clone(), upstream.clone());
+                session.clone().spawn(async move {
+                    let answer = match related {
+                        Some(ctx) => ctx.request_client(&method, params, CLIENT_ANSWER_WAIT).await,
+                        None => session.request_client(&method, params, CLIENT_ANSWER_WAIT).await,
+                    };
+                    if let Err(e) = upstream.answer(id, answer).await {
+                        tracing::warn!(session = session.session_id(), %method, error = %e.message, "could not return the client's answer upstream");
+                    }
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! The gateway over real HTTP against the real binary: a stdio MCP server
+//! (the Python fixture of crates/tether-gateway, run by `python3`) served at
+//! `/mcp/NAME` with tether's durable sessions: calls forwarded, the session
+//! surviving a `kill -9` of tether with the child re-initialized as the
+//! client initialized it, a child killed mid-call, progress replayed.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::*;
+
+fn fixture() -> String {
+    format!("{}/../tether-gateway/tests/fixtures/stdio_server.py", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn upstream_flag(name: &str, extra: &str) -> String {
+    format!("{name}=stdio:python3 {} {extra}", fixture())
+}
+
+fn init_params(client: &str) -> Value {
+    json!({"protocolVersion": "2025-11-25", "capabilities": {"sampling": {}}, "clientInfo": {"name": client, "version": "1.2.3"}})
+}
+
+async fn initialized(c: &Client, client: &str) -> (String, Value) {
+    let (sid, result) = c.initialize_params(init_params(client)).await;
+    let r = c.post(Some(&sid), &json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).send().await.unwrap();
+    assert_eq!(r.status(), 202);
+    (sid, result)
+}
+
+fn structured(response: &Value) -> &Value {
+    &response["result"]["structuredContent"]
+}
+
+/// What the child was initialized with (the fixture puts it in `instructions`).
+fn initialized_with(result: &Value) -> Value {
+    serde_json::from_str(result["instructions"].as_str().unwrap_or("null")).unwrap_or(Value::Null)
+}
+
+#[tokio::test]
+async fn a_stdio_server_keeps_its_session_across_a_tether_crash_and_its_new_child_is_initialized_as_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("t.db");
+    let flag = upstream_flag("echo", "");
+    let (mut tether, url) = start_binary(&db, &["--upstream", &flag]);
+    let c = Client::new(&format!("{url}/echo"));
+    let (sid, result) = initialized(&c, "gateway-test").await;
+    assert_eq!(result["serverInfo"]["name"], "fixture", "the initialize result is the upstream's: {result}");
+    assert!(result["_meta"]["dev.tether/sessionResumeToken"].is_string(), "plus tether's resume token");
+    assert_eq!(initialized_with(&result)["clientInfo"]["name"], "gateway-test");
+    let echoed = c.call(&sid, 1, "echo", json!({"x": 1})).await;
+    assert_eq!(structured(&echoed), &json!({"x": 1}), "{echoed}");
+    let first_pid = structured(&c.call(&sid, 2, "pid", json!({})).await)["pid"].clone();
+
+    tether.kill().unwrap();
+    tether.wait().unwrap();
+    let (mut tether, url) = start_binary(&db, &["--upstream", &flag]);
+    let c = Client::new(&format!("{url}/echo"));
+    let echoed = c.call(&sid, 3, "echo", json!({"y": 2})).await;
+    assert_eq!(structured(&echoed), &json!({"y": 2}), "the same session works without initialize: {echoed}");
+    let second_pid = structured(&c.call(&sid, 4, "pid", json!({})).await)["pid"].clone();
+    assert_ne!(first_pid, second_pid, "a new child");
+    // The new child saw the original client's initialize, then initialized.
+    let seen = c.request(&sid, 5, "debug/seen", json!({})).await;
+    let seen = seen.last().unwrap().json()["result"]["seen"].clone();
+    let methods: Vec<&str> = seen.as_array().unwrap().iter().filter_map(|m| m["method"].as_str()).collect();
+    assert_eq!(&methods[..2], ["initialize", "notifications/initialized"], "{seen}");
+    assert_eq!(seen[0]["params"]["clientInfo"], json!({"name": "gateway-test", "version": "1.2.3"}));
+    assert_eq!(seen[0]["params"]["capabilities"], json!({"sampling": {}}));
+    assert!(seen[0]["params"]["_meta"].get("dev.tether/sessionResumeToken").is_none(), "tether's own keys stay tether's");
+    tether.kill().unwrap();
+    tether.wait().unwrap();
+}
+
+#[tokio::test]
+async fn a_child_killed_mid_call_ends_that_call_once_and_the_next_call_gets_a_new_child() {
+    let dir = tempfile::tempdir().unwrap();
+    let flag = upstream_flag("echo", "");
+    let (mut tether, url) = start_binary(&dir.path().join("t.db"), &["--upstream", &flag]);
+    let c = Client::new(&format!("{url}/echo"));
+    let (sid, _) = initialized(&c, "gateway-test").await;
+    let pid = structured(&c.call(&sid, 1, "pid", json!({})).await)["pid"].as_i64().unwrap();
+    let slow = {
+        let (c, sid) = (c.clone(), sid.clone());
+        tokio::spawn(async move { c.request(&sid, 2, "tools/call", json!({"name": "slow", "arguments": {"ms": 20000}})).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    std::process::Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+    let events = tokio::time::timeout(Duration::from_secs(20), slow).await.expect("the call ends").unwrap();
+    let answers: Vec<Value> = events.iter().map(|e| e.json()).filter(|m| m.get("id") == Some(&json!(2))).collect();
+    assert_eq!(answers.len(), 1, "exactly one answer: {answers:?}");
+    assert_eq!(answers[0]["error"]["code"], -32603);
+    assert_eq!(answers[0]["error"]["message"], "upstream restarted; the request may or may not have taken effect");
+    let next = c.call(&sid, 3, "pid", json!({})).await;
+    assert_ne!(structured(&next)["pid"].as_i64(), Some(pid), "the next call runs on a new child: {next}");
+    tether.kill().unwrap();
+    tether.wait().unwrap();
+}
+
+#[tokio::test]
+async fn progress_of_an_upstream_call_and_its_result_replay_after_the_client_dropped_the_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let flag = upstream_flag("echo", "");
+    let (mut tether, url) = start_binary(&dir.path().join("t.db"), &["--upstream", &flag]);
+    let c = Client::new(&format!("{url}/echo"));
+    let (sid, _) = initialized(&c, "gateway-test").await;
+    let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+        "params": {"name": "slow", "arguments": {"ms": 1500}, "_meta": {"progressToken": "p1"}}});
+    let resp = c.post(Some(&sid), &call).send().await.unwrap();
+    let mut stream = SseReader::new(resp);
+    let prime = stream.next_event().await.unwrap();
+    assert!(prime.data.is_empty(), "a priming event first");
+    drop(stream); // the client goes away mid-call
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let replay = c.get(&sid, prime.id.as_deref()).send().await.unwrap();
+    let events = SseReader::new(replay).all_events().await;
+    let messages: Vec<Value> = events.iter().filter(|e| !e.data.is_empty()).map(|e| e.json()).collect();
+    let progress: Vec<&Value> = messages.iter().filter(|m| m["method"] == "notifications/progress").collect();
+    assert_eq!(progress.len(), 1, "the upstream's progress, once: {messages:?}");
+    assert_eq!(progress[0]["params"]["progressToken"], "p1");
+    let results: Vec<&Value> = messages.iter().filter(|m| m["id"] == 7).collect();
+    assert_eq!(results.len(), 1, "the result, once: {messages:?}");
+    assert_eq!(structured(results[0]), &json!({"slept": 1500}));
+    tether.kill().unwrap();
+    tether.wait().unwrap();
+}
+
+#[tokio::test]
+async fn unknown_endpoints_are_404_and_sessions_do_not_cross_endpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let flag = upstream_flag("echo", "");
+    let (mut tether, url) = start_binary(&dir.path().join("t.db"), &["--upstream", &flag]);
+    let nowhere = Client::new(&format!("{url}/nowhere"));
+    let resp = nowhere
+        .post(None, &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init_params("x")}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404);
+    let body: Value = resp.json().await.unwrap();
+    assert!(body["error"]["message"].as_str().unwrap().contains("/mcp/nowhere"), "{body}");
+    let gateway = Client::new(&format!("{url}/echo"));
+    let (sid, _) = initialized(&gateway, "x").await;
+    let notebook = Client::new(&url);
+    let resp = notebook.post(Some(&sid), &json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})).send().await.unwrap();
+    assert_eq!(resp.status(), 404, "a gateway session is not a session of /mcp");
+    tether.kill().unwrap();
+    tether.wait().unwrap();
+}
+
+#[tokio::test]
+async fn a_child_that_exits_at_once_gets_the_client_a_clear_error_and_the_server_stays_healthy() {
+    let dir = tempfile::tempdir().unwrap();
+    let flag = upstream_flag("broken", "--exit-at-once");
+    let (mut tether, url) = start_binary(&dir.path().join("t.db"), &["--upstream", &flag]);
+    let c = Client::new(&format!("{url}/broken"));
+    let resp = c
+        .post(None, &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init_params("x")}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers().get("mcp-session-id").is_none(), "a refused initialize leaves no session");
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["code"], -32603, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("stdio_server.py"), "the message names the command: {message}");
+    let health = reqwest::get(format!("{}/healthz", url.trim_end_matches("/mcp"))).await.unwrap();
+    assert_eq!(health.status(), 200);
+    tether.kill().unwrap();
+    tether.wait().unwrap();
+}
