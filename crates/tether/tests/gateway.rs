@@ -172,3 +172,102 @@ async fn a_child_that_exits_at_once_gets_the_client_a_clear_error_and_the_server
     tether.kill().unwrap();
     tether.wait().unwrap();
 }
+
+#[tokio::test]
+async fn a_config_file_bounds_an_upstream_that_never_answers_initialize() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("tether.toml");
+    let toml = format!(
+        "session_ttl = \"10m\"\n\n[upstreams.mute]\ncommand = [\"python3\", {:?}, \"--never-initialize\"]\nupstream_init_timeout = \"1s\"\n",
+        fixture()
+    );
+    std::fs::write(&config, toml).unwrap();
+    let (mut tether, url) = start_binary(&dir.path().join("t.db"), &["--config", config.to_str().unwrap()]);
+    let c = Client::new(&format!("{url}/mute"));
+    let started = std::time::Instant::now();
+    let resp = c
+        .post(None, &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init_params("x")}))
+        .send()
+        .await
+        .unwrap();
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["code"], -32603, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("initialize"), "{body}");
+    assert!(started.elapsed() < Duration::from_secs(20), "bounded by upstream_init_timeout, not hung");
+    tether.kill().unwrap();
+    tether.wait().unwrap();
+}
+
+#[tokio::test]
+async fn an_upstream_that_misbehaves_mid_session_gets_clear_answers_and_other_sessions_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let flag = upstream_flag("echo", "");
+    let (mut tether, url) = start_binary(&dir.path().join("t.db"), &["--upstream", &flag]);
+    let c = Client::new(&format!("{url}/echo"));
+    let (sid, _) = initialized(&c, "bad").await;
+    let (other, _) = initialized(&c, "good").await;
+    for (n, tool) in ["non_json", "unknown_id", "huge_line"].into_iter().enumerate() {
+        let answer = c.call(&sid, 10 + n as u64, tool, json!({})).await;
+        assert_eq!(structured(&answer)["after"], tool, "the line is skipped and the call still answers: {answer}");
+    }
+    let down = Client::new(&format!("{url}/echo"));
+    let echoed = down.call(&other, 1, "echo", json!({"still": "fine"})).await;
+    assert_eq!(structured(&echoed), &json!({"still": "fine"}));
+    tether.kill().unwrap();
+    tether.wait().unwrap();
+}
+
+#[tokio::test]
+async fn a_url_upstream_that_is_down_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let flag = format!("down=http://127.0.0.1:{port}/mcp");
+    let (mut tether, url) = start_binary(&dir.path().join("t.db"), &["--upstream", &flag]);
+    let c = Client::new(&format!("{url}/down"));
+    let resp = c
+        .post(None, &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init_params("x")}))
+        .send()
+        .await
+        .unwrap();
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["code"], -32603, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains(&port.to_string()), "names the upstream: {body}");
+    tether.kill().unwrap();
+    tether.wait().unwrap();
+}
+
+#[tokio::test]
+async fn three_replicas_on_redis_serve_one_gateway_session_initialize_on_a_call_on_b_replay_on_c() {
+    // The URL upstream: another tether's notebook.
+    let dir = tempfile::tempdir().unwrap();
+    let (mut upstream, upstream_url) = start_binary(&dir.path().join("u.db"), &[]);
+    let store = redis_url();
+    let prefix = fresh_prefix();
+    let flag = format!("nb={upstream_url}");
+    let replica = |n: &str| {
+        start_binary(&dir.path().join(format!("{n}.db")), &["--store", &store, "--store-prefix", &prefix, "--upstream", &flag])
+    };
+    let (mut a, url_a) = replica("a");
+    let (mut b, url_b) = replica("b");
+    let (mut c, url_c) = replica("c");
+    let ca = Client::new(&format!("{url_a}/nb"));
+    let (sid, result) = initialized(&ca, "replicas").await;
+    assert_eq!(result["serverInfo"]["name"], "tether-notebook", "{result}");
+    let cb = Client::new(&format!("{url_b}/nb"));
+    let call =
+        json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "thought", "arguments": thought_args(1)}});
+    let resp = cb.post(Some(&sid), &call).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let events = SseReader::new(resp).all_events().await;
+    let answer = events.last().unwrap().json();
+    assert_eq!(answer["result"]["structuredContent"]["thoughtNumber"], 1, "{answer}");
+    let prime = events.first().unwrap().id.clone().expect("a priming ID");
+    let cc = Client::new(&format!("{url_c}/nb"));
+    let replay = SseReader::new(cc.get(&sid, Some(&prime)).send().await.unwrap()).all_events().await;
+    let replayed: Vec<Value> = replay.iter().filter(|e| !e.data.is_empty()).map(|e| e.json()).collect();
+    assert_eq!(replayed, vec![answer], "C replays what B answered");
+    for p in [&mut a, &mut b, &mut c, &mut upstream] {
+        p.kill().unwrap();
+        p.wait().unwrap();
+    }
+}
