@@ -149,6 +149,13 @@ impl UpstreamTable {
                 spec.max_processes = self.max_processes.unwrap_or(DEFAULT_MAX_PROCESSES).max(1);
                 Target::Command(spec)
             }
+            (None, Some(_)) if self.forward_auth => {
+                // The transport can send it, but the engine does not hand a
+                // client's credentials to applications yet.
+                return Err(format!(
+                    "[upstreams.{name}] forward_auth = true is not supported yet; use auth_env for tether's own token"
+                ));
+            }
             (None, Some(url)) => {
                 let mut spec = UrlSpec::new(url);
                 spec.headers = self.headers;
