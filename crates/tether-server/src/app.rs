@@ -32,13 +32,35 @@ pub type RawResult = Box<RawValue>;
 pub struct Caller {
     /// The principal the bearer token maps to (`anonymous` without auth).
     pub principal: String,
+    /// Shared with the session's stored state: an idle session holds one copy.
+    pub client: Arc<ClientDeclaration>,
+}
+
+/// What a client declared about itself in `initialize`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ClientDeclaration {
     /// The protocol revision of this exchange.
     pub protocol_version: String,
-    /// `capabilities` as the client declared them (shared with the session's
-    /// stored state: an idle session holds one copy).
-    pub client_capabilities: Arc<Value>,
     /// `clientInfo` as the client sent it.
-    pub client_info: Arc<Value>,
+    #[serde(default)]
+    pub client_info: Value,
+    /// `capabilities` as the client declared them.
+    #[serde(default)]
+    pub client_capabilities: Value,
+}
+
+impl Caller {
+    pub fn protocol_version(&self) -> &str {
+        &self.client.protocol_version
+    }
+
+    pub fn client_info(&self) -> &Value {
+        &self.client.client_info
+    }
+
+    pub fn client_capabilities(&self) -> &Value {
+        &self.client.client_capabilities
+    }
 }
 
 /// An `initialize` as the application sees it: the caller, the params as

@@ -429,7 +429,7 @@ struct Remembering;
 #[async_trait::async_trait]
 impl tether_server::McpApp for Remembering {
     async fn initialize(&self, init: &mut tether_server::Initialize<'_>) -> Result<Map<String, Value>, RpcError> {
-        init.set_app_state("clientName", init.caller.client_info["name"].clone());
+        init.set_app_state("clientName", init.caller.client_info()["name"].clone());
         init.set_local(Arc::new(Local { touched: AtomicUsize::new(7) }));
         Ok(Map::new())
     }

@@ -161,10 +161,12 @@ mod tests {
 
     fn session(id: &str, last_seen: i64) -> Arc<Session> {
         let state = SessionState {
-            protocol_version: "2025-11-25".into(),
+            client: Arc::new(crate::app::ClientDeclaration {
+                protocol_version: "2025-11-25".into(),
+                client_info: Value::Null,
+                client_capabilities: json!({}),
+            }),
             standalone_stream: ids::new_standalone_stream(),
-            client_info: Arc::new(Value::Null),
-            client_capabilities: Arc::new(json!({})),
             initialized: true,
             resume_generation: 0,
             app: Map::new(),

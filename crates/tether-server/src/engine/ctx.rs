@@ -44,7 +44,7 @@ pub struct SessionCtx {
 #[derive(Clone)]
 pub struct RequestCtx {
     inner: Arc<Inner>,
-    caller: Arc<Caller>,
+    caller: Caller,
     session: Option<Arc<Session>>,
     stream: Option<Arc<RequestStream>>,
     request_id: Value,
@@ -66,17 +66,17 @@ impl SessionCtx {
     }
 
     /// The client as it declared itself in this session's `initialize`.
-    pub fn caller(&self) -> Arc<Caller> {
+    pub fn caller(&self) -> Caller {
         self.session.caller()
     }
 
     pub fn protocol_version(&self) -> String {
-        self.session.caller().protocol_version.clone()
+        self.session.protocol_version()
     }
 
     /// The capabilities the client declared in `initialize`.
-    pub fn client_capabilities(&self) -> Arc<Value> {
-        self.session.caller().client_capabilities.clone()
+    pub fn client_capabilities(&self) -> Value {
+        self.session.client().client_capabilities.clone()
     }
 
     /// The application's durable per-session context.

@@ -46,7 +46,7 @@ pub use pump::Frame;
 pub use request::PANICKED_MESSAGE;
 pub use session::{Session, SessionState};
 
-use crate::app::{Caller, EndReason, Endpoints, Initialize, McpApp, SessionEnd};
+use crate::app::{Caller, ClientDeclaration, EndReason, Endpoints, Initialize, McpApp, SessionEnd};
 use crate::config::ServerConfig;
 use crate::ids::{self, EventId};
 use live::{LiveEvent, LiveHub};
@@ -233,9 +233,11 @@ impl Engine {
         };
         let caller = Caller {
             principal: principal.to_owned(),
-            protocol_version: revision::negotiate(Some(requested)).to_owned(),
-            client_info: Arc::new(params.get("clientInfo").cloned().unwrap_or(Value::Null)),
-            client_capabilities: Arc::new(params.get("capabilities").cloned().unwrap_or_else(|| json!({}))),
+            client: Arc::new(ClientDeclaration {
+                protocol_version: revision::negotiate(Some(requested)).to_owned(),
+                client_info: params.get("clientInfo").cloned().unwrap_or(Value::Null),
+                client_capabilities: params.get("capabilities").cloned().unwrap_or_else(|| json!({})),
+            }),
         };
         let mut init = Initialize::new(&caller, &params);
         let answered = std::panic::AssertUnwindSafe(app.initialize(&mut init)).catch_unwind().await;
@@ -256,7 +258,7 @@ impl Engine {
         // session follows what the client is told.
         let version = match result.get("protocolVersion").and_then(Value::as_str) {
             Some(v) if revision::is_supported(v) => v.to_owned(),
-            _ => caller.protocol_version.clone(),
+            _ => caller.protocol_version().to_owned(),
         };
         result.insert("protocolVersion".into(), Value::String(version.clone()));
         let presented = params.get("_meta").and_then(|m| m.get(meta::SESSION_RESUME_TOKEN)).and_then(Value::as_str);
@@ -280,9 +282,7 @@ impl Engine {
                 let ctx = SessionCtx::new(self.inner.clone(), session.clone());
                 let state = ctx
                     .update_state(|s| {
-                        s.protocol_version = version.clone();
-                        s.client_info = caller.client_info.clone();
-                        s.client_capabilities = caller.client_capabilities.clone();
+                        s.client = Arc::new(ClientDeclaration { protocol_version: version.clone(), ..(*caller.client).clone() });
                         s.initialized = false;
                         s.resume_generation += 1;
                         s.app.extend(initial_app_state.clone());
@@ -349,10 +349,8 @@ impl Engine {
     ) -> Result<Arc<Session>, EngineError> {
         self.inner.admit_session(&caller.principal).await?;
         let state = SessionState {
-            protocol_version: version.to_owned(),
+            client: Arc::new(ClientDeclaration { protocol_version: version.to_owned(), ..(*caller.client).clone() }),
             standalone_stream: ids::new_standalone_stream(),
-            client_info: caller.client_info.clone(),
-            client_capabilities: caller.client_capabilities.clone(),
             initialized: false,
             resume_generation: 0,
             app,

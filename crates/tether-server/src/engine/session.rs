@@ -15,17 +15,16 @@ use serde_json::{Map, Value};
 use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::app::Caller;
+use crate::app::{Caller, ClientDeclaration};
 
 /// The engine's part of a stored session (`SessionRecord::state`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SessionState {
-    pub protocol_version: String,
+    /// The revision, `clientInfo` and capabilities of the current `initialize`
+    /// (stored as top-level fields, as before they were a struct of their own).
+    #[serde(flatten)]
+    pub client: Arc<ClientDeclaration>,
     pub standalone_stream: String,
-    #[serde(default)]
-    pub client_info: Arc<Value>,
-    #[serde(default)]
-    pub client_capabilities: Arc<Value>,
     #[serde(default)]
     pub initialized: bool,
     /// Bumped by every resume; only tokens of the current generation resume.
@@ -64,11 +63,13 @@ pub struct Session {
     pub(crate) next_server_request: AtomicU64,
     /// Bumped whenever a GET takes over the standalone stream.
     pub(crate) standalone_owner: watch::Sender<u64>,
-    /// The client as the current `initialize` declared it (replaced on resume).
-    caller: Mutex<Arc<Caller>>,
+    /// The client as the current `initialize` declared it (replaced on
+    /// resume); the same allocation as in `durable.state`.
+    client: Mutex<Arc<ClientDeclaration>>,
     /// The application's in-memory state (`SessionCtx::local`).
     pub(crate) local: Mutex<super::ctx::Local>,
-    /// Client notifications waiting for the application, in order.
+    /// Client notifications waiting for the application, in order (none
+    /// allocated for a session that never had one waiting).
     pub(crate) notifications: Mutex<NotificationQueue>,
     /// Cancelled when the session ends (DELETE, expiry): its pumps stop.
     pub(crate) closed: CancellationToken,
@@ -92,7 +93,7 @@ pub(crate) struct NotificationQueue {
 impl Session {
     pub(crate) fn new(id: String, principal: String, revision: u64, state: SessionState, expires_at_ms: i64) -> Self {
         Self {
-            caller: Mutex::new(Arc::new(caller_of(&principal, &state))),
+            client: Mutex::new(state.client.clone()),
             id,
             principal,
             standalone_stream: state.standalone_stream.clone(),
@@ -111,22 +112,27 @@ impl Session {
     }
 
     pub fn protocol_version(&self) -> String {
-        self.caller().protocol_version.clone()
+        self.client().protocol_version.clone()
     }
 
-    pub(crate) fn caller(&self) -> Arc<Caller> {
-        match self.caller.lock() {
+    pub(crate) fn client(&self) -> Arc<ClientDeclaration> {
+        match self.client.lock() {
             Ok(c) => c.clone(),
             Err(poisoned) => poisoned.into_inner().clone(),
         }
     }
 
+    /// The caller of this session's requests.
+    pub(crate) fn caller(&self) -> Caller {
+        Caller { principal: self.principal.clone(), client: self.client() }
+    }
+
     /// After the state changed (a resume): the caller follows it.
     pub(crate) fn set_caller_from(&self, state: &SessionState) {
-        let caller = Arc::new(caller_of(&self.principal, state));
-        match self.caller.lock() {
-            Ok(mut c) => *c = caller,
-            Err(poisoned) => *poisoned.into_inner() = caller,
+        let client = state.client.clone();
+        match self.client.lock() {
+            Ok(mut c) => *c = client,
+            Err(poisoned) => *poisoned.into_inner() = client,
         }
     }
 
@@ -183,11 +189,23 @@ impl Session {
     }
 }
 
-fn caller_of(principal: &str, state: &SessionState) -> Caller {
-    Caller {
-        principal: principal.to_owned(),
-        protocol_version: state.protocol_version.clone(),
-        client_capabilities: state.client_capabilities.clone(),
-        client_info: state.client_info.clone(),
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn the_stored_state_keeps_its_layout_so_earlier_sessions_load() {
+        let stored = json!({
+            "protocol_version": "2025-06-18", "standalone_stream": "gabc",
+            "client_info": {"name": "c", "version": "1"}, "client_capabilities": {"roots": {}},
+            "initialized": true, "resume_generation": 2, "app": {"k": 1}
+        });
+        let state: SessionState = serde_json::from_value(stored.clone()).unwrap();
+        assert_eq!(state.client.protocol_version, "2025-06-18");
+        assert_eq!(state.client.client_capabilities, json!({"roots": {}}));
+        assert_eq!(state.endpoint, "", "sessions stored before endpoints belong to /mcp");
+        assert_eq!(serde_json::to_value(&state).unwrap(), stored, "written back the same way");
     }
 }
