@@ -11,6 +11,35 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use support::*;
 
+/// A running `tether serve`, killed (SIGKILL) when dropped, also when a test fails.
+struct Tether(std::process::Child);
+
+impl Tether {
+    fn start(db: &std::path::Path, args: &[&str]) -> (Self, String) {
+        let (child, url) = start_binary(db, args);
+        (Self(child), url)
+    }
+
+    /// `kill -9`, as a crash would.
+    fn crash(mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Tether {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A gateway with one stdio fixture upstream `name` (started with `extra` args).
+fn start_gateway(dir: &tempfile::TempDir, name: &str, extra: &str) -> (Tether, String) {
+    let flag = upstream_flag(name, extra);
+    Tether::start(&dir.path().join("t.db"), &["--upstream", &flag])
+}
+
 fn fixture() -> String {
     format!("{}/../tether-gateway/tests/fixtures/stdio_server.py", env!("CARGO_MANIFEST_DIR"))
 }
@@ -44,7 +73,7 @@ async fn a_stdio_server_keeps_its_session_across_a_tether_crash_and_its_new_chil
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("t.db");
     let flag = upstream_flag("echo", "");
-    let (mut tether, url) = start_binary(&db, &["--upstream", &flag]);
+    let (tether, url) = Tether::start(&db, &["--upstream", &flag]);
     let c = Client::new(&format!("{url}/echo"));
     let (sid, result) = initialized(&c, "gateway-test").await;
     assert_eq!(result["serverInfo"]["name"], "fixture", "the initialize result is the upstream's: {result}");
@@ -54,9 +83,8 @@ async fn a_stdio_server_keeps_its_session_across_a_tether_crash_and_its_new_chil
     assert_eq!(structured(&echoed), &json!({"x": 1}), "{echoed}");
     let first_pid = structured(&c.call(&sid, 2, "pid", json!({})).await)["pid"].clone();
 
-    tether.kill().unwrap();
-    tether.wait().unwrap();
-    let (mut tether, url) = start_binary(&db, &["--upstream", &flag]);
+    tether.crash();
+    let (_tether, url) = Tether::start(&db, &["--upstream", &flag]);
     let c = Client::new(&format!("{url}/echo"));
     let echoed = c.call(&sid, 3, "echo", json!({"y": 2})).await;
     assert_eq!(structured(&echoed), &json!({"y": 2}), "the same session works without initialize: {echoed}");
@@ -70,15 +98,12 @@ async fn a_stdio_server_keeps_its_session_across_a_tether_crash_and_its_new_chil
     assert_eq!(seen[0]["params"]["clientInfo"], json!({"name": "gateway-test", "version": "1.2.3"}));
     assert_eq!(seen[0]["params"]["capabilities"], json!({"sampling": {}}));
     assert!(seen[0]["params"]["_meta"].get("dev.tether/sessionResumeToken").is_none(), "tether's own keys stay tether's");
-    tether.kill().unwrap();
-    tether.wait().unwrap();
 }
 
 #[tokio::test]
 async fn a_child_killed_mid_call_ends_that_call_once_and_the_next_call_gets_a_new_child() {
     let dir = tempfile::tempdir().unwrap();
-    let flag = upstream_flag("echo", "");
-    let (mut tether, url) = start_binary(&dir.path().join("t.db"), &["--upstream", &flag]);
+    let (_tether, url) = start_gateway(&dir, "echo", "");
     let c = Client::new(&format!("{url}/echo"));
     let (sid, _) = initialized(&c, "gateway-test").await;
     let pid = structured(&c.call(&sid, 1, "pid", json!({})).await)["pid"].as_i64().unwrap();
@@ -95,15 +120,12 @@ async fn a_child_killed_mid_call_ends_that_call_once_and_the_next_call_gets_a_ne
     assert_eq!(answers[0]["error"]["message"], "upstream restarted; the request may or may not have taken effect");
     let next = c.call(&sid, 3, "pid", json!({})).await;
     assert_ne!(structured(&next)["pid"].as_i64(), Some(pid), "the next call runs on a new child: {next}");
-    tether.kill().unwrap();
-    tether.wait().unwrap();
 }
 
 #[tokio::test]
 async fn progress_of_an_upstream_call_and_its_result_replay_after_the_client_dropped_the_stream() {
     let dir = tempfile::tempdir().unwrap();
-    let flag = upstream_flag("echo", "");
-    let (mut tether, url) = start_binary(&dir.path().join("t.db"), &["--upstream", &flag]);
+    let (_tether, url) = start_gateway(&dir, "echo", "");
     let c = Client::new(&format!("{url}/echo"));
     let (sid, _) = initialized(&c, "gateway-test").await;
     let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
@@ -123,15 +145,12 @@ async fn progress_of_an_upstream_call_and_its_result_replay_after_the_client_dro
     let results: Vec<&Value> = messages.iter().filter(|m| m["id"] == 7).collect();
     assert_eq!(results.len(), 1, "the result, once: {messages:?}");
     assert_eq!(structured(results[0]), &json!({"slept": 1500}));
-    tether.kill().unwrap();
-    tether.wait().unwrap();
 }
 
 #[tokio::test]
 async fn unknown_endpoints_are_404_and_sessions_do_not_cross_endpoints() {
     let dir = tempfile::tempdir().unwrap();
-    let flag = upstream_flag("echo", "");
-    let (mut tether, url) = start_binary(&dir.path().join("t.db"), &["--upstream", &flag]);
+    let (_tether, url) = start_gateway(&dir, "echo", "");
     let nowhere = Client::new(&format!("{url}/nowhere"));
     let resp = nowhere
         .post(None, &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init_params("x")}))
@@ -146,15 +165,12 @@ async fn unknown_endpoints_are_404_and_sessions_do_not_cross_endpoints() {
     let notebook = Client::new(&url);
     let resp = notebook.post(Some(&sid), &json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})).send().await.unwrap();
     assert_eq!(resp.status(), 404, "a gateway session is not a session of /mcp");
-    tether.kill().unwrap();
-    tether.wait().unwrap();
 }
 
 #[tokio::test]
 async fn a_child_that_exits_at_once_gets_the_client_a_clear_error_and_the_server_stays_healthy() {
     let dir = tempfile::tempdir().unwrap();
-    let flag = upstream_flag("broken", "--exit-at-once");
-    let (mut tether, url) = start_binary(&dir.path().join("t.db"), &["--upstream", &flag]);
+    let (_tether, url) = start_gateway(&dir, "broken", "--exit-at-once");
     let c = Client::new(&format!("{url}/broken"));
     let resp = c
         .post(None, &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init_params("x")}))
@@ -169,8 +185,6 @@ async fn a_child_that_exits_at_once_gets_the_client_a_clear_error_and_the_server
     assert!(message.contains("stdio_server.py"), "the message names the command: {message}");
     let health = reqwest::get(format!("{}/healthz", url.trim_end_matches("/mcp"))).await.unwrap();
     assert_eq!(health.status(), 200);
-    tether.kill().unwrap();
-    tether.wait().unwrap();
 }
 
 #[tokio::test]
@@ -182,7 +196,7 @@ async fn a_config_file_bounds_an_upstream_that_never_answers_initialize() {
         fixture()
     );
     std::fs::write(&config, toml).unwrap();
-    let (mut tether, url) = start_binary(&dir.path().join("t.db"), &["--config", config.to_str().unwrap()]);
+    let (_tether, url) = Tether::start(&dir.path().join("t.db"), &["--config", config.to_str().unwrap()]);
     let c = Client::new(&format!("{url}/mute"));
     let started = std::time::Instant::now();
     let resp = c
@@ -194,15 +208,12 @@ async fn a_config_file_bounds_an_upstream_that_never_answers_initialize() {
     assert_eq!(body["error"]["code"], -32603, "{body}");
     assert!(body["error"]["message"].as_str().unwrap().contains("initialize"), "{body}");
     assert!(started.elapsed() < Duration::from_secs(20), "bounded by upstream_init_timeout, not hung");
-    tether.kill().unwrap();
-    tether.wait().unwrap();
 }
 
 #[tokio::test]
 async fn an_upstream_that_misbehaves_mid_session_gets_clear_answers_and_other_sessions_go_on() {
     let dir = tempfile::tempdir().unwrap();
-    let flag = upstream_flag("echo", "");
-    let (mut tether, url) = start_binary(&dir.path().join("t.db"), &["--upstream", &flag]);
+    let (_tether, url) = start_gateway(&dir, "echo", "");
     let c = Client::new(&format!("{url}/echo"));
     let (sid, _) = initialized(&c, "bad").await;
     let (other, _) = initialized(&c, "good").await;
@@ -213,8 +224,6 @@ async fn an_upstream_that_misbehaves_mid_session_gets_clear_answers_and_other_se
     let down = Client::new(&format!("{url}/echo"));
     let echoed = down.call(&other, 1, "echo", json!({"still": "fine"})).await;
     assert_eq!(structured(&echoed), &json!({"still": "fine"}));
-    tether.kill().unwrap();
-    tether.wait().unwrap();
 }
 
 #[tokio::test]
@@ -222,7 +231,7 @@ async fn a_url_upstream_that_is_down_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let flag = format!("down=http://127.0.0.1:{port}/mcp");
-    let (mut tether, url) = start_binary(&dir.path().join("t.db"), &["--upstream", &flag]);
+    let (_tether, url) = Tether::start(&dir.path().join("t.db"), &["--upstream", &flag]);
     let c = Client::new(&format!("{url}/down"));
     let resp = c
         .post(None, &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init_params("x")}))
@@ -232,24 +241,22 @@ async fn a_url_upstream_that_is_down_is_a_clear_error() {
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["error"]["code"], -32603, "{body}");
     assert!(body["error"]["message"].as_str().unwrap().contains(&port.to_string()), "names the upstream: {body}");
-    tether.kill().unwrap();
-    tether.wait().unwrap();
 }
 
 #[tokio::test]
 async fn three_replicas_on_redis_serve_one_gateway_session_initialize_on_a_call_on_b_replay_on_c() {
     // The URL upstream: another tether's notebook.
     let dir = tempfile::tempdir().unwrap();
-    let (mut upstream, upstream_url) = start_binary(&dir.path().join("u.db"), &[]);
+    let (_upstream, upstream_url) = Tether::start(&dir.path().join("u.db"), &[]);
     let store = redis_url();
     let prefix = fresh_prefix();
     let flag = format!("nb={upstream_url}");
     let replica = |n: &str| {
-        start_binary(&dir.path().join(format!("{n}.db")), &["--store", &store, "--store-prefix", &prefix, "--upstream", &flag])
+        Tether::start(&dir.path().join(format!("{n}.db")), &["--store", &store, "--store-prefix", &prefix, "--upstream", &flag])
     };
-    let (mut a, url_a) = replica("a");
-    let (mut b, url_b) = replica("b");
-    let (mut c, url_c) = replica("c");
+    let (_a, url_a) = replica("a");
+    let (_b, url_b) = replica("b");
+    let (_c, url_c) = replica("c");
     let ca = Client::new(&format!("{url_a}/nb"));
     let (sid, result) = initialized(&ca, "replicas").await;
     assert_eq!(result["serverInfo"]["name"], "tether-notebook", "{result}");
@@ -266,8 +273,4 @@ async fn three_replicas_on_redis_serve_one_gateway_session_initialize_on_a_call_
     let replay = SseReader::new(cc.get(&sid, Some(&prime)).send().await.unwrap()).all_events().await;
     let replayed: Vec<Value> = replay.iter().filter(|e| !e.data.is_empty()).map(|e| e.json()).collect();
     assert_eq!(replayed, vec![answer], "C replays what B answered");
-    for p in [&mut a, &mut b, &mut c, &mut upstream] {
-        p.kill().unwrap();
-        p.wait().unwrap();
-    }
 }
