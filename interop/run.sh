@@ -4,10 +4,16 @@
 # usage: interop/run.sh path/to/tether        (e.g. target/release/tether)
 #
 # Installs what is missing (npm ci into interop/ts/node_modules, a venv in
-# interop/py/.venv; npm/pip caches in interop/.cache), starts
-# `tether serve --listen 127.0.0.1:<free port> --store sqlite:<tmp>/t.db`,
-# waits for /healthz, runs every check, stops the server, prints one PASS/FAIL
-# line per check and exits non-zero if any failed.
+# interop/py/.venv; npm/pip caches in interop/.cache), starts the TypeScript SDK
+# fixture (interop/servers/ts_server.mjs) on a free port and
+# `tether serve --listen 127.0.0.1:<free port> --store sqlite:<tmp>/t.db` with
+# three gateway upstreams (third-party servers installed here too):
+#   /mcp/everything  @modelcontextprotocol/server-everything (npm), a stdio command
+#   /mcp/pystdio     interop/servers/py_stdio_server.py (Python SDK), a stdio command
+#   /mcp/tsfixture   the TypeScript SDK fixture, a URL upstream
+# waits for /healthz, runs every check (the gateway durability check kills
+# tether with -9 and restarts it on the same SQLite file), stops the servers,
+# prints one PASS/FAIL line per check and exits non-zero if any failed.
 #
 # Needs only node >= 20 with npm, and python3.11 (or $PYTHON) on the machine.
 # INTEROP_VERBOSE=1 prints every check's output, not only failing ones.
@@ -62,6 +68,8 @@ if [ "$(cat "$TS_STAMP" 2>/dev/null)" != "$(sha "$TS/package-lock.json")" ]; the
         || die "npm ci failed"
     sha "$TS/package-lock.json" >"$TS_STAMP"
 fi
+EVERYTHING="$TS/node_modules/.bin/mcp-server-everything"
+[ -x "$EVERYTHING" ] || die "$EVERYTHING is missing after npm ci"
 
 PY_STAMP="$PY/.venv/.interop-stamp"
 if [ "$(cat "$PY_STAMP" 2>/dev/null)" != "$(sha "$PY/requirements.txt")" ]; then
@@ -74,32 +82,30 @@ if [ "$(cat "$PY_STAMP" 2>/dev/null)" != "$(sha "$PY/requirements.txt")" ]; then
 fi
 VPY="$PY/.venv/bin/python"
 
-# ---------------------------------------------------------------- server
+# ---------------------------------------------------------------- servers
 TMP="$(mktemp -d "${TMPDIR:-/tmp}/tether-interop.XXXXXX")"
 SERVER_PID=""
-cleanup() {
-    if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
-        kill "$SERVER_PID" 2>/dev/null
-        for _ in $(seq 50); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
-        kill -9 "$SERVER_PID" 2>/dev/null
-        wait "$SERVER_PID" 2>/dev/null
+FIXTURE_PID=""
+stop_pid() {
+    local pid="$1"
+    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+        kill "$pid" 2>/dev/null
+        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        kill -9 "$pid" 2>/dev/null
+        wait "$pid" 2>/dev/null
     fi
+}
+cleanup() {
+    stop_pid "$SERVER_PID"
+    stop_pid "$FIXTURE_PID"
     rm -rf "$TMP"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-PORT="$("$VPY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')"
-BASE="http://127.0.0.1:$PORT"
-URL="$BASE/mcp"
-echo "interop: starting $BIN serve --listen 127.0.0.1:$PORT --store sqlite:$TMP/t.db"
-# Any TETHER_* settings in the caller's environment are dropped: the checks
-# expect the defaults (e.g. SSE answers, not --json-response).
-(
-    for v in $(compgen -e | grep '^TETHER_'); do unset "$v"; done
-    exec "$BIN" serve --listen "127.0.0.1:$PORT" --store "sqlite:$TMP/t.db"
-) >"$TMP/server.log" 2>&1 &
-SERVER_PID=$!
+free_port() {
+    "$VPY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+}
 
 server_log() {
     echo "---- server log (last 60 lines) ----"
@@ -107,7 +113,42 @@ server_log() {
     echo "------------------------------------"
 }
 
-"$VPY" - "$BASE/healthz" "$SERVER_PID" <<'EOF' || { server_log; die "server did not become healthy"; }
+# The TypeScript SDK fixture (an HTTP server): the gateway's URL upstream.
+FIXTURE_PORT="$(free_port)"
+FIXTURE="http://127.0.0.1:$FIXTURE_PORT"
+node "$HERE/servers/ts_server.mjs" "$FIXTURE_PORT" >"$TMP/fixture.log" 2>&1 &
+FIXTURE_PID=$!
+for _ in $(seq 150); do
+    grep -q '^READY' "$TMP/fixture.log" 2>/dev/null && break
+    kill -0 "$FIXTURE_PID" 2>/dev/null || break
+    sleep 0.1
+done
+grep -q '^READY' "$TMP/fixture.log" || { cat "$TMP/fixture.log"; die "the TypeScript SDK fixture did not start"; }
+
+PORT="$(free_port)"
+BASE="http://127.0.0.1:$PORT"
+URL="$BASE/mcp"
+# tether splits a command like a shell would (and runs no shell): quote paths.
+UPSTREAMS=(
+    --upstream "everything=stdio:$(printf '%q' "$EVERYTHING") stdio"
+    --upstream "pystdio=stdio:$(printf '%q %q' "$VPY" "$HERE/servers/py_stdio_server.py")"
+    --upstream "tsfixture=$FIXTURE/mcp"
+)
+
+# start_server: tether on $PORT with $TMP/t.db and the same flags every time;
+# sets SERVER_PID and waits for /healthz.
+start_server() {
+    echo "interop: starting $BIN serve --listen 127.0.0.1:$PORT --store sqlite:$TMP/t.db ${UPSTREAMS[*]}"
+    echo "==== interop: tether starting ($(date +%T)) ====" >>"$TMP/server.log"
+    # Any TETHER_* settings in the caller's environment are dropped: the checks
+    # expect the defaults (e.g. SSE answers, not --json-response).
+    (
+        for v in $(compgen -e | grep '^TETHER_'); do unset "$v"; done
+        exec "$BIN" serve --listen "127.0.0.1:$PORT" --store "sqlite:$TMP/t.db" "${UPSTREAMS[@]}"
+    ) >>"$TMP/server.log" 2>&1 &
+    SERVER_PID=$!
+
+    "$VPY" - "$BASE/healthz" "$SERVER_PID" <<'EOF' || { server_log; die "server did not become healthy"; }
 import os, sys, time, urllib.request
 url, pid = sys.argv[1], int(sys.argv[2])
 deadline = time.monotonic() + 30
@@ -125,6 +166,8 @@ while time.monotonic() < deadline:
     time.sleep(0.1)
 sys.exit("GET /healthz did not return 200 within 30 s")
 EOF
+}
+start_server
 
 # ---------------------------------------------------------------- checks
 PASSED=0
@@ -166,6 +209,32 @@ run_check py-legacy 90 "$VPY" "$PY/client.py" "$URL" legacy
 run_check py-auto 90 "$VPY" "$PY/client.py" "$URL" auto
 run_check py-no-header 60 "$VPY" "$PY/client.py" "$URL" no-header
 run_check py-roots 90 "$VPY" "$PY/client.py" "$URL" roots
+
+# Gateway: the official SDK clients through tether to third-party servers.
+run_check gw-everything 120 node "$TS/gw_everything.mjs" "$URL/everything"
+run_check gw-pystdio 90 "$VPY" "$PY/gw_client.py" "$URL/pystdio"
+run_check gw-tsfixture 60 node "$TS/gw_tsfixture.mjs" "$URL/tsfixture" "$FIXTURE"
+# Durability through the gateway: a session on /mcp/everything, kill -9 of
+# tether, a restart on the same SQLite file with the same flags; the same
+# Mcp-Session-Id goes on without initialize.
+DSTATE="$TMP/gw-durable.json"
+if run_check gw-durable-call 60 node "$TS/gw_durable.mjs" "$URL/everything" "$DSTATE" call; then
+    if kill -0 "$SERVER_PID" 2>/dev/null; then
+        kill -9 "$SERVER_PID"
+        wait "$SERVER_PID" 2>/dev/null
+        echo "interop: killed tether (kill -9 $SERVER_PID); restarting it on the same store"
+        start_server
+        run_check gw-durable-resume 60 node "$TS/gw_durable.mjs" "$URL/everything" "$DSTATE" resume
+    else
+        FAILED=$((FAILED + 1))
+        SUMMARY+=("FAIL gw-durable-resume (skipped: the server had exited)")
+        echo "FAIL gw-durable-resume (skipped: the server had exited)"
+    fi
+else
+    FAILED=$((FAILED + 1))
+    SUMMARY+=("FAIL gw-durable-resume (skipped: gw-durable-call failed)")
+    echo "FAIL gw-durable-resume (skipped: gw-durable-call failed)"
+fi
 
 if ! kill -0 "$SERVER_PID" 2>/dev/null; then
     FAILED=$((FAILED + 1))

@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Gateway interop check: the official MCP Python SDK client (``mcp`` 2.x) against a
+Python SDK stdio server (interop/servers/py_stdio_server.py) that tether serves at
+/mcp/pystdio (``--upstream 'pystdio=stdio:PYTHON py_stdio_server.py'``).
+
+usage: gw_client.py http://127.0.0.1:PORT/mcp/pystdio
+
+With the SDK's default mode ("auto": it probes server/discover, then falls back to
+initialize): the upstream's serverInfo comes back, tools/list has ``greet``,
+tools/call greet answers the upstream's text, resources/list and resources/read
+give the fixture's resource, prompts/list and prompts/get give its prompt; leaving
+the client DELETEs the session. Prints what it saw and OK, or FAIL and why.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+
+import anyio
+import httpx2
+from mcp.client import Client
+from mcp.client.streamable_http import streamable_http_client
+
+TIMEOUT_S = 60
+FIXTURE = "py-stdio-fixture"
+RESOURCE_URI = "pystdio://fixture/info"
+
+
+class CheckFailed(Exception):
+    pass
+
+
+def check(cond: object, msg: str) -> None:
+    if not cond:
+        raise CheckFailed(msg)
+
+
+async def run(url: str) -> None:
+    posts: list[tuple[str, int | None]] = []
+
+    async def on_response(response: httpx2.Response) -> None:
+        req = response.request
+        if req.method == "POST":
+            try:
+                body = json.loads(req.content)
+                method = body.get("method") or "response" if isinstance(body, dict) else "batch"
+            except ValueError:
+                method = "(not JSON)"
+            posts.append((method, response.status_code))
+
+    http = httpx2.AsyncClient(timeout=httpx2.Timeout(30, read=TIMEOUT_S), trust_env=False,
+                              event_hooks={"response": [on_response]})
+    with anyio.fail_after(TIMEOUT_S):
+        async with http:
+            async with Client(streamable_http_client(url, http_client=http)) as client:
+                info = client.server_info
+                check(info is not None and info.name == FIXTURE,
+                      f"serverInfo is not the upstream's: {info!r}")
+                print(f"connected: protocol {client.protocol_version}, server {info.name} {info.version}")
+
+                tools = await client.list_tools()
+                names = [t.name for t in tools.tools]
+                check(names == ["greet"], f"tools/list: want ['greet'], got {names}")
+                greet = tools.tools[0]
+                check("name" in (greet.input_schema or {}).get("properties", {}),
+                      f"greet's input schema has no 'name': {greet.input_schema!r}")
+                print("tools/list: ['greet']")
+
+                result = await client.call_tool("greet", {"name": "Ada"})
+                check(not result.is_error, f"tools/call greet returned is_error: {result!r}")
+                texts = [c.text for c in result.content if getattr(c, "type", None) == "text"]
+                want = f"Hello, Ada! (from {FIXTURE})"
+                check(texts == [want], f"tools/call greet: want [{want!r}], got {texts!r}")
+                print(f"tools/call greet: {texts[0]!r}")
+
+                resources = await client.list_resources()
+                uris = [str(r.uri) for r in resources.resources]
+                check(uris == [RESOURCE_URI], f"resources/list: want [{RESOURCE_URI!r}], got {uris}")
+                read = await client.read_resource(RESOURCE_URI)
+                check(len(read.contents) == 1, f"resources/read: want one content, got {read.contents!r}")
+                content = read.contents[0]
+                check(str(content.uri) == RESOURCE_URI and getattr(content, "text", None)
+                      == f"{FIXTURE}: a resource read over stdio" and content.mime_type == "text/plain",
+                      f"resources/read: unexpected content {content!r}")
+                print(f"resources/read {RESOURCE_URI}: {content.text!r}")
+
+                prompts = await client.list_prompts()
+                pnames = [p.name for p in prompts.prompts]
+                check(pnames == ["review"], f"prompts/list: want ['review'], got {pnames}")
+                args = [a.name for a in (prompts.prompts[0].arguments or [])]
+                check(args == ["code"], f"prompt review's arguments: want ['code'], got {args}")
+                prompt = await client.get_prompt("review", {"code": "print(1)"})
+                check(len(prompt.messages) == 1, f"prompts/get: want one message, got {prompt.messages!r}")
+                msg = prompt.messages[0]
+                check(msg.role == "user" and getattr(msg.content, "text", None)
+                      == "Please review this code:\nprint(1)",
+                      f"prompts/get review: unexpected message {msg!r}")
+                print(f"prompts/get review: {msg.content.text!r}")
+    print("POSTs: " + ", ".join(f"{m} -> {st}" for m, st in posts))
+    rejected = [p for p in posts if p[1] is None or (p[1] >= 400 and p[0] != "server/discover")]
+    check(not rejected, f"POSTs refused: {rejected}")
+
+
+def main() -> int:
+    if len(sys.argv) != 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    try:
+        anyio.run(run, sys.argv[1])
+    except CheckFailed as e:
+        print(f"FAIL: {e}")
+        return 1
+    except BaseException as e:  # noqa: BLE001 - any failure of the check is reported whole
+        print(f"FAIL: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+        return 1
+    print("OK gw_client.py")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
