@@ -28,12 +28,13 @@ pub fn comparison(rows: &[Row]) -> String {
             .iter()
             .find(|r| r.system == twin_name && r.scenario == current.scenario && r.clients == current.clients && r.errors == 0)
             .filter(|_| current.errors == 0);
-        let (line, higher_is_better) = match scenario {
-            Scenario::ToolsCall => (format!("{} tools_call ({} clients)", current.system, current.clients), true),
-            _ => (format!("{} {}", current.system, scenario.name()), false),
+        let (line, higher_is_better) = if scenario.interleaved() {
+            (format!("{} {} ({} clients)", current.system, scenario.name(), current.clients), true)
+        } else {
+            (format!("{} {}", current.system, scenario.name()), false)
         };
         let compared = twin.and_then(|twin| match scenario {
-            Scenario::ToolsCall => rps_ratio(current, twin),
+            Scenario::ToolsCall | Scenario::GatewayHttp | Scenario::GatewayStdio => rps_ratio(current, twin),
             Scenario::Replay10k | Scenario::Restart100kSessions => ratio(current.ms, twin.ms, "ms"),
             Scenario::IdleSession => ratio(current.bytes, twin.bytes, "bytes"),
         });

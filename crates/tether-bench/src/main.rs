@@ -5,7 +5,8 @@
 //! docs/benchmarks.md describes every scenario and system.
 //!
 //! - [`server`]: the systems, their stores, starting/stopping/killing them.
-//! - [`load`]: the `tools_call` load generator and the MCP calls all share.
+//! - [`load`]: the `tools_call` load generator (also of `gateway_http` and
+//!   `gateway_stdio`) and the MCP calls all share.
 //! - [`replay`]: `replay_10k`. [`sessions`]: bulk sessions, restart timing.
 //! - [`report`]: rows, table, budget, chart. SSE is read with
 //!   `tether_wire::sse`, the decoder the client and the tests use.
@@ -27,7 +28,7 @@ use anyhow::Context;
 use clap::Parser;
 
 use report::{Row, Scenario, round};
-use server::{BASELINE_SUFFIX, Launch, Programs, Server, Store, Subject, System};
+use server::{BASELINE_SUFFIX, Launch, Programs, Server, Store, Subject, System, Upstream};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -56,30 +57,47 @@ struct Args {
     /// The TypeScript SDK reference server script (its node_modules next to it).
     #[arg(long, default_value = "bench/ts-sdk-server/server.mjs")]
     ts_server: PathBuf,
+    /// gateway_stdio: the stdio echo server (default: `stdio_echo` next to this binary).
+    #[arg(long)]
+    stdio_echo: Option<PathBuf>,
+    /// gateway_stdio: supergateway's entry script, run with --node (skipped when missing).
+    #[arg(long, default_value = "bench/supergateway/node_modules/supergateway/dist/index.js")]
+    supergateway: PathBuf,
+    /// gateway_stdio: mcp-proxy's command (skipped when missing).
+    #[arg(long, default_value = "bench/mcp-proxy/.venv/bin/mcp-proxy")]
+    mcp_proxy: PathBuf,
     /// Redis for tether-redis (the system is skipped when `redis-cli -h 127.0.0.1 ping` does not answer).
     #[arg(long, default_value = "redis://127.0.0.1:6379/")]
     redis: String,
-    /// Systems to run, comma-separated, in this order.
+    /// Systems to run, comma-separated, in this order. Each scenario runs
+    /// those of its systems that are listed: gateway_http tether-gateway and
+    /// rmcp-direct, gateway_stdio tether-gateway, supergateway and mcp-proxy,
+    /// the others the first six.
     #[arg(
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "tether-memory,tether-sqlite,tether-redis,rmcp,ts-sdk,axum-floor"
+        default_value = "tether-memory,tether-sqlite,tether-redis,rmcp,ts-sdk,axum-floor,tether-gateway,rmcp-direct,supergateway,mcp-proxy"
     )]
     systems: Vec<System>,
     /// Scenarios to run, comma-separated.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "tools_call,replay_10k,restart_100k_sessions,idle_session")]
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "tools_call,replay_10k,restart_100k_sessions,idle_session,gateway_http,gateway_stdio"
+    )]
     scenarios: Vec<Scenario>,
-    /// tools_call: concurrent clients (one session and one connection each), comma-separated.
+    /// tools_call, gateway_http, gateway_stdio: concurrent clients (one session and one connection each), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,64")]
     clients: Vec<usize>,
-    /// tools_call: length of each system's measured slice in a round.
+    /// tools_call and the gateway scenarios: length of each system's measured slice in a round.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     duration: Duration,
-    /// tools_call: calls each system's clients make before the first round (not recorded).
+    /// tools_call and the gateway scenarios: calls each system's clients make before the first round (not recorded).
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     warmup: Duration,
-    /// tools_call: rounds over all systems, one slice each (A B C, A B C, ...,
+    /// tools_call and the gateway scenarios: rounds over the scenario's systems, one slice each (A B C, A B C, ...,
     /// every server running throughout); each row reports the round with the
     /// median requests/s. The host drifts by tens of percent within seconds:
     /// short interleaved slices spread that drift over every system instead
@@ -171,6 +189,9 @@ async fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
         node: args.node.clone(),
         ts_server: args.ts_server.clone(),
         redis_url: args.redis.clone(),
+        stdio_echo: args.stdio_echo.clone().unwrap_or_else(|| sibling("stdio_echo")),
+        supergateway: args.supergateway.clone(),
+        mcp_proxy: args.mcp_proxy.clone(),
     };
     let wants = |s: Scenario| args.scenarios.contains(&s);
     let load_before = load_average();
@@ -179,8 +200,17 @@ async fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
     let mut systems = args.systems.clone();
     if systems.contains(&System::TetherRedis) && !server::redis_available() {
         eprintln!("== tether-redis: skipped, `redis-cli -h 127.0.0.1 ping` does not answer PONG");
-        skipped.push("tether-redis (no Redis on 127.0.0.1)");
+        skipped.push("tether-redis (no Redis on 127.0.0.1)".to_string());
         systems.retain(|&s| s != System::TetherRedis);
+    }
+    if wants(Scenario::GatewayStdio) {
+        for system in [System::Supergateway, System::McpProxy] {
+            if let Some(why) = systems.contains(&system).then(|| programs.missing(system)).flatten() {
+                eprintln!("== {}: skipped, {why}", system.name());
+                skipped.push(why);
+                systems.retain(|&s| s != system);
+            }
+        }
     }
     // With --baseline, each tether system is followed by its baseline twin.
     let subjects: Vec<Subject> = systems
@@ -190,12 +220,17 @@ async fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
             std::iter::once(Subject::from(system)).chain(twin)
         })
         .collect();
-    if wants(Scenario::ToolsCall) {
-        rows.extend(tools_call(args, &programs, &subjects).await);
+    let of = |scenario: Scenario| -> Vec<Subject> { subjects.iter().copied().filter(|s| scenario.runs(s.system)).collect() };
+    for scenario in [Scenario::ToolsCall, Scenario::GatewayHttp, Scenario::GatewayStdio] {
+        let these = of(scenario);
+        if wants(scenario) && !these.is_empty() {
+            rows.extend(interleaved(args, &programs, scenario, &these).await);
+        }
     }
     for &subject in &subjects {
-        // The floor has no MCP, no streams and no sessions: only tools_call applies.
-        if subject.system == System::AxumFloor {
+        // The floor has no MCP, no streams and no sessions: only tools_call applies;
+        // the gateway systems have scenarios of their own.
+        if subject.system == System::AxumFloor || subject.system.gateway() {
             continue;
         }
         if wants(Scenario::Replay10k) {
@@ -210,7 +245,7 @@ async fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
 
     let caption = args.quick.then(|| {
         format!(
-            "`--quick`: {} warm-up + {} measured per tools_call run, {} sessions for restart/idle, {} events for replay, {} timed replays",
+            "`--quick`: {} warm-up + {} measured per tools_call and gateway run, {} sessions for restart/idle, {} events for replay, {} timed replays",
             humantime::format_duration(args.warmup),
             humantime::format_duration(args.duration),
             args.sessions,
@@ -277,6 +312,47 @@ async fn start(programs: &Programs, launch: &Launch) -> anyhow::Result<(Server, 
     Ok((server, store))
 }
 
+/// A system as a scenario runs it, with what it needs around it.
+struct Running {
+    server: Server,
+    /// Its store (removed when this is dropped).
+    _store: Option<Store>,
+    /// tether-gateway in gateway_http: the `rmcp_ref` it fronts.
+    upstream: Option<Server>,
+}
+
+impl Running {
+    async fn stop(self) -> anyhow::Result<()> {
+        let stopped = self.server.stop().await;
+        if let Some(upstream) = self.upstream {
+            upstream.stop().await.context("its upstream rmcp_ref")?;
+        }
+        stopped
+    }
+}
+
+/// Starts `subject` as `scenario` runs it: for tools_call as it is; for
+/// gateway_http tether-gateway in front of an `rmcp_ref` of its own (started
+/// first) and rmcp-direct as that `rmcp_ref`; for gateway_stdio each system
+/// serving `stdio_echo`.
+async fn start_for(programs: &Programs, scenario: Scenario, subject: Subject) -> anyhow::Result<Running> {
+    let mut launch = Launch::new(subject);
+    let mut upstream = None;
+    match (scenario, subject.system) {
+        (Scenario::GatewayHttp, System::TetherGateway) => {
+            let rmcp = Server::start(&Launch::new(System::RmcpDirect.into()), programs, None)
+                .await
+                .context("the rmcp_ref upstream of tether-gateway")?;
+            launch.upstream = Some(Upstream::Url(rmcp.mcp_url.clone()));
+            upstream = Some(rmcp);
+        }
+        (Scenario::GatewayStdio, _) => launch.upstream = Some(Upstream::Stdio(programs.stdio_echo.clone())),
+        _ => {}
+    }
+    let (server, store) = start(programs, &launch).await?;
+    Ok(Running { server, _store: store, upstream })
+}
+
 /// The row of one system and client count from its tools_call rounds: the
 /// round with the median requests/s, with the spread and every round's
 /// requests/s. A round with errors is reported instead.
@@ -300,37 +376,35 @@ fn median_round(mut rounds: Vec<Row>) -> Option<Row> {
 /// system's threads wake up from the other systems' slices.
 const SLICE_LEAD_IN: Duration = Duration::from_millis(100);
 
-/// tools_call, interleaved in short slices: every system's server runs at
+/// tools_call (and gateway_http, gateway_stdio: the same load on other
+/// systems), interleaved in short slices: every system's server runs at
 /// once (idle outside its slices), each with its clients' sessions open
 /// and warmed up; then each round gives every system one `--duration`
 /// slice in turn. The host's speed drifts by tens of percent within
 /// seconds (the load generator's own CPU per call, the same work against
 /// every system, moves with it), so figures taken minutes apart compare the
 /// host as much as the systems; slices a second apart see the same host.
-/// Peak RSS is the server's over the whole run.
-async fn tools_call(args: &Args, programs: &Programs, subjects: &[Subject]) -> Vec<Row> {
+/// Peak RSS is the server's over the whole run (not its upstream's or children's).
+async fn interleaved(args: &Args, programs: &Programs, scenario: Scenario, subjects: &[Subject]) -> Vec<Row> {
+    let name = scenario.name();
     let mut servers = Vec::with_capacity(subjects.len());
     for &subject in subjects {
-        eprintln!("== {}: starting for tools_call", subject.name());
-        servers.push((subject, start(programs, &Launch::new(subject)).await));
+        eprintln!("== {}: starting for {name}", subject.name());
+        servers.push((subject, start_for(programs, scenario, subject).await));
     }
     let mut rows = Vec::new();
     for &clients in &args.clients {
         let mut loads = Vec::new();
         for (subject, started) in &servers {
-            let row = |error: String| Row::failed(*subject, Scenario::ToolsCall, clients, args.quick, error);
+            let row = |error: String| Row::failed(*subject, scenario, clients, args.quick, error);
             let server = match started {
-                Ok((server, _)) => server,
+                Ok(running) => &running.server,
                 Err(e) => {
                     rows.push(row(format!("{e:#}")));
                     continue;
                 }
             };
-            eprintln!(
-                "== {}: tools_call, {clients} clients, {} warm-up",
-                subject.name(),
-                humantime::format_duration(args.warmup)
-            );
+            eprintln!("== {}: {name}, {clients} clients, {} warm-up", subject.name(), humantime::format_duration(args.warmup));
             let warmed = match load::Load::open(subject.system.protocol(), &server.mcp_url, clients).await {
                 Ok(mut load) => load.run(args.warmup, Duration::ZERO).await.map(|warm_up| (load, warm_up)),
                 Err(e) => Err(e),
@@ -342,21 +416,33 @@ async fn tools_call(args: &Args, programs: &Programs, subjects: &[Subject]) -> V
             }
         }
         for round in 1..=args.rounds {
-            eprintln!("== tools_call, {clients} clients, round {round} of {}", args.rounds);
+            eprintln!("== {name}, {clients} clients, round {round} of {}", args.rounds);
             for (subject, load, rounds) in &mut loads {
                 let outcome = load.run(SLICE_LEAD_IN, args.duration).await;
-                rounds.push(measured(*subject, clients, args.quick, outcome));
+                rounds.push(measured(*subject, scenario, clients, args.quick, outcome));
             }
         }
         rows.extend(loads.into_iter().filter_map(|(_, _, rounds)| median_round(rounds)));
     }
     for (subject, started) in servers {
-        let Ok((server, _store)) = started else { continue };
-        match server.peak_rss_mib() {
-            Ok(rss) => rows.iter_mut().filter(|r| r.system == subject.name()).for_each(|r| r.rss_mib = Some(round(rss, 1))),
+        let Ok(running) = started else { continue };
+        let own = |r: &Row| r.system == subject.name();
+        match running.server.peak_rss_mib() {
+            Ok(rss) => rows.iter_mut().filter(|r| own(r)).for_each(|r| r.rss_mib = Some(round(rss, 1))),
             Err(e) => eprintln!("   {}: cannot read the peak RSS: {e:#}", subject.name()),
         }
-        if let Err(e) = server.stop().await {
+        let (count, last) = running.server.problems();
+        if count > 0 {
+            eprintln!("   {} logged {count} WARN/ERROR lines; the last ones:\n{}", subject.name(), last.join("\n"));
+            for r in rows.iter_mut().filter(|r| own(r)) {
+                let logged = format!("server log: {count} WARN/ERROR lines");
+                r.note = Some(r.note.take().map_or(logged.clone(), |n| format!("{n}; {logged}")));
+            }
+        }
+        if rows.iter().any(|r| own(r) && r.errors > 0) {
+            eprintln!("   {} log tail:\n{}", subject.name(), running.server.log_tail());
+        }
+        if let Err(e) = running.stop().await {
             eprintln!("   {e:#}");
         }
     }
@@ -364,8 +450,8 @@ async fn tools_call(args: &Args, programs: &Programs, subjects: &[Subject]) -> V
 }
 
 /// One slice's row.
-fn measured(subject: Subject, clients: usize, quick: bool, outcome: anyhow::Result<load::Outcome>) -> Row {
-    let mut row = Row::new(subject, Scenario::ToolsCall, clients, quick);
+fn measured(subject: Subject, scenario: Scenario, clients: usize, quick: bool, outcome: anyhow::Result<load::Outcome>) -> Row {
+    let mut row = Row::new(subject, scenario, clients, quick);
     match outcome {
         Ok(outcome) => {
             for e in &outcome.first_errors {

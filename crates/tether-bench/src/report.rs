@@ -1,6 +1,7 @@
 //! What a bench run produces: the rows (JSON), the Markdown table, the
-//! budget check of issue 9 (ratios measured in the same run) and an SVG bar
-//! chart of `tools_call` throughput at 64 clients.
+//! budget check of issue 9 and of the gateway's (issue 23) (ratios measured
+//! in the same run) and an SVG bar chart of `tools_call` throughput at 64
+//! clients.
 
 use serde::Serialize;
 
@@ -17,11 +18,23 @@ pub enum Scenario {
     Restart100kSessions,
     #[value(name = "idle_session")]
     IdleSession,
+    /// tools_call's load through tether-gateway to `rmcp_ref`, and to `rmcp_ref` directly.
+    #[value(name = "gateway_http")]
+    GatewayHttp,
+    /// tools_call's load to `stdio_echo` through tether-gateway, supergateway and mcp-proxy.
+    #[value(name = "gateway_stdio")]
+    GatewayStdio,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 4] =
-        [Scenario::ToolsCall, Scenario::Replay10k, Scenario::Restart100kSessions, Scenario::IdleSession];
+    pub const ALL: [Scenario; 6] = [
+        Scenario::ToolsCall,
+        Scenario::Replay10k,
+        Scenario::Restart100kSessions,
+        Scenario::IdleSession,
+        Scenario::GatewayHttp,
+        Scenario::GatewayStdio,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -29,7 +42,25 @@ impl Scenario {
             Scenario::Replay10k => "replay_10k",
             Scenario::Restart100kSessions => "restart_100k_sessions",
             Scenario::IdleSession => "idle_session",
+            Scenario::GatewayHttp => "gateway_http",
+            Scenario::GatewayStdio => "gateway_stdio",
         }
+    }
+
+    /// Whether `system` is one of this scenario's systems.
+    pub fn runs(self, system: System) -> bool {
+        match self {
+            Scenario::ToolsCall => !system.gateway(),
+            Scenario::Replay10k | Scenario::IdleSession => !system.gateway() && system != System::AxumFloor,
+            Scenario::Restart100kSessions => system.durable_sessions(),
+            Scenario::GatewayHttp => matches!(system, System::TetherGateway | System::RmcpDirect),
+            Scenario::GatewayStdio => matches!(system, System::TetherGateway | System::Supergateway | System::McpProxy),
+        }
+    }
+
+    /// Whether its rows come from interleaved rounds of the tools_call load.
+    pub fn interleaved(self) -> bool {
+        matches!(self, Scenario::ToolsCall | Scenario::GatewayHttp | Scenario::GatewayStdio)
     }
 }
 
@@ -249,9 +280,56 @@ pub fn rps_ratio(a: &Row, b: &Row) -> Option<(String, f64)> {
 /// Sessions the budget's restart and idle lines are measured with.
 const BUDGET_SESSIONS: u64 = 100_000;
 
-/// The budget of issue 9, each line with what this run measured. A ratio
-/// line is judged by the median of the paired rounds' ratios when the run
-/// had rounds, and shows the ratio of the two median rounds beside it.
+/// A budget ratio line: `a`'s requests/s >= `target` times `b`'s.
+fn ratio_line(line: &str, a: Option<&Row>, b: Option<&Row>, target: f64) -> String {
+    let judged = a.zip(b).and_then(|(a, b)| rps_ratio(a, b)).map(|(text, ratio)| (text, ratio >= target));
+    let (measured, verdict) = match judged {
+        Some((text, true)) => (text, "yes"),
+        Some((text, false)) => (text, "**no**"),
+        None => ("not measured".to_string(), "—"),
+    };
+    format!("| {line} | {measured} | >= {target}x | {verdict} |\n")
+}
+
+/// Issue 23's gateway_stdio line: tether-gateway's requests/s >= 3 times
+/// the faster of supergateway and mcp-proxy (the one tether-gateway's paired
+/// ratio is the lowest against), with a lower p99 than that one. Both are
+/// reported; a reference that did not run is named.
+fn gateway_stdio_line(rows: &[Row]) -> String {
+    const TARGET: f64 = 3.0;
+    let at_64 = |system: &str| find(rows, system, Scenario::GatewayStdio, Some(64));
+    let line = "tether-gateway gateway_stdio (64 clients) >= 3x the faster of supergateway and mcp-proxy, with a lower p99";
+    let target = format!(">= {TARGET}x, lower p99");
+    let Some(gateway) = at_64("tether-gateway") else {
+        return format!("| {line} | not measured | {target} | — |\n");
+    };
+    let mut parts = Vec::new();
+    // (ratio, p99 lower, name) against each reference measured
+    let mut against: Vec<(f64, bool, &str)> = Vec::new();
+    for other in ["supergateway", "mcp-proxy"] {
+        match at_64(other).and_then(|row| Some((row, rps_ratio(gateway, row)?))) {
+            Some((row, (text, ratio))) => {
+                let (ours, theirs) = (gateway.p99_ms.unwrap_or(f64::INFINITY), row.p99_ms.unwrap_or(f64::INFINITY));
+                parts.push(format!("vs {other}: {text}; p99 {ours:.3} / {theirs:.3} ms"));
+                against.push((ratio, ours < theirs, other));
+            }
+            None => parts.push(format!("vs {other}: not measured")),
+        }
+    }
+    let faster = against.iter().min_by(|a, b| a.0.total_cmp(&b.0));
+    let verdict = match faster {
+        Some(&(ratio, lower_p99, name)) => {
+            parts.push(format!("the faster: {name}"));
+            if ratio >= TARGET && lower_p99 { "yes" } else { "**no**" }
+        }
+        None => "—",
+    };
+    format!("| {line} | {} | {target} | {verdict} |\n", parts.join("; "))
+}
+
+/// The budget of issues 9 and 23, each line with what this run measured. A
+/// ratio line is judged by the median of the paired rounds' ratios when the
+/// run had rounds, and shows the ratio of the two median rounds beside it.
 pub fn budget(rows: &[Row]) -> String {
     let mut s = String::from("| budget line | measured | target | met |\n|---|---|---|---|\n");
     let tools_call = |system: &str| find(rows, system, Scenario::ToolsCall, Some(64));
@@ -262,15 +340,16 @@ pub fn budget(rows: &[Row]) -> String {
         ("tether-sqlite tools_call (64 clients) >= 0.5x axum-floor", "axum-floor", 0.5),
         ("tether-sqlite tools_call (64 clients) >= 0.8x tether-memory", "tether-memory", 0.8),
     ] {
-        let judged =
-            sqlite.zip(tools_call(other)).and_then(|(a, b)| rps_ratio(a, b)).map(|(text, ratio)| (text, ratio >= target));
-        let (measured, verdict) = match judged {
-            Some((text, true)) => (text, "yes"),
-            Some((text, false)) => (text, "**no**"),
-            None => ("not measured".to_string(), "—"),
-        };
-        s.push_str(&format!("| {line} | {measured} | >= {target}x | {verdict} |\n"));
+        s.push_str(&ratio_line(line, sqlite, tools_call(other), target));
     }
+    let gateway_http = |system: &str| find(rows, system, Scenario::GatewayHttp, Some(64));
+    s.push_str(&ratio_line(
+        "tether-gateway gateway_http (64 clients) >= 0.6x rmcp-direct",
+        gateway_http("tether-gateway"),
+        gateway_http("rmcp-direct"),
+        0.6,
+    ));
+    s.push_str(&gateway_stdio_line(rows));
     for system in ["tether-memory", "tether-sqlite", "tether-redis"] {
         let line = |scenario: Scenario, figure: fn(&Row) -> Option<f64>, unit: &str, limit: f64| {
             let (text, met) = match find(rows, system, scenario, None).and_then(|r| Some((r.count, figure(r)?))) {
@@ -433,6 +512,40 @@ mod tests {
         // Rounds that do not pair up fall back to the median rounds.
         assert!(b.contains(">= rmcp | 0.80x (800 / 1000 rps) | >= 1x | **no** |"), "{b}");
         assert_eq!(median(&mut [4.0, 1.0, 3.0, 2.0]), Some(2.5));
+    }
+
+    #[test]
+    fn the_gateway_lines_judge_tether_gateway_against_rmcp_direct_and_the_faster_stdio_gateway() {
+        let at_64 =
+            |system, scenario, rps, p99| Row { rps: Some(rps), p99_ms: Some(p99), ..Row::new(system, scenario, 64, false) };
+        let rows = vec![
+            at_64(System::TetherGateway, Scenario::GatewayHttp, 700.0, 5.0),
+            at_64(System::RmcpDirect, Scenario::GatewayHttp, 1000.0, 4.0),
+            at_64(System::TetherGateway, Scenario::GatewayStdio, 3000.0, 9.0),
+            at_64(System::Supergateway, Scenario::GatewayStdio, 900.0, 8.0),
+            at_64(System::McpProxy, Scenario::GatewayStdio, 100.0, 200.0),
+        ];
+        let b = budget(&rows);
+        assert!(
+            b.contains(
+                "| tether-gateway gateway_http (64 clients) >= 0.6x rmcp-direct | 0.70x (700 / 1000 rps) | >= 0.6x | yes |"
+            ),
+            "{b}"
+        );
+        // 3.33x the faster one (supergateway), but its p99 is not lower: not met.
+        assert!(
+            b.contains("| vs supergateway: 3.33x (3000 / 900 rps); p99 9.000 / 8.000 ms; vs mcp-proxy: 30.00x (3000 / 100 rps); p99 9.000 / 200.000 ms; the faster: supergateway | >= 3x, lower p99 | **no** |"),
+            "{b}"
+        );
+        // Without supergateway, mcp-proxy is the faster one; the missing one is named.
+        let b = budget(&[rows[2].clone(), rows[4].clone()]);
+        assert!(b.contains("vs supergateway: not measured; vs mcp-proxy: 30.00x (3000 / 100 rps); p99 9.000 / 200.000 ms; the faster: mcp-proxy | >= 3x, lower p99 | yes |"), "{b}");
+        assert!(
+            b.contains("| tether-gateway gateway_http (64 clients) >= 0.6x rmcp-direct | not measured | >= 0.6x | — |"),
+            "{b}"
+        );
+        assert!(Scenario::GatewayStdio.runs(System::McpProxy) && !Scenario::GatewayHttp.runs(System::McpProxy));
+        assert!(!Scenario::ToolsCall.runs(System::TetherGateway) && !Scenario::IdleSession.runs(System::RmcpDirect));
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! The systems under test (with `--baseline`, tether's also from an earlier
 //! build): how each one is started (as a child process on a loopback port),
-//! the stores tether runs on, waiting until a server answers `/healthz`,
-//! reading its RSS from `/proc`, and stopping it (SIGTERM) or killing it
-//! (SIGKILL).
+//! the stores tether runs on, waiting until a server answers its health
+//! check, reading its RSS from `/proc`, and stopping it (SIGTERM) or killing
+//! it (SIGKILL). The gateway systems (`gateway_http`, `gateway_stdio`) are
+//! started in front of an upstream: a URL or the `stdio_echo` command.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -21,6 +22,8 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 const STOP_TIMEOUT: Duration = Duration::from_secs(15);
 /// Lines of a server's stderr kept for error messages.
 const KEPT_LINES: usize = 40;
+/// Of those, WARN and ERROR lines kept apart (the rest can push them out).
+const KEPT_PROBLEMS: usize = 10;
 
 /// A system the bench knows how to start (`--systems` takes these names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -37,6 +40,17 @@ pub enum System {
     TsSdk,
     /// A bare axum JSON echo route (`axum_floor`): the HTTP floor.
     AxumFloor,
+    /// gateway_http and gateway_stdio: `tether serve --store sqlite:FILE
+    /// --upstream echo=…` in front of `rmcp_ref` or `stdio_echo`, at `/mcp/echo`.
+    TetherGateway,
+    /// gateway_http: `rmcp_ref` called directly (what tether-gateway fronts).
+    RmcpDirect,
+    /// gateway_stdio: supergateway (npm, `bench/supergateway`) serving `stdio_echo`
+    /// over Streamable HTTP, stateful.
+    Supergateway,
+    /// gateway_stdio: mcp-proxy (PyPI, `bench/mcp-proxy/.venv`) serving `stdio_echo`
+    /// over Streamable HTTP, stateful.
+    McpProxy,
 }
 
 /// What a tether system's baseline twin adds to its name (`tether-sqlite@baseline`).
@@ -74,8 +88,18 @@ pub enum Protocol {
 }
 
 impl System {
-    pub const ALL: [System; 6] =
-        [System::TetherMemory, System::TetherSqlite, System::TetherRedis, System::Rmcp, System::TsSdk, System::AxumFloor];
+    pub const ALL: [System; 10] = [
+        System::TetherMemory,
+        System::TetherSqlite,
+        System::TetherRedis,
+        System::Rmcp,
+        System::TsSdk,
+        System::AxumFloor,
+        System::TetherGateway,
+        System::RmcpDirect,
+        System::Supergateway,
+        System::McpProxy,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -85,6 +109,23 @@ impl System {
             System::Rmcp => "rmcp",
             System::TsSdk => "ts-sdk",
             System::AxumFloor => "axum-floor",
+            System::TetherGateway => "tether-gateway",
+            System::RmcpDirect => "rmcp-direct",
+            System::Supergateway => "supergateway",
+            System::McpProxy => "mcp-proxy",
+        }
+    }
+
+    /// A system of the gateway scenarios (and of no other).
+    pub fn gateway(self) -> bool {
+        matches!(self, System::TetherGateway | System::RmcpDirect | System::Supergateway | System::McpProxy)
+    }
+
+    /// The path of its health check: `/healthz`, or mcp-proxy's `/status`.
+    fn health_path(self) -> &'static str {
+        match self {
+            System::McpProxy => "/status",
+            _ => "/healthz",
         }
     }
 
@@ -96,7 +137,7 @@ impl System {
     }
 
     pub fn is_tether(self) -> bool {
-        matches!(self, System::TetherMemory | System::TetherSqlite | System::TetherRedis)
+        matches!(self, System::TetherMemory | System::TetherSqlite | System::TetherRedis | System::TetherGateway)
     }
 
     /// Sessions outlive the process (the store is durable and shared).
@@ -116,6 +157,41 @@ pub struct Programs {
     pub node: PathBuf,
     pub ts_server: PathBuf,
     pub redis_url: String,
+    /// The stdio echo server the gateway_stdio systems serve.
+    pub stdio_echo: PathBuf,
+    /// supergateway's entry script (`…/node_modules/supergateway/dist/index.js`), run with `node`.
+    pub supergateway: PathBuf,
+    /// mcp-proxy's command (`bench/mcp-proxy/.venv/bin/mcp-proxy`).
+    pub mcp_proxy: PathBuf,
+}
+
+impl Programs {
+    /// Why `system` cannot run here (its tool is not installed), if it cannot.
+    pub fn missing(&self, system: System) -> Option<String> {
+        match system {
+            System::Supergateway if !runs(&self.node) => {
+                Some(format!("supergateway (`{} --version` does not run)", self.node.display()))
+            }
+            System::Supergateway if !self.supergateway.is_file() => {
+                Some(format!("supergateway (no {}: run scripts/bench, which installs it)", self.supergateway.display()))
+            }
+            System::McpProxy if !self.mcp_proxy.is_file() => {
+                Some(format!("mcp-proxy (no {}: run scripts/bench, which installs it)", self.mcp_proxy.display()))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Whether `PROGRAM --version` runs and exits 0.
+fn runs(program: &Path) -> bool {
+    std::process::Command::new(program)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// The store a tether server runs on; dropping it removes what it holds
@@ -131,7 +207,7 @@ impl Store {
     pub fn fresh(system: System, programs: &Programs) -> anyhow::Result<Option<Store>> {
         Ok(match system {
             System::TetherMemory => Some(Store::Memory),
-            System::TetherSqlite => {
+            System::TetherSqlite | System::TetherGateway => {
                 let dir = tempfile::Builder::new().prefix("tether-bench-").tempdir().context("cannot create a temp dir")?;
                 let file = dir.path().join("bench.db");
                 Some(Store::Sqlite { dir, file })
@@ -222,16 +298,50 @@ pub struct Launch {
     pub channel_capacity: Option<usize>,
     /// tether only: `--max-sessions-per-principal` (the bench's clients are all one principal).
     pub max_sessions: Option<usize>,
+    /// The gateway systems: what they serve (tether-gateway as `--upstream echo=…`).
+    pub upstream: Option<Upstream>,
 }
+
+/// What a gateway system serves.
+#[derive(Debug, Clone)]
+pub enum Upstream {
+    /// A Streamable HTTP MCP endpoint.
+    Url(String),
+    /// A stdio MCP server: this program, no arguments.
+    Stdio(PathBuf),
+}
+
+/// The upstream's name in tether-gateway's `--upstream NAME=…`, so its endpoint is `/mcp/echo`.
+pub const GATEWAY_UPSTREAM: &str = "echo";
 
 impl Launch {
     pub fn new(subject: Subject) -> Self {
-        Self { subject, listen: "127.0.0.1:0".into(), channel_capacity: None, max_sessions: None }
+        Self { subject, listen: "127.0.0.1:0".into(), channel_capacity: None, max_sessions: None, upstream: None }
     }
 
-    fn command(&self, programs: &Programs, store: Option<&Store>) -> anyhow::Result<Command> {
+    /// The stdio command a gateway serves.
+    fn stdio_upstream(&self) -> anyhow::Result<&Path> {
+        match &self.upstream {
+            Some(Upstream::Stdio(program)) => existing(program, "cargo build --release -p tether-bench"),
+            _ => bail!("{} needs a stdio upstream", self.subject.name()),
+        }
+    }
+
+    /// The port to listen on for a server that takes a port, not an address
+    /// (it prints no URL the bench can read, so the bench picks the port).
+    fn port(&self) -> anyhow::Result<u16> {
+        match self.listen.rsplit_once(':').map(|(_, port)| port.parse::<u16>()) {
+            Some(Ok(0)) => free_port(),
+            Some(Ok(port)) => Ok(port),
+            _ => bail!("cannot read a port in {}", self.listen),
+        }
+    }
+
+    /// The command, and the MCP URL when it is known before the server prints anything.
+    fn command(&self, programs: &Programs, store: Option<&Store>) -> anyhow::Result<(Command, Option<String>)> {
+        let mut known_url = None;
         let mut cmd = match self.subject.system {
-            System::TetherMemory | System::TetherSqlite | System::TetherRedis => {
+            System::TetherMemory | System::TetherSqlite | System::TetherRedis | System::TetherGateway => {
                 let store = store.context("a tether system needs a store")?;
                 let tether = match (self.subject.baseline, &programs.baseline) {
                     (false, _) => existing(&programs.tether, "cargo build --release -p tether, or pass --tether")?,
@@ -243,10 +353,18 @@ impl Launch {
                 if let Some(n) = self.max_sessions {
                     cmd.args(["--max-sessions-per-principal", &n.to_string()]);
                 }
+                if self.subject.system == System::TetherGateway {
+                    let target = match &self.upstream {
+                        Some(Upstream::Url(url)) => url.clone(),
+                        Some(Upstream::Stdio(_)) => format!("stdio:{}", shell_quote(&self.stdio_upstream()?.to_string_lossy())),
+                        None => bail!("tether-gateway needs an upstream"),
+                    };
+                    cmd.args(["--upstream", &format!("{GATEWAY_UPSTREAM}={target}")]);
+                }
                 cmd.env("NO_COLOR", "1").env("RUST_LOG", "info");
                 cmd
             }
-            System::Rmcp => {
+            System::Rmcp | System::RmcpDirect => {
                 let mut cmd = Command::new(existing(&programs.rmcp_ref, "cargo build --release -p tether-bench")?);
                 cmd.args(["--listen", &self.listen]);
                 if let Some(n) = self.channel_capacity {
@@ -273,9 +391,48 @@ impl Launch {
                 cmd.current_dir(&dir);
                 cmd
             }
+            System::Supergateway => {
+                let script = existing(&programs.supergateway, "run scripts/bench, which installs it in bench/supergateway")?;
+                let stdio = shell_quote(&self.stdio_upstream()?.to_string_lossy());
+                let port = self.port()?;
+                let mut cmd = Command::new(&programs.node);
+                // Its info log prints every message both ways (on stdout): off, as in production.
+                cmd.arg(script).args(["--stdio", &stdio, "--outputTransport", "streamableHttp", "--stateful"]);
+                cmd.args(["--port", &port.to_string(), "--healthEndpoint", "/healthz", "--logLevel", "none"]);
+                known_url = Some(format!("http://127.0.0.1:{port}/mcp"));
+                cmd
+            }
+            System::McpProxy => {
+                let proxy = existing(&programs.mcp_proxy, "run scripts/bench, which installs it in bench/mcp-proxy/.venv")?;
+                let stdio = self.stdio_upstream()?;
+                let port = self.port()?;
+                let mut cmd = Command::new(proxy);
+                // INFO logs a line per request (the SDK's "Processing request of type …").
+                cmd.args(["--host", "127.0.0.1", "--port", &port.to_string(), "--no-stateless", "--log-level", "WARNING", "--"]);
+                cmd.arg(stdio);
+                known_url = Some(format!("http://127.0.0.1:{port}/mcp"));
+                cmd
+            }
         };
         cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).kill_on_drop(true);
-        Ok(cmd)
+        Ok((cmd, known_url))
+    }
+
+    /// What follows the URL the server prints to make its MCP endpoint.
+    fn endpoint_suffix(&self) -> String {
+        match self.subject.system {
+            System::TetherGateway => format!("/{GATEWAY_UPSTREAM}"),
+            _ => String::new(),
+        }
+    }
+}
+
+/// `text` as one word for a POSIX shell (and for tether's shell-like split).
+fn shell_quote(text: &str) -> String {
+    if !text.is_empty() && text.chars().all(|c| c.is_ascii_alphanumeric() || "/._-+:=@%,".contains(c)) {
+        text.to_owned()
+    } else {
+        format!("'{}'", text.replace('\'', "'\\''"))
     }
 }
 
@@ -293,27 +450,47 @@ pub struct Server {
     url_rx: Option<oneshot::Receiver<String>>,
     /// The last lines of its stderr.
     log: Arc<Mutex<VecDeque<String>>>,
+    /// How many of its stderr lines were at WARN or ERROR level, and the last of them.
+    problems: Arc<Mutex<(u64, VecDeque<String>)>>,
 }
 
 impl Server {
     /// Spawns the process and returns at once (the restart scenario times from here).
     pub fn spawn(launch: &Launch, programs: &Programs, store: Option<&Store>) -> anyhow::Result<Server> {
-        let mut child =
-            launch.command(programs, store)?.spawn().with_context(|| format!("cannot start {}", launch.subject.name()))?;
+        let (mut cmd, known_url) = launch.command(programs, store)?;
+        let mut child = cmd.spawn().with_context(|| format!("cannot start {}", launch.subject.name()))?;
         let pid = child.id().context("the server exited at once")?;
         let stderr = child.stderr.take().context("no stderr pipe")?;
         let log = Arc::new(Mutex::new(VecDeque::new()));
         let (url_tx, url_rx) = oneshot::channel();
+        let suffix = launch.endpoint_suffix();
+        let mut url_tx = match known_url {
+            Some(url) => {
+                let _ = url_tx.send(url);
+                None
+            }
+            None => Some(url_tx),
+        };
         let kept = log.clone();
+        let problems = Arc::new(Mutex::new((0, VecDeque::new())));
+        let kept_problems = problems.clone();
         // Drain stderr for the server's whole life so it never blocks on a full pipe.
         tokio::spawn(async move {
             let mut lines = BufReader::new(stderr).lines();
-            let mut url_tx = Some(url_tx);
             while let Ok(Some(line)) = lines.next_line().await {
                 if let Some(url) = mcp_url_in(&line)
                     && let Some(tx) = url_tx.take()
                 {
-                    let _ = tx.send(url);
+                    let _ = tx.send(url + &suffix);
+                }
+                if is_problem(&line)
+                    && let Ok(mut problems) = kept_problems.lock()
+                {
+                    problems.0 += 1;
+                    if problems.1.len() == KEPT_PROBLEMS {
+                        problems.1.pop_front();
+                    }
+                    problems.1.push_back(line.clone());
                 }
                 if let Ok(mut kept) = kept.lock() {
                     if kept.len() == KEPT_LINES {
@@ -323,7 +500,7 @@ impl Server {
                 }
             }
         });
-        Ok(Server { subject: launch.subject, child, pid, mcp_url: String::new(), url_rx: Some(url_rx), log })
+        Ok(Server { subject: launch.subject, child, pid, mcp_url: String::new(), url_rx: Some(url_rx), log, problems })
     }
 
     /// Spawns the process and waits until it printed its URL and answers `/healthz`.
@@ -333,7 +510,7 @@ impl Server {
         Ok(server)
     }
 
-    /// Waits for the URL line and a healthy `/healthz`.
+    /// Waits for the URL line and a healthy `/healthz` (mcp-proxy: `/status`).
     pub async fn ready(&mut self) -> anyhow::Result<()> {
         let rx = self.url_rx.take().context("ready() called twice")?;
         self.mcp_url = match tokio::time::timeout(START_TIMEOUT, rx).await {
@@ -341,8 +518,7 @@ impl Server {
             Ok(Err(_)) => bail!("{} exited before printing its URL; its stderr:\n{}", self.subject.name(), self.log_tail()),
             Err(_) => bail!("{} printed no URL within {START_TIMEOUT:?}; its stderr:\n{}", self.subject.name(), self.log_tail()),
         };
-        let base = self.mcp_url.strip_suffix("/mcp").unwrap_or(&self.mcp_url);
-        let url = format!("{base}/healthz");
+        let url = format!("{}{}", origin(&self.mcp_url), self.subject.system.health_path());
         let client = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(2)).build()?;
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
@@ -358,6 +534,11 @@ impl Server {
     /// The last lines the server wrote to stderr.
     pub fn log_tail(&self) -> String {
         self.log.lock().map(|l| l.iter().cloned().collect::<Vec<_>>().join("\n")).unwrap_or_default()
+    }
+
+    /// How many lines it logged at WARN or ERROR level, and the last few of them.
+    pub fn problems(&self) -> (u64, Vec<String>) {
+        self.problems.lock().map(|p| (p.0, p.1.iter().cloned().collect())).unwrap_or_default()
     }
 
     fn status_kib(&self, field: &str) -> anyhow::Result<u64> {
@@ -393,7 +574,10 @@ impl Server {
         match tokio::time::timeout(STOP_TIMEOUT, self.child.wait()).await {
             Ok(status) => {
                 let status = status?;
-                if !status.success() {
+                // Python's default for SIGTERM (mcp-proxy) is to die of it: that is a stop too.
+                let died_of_term =
+                    std::os::unix::process::ExitStatusExt::signal(&status) == Some(rustix::process::Signal::TERM.as_raw());
+                if !status.success() && !died_of_term {
                     eprintln!("tether-bench: {} ({}) exited with {status} after SIGTERM", self.subject.name(), self.pid);
                 }
                 Ok(())
@@ -420,6 +604,17 @@ pub fn free_port() -> anyhow::Result<u16> {
     Ok(listener.local_addr()?.port())
 }
 
+/// A log line at WARN or ERROR level (tracing's format: `… WARN target: …`).
+fn is_problem(line: &str) -> bool {
+    line.split_whitespace().take(3).any(|word| word == "WARN" || word == "ERROR")
+}
+
+/// `http://host:port` of a URL.
+fn origin(url: &str) -> &str {
+    let after_scheme = url.find("://").map_or(0, |i| i + 3);
+    url[after_scheme..].find('/').map_or(url, |i| &url[..after_scheme + i])
+}
+
 /// The first `http://…/mcp` URL in a log line, if any.
 fn mcp_url_in(line: &str) -> Option<String> {
     let start = line.find("http://")?;
@@ -429,7 +624,7 @@ fn mcp_url_in(line: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::mcp_url_in;
+    use super::{mcp_url_in, origin, shell_quote};
 
     #[test]
     fn finds_the_url_in_a_log_line() {
@@ -440,5 +635,15 @@ mod tests {
             Some("http://127.0.0.1:80/mcp")
         );
         assert_eq!(mcp_url_in("INFO authentication is off"), None);
+        assert!(super::is_problem("2026-01-01T00:00:00Z  WARN tether_gateway: upstream slow"));
+        assert!(!super::is_problem("2026-01-01T00:00:00Z  INFO tether::serve: a WARN in the message"));
+    }
+
+    #[test]
+    fn health_checks_go_to_the_origin_and_commands_are_quoted_for_a_shell() {
+        assert_eq!(origin("http://127.0.0.1:4567/mcp/echo"), "http://127.0.0.1:4567");
+        assert_eq!(origin("http://127.0.0.1:4567"), "http://127.0.0.1:4567");
+        assert_eq!(shell_quote("/work/target/release/stdio_echo"), "/work/target/release/stdio_echo");
+        assert_eq!(shell_quote("/a b/it's"), "'/a b/it'\\''s'");
     }
 }
