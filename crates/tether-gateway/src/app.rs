@@ -12,8 +12,8 @@ use tether_server::{EndReason, Initialize, McpApp, RawResult, RequestCtx, RpcErr
 use tether_wire::meta;
 
 use crate::config::{Target, UpstreamConfig};
-use crate::link::{self, Link};
-use crate::upstream::{Started, Upstream};
+use crate::link::{self, Connection, Link};
+use crate::upstream::Started;
 
 /// Key of the gateway's part of a session's durable app state.
 const STATE: &str = "gateway";
@@ -130,23 +130,23 @@ impl Gateway {
         }
         idle.sort_by_key(|(idle_for, _)| std::cmp::Reverse(*idle_for));
         for (_, link) in idle.into_iter().take(live + 1 - max) {
-            if let Some(upstream) = link.live.lock().await.take() {
+            if let Some(connection) = link.live.lock().await.take() {
                 tracing::info!(upstream = %self.config.name, "stopping the least recently used idle child (max_processes)");
-                upstream.close(false).await;
+                connection.upstream.close(false).await;
             }
         }
     }
 
     /// The session's live connection, made (and initialized the way the
     /// client initialized this session) if there is none.
-    async fn upstream(&self, session: &SessionCtx, authorization: Option<String>) -> Result<Arc<dyn Upstream>, RpcError> {
+    async fn upstream(&self, session: &SessionCtx, authorization: Option<String>) -> Result<Connection, RpcError> {
         let link = session.local::<Link>();
         let mut live = link.live.lock().await;
-        if let Some(upstream) = live.as_ref().filter(|u| u.is_alive()) {
+        if let Some(connection) = live.as_ref().filter(|c| c.upstream.is_alive()) {
             if let Some(parked) = link.parked_inbound.lock().ok().and_then(|mut p| p.take()) {
-                session.spawn(link::pump(session.clone(), link.clone(), upstream.clone(), parked));
+                session.spawn(link::pump(session.clone(), link.clone(), connection.clone(), parked));
             }
-            return Ok(upstream.clone());
+            return Ok(connection.clone());
         }
         if live.take().is_some() {
             tracing::info!(upstream = %self.config.name, session = session.session_id(), "upstream connection gone; starting a new one");
@@ -163,9 +163,10 @@ impl Gateway {
             upstream.request("resources/subscribe", Some(json!({"uri": uri}))).await?;
         }
         self.register(&link);
-        session.spawn(link::pump(session.clone(), link.clone(), upstream.clone(), inbound));
-        *live = Some(upstream.clone());
-        Ok(upstream)
+        let connection = Connection::new(upstream);
+        session.spawn(link::pump(session.clone(), link.clone(), connection.clone(), inbound));
+        *live = Some(connection.clone());
+        Ok(connection)
     }
 
     fn register(&self, link: &Arc<Link>) {
@@ -245,9 +246,9 @@ async fn sweep_idle(links: Weak<Mutex<Vec<Weak<Link>>>>, idle: Duration) {
             Err(_) => return,
         };
         for link in candidates {
-            if let Some(upstream) = link.live.lock().await.take() {
+            if let Some(connection) = link.live.lock().await.take() {
                 tracing::info!("stopping an idle upstream child (idle_timeout)");
-                upstream.close(false).await;
+                connection.upstream.close(false).await;
             }
         }
     }
@@ -263,7 +264,7 @@ impl McpApp for Gateway {
         })?;
         init.set_app_state(STATE, json!({"initialize": params}));
         let link = Arc::new(Link::default());
-        *link.live.lock().await = Some(upstream);
+        *link.live.lock().await = Some(Connection::new(upstream));
         if let Ok(mut parked) = link.parked_inbound.lock() {
             *parked = Some(inbound);
         }
@@ -279,18 +280,22 @@ impl McpApp for Gateway {
         params: Option<Map<String, Value>>,
     ) -> Result<RawResult, RpcError> {
         let session = ctx.require_session()?;
-        let upstream = self.upstream(&session, None).await?;
+        let connection = self.upstream(&session, None).await?;
         let link = session.local::<Link>();
         let progress_token = params.as_ref().and_then(|p| p.get("_meta")).and_then(|m| m.get("progressToken")).cloned();
         let _in_flight = link.enter(&ctx, progress_token);
-        let result = upstream.request(method, params.clone().map(Value::Object)).await?;
+        let result = connection.upstream.request(method, params.clone().map(Value::Object)).await;
+        // What the upstream sent before its answer reaches the client first
+        // (on this request's stream, while it is still in flight).
+        connection.delivered_before_answer().await;
+        let result = result?;
         self.remember(&session, method, &params).await?;
         Ok(result)
     }
 
     async fn on_notification(&self, ctx: SessionCtx, method: &str, params: Option<Map<String, Value>>) {
         let upstream = match self.upstream(&ctx, None).await {
-            Ok(u) => u,
+            Ok(c) => c.upstream,
             Err(e) => {
                 tracing::warn!(upstream = %self.config.name, session = ctx.session_id(), %method, error = %e.message, "notification not forwarded");
                 return;
@@ -303,9 +308,9 @@ impl McpApp for Gateway {
 
     async fn on_session_end(&self, ended: SessionEnd) {
         let Some(link) = ended.local::<Link>() else { return };
-        if let Some(upstream) = link.live.lock().await.take() {
+        if let Some(connection) = link.live.lock().await.take() {
             let end_upstream_session = ended.reason != EndReason::Evicted;
-            upstream.close(end_upstream_session).await;
+            connection.upstream.close(end_upstream_session).await;
         }
     }
 }

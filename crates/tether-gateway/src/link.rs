@@ -23,11 +23,38 @@ use crate::upstream::{FromUpstream, Inbound, Upstream};
 /// (sampling, elicitation: a person may be answering).
 const CLIENT_ANSWER_WAIT: Duration = Duration::from_secs(600);
 
+/// A live connection and how far its pump got.
+#[derive(Clone)]
+pub(crate) struct Connection {
+    pub upstream: Arc<dyn Upstream>,
+    /// Messages of this connection the pump has delivered (or given up on).
+    delivered: Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+/// How long an answer waits for the messages the upstream sent before it.
+const ORDER_WAIT: Duration = Duration::from_secs(5);
+
+impl Connection {
+    pub fn new(upstream: Arc<dyn Upstream>) -> Self {
+        Self { upstream, delivered: Arc::new(tokio::sync::watch::channel(0).0) }
+    }
+
+    /// Waits (bounded) until the pump delivered everything the upstream sent
+    /// before the answer that just arrived, so the client sees them first.
+    pub async fn delivered_before_answer(&self) {
+        let target = self.upstream.inbound_sent();
+        let mut delivered = self.delivered.subscribe();
+        if tokio::time::timeout(ORDER_WAIT, delivered.wait_for(|n| *n >= target)).await.is_err() {
+            tracing::warn!("an answer waited too long for the upstream's earlier messages; sending it now");
+        }
+    }
+}
+
 /// A session's link (in `SessionCtx::local`).
 #[derive(Default)]
 pub struct Link {
     /// The live connection; a new one is made under this lock.
-    pub(crate) live: tokio::sync::Mutex<Option<Arc<dyn Upstream>>>,
+    pub(crate) live: tokio::sync::Mutex<Option<Connection>>,
     /// Messages of a connection made before the session existed (in
     /// `initialize`), waiting for a session context to deliver them.
     pub(crate) parked_inbound: Mutex<Option<Inbound>>,
@@ -99,7 +126,8 @@ impl Link {
 /// connection or the session ends. Its requests are answered concurrently
 /// (a sampling request may wait on a person) but bounded by the engine's
 /// limit on requests waiting for the client.
-pub(crate) async fn pump(session: SessionCtx, link: Arc<Link>, upstream: Arc<dyn Upstream>, mut inbound: Inbound) {
+pub(crate) async fn pump(session: SessionCtx, link: Arc<Link>, connection: Connection, mut inbound: Inbound) {
+    let upstream = connection.upstream.clone();
     loop {
         let message = tokio::select! {
             m = inbound.recv() => m,
@@ -117,6 +145,7 @@ pub(crate) async fn pump(session: SessionCtx, link: Arc<Link>, upstream: Arc<dyn
                 if let Err(e) = sent {
                     tracing::warn!(session = session.session_id(), %method, error = %e.message, "could not deliver an upstream notification");
                 }
+                connection.delivered.send_modify(|n| *n += 1);
             }
             FromUpstream::Request { id, method, params } => {
                 let related = link.related(None);
@@ -130,6 +159,7 @@ pub(crate) async fn pump(session: SessionCtx, link: Arc<Link>, upstream: Arc<dyn
                         tracing::warn!(session = session.session_id(), %method, error = %e.message, "could not return the client's answer upstream");
                     }
                 });
+                connection.delivered.send_modify(|n| *n += 1);
             }
         }
     }

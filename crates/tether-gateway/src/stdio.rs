@@ -107,6 +107,7 @@ pub async fn start(
         alive: AtomicBool::new(true),
         pending: Mutex::new(Pending::default()),
         last_stderr: Mutex::new(None),
+        inbound_sent: std::sync::atomic::AtomicU64::new(0),
     });
     let kill = Arc::new(Notify::new());
     let (writer, write_rx) = mpsc::channel(WRITE_QUEUE);
@@ -165,6 +166,8 @@ struct Shared {
     alive: AtomicBool,
     pending: Mutex<Pending>,
     last_stderr: Mutex<Option<String>>,
+    /// Messages put on the inbound channel (see `Upstream::inbound_sent`).
+    inbound_sent: std::sync::atomic::AtomicU64,
 }
 
 type Answer = Result<Box<RawValue>, RpcError>;
@@ -275,6 +278,9 @@ impl Shared {
         if inbound.send(message).await.is_err() {
             tracing::debug!(upstream = %self.upstream, session = %self.session, "nobody reads this upstream's messages; dropping one");
         }
+        // Counted before the reader goes on to the next line, so an answer
+        // read after this message sees it counted.
+        self.inbound_sent.fetch_add(1, Ordering::Release);
     }
 
     /// One line the child wrote on stdout.
@@ -422,6 +428,10 @@ impl Upstream for StdioUpstream {
 
     fn is_alive(&self) -> bool {
         self.shared.alive.load(Ordering::Acquire)
+    }
+
+    fn inbound_sent(&self) -> u64 {
+        self.shared.inbound_sent.load(Ordering::Acquire)
     }
 
     /// Kills the child (and its process group) and waits for it, bounded.

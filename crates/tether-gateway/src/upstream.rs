@@ -60,6 +60,15 @@ pub trait Upstream: Send + Sync + 'static {
     /// Answers one of the upstream's requests.
     async fn answer(&self, id: Value, outcome: Result<Value, RpcError>) -> Result<(), RpcError>;
 
+    /// How many messages this connection has put on its [`Inbound`] channel
+    /// so far. Read right after an answer arrived, it says what the gateway
+    /// must deliver before that answer: an upstream that writes a progress
+    /// notification and then its answer expects the client to see them in
+    /// that order. A transport that cannot say returns 0 (no ordering).
+    fn inbound_sent(&self) -> u64 {
+        0
+    }
+
     /// False once the connection is gone (the child exited, the HTTP session
     /// was refused with 404): the gateway starts a new one.
     fn is_alive(&self) -> bool;

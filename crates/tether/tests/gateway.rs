@@ -274,3 +274,21 @@ async fn three_replicas_on_redis_serve_one_gateway_session_initialize_on_a_call_
     let replayed: Vec<Value> = replay.iter().filter(|e| !e.data.is_empty()).map(|e| e.json()).collect();
     assert_eq!(replayed, vec![answer], "C replays what B answered");
 }
+
+#[tokio::test]
+async fn what_the_upstream_sends_before_its_answer_reaches_the_client_before_the_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_tether, url) = start_gateway(&dir, "echo", "");
+    let c = Client::new(&format!("{url}/echo"));
+    let (sid, _) = initialized(&c, "order").await;
+    for n in 0..20u64 {
+        let call = json!({"jsonrpc": "2.0", "id": n, "method": "tools/call",
+            "params": {"name": "progress_then_answer", "arguments": {}, "_meta": {"progressToken": format!("t{n}")}}});
+        let events = SseReader::new(c.post(Some(&sid), &call).send().await.unwrap()).all_events().await;
+        let messages: Vec<Value> = events.iter().filter(|e| !e.data.is_empty()).map(|e| e.json()).collect();
+        assert_eq!(messages.len(), 2, "the progress and then the answer, on the call's own stream: {messages:?}");
+        assert_eq!(messages[0]["method"], "notifications/progress");
+        assert_eq!(messages[0]["params"]["progressToken"], format!("t{n}"));
+        assert_eq!(messages[1]["id"], n);
+    }
+}
