@@ -205,14 +205,10 @@ const long = await step('tools/call trigger-long-running-operation with onprogre
     })
 );
 checkDeepEqual(text(long, 'long-running'), 'Long running operation completed. Duration: 2 seconds, Steps: 4.', 'long-running result');
-// Every progress notification must come, in order, before the result. The
-// last one is sent by the upstream right before its result, and tether's
-// gateway (at the time of writing) sometimes commits the result first and
-// then delivers that last progress on the session's standalone stream,
-// where the SDK no longer knows its token (reported with the interop change:
-// the upstream's answer and its notifications reach the gateway by two
-// paths). Until that is fixed, a missing LAST progress is tolerated and
-// reported; set INTEROP_STRICT_PROGRESS=1 to fail on it.
+// Every progress notification must come, in order, before the result: the
+// last one is sent by the upstream right before its result, and the gateway
+// delivers what an upstream sent before its answer first (on the call's own
+// stream, where the SDK still knows the token).
 const seen = progress.map(p => [p.progress, p.total]);
 const want = [
     [1, 4],
@@ -220,23 +216,7 @@ const want = [
     [3, 4],
     [4, 4]
 ];
-if (seen.length === 3 && process.env.INTEROP_STRICT_PROGRESS !== '1') {
-    checkDeepEqual(seen, want.slice(0, 3), 'progress notifications of the long-running call');
-    // It must still have arrived (late): the SDK reports it as unknown.
-    const post = log.find(e => e.body?.params?.name === 'trigger-long-running-operation' && e.body?.params?.arguments?.duration === 2);
-    const token = post?.body?.params?._meta?.progressToken;
-    const isLate = e => {
-        const m = (e?.message ?? '').match(/unknown token: (.*)$/s);
-        if (!m) return false;
-        const n = JSON.parse(m[1]);
-        return n.params?.progressToken === token && n.params?.progress === 4;
-    };
-    for (let i = 0; i < 40 && !errors.some(isLate); i++) await new Promise(r => setTimeout(r, 50));
-    check(errors.some(isLate), `the last progress notification (token ${token}) never arrived`, errors);
-    console.log('WARN: the last progress notification (4/4) arrived after the result, on the standalone stream (known gateway ordering bug)');
-} else {
-    checkDeepEqual(seen, want, 'progress notifications of the long-running call');
-}
+checkDeepEqual(seen, want, 'progress notifications of the long-running call');
 console.log(`progress: ${progress.map(p => `${p.progress}/${p.total}`).join(' ')}`);
 
 // ---------------------------------------------------------------- sampling
