@@ -57,10 +57,16 @@ impl Gateway {
     }
 
     /// Starts a connection and initializes it with the client's params.
-    async fn connect(&self, session: &str, params: Value, authorization: Option<String>) -> Result<Started, RpcError> {
+    async fn connect(
+        &self,
+        session: &str,
+        params: Value,
+        authorization: Option<String>,
+        making: Option<&Arc<Link>>,
+    ) -> Result<Started, RpcError> {
         self.check_backoff()?;
         if let Target::Command(spec) = &self.config.target {
-            self.make_room(spec.max_processes).await;
+            self.make_room(spec.max_processes, making).await;
         }
         let started = match &self.config.target {
             Target::Command(spec) => {
@@ -112,25 +118,41 @@ impl Gateway {
 
     /// Keeps this upstream's children under `max`: the least recently used
     /// idle ones stop (their sessions live on and start a new one later).
-    async fn make_room(&self, max: usize) {
-        let mut idle: Vec<(Duration, Arc<Link>)> = Vec::new();
-        let live = {
-            let Ok(mut links) = self.links.lock() else { return };
-            links.retain(|l| l.strong_count() > 0);
-            let live: Vec<Arc<Link>> = links.iter().filter_map(Weak::upgrade).collect();
-            for link in &live {
-                if let Some(for_how_long) = link.idle_for() {
-                    idle.push((for_how_long, link.clone()));
-                }
+    /// `making` is the link a new connection is being made for (its lock is
+    /// held by the caller).
+    async fn make_room(&self, max: usize, making: Option<&Arc<Link>>) {
+        let links: Vec<Arc<Link>> = match self.links.lock() {
+            Ok(mut links) => {
+                links.retain(|l| l.strong_count() > 0);
+                links.iter().filter_map(Weak::upgrade).collect()
             }
-            live.len()
+            Err(_) => return,
         };
+        let mut live = 0;
+        let mut idle: Vec<(Duration, Arc<Link>)> = Vec::new();
+        for link in links {
+            if making.is_some_and(|m| Arc::ptr_eq(m, &link)) {
+                continue;
+            }
+            match link.live.try_lock() {
+                Ok(connection) if connection.is_some() => {
+                    live += 1;
+                    if let Some(for_how_long) = link.idle_for() {
+                        idle.push((for_how_long, link.clone()));
+                    }
+                }
+                Ok(_) => {}
+                // Someone is making or using its connection right now: busy.
+                Err(_) => live += 1,
+            }
+        }
         if live < max {
             return;
         }
         idle.sort_by_key(|(idle_for, _)| std::cmp::Reverse(*idle_for));
         for (_, link) in idle.into_iter().take(live + 1 - max) {
-            if let Some(connection) = link.live.lock().await.take() {
+            let taken = link.live.try_lock().ok().and_then(|mut connection| connection.take());
+            if let Some(connection) = taken {
                 tracing::info!(upstream = %self.config.name, "stopping the least recently used idle child (max_processes)");
                 connection.upstream.close(false).await;
             }
@@ -153,7 +175,7 @@ impl Gateway {
         }
         let stored = session.app_state().await.get(STATE).cloned().unwrap_or(Value::Null);
         let params = stored.get("initialize").cloned().unwrap_or_else(|| json!({}));
-        let Started { upstream, inbound, .. } = self.connect(session.session_id(), params, authorization).await?;
+        let Started { upstream, inbound, .. } = self.connect(session.session_id(), params, authorization, Some(&link)).await?;
         // The client did all this once; the new connection must see it too.
         upstream.notify("notifications/initialized", None).await?;
         if let Some(level) = stored.get("logLevel").filter(|l| l.is_string()) {
@@ -258,7 +280,7 @@ async fn sweep_idle(links: Weak<Mutex<Vec<Weak<Link>>>>, idle: Duration) {
 impl McpApp for Gateway {
     async fn initialize(&self, init: &mut Initialize<'_>) -> Result<Map<String, Value>, RpcError> {
         let params = upstream_params(init.params);
-        let Started { upstream, inbound, initialize_result } = self.connect("(initializing)", params.clone(), None).await?;
+        let Started { upstream, inbound, initialize_result } = self.connect("(initializing)", params.clone(), None, None).await?;
         let result: Map<String, Value> = serde_json::from_str(initialize_result.get()).map_err(|e| {
             RpcError::internal(format!("upstream `{}` answered initialize with no object: {e}", self.config.name))
         })?;

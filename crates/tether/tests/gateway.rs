@@ -292,3 +292,74 @@ async fn what_the_upstream_sends_before_its_answer_reaches_the_client_before_the
         assert_eq!(messages[1]["id"], n);
     }
 }
+
+/// A config file with one fixture upstream `name` and `extra` keys for its table.
+fn start_configured(dir: &tempfile::TempDir, name: &str, args: &[&str], extra: &str) -> (Tether, String) {
+    let config = dir.path().join("tether.toml");
+    let args: Vec<String> = std::iter::once(fixture()).chain(args.iter().map(|a| a.to_string())).collect();
+    let toml = format!(
+        "[upstreams.{name}]\ncommand = [\"python3\", {}]\n{extra}\n",
+        args.iter().map(|a| format!("{a:?}")).collect::<Vec<_>>().join(", ")
+    );
+    std::fs::write(&config, toml).unwrap();
+    Tether::start(&dir.path().join("t.db"), &["--config", config.to_str().unwrap()])
+}
+
+async fn initialize_error(c: &Client) -> String {
+    let resp = c
+        .post(None, &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init_params("x")}))
+        .send()
+        .await
+        .unwrap();
+    let body: Value = resp.json().await.unwrap();
+    body["error"]["message"].as_str().unwrap_or_default().to_owned()
+}
+
+#[tokio::test]
+async fn a_command_that_keeps_failing_is_backed_off_with_a_message_that_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_tether, url) = start_gateway(&dir, "broken", "--exit-at-once");
+    let c = Client::new(&format!("{url}/broken"));
+    for _ in 0..3 {
+        let message = initialize_error(&c).await;
+        assert!(message.contains("stdio_server.py"), "each failure names the command: {message}");
+    }
+    let message = initialize_error(&c).await;
+    assert!(message.contains("keeps failing") && message.contains("trying again in"), "then it is backed off: {message}");
+    assert!(message.contains("exits at once"), "with its last error (the child's last stderr line): {message}");
+}
+
+#[tokio::test]
+async fn an_idle_child_is_stopped_and_its_session_gets_a_new_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_tether, url) = start_configured(&dir, "echo", &[], "idle_timeout = \"1s\"");
+    let c = Client::new(&format!("{url}/echo"));
+    let (sid, _) = initialized(&c, "idle").await;
+    let pid = structured(&c.call(&sid, 1, "pid", json!({})).await)["pid"].as_i64().unwrap();
+    let gone = |pid: i64| !std::path::Path::new(&format!("/proc/{pid}")).exists();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while !gone(pid) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(gone(pid), "the idle child was stopped");
+    let next = structured(&c.call(&sid, 2, "pid", json!({})).await)["pid"].as_i64().unwrap();
+    assert_ne!(next, pid, "the session lives on with a new child");
+}
+
+#[tokio::test]
+async fn beyond_max_processes_the_least_recently_used_idle_child_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_tether, url) = start_configured(&dir, "echo", &[], "max_processes = 1");
+    let c = Client::new(&format!("{url}/echo"));
+    let (first, _) = initialized(&c, "first").await;
+    let first_pid = structured(&c.call(&first, 1, "pid", json!({})).await)["pid"].as_i64().unwrap();
+    let (second, _) = initialized(&c, "second").await;
+    let _ = c.call(&second, 1, "pid", json!({})).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::path::Path::new(&format!("/proc/{first_pid}")).exists() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!std::path::Path::new(&format!("/proc/{first_pid}")).exists(), "the first session's idle child made room");
+    let again = structured(&c.call(&first, 2, "pid", json!({})).await)["pid"].as_i64().unwrap();
+    assert_ne!(again, first_pid, "the first session carries on with a new child");
+}
