@@ -363,3 +363,31 @@ async fn beyond_max_processes_the_least_recently_used_idle_child_stops() {
     let again = structured(&c.call(&first, 2, "pid", json!({})).await)["pid"].as_i64().unwrap();
     assert_ne!(again, first_pid, "the first session carries on with a new child");
 }
+
+#[tokio::test]
+async fn a_call_cut_off_by_a_tether_crash_replays_its_progress_and_ends_once_after_the_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("t.db");
+    let flag = upstream_flag("echo", "");
+    let (tether, url) = Tether::start(&db, &["--upstream", &flag]);
+    let c = Client::new(&format!("{url}/echo"));
+    let (sid, _) = initialized(&c, "crash").await;
+    let call = json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call",
+        "params": {"name": "slow", "arguments": {"ms": 60000}, "_meta": {"progressToken": "p9"}}});
+    let mut stream = SseReader::new(c.post(Some(&sid), &call).send().await.unwrap());
+    let prime = stream.next_event().await.unwrap();
+    let progress = stream.next_message().await.unwrap();
+    assert_eq!(progress["method"], "notifications/progress", "{progress}");
+    drop(stream);
+    tether.crash();
+    let (_tether, url) = Tether::start(&db, &["--upstream", &flag]);
+    let c = Client::new(&format!("{url}/echo"));
+    let replay = SseReader::new(c.get(&sid, prime.id.as_deref()).send().await.unwrap()).all_events().await;
+    let messages: Vec<Value> = replay.iter().filter(|e| !e.data.is_empty()).map(|e| e.json()).collect();
+    assert_eq!(messages.len(), 2, "the progress and one final answer: {messages:?}");
+    assert_eq!(messages[0], progress, "the progress the client saw, replayed identically");
+    assert_eq!(messages[1]["id"], 9);
+    assert_eq!(messages[1]["error"]["code"], -32603, "the call was cut off by the crash: {}", messages[1]);
+    let echoed = c.call(&sid, 10, "echo", json!({"after": "crash"})).await;
+    assert_eq!(structured(&echoed), &json!({"after": "crash"}), "and the session goes on with a new child");
+}
