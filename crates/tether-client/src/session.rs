@@ -306,6 +306,24 @@ impl Session {
         Ok(session)
     }
 
+    /// Carries on a Streamable HTTP session opened elsewhere (another process
+    /// kept its `Mcp-Session-Id` and revision), without `initialize`: the
+    /// standalone stream opens as after `initialize`. A server that forgot the
+    /// session answers the first request with [`ClientError::SessionNotFound`].
+    pub async fn attach(
+        url: &str,
+        options: ClientOptions,
+        session_id: &str,
+        protocol_version: &str,
+    ) -> Result<Session, ClientError> {
+        check_url(url)?;
+        let session = Session::build(http_client()?, url, options, Kind::Streamable)?;
+        let _ = session.inner.session_id.set(session_id.to_owned());
+        let _ = session.inner.protocol_version.set(protocol_version.to_owned());
+        session.open_standalone().await;
+        Ok(session)
+    }
+
     fn build(http: reqwest::Client, url: &str, options: ClientOptions, kind: Kind) -> Result<Session, ClientError> {
         let base_headers = build_base_headers(&options)?;
         let (incoming_tx, incoming_rx) = mpsc::channel(INCOMING_BUFFER);

@@ -174,8 +174,24 @@ impl Gateway {
             tracing::info!(upstream = %self.config.name, session = session.session_id(), "upstream connection gone; starting a new one");
         }
         let stored = session.app_state().await.get(STATE).cloned().unwrap_or(Value::Null);
+        // An HTTP upstream session opened by another replica (or before a
+        // restart) is carried on as it is: the upstream keeps its state.
+        if let (Target::Url(spec), Some(carry_on)) = (&self.config.target, stored.get("carryOn")) {
+            let attached =
+                crate::http::attach(spec, &self.config.name, session.session_id(), carry_on, authorization.clone()).await;
+            if let Some((upstream, inbound)) = attached {
+                return Ok(self.go_live(session, &link, &mut live, upstream, inbound));
+            }
+        }
         let params = stored.get("initialize").cloned().unwrap_or_else(|| json!({}));
-        let Started { upstream, inbound, .. } = self.connect(session.session_id(), params, authorization, Some(&link)).await?;
+        let Started { upstream, inbound, carry_on, .. } =
+            self.connect(session.session_id(), params, authorization, Some(&link)).await?;
+        let carry_on = carry_on.unwrap_or(Value::Null);
+        session
+            .update_app_state(|app| {
+                state_of(app).insert("carryOn".into(), carry_on.clone());
+            })
+            .await?;
         // The client did all this once; the new connection must see it too.
         upstream.notify("notifications/initialized", None).await?;
         if let Some(level) = stored.get("logLevel").filter(|l| l.is_string()) {
@@ -184,11 +200,23 @@ impl Gateway {
         for uri in stored.get("subscriptions").and_then(Value::as_array).into_iter().flatten() {
             upstream.request("resources/subscribe", Some(json!({"uri": uri}))).await?;
         }
-        self.register(&link);
+        Ok(self.go_live(session, &link, &mut live, upstream, inbound))
+    }
+
+    /// A new connection becomes the session's live one, its pump running.
+    fn go_live(
+        &self,
+        session: &SessionCtx,
+        link: &Arc<Link>,
+        live: &mut Option<Connection>,
+        upstream: Arc<dyn crate::upstream::Upstream>,
+        inbound: crate::upstream::Inbound,
+    ) -> Connection {
+        self.register(link);
         let connection = Connection::new(upstream);
         session.spawn(link::pump(session.clone(), link.clone(), connection.clone(), inbound));
         *live = Some(connection.clone());
-        Ok(connection)
+        connection
     }
 
     fn register(&self, link: &Arc<Link>) {
@@ -280,11 +308,12 @@ async fn sweep_idle(links: Weak<Mutex<Vec<Weak<Link>>>>, idle: Duration) {
 impl McpApp for Gateway {
     async fn initialize(&self, init: &mut Initialize<'_>) -> Result<Map<String, Value>, RpcError> {
         let params = upstream_params(init.params);
-        let Started { upstream, inbound, initialize_result } = self.connect("(initializing)", params.clone(), None, None).await?;
+        let Started { upstream, inbound, initialize_result, carry_on } =
+            self.connect("(initializing)", params.clone(), None, None).await?;
         let result: Map<String, Value> = serde_json::from_str(initialize_result.get()).map_err(|e| {
             RpcError::internal(format!("upstream `{}` answered initialize with no object: {e}", self.config.name))
         })?;
-        init.set_app_state(STATE, json!({"initialize": params}));
+        init.set_app_state(STATE, json!({"initialize": params, "carryOn": carry_on}));
         let link = Arc::new(Link::default());
         *link.live.lock().await = Some(Connection::new(upstream));
         if let Ok(mut parked) = link.parked_inbound.lock() {

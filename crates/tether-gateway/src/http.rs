@@ -47,7 +47,43 @@ pub async fn start(
 ) -> Result<Started, RpcError> {
     let (upstream, inbound, initialize_result) =
         connect(spec, upstream_name, session, initialize_params, init_timeout, client_authorization).await?;
-    Ok(Started { upstream, inbound, initialize_result })
+    let carry_on = upstream.carry_on();
+    Ok(Started { upstream, inbound, initialize_result, carry_on })
+}
+
+/// Carries on the upstream session `carry_on` names (from [`Started::carry_on`]
+/// of an earlier connection, maybe of another replica), without `initialize`,
+/// and checks with a `ping` that the upstream still knows it; `None` if not
+/// (the caller then starts a new one).
+pub async fn attach(
+    spec: &UrlSpec,
+    upstream_name: &str,
+    session: &str,
+    carry_on: &Value,
+    client_authorization: Option<String>,
+) -> Option<(Arc<dyn Upstream>, Inbound)> {
+    let session_id = carry_on.get("sessionId").and_then(Value::as_str)?;
+    let protocol_version = carry_on.get("protocolVersion").and_then(Value::as_str)?;
+    let options = client_options(spec, client_authorization, |var| std::env::var(var).ok()).ok()?;
+    let client = Session::attach(&spec.url, options, session_id, protocol_version).await.ok()?;
+    if let Err(e) = client.request("ping", None).await {
+        tracing::info!(upstream = %upstream_name, %session, error = %e, "the upstream session cannot be carried on; starting a new one");
+        client.close().await;
+        return None;
+    }
+    let (inbound_tx, inbound) = mpsc::channel(INBOUND_BUFFER);
+    let relay = client.take_incoming().map(|from_client| tokio::spawn(relay(from_client, inbound_tx)));
+    let upstream = Arc::new(HttpUpstream {
+        name: upstream_name.to_owned(),
+        session: session.to_owned(),
+        url: spec.url.clone(),
+        upstream_session_id: Some(session_id.to_owned()),
+        client: Mutex::new(Some(client)),
+        alive: AtomicBool::new(true),
+        relay: Mutex::new(relay),
+    });
+    tracing::info!(upstream = %upstream_name, %session, "carrying on the stored upstream session");
+    Some((upstream, inbound))
 }
 
 /// [`start`], keeping the concrete type (for
@@ -126,6 +162,16 @@ async fn relay(mut from_client: mpsc::Receiver<ServerMessage>, inbound: mpsc::Se
         if inbound.send(message).await.is_err() {
             return;
         }
+    }
+}
+
+impl HttpUpstream {
+    /// What [`attach`] needs to carry this upstream session on elsewhere.
+    fn carry_on(&self) -> Option<Value> {
+        let client = lock(&self.client);
+        let client = client.as_ref()?;
+        let session_id = client.session_id()?;
+        Some(serde_json::json!({"sessionId": session_id, "protocolVersion": client.protocol_version()}))
     }
 }
 

@@ -123,7 +123,7 @@ pub async fn start(
 
     let who = format!("upstream {upstream_name} (`{}`)", upstream.shared.command);
     match tokio::time::timeout(init_timeout, upstream.request("initialize", Some(initialize_params))).await {
-        Ok(Ok(initialize_result)) => Ok(Started { upstream, inbound, initialize_result }),
+        Ok(Ok(initialize_result)) => Ok(Started { upstream, inbound, initialize_result, carry_on: None }),
         Ok(Err(e)) if !upstream.is_alive() => {
             let exit = upstream.wait_exit(CLOSE_WAIT).await;
             // Ours (the connection ended) or the child's own refusal, which it exited after.

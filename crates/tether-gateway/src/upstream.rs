@@ -42,6 +42,10 @@ pub struct Started {
     pub inbound: Inbound,
     /// The upstream's `initialize` result, unparsed.
     pub initialize_result: Box<RawValue>,
+    /// What another process needs to carry on this connection without a new
+    /// `initialize` (an HTTP upstream's session ID and revision), stored with
+    /// the tether session; `None` when it cannot be carried on (a child).
+    pub carry_on: Option<Value>,
 }
 
 /// A live upstream connection.

@@ -273,6 +273,10 @@ async fn three_replicas_on_redis_serve_one_gateway_session_initialize_on_a_call_
     let replay = SseReader::new(cc.get(&sid, Some(&prime)).send().await.unwrap()).all_events().await;
     let replayed: Vec<Value> = replay.iter().filter(|e| !e.data.is_empty()).map(|e| e.json()).collect();
     assert_eq!(replayed, vec![answer], "C replays what B answered");
+    // C carries on the same upstream session (the notebook's history goes on)
+    // instead of initializing a new one.
+    let next = cc.call(&sid, 2, "thought", thought_args(2)).await;
+    assert_eq!(next["result"]["structuredContent"]["thoughtHistoryLength"], 2, "{next}");
 }
 
 #[tokio::test]

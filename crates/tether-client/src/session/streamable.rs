@@ -47,6 +47,13 @@ impl Session {
         let result = self.request_raw("initialize", Some(params), None).await?;
         self.finish_initialize(&result)?;
         self.notify("notifications/initialized", None).await?;
+        self.open_standalone().await;
+        Ok(result)
+    }
+
+    /// Opens the standalone GET stream in the background (for a session
+    /// with an ID) and gives it a moment to open.
+    pub(super) async fn open_standalone(&self) {
         if self.inner.session_id.get().is_some() {
             let weak = Arc::downgrade(&self.inner);
             let closed = self.inner.closed.subscribe();
@@ -60,7 +67,6 @@ impl Session {
             // give it a moment to open before the caller's first request.
             let _ = tokio::time::timeout(STANDALONE_READY_WAIT, ready_rx).await;
         }
-        Ok(result)
     }
 }
 
