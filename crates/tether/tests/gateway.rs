@@ -63,6 +63,11 @@ fn structured(response: &Value) -> &Value {
     &response["result"]["structuredContent"]
 }
 
+/// An `initialize` (clientInfo "x") as it goes over the wire, for the answers a refusal gets.
+async fn post_initialize(c: &Client) -> reqwest::Response {
+    c.post(None, &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init_params("x")})).send().await.unwrap()
+}
+
 /// What the child was initialized with (the fixture puts it in `instructions`).
 fn initialized_with(result: &Value) -> Value {
     serde_json::from_str(result["instructions"].as_str().unwrap_or("null")).unwrap_or(Value::Null)
@@ -152,11 +157,7 @@ async fn unknown_endpoints_are_404_and_sessions_do_not_cross_endpoints() {
     let dir = tempfile::tempdir().unwrap();
     let (_tether, url) = start_gateway(&dir, "echo", "");
     let nowhere = Client::new(&format!("{url}/nowhere"));
-    let resp = nowhere
-        .post(None, &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init_params("x")}))
-        .send()
-        .await
-        .unwrap();
+    let resp = post_initialize(&nowhere).await;
     assert_eq!(resp.status(), 404);
     let body: Value = resp.json().await.unwrap();
     assert!(body["error"]["message"].as_str().unwrap().contains("/mcp/nowhere"), "{body}");
@@ -172,11 +173,7 @@ async fn a_child_that_exits_at_once_gets_the_client_a_clear_error_and_the_server
     let dir = tempfile::tempdir().unwrap();
     let (_tether, url) = start_gateway(&dir, "broken", "--exit-at-once");
     let c = Client::new(&format!("{url}/broken"));
-    let resp = c
-        .post(None, &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init_params("x")}))
-        .send()
-        .await
-        .unwrap();
+    let resp = post_initialize(&c).await;
     assert_eq!(resp.status(), 200);
     assert!(resp.headers().get("mcp-session-id").is_none(), "a refused initialize leaves no session");
     let body: Value = resp.json().await.unwrap();
@@ -199,11 +196,7 @@ async fn a_config_file_bounds_an_upstream_that_never_answers_initialize() {
     let (_tether, url) = Tether::start(&dir.path().join("t.db"), &["--config", config.to_str().unwrap()]);
     let c = Client::new(&format!("{url}/mute"));
     let started = std::time::Instant::now();
-    let resp = c
-        .post(None, &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init_params("x")}))
-        .send()
-        .await
-        .unwrap();
+    let resp = post_initialize(&c).await;
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["error"]["code"], -32603, "{body}");
     assert!(body["error"]["message"].as_str().unwrap().contains("initialize"), "{body}");
@@ -233,11 +226,7 @@ async fn a_url_upstream_that_is_down_is_a_clear_error() {
     let flag = format!("down=http://127.0.0.1:{port}/mcp");
     let (_tether, url) = Tether::start(&dir.path().join("t.db"), &["--upstream", &flag]);
     let c = Client::new(&format!("{url}/down"));
-    let resp = c
-        .post(None, &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init_params("x")}))
-        .send()
-        .await
-        .unwrap();
+    let resp = post_initialize(&c).await;
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["error"]["code"], -32603, "{body}");
     assert!(body["error"]["message"].as_str().unwrap().contains(&port.to_string()), "names the upstream: {body}");
@@ -310,11 +299,7 @@ fn start_configured(dir: &tempfile::TempDir, name: &str, args: &[&str], extra: &
 }
 
 async fn initialize_error(c: &Client) -> String {
-    let resp = c
-        .post(None, &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init_params("x")}))
-        .send()
-        .await
-        .unwrap();
+    let resp = post_initialize(c).await;
     let body: Value = resp.json().await.unwrap();
     body["error"]["message"].as_str().unwrap_or_default().to_owned()
 }
