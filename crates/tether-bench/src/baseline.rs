@@ -36,7 +36,7 @@ pub fn comparison(rows: &[Row]) -> String {
         let compared = twin.and_then(|twin| match scenario {
             Scenario::ToolsCall | Scenario::GatewayHttp | Scenario::GatewayStdio => rps_ratio(current, twin),
             Scenario::Replay10k | Scenario::Restart100kSessions => ratio(current.ms, twin.ms, "ms"),
-            Scenario::IdleSession => ratio(current.bytes, twin.bytes, "bytes"),
+            Scenario::IdleSession | Scenario::GatewayMemory => ratio(current.bytes, twin.bytes, "bytes"),
         });
         let (measured, verdict) = match compared {
             Some((text, r)) if format!("{r:.2}") == "1.00" => (text, "same"),

@@ -262,6 +262,26 @@ pub async fn open_session(http: &reqwest::Client, url: &str, roots: bool) -> Res
     Ok(session)
 }
 
+/// DELETE of a session (which ends it, and for a command upstream stops its child); any 2xx is success.
+pub async fn delete_session(http: &reqwest::Client, url: &str, session: &str) -> Result<(), String> {
+    let resp = http
+        .delete(url)
+        .header(headers::SESSION_ID, session)
+        .header(headers::PROTOCOL_VERSION, PROTOCOL_VERSION)
+        .send()
+        .await
+        .map_err(|e| format!("DELETE: {e}"))?;
+    let status = resp.status();
+    let body = resp.bytes().await.map_err(|e| format!("DELETE: reading the body: {e}"))?;
+    if !status.is_success() {
+        return Err(format!(
+            "DELETE answered {status}: {}",
+            String::from_utf8_lossy(&body).chars().take(200).collect::<String>()
+        ));
+    }
+    Ok(())
+}
+
 /// A notification's answer: 202 Accepted (the body is read so the connection goes back to the pool).
 pub async fn accepted(resp: reqwest::Response) -> Result<(), String> {
     let status = resp.status();

@@ -85,7 +85,7 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "tools_call,replay_10k,restart_100k_sessions,idle_session,gateway_http,gateway_stdio"
+        default_value = "tools_call,replay_10k,restart_100k_sessions,idle_session,gateway_http,gateway_stdio,gateway_memory"
     )]
     scenarios: Vec<Scenario>,
     /// tools_call, gateway_http, gateway_stdio: concurrent clients (one session and one connection each), comma-separated.
@@ -109,6 +109,10 @@ struct Args {
     /// restart_100k_sessions and idle_session: sessions to create.
     #[arg(long, default_value_t = 100_000)]
     sessions: usize,
+    /// gateway_memory: live command-upstream sessions to open (each with a
+    /// child); below the gateway's default `max_processes` of 64, so none is stopped.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u16).range(1..=63))]
+    gateway_sessions: u16,
     /// Concurrent clients that create those sessions.
     #[arg(long, default_value_t = 64)]
     session_clients: usize,
@@ -227,6 +231,11 @@ async fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
             rows.extend(interleaved(args, &programs, scenario, &these).await);
         }
     }
+    if wants(Scenario::GatewayMemory) {
+        for subject in of(Scenario::GatewayMemory) {
+            rows.push(gateway_memory(args, &programs, subject).await);
+        }
+    }
     for &subject in &subjects {
         // The floor has no MCP, no streams and no sessions: only tools_call applies;
         // the gateway systems have scenarios of their own.
@@ -245,10 +254,11 @@ async fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
 
     let caption = args.quick.then(|| {
         format!(
-            "`--quick`: {} warm-up + {} measured per tools_call and gateway run, {} sessions for restart/idle, {} events for replay, {} timed replays",
+            "`--quick`: {} warm-up + {} measured per tools_call and gateway run, {} sessions for restart/idle, {} for gateway_memory, {} events for replay, {} timed replays",
             humantime::format_duration(args.warmup),
             humantime::format_duration(args.duration),
             args.sessions,
+            args.gateway_sessions,
             args.events,
             args.replay_runs
         )
@@ -346,7 +356,9 @@ async fn start_for(programs: &Programs, scenario: Scenario, subject: Subject) ->
             launch.upstream = Some(Upstream::Url(rmcp.mcp_url.clone()));
             upstream = Some(rmcp);
         }
-        (Scenario::GatewayStdio, _) => launch.upstream = Some(Upstream::Stdio(programs.stdio_echo.clone())),
+        (Scenario::GatewayStdio | Scenario::GatewayMemory, _) => {
+            launch.upstream = Some(Upstream::Stdio(programs.stdio_echo.clone()))
+        }
         _ => {}
     }
     let (server, store) = start(programs, &launch).await?;
@@ -635,6 +647,79 @@ async fn idle_and_restart(args: &Args, programs: &Programs, subject: Subject, id
         rows.push(restart_row);
     }
     rows
+}
+
+/// Warm-up sessions of gateway_memory (each ended with DELETE before the first RSS reading).
+const GATEWAY_WARM_UP: usize = 5;
+
+/// One command-upstream session as gateway_memory opens it: `initialize`,
+/// `notifications/initialized` and one checked `tools/call` of `thought`
+/// (so its child is started and has answered); returns the session id.
+async fn live_session(http: &reqwest::Client, url: &str) -> Result<String, String> {
+    let session = load::open_session(http, url, false).await?;
+    load::call_thought(http, url, &session, 1).await.map_err(|e| format!("tools/call: {e}"))?;
+    Ok(session)
+}
+
+/// gateway_memory on one fresh tether-gateway in front of `stdio_echo`:
+/// warm-up sessions (ended again, so their children stop), RSS, `--gateway-sessions`
+/// live sessions, 2 s of rest, RSS again; `bytes` is the growth per session
+/// (tether's own RSS, not its children's), and every session must still
+/// have its child.
+async fn gateway_memory(args: &Args, programs: &Programs, subject: Subject) -> Row {
+    let n = usize::from(args.gateway_sessions);
+    eprintln!("== {}: gateway_memory ({n} live command-upstream sessions)", subject.name());
+    let mut row = Row::new(subject, Scenario::GatewayMemory, 1, args.quick);
+    row.count = Some(n as u64);
+    let outcome = async {
+        let running = start_for(programs, Scenario::GatewayMemory, subject).await?;
+        let server = &running.server;
+        let result = async {
+            let http = load::http_client().map_err(anyhow::Error::msg)?;
+            let url = server.mcp_url.as_str();
+            for i in 0..GATEWAY_WARM_UP {
+                let session = live_session(&http, url).await.map_err(|e| anyhow::anyhow!("warm-up session {i}: {e}"))?;
+                load::delete_session(&http, url, &session).await.map_err(|e| anyhow::anyhow!("warm-up session {i}: {e}"))?;
+            }
+            let before = settled_rss(server).await?;
+            let left = server.live_children()?;
+            anyhow::ensure!(left == 0, "{left} children still live after DELETE of the warm-up sessions");
+            let mut sessions = Vec::with_capacity(n);
+            for i in 0..n {
+                sessions.push(live_session(&http, url).await.map_err(|e| anyhow::anyhow!("session {i}: {e}"))?);
+            }
+            let after = settled_rss(server).await?;
+            let children = server.live_children()?;
+            anyhow::ensure!(children == n, "{children} live children after {n} sessions, want {n}");
+            Ok::<_, anyhow::Error>((before, after, children))
+        }
+        .await;
+        if result.is_err() {
+            eprintln!("   server log tail:\n{}", server.log_tail());
+        }
+        running.stop().await?;
+        result
+    }
+    .await;
+    match outcome {
+        Ok((before, after, children)) => {
+            let per = (after as f64 - before as f64) / n as f64;
+            eprintln!(
+                "   RSS {} KiB -> {} KiB: {per:.0} bytes per live session; {children} live children",
+                before / 1024,
+                after / 1024
+            );
+            row.bytes = Some(round(per, 0));
+            row.rss_mib = Some(round(after as f64 / 1048576.0, 1));
+            row.note = Some(format!("{children} live children; RSS {} -> {} KiB", before / 1024, after / 1024));
+        }
+        Err(e) => {
+            eprintln!("   error: {e:#}");
+            row.errors = 1;
+            row.error = Some(format!("{e:#}"));
+        }
+    }
+    row
 }
 
 #[cfg(test)]

@@ -24,16 +24,20 @@ pub enum Scenario {
     /// tools_call's load to `stdio_echo` through tether-gateway, supergateway and mcp-proxy.
     #[value(name = "gateway_stdio")]
     GatewayStdio,
+    /// tether-gateway's RSS growth per live command-upstream session (a `stdio_echo` child each).
+    #[value(name = "gateway_memory")]
+    GatewayMemory,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 6] = [
+    pub const ALL: [Scenario; 7] = [
         Scenario::ToolsCall,
         Scenario::Replay10k,
         Scenario::Restart100kSessions,
         Scenario::IdleSession,
         Scenario::GatewayHttp,
         Scenario::GatewayStdio,
+        Scenario::GatewayMemory,
     ];
 
     pub fn name(self) -> &'static str {
@@ -44,6 +48,7 @@ impl Scenario {
             Scenario::IdleSession => "idle_session",
             Scenario::GatewayHttp => "gateway_http",
             Scenario::GatewayStdio => "gateway_stdio",
+            Scenario::GatewayMemory => "gateway_memory",
         }
     }
 
@@ -55,6 +60,7 @@ impl Scenario {
             Scenario::Restart100kSessions => system.durable_sessions(),
             Scenario::GatewayHttp => matches!(system, System::TetherGateway | System::RmcpDirect),
             Scenario::GatewayStdio => matches!(system, System::TetherGateway | System::Supergateway | System::McpProxy),
+            Scenario::GatewayMemory => system == System::TetherGateway,
         }
     }
 
@@ -327,6 +333,20 @@ fn gateway_stdio_line(rows: &[Row]) -> String {
     format!("| {line} | {} | {target} | {verdict} |\n", parts.join("; "))
 }
 
+/// Issue 23's memory line: tether's RSS growth per live command-upstream
+/// session, its children not counted.
+fn gateway_memory_line(rows: &[Row]) -> String {
+    const LIMIT_MIB: f64 = 2.0;
+    let (text, met) = match find(rows, "tether-gateway", Scenario::GatewayMemory, None).and_then(|r| r.bytes) {
+        Some(b) => (
+            format!("{:.1} KiB per session ({b:.0} bytes)", b / 1024.0),
+            if b <= LIMIT_MIB * 1048576.0 { "yes" } else { "**no**" },
+        ),
+        None => ("not measured".to_string(), "—"),
+    };
+    format!("| tether-gateway gateway_memory | {text} | <= {LIMIT_MIB} MiB per session | {met} |\n")
+}
+
 /// The budget of issues 9 and 23, each line with what this run measured. A
 /// ratio line is judged by the median of the paired rounds' ratios when the
 /// run had rounds, and shows the ratio of the two median rounds beside it.
@@ -350,6 +370,7 @@ pub fn budget(rows: &[Row]) -> String {
         0.6,
     ));
     s.push_str(&gateway_stdio_line(rows));
+    s.push_str(&gateway_memory_line(rows));
     for system in ["tether-memory", "tether-sqlite", "tether-redis"] {
         let line = |scenario: Scenario, figure: fn(&Row) -> Option<f64>, unit: &str, limit: f64| {
             let (text, met) = match find(rows, system, scenario, None).and_then(|r| Some((r.count, figure(r)?))) {
@@ -546,6 +567,30 @@ mod tests {
         );
         assert!(Scenario::GatewayStdio.runs(System::McpProxy) && !Scenario::GatewayHttp.runs(System::McpProxy));
         assert!(!Scenario::ToolsCall.runs(System::TetherGateway) && !Scenario::IdleSession.runs(System::RmcpDirect));
+    }
+
+    #[test]
+    fn the_gateway_memory_line_is_judged_per_live_session_against_2_mib() {
+        let memory = |bytes| Row {
+            bytes: Some(bytes),
+            count: Some(60),
+            ..Row::new(System::TetherGateway, Scenario::GatewayMemory, 1, true)
+        };
+        let b = budget(&[memory(37_888.0)]);
+        assert!(
+            b.contains("| tether-gateway gateway_memory | 37.0 KiB per session (37888 bytes) | <= 2 MiB per session | yes |"),
+            "{b}"
+        );
+        let b = budget(&[memory(3.0 * 1048576.0)]);
+        assert!(
+            b.contains(
+                "| tether-gateway gateway_memory | 3072.0 KiB per session (3145728 bytes) | <= 2 MiB per session | **no** |"
+            ),
+            "{b}"
+        );
+        assert!(budget(&[]).contains("| tether-gateway gateway_memory | not measured | <= 2 MiB per session | — |"));
+        assert!(Scenario::GatewayMemory.runs(System::TetherGateway) && !Scenario::GatewayMemory.runs(System::TetherSqlite));
+        assert!(!Scenario::GatewayMemory.interleaved());
     }
 
     #[test]

@@ -562,6 +562,27 @@ impl Server {
         Ok(self.status_kib("VmRSS:")? * 1024)
     }
 
+    /// Its live child processes (those whose parent it is, zombies not
+    /// counted), found by reading every `/proc/PID/stat`.
+    pub fn live_children(&self) -> anyhow::Result<usize> {
+        let mut n = 0;
+        for entry in std::fs::read_dir("/proc").context("cannot list /proc")? {
+            let entry = entry?;
+            if !entry.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+                continue;
+            }
+            // A process may exit between the listing and the read.
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+            if let Some((state, ppid)) = state_and_parent(&stat)
+                && ppid == self.pid
+                && state != "Z"
+            {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
     /// kill(2) to our own child, which we have not reaped yet.
     fn signal(&self, signal: rustix::process::Signal) -> anyhow::Result<()> {
         let pid = i32::try_from(self.pid).ok().and_then(rustix::process::Pid::from_raw).context("pid out of range")?;
@@ -609,6 +630,14 @@ fn is_problem(line: &str) -> bool {
     line.split_whitespace().take(3).any(|word| word == "WARN" || word == "ERROR")
 }
 
+/// The state and parent PID in a `/proc/PID/stat` line (after the command
+/// name, which sits in parentheses and may hold spaces).
+fn state_and_parent(stat: &str) -> Option<(&str, u32)> {
+    let mut fields = stat.get(stat.rfind(')')? + 2..)?.split(' ');
+    let state = fields.next()?;
+    Some((state, fields.next()?.parse().ok()?))
+}
+
 /// `http://host:port` of a URL.
 fn origin(url: &str) -> &str {
     let after_scheme = url.find("://").map_or(0, |i| i + 3);
@@ -624,7 +653,14 @@ fn mcp_url_in(line: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{mcp_url_in, origin, shell_quote};
+    use super::{mcp_url_in, origin, shell_quote, state_and_parent};
+
+    #[test]
+    fn reads_the_state_and_parent_of_a_proc_stat_line() {
+        assert_eq!(state_and_parent("4242 (stdio echo) S 17 4242 17 0 -1"), Some(("S", 17)));
+        assert_eq!(state_and_parent("4243 (a) b) Z 17 1"), Some(("Z", 17)));
+        assert_eq!(state_and_parent("garbage"), None);
+    }
 
     #[test]
     fn finds_the_url_in_a_log_line() {
