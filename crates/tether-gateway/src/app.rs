@@ -227,24 +227,20 @@ impl Gateway {
     }
 
     /// After a request that changes what a new connection must replay.
-    async fn remember(&self, session: &SessionCtx, method: &str, params: &Option<Map<String, Value>>) -> Result<(), RpcError> {
-        let field = |k: &str| params.as_ref().and_then(|p| p.get(k)).cloned();
-        match method {
-            "logging/setLevel" => {
-                let level = field("level").unwrap_or(Value::Null);
+    async fn remember(&self, session: &SessionCtx, replayed: Replayed) -> Result<(), RpcError> {
+        match replayed {
+            Replayed::Nothing => return Ok(()),
+            Replayed::LogLevel(level) => {
                 session
                     .update_app_state(|app| {
                         state_of(app).insert("logLevel".into(), level.clone());
                     })
                     .await?;
             }
-            "resources/subscribe" | "resources/unsubscribe" => {
-                let Some(uri) = field("uri") else { return Ok(()) };
-                let subscribe = method == "resources/subscribe";
+            Replayed::Subscription { uri, subscribe } => {
                 session
                     .update_app_state(|app| {
-                        let state = state_of(app);
-                        let list = state.entry("subscriptions").or_insert_with(|| json!([]));
+                        let list = state_of(app).entry("subscriptions").or_insert_with(|| json!([]));
                         if let Some(list) = list.as_array_mut() {
                             list.retain(|u| u != &uri);
                             if subscribe {
@@ -254,9 +250,30 @@ impl Gateway {
                     })
                     .await?;
             }
-            _ => {}
         }
         Ok(())
+    }
+}
+
+/// What a request changes in what a new connection must replay, taken
+/// before the params go upstream (only these two kinds copy anything).
+enum Replayed {
+    Nothing,
+    LogLevel(Value),
+    Subscription { uri: Value, subscribe: bool },
+}
+
+impl Replayed {
+    fn of(method: &str, params: Option<&Map<String, Value>>) -> Self {
+        let field = |k: &str| params.and_then(|p| p.get(k)).cloned();
+        match method {
+            "logging/setLevel" => Self::LogLevel(field("level").unwrap_or(Value::Null)),
+            "resources/subscribe" | "resources/unsubscribe" => match field("uri") {
+                Some(uri) => Self::Subscription { uri, subscribe: method == "resources/subscribe" },
+                None => Self::Nothing,
+            },
+            _ => Self::Nothing,
+        }
     }
 }
 
@@ -335,12 +352,13 @@ impl McpApp for Gateway {
         let link = session.local::<Link>();
         let progress_token = params.as_ref().and_then(|p| p.get("_meta")).and_then(|m| m.get("progressToken")).cloned();
         let _in_flight = link.enter(&ctx, progress_token);
-        let result = connection.upstream.request(method, params.clone().map(Value::Object)).await;
+        let replayed = Replayed::of(method, params.as_ref());
+        let result = connection.upstream.request(method, params.map(Value::Object)).await;
         // What the upstream sent before its answer reaches the client first
         // (on this request's stream, while it is still in flight).
         connection.delivered_before_answer().await;
         let result = result?;
-        self.remember(&session, method, &params).await?;
+        self.remember(&session, replayed).await?;
         Ok(result)
     }
 
