@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use serde_json::{Map, Value, json};
-use tether_server::{EndReason, Initialize, McpApp, RawResult, RequestCtx, RpcError, SessionCtx, SessionEnd};
+use tether_server::{
+    ClientAuthorization, EndReason, Initialize, McpApp, RawResult, RequestCtx, RpcError, SessionCtx, SessionEnd,
+};
 use tether_wire::meta;
 
 use crate::config::{Target, UpstreamConfig};
@@ -161,8 +163,11 @@ impl Gateway {
 
     /// The session's live connection, made (and initialized the way the
     /// client initialized this session) if there is none.
-    async fn upstream(&self, session: &SessionCtx, authorization: Option<String>) -> Result<Connection, RpcError> {
+    /// `authorization` is the client's header of the request that needs it
+    /// (sent upstream only with `forward_auth`).
+    async fn upstream(&self, session: &SessionCtx, authorization: Option<&ClientAuthorization>) -> Result<Connection, RpcError> {
         let link = session.local::<Link>();
+        let authorization = self.forwarded(&link, authorization);
         let mut live = link.live.lock().await;
         if let Some(connection) = live.as_ref().filter(|c| c.upstream.is_alive()) {
             if let Some(parked) = link.parked_inbound.lock().ok().and_then(|mut p| p.take()) {
@@ -201,6 +206,16 @@ impl Gateway {
             upstream.request("resources/subscribe", Some(json!({"uri": uri}))).await?;
         }
         Ok(self.go_live(session, &link, &mut live, upstream, inbound))
+    }
+
+    /// The `Authorization` to open an upstream connection with: with
+    /// `forward_auth`, this request's (remembered in memory for connections
+    /// a notification opens), else none.
+    fn forwarded(&self, link: &Link, authorization: Option<&ClientAuthorization>) -> Option<String> {
+        if !matches!(&self.config.target, Target::Url(spec) if spec.forward_auth) {
+            return None;
+        }
+        link.authorization(authorization).map(|a| a.header_value().to_owned())
     }
 
     /// A new connection becomes the session's live one, its pump running.
@@ -325,13 +340,14 @@ async fn sweep_idle(links: Weak<Mutex<Vec<Weak<Link>>>>, idle: Duration) {
 impl McpApp for Gateway {
     async fn initialize(&self, init: &mut Initialize<'_>) -> Result<Map<String, Value>, RpcError> {
         let params = upstream_params(init.params);
+        let link = Arc::new(Link::default());
+        let authorization = self.forwarded(&link, init.client_authorization());
         let Started { upstream, inbound, initialize_result, carry_on } =
-            self.connect("(initializing)", params.clone(), None, None).await?;
+            self.connect("(initializing)", params.clone(), authorization, None).await?;
         let result: Map<String, Value> = serde_json::from_str(initialize_result.get()).map_err(|e| {
             RpcError::internal(format!("upstream `{}` answered initialize with no object: {e}", self.config.name))
         })?;
         init.set_app_state(STATE, json!({"initialize": params, "carryOn": carry_on}));
-        let link = Arc::new(Link::default());
         *link.live.lock().await = Some(Connection::new(upstream));
         if let Ok(mut parked) = link.parked_inbound.lock() {
             *parked = Some(inbound);
@@ -348,7 +364,7 @@ impl McpApp for Gateway {
         params: Option<Map<String, Value>>,
     ) -> Result<RawResult, RpcError> {
         let session = ctx.require_session()?;
-        let connection = self.upstream(&session, None).await?;
+        let connection = self.upstream(&session, ctx.client_authorization()).await?;
         let link = session.local::<Link>();
         let progress_token = params.as_ref().and_then(|p| p.get("_meta")).and_then(|m| m.get("progressToken")).cloned();
         let _in_flight = link.enter(&ctx, progress_token);

@@ -142,19 +142,17 @@ impl UpstreamTable {
                 if command.is_empty() {
                     return Err(format!("[upstreams.{name}] command must name a program"));
                 }
+                if !self.headers.is_empty() || self.auth_env.is_some() || self.forward_auth {
+                    return Err(format!(
+                        "[upstreams.{name}] headers, auth_env and forward_auth are for a url upstream; a command gets env instead"
+                    ));
+                }
                 let mut spec = CommandSpec::new(command);
                 spec.env = self.env;
                 spec.cwd = self.cwd;
                 spec.idle_timeout = self.idle_timeout.unwrap_or(DEFAULT_IDLE_TIMEOUT);
                 spec.max_processes = self.max_processes.unwrap_or(DEFAULT_MAX_PROCESSES).max(1);
                 Target::Command(spec)
-            }
-            (None, Some(_)) if self.forward_auth => {
-                // The transport can send it, but the engine does not hand a
-                // client's credentials to applications yet.
-                return Err(format!(
-                    "[upstreams.{name}] forward_auth = true is not supported yet; use auth_env for tether's own token"
-                ));
             }
             (None, Some(url)) => {
                 let mut spec = UrlSpec::new(url);
@@ -210,5 +208,14 @@ mod tests {
         let both: UpstreamTable = toml::from_str("command = [\"a\"]\nurl = \"http://x\"").unwrap();
         assert!(both.into_config("s").unwrap_err().contains("exactly one"));
         assert!(toml::from_str::<UpstreamTable>("comand = [\"a\"]").unwrap_err().to_string().contains("comand"));
+    }
+
+    #[test]
+    fn forward_auth_is_for_url_upstreams() {
+        let url: UpstreamTable = toml::from_str("url = \"http://127.0.0.1:9/mcp\"\nforward_auth = true").unwrap();
+        let Target::Url(spec) = url.into_config("r").unwrap().target else { panic!("a url") };
+        assert!(spec.forward_auth);
+        let command: UpstreamTable = toml::from_str("command = [\"srv\"]\nforward_auth = true").unwrap();
+        assert!(command.into_config("s").unwrap_err().contains("for a url upstream"));
     }
 }

@@ -246,6 +246,13 @@ impl HttpUpstream {
                 RpcError::internal(UPSTREAM_RESTARTED)
             }
             ClientError::Rpc(error) => error,
+            // Credentials are taken when a connection is made: the next
+            // request makes one with the current ones (a rotated token, the
+            // client's newer `Authorization` with forward_auth).
+            e @ ClientError::Auth { .. } => {
+                self.die();
+                RpcError::internal(format!("upstream {} at {}: {}", self.name, self.url, describe(&e)))
+            }
             other => RpcError::internal(format!("upstream {} at {}: {}", self.name, self.url, describe(&other))),
         }
     }

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tether_server::{RequestCtx, SessionCtx};
+use tether_server::{ClientAuthorization, RequestCtx, SessionCtx};
 
 use crate::upstream::{FromUpstream, Inbound, Upstream};
 
@@ -61,6 +61,8 @@ pub struct Link {
     in_flight: Mutex<BTreeMap<u64, InFlight>>,
     next: AtomicU64,
     last_used: Mutex<Option<Instant>>,
+    /// The client's latest `Authorization` (for `forward_auth`; in memory only).
+    authorization: Mutex<Option<ClientAuthorization>>,
 }
 
 /// A client request being served through the link.
@@ -85,6 +87,17 @@ impl Drop for InFlightGuard<'_> {
 }
 
 impl Link {
+    /// The client's `Authorization` to use now: this request's, remembered
+    /// for later, or (for a request or notification without one) the
+    /// latest remembered.
+    pub(crate) fn authorization(&self, presented: Option<&ClientAuthorization>) -> Option<ClientAuthorization> {
+        let Ok(mut latest) = self.authorization.lock() else { return presented.cloned() };
+        if let Some(presented) = presented {
+            *latest = Some(presented.clone());
+        }
+        latest.clone()
+    }
+
     /// Notes a client request going through the link (until the guard drops).
     pub(crate) fn enter(&self, ctx: &RequestCtx, progress_token: Option<Value>) -> InFlightGuard<'_> {
         let key = self.next.fetch_add(1, Ordering::Relaxed);

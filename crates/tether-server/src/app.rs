@@ -63,6 +63,29 @@ impl Caller {
     }
 }
 
+/// The client's `Authorization` header as it came with a request, for an
+/// application that forwards it (the gateway's `forward_auth`). Held in
+/// memory for the request only: never stored, and its `Debug` never shows it.
+#[derive(Clone, PartialEq)]
+pub struct ClientAuthorization(Arc<str>);
+
+impl ClientAuthorization {
+    pub fn new(header_value: &str) -> Self {
+        Self(Arc::from(header_value))
+    }
+
+    /// The header's value, as the client sent it (`Bearer …`).
+    pub fn header_value(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for ClientAuthorization {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClientAuthorization(<redacted>)")
+    }
+}
+
 /// An `initialize` as the application sees it: the caller, the params as
 /// sent, and what the application wants the new (or resumed) session to start
 /// with: durable app state and in-memory local state (for example a child
@@ -70,13 +93,23 @@ impl Caller {
 pub struct Initialize<'a> {
     pub caller: &'a Caller,
     pub params: &'a Map<String, Value>,
+    pub(crate) authorization: Option<&'a ClientAuthorization>,
     pub(crate) app_state: Map<String, Value>,
     pub(crate) local: Option<Arc<dyn Any + Send + Sync>>,
 }
 
 impl<'a> Initialize<'a> {
-    pub(crate) fn new(caller: &'a Caller, params: &'a Map<String, Value>) -> Self {
-        Self { caller, params, app_state: Map::new(), local: None }
+    pub(crate) fn new(
+        caller: &'a Caller,
+        params: &'a Map<String, Value>,
+        authorization: Option<&'a ClientAuthorization>,
+    ) -> Self {
+        Self { caller, params, authorization, app_state: Map::new(), local: None }
+    }
+
+    /// The client's `Authorization` header of this `initialize`, if it sent one.
+    pub fn client_authorization(&self) -> Option<&ClientAuthorization> {
+        self.authorization
     }
 
     /// Stored in the session's durable app state once the session exists

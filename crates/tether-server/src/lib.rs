@@ -20,8 +20,8 @@ pub mod ids;
 pub mod tools;
 
 pub use app::{
-    Caller, ClientDeclaration, EndReason, Endpoints, Initialize, McpApp, OperationCtx, OperationRunner, OperationSpec,
-    ROOT_ENDPOINT, RawResult, RequestCtx, RpcError, SessionCtx, SessionEnd, raw_result,
+    Caller, ClientAuthorization, ClientDeclaration, EndReason, Endpoints, Initialize, McpApp, OperationCtx, OperationRunner,
+    OperationSpec, ROOT_ENDPOINT, RawResult, RequestCtx, RpcError, SessionCtx, SessionEnd, raw_result,
 };
 pub use config::ServerConfig;
 pub use engine::Engine;

@@ -169,7 +169,8 @@ fn session_id(outcome: &PostOutcome) -> String {
 async fn open_session(h: &Harness) -> Arc<Session> {
     let params =
         json!({"protocolVersion": "2025-11-25", "capabilities": {"roots": {}}, "clientInfo": {"name": "t", "version": "0"}});
-    let outcome = h.engine.initialize("", "p", json!(0), params.as_object().cloned(), Reply::Stream).await.expect("initialize");
+    let outcome =
+        h.engine.initialize("", "p", json!(0), params.as_object().cloned(), Reply::Stream, None).await.expect("initialize");
     let id = session_id(&outcome);
     h.engine.session("", &id, "p").await.expect("session")
 }
@@ -187,7 +188,7 @@ async fn a_panicking_tool_ends_its_request_with_an_internal_error_that_replays_a
     let h = harness(ServerConfig { max_inflight_per_session: 2, ..config() });
     let session = open_session(&h).await;
     for n in 0..5 {
-        let outcome = h.engine.post(session.clone(), call(n, "panic", json!({})), Reply::Stream).await.expect("accepted");
+        let outcome = h.engine.post(session.clone(), call(n, "panic", json!({})), Reply::Stream, None).await.expect("accepted");
         let (stream, answers) = messages(outcome).await;
         assert_eq!(answers.len(), 1, "exactly one answer");
         assert_eq!(answers[0]["id"], json!(n));
@@ -200,7 +201,8 @@ async fn a_panicking_tool_ends_its_request_with_an_internal_error_that_replays_a
     }
     // Five panics with a limit of two in flight: every slot was freed.
     let (_, answers) =
-        messages(h.engine.post(session.clone(), call(9, "echo", json!({"ok": 1})), Reply::Stream).await.expect("accepted")).await;
+        messages(h.engine.post(session.clone(), call(9, "echo", json!({"ok": 1})), Reply::Stream, None).await.expect("accepted"))
+            .await;
     assert_eq!(answers[0]["result"]["structuredContent"], json!({"ok": 1}), "the session is still usable");
 }
 
@@ -208,14 +210,14 @@ async fn a_panicking_tool_ends_its_request_with_an_internal_error_that_replays_a
 async fn the_in_flight_limit_refuses_the_excess_and_a_running_id_cannot_be_reused() {
     let h = harness(ServerConfig { max_inflight_per_session: 2, ..config() });
     let session = open_session(&h).await;
-    let _a = h.engine.post(session.clone(), call(1, "hang", json!({})), Reply::Stream).await.expect("first");
-    let _b = h.engine.post(session.clone(), call(2, "hang", json!({})), Reply::Stream).await.expect("second");
-    match h.engine.post(session.clone(), call(3, "echo", json!({})), Reply::Stream).await {
+    let _a = h.engine.post(session.clone(), call(1, "hang", json!({})), Reply::Stream, None).await.expect("first");
+    let _b = h.engine.post(session.clone(), call(2, "hang", json!({})), Reply::Stream, None).await.expect("second");
+    match h.engine.post(session.clone(), call(3, "echo", json!({})), Reply::Stream, None).await {
         Err(EngineError::TooMany(message)) => assert!(message.contains("already runs 2 requests"), "{message}"),
         Err(e) => panic!("expected TooMany, got {e}"),
         Ok(_) => panic!("expected TooMany, got an answer"),
     }
-    match h.engine.post(session.clone(), call(1, "echo", json!({})), Reply::Stream).await {
+    match h.engine.post(session.clone(), call(1, "echo", json!({})), Reply::Stream, None).await {
         Err(EngineError::BadRequest { code, message, .. }) => {
             assert_eq!(code, -32600);
             assert!(message.contains("already in use"), "{message}");
@@ -233,7 +235,7 @@ async fn client_notifications_are_handled_in_order_through_a_bounded_queue() {
     let mut refused = 0;
     for seq in 0..100u64 {
         let note = Inbound::Notification { method: "test/seq".into(), params: json!({"seq": seq}).as_object().cloned() };
-        match h.engine.post(session.clone(), note, Reply::Stream).await {
+        match h.engine.post(session.clone(), note, Reply::Stream, None).await {
             Ok(PostOutcome::Accepted) => accepted.push(seq),
             Err(EngineError::TooMany(_)) => refused += 1,
             Err(e) => panic!("unexpected refusal: {e}"),
@@ -252,9 +254,10 @@ async fn client_notifications_are_handled_in_order_through_a_bounded_queue() {
 async fn server_to_client_requests_waiting_per_session_are_bounded() {
     let h = harness(ServerConfig { max_pending_client_requests: 4, ..config() });
     let session = open_session(&h).await;
-    let (_, answers) =
-        messages(h.engine.post(session.clone(), call(1, "ask_many", json!({"n": 10})), Reply::Stream).await.expect("accepted"))
-            .await;
+    let (_, answers) = messages(
+        h.engine.post(session.clone(), call(1, "ask_many", json!({"n": 10})), Reply::Stream, None).await.expect("accepted"),
+    )
+    .await;
     let answer = answers.last().expect("an answer");
     assert_eq!(answer["result"]["structuredContent"]["refused"], json!(6), "{answer}");
     assert!(session.pending_client_requests() == 0, "nothing stays pending after the waits end");
@@ -281,7 +284,8 @@ async fn two_replicas_resuming_an_orphaned_operation_restart_its_work_once() {
     let first = harness_on(store.clone(), replica());
     let session = open_session(&first).await;
     let (_, answers) =
-        messages(first.engine.post(session.clone(), call(1, "count", json!({})), Reply::Stream).await.expect("accepted")).await;
+        messages(first.engine.post(session.clone(), call(1, "count", json!({})), Reply::Stream, None).await.expect("accepted"))
+            .await;
     let token = answers[0]["result"]["_meta"]["nextResumeToken"].as_str().expect("a pending answer with a token").to_owned();
     first.engine.shutdown().await;
 
@@ -293,7 +297,7 @@ async fn two_replicas_resuming_an_orphaned_operation_restart_its_work_once() {
             let session = engine.session("", &session, "p").await.expect("rehydrated");
             let params = json!({"name": "count", "arguments": {}, "_meta": {"resumeToken": token}});
             let request = Inbound::Request { id: json!(id), method: "tools/call".into(), params: params.as_object().cloned() };
-            messages(engine.post(session, request, Reply::Stream).await.expect("accepted")).await.1
+            messages(engine.post(session, request, Reply::Stream, None).await.expect("accepted")).await.1
         }
     };
     let (from_b, from_c) = tokio::join!(resume(&b, 2), resume(&c, 3));
@@ -308,8 +312,9 @@ async fn two_replicas_resuming_an_orphaned_operation_restart_its_work_once() {
 async fn shutdown_lets_requests_in_flight_finish_and_ends_the_rest_as_interrupted_once() {
     let h = harness(config());
     let session = open_session(&h).await;
-    let quick = h.engine.post(session.clone(), call(1, "sleep", json!({"ms": 200})), Reply::Stream).await.expect("accepted");
-    let stuck = h.engine.post(session.clone(), call(2, "hang", json!({})), Reply::Stream).await.expect("accepted");
+    let quick =
+        h.engine.post(session.clone(), call(1, "sleep", json!({"ms": 200})), Reply::Stream, None).await.expect("accepted");
+    let stuck = h.engine.post(session.clone(), call(2, "hang", json!({})), Reply::Stream, None).await.expect("accepted");
     // The client sees each request's priming event, then goes away.
     let primed = |outcome: PostOutcome| async move {
         let PostOutcome::Stream { mut frames, .. } = outcome else { panic!("a slow request streams") };
@@ -343,7 +348,7 @@ async fn shutdown_lets_requests_in_flight_finish_and_ends_the_rest_as_interrupte
     assert_eq!(stuck_finals[0]["error"]["code"], json!(-32603));
     assert!(stuck_finals[0]["error"]["message"].as_str().unwrap_or("").contains("interrupted"));
 
-    match h.engine.post(session.clone(), call(3, "echo", json!({})), Reply::Stream).await {
+    match h.engine.post(session.clone(), call(3, "echo", json!({})), Reply::Stream, None).await {
         Err(EngineError::ShuttingDown) => {}
         _ => panic!("no new work after shutdown"),
     }
@@ -354,7 +359,8 @@ async fn the_application_hears_when_a_session_ends_with_its_local_state() {
     let h = harness(config());
     let session = open_session(&h).await;
     let _ =
-        messages(h.engine.post(session.clone(), call(1, "touch_local", json!({})), Reply::Stream).await.expect("accepted")).await;
+        messages(h.engine.post(session.clone(), call(1, "touch_local", json!({})), Reply::Stream, None).await.expect("accepted"))
+            .await;
     let id = session.id.clone();
     h.engine.delete(session).await.expect("deleted");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
@@ -387,7 +393,7 @@ async fn a_refused_initialize_answers_the_error_and_leaves_no_session() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new(StoreConfig::default()));
     let engine = Engine::new(store.clone(), Arc::new(Refusing), config());
     let params = json!({"protocolVersion": "2025-11-25", "capabilities": {}});
-    let outcome = engine.initialize("", "p", json!(7), params.as_object().cloned(), Reply::Stream).await.expect("answered");
+    let outcome = engine.initialize("", "p", json!(7), params.as_object().cloned(), Reply::Stream, None).await.expect("answered");
     let (_, answers) = messages(outcome).await;
     assert_eq!(
         answers,
@@ -452,16 +458,17 @@ async fn sessions_belong_to_their_endpoint_and_start_with_what_initialize_kept()
     let endpoints = tether_server::Endpoints::new(Arc::new(ToolRouter::new(TestTools(seen)))).with("kept", Arc::new(Remembering));
     let engine = Engine::with_endpoints(store, endpoints, config());
     let params = json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "c1", "version": "0"}});
-    let outcome = engine.initialize("kept", "p", json!(0), params.as_object().cloned(), Reply::Stream).await.expect("initialize");
+    let outcome =
+        engine.initialize("kept", "p", json!(0), params.as_object().cloned(), Reply::Stream, None).await.expect("initialize");
     let id = session_id(&outcome);
     let (_, answers) = messages(outcome).await;
     assert_eq!(answers[0]["result"]["protocolVersion"], "2025-11-25", "the engine fills in the revision");
     assert!(matches!(engine.session("", &id, "p").await, Err(EngineError::SessionNotFound)), "not a session of /mcp");
     let session = engine.session("kept", &id, "p").await.expect("a session of /mcp/kept");
     let request = Inbound::Request { id: json!(1), method: "anything/at/all".into(), params: None };
-    let (_, answers) = messages(engine.post(session, request, Reply::Stream).await.expect("answered")).await;
+    let (_, answers) = messages(engine.post(session, request, Reply::Stream, None).await.expect("answered")).await;
     assert_eq!(answers[0]["result"], json!({"clientName": "c1", "touched": 7}));
-    match engine.initialize("nowhere", "p", json!(0), params.as_object().cloned(), Reply::Stream).await {
+    match engine.initialize("nowhere", "p", json!(0), params.as_object().cloned(), Reply::Stream, None).await {
         Err(EngineError::UnknownEndpoint(name)) => assert_eq!(name, "nowhere"),
         _ => panic!("an unknown endpoint is refused"),
     }

@@ -380,3 +380,39 @@ async fn a_call_cut_off_by_a_tether_crash_replays_its_progress_and_ends_once_aft
     let echoed = c.call(&sid, 10, "echo", json!({"after": "crash"})).await;
     assert_eq!(structured(&echoed), &json!({"after": "crash"}), "and the session goes on with a new child");
 }
+
+#[tokio::test]
+async fn forward_auth_sends_the_clients_token_upstream_also_after_a_tether_crash_and_only_where_asked() {
+    // The URL upstream: another tether, which wants the client's own token.
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "client-token-0123456789abcdef alice\n").unwrap();
+    let tokens = tokens.to_str().unwrap();
+    let (_upstream, upstream_url) = Tether::start(&dir.path().join("u.db"), &["--auth-tokens", tokens]);
+    let config = dir.path().join("tether.toml");
+    std::fs::write(
+        &config,
+        format!("[upstreams.fwd]\nurl = {upstream_url:?}\nforward_auth = true\n\n[upstreams.plain]\nurl = {upstream_url:?}\n"),
+    )
+    .unwrap();
+    let args = ["--auth-tokens", tokens, "--config", config.to_str().unwrap()];
+    let (gateway, url) = Tether::start(&dir.path().join("g.db"), &args);
+
+    let plain = Client::with_token(&format!("{url}/plain"), "client-token-0123456789abcdef");
+    let refused: Value = post_initialize(&plain).await.json().await.unwrap();
+    assert!(refused["error"]["message"].as_str().unwrap_or("").contains("HTTP 401"), "not forwarded by default: {refused}");
+
+    let fwd = Client::with_token(&format!("{url}/fwd"), "client-token-0123456789abcdef");
+    let (sid, result) = initialized(&fwd, "forwarding").await;
+    assert_eq!(result["serverInfo"]["name"], "tether-notebook", "{result}");
+    let first = fwd.call(&sid, 1, "thought", thought_args(1)).await;
+    assert_eq!(first["result"]["structuredContent"]["thoughtNumber"], 1, "{first}");
+
+    // After a crash the stored upstream session is carried on with the
+    // token of the request that needs it.
+    gateway.crash();
+    let (_gateway, url) = Tether::start(&dir.path().join("g.db"), &args);
+    let fwd = Client::with_token(&format!("{url}/fwd"), "client-token-0123456789abcdef");
+    let next = fwd.call(&sid, 2, "thought", thought_args(2)).await;
+    assert_eq!(next["result"]["structuredContent"]["thoughtHistoryLength"], 2, "the same upstream session: {next}");
+}

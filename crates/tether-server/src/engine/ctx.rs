@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use super::Inner;
 use super::request_stream::RequestStream;
 use super::session::Session;
-use crate::app::{Caller, RpcError};
+use crate::app::{Caller, ClientAuthorization, RpcError};
 
 /// Bounded retries of a state update racing with another writer.
 const STATE_UPDATE_ATTEMPTS: usize = 8;
@@ -50,6 +50,7 @@ pub struct RequestCtx {
     request_id: Value,
     progress_token: Option<Value>,
     cancel: CancellationToken,
+    authorization: Option<ClientAuthorization>,
 }
 
 impl SessionCtx {
@@ -170,8 +171,18 @@ impl RequestCtx {
         request_id: Value,
         progress_token: Option<Value>,
         cancel: CancellationToken,
+        authorization: Option<ClientAuthorization>,
     ) -> Self {
-        Self { caller: session.caller(), inner, session: Some(session), stream, request_id, progress_token, cancel }
+        Self {
+            caller: session.caller(),
+            inner,
+            session: Some(session),
+            stream,
+            request_id,
+            progress_token,
+            cancel,
+            authorization,
+        }
     }
 
     pub(crate) fn inner(&self) -> &Arc<Inner> {
@@ -185,6 +196,12 @@ impl RequestCtx {
 
     pub fn principal(&self) -> &str {
         &self.caller.principal
+    }
+
+    /// The client's `Authorization` header of this request, if it sent one
+    /// (for an application that forwards it; never stored).
+    pub fn client_authorization(&self) -> Option<&ClientAuthorization> {
+        self.authorization.as_ref()
     }
 
     /// The session the request belongs to; `None` for a request served

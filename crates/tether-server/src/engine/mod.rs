@@ -46,11 +46,12 @@ pub use pump::Frame;
 pub use request::PANICKED_MESSAGE;
 pub use session::{Session, SessionState};
 
-use crate::app::{Caller, ClientDeclaration, EndReason, Endpoints, Initialize, McpApp, SessionEnd};
+use crate::app::{Caller, ClientAuthorization, ClientDeclaration, EndReason, Endpoints, Initialize, McpApp, SessionEnd};
 use crate::config::ServerConfig;
 use crate::ids::{self, EventId};
 use live::{LiveEvent, LiveHub};
 use pump::{PumpSpec, spawn_pump};
+use request::RequestHead;
 
 /// Why the engine refused something; the HTTP layer maps each to a status.
 #[derive(Debug, thiserror::Error)]
@@ -215,6 +216,7 @@ impl Engine {
         id: Value,
         params: Option<Map<String, Value>>,
         reply: Reply,
+        authorization: Option<ClientAuthorization>,
     ) -> Result<PostOutcome, EngineError> {
         if self.inner.shutdown.is_cancelled() {
             return Err(EngineError::ShuttingDown);
@@ -239,7 +241,7 @@ impl Engine {
                 client_capabilities: params.get("capabilities").cloned().unwrap_or_else(|| json!({})),
             }),
         };
-        let mut init = Initialize::new(&caller, &params);
+        let mut init = Initialize::new(&caller, &params, authorization.as_ref());
         let answered = std::panic::AssertUnwindSafe(app.initialize(&mut init)).catch_unwind().await;
         let (initial_app_state, initial_local) = (std::mem::take(&mut init.app_state), init.local.take());
         let mut result = match answered {
@@ -313,7 +315,13 @@ impl Engine {
         let raw = crate::app::raw_result(&result).map_err(unavailable)?;
         self.inner
             .clone()
-            .start_request(session, id, "initialize", None, reply, Box::new(move |_| Box::pin(async move { Ok(raw) })))
+            .start_request(
+                session,
+                RequestHead { id, progress_token: None, authorization: None },
+                "initialize",
+                reply,
+                Box::new(move |_| Box::pin(async move { Ok(raw) })),
+            )
             .await
     }
 
@@ -395,7 +403,15 @@ impl Engine {
     }
 
     /// Handles a POSTed message other than `initialize` for an existing session.
-    pub async fn post(&self, session: Arc<Session>, message: Inbound, reply: Reply) -> Result<PostOutcome, EngineError> {
+    /// `authorization` is the client's `Authorization` header, handed to the
+    /// application with a request (never stored).
+    pub async fn post(
+        &self,
+        session: Arc<Session>,
+        message: Inbound,
+        reply: Reply,
+        authorization: Option<ClientAuthorization>,
+    ) -> Result<PostOutcome, EngineError> {
         match message {
             Inbound::Request { id, method, .. } if method == "initialize" => Err(EngineError::BadRequest {
                 code: code::INVALID_REQUEST,
@@ -410,7 +426,8 @@ impl Engine {
                 let owned = method.clone();
                 let work: request::Work =
                     Box::new(move |ctx| Box::pin(async move { app.handle_request(ctx, &owned, params).await }));
-                self.inner.clone().start_request(session, id, &method, progress_token, reply, work).await
+                let head = RequestHead { id, progress_token, authorization };
+                self.inner.clone().start_request(session, head, &method, reply, work).await
             }
             Inbound::Notification { method, params } => {
                 notifications::receive(&self.inner, session, method, params).await?;

@@ -21,7 +21,7 @@ use super::pump::{PumpSpec, spawn_pump};
 use super::request_stream::{self, RequestStream};
 use super::session::Session;
 use super::{EngineError, Frame, INTERRUPTED_MESSAGE, Inner, PostOutcome};
-use crate::app::RawResult;
+use crate::app::{ClientAuthorization, RawResult};
 use crate::ids::{self, EventId};
 
 /// A request's work: what the application does with its context.
@@ -97,18 +97,26 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
         .unwrap_or_else(|| "(no message)".into())
 }
 
+/// What the engine keeps of a request's envelope and transport for its work.
+pub(crate) struct RequestHead {
+    pub id: Value,
+    pub progress_token: Option<Value>,
+    /// The client's `Authorization` header, for the application (never stored).
+    pub authorization: Option<ClientAuthorization>,
+}
+
 impl Inner {
     /// Registers a request, opens its stream (unless JSON mode) and runs
     /// `work` in its own task, which outlives the connection.
     pub(crate) async fn start_request(
         self: Arc<Self>,
         session: Arc<Session>,
-        id: Value,
+        head: RequestHead,
         method: &str,
-        progress_token: Option<Value>,
         reply: super::Reply,
         work: Work,
     ) -> Result<PostOutcome, EngineError> {
+        let RequestHead { id, progress_token, authorization } = head;
         if self.shutdown.is_cancelled() {
             return Err(EngineError::ShuttingDown);
         }
@@ -117,7 +125,8 @@ impl Inner {
         let session_id = session.id.clone();
         if reply == super::Reply::Json {
             let (tx, rx) = oneshot::channel();
-            let ctx = RequestCtx::new(self.clone(), session.clone(), None, id.clone(), progress_token, cancel.clone());
+            let ctx =
+                RequestCtx::new(self.clone(), session.clone(), None, id.clone(), progress_token, cancel.clone(), authorization);
             let inner = self.clone();
             self.spawn(async move {
                 let _slot = slot;
@@ -130,7 +139,15 @@ impl Inner {
         let (stream, attachment, quick) = RequestStream::new(ids::new_request_stream(), id.clone(), method);
         let name = stream.name.clone();
         let request_id = id.clone();
-        let ctx = RequestCtx::new(self.clone(), session.clone(), Some(stream.clone()), id, progress_token, cancel.clone());
+        let ctx = RequestCtx::new(
+            self.clone(),
+            session.clone(),
+            Some(stream.clone()),
+            id,
+            progress_token,
+            cancel.clone(),
+            authorization,
+        );
         let prime_delay = self.config.prime_delay;
         let worker_session = session.clone();
         let inner = self.clone();

@@ -25,6 +25,7 @@ pub use error::HttpError;
 
 use tether_wire::{Inbound, headers};
 
+use crate::app::ClientAuthorization;
 use crate::engine::{Engine, PostOutcome, Reply, Session};
 use extract::{AcceptsAnswers, AcceptsStream, Endpoint, Message, Principal};
 
@@ -55,13 +56,25 @@ pub async fn serve(
     auth: Auth,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    serve_with(listener, Router::new(), engine, auth, shutdown).await
+}
+
+/// [`serve`] with `extra` routes merged beside `/mcp` and `/healthz` (the
+/// web console): same origin, outside the Origin check and authentication.
+pub async fn serve_with(
+    listener: TcpListener,
+    extra: Router,
+    engine: Engine,
+    auth: Auth,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     let listener = listener.tap_io(|tcp| {
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::warn!(error = %e, "could not set TCP_NODELAY");
         }
     });
     let on_shutdown = engine.clone();
-    let result = axum::serve(listener, router(engine.clone(), auth))
+    let result = axum::serve(listener, router(engine.clone(), auth).merge(extra))
         .with_graceful_shutdown(async move {
             shutdown.await;
             tracing::info!("shutting down: asking open streams to reconnect");
@@ -72,6 +85,12 @@ pub async fn serve(
     engine.shutdown().await;
     tracing::info!("store flushed; bye");
     result
+}
+
+/// The client's `Authorization` header, handed to the application with the
+/// request (the gateway forwards it only where `forward_auth` opts in).
+fn client_authorization(headers: &HeaderMap) -> Option<ClientAuthorization> {
+    headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).map(ClientAuthorization::new)
 }
 
 async fn post_mcp(
@@ -86,9 +105,12 @@ async fn post_mcp(
     let reply = if engine.config().json_response { Reply::Json } else { Reply::Stream };
     let outcome = match message {
         Inbound::Request { id, method, params } if method == "initialize" => {
-            engine.initialize(&endpoint, &principal, id, params, reply).await?
+            engine.initialize(&endpoint, &principal, id, params, reply, client_authorization(&headers)).await?
         }
-        message => engine.post(existing_session(&state, &endpoint, &headers, &principal).await?, message, reply).await?,
+        message => {
+            let session = existing_session(&state, &endpoint, &headers, &principal).await?;
+            engine.post(session, message, reply, client_authorization(&headers)).await?
+        }
     };
     let retry = engine.config().sse_retry_ms;
     Ok(match outcome {
