@@ -5,12 +5,14 @@
 #
 # Installs what is missing (npm ci into interop/ts/node_modules, a venv in
 # interop/py/.venv; npm/pip caches in interop/.cache), starts the TypeScript SDK
-# fixture (interop/servers/ts_server.mjs) on a free port and
+# fixture (interop/servers/ts_server.mjs) and @modelcontextprotocol/server-everything
+# in its Streamable HTTP mode on free ports, and
 # `tether serve --listen 127.0.0.1:<free port> --store sqlite:<tmp>/t.db` with
-# three gateway upstreams (third-party servers installed here too):
-#   /mcp/everything  @modelcontextprotocol/server-everything (npm), a stdio command
-#   /mcp/pystdio     interop/servers/py_stdio_server.py (Python SDK), a stdio command
-#   /mcp/tsfixture   the TypeScript SDK fixture, a URL upstream
+# four gateway upstreams (third-party servers installed here too):
+#   /mcp/everything       @modelcontextprotocol/server-everything (npm), a stdio command
+#   /mcp/everything-http  the same package in its Streamable HTTP mode, a URL upstream
+#   /mcp/pystdio          interop/servers/py_stdio_server.py (Python SDK), a stdio command
+#   /mcp/tsfixture        the TypeScript SDK fixture, a URL upstream
 # waits for /healthz, runs every check (the gateway durability check kills
 # tether with -9 and restarts it on the same SQLite file), stops the servers,
 # prints one PASS/FAIL line per check and exits non-zero if any failed.
@@ -86,6 +88,7 @@ VPY="$PY/.venv/bin/python"
 TMP="$(mktemp -d "${TMPDIR:-/tmp}/tether-interop.XXXXXX")"
 SERVER_PID=""
 FIXTURE_PID=""
+EVERYTHING_HTTP_PID=""
 stop_pid() {
     local pid="$1"
     if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
@@ -98,6 +101,7 @@ stop_pid() {
 cleanup() {
     stop_pid "$SERVER_PID"
     stop_pid "$FIXTURE_PID"
+    stop_pid "$EVERYTHING_HTTP_PID"
     rm -rf "$TMP"
 }
 trap cleanup EXIT
@@ -125,12 +129,43 @@ for _ in $(seq 150); do
 done
 grep -q '^READY' "$TMP/fixture.log" || { cat "$TMP/fixture.log"; die "the TypeScript SDK fixture did not start"; }
 
+# server-everything in its Streamable HTTP mode (`mcp-server-everything
+# streamableHttp`: express, MCP at /mcp, port from $PORT, default 3001), a
+# second URL upstream. It listens without naming a host (every interface);
+# interop/servers/loopback.mjs makes that 127.0.0.1. Ready once it answers HTTP
+# (a GET /mcp without a session gets 400).
+EVERYTHING_HTTP_PORT="$(free_port)"
+EVERYTHING_HTTP="http://127.0.0.1:$EVERYTHING_HTTP_PORT"
+PORT="$EVERYTHING_HTTP_PORT" node --import "$HERE/servers/loopback.mjs" "$EVERYTHING" streamableHttp \
+    >"$TMP/everything-http.log" 2>&1 &
+EVERYTHING_HTTP_PID=$!
+"$VPY" - "$EVERYTHING_HTTP/mcp" "$EVERYTHING_HTTP_PID" <<'EOF' || { cat "$TMP/everything-http.log"; die "server-everything (streamableHttp) did not start"; }
+import os, sys, time, urllib.error, urllib.request
+url, pid = sys.argv[1], int(sys.argv[2])
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        sys.exit("server-everything exited")
+    try:
+        with urllib.request.urlopen(url, timeout=2):
+            sys.exit(0)
+    except urllib.error.HTTPError:
+        sys.exit(0)  # it answers (400: no session), so it is listening
+    except OSError:
+        pass
+    time.sleep(0.1)
+sys.exit(f"GET {url} got no HTTP answer within 30 s")
+EOF
+
 PORT="$(free_port)"
 BASE="http://127.0.0.1:$PORT"
 URL="$BASE/mcp"
 # tether splits a command like a shell would (and runs no shell): quote paths.
 UPSTREAMS=(
     --upstream "everything=stdio:$(printf '%q' "$EVERYTHING") stdio"
+    --upstream "everything-http=$EVERYTHING_HTTP/mcp"
     --upstream "pystdio=stdio:$(printf '%q %q' "$VPY" "$HERE/servers/py_stdio_server.py")"
     --upstream "tsfixture=$FIXTURE/mcp"
 )
@@ -212,6 +247,21 @@ run_check py-roots 90 "$VPY" "$PY/client.py" "$URL" roots
 
 # Gateway: the official SDK clients through tether to third-party servers.
 run_check gw-everything 120 node "$TS/gw_everything.mjs" "$URL/everything"
+# The same script through the URL upstream; then, from server-everything's own
+# log, that it served the session over HTTP (one initialize, the standalone GET
+# stream its logging and roots/list go on) and that the client's DELETE reached it.
+# shellcheck disable=SC2016
+run_check gw-everything-http 120 bash -c '
+    node "$1" "$2" || exit
+    for _ in $(seq 50); do
+        grep -q "^Received session termination request" "$3" && break
+        sleep 0.1
+    done
+    for want in "^Session initialized with ID" "^Establishing new SSE stream" "^Received session termination request"; do
+        grep -q "$want" "$3" || { echo "FAIL: server-everything (streamableHttp) never logged \"$want\""; cat "$3"; exit 1; }
+    done
+    echo "server-everything (streamableHttp) log: $(grep -c "^Session initialized" "$3") session(s) initialized, GET stream opened, DELETE received"
+' gw-everything-http "$TS/gw_everything.mjs" "$URL/everything-http" "$TMP/everything-http.log"
 run_check gw-pystdio 90 "$VPY" "$PY/gw_client.py" "$URL/pystdio"
 run_check gw-tsfixture 60 node "$TS/gw_tsfixture.mjs" "$URL/tsfixture" "$FIXTURE"
 # Durability through the gateway: a session on /mcp/everything, kill -9 of

@@ -1,6 +1,9 @@
 // Gateway interop check: the official TypeScript SDK client (v1) against
 // @modelcontextprotocol/server-everything, a stdio server that tether serves at
 // /mcp/everything (`--upstream 'everything=stdio:.../mcp-server-everything stdio'`).
+// interop/run.sh runs it unchanged a second time against the same package in its
+// Streamable HTTP mode, a URL upstream at /mcp/everything-http
+// (`--upstream everything-http=http://127.0.0.1:PORT/mcp`).
 //
 // Every feature goes through tether both ways: initialize (the upstream's
 // serverInfo and instructions come back), tools/list and tools/call echo,
@@ -14,7 +17,7 @@
 //
 // Tool names are those of server-everything 2026.8.31 (see its dist/tools/).
 //
-// usage: node gw_everything.mjs http://127.0.0.1:PORT/mcp/everything
+// usage: node gw_everything.mjs http://127.0.0.1:PORT/mcp/everything   (or .../mcp/everything-http)
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import {
