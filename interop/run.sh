@@ -263,6 +263,7 @@ run_check gw-everything-http 120 bash -c '
     echo "server-everything (streamableHttp) log: $(grep -c "^Session initialized" "$3") session(s) initialized, GET stream opened, DELETE received"
 ' gw-everything-http "$TS/gw_everything.mjs" "$URL/everything-http" "$TMP/everything-http.log"
 run_check gw-pystdio 90 "$VPY" "$PY/gw_client.py" "$URL/pystdio"
+run_check gw-cancel-ts 60 node "$TS/gw_cancel.mjs" "$URL/pystdio"
 run_check gw-tsfixture 60 node "$TS/gw_tsfixture.mjs" "$URL/tsfixture" "$FIXTURE"
 # Durability through the gateway: a session on /mcp/everything, kill -9 of
 # tether, a restart on the same SQLite file with the same flags; the same

@@ -7,16 +7,26 @@ usage: gw_client.py http://127.0.0.1:PORT/mcp/pystdio
 
 With the SDK's default mode ("auto": it probes server/discover, then falls back to
 initialize): the upstream's serverInfo comes back, tools/list has ``greet``,
-tools/call greet answers the upstream's text, resources/list and resources/read
-give the fixture's resource, prompts/list and prompts/get give its prompt; leaving
-the client DELETEs the session. Prints what it saw and OK, or FAIL and why.
+``slow`` and ``cancellations``, tools/call greet answers the upstream's text,
+resources/list and resources/read give the fixture's resource, prompts/list and
+prompts/get give its prompt; then a long call (``slow``) is cancelled by the client
+after its third progress notification (leaving an anyio cancel scope makes the SDK
+send notifications/cancelled), and the upstream must have received it: in the same
+session (so the same child), ``cancellations`` reports that ``slow`` was interrupted
+for that call (its label) and that a notifications/cancelled named the request ID
+the upstream ran it under (tether maps IDs, so the upstream's own ID is compared
+with the upstream's own record, never with the client's). A ``slow`` call after
+that still finishes. Leaving the client DELETEs the session. Prints what it saw and
+OK, or FAIL and why.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 import traceback
+import uuid
 
 import anyio
 import httpx2
@@ -62,11 +72,12 @@ async def run(url: str) -> None:
 
                 tools = await client.list_tools()
                 names = [t.name for t in tools.tools]
-                check(names == ["greet"], f"tools/list: want ['greet'], got {names}")
+                check(names == ["greet", "slow", "cancellations"],
+                      f"tools/list: want ['greet', 'slow', 'cancellations'], got {names}")
                 greet = tools.tools[0]
                 check("name" in (greet.input_schema or {}).get("properties", {}),
                       f"greet's input schema has no 'name': {greet.input_schema!r}")
-                print("tools/list: ['greet']")
+                print(f"tools/list: {names}")
 
                 result = await client.call_tool("greet", {"name": "Ada"})
                 check(not result.is_error, f"tools/call greet returned is_error: {result!r}")
@@ -98,9 +109,62 @@ async def run(url: str) -> None:
                       == "Please review this code:\nprint(1)",
                       f"prompts/get review: unexpected message {msg!r}")
                 print(f"prompts/get review: {msg.content.text!r}")
+
+                await check_cancel(client)
     print("POSTs: " + ", ".join(f"{m} -> {st}" for m, st in posts))
     rejected = [p for p in posts if p[1] is None or (p[1] >= 400 and p[0] != "server/discover")]
     check(not rejected, f"POSTs refused: {rejected}")
+
+
+async def check_cancel(client: Client) -> None:
+    """Cancel a long call through the gateway; the upstream must see notifications/cancelled."""
+    label = f"cancel-{uuid.uuid4().hex[:8]}"
+    progress: list[float] = []
+    finished = None
+    started = time.monotonic()
+    with anyio.CancelScope() as scope:
+
+        async def on_progress(p: float, total: float | None, message: str | None) -> None:
+            progress.append(p)
+            if len(progress) == 3:
+                scope.cancel()
+
+        # 100 steps of 0.1 s: 10 s if nothing cancels it.
+        finished = await client.call_tool("slow", {"label": label, "steps": 100}, progress_callback=on_progress)
+    took = time.monotonic() - started
+    check(scope.cancelled_caught and finished is None, f"the cancelled slow call finished: {finished!r}")
+    check(len(progress) >= 3, f"the slow call was cancelled before its third progress: {progress}")
+    check(took < 5, f"cancelling the slow call took {took:.1f} s")
+    print(f"cancel: slow {label} cancelled by the client after progress {progress} ({took:.1f} s)")
+
+    # The notification is one-way: poll the upstream's own record of it.
+    report: dict = {}
+    mine: list[dict] = []
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        result = await client.call_tool("cancellations", {})
+        check(not result.is_error, f"tools/call cancellations returned is_error: {result!r}")
+        texts = [c.text for c in result.content if getattr(c, "type", None) == "text"]
+        check(len(texts) == 1, f"cancellations: want one text, got {result.content!r}")
+        report = json.loads(texts[0])
+        mine = [r for r in report["cancelled"] if r["label"] == label]
+        if mine and mine[0]["request_id"] in report["notifications"]:
+            break
+        await anyio.sleep(0.1)
+    check(len(mine) == 1, f"the upstream's slow handler was not cancelled for {label} (upstream report: {report})")
+    rec = mine[0]
+    check(rec["request_id"] in report["notifications"],
+          f"the upstream received no notifications/cancelled for its request {rec['request_id']!r} "
+          f"(upstream report: {report})")
+    check(3 <= rec["steps_done"] < 100, f"odd steps_done in the upstream's record: {rec}")
+    print(f"cancel: the upstream got notifications/cancelled for its request {rec['request_id']} "
+          f"(slow {label} interrupted after {rec['steps_done']} of 100 steps)")
+
+    # The session (and its child) still serves calls, long ones included.
+    again = await client.call_tool("slow", {"label": "after-cancel", "steps": 3})
+    texts = [c.text for c in again.content if getattr(c, "type", None) == "text"]
+    check(texts == ["slow after-cancel finished"], f"slow after the cancel: {again!r}")
+    print(f"tools/call slow after the cancel: {texts[0]!r}")
 
 
 def main() -> int:
