@@ -78,6 +78,10 @@ pub struct ServeArgs {
     /// typed flags and TETHER_* variables override it.
     #[arg(long, env = "TETHER_CONFIG")]
     config: Option<PathBuf>,
+    /// Do not serve the web console at /console (it is on by default; it
+    /// needs no token to load and sends the one typed in it on its MCP requests).
+    #[arg(long, env = "TETHER_NO_CONSOLE")]
+    no_console: bool,
     /// An MCP server to serve at /mcp/NAME: `NAME=URL` or 'NAME=stdio:COMMAND ARGS…' (repeat for more).
     #[arg(long = "upstream", value_name = "NAME=TARGET")]
     upstreams: Vec<String>,
@@ -217,7 +221,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         tracing::warn!(%local, "listening beyond loopback: put authentication in front of this server");
     }
     tracing::info!(%local, store = %url, "tether listening on http://{local}/mcp");
-    tether_server::http::serve(listener, engine, auth, shutdown_signal()).await?;
+    let extra = if args.no_console {
+        tracing::info!("web console off (--no-console)");
+        axum::Router::new()
+    } else {
+        tracing::info!("web console at http://{local}{}", tether_console::PATH);
+        tether_console::router()
+    };
+    tether_server::http::serve_with(listener, extra, engine, auth, shutdown_signal()).await?;
     Ok(())
 }
 

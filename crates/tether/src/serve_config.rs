@@ -148,4 +148,17 @@ mod tests {
         let err = expand(argv(&["tether", "serve", "--config", p])).unwrap_err().to_string();
         assert!(err.contains(":3: unknown key `sesion_ttl`"), "{err}");
     }
+
+    #[test]
+    fn the_console_can_be_turned_off_in_the_config_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tether.toml");
+        let p = path.to_str().unwrap();
+        std::fs::write(&path, "no_console = true\n").unwrap();
+        let out = expand(argv(&["tether", "serve", "--config", p])).unwrap();
+        assert_eq!(out, argv(&["tether", "serve", "--no-console", "--config", p]));
+        std::fs::write(&path, "no-console = false\n").unwrap();
+        let out = expand(argv(&["tether", "serve", "--config", p])).unwrap();
+        assert_eq!(out, argv(&["tether", "serve", "--config", p]), "false leaves the console on");
+    }
 }

@@ -1,0 +1,295 @@
+// The console's acceptance checks in headless Chromium (run by run.sh):
+//   1. connect-and-call: connect to /mcp, list tools, call `thought`, see the result;
+//   2. reload-mid-call: a long call on /mcp/slow, the page reloaded in the middle:
+//      same session, no initialize, progress resumed with no gap and no repeat,
+//      the result shown once, the tool ran once upstream;
+//   3. kill-9-and-restart: tether killed with SIGKILL while the page waits, restarted
+//      on the same store: the page, still open, re-attaches and the call ends once
+//      (tether's stored answer for a call a crash cut off), in the same session;
+//   4. elicitation: the server asks through the gateway, the page's form answers,
+//      the tool's result uses the answer.
+// usage: node console.mjs TETHER_BIN PYTHON CHROMIUM
+
+import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { chromium } from 'playwright-core';
+
+const [BIN, PYTHON, CHROMIUM] = process.argv.slice(2);
+const HERE = path.dirname(fileURLToPath(import.meta.url));
+const ROOT = path.resolve(HERE, '..', '..');
+const SHOTS = path.join(ROOT, 'target', 'console-shots');
+const TMP = fs.mkdtempSync(path.join(os.tmpdir(), 'tether-console-'));
+const RUNLOG = path.join(TMP, 'runs.log');
+const LOG = path.join(TMP, 'server.log');
+const VERBOSE = process.env.CONSOLE_VERBOSE === '1';
+fs.mkdirSync(SHOTS, { recursive: true });
+for (const f of fs.readdirSync(SHOTS)) if (f.endsWith('.png')) fs.rmSync(path.join(SHOTS, f));
+fs.writeFileSync(RUNLOG, '');
+
+const shq = (s) => `'${s.replaceAll("'", `'\\''`)}'`;
+let port;
+let base;
+let server = null;
+
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const s = net.createServer();
+    s.once('error', reject);
+    s.listen(0, '127.0.0.1', () => {
+      const p = s.address().port;
+      s.close(() => resolve(p));
+    });
+  });
+}
+
+async function startTether() {
+  const args = [
+    'serve', '--listen', `127.0.0.1:${port}`, '--store', `sqlite:${path.join(TMP, 't.db')}`,
+    '--upstream', `slow=stdio:${shq(PYTHON)} ${shq(path.join(HERE, 'slow_server.py'))} ${shq(RUNLOG)}`,
+  ];
+  fs.appendFileSync(LOG, `==== tether ${args.join(' ')} (${new Date().toISOString()}) ====\n`);
+  console.log(`console tests: starting ${BIN} ${args.join(' ')}`);
+  const out = fs.openSync(LOG, 'a');
+  server = spawn(BIN, args, { stdio: ['ignore', out, out] });
+  fs.closeSync(out);
+  const deadline = Date.now() + 30_000;
+  while (Date.now() < deadline) {
+    if (server.exitCode !== null) throw new Error(`tether exited with ${server.exitCode}`);
+    try {
+      const r = await fetch(`${base}/healthz`);
+      if (r.ok) return;
+    } catch {
+      // not yet
+    }
+    await sleep(100);
+  }
+  throw new Error('tether did not answer /healthz within 30 s');
+}
+
+async function stopTether(signal = 'SIGTERM') {
+  if (!server || server.exitCode !== null) return;
+  const exited = new Promise((resolve) => server.once('exit', resolve));
+  server.kill(signal);
+  await Promise.race([exited, sleep(10_000)]);
+  if (server.exitCode === null && server.signalCode === null) {
+    server.kill('SIGKILL');
+    await exited;
+  }
+}
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+function assert(ok, message) {
+  if (!ok) throw new Error(message);
+}
+
+function runs(prefix) {
+  return fs.readFileSync(RUNLOG, 'utf8').split('\n').filter((l) => l.startsWith(prefix)).length;
+}
+
+async function shot(page, name) {
+  await page.screenshot({ path: path.join(SHOTS, `${name}.png`) });
+}
+
+async function sessionId(page) {
+  return (await page.getByTestId('session-id').textContent()).trim();
+}
+
+async function connect(page, endpoint) {
+  await page.getByTestId('endpoint').fill(endpoint);
+  await page.getByTestId('connect').click();
+  await page.waitForFunction(() => /^[0-9a-f]{16,}$/.test(document.querySelector('[data-testid=session-id]').textContent.trim()));
+}
+
+/** Fills a tool's form, calls it, returns the new call card's locator. */
+async function call(page, tool, args) {
+  await page.getByTestId(`tool-${tool}`).click();
+  for (const [name, value] of Object.entries(args)) {
+    const field = page.getByTestId(`arg-${name}`);
+    if (typeof value === 'boolean') await field.setChecked(value);
+    else await field.fill(String(value));
+  }
+  const before = await page.locator('li.call').count();
+  await page.getByTestId('call').click();
+  await page.waitForFunction((n) => document.querySelectorAll('li.call').length > n, before);
+  const key = await page.locator('li.call').first().getAttribute('data-call');
+  return { key, card: page.locator(`li.call[data-call="${key}"]`) };
+}
+
+async function seen(card) {
+  const text = (await card.getAttribute('data-progress-seen')) || '';
+  return text ? text.split(',').map(Number) : [];
+}
+
+async function waitFor(what, fn, ms = 30_000) {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    const value = await fn();
+    if (value) return value;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await sleep(100);
+  }
+}
+
+const counting = (n) => Array.from({ length: n }, (_, i) => i + 1).join(',');
+
+// ------------------------------------------------------------------ checks
+
+async function connectAndCall(page) {
+  await page.goto(`${base}/console`);
+  await connect(page, '/mcp');
+  await page.getByTestId('tool-thought').waitFor();
+  await page.getByTestId('tool-session').waitFor();
+  const { card } = await call(page, 'thought', { thought: 'Read the failing test first', thoughtNumber: 1, totalThoughts: 3, nextThoughtNeeded: true });
+  const result = card.getByTestId('result');
+  await result.waitFor();
+  const text = await result.textContent();
+  assert(text.includes('thoughtHistoryLength'), `the thought's result is shown: ${text}`);
+  await page.locator('#thoughts li', { hasText: 'Read the failing test first' }).waitFor();
+  await shot(page, '1-connect-and-call');
+  return `session ${await sessionId(page)}; thought recorded and shown in the notebook panel`;
+}
+
+async function reloadMidCall(page) {
+  await page.goto(`${base}/console?endpoint=/mcp/slow`);
+  await connect(page, '/mcp/slow');
+  await page.getByTestId('tool-slow').waitFor();
+  const session = await sessionId(page);
+  const steps = 16;
+  const { key, card } = await call(page, 'slow', { steps, ms: 400, label: 'reload' });
+  await waitFor('4 progress notifications', async () => (await seen(card)).length >= 4);
+  const before = await seen(card);
+  await shot(page, '2a-before-reload');
+  const initializes = [];
+  page.on('request', (r) => {
+    if (r.method() === 'POST' && (r.postData() || '').includes('"method":"initialize"')) initializes.push(r.url());
+  });
+  await page.reload();
+  const after = page.locator(`li.call[data-call="${key}"]`);
+  await waitFor('the same session after the reload', async () => (await sessionId(page)) === session);
+  await waitFor('more progress after the reload', async () => (await seen(after)).length > before.length);
+  await shot(page, '2b-progress-after-reload');
+  await after.getByTestId('result').waitFor({ timeout: 30_000 });
+  const all = await seen(after);
+  assert(all.join(',') === counting(steps), `progress 1..${steps} once each, in order (before the reload: ${before}); got ${all}`);
+  assert((await after.getAttribute('data-log-count')) === String(steps), `every log message once: ${await after.getAttribute('data-log-count')}`);
+  assert((await page.getByTestId('result').count()) === 1, `one result on the page, got ${await page.getByTestId('result').count()}`);
+  const text = await after.getByTestId('result').textContent();
+  assert(text.includes(`slow reload done after ${steps} steps`), `the result: ${text}`);
+  assert(initializes.length === 0, `no initialize after the reload: ${initializes}`);
+  assert(runs('start slow reload') === 1 && runs('end slow reload') === 1, `the tool ran once upstream: ${fs.readFileSync(RUNLOG, 'utf8')}`);
+  await shot(page, '2c-result-once');
+  return `session ${session} kept; progress ${before.length} before the reload, ${all.length - before.length} after, no gap; tool ran once`;
+}
+
+async function killAndRestart(page) {
+  const session = await sessionId(page);
+  const { card } = await call(page, 'slow', { steps: 40, ms: 300, label: 'crash' });
+  await waitFor('3 progress notifications', async () => (await seen(card)).length >= 3);
+  await stopTether('SIGKILL');
+  console.log('console tests: killed tether with SIGKILL');
+  await waitFor('the page to say the server is unreachable', async () => (await page.locator('#status').getAttribute('data-kind')) === 'reconnecting', 10_000);
+  await shot(page, '3a-server-down');
+  const shown = await seen(card);
+  await sleep(1500);
+  await startTether();
+  await card.getByTestId('error').or(card.getByTestId('result')).waitFor({ timeout: 30_000 });
+  assert((await card.getByTestId('error').count()) + (await card.getByTestId('result').count()) === 1, 'the call ends once');
+  const ending = await card.locator('.outcome').textContent();
+  assert(/-32603/.test(ending) && /restart/i.test(ending), `the call ends with tether's answer for a call a crash cut off: ${ending}`);
+  const progress = await seen(card);
+  assert(progress.join(',') === counting(progress.length) && progress.length >= shown.length, `progress kept, no gap: ${progress}`);
+  assert((await sessionId(page)) === session, 'the same session after the restart');
+  assert(runs('start slow crash') === 1, 'the crashed call ran once and was not re-run');
+  await page.waitForFunction(() => document.querySelector('#status').dataset.kind === 'ok');
+  const next = await call(page, 'echo', { text: 'after the restart' });
+  await next.card.getByTestId('result').waitFor();
+  assert((await next.card.getByTestId('result').textContent()).includes('after the restart'), 'a new call in the same session works');
+  await shot(page, '3b-after-restart');
+  return `the page re-attached after the restart and showed the end once: ${ending.trim().slice(0, 100)}`;
+}
+
+async function elicitation(page) {
+  const { card } = await call(page, 'greet', {});
+  const form = card.getByTestId('elicitation');
+  await form.waitFor();
+  await form.getByTestId('elicit-name').fill('Ada');
+  await form.getByTestId('elicit-mood').selectOption('curious');
+  await shot(page, '4a-elicitation');
+  await form.getByTestId('elicitation-submit').click();
+  await card.getByTestId('result').waitFor();
+  const text = await card.getByTestId('result').textContent();
+  assert(text.includes('Hello, Ada! (curious)'), `the result uses the answer: ${text}`);
+  assert((await card.getByTestId('elicitation').count()) === 0, 'the form is gone once answered');
+  await shot(page, '4b-elicitation-answered');
+  await page.setViewportSize({ width: 420, height: 800 });
+  await shot(page, '5-narrow');
+  await page.setViewportSize({ width: 1280, height: 800 });
+  return text.trim();
+}
+
+// ------------------------------------------------------------------ main
+
+async function main() {
+  port = await freePort();
+  base = `http://127.0.0.1:${port}`;
+  await startTether();
+  const context = await chromium.launchPersistentContext(path.join(TMP, 'profile'), {
+    executablePath: CHROMIUM,
+    headless: true,
+    viewport: { width: 1280, height: 800 },
+    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+  });
+  const page = context.pages()[0] || (await context.newPage());
+  page.setDefaultTimeout(20_000);
+  const problems = [];
+  page.on('console', (m) => {
+    if (m.type() === 'error' && /Content Security Policy|Refused to/i.test(m.text())) problems.push(m.text());
+  });
+  page.on('pageerror', (e) => problems.push(`uncaught: ${e.message}`));
+
+  const checks = [
+    ['connect-and-call', connectAndCall],
+    ['reload-mid-call', reloadMidCall],
+    ['kill-9-and-restart', killAndRestart],
+    ['elicitation', elicitation],
+  ];
+  let failed = 0;
+  const summary = [];
+  for (const [name, check] of checks) {
+    try {
+      const what = await check(page);
+      if (problems.length) throw new Error(`the page reported: ${problems.splice(0).join(' | ')}`);
+      summary.push(`PASS ${name}: ${what}`);
+      console.log(`PASS ${name}`);
+    } catch (e) {
+      failed += 1;
+      summary.push(`FAIL ${name}: ${e.message}`);
+      console.log(`FAIL ${name}: ${e.stack || e.message}`);
+      await shot(page, `fail-${name}`).catch(() => {});
+      if (server?.exitCode !== null) await startTether().catch(() => {});
+    }
+  }
+  await context.close();
+  await stopTether();
+  if (failed || VERBOSE) {
+    console.log('---- tether log (last 60 lines) ----');
+    console.log(fs.readFileSync(LOG, 'utf8').split('\n').slice(-60).join('\n'));
+  }
+  console.log('\nconsole summary:');
+  for (const line of summary) console.log(`  ${line}`);
+  console.log(`console: ${checks.length - failed} passed, ${failed} failed; screenshots in ${path.relative(process.cwd(), SHOTS) || SHOTS}`);
+  fs.rmSync(TMP, { recursive: true, force: true });
+  process.exit(failed ? 1 : 0);
+}
+
+main().catch(async (e) => {
+  console.error(`console tests: ${e.stack || e.message}`);
+  await stopTether().catch(() => {});
+  if (fs.existsSync(LOG)) console.error(fs.readFileSync(LOG, 'utf8').split('\n').slice(-40).join('\n'));
+  process.exit(1);
+});
