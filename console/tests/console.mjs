@@ -7,7 +7,12 @@
 //      on the same store: the page, still open, re-attaches and the call ends once
 //      (tether's stored answer for a call a crash cut off), in the same session;
 //   4. elicitation: the server asks through the gateway, the page's form answers,
-//      the tool's result uses the answer.
+//      the tool's result uses the answer;
+// and two more of the issue's promises:
+//   5. two-tabs: two tabs on one session, one reloaded mid-call: each gets all of
+//      its own call and nothing of the other's;
+//   6. unknown-session: a stored session the server does not know (404) gives a
+//      visible notice and a fresh session.
 // usage: node console.mjs TETHER_BIN PYTHON CHROMIUM
 
 import { spawn } from 'node:child_process';
@@ -232,6 +237,56 @@ async function elicitation(page) {
   return text.trim();
 }
 
+async function twoTabs(page) {
+  const session = await sessionId(page);
+  const other = await page.context().newPage();
+  try {
+    await other.goto(`${base}/console?endpoint=/mcp/slow`);
+    await waitFor('the second tab to take the stored session', async () => (await sessionId(other)) === session);
+    await other.getByTestId('tool-slow').waitFor();
+    const steps = 12;
+    const b = await call(other, 'slow', { steps, ms: 300, label: 'tabB' });
+    const a = await call(page, 'slow', { steps, ms: 300, label: 'tabA' });
+    await waitFor('progress in both tabs', async () => (await seen(a.card)).length >= 3 && (await seen(b.card)).length >= 3);
+    await page.reload();
+    const aAfter = page.locator(`li.call[data-call="${a.key}"]`);
+    await aAfter.getByTestId('result').waitFor({ timeout: 30_000 });
+    await b.card.getByTestId('result').waitFor({ timeout: 30_000 });
+    assert((await seen(aAfter)).join(',') === counting(steps), `tab A (reloaded) saw all its progress: ${await seen(aAfter)}`);
+    assert((await seen(b.card)).join(',') === counting(steps), `tab B saw all its progress: ${await seen(b.card)}`);
+    assert((await other.locator(`li.call[data-call="${a.key}"]`).count()) === 0, "tab B does not show tab A's call");
+    assert((await page.locator(`li.call[data-call="${b.key}"]`).count()) === 0, "tab A does not show tab B's call");
+    assert((await aAfter.getByTestId('result').textContent()).includes('slow tabA done'), 'tab A got its own result');
+    assert((await b.card.getByTestId('result').textContent()).includes('slow tabB done'), 'tab B got its own result');
+    assert(runs('start slow tabA') === 1 && runs('start slow tabB') === 1, 'each ran once upstream');
+    await other.screenshot({ path: path.join(SHOTS, '6-second-tab.png') });
+  } finally {
+    await other.close();
+  }
+  return `one session ${session}, two tabs, tab A reloaded mid-call: each tab got all its own progress and result`;
+}
+
+async function unknownSession(page) {
+  const old = await sessionId(page);
+  await page.evaluate(() => {
+    const key = 'tether-console:session:/mcp/slow';
+    const stored = JSON.parse(localStorage.getItem(key));
+    localStorage.setItem(key, JSON.stringify({ ...stored, id: 'f'.repeat(48) }));
+  });
+  await page.reload();
+  const notice = page.getByTestId('notice');
+  await notice.waitFor();
+  const text = await notice.textContent();
+  assert(/no longer knows session/.test(text) && /new session/.test(text), `the notice says what happened: ${text}`);
+  await waitFor('a fresh session', async () => /^[0-9a-f]{48}$/.test(await sessionId(page)) && (await sessionId(page)) !== 'f'.repeat(48));
+  assert((await sessionId(page)) !== old, 'a new session, not the old one');
+  await page.getByTestId('tool-echo').waitFor();
+  const next = await call(page, 'echo', { text: 'fresh' });
+  await next.card.getByTestId('result').waitFor();
+  await shot(page, '7-unknown-session');
+  return `404 on the stored session: notice shown, new session ${await sessionId(page)}`;
+}
+
 // ------------------------------------------------------------------ main
 
 async function main() {
@@ -257,6 +312,8 @@ async function main() {
     ['reload-mid-call', reloadMidCall],
     ['kill-9-and-restart', killAndRestart],
     ['elicitation', elicitation],
+    ['two-tabs', twoTabs],
+    ['unknown-session', unknownSession],
   ];
   let failed = 0;
   const summary = [];
