@@ -240,8 +240,15 @@ export class Client {
       const outcome = await this.answerOf(response, id, handle, true);
       response = null;
       if (answer) return answer;
-      if (outcome && outcome.retry && last !== before) delay = Math.min(outcome.retry, MAX_RETRY_MS);
-      else if (last !== before) delay = FIRST_RETRY_MS;
+      if (last !== before) {
+        // It delivered something before it ended: re-attach at once.
+        delay = FIRST_RETRY_MS;
+      } else {
+        // Nothing new on it: do not spin; wait as the server asked, or back off.
+        const wait = outcome && outcome.retry ? Math.min(outcome.retry, MAX_RETRY_MS) : delay;
+        await sleep(wait, this.closed.signal);
+        delay = Math.min(delay * 2, MAX_RETRY_MS);
+      }
     }
   }
 
