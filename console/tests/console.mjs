@@ -12,7 +12,9 @@
 //   5. two-tabs: two tabs on one session, one reloaded mid-call: each gets all of
 //      its own call and nothing of the other's;
 //   6. unknown-session: a stored session the server does not know (404) gives a
-//      visible notice and a fresh session.
+//      visible notice and a fresh session;
+//   7. token: with --auth-tokens, a 401 brings up the token field, and the token
+//      typed is kept in sessionStorage only (not localStorage, not the URL).
 // usage: node console.mjs TETHER_BIN PYTHON CHROMIUM
 
 import { spawn } from 'node:child_process';
@@ -287,6 +289,39 @@ async function unknownSession(page) {
   return `404 on the stored session: notice shown, new session ${await sessionId(page)}`;
 }
 
+async function token(page) {
+  const secret = 'console-test-token-5f0c2a9e71d4';
+  const file = path.join(TMP, 'tokens');
+  fs.writeFileSync(file, `${secret} alice\n`, { mode: 0o600 });
+  const authPort = await freePort();
+  const authBase = `http://127.0.0.1:${authPort}`;
+  const out = fs.openSync(LOG, 'a');
+  const guarded = spawn(BIN, ['serve', '--listen', `127.0.0.1:${authPort}`, '--store', 'memory', '--auth-tokens', file], { stdio: ['ignore', out, out] });
+  fs.closeSync(out);
+  try {
+    await waitFor('the server with --auth-tokens', async () => (await fetch(`${authBase}/healthz`).catch(() => null))?.ok, 30_000);
+    await page.goto(`${authBase}/console`);
+    assert(!(await page.getByTestId('token').isVisible()), 'no token field before the server asks for one');
+    await page.getByTestId('connect').click();
+    await page.getByTestId('token').waitFor();
+    assert(/token/i.test(await page.getByTestId('notice').textContent()), 'the notice says a token is needed');
+    await page.getByTestId('token').fill(secret);
+    await page.getByTestId('connect').click();
+    await page.waitForFunction(() => /^[0-9a-f]{48}$/.test(document.querySelector('[data-testid=session-id]').textContent.trim()));
+    await page.getByTestId('tool-thought').waitFor();
+    const where = await page.evaluate((t) => ({
+      local: Object.keys(localStorage).some((k) => (localStorage.getItem(k) || '').includes(t)),
+      session: Object.keys(sessionStorage).some((k) => (sessionStorage.getItem(k) || '').includes(t)),
+      url: location.href.includes(t),
+    }), secret);
+    assert(where.session && !where.local && !where.url, `the token is in sessionStorage only: ${JSON.stringify(where)}`);
+    await shot(page, '8-token');
+  } finally {
+    guarded.kill('SIGKILL');
+  }
+  return 'a 401 shows the token field; with the token typed the page connects; the token is only in sessionStorage';
+}
+
 // ------------------------------------------------------------------ main
 
 async function main() {
@@ -314,6 +349,7 @@ async function main() {
     ['elicitation', elicitation],
     ['two-tabs', twoTabs],
     ['unknown-session', unknownSession],
+    ['token', token],
   ];
   let failed = 0;
   const summary = [];
