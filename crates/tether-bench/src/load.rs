@@ -41,6 +41,9 @@ pub struct Outcome {
     pub measured: Duration,
     /// CPU time this load generator used inside the measure window (Linux).
     pub client_cpu: Option<Duration>,
+    /// CPU time the server process itself (not its upstream or children)
+    /// used inside the measure window (Linux).
+    pub server_cpu: Option<Duration>,
 }
 
 impl Outcome {
@@ -53,6 +56,12 @@ impl Outcome {
     /// server's work slows the machine both run on.
     pub fn client_us_per_call(&self) -> Option<f64> {
         let cpu = self.client_cpu?;
+        (self.ok_in_window > 0).then(|| cpu.as_secs_f64() * 1e6 / self.ok_in_window as f64)
+    }
+    /// The server's own CPU per counted call: what a change to the server
+    /// moves, read beside the throughput it buys.
+    pub fn server_us_per_call(&self) -> Option<f64> {
+        let cpu = self.server_cpu?;
         (self.ok_in_window > 0).then(|| cpu.as_secs_f64() * 1e6 / self.ok_in_window as f64)
     }
     pub fn quantile_ms(&self, q: f64) -> f64 {
@@ -132,15 +141,18 @@ impl Load {
     }
 
     /// Every client calls back to back for `lead_in` (not recorded), then
-    /// for `duration` (recorded).
-    pub async fn run(&mut self, lead_in: Duration, duration: Duration) -> anyhow::Result<Outcome> {
+    /// for `duration` (recorded); `server` is the server's process ID, whose
+    /// CPU time in the window is taken too.
+    pub async fn run(&mut self, lead_in: Duration, duration: Duration, server: Option<u32>) -> anyhow::Result<Outcome> {
         let measure_from = Instant::now() + lead_in;
         let window = Window { measure_from, end: measure_from + duration };
         let cpu_in_window = tokio::spawn(async move {
             tokio::time::sleep_until(measure_from.into()).await;
-            let from = own_cpu_time();
+            let from = (cpu_time("self"), server.and_then(|pid| cpu_time(&pid.to_string())));
             tokio::time::sleep_until(window.end.into()).await;
-            Some(own_cpu_time()?.saturating_sub(from?))
+            let to = (cpu_time("self"), server.and_then(|pid| cpu_time(&pid.to_string())));
+            let spent = |from: Option<Duration>, to: Option<Duration>| Some(to?.saturating_sub(from?));
+            (spent(from.0, to.0), spent(from.1, to.1))
         });
         let tasks: Vec<_> = std::mem::take(&mut self.clients)
             .into_iter()
@@ -154,6 +166,7 @@ impl Load {
             latency_us: histogram(),
             measured: duration,
             client_cpu: None,
+            server_cpu: None,
         };
         for task in tasks {
             let (client, r) = task.await?;
@@ -167,15 +180,16 @@ impl Load {
             }
             out.latency_us.add(&r.latency_us)?;
         }
-        out.client_cpu = cpu_in_window.await.ok().flatten();
+        (out.client_cpu, out.server_cpu) = cpu_in_window.await.unwrap_or_default();
         Ok(out)
     }
 }
 
-/// This process's user + system CPU time so far, from `/proc/self/stat`
-/// (`None` elsewhere). Clock ticks are taken as 1/100 s, Linux's `USER_HZ`.
-fn own_cpu_time() -> Option<Duration> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+/// A process's user + system CPU time so far, from `/proc/PROC/stat`
+/// (`self` or a PID; `None` elsewhere). Clock ticks are taken as 1/100 s,
+/// Linux's `USER_HZ`.
+fn cpu_time(proc: &str) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{proc}/stat")).ok()?;
     // The fields after the command name, which sits in parentheses and may hold spaces.
     let fields: Vec<&str> = stat.get(stat.rfind(')')? + 2..)?.split(' ').collect();
     // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.

@@ -418,7 +418,7 @@ async fn interleaved(args: &Args, programs: &Programs, scenario: Scenario, subje
             };
             eprintln!("== {}: {name}, {clients} clients, {} warm-up", subject.name(), humantime::format_duration(args.warmup));
             let warmed = match load::Load::open(subject.system.protocol(), &server.mcp_url, clients).await {
-                Ok(mut load) => load.run(args.warmup, Duration::ZERO).await.map(|warm_up| (load, warm_up)),
+                Ok(mut load) => load.run(args.warmup, Duration::ZERO, None).await.map(|warm_up| (load, warm_up)),
                 Err(e) => Err(e),
             };
             match warmed {
@@ -430,7 +430,12 @@ async fn interleaved(args: &Args, programs: &Programs, scenario: Scenario, subje
         for round in 1..=args.rounds {
             eprintln!("== {name}, {clients} clients, round {round} of {}", args.rounds);
             for (subject, load, rounds) in &mut loads {
-                let outcome = load.run(SLICE_LEAD_IN, args.duration).await;
+                let pid = servers
+                    .iter()
+                    .find(|(s, _)| s == subject)
+                    .and_then(|(_, started)| started.as_ref().ok())
+                    .map(|r| r.server.pid());
+                let outcome = load.run(SLICE_LEAD_IN, args.duration, pid).await;
                 rounds.push(measured(*subject, scenario, clients, args.quick, outcome));
             }
         }
@@ -473,15 +478,17 @@ fn measured(subject: Subject, scenario: Scenario, clients: usize, quick: bool, o
             row.p50_ms = Some(round(outcome.quantile_ms(0.50), 3));
             row.p99_ms = Some(round(outcome.quantile_ms(0.99), 3));
             row.client_us_per_call = outcome.client_us_per_call().map(|us| round(us, 1));
+            row.server_us_per_call = outcome.server_us_per_call().map(|us| round(us, 1));
             row.errors = outcome.errors;
             row.error = outcome.first_errors.first().cloned();
             eprintln!(
-                "   {:<22} {:>8.0} rps, p50 {:.3} ms, p99 {:.3} ms, {} errors, load generator {:.1} µs CPU per call",
+                "   {:<22} {:>8.0} rps, p50 {:.3} ms, p99 {:.3} ms, {} errors, CPU per call: server {:.1} µs, load generator {:.1} µs",
                 subject.name(),
                 outcome.rps(),
                 outcome.quantile_ms(0.5),
                 outcome.quantile_ms(0.99),
                 outcome.errors,
+                outcome.server_us_per_call().unwrap_or(f64::NAN),
                 outcome.client_us_per_call().unwrap_or(f64::NAN)
             );
         }

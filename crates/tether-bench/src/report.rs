@@ -107,6 +107,9 @@ pub struct Row {
     /// host's speed and with how much the server slows the shared machine.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub client_us_per_call: Option<f64>,
+    /// The server process's own CPU per call (not its upstream's or children's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_us_per_call: Option<f64>,
     /// How the system was set up for this row when it differs from its usual
     /// setup; for replay_10k also how many of the fill's notifications were
     /// sent again after a 429.
@@ -143,6 +146,7 @@ impl Row {
             spread: None,
             rounds_rps: Vec::new(),
             client_us_per_call: None,
+            server_us_per_call: None,
             note: None,
             quick,
             errors: 0,
@@ -191,6 +195,9 @@ fn notes(r: &Row) -> String {
     }
     if let Some(spread) = &r.spread {
         parts.push(spread.clone());
+    }
+    if let Some(us) = r.server_us_per_call {
+        parts.push(format!("server {us:.1} µs CPU/call"));
     }
     if let Some(us) = r.client_us_per_call {
         parts.push(format!("load generator {us:.1} µs CPU/call"));

@@ -455,6 +455,11 @@ pub struct Server {
 }
 
 impl Server {
+    /// Its process ID (its CPU time is read from `/proc/PID/stat`).
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
     /// Spawns the process and returns at once (the restart scenario times from here).
     pub fn spawn(launch: &Launch, programs: &Programs, store: Option<&Store>) -> anyhow::Result<Server> {
         let (mut cmd, known_url) = launch.command(programs, store)?;
