@@ -23,6 +23,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use rmcp::model::{CallToolResult, ContentBlock, Implementation, Tool};
 use serde_json::{Map, Value};
+use tether_server::tether_wire::meta;
 use tether_server::{OperationCtx, OperationSpec, RequestCtx, RpcError, SessionCtx, ToolApp};
 
 pub use repo::{
@@ -96,6 +97,9 @@ impl Notebook {
             Err(message) => return Ok(CallToolResult::error(vec![ContentBlock::text(message)])),
         };
         let principal = ctx.principal().to_owned();
+        if let Some(request_meta) = ctx.request_meta() {
+            return self.sessionless_thought(&principal, request_meta, &input).await;
+        }
         // Fast path: append to the session the MCP session names (the append
         // checks it exists and belongs to the principal); else find or start one.
         let named = ctx.require_session()?.app_state().await.get(CURRENT_SESSION).and_then(Value::as_str).map(str::to_owned);
@@ -109,6 +113,48 @@ impl Notebook {
         let session = self.current_session(ctx).await?;
         let recorded = self.repo.append_thought(&session.principal, &session.id, &input).await.map_err(repo_error)?;
         Ok(CallToolResult::structured(thought::output(&input, &recorded)))
+    }
+
+    /// A thought of a sessionless (2026-07-28) client, which has no MCP
+    /// session to remember its notebook session in: it names one in
+    /// `_meta["dev.tether/notebookSession"]`, or gets a new one, named in the
+    /// result's `_meta` under the same key for its next calls.
+    async fn sessionless_thought(
+        &self,
+        principal: &str,
+        request_meta: &Map<String, Value>,
+        input: &thought::ThoughtInput,
+    ) -> Result<CallToolResult, RpcError> {
+        let id = match request_meta.get(meta::NOTEBOOK_SESSION) {
+            Some(Value::String(id)) => id.clone(),
+            Some(_) => {
+                return Err(RpcError::invalid_params(format!(
+                    "_meta[\"{}\"] must be the notebook session ID a result named",
+                    meta::NOTEBOOK_SESSION
+                )));
+            }
+            None => {
+                let created = NotebookSession::new(principal, None, Vec::new(), None);
+                self.repo.create_session(&created).await.map_err(repo_error)?;
+                tracing::info!(notebook_session = %created.id, "started a notebook session for a sessionless client");
+                created.id
+            }
+        };
+        let recorded = match self.repo.append_thought(principal, &id, input).await {
+            Ok(recorded) => recorded,
+            Err(repo::RepoError::NotFound(_)) => {
+                return Ok(CallToolResult::error(vec![ContentBlock::text(format!(
+                    "no notebook session {id} of yours: leave _meta[\"{}\"] out to start one",
+                    meta::NOTEBOOK_SESSION
+                ))]));
+            }
+            Err(e) => return Err(repo_error(e)),
+        };
+        let mut result = CallToolResult::structured(thought::output(input, &recorded));
+        let mut result_meta = Map::new();
+        result_meta.insert(meta::NOTEBOOK_SESSION.into(), Value::String(id));
+        result.meta = Some(rmcp::model::MetaObject(result_meta));
+        Ok(result)
     }
 }
 

@@ -242,6 +242,15 @@ pub trait McpApp: Send + Sync + 'static {
 
     /// A session left this process (see [`EndReason`]).
     async fn on_session_end(&self, _ended: SessionEnd) {}
+
+    /// What the application says of itself to sessionless (2026-07-28)
+    /// clients' `server/discover`: `capabilities`, `serverInfo` and
+    /// `instructions`, the same for every caller. `None` (the default): it
+    /// serves sessions only, and sessionless requests are refused with the
+    /// revisions it does serve.
+    async fn discover(&self) -> Option<Map<String, Value>> {
+        None
+    }
 }
 
 /// Shorthand for a raw result from anything serializable.

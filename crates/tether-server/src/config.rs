@@ -50,6 +50,9 @@ pub struct ServerConfig {
     /// Server-to-client requests (e.g. `roots/list`) of one session waiting
     /// for the client's answer; more fail at once.
     pub max_pending_client_requests: usize,
+    /// Sessionless (2026-07-28) requests running at once, over all clients;
+    /// beyond it a request is refused with 429.
+    pub max_sessionless_requests: usize,
 }
 
 impl Default for ServerConfig {
@@ -73,6 +76,7 @@ impl Default for ServerConfig {
             drain_timeout: Duration::from_secs(10),
             max_queued_notifications: 64,
             max_pending_client_requests: 16,
+            max_sessionless_requests: 1024,
         }
     }
 }

@@ -116,6 +116,19 @@ impl<T: ToolApp> ToolRouter<T> {
     }
 }
 
+impl<T: ToolApp> ToolRouter<T> {
+    /// Capabilities, serverInfo and instructions: the same for `initialize` and `server/discover`.
+    fn describe(&self) -> Map<String, Value> {
+        let mut result = Map::new();
+        result.insert("capabilities".into(), json!({"tools": {"listChanged": false}}));
+        result.insert("serverInfo".into(), serde_json::to_value(self.tools.server_info()).unwrap_or(Value::Null));
+        if let Some(instructions) = self.tools.instructions() {
+            result.insert("instructions".into(), Value::String(instructions));
+        }
+        result
+    }
+}
+
 /// The operations of a [`ToolApp`].
 struct Runner<T>(Arc<T>);
 
@@ -129,13 +142,11 @@ impl<T: ToolApp> OperationRunner for Runner<T> {
 #[async_trait]
 impl<T: ToolApp> McpApp for ToolRouter<T> {
     async fn initialize(&self, _init: &mut Initialize<'_>) -> Result<Map<String, Value>, RpcError> {
-        let mut result = Map::new();
-        result.insert("capabilities".into(), json!({"tools": {"listChanged": false}}));
-        result.insert("serverInfo".into(), serde_json::to_value(self.tools.server_info()).unwrap_or(Value::Null));
-        if let Some(instructions) = self.tools.instructions() {
-            result.insert("instructions".into(), Value::String(instructions));
-        }
-        Ok(result)
+        Ok(self.describe())
+    }
+
+    async fn discover(&self) -> Option<Map<String, Value>> {
+        Some(self.describe())
     }
 
     async fn handle_request(

@@ -20,6 +20,12 @@ pub mod code {
     pub const SERVER_ERROR: i64 = -32000;
     /// What MCP SDKs use for "session not found" (with HTTP 404).
     pub const SESSION_NOT_FOUND: i64 = -32001;
+    /// 2026-07-28: an HTTP header disagrees with the body, or a required one is missing.
+    pub const HEADER_MISMATCH: i64 = -32020;
+    /// 2026-07-28: the request needs a client capability it did not declare.
+    pub const MISSING_REQUIRED_CLIENT_CAPABILITY: i64 = -32021;
+    /// 2026-07-28: the request's protocol version is not served.
+    pub const UNSUPPORTED_PROTOCOL_VERSION: i64 = -32022;
 }
 
 /// A JSON-RPC error object: `{"code", "message", "data"?}`.

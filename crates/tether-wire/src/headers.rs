@@ -7,6 +7,10 @@ pub const SESSION_ID: &str = "mcp-session-id";
 pub const PROTOCOL_VERSION: &str = "mcp-protocol-version";
 /// Resume a stream after this event (GET).
 pub const LAST_EVENT_ID: &str = "last-event-id";
+/// 2026-07-28: the request's `method`, on every POST.
+pub const MCP_METHOD: &str = "mcp-method";
+/// 2026-07-28: `params.name` (or `params.uri`, or a task's id) of the methods that name something.
+pub const MCP_NAME: &str = "mcp-name";
 
 /// The `Accept` of a POST: the answer may be JSON or an SSE stream.
 pub const ACCEPT_POST: &str = "application/json, text/event-stream";

@@ -28,3 +28,17 @@ pub const RESTARTABLE: &str = "dev.tether/restartable";
 
 /// In request params: the token progress notifications carry.
 pub const PROGRESS_TOKEN: &str = "progressToken";
+
+/// 2026-07-28, in every request's `_meta`: the revision it speaks (the claim
+/// that makes a request modern).
+pub const PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
+/// 2026-07-28, in every request's `_meta`: the client's capabilities (`{}`: none).
+pub const CLIENT_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
+/// 2026-07-28, in a request's `_meta`: who the client is.
+pub const CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
+/// 2026-07-28, in a request's `_meta`: the lowest log level to send; none: no logs.
+pub const LOG_LEVEL: &str = "io.modelcontextprotocol/logLevel";
+/// 2026-07-28, in each result's `_meta`: the server's name and version.
+pub const SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
+/// In a 2026-07-28 `thought` call and result: the notebook session it goes to.
+pub const NOTEBOOK_SESSION: &str = "dev.tether/notebookSession";

@@ -1,4 +1,5 @@
-//! The protocol revisions tether serves with sessions (the "legacy era").
+//! The protocol revisions tether serves: with sessions (the "legacy era",
+//! [`SUPPORTED`]) and without (the "modern era" from 2026-07-28, [`MODERN`]).
 
 /// Served, newest first.
 pub const SUPPORTED: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26"];
@@ -6,6 +7,17 @@ pub const SUPPORTED: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26"];
 pub const LATEST: &str = "2025-11-25";
 /// Assumed when a request after initialize carries no `MCP-Protocol-Version`.
 pub const ASSUMED: &str = "2025-03-26";
+
+/// The sessionless revisions served, newest first.
+pub const MODERN: &[&str] = &["2026-07-28"];
+/// The first sessionless revision: a version at or after it is modern.
+pub const FIRST_MODERN: &str = "2026-07-28";
+
+/// Whether `v` names a revision of the sessionless era (served or not):
+/// revision names are dates, so they order as strings.
+pub fn is_modern(v: &str) -> bool {
+    v >= FIRST_MODERN
+}
 
 pub fn is_supported(v: &str) -> bool {
     SUPPORTED.contains(&v)
@@ -25,5 +37,11 @@ mod tests {
         assert_eq!(negotiate(Some("2025-06-18")), "2025-06-18");
         assert_eq!(negotiate(Some("2099-01-01")), LATEST);
         assert_eq!(negotiate(None), LATEST);
+    }
+
+    #[test]
+    fn modern_revisions_are_those_from_2026_07_28_on() {
+        assert!(is_modern("2026-07-28") && is_modern("2027-01-01"));
+        assert!(!is_modern("2025-11-25") && !is_modern("2025-03-26"));
     }
 }

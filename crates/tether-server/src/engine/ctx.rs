@@ -16,8 +16,10 @@ use tether_wire::envelope;
 use tokio_util::sync::CancellationToken;
 
 use super::Inner;
+use super::request::RequestHead;
 use super::request_stream::RequestStream;
 use super::session::Session;
+use super::sessionless::Sink;
 use crate::app::{Caller, ClientAuthorization, RpcError};
 
 /// Bounded retries of a state update racing with another writer.
@@ -51,6 +53,8 @@ pub struct RequestCtx {
     progress_token: Option<Value>,
     cancel: CancellationToken,
     authorization: Option<ClientAuthorization>,
+    /// A sessionless request's response, where its notifications go.
+    sink: Option<Sink>,
 }
 
 impl SessionCtx {
@@ -182,6 +186,29 @@ impl RequestCtx {
             progress_token,
             cancel,
             authorization,
+            sink: None,
+        }
+    }
+
+    /// A sessionless (2026-07-28) request's context.
+    pub(crate) fn sessionless(
+        inner: Arc<Inner>,
+        caller: Caller,
+        head: RequestHead,
+        cancel: CancellationToken,
+        sink: Sink,
+    ) -> Self {
+        let RequestHead { id, progress_token, authorization } = head;
+        Self {
+            inner,
+            caller,
+            session: None,
+            stream: None,
+            request_id: id,
+            progress_token,
+            cancel,
+            authorization,
+            sink: Some(sink),
         }
     }
 
@@ -219,6 +246,13 @@ impl RequestCtx {
         &self.request_id
     }
 
+    /// A sessionless (2026-07-28) request's `_meta`, which carries what a
+    /// session would hold (the client's declarations, an application's own
+    /// keys); `None` for a request of a session.
+    pub fn request_meta(&self) -> Option<&Map<String, Value>> {
+        self.sink.as_ref().filter(|_| self.session.is_none()).map(|s| s.request_meta.as_ref())
+    }
+
     /// Cancelled by `notifications/cancelled` or when the session ends.
     pub fn cancelled(&self) -> &CancellationToken {
         &self.cancel
@@ -227,6 +261,10 @@ impl RequestCtx {
     /// A notification related to this request (on its stream while the
     /// client listens there, else on the standalone stream if one listens).
     pub async fn notify(&self, method: &str, params: Option<Value>) -> Result<(), RpcError> {
+        if let Some(sink) = self.sink.as_ref().filter(|_| self.session.is_none()) {
+            sink.notify(method, params.as_ref()).await;
+            return Ok(());
+        }
         let session = self.session.as_ref().ok_or_else(no_session)?;
         let payload = envelope::outbound_message(None, method, params.as_ref());
         emit_related(&self.inner, session, self.stream.as_deref(), payload).await
@@ -247,7 +285,12 @@ impl RequestCtx {
 
     /// A server-to-client request related to this request (e.g. `roots/list`).
     pub async fn request_client(&self, method: &str, params: Option<Value>, timeout: Duration) -> Result<Value, RpcError> {
-        let session = self.session.as_ref().ok_or_else(no_session)?;
+        let session = self.session.as_ref().ok_or_else(|| {
+            RpcError::internal(format!(
+                "{method} cannot be asked of a sessionless (2026-07-28) client by this server yet; \
+                 initialize a session (protocol 2025-11-25) to use it"
+            ))
+        })?;
         request_client(&self.inner, session, self.stream.as_deref(), method, params, timeout).await
     }
 }

@@ -26,6 +26,7 @@ mod request;
 mod request_stream;
 pub mod resume;
 mod session;
+mod sessionless;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -52,6 +53,7 @@ use crate::ids::{self, EventId};
 use live::{LiveEvent, LiveHub};
 use pump::{PumpSpec, spawn_pump};
 use request::RequestHead;
+pub use sessionless::{Outbound, SessionlessReply, SessionlessRequest, discover_result, missing_capability};
 
 /// Why the engine refused something; the HTTP layer maps each to a status.
 #[derive(Debug, thiserror::Error)]
@@ -130,6 +132,11 @@ pub(crate) struct Inner {
     /// Every task the engine started (requests, pumps, handlers, upkeep).
     tasks: TaskTracker,
     shutdown_done: tokio::sync::OnceCell<()>,
+    /// Sessionless requests running (bounded by `max_sessionless_requests`).
+    sessionless: Arc<tokio::sync::Semaphore>,
+    /// What each endpoint's application says of itself (`McpApp::discover`), asked once.
+    #[allow(clippy::type_complexity)]
+    described: Mutex<HashMap<String, Arc<tokio::sync::OnceCell<Option<Arc<Map<String, Value>>>>>>>,
 }
 
 /// Cheap to clone; all clones share one engine.
@@ -162,7 +169,6 @@ impl Engine {
             inner: Arc::new(Inner {
                 store,
                 apps,
-                config,
                 hub: Arc::new(LiveHub::default()),
                 sessions: Mutex::new(HashMap::new()),
                 loading: tokio::sync::Mutex::new(()),
@@ -175,6 +181,9 @@ impl Engine {
                 interrupt: CancellationToken::new(),
                 tasks: TaskTracker::new(),
                 shutdown_done: tokio::sync::OnceCell::new(),
+                sessionless: Arc::new(tokio::sync::Semaphore::new(config.max_sessionless_requests)),
+                described: Mutex::new(HashMap::new()),
+                config,
             }),
         };
         engine.inner.spawn_reaper();

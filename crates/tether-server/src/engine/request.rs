@@ -72,6 +72,20 @@ impl Drop for InflightSlot {
 /// renders the JSON-RPC response. A panic becomes `-32603`.
 async fn run_work(inner: &Inner, ctx: RequestCtx, work: Work, cancel: CancellationToken) -> Bytes {
     let id = ctx.request_id().clone();
+    match run_outcome(inner, ctx, work, cancel).await {
+        Ok(raw) => envelope::raw_result_message(&id, &raw),
+        Err(e) => envelope::error_message(Some(&id), &e),
+    }
+}
+
+/// [`run_work`]'s outcome before it is rendered.
+pub(crate) async fn run_outcome(
+    inner: &Inner,
+    ctx: RequestCtx,
+    work: Work,
+    cancel: CancellationToken,
+) -> Result<RawResult, RpcError> {
+    let id = ctx.request_id().clone();
     let session = ctx.session().map(|s| s.session_id().to_owned()).unwrap_or_default();
     let guarded = std::panic::AssertUnwindSafe(work(ctx)).catch_unwind();
     let result = tokio::select! {
@@ -83,10 +97,7 @@ async fn run_work(inner: &Inner, ctx: RequestCtx, work: Work, cancel: Cancellati
         _ = cancel.cancelled() => Err(RpcError::cancelled()),
         _ = inner.interrupt.cancelled() => Err(RpcError::internal(INTERRUPTED_MESSAGE)),
     };
-    match result {
-        Ok(raw) => envelope::raw_result_message(&id, &raw),
-        Err(e) => envelope::error_message(Some(&id), &e),
-    }
+    result
 }
 
 fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {

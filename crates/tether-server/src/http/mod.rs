@@ -5,6 +5,7 @@
 mod auth;
 mod error;
 mod extract;
+mod modern;
 mod sse;
 mod validate;
 
@@ -101,6 +102,9 @@ async fn post_mcp(
     headers: HeaderMap,
     Message(message): Message,
 ) -> Result<Response, HttpError> {
+    if modern::is_modern(&message, &headers) {
+        return modern::post(&state, &endpoint, principal, &headers, message).await;
+    }
     let engine = &state.engine;
     let reply = if engine.config().json_response { Reply::Json } else { Reply::Stream };
     let outcome = match message {
@@ -156,6 +160,9 @@ async fn get_mcp(
     _: AcceptsStream,
     headers: HeaderMap,
 ) -> Result<Response, HttpError> {
+    if modern::header_is_modern(&headers) {
+        return Ok(modern::method_not_allowed());
+    }
     let engine = &state.engine;
     let session = existing_session(&state, &endpoint, &headers, &principal).await?;
     let frames = match validate::last_event_id(&headers)? {
@@ -171,6 +178,9 @@ async fn delete_mcp(
     Principal(principal): Principal,
     headers: HeaderMap,
 ) -> Result<Response, HttpError> {
+    if modern::header_is_modern(&headers) {
+        return Ok(modern::method_not_allowed());
+    }
     let session = existing_session(&state, &endpoint, &headers, &principal).await?;
     state.engine.delete(session).await?;
     Ok(StatusCode::OK.into_response())

@@ -75,3 +75,44 @@ fn event_stream(body: Body, session_id: Option<&str>) -> Response {
     }
     response
 }
+
+/// A sessionless request's SSE response: `first`, then the reply's
+/// messages until its answer, without event IDs (nothing is resumable in
+/// that revision). Dropping the body (the client went away) drops the reply,
+/// which cancels the request.
+pub fn unnumbered(first: bytes::Bytes, reply: crate::engine::SessionlessReply) -> Response {
+    use crate::engine::Outbound;
+    use futures::StreamExt;
+    fn message(out: &mut BytesMut, data: &[u8]) {
+        out.put_slice(b"event: message\ndata: ");
+        out.put_slice(data);
+        out.put_slice(b"\n\n");
+    }
+    let mut head = BytesMut::new();
+    message(&mut head, &first);
+    let rest = futures::stream::unfold(Some(reply), |reply| async move {
+        let mut reply = reply?;
+        let mut chunk = BytesMut::new();
+        let mut next = reply.messages.recv().await;
+        loop {
+            match next {
+                Some(Outbound::Notification(data)) => message(&mut chunk, &data),
+                Some(Outbound::Answer { body, .. }) => {
+                    message(&mut chunk, &body);
+                    return Some((Ok::<_, Infallible>(chunk.freeze()), None));
+                }
+                None => return (!chunk.is_empty()).then(|| (Ok(chunk.freeze()), None)),
+            }
+            if chunk.len() >= COALESCE_BYTES {
+                break;
+            }
+            match reply.messages.try_recv() {
+                Ok(more) => next = Some(more),
+                Err(_) => break,
+            }
+        }
+        Some((Ok(chunk.freeze()), Some(reply)))
+    });
+    let body = futures::stream::once(async move { Ok::<_, Infallible>(head.freeze()) }).chain(rest);
+    event_stream(Body::from_stream(body), None)
+}

@@ -1,0 +1,212 @@
+//! Requests of the sessionless revision (2026-07-28): each request stands
+//! alone with the caller it declares in its `_meta`. Nothing is stored and
+//! nothing is resumable: the notifications of the request and then its
+//! answer go to the one HTTP response waiting for it, and a response that
+//! goes away (the client closed the stream) cancels the work.
+//!
+//! Results are shaped for the revision here, not by the application:
+//! `resultType` (`complete` unless the application set another) and the
+//! server's `serverInfo` in `_meta`, as the application describes itself in
+//! [`McpApp::discover`](crate::app::McpApp::discover).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde_json::{Map, Value, json};
+use tether_wire::{RpcError, code, envelope, meta, revision};
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use super::request::{self, RequestHead, Work};
+use super::{Engine, EngineError, Inner};
+use crate::app::{Caller, ClientAuthorization, RawResult};
+use crate::engine::RequestCtx;
+
+/// Notifications a sessionless request may have waiting for its response.
+const OUTBOUND_BUFFER: usize = 64;
+
+/// One sessionless request, its envelope read and its `_meta` checked.
+pub struct SessionlessRequest {
+    pub endpoint: String,
+    pub caller: Caller,
+    pub id: Value,
+    pub method: String,
+    pub params: Option<Map<String, Value>>,
+    pub authorization: Option<ClientAuthorization>,
+    /// `_meta`'s log level: `notifications/message` at or above it go out; none without it.
+    pub log_level: Option<String>,
+}
+
+/// What a sessionless request sends its response.
+#[derive(Debug)]
+pub enum Outbound {
+    /// A notification of the request (progress, a log message).
+    Notification(Bytes),
+    /// The answer, the last message; `error` is its JSON-RPC error code, if any.
+    Answer { body: Bytes, error: Option<i64> },
+}
+
+/// The response side of a running sessionless request: dropping it cancels
+/// the work.
+pub struct SessionlessReply {
+    pub messages: mpsc::Receiver<Outbound>,
+    _cancel_on_drop: DropGuard,
+}
+
+/// Where a sessionless request's context sends its notifications.
+#[derive(Clone)]
+pub(crate) struct Sink {
+    tx: mpsc::Sender<Outbound>,
+    log_level: Option<u8>,
+    /// The request's `_meta`: in this revision it carries what a session held.
+    pub(crate) request_meta: Arc<Map<String, Value>>,
+}
+
+impl Sink {
+    /// Sends a notification unless the client did not ask for it (log
+    /// messages below its level, or any without a level); waits while the
+    /// response is behind, and drops it once the response is gone.
+    pub(crate) async fn notify(&self, method: &str, params: Option<&Value>) {
+        if method == "notifications/message" {
+            let level = params.and_then(|p| p.get("level")).and_then(Value::as_str).and_then(severity);
+            match (self.log_level, level) {
+                (Some(wanted), Some(level)) if level >= wanted => {}
+                _ => return,
+            }
+        }
+        let _ = self.tx.send(Outbound::Notification(envelope::outbound_message(None, method, params))).await;
+    }
+}
+
+/// RFC 5424 severities as MCP names them, least severe first.
+fn severity(level: &str) -> Option<u8> {
+    ["debug", "info", "notice", "warning", "error", "critical", "alert", "emergency"]
+        .iter()
+        .position(|l| *l == level)
+        .and_then(|p| u8::try_from(p).ok())
+}
+
+impl Engine {
+    /// What the application of `endpoint` says of itself for
+    /// `server/discover` (asked once, then kept); `None` if it serves
+    /// sessions only.
+    pub async fn discover(&self, endpoint: &str) -> Result<Option<Arc<Map<String, Value>>>, EngineError> {
+        self.inner.described(endpoint).await
+    }
+
+    /// Runs a sessionless request; its notifications and answer come on
+    /// the reply's channel.
+    pub async fn call_sessionless(&self, request: SessionlessRequest) -> Result<SessionlessReply, EngineError> {
+        let inner = &self.inner;
+        if inner.shutdown.is_cancelled() {
+            return Err(EngineError::ShuttingDown);
+        }
+        let app =
+            inner.apps.get(&request.endpoint).ok_or_else(|| EngineError::UnknownEndpoint(request.endpoint.clone()))?.clone();
+        let permit = inner.sessionless.clone().try_acquire_owned().map_err(|_| {
+            EngineError::TooMany(format!(
+                "this server already runs {} sessionless requests; try again shortly",
+                inner.config.max_sessionless_requests
+            ))
+        })?;
+        let server_info = self.discover(&request.endpoint).await?.and_then(|d| d.get("serverInfo").cloned());
+        let SessionlessRequest { caller, id, method, params, authorization, log_level, .. } = request;
+        let progress_token = params.as_ref().and_then(|p| p.get("_meta")).and_then(|m| m.get(meta::PROGRESS_TOKEN)).cloned();
+        let (tx, messages) = mpsc::channel(OUTBOUND_BUFFER);
+        let request_meta = params.as_ref().and_then(|p| p.get("_meta")).and_then(Value::as_object).cloned().unwrap_or_default();
+        let sink =
+            Sink { tx: tx.clone(), log_level: log_level.as_deref().and_then(severity), request_meta: Arc::new(request_meta) };
+        let cancel = CancellationToken::new();
+        let head = RequestHead { id: id.clone(), progress_token, authorization };
+        let ctx = RequestCtx::sessionless(inner.clone(), caller, head, cancel.clone(), sink);
+        let work: Work = Box::new(move |ctx| Box::pin(async move { app.handle_request(ctx, &method, params).await }));
+        let worker = inner.clone();
+        let cancelled = cancel.clone();
+        inner.spawn(async move {
+            let _permit: OwnedSemaphorePermit = permit;
+            let outcome = request::run_outcome(&worker, ctx, work, cancelled).await;
+            let answer = match outcome.and_then(|raw| shape_result(&raw, server_info.as_ref())) {
+                Ok(raw) => Outbound::Answer { body: envelope::raw_result_message(&id, &raw), error: None },
+                Err(e) => Outbound::Answer { body: envelope::error_message(Some(&id), &e), error: Some(e.code) },
+            };
+            let _ = tx.send(answer).await;
+        });
+        Ok(SessionlessReply { messages, _cancel_on_drop: cancel.drop_guard() })
+    }
+}
+
+impl Inner {
+    pub(crate) async fn described(&self, endpoint: &str) -> Result<Option<Arc<Map<String, Value>>>, EngineError> {
+        let app = self.apps.get(endpoint).ok_or_else(|| EngineError::UnknownEndpoint(endpoint.to_owned()))?.clone();
+        let cell = {
+            let mut described = self.described.lock().map_err(|_| EngineError::ShuttingDown)?;
+            described.entry(endpoint.to_owned()).or_default().clone()
+        };
+        Ok(cell.get_or_init(|| async move { app.discover().await.map(Arc::new) }).await.clone())
+    }
+}
+
+/// The `server/discover` result of an application's description.
+pub fn discover_result(described: &Map<String, Value>) -> Value {
+    let mut result = described.clone();
+    let server_info = result.remove("serverInfo");
+    result.insert("resultType".into(), json!("complete"));
+    result.insert("supportedVersions".into(), json!(revision::MODERN));
+    result.entry("capabilities").or_insert_with(|| json!({}));
+    // What an application describes does not change while it runs, and it
+    // is the same for everyone: cacheable by anyone for a minute.
+    result.insert("ttlMs".into(), json!(60_000));
+    result.insert("cacheScope".into(), json!("public"));
+    if let Some(info) = server_info {
+        result.insert("_meta".into(), json!({ (meta::SERVER_INFO): info }));
+    }
+    Value::Object(result)
+}
+
+/// Adds `resultType` (unless the application set one) and the server's
+/// `serverInfo` to a result's `_meta`.
+fn shape_result(raw: &serde_json::value::RawValue, server_info: Option<&Value>) -> Result<RawResult, RpcError> {
+    let mut result: Map<String, Value> = serde_json::from_str(raw.get())
+        .map_err(|e| RpcError::internal(format!("the application's result is not a JSON object: {e}")))?;
+    result.entry("resultType").or_insert_with(|| json!("complete"));
+    if let Some(info) = server_info {
+        let result_meta = result.entry("_meta").or_insert_with(|| json!({}));
+        if let Value::Object(m) = result_meta {
+            m.insert(meta::SERVER_INFO.into(), info.clone());
+        }
+    }
+    crate::app::raw_result(&result)
+}
+
+/// The error of a request that needs a capability its caller did not declare.
+pub fn missing_capability(capability: &str, why: &str) -> RpcError {
+    RpcError {
+        code: code::MISSING_REQUIRED_CLIENT_CAPABILITY,
+        message: format!("{why}: declare `{capability}` in _meta[\"{}\"]", meta::CLIENT_CAPABILITIES),
+        data: Some(json!({"requiredCapabilities": {capability: {}}})),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn results_get_a_result_type_and_the_server_info() {
+        let raw = serde_json::value::to_raw_value(&json!({"content": [], "_meta": {"k": 1}})).unwrap();
+        let shaped = shape_result(&raw, Some(&json!({"name": "n", "version": "1"}))).unwrap();
+        let v: Value = serde_json::from_str(shaped.get()).unwrap();
+        assert_eq!(v["resultType"], "complete");
+        assert_eq!(v["_meta"]["k"], 1);
+        assert_eq!(v["_meta"][meta::SERVER_INFO]["name"], "n");
+        let own = serde_json::value::to_raw_value(&json!({"resultType": "input_required"})).unwrap();
+        let v: Value = serde_json::from_str(shape_result(&own, None).unwrap().get()).unwrap();
+        assert_eq!(v["resultType"], "input_required");
+    }
+
+    #[test]
+    fn log_levels_order_by_severity() {
+        assert!(severity("error") > severity("warning"));
+        assert_eq!(severity("verbose"), None);
+    }
+}

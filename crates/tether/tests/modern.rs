@@ -1,0 +1,165 @@
+//! The sessionless revision (2026-07-28) on the same endpoint as the session
+//! era, over real HTTP against the real binary: `server/discover`, requests
+//! that carry their caller in `_meta`, the validation order and its error
+//! codes, 405 for GET and DELETE, and legacy sessions going on beside them.
+
+mod support;
+
+use serde_json::{Value, json};
+use support::*;
+use tether_wire::meta;
+
+const MODERN: &str = "2026-07-28";
+
+fn modern_meta() -> Value {
+    json!({
+        (meta::PROTOCOL_VERSION): MODERN,
+        (meta::CLIENT_CAPABILITIES): {},
+        (meta::CLIENT_INFO): {"name": "modern-test", "version": "1.0.0"},
+    })
+}
+
+fn request(id: u64, method: &str, mut params: Value) -> Value {
+    if params.get("_meta").is_none() {
+        params["_meta"] = modern_meta();
+    }
+    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+}
+
+/// POSTs `body` with the headers a modern client sends (`name`: Mcp-Name), plus `extra`.
+async fn send(c: &Client, body: &Value, name: Option<&str>, extra: &[(&str, &str)]) -> (u16, Value) {
+    let method = body["method"].as_str().unwrap_or("");
+    let mut headers = vec![
+        ("content-type", "application/json"),
+        ("accept", "application/json, text/event-stream"),
+        ("mcp-protocol-version", MODERN),
+        ("mcp-method", method),
+    ];
+    if let Some(name) = name {
+        headers.push(("mcp-name", name));
+    }
+    for (k, v) in extra {
+        headers.retain(|(h, _)| h != k);
+        headers.push((k, v));
+    }
+    let resp = c.post_raw(&headers, body.to_string()).send().await.unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    // One JSON body, or an SSE stream whose last message is the answer.
+    let answer = serde_json::from_str(&text).unwrap_or_else(|_| {
+        let last = text.lines().filter_map(|l| l.strip_prefix("data: ")).next_back().unwrap_or("null");
+        serde_json::from_str(last).unwrap_or(Value::Null)
+    });
+    (status, answer)
+}
+
+fn thought(n: u64, pin: Option<&str>) -> Value {
+    let mut params = json!({"name": "thought", "arguments": thought_args(n)});
+    if let Some(id) = pin {
+        let mut m = modern_meta();
+        m[meta::NOTEBOOK_SESSION] = json!(id);
+        params["_meta"] = m;
+    }
+    params
+}
+
+#[tokio::test]
+async fn discover_list_and_call_without_a_session_and_legacy_sessions_go_on_beside() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut server, url) = start_binary(&dir.path().join("t.db"), &[]);
+    let c = Client::new(&url);
+
+    let (status, discovered) = send(&c, &request(1, "server/discover", json!({})), None, &[]).await;
+    assert_eq!(status, 200, "{discovered}");
+    let result = &discovered["result"];
+    assert_eq!(result["resultType"], "complete");
+    assert_eq!(result["supportedVersions"], json!([MODERN]));
+    assert!(result["capabilities"]["tools"].is_object(), "{result}");
+    assert_eq!(result["_meta"][meta::SERVER_INFO]["name"], "tether-notebook");
+    assert!(result["ttlMs"].is_u64() && result["cacheScope"].is_string(), "{result}");
+
+    let (status, listed) = send(&c, &request(2, "tools/list", json!({})), None, &[]).await;
+    assert_eq!(status, 200);
+    assert_eq!(listed["result"]["resultType"], "complete");
+    assert!(listed["result"]["tools"].as_array().unwrap().iter().any(|t| t["name"] == "thought"), "{listed}");
+
+    // The first thought starts a notebook session and names it; the next
+    // one, naming it, goes on in it.
+    let (status, first) = send(&c, &request(3, "tools/call", thought(1, None)), Some("thought"), &[]).await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(first["result"]["structuredContent"]["thoughtHistoryLength"], 1, "{first}");
+    assert_eq!(first["result"]["_meta"][meta::SERVER_INFO]["name"], "tether-notebook");
+    let pinned = first["result"]["_meta"][meta::NOTEBOOK_SESSION].as_str().expect("the notebook session is named").to_owned();
+    let (_, second) = send(&c, &request(4, "tools/call", thought(2, Some(&pinned))), Some("thought"), &[]).await;
+    assert_eq!(second["result"]["structuredContent"]["thoughtHistoryLength"], 2, "{second}");
+
+    // A legacy session on the same endpoint, unchanged.
+    let sid = c.initialize().await;
+    let legacy = c.call(&sid, 5, "thought", thought_args(1)).await;
+    assert_eq!(legacy["result"]["structuredContent"]["thoughtNumber"], 1, "{legacy}");
+    assert!(legacy["result"].get("resultType").is_none(), "the session era has no resultType: {legacy}");
+
+    let _ = server.kill();
+}
+
+#[tokio::test]
+async fn a_bad_modern_request_gets_the_error_of_the_first_check_it_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut server, url) = start_binary(&dir.path().join("t.db"), &[]);
+    let c = Client::new(&url);
+    let call = request(1, "tools/call", thought(1, None));
+
+    // 1. required _meta keys
+    let no_caps = request(1, "tools/list", json!({"_meta": {(meta::PROTOCOL_VERSION): MODERN}}));
+    let (status, r) = send(&c, &no_caps, None, &[]).await;
+    assert_eq!((status, r["error"]["code"].as_i64()), (400, Some(-32602)), "{r}");
+    // 2. the version header against _meta
+    let (status, r) = send(&c, &call, Some("thought"), &[("mcp-protocol-version", "2026-07-29")]).await;
+    assert_eq!((status, r["error"]["code"].as_i64()), (400, Some(-32020)), "{r}");
+    // 3. a version not served, with the ones that are
+    let old = json!({(meta::PROTOCOL_VERSION): "2099-01-01", (meta::CLIENT_CAPABILITIES): {}});
+    let future = request(1, "tools/list", json!({"_meta": old}));
+    let (status, r) = send(&c, &future, None, &[("mcp-protocol-version", "2099-01-01")]).await;
+    assert_eq!((status, r["error"]["code"].as_i64()), (400, Some(-32022)), "{r}");
+    assert_eq!(r["error"]["data"]["supported"], json!([MODERN]), "{r}");
+    assert_eq!(r["error"]["data"]["requested"], "2099-01-01");
+    // 4. Mcp-Method and Mcp-Name against the body (Mcp-Name may be base64)
+    let (status, r) = send(&c, &call, Some("thought"), &[("mcp-method", "tools/list")]).await;
+    assert_eq!((status, r["error"]["code"].as_i64()), (400, Some(-32020)), "{r}");
+    let (status, r) = send(&c, &call, None, &[]).await;
+    assert_eq!((status, r["error"]["code"].as_i64()), (400, Some(-32020)), "a missing Mcp-Name: {r}");
+    let (status, r) = send(&c, &call, Some("other"), &[]).await;
+    assert_eq!((status, r["error"]["code"].as_i64()), (400, Some(-32020)), "{r}");
+    let (status, r) = send(&c, &call, Some("=?base64?dGhvdWdodA==?="), &[]).await;
+    assert_eq!(status, 200, "a base64 Mcp-Name is decoded: {r}");
+    // 5. methods the revision removed, and unknown ones
+    for method in ["ping", "initialize", "logging/setLevel", "no/such"] {
+        let (status, r) = send(&c, &request(1, method, json!({})), None, &[]).await;
+        assert_eq!((status, r["error"]["code"].as_i64()), (404, Some(-32601)), "{method}: {r}");
+    }
+    // No GET stream and no DELETE in this revision.
+    for method in [reqwest::Method::GET, reqwest::Method::DELETE] {
+        let resp = c
+            .http
+            .request(method.clone(), &url)
+            .header("accept", "text/event-stream")
+            .header("mcp-protocol-version", MODERN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 405, "{method}");
+    }
+    let _ = server.kill();
+}
+
+#[tokio::test]
+async fn an_endpoint_whose_application_serves_sessions_only_names_the_revisions_it_speaks() {
+    let dir = tempfile::tempdir().unwrap();
+    let flag = format!("py=stdio:python3 {}/../tether-gateway/tests/fixtures/stdio_server.py", env!("CARGO_MANIFEST_DIR"));
+    let (mut server, url) = start_binary(&dir.path().join("t.db"), &["--upstream", &flag]);
+    let c = Client::new(&format!("{url}/py"));
+    let (status, r) = send(&c, &request(1, "server/discover", json!({})), None, &[]).await;
+    assert_eq!((status, r["error"]["code"].as_i64()), (400, Some(-32022)), "{r}");
+    assert_eq!(r["error"]["data"]["supported"], json!(tether_wire::revision::SUPPORTED), "{r}");
+    let _ = server.kill();
+}
