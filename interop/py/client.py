@@ -1,12 +1,19 @@
 #!/usr/bin/env python3
 """Interop checks: the official MCP Python SDK client (``mcp`` 2.x) against tether.
 
-usage: client.py URL [CHECK ...]     CHECK: legacy | auto | no-header | roots (default: all)
+usage: client.py URL [CHECK ...]
+       CHECK: legacy | auto | modern | auto-fallback | no-header | roots
+       (default: legacy auto modern no-header roots)
 
   legacy     Client(..., mode="legacy"): initialize handshake, tools/list, tools/call thought.
   auto       Client(...) with the default mode="auto": the SDK probes server/discover
-             first (at protocol 2026-07-28) and must fall back to initialize cleanly;
-             then tools/list, tools/call thought.
+             (protocol 2026-07-28), tether answers it, and the SDK goes on sessionless:
+             no initialize, no session, no DELETE; tools/list, tools/call thought, whose
+             result names the notebook session in _meta.
+  modern     Client(..., mode="2026-07-28"): the same, without the probe's choice.
+  auto-fallback  mode="auto" against an endpoint that serves sessions only (a gateway
+             endpoint): the probe's -32022 names the session-era revisions and the SDK
+             falls back to initialize cleanly; then tools/list, tools/call (any tool).
   no-header  Plain HTTP (urllib, no SDK): after initialize, follow-up POSTs that carry
              no MCP-Protocol-Version header (assumed 2025-03-26) work.
   roots      Client(..., list_roots_callback=...): the notebook asks roots/list, binds the
@@ -31,6 +38,8 @@ from mcp.client import Client
 from mcp.client.streamable_http import streamable_http_client
 
 SUPPORTED_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26")
+MODERN_VERSION = "2026-07-28"
+NOTEBOOK_SESSION_META = "dev.tether/notebookSession"
 THOUGHT_ARGS: dict[str, Any] = {
     "thought": "Interop check from the Python SDK",
     "thoughtNumber": 1,
@@ -107,7 +116,8 @@ class HttpLog:
         )
 
 
-async def sdk_check(url: str, mode: str) -> str:
+async def sdk_check(url: str, mode: str, expect: str) -> str:
+    """One SDK client session; `expect` is the era it must end up in ("legacy" | "modern")."""
     log = HttpLog()
     http = httpx2.AsyncClient(
         timeout=httpx2.Timeout(30, read=TIMEOUT_S),
@@ -119,19 +129,28 @@ async def sdk_check(url: str, mode: str) -> str:
             async with http:
                 transport = streamable_http_client(url, http_client=http)
                 # mode="auto" is the SDK default: leave it unset to exercise the default.
-                client = Client(transport, mode="legacy") if mode == "legacy" else Client(transport)
+                client = Client(transport) if mode == "auto" else Client(transport, mode=mode)
                 check(client.mode == mode, f"Client.mode is {client.mode!r}, want {mode!r}")
                 async with client:
                     version = client.protocol_version
-                    check(version in SUPPORTED_VERSIONS,
-                          f"negotiated protocol version {version!r} is not one tether offers")
+                    wanted = (MODERN_VERSION,) if expect == "modern" else SUPPORTED_VERSIONS
+                    check(version in wanted, f"negotiated protocol version {version!r}, want one of {wanted}")
                     tools = await client.list_tools()
                     names = [t.name for t in tools.tools]
-                    check("thought" in names, f"tool list does not contain 'thought': {names}")
-                    result = await client.call_tool("thought", THOUGHT_ARGS)
-                    check(not result.is_error, f"tools/call thought returned is_error: {result!r}")
-                    text = next((c.text for c in result.content if getattr(c, "type", None) == "text"), None)
-                    check_structured(result.structured_content, text, THOUGHT_ARGS, "tools/call thought")
+                    check(names, "the tool list is empty")
+                    if "thought" in names:
+                        result = await client.call_tool("thought", THOUGHT_ARGS)
+                        check(not result.is_error, f"tools/call thought returned is_error: {result!r}")
+                        text = next((c.text for c in result.content if getattr(c, "type", None) == "text"), None)
+                        check_structured(result.structured_content, text, THOUGHT_ARGS, "tools/call thought")
+                        if expect == "modern":
+                            pinned = (result.meta or {}).get(NOTEBOOK_SESSION_META)
+                            check(isinstance(pinned, str) and pinned,
+                                  f"a sessionless thought's result does not name its notebook session: {result.meta!r}")
+                    else:
+                        check("greet" in names, f"the fallback endpoint has no greet tool: {names}")
+                        result = await client.call_tool("greet", {"name": "interop"})
+                        check(not result.is_error, f"tools/call greet returned is_error: {result!r}")
                 # leaving the Client sends DELETE (terminate_on_close=True)
     except CheckFailed as e:
         raise CheckFailed(f"{e}\nHTTP log:\n{log.render()}") from None
@@ -143,6 +162,18 @@ async def sdk_check(url: str, mode: str) -> str:
     posts = [e for e in log.entries if e["method"] == "POST"]
     rpcs = [e["rpc"] for e in posts]
     try:
+        if expect == "modern":
+            if mode == "auto":
+                check(rpcs and rpcs[0] == "server/discover" and posts[0]["status"] == 200,
+                      f"mode='auto' did not probe server/discover first with a 200 answer: {rpcs}")
+            check("initialize" not in rpcs, f"a sessionless client sent initialize: {rpcs}")
+            call = next((e for e in posts if e["rpc"] == "tools/call"), None)
+            check(call is not None and call["status"] == 200, "tools/call POST missing or not 200")
+            check(call["version"] == MODERN_VERSION,
+                  f"tools/call carried mcp-protocol-version={call['version']}, want {MODERN_VERSION}")
+            check(not [e for e in log.entries if e["method"] in ("GET", "DELETE")],
+                  f"a sessionless client opened a GET stream or sent DELETE:\n{log.render()}")
+            return f"protocol={version} requests={rpcs} (sessionless)"
         if mode == "auto":
             check(rpcs and rpcs[0] == "server/discover",
                   f"mode='auto' did not probe server/discover first: {rpcs}")
@@ -331,12 +362,18 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     url = argv[1]
-    checks = argv[2:] or ["legacy", "auto", "no-header", "roots"]
+    checks = argv[2:] or ["legacy", "auto", "modern", "no-header", "roots"]
+    sdk_checks = {
+        "legacy": ("legacy", "legacy"),
+        "auto": ("auto", "modern"),
+        "modern": (MODERN_VERSION, "modern"),
+        "auto-fallback": ("auto", "legacy"),
+    }
     failed = 0
     for name in checks:
         try:
-            if name in ("legacy", "auto"):
-                detail = anyio.run(sdk_check, url, name)
+            if name in sdk_checks:
+                detail = anyio.run(sdk_check, url, *sdk_checks[name])
             elif name == "no-header":
                 detail = no_header_check(url)
             elif name == "roots":

@@ -22,6 +22,10 @@ use super::{Engine, EngineError, Inner};
 use crate::app::{Caller, ClientAuthorization, RawResult};
 use crate::engine::RequestCtx;
 
+/// Methods whose 2026-07-28 results say how long they may be cached
+/// (`ttlMs`, `cacheScope`).
+const CACHEABLE: &[&str] = &["tools/list", "prompts/list", "resources/list", "resources/templates/list", "resources/read"];
+
 /// Notifications a sessionless request may have waiting for its response.
 const OUTBOUND_BUFFER: usize = 64;
 
@@ -119,13 +123,14 @@ impl Engine {
         let cancel = CancellationToken::new();
         let head = RequestHead { id: id.clone(), progress_token, authorization };
         let ctx = RequestCtx::sessionless(inner.clone(), caller, head, cancel.clone(), sink);
+        let cacheable = CACHEABLE.contains(&method.as_str());
         let work: Work = Box::new(move |ctx| Box::pin(async move { app.handle_request(ctx, &method, params).await }));
         let worker = inner.clone();
         let cancelled = cancel.clone();
         inner.spawn(async move {
             let _permit: OwnedSemaphorePermit = permit;
             let outcome = request::run_outcome(&worker, ctx, work, cancelled).await;
-            let answer = match outcome.and_then(|raw| shape_result(&raw, server_info.as_ref())) {
+            let answer = match outcome.and_then(|raw| shape_result(&raw, server_info.as_ref(), cacheable)) {
                 Ok(raw) => Outbound::Answer { body: envelope::raw_result_message(&id, &raw), error: None },
                 Err(e) => Outbound::Answer { body: envelope::error_message(Some(&id), &e), error: Some(e.code) },
             };
@@ -164,11 +169,16 @@ pub fn discover_result(described: &Map<String, Value>) -> Value {
 }
 
 /// Adds `resultType` (unless the application set one) and the server's
-/// `serverInfo` to a result's `_meta`.
-fn shape_result(raw: &serde_json::value::RawValue, server_info: Option<&Value>) -> Result<RawResult, RpcError> {
+/// `serverInfo` to a result's `_meta`; a `cacheable` one not said otherwise
+/// by the application is fresh for no time and private.
+fn shape_result(raw: &serde_json::value::RawValue, server_info: Option<&Value>, cacheable: bool) -> Result<RawResult, RpcError> {
     let mut result: Map<String, Value> = serde_json::from_str(raw.get())
         .map_err(|e| RpcError::internal(format!("the application's result is not a JSON object: {e}")))?;
     result.entry("resultType").or_insert_with(|| json!("complete"));
+    if cacheable {
+        result.entry("ttlMs").or_insert_with(|| json!(0));
+        result.entry("cacheScope").or_insert_with(|| json!("private"));
+    }
     if let Some(info) = server_info {
         let result_meta = result.entry("_meta").or_insert_with(|| json!({}));
         if let Value::Object(m) = result_meta {
@@ -194,13 +204,14 @@ mod tests {
     #[test]
     fn results_get_a_result_type_and_the_server_info() {
         let raw = serde_json::value::to_raw_value(&json!({"content": [], "_meta": {"k": 1}})).unwrap();
-        let shaped = shape_result(&raw, Some(&json!({"name": "n", "version": "1"}))).unwrap();
+        let shaped = shape_result(&raw, Some(&json!({"name": "n", "version": "1"})), true).unwrap();
         let v: Value = serde_json::from_str(shaped.get()).unwrap();
         assert_eq!(v["resultType"], "complete");
         assert_eq!(v["_meta"]["k"], 1);
         assert_eq!(v["_meta"][meta::SERVER_INFO]["name"], "n");
+        assert_eq!((v["ttlMs"].as_u64(), v["cacheScope"].as_str()), (Some(0), Some("private")));
         let own = serde_json::value::to_raw_value(&json!({"resultType": "input_required"})).unwrap();
-        let v: Value = serde_json::from_str(shape_result(&own, None).unwrap().get()).unwrap();
+        let v: Value = serde_json::from_str(shape_result(&own, None, false).unwrap().get()).unwrap();
         assert_eq!(v["resultType"], "input_required");
     }
 
