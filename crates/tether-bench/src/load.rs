@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 use tether_wire::sse::Decoder;
-use tether_wire::{Inbound, headers, parse_message};
+use tether_wire::{Inbound, headers, meta, parse_message, revision};
 
 use crate::server::Protocol;
 
@@ -119,7 +119,8 @@ impl Load {
                     let http = http_client()?;
                     let session = match protocol {
                         Protocol::Mcp => open_session(&http, &url, false).await.map_err(|e| format!("session set-up: {e}"))?,
-                        Protocol::Echo => String::new(),
+                        // The notebook session comes with the first result.
+                        Protocol::Echo | Protocol::Modern => String::new(),
                     };
                     Ok::<_, String>(Client { http, session, calls: 0 })
                 })
@@ -219,6 +220,7 @@ async fn calls(protocol: Protocol, url: Arc<str>, mut client: Client, window: Wi
         let result = match protocol {
             Protocol::Mcp => call_thought(&client.http, &url, &client.session, n).await,
             Protocol::Echo => call_echo(&client.http, &url, n).await,
+            Protocol::Modern => call_thought_modern(&client.http, &url, &mut client.session, n).await,
         };
         let done = Instant::now();
         match result {
@@ -326,6 +328,38 @@ fn thought_call(n: u64) -> Value {
 pub async fn call_thought(http: &reqwest::Client, url: &str, session: &str, n: u64) -> Result<(), String> {
     let resp = post(http, url, Some(session), &thought_call(n)).send().await.map_err(|e| e.to_string())?;
     let result = response_result(resp, n).await?;
+    check_thought(&result, n)
+}
+
+/// [`call_thought`] over the 2026-07-28 wire: no session, the caller in
+/// `_meta`, the notebook session named there (`pin`, set from the first result).
+pub async fn call_thought_modern(http: &reqwest::Client, url: &str, pin: &mut String, n: u64) -> Result<(), String> {
+    let mut body = thought_call(n);
+    let mut request_meta = json!({
+        (meta::PROTOCOL_VERSION): revision::FIRST_MODERN,
+        (meta::CLIENT_CAPABILITIES): {},
+        (meta::CLIENT_INFO): {"name": "tether-bench", "version": env!("CARGO_PKG_VERSION")},
+    });
+    if !pin.is_empty() {
+        request_meta[meta::NOTEBOOK_SESSION] = json!(pin);
+    }
+    body["params"]["_meta"] = request_meta;
+    let resp = http
+        .post(url)
+        .header("content-type", "application/json")
+        .header("accept", headers::ACCEPT_POST)
+        .header(headers::PROTOCOL_VERSION, revision::FIRST_MODERN)
+        .header(headers::MCP_METHOD, "tools/call")
+        .header(headers::MCP_NAME, "thought")
+        .body(body.to_string())
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    let result = response_result(resp, n).await?;
+    if pin.is_empty() {
+        let named = result.get("_meta").and_then(|m| m.get(meta::NOTEBOOK_SESSION)).and_then(Value::as_str);
+        *pin = named.ok_or_else(|| format!("the first result names no notebook session: {result}"))?.to_owned();
+    }
     check_thought(&result, n)
 }
 

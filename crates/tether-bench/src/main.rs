@@ -72,12 +72,13 @@ struct Args {
     /// Systems to run, comma-separated, in this order. Each scenario runs
     /// those of its systems that are listed: gateway_http tether-gateway and
     /// rmcp-direct, gateway_stdio tether-gateway, supergateway and mcp-proxy,
+    /// tools_call_modern tether-sqlite and tether-sqlite-modern,
     /// the others the first six.
     #[arg(
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "tether-memory,tether-sqlite,tether-redis,rmcp,ts-sdk,axum-floor,tether-gateway,rmcp-direct,supergateway,mcp-proxy"
+        default_value = "tether-memory,tether-sqlite,tether-redis,rmcp,ts-sdk,axum-floor,tether-gateway,rmcp-direct,supergateway,mcp-proxy,tether-sqlite-modern"
     )]
     systems: Vec<System>,
     /// Scenarios to run, comma-separated.
@@ -85,7 +86,7 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "tools_call,replay_10k,restart_100k_sessions,idle_session,gateway_http,gateway_stdio,gateway_memory"
+        default_value = "tools_call,replay_10k,restart_100k_sessions,idle_session,gateway_http,gateway_stdio,gateway_memory,tools_call_modern"
     )]
     scenarios: Vec<Scenario>,
     /// tools_call, gateway_http, gateway_stdio: concurrent clients (one session and one connection each), comma-separated.
@@ -225,7 +226,7 @@ async fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
         })
         .collect();
     let of = |scenario: Scenario| -> Vec<Subject> { subjects.iter().copied().filter(|s| scenario.runs(s.system)).collect() };
-    for scenario in [Scenario::ToolsCall, Scenario::GatewayHttp, Scenario::GatewayStdio] {
+    for scenario in [Scenario::ToolsCall, Scenario::ToolsCallModern, Scenario::GatewayHttp, Scenario::GatewayStdio] {
         let these = of(scenario);
         if wants(scenario) && !these.is_empty() {
             rows.extend(interleaved(args, &programs, scenario, &these).await);

@@ -27,10 +27,13 @@ pub enum Scenario {
     /// tether-gateway's RSS growth per live command-upstream session (a `stdio_echo` child each).
     #[value(name = "gateway_memory")]
     GatewayMemory,
+    /// tools_call's load over the 2026-07-28 wire (tether-sqlite-modern) beside the session era's (tether-sqlite).
+    #[value(name = "tools_call_modern")]
+    ToolsCallModern,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 7] = [
+    pub const ALL: [Scenario; 8] = [
         Scenario::ToolsCall,
         Scenario::Replay10k,
         Scenario::Restart100kSessions,
@@ -38,6 +41,7 @@ impl Scenario {
         Scenario::GatewayHttp,
         Scenario::GatewayStdio,
         Scenario::GatewayMemory,
+        Scenario::ToolsCallModern,
     ];
 
     pub fn name(self) -> &'static str {
@@ -49,24 +53,28 @@ impl Scenario {
             Scenario::GatewayHttp => "gateway_http",
             Scenario::GatewayStdio => "gateway_stdio",
             Scenario::GatewayMemory => "gateway_memory",
+            Scenario::ToolsCallModern => "tools_call_modern",
         }
     }
 
     /// Whether `system` is one of this scenario's systems.
     pub fn runs(self, system: System) -> bool {
         match self {
-            Scenario::ToolsCall => !system.gateway(),
-            Scenario::Replay10k | Scenario::IdleSession => !system.gateway() && system != System::AxumFloor,
+            Scenario::ToolsCall => !system.gateway() && system != System::TetherSqliteModern,
+            Scenario::Replay10k | Scenario::IdleSession => {
+                !system.gateway() && !matches!(system, System::AxumFloor | System::TetherSqliteModern)
+            }
             Scenario::Restart100kSessions => system.durable_sessions(),
             Scenario::GatewayHttp => matches!(system, System::TetherGateway | System::RmcpDirect),
             Scenario::GatewayStdio => matches!(system, System::TetherGateway | System::Supergateway | System::McpProxy),
             Scenario::GatewayMemory => system == System::TetherGateway,
+            Scenario::ToolsCallModern => matches!(system, System::TetherSqlite | System::TetherSqliteModern),
         }
     }
 
     /// Whether its rows come from interleaved rounds of the tools_call load.
     pub fn interleaved(self) -> bool {
-        matches!(self, Scenario::ToolsCall | Scenario::GatewayHttp | Scenario::GatewayStdio)
+        matches!(self, Scenario::ToolsCall | Scenario::GatewayHttp | Scenario::GatewayStdio | Scenario::ToolsCallModern)
     }
 }
 
@@ -375,6 +383,13 @@ pub fn budget(rows: &[Row]) -> String {
         gateway_http("tether-gateway"),
         gateway_http("rmcp-direct"),
         0.6,
+    ));
+    let modern = |system: &str| find(rows, system, Scenario::ToolsCallModern, Some(64));
+    s.push_str(&ratio_line(
+        "tether-sqlite-modern tools_call_modern (64 clients) >= 0.9x tether-sqlite (session era, same rounds)",
+        modern("tether-sqlite-modern"),
+        modern("tether-sqlite"),
+        0.9,
     ));
     s.push_str(&gateway_stdio_line(rows));
     s.push_str(&gateway_memory_line(rows));

@@ -51,6 +51,8 @@ pub enum System {
     /// gateway_stdio: mcp-proxy (PyPI, `bench/mcp-proxy/.venv`) serving `stdio_echo`
     /// over Streamable HTTP, stateful.
     McpProxy,
+    /// tools_call_modern: tether-sqlite called over the sessionless 2026-07-28 wire.
+    TetherSqliteModern,
 }
 
 /// What a tether system's baseline twin adds to its name (`tether-sqlite@baseline`).
@@ -85,10 +87,13 @@ pub enum Protocol {
     Mcp,
     /// POST a JSON body, get the same JSON back.
     Echo,
+    /// MCP 2026-07-28: no session, the caller in each request's `_meta`; each
+    /// client names its notebook session (from its first result) in `_meta`.
+    Modern,
 }
 
 impl System {
-    pub const ALL: [System; 10] = [
+    pub const ALL: [System; 11] = [
         System::TetherMemory,
         System::TetherSqlite,
         System::TetherRedis,
@@ -99,6 +104,7 @@ impl System {
         System::RmcpDirect,
         System::Supergateway,
         System::McpProxy,
+        System::TetherSqliteModern,
     ];
 
     pub fn name(self) -> &'static str {
@@ -113,6 +119,7 @@ impl System {
             System::RmcpDirect => "rmcp-direct",
             System::Supergateway => "supergateway",
             System::McpProxy => "mcp-proxy",
+            System::TetherSqliteModern => "tether-sqlite-modern",
         }
     }
 
@@ -132,12 +139,20 @@ impl System {
     pub fn protocol(self) -> Protocol {
         match self {
             System::AxumFloor => Protocol::Echo,
+            System::TetherSqliteModern => Protocol::Modern,
             _ => Protocol::Mcp,
         }
     }
 
     pub fn is_tether(self) -> bool {
-        matches!(self, System::TetherMemory | System::TetherSqlite | System::TetherRedis | System::TetherGateway)
+        matches!(
+            self,
+            System::TetherMemory
+                | System::TetherSqlite
+                | System::TetherRedis
+                | System::TetherGateway
+                | System::TetherSqliteModern
+        )
     }
 
     /// Sessions outlive the process (the store is durable and shared).
@@ -207,7 +222,7 @@ impl Store {
     pub fn fresh(system: System, programs: &Programs) -> anyhow::Result<Option<Store>> {
         Ok(match system {
             System::TetherMemory => Some(Store::Memory),
-            System::TetherSqlite | System::TetherGateway => {
+            System::TetherSqlite | System::TetherGateway | System::TetherSqliteModern => {
                 let dir = tempfile::Builder::new().prefix("tether-bench-").tempdir().context("cannot create a temp dir")?;
                 let file = dir.path().join("bench.db");
                 Some(Store::Sqlite { dir, file })
@@ -341,7 +356,11 @@ impl Launch {
     fn command(&self, programs: &Programs, store: Option<&Store>) -> anyhow::Result<(Command, Option<String>)> {
         let mut known_url = None;
         let mut cmd = match self.subject.system {
-            System::TetherMemory | System::TetherSqlite | System::TetherRedis | System::TetherGateway => {
+            System::TetherMemory
+            | System::TetherSqlite
+            | System::TetherRedis
+            | System::TetherGateway
+            | System::TetherSqliteModern => {
                 let store = store.context("a tether system needs a store")?;
                 let tether = match (self.subject.baseline, &programs.baseline) {
                     (false, _) => existing(&programs.tether, "cargo build --release -p tether, or pass --tether")?,

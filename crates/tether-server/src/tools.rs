@@ -106,6 +106,11 @@ impl<T: ToolApp> ToolRouter<T> {
             };
             let binding = operations::binding(ctx.principal(), "tools/call", &Value::Object(unbound));
             let runner: Arc<dyn OperationRunner> = Arc::new(Runner(self.tools.clone()));
+            if ctx.session().is_none() {
+                // A sessionless client follows long work as a task.
+                let result = crate::engine::tasks::call(&ctx, runner, &name, arguments, binding, spec).await?;
+                return raw_result(&result);
+            }
             let result = operations::call(&ctx, runner, &name, arguments, binding, token.as_deref(), spec).await?;
             return raw_result(&result);
         }
@@ -146,7 +151,12 @@ impl<T: ToolApp> McpApp for ToolRouter<T> {
     }
 
     async fn discover(&self) -> Option<Map<String, Value>> {
-        Some(self.describe())
+        let mut described = self.describe();
+        let has_operations = self.tools.tools().iter().any(|t| self.tools.operation_spec(&t.name).is_some());
+        if let (true, Some(Value::Object(capabilities))) = (has_operations, described.get_mut("capabilities")) {
+            capabilities.insert("extensions".into(), json!({(meta::TASKS_EXTENSION): {}}));
+        }
+        Some(described)
     }
 
     async fn handle_request(
@@ -159,6 +169,11 @@ impl<T: ToolApp> McpApp for ToolRouter<T> {
             "ping" => raw_result(&json!({})),
             "tools/list" => raw_result(&json!({"tools": self.advertised_tools()})),
             "tools/call" => self.call(ctx, params.unwrap_or_default()).await,
+            // The Tasks extension is the sessionless revision's.
+            "tasks/get" | "tasks/update" | "tasks/cancel" if ctx.session().is_none() => {
+                let runner: Arc<dyn OperationRunner> = Arc::new(Runner(self.tools.clone()));
+                raw_result(&crate::engine::tasks::handle(&ctx, runner, method, &params.unwrap_or_default()).await?)
+            }
             other => Err(RpcError::method_not_found(other)),
         }
     }

@@ -11,7 +11,9 @@
 //! instead of claiming success.
 //!
 //! The scope is a tokio task-local: the engine runs each request in
-//! [`scope`]. Outside one, nothing can be deferred ([`in_scope`]).
+//! [`scope`]. Outside one, nothing can be deferred ([`in_scope`]). An
+//! answer that is not stored (a sessionless request's) waits for
+//! [`committed`] instead: what it claims is in the store before it leaves.
 
 use std::cell::RefCell;
 use std::future::Future;
@@ -29,34 +31,67 @@ const RAN: u8 = 1;
 const FAILED: u8 = 2;
 const COMMITTED: u8 = 3;
 
-/// What became of one deferred write.
-#[derive(Clone, Debug)]
-pub struct Ticket(Arc<AtomicU8>);
+/// How long [`committed`] waits for the writer before it gives up.
+const COMMIT_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
-impl Default for Ticket {
-    fn default() -> Self {
-        Self(Arc::new(AtomicU8::new(QUEUED)))
-    }
+/// What became of one deferred write.
+#[derive(Clone, Debug, Default)]
+pub struct Ticket(Arc<TicketState>);
+
+#[derive(Debug, Default)]
+struct TicketState {
+    state: AtomicU8,
+    /// Woken when the commit's outcome is known.
+    settled: tokio::sync::Notify,
 }
 
 impl Ticket {
     /// The write ran inside the open transaction (not yet committed).
     pub(crate) fn ran(&self, ok: bool) {
-        self.0.store(if ok { RAN } else { FAILED }, Ordering::Release);
+        self.0.state.store(if ok { RAN } else { FAILED }, Ordering::Release);
     }
 
     /// The transaction's outcome; a write that failed stays failed.
     pub(crate) fn committed(&self, ok: bool) {
-        let ok = ok && self.0.load(Ordering::Acquire) == RAN;
-        self.0.store(if ok { COMMITTED } else { FAILED }, Ordering::Release);
+        let ok = ok && self.0.state.load(Ordering::Acquire) == RAN;
+        self.0.state.store(if ok { COMMITTED } else { FAILED }, Ordering::Release);
+        self.0.settled.notify_waiters();
     }
 
     /// Whether something stored after this write may rely on it. Called on
     /// the writer, after the write's own job (the queue is FIFO): it has
     /// run in this transaction or was committed in an earlier one.
     fn holds(&self) -> bool {
-        matches!(self.0.load(Ordering::Acquire), RAN | COMMITTED)
+        matches!(self.0.state.load(Ordering::Acquire), RAN | COMMITTED)
     }
+
+    /// Waits for the commit's outcome.
+    async fn settled(&self) -> StoreResult<()> {
+        loop {
+            let notified = self.0.settled.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            match self.0.state.load(Ordering::Acquire) {
+                COMMITTED => return Ok(()),
+                QUEUED | RAN => notified.await,
+                _ => return Err(StoreError::EarlierWriteFailed("a write this request made failed".into())),
+            }
+        }
+    }
+}
+
+/// Waits until every write the current task deferred is committed (and
+/// forgets them): for an answer that is not stored, so it cannot follow
+/// them through the writer. Fails if one of them failed or the writer did
+/// not settle them in time.
+pub async fn committed() -> StoreResult<()> {
+    for ticket in pending(true) {
+        match tokio::time::timeout(COMMIT_WAIT, ticket.settled()).await {
+            Ok(settled) => settled?,
+            Err(_) => return Err(StoreError::Backend("the store did not confirm a write in time".into())),
+        }
+    }
+    Ok(())
 }
 
 /// Runs `f` with a fresh set of deferred writes (one request).
@@ -107,6 +142,28 @@ mod tests {
         failed.ran(false);
         failed.committed(true);
         assert!(check(&[failed]).is_err(), "a write that failed stays failed when the rest commits");
+    }
+
+    #[tokio::test]
+    async fn committed_waits_for_every_deferred_write_and_fails_with_one() {
+        scope(async {
+            let t = Ticket::default();
+            assert!(push(t.clone()));
+            let writer = tokio::spawn(async move {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                t.ran(true);
+                t.committed(true);
+            });
+            committed().await.expect("committed");
+            writer.await.unwrap();
+            let failed = Ticket::default();
+            assert!(push(failed.clone()));
+            failed.ran(false);
+            failed.committed(true);
+            assert!(matches!(committed().await, Err(StoreError::EarlierWriteFailed(_))));
+            assert!(committed().await.is_ok(), "nothing left to wait for");
+        })
+        .await;
     }
 
     #[tokio::test]

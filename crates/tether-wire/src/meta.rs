@@ -42,3 +42,8 @@ pub const LOG_LEVEL: &str = "io.modelcontextprotocol/logLevel";
 pub const SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
 /// In a 2026-07-28 `thought` call and result: the notebook session it goes to.
 pub const NOTEBOOK_SESSION: &str = "dev.tether/notebookSession";
+/// In a partial result of a resumable operation (session era): the ID under
+/// which a 2026-07-28 client follows the same operation as a task.
+pub const TASK_ID: &str = "dev.tether/taskId";
+/// The Tasks extension's name, in `capabilities.extensions`.
+pub const TASKS_EXTENSION: &str = "io.modelcontextprotocol/tasks";

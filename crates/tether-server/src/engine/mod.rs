@@ -27,6 +27,7 @@ mod request_stream;
 pub mod resume;
 mod session;
 mod sessionless;
+pub(crate) mod tasks;
 
 use std::collections::HashMap;
 use std::future::Future;

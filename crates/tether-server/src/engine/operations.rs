@@ -32,7 +32,7 @@ use super::{Inner, RequestCtx};
 use crate::app::{OperationRunner, OperationSpec, RpcError};
 
 const OP_NAMESPACE: &str = "op";
-const CHUNK_NAMESPACE: &str = "op-chunk";
+pub(super) const CHUNK_NAMESPACE: &str = "op-chunk";
 const TOKEN_PREFIX: &str = "rt1_";
 /// Pause between store polls when the operation runs in another process.
 const REMOTE_POLL: Duration = Duration::from_millis(100);
@@ -42,34 +42,43 @@ pub const INTERRUPTED_MESSAGE: &str =
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-enum OpState {
+pub(super) enum OpState {
     Running,
     Done,
     Failed,
     Interrupted,
+    /// Ended by `tasks/cancel`.
+    Cancelled,
 }
 
+/// One operation, also seen as a task (`engine/tasks.rs`): one record, two
+/// wire projections.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct OpRecord {
-    principal: String,
-    /// The MCP session that started it (its app state is readable from the work).
-    session: String,
-    binding: String,
-    tool: String,
-    arguments: Map<String, Value>,
-    restartable: bool,
-    state: OpState,
-    chunks: u64,
-    error: Option<Value>,
-    owner: String,
+pub(super) struct OpRecord {
+    pub principal: String,
+    /// The MCP session that started it (its app state is readable from the
+    /// work); empty for a sessionless request.
+    pub session: String,
+    pub binding: String,
+    pub tool: String,
+    pub arguments: Map<String, Value>,
+    pub restartable: bool,
+    pub state: OpState,
+    pub chunks: u64,
+    pub error: Option<Value>,
+    pub owner: String,
     /// The final chunk was delivered: every token of this operation is expired.
-    completed: bool,
-    expires_at_ms: i64,
+    pub completed: bool,
+    pub expires_at_ms: i64,
+    #[serde(default)]
+    pub created_at_ms: i64,
+    #[serde(default)]
+    pub updated_at_ms: i64,
 }
 
 /// What the waiting request watches while the work runs in this process.
 #[derive(Debug, Clone, Default)]
-struct Status {
+pub(super) struct Status {
     chunks: u64,
     finished: bool,
     progress: Option<(f64, Option<f64>, Option<String>)>,
@@ -78,7 +87,7 @@ struct Status {
 /// Operations running in this process.
 #[derive(Default)]
 pub(crate) struct Operations {
-    live: Mutex<HashMap<String, watch::Sender<Status>>>,
+    live: Mutex<HashMap<String, (watch::Sender<Status>, tokio_util::sync::CancellationToken)>>,
 }
 
 /// What a resumable operation's work sees.
@@ -95,7 +104,7 @@ fn invalid(reason: &str) -> RpcError {
     RpcError::invalid_params(format!("invalid resumeToken: {reason}"))
 }
 
-fn storage(e: StoreError) -> RpcError {
+pub(super) fn storage(e: StoreError) -> RpcError {
     RpcError::internal(format!("storage unavailable: {e}"))
 }
 
@@ -147,7 +156,7 @@ fn encode(record: &OpRecord) -> Result<Bytes, RpcError> {
     serde_json::to_vec(record).map(Bytes::from).map_err(|e| RpcError::internal(e.to_string()))
 }
 
-fn chunk_key(id: &str, index: u64) -> String {
+pub(super) fn chunk_key(id: &str, index: u64) -> String {
     format!("{id}.{index}")
 }
 
@@ -203,9 +212,10 @@ impl OperationCtx {
 }
 
 /// Compare-and-set loop on an operation record.
-async fn update_record(inner: &Inner, id: &str, mut f: impl FnMut(&mut OpRecord)) -> Result<OpRecord, RpcError> {
+pub(super) async fn update_record(inner: &Inner, id: &str, mut f: impl FnMut(&mut OpRecord)) -> Result<OpRecord, RpcError> {
     let updated = update_record_if(inner, id, |r| {
         f(r);
+        r.updated_at_ms = now_ms();
         true
     })
     .await?;
@@ -214,7 +224,7 @@ async fn update_record(inner: &Inner, id: &str, mut f: impl FnMut(&mut OpRecord)
 
 /// Compare-and-set loop on an operation record that writes only when `f`
 /// says so; `None` when the record is gone or `f` declined.
-async fn update_record_if(
+pub(super) async fn update_record_if(
     inner: &Inner,
     id: &str,
     mut f: impl FnMut(&mut OpRecord) -> bool,
@@ -240,7 +250,7 @@ async fn update_record_if(
 
 /// Moves a running operation from `dead_owner` to this process; `None` if
 /// someone else moved it first (or it is no longer running).
-async fn claim(inner: &Inner, id: &str, dead_owner: &str) -> Result<Option<OpRecord>, RpcError> {
+pub(super) async fn claim(inner: &Inner, id: &str, dead_owner: &str) -> Result<Option<OpRecord>, RpcError> {
     update_record_if(inner, id, |r| {
         let still_orphaned = r.owner == dead_owner && r.state == OpState::Running;
         if still_orphaned {
@@ -251,21 +261,41 @@ async fn claim(inner: &Inner, id: &str, dead_owner: &str) -> Result<Option<OpRec
     .await
 }
 
-async fn load(inner: &Inner, id: &str) -> Result<Option<OpRecord>, RpcError> {
+pub(super) async fn load(inner: &Inner, id: &str) -> Result<Option<OpRecord>, RpcError> {
     let stored = inner.store.kv_get(OP_NAMESPACE, id, now_ms()).await.map_err(storage)?;
     Ok(stored.and_then(|s| serde_json::from_slice(&s.value).ok()))
 }
 
 impl Operations {
     fn status(&self, id: &str) -> Option<watch::Receiver<Status>> {
-        self.live.lock().ok().and_then(|m| m.get(id).map(|s| s.subscribe()))
+        self.live.lock().ok().and_then(|m| m.get(id).map(|(s, _)| s.subscribe()))
+    }
+
+    /// Whether the operation's work runs in this process.
+    pub(super) fn runs_here(&self, id: &str) -> bool {
+        self.live.lock().ok().is_some_and(|m| m.contains_key(id))
+    }
+
+    /// Waits (at most until `deadline`) for work running here to finish;
+    /// `true` if it did.
+    pub(super) async fn finished_by(&self, id: &str, deadline: tokio::time::Instant) -> bool {
+        let Some(mut status) = self.status(id) else { return false };
+        let finished = tokio::time::timeout_at(deadline, status.wait_for(|s| s.finished)).await;
+        matches!(finished, Ok(Ok(_)))
+    }
+
+    /// Stops work running here (`tasks/cancel`); the record says why.
+    pub(super) fn cancel(&self, id: &str) {
+        if let Some((_, cancel)) = self.live.lock().ok().and_then(|m| m.get(id).cloned()) {
+            cancel.cancel();
+        }
     }
 
     /// Runs the operation's work in its own task, from chunk `resume_from`.
     /// A panic in the work fails the operation; a shutdown that cannot wait
     /// leaves it running in the store, to be restarted (or reported
     /// interrupted) by the next process a client asks.
-    fn start(
+    pub(super) fn start(
         &self,
         inner: Arc<Inner>,
         runner: Arc<dyn OperationRunner>,
@@ -273,8 +303,9 @@ impl Operations {
         record: &OpRecord,
     ) -> watch::Receiver<Status> {
         let (tx, rx) = watch::channel(Status { chunks: record.chunks, ..Status::default() });
+        let cancel = tokio_util::sync::CancellationToken::new();
         if let Ok(mut m) = self.live.lock() {
-            m.insert(id.clone(), tx.clone());
+            m.insert(id.clone(), (tx.clone(), cancel.clone()));
         }
         let ctx = OperationCtx {
             inner: inner.clone(),
@@ -295,13 +326,23 @@ impl Operations {
                     Err(RpcError::internal(super::PANICKED_MESSAGE))
                 }),
                 _ = inner.interrupt.cancelled() => return,
+                // The record already says cancelled.
+                _ = cancel.cancelled() => Err(RpcError::cancelled()),
             };
-            let update = update_record(&inner, &id, |r| match &outcome {
-                Ok(()) => r.state = OpState::Done,
-                Err(e) => {
-                    r.state = OpState::Failed;
-                    r.error = Some(e.to_object());
+            // A cancelled operation stays cancelled, whatever its work did.
+            let update = update_record_if(&inner, &id, |r| {
+                if r.state != OpState::Running {
+                    return false;
                 }
+                match &outcome {
+                    Ok(()) => r.state = OpState::Done,
+                    Err(e) => {
+                        r.state = OpState::Failed;
+                        r.error = Some(e.to_object());
+                    }
+                }
+                r.updated_at_ms = now_ms();
+                true
             })
             .await;
             if let Err(e) = update {
@@ -333,29 +374,7 @@ pub(crate) async fn call(
 
     let (id, index) = match token {
         None => {
-            let raw: [u8; 16] = rand::random();
-            let id = hex::encode(raw);
-            let record = OpRecord {
-                session: session.session_id().to_owned(),
-                principal,
-                binding,
-                tool: tool.to_owned(),
-                arguments,
-                restartable: spec.restartable,
-                state: OpState::Running,
-                chunks: 0,
-                error: None,
-                owner: inner.instance.clone(),
-                completed: false,
-                expires_at_ms: now_ms() + inner.config.operation_ttl.as_millis() as i64,
-            };
-            inner
-                .store
-                .kv_compare_and_set(OP_NAMESPACE, &id, None, encode(&record)?, Some(record.expires_at_ms))
-                .await
-                .map_err(storage)?
-                .ok_or_else(|| RpcError::internal("operation id collision"))?;
-            inner.operations.start(inner.clone(), runner, id.clone(), &record);
+            let (raw, _) = create(&inner, runner, session.session_id(), principal, tool, arguments, binding, spec).await?;
             (raw, 0)
         }
         Some(token) => {
@@ -377,11 +396,7 @@ pub(crate) async fn call(
             if record.expires_at_ms <= now_ms() {
                 return Err(invalid("expired"));
             }
-            let orphaned = record.state == OpState::Running
-                && inner.operations.status(&id).is_none()
-                && record.owner != inner.instance
-                && !(inner.store.is_shared() && super::replicas::is_alive(&inner, &record.owner).await.unwrap_or(true));
-            if orphaned {
+            if orphaned(&inner, &id, &record).await {
                 // Its process died. Restartable work continues from its cursor; other work says so.
                 if record.restartable {
                     // Only the resume that moves the record from the dead
@@ -404,6 +419,56 @@ pub(crate) async fn call(
         }
     };
     respond(ctx, &inner, &key, &id, index).await
+}
+
+/// Stores a new operation's record (committed before this returns: a
+/// `tasks/get` on any replica finds it) and starts its work here.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn create(
+    inner: &Arc<Inner>,
+    runner: Arc<dyn OperationRunner>,
+    session: &str,
+    principal: String,
+    tool: &str,
+    arguments: Map<String, Value>,
+    binding: String,
+    spec: OperationSpec,
+) -> Result<([u8; 16], OpRecord), RpcError> {
+    let raw: [u8; 16] = rand::random();
+    let id = hex::encode(raw);
+    let now = now_ms();
+    let record = OpRecord {
+        session: session.to_owned(),
+        principal,
+        binding,
+        tool: tool.to_owned(),
+        arguments,
+        restartable: spec.restartable,
+        state: OpState::Running,
+        chunks: 0,
+        error: None,
+        owner: inner.instance.clone(),
+        completed: false,
+        expires_at_ms: now + inner.config.operation_ttl.as_millis() as i64,
+        created_at_ms: now,
+        updated_at_ms: now,
+    };
+    inner
+        .store
+        .kv_compare_and_set(OP_NAMESPACE, &id, None, encode(&record)?, Some(record.expires_at_ms))
+        .await
+        .map_err(storage)?
+        .ok_or_else(|| RpcError::internal("operation id collision"))?;
+    inner.operations.start(inner.clone(), runner, id, &record);
+    Ok((raw, record))
+}
+
+/// Whether a running operation's process is gone (it runs nowhere now).
+pub(super) async fn orphaned(inner: &Inner, id: &str, record: &OpRecord) -> bool {
+    record.state == OpState::Running
+        && !inner.operations.runs_here(id)
+        && record.owner != inner.instance
+        && !(inner.store.is_shared() && super::replicas::is_alive(inner, &record.owner).await.unwrap_or(true))
 }
 
 /// Waits (bounded) for chunk `index`, then answers with it or a pending result.
@@ -444,6 +509,10 @@ async fn respond(ctx: &RequestCtx, inner: &Arc<Inner>, key: &[u8; 32], raw: &[u8
     }
 
     let record = load(inner, &id).await?.ok_or_else(|| invalid("unknown or expired token"))?;
+    if record.state == OpState::Cancelled {
+        finish(inner, &id, record.chunks).await;
+        return Err(RpcError::cancelled());
+    }
     if record.state == OpState::Failed {
         finish(inner, &id, record.chunks).await;
         let e = record.error.unwrap_or(Value::Null);
@@ -462,6 +531,7 @@ async fn respond(ctx: &RequestCtx, inner: &Arc<Inner>, key: &[u8; 32], raw: &[u8
             finish(inner, &id, record.chunks).await;
         } else {
             set_meta(&mut chunk, meta::NEXT_RESUME_TOKEN, json!(seal(key, raw, index + 1)));
+            set_meta(&mut chunk, meta::TASK_ID, json!(id));
         }
         return Ok(chunk);
     }
@@ -474,6 +544,7 @@ async fn respond(ctx: &RequestCtx, inner: &Arc<Inner>, key: &[u8; 32], raw: &[u8
     let mut pending = json!({"content": [{"type": "text", "text": "still working; call again with _meta.resumeToken"}]});
     set_meta(&mut pending, meta::NEXT_RESUME_TOKEN, json!(seal(key, raw, index)));
     set_meta(&mut pending, meta::PENDING, json!(true));
+    set_meta(&mut pending, meta::TASK_ID, json!(id));
     Ok(pending)
 }
 
@@ -488,7 +559,7 @@ fn set_meta(result: &mut Value, key: &str, value: Value) {
 
 /// The final answer went out: every token of the operation is now expired,
 /// and its chunks are freed.
-async fn finish(inner: &Inner, id: &str, chunks: u64) {
+pub(super) async fn finish(inner: &Inner, id: &str, chunks: u64) {
     if let Err(e) = update_record(inner, id, |r| r.completed = true).await {
         tracing::warn!(operation = %id, error = %e.message, "could not mark an operation completed");
     }

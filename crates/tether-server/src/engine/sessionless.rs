@@ -127,15 +127,22 @@ impl Engine {
         let work: Work = Box::new(move |ctx| Box::pin(async move { app.handle_request(ctx, &method, params).await }));
         let worker = inner.clone();
         let cancelled = cancel.clone();
-        inner.spawn(async move {
+        // Writes the work defers are waited for before the answer leaves
+        // (it is not stored, so it cannot follow them through the writer).
+        inner.spawn(tether_store::fence::scope(async move {
             let _permit: OwnedSemaphorePermit = permit;
-            let outcome = request::run_outcome(&worker, ctx, work, cancelled).await;
+            let mut outcome = request::run_outcome(&worker, ctx, work, cancelled).await;
+            if outcome.is_ok()
+                && let Err(e) = tether_store::fence::committed().await
+            {
+                outcome = Err(RpcError::internal(format!("the request's changes were not stored: {e}")));
+            }
             let answer = match outcome.and_then(|raw| shape_result(&raw, server_info.as_ref(), cacheable)) {
                 Ok(raw) => Outbound::Answer { body: envelope::raw_result_message(&id, &raw), error: None },
                 Err(e) => Outbound::Answer { body: envelope::error_message(Some(&id), &e), error: Some(e.code) },
             };
             let _ = tx.send(answer).await;
-        });
+        }));
         Ok(SessionlessReply { messages, _cancel_on_drop: cancel.drop_guard() })
     }
 }

@@ -1,0 +1,238 @@
+//! The Tasks extension (`io.modelcontextprotocol/tasks`, 2026-07-28): a
+//! resumable operation seen as a task. One record in the store serves both
+//! eras: a session-era client follows it with resume tokens
+//! (`engine/operations.rs`), a sessionless client with `tasks/get`,
+//! `tasks/update` and `tasks/cancel` under the task ID (the operation's
+//! random ID, which its partial results also name in `_meta`).
+//!
+//! Durable before answering: the record is committed before a
+//! `CreateTaskResult` leaves, so any replica answers `tasks/get` at once. A
+//! task whose process died is taken over by the `tasks/get` that finds it:
+//! restartable work continues from its cursor, other work ends `failed`
+//! with an "interrupted" error.
+
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use serde_json::{Map, Value, json};
+use tether_store::now_ms;
+use tether_wire::{RpcError, code, meta};
+
+use super::operations::{self, OpRecord, OpState, storage};
+use super::{Inner, RequestCtx};
+use crate::app::{OperationRunner, OperationSpec};
+
+/// How often a client should ask `tasks/get` (the spec's `pollIntervalMs`).
+const POLL_INTERVAL: Duration = Duration::from_millis(500);
+
+/// The error of a sessionless request that needs the extension undeclared.
+fn extension_required(why: &str) -> RpcError {
+    RpcError {
+        code: code::MISSING_REQUIRED_CLIENT_CAPABILITY,
+        message: format!(
+            "{why}: declare the Tasks extension in _meta[\"{}\"].extensions[\"{}\"]",
+            meta::CLIENT_CAPABILITIES,
+            meta::TASKS_EXTENSION
+        ),
+        data: Some(json!({"requiredCapabilities": {"extensions": {(meta::TASKS_EXTENSION): {}}}})),
+    }
+}
+
+/// Whether the request's caller declared the Tasks extension.
+pub(crate) fn declared(ctx: &RequestCtx) -> bool {
+    ctx.caller().client_capabilities().get("extensions").and_then(|e| e.get(meta::TASKS_EXTENSION)).is_some()
+}
+
+fn not_found() -> RpcError {
+    RpcError::invalid_params("Failed to retrieve task: no such task (it may have expired)")
+}
+
+fn iso8601(ms: i64) -> String {
+    let at = UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    humantime::format_rfc3339_millis(at).to_string()
+}
+
+/// A `tools/call` of a tool that runs as an operation, from a sessionless
+/// client: the work starts, and the answer is its result if it finishes
+/// within `--resume-wait`, else a task (`resultType: "task"`).
+pub(crate) async fn call(
+    ctx: &RequestCtx,
+    runner: Arc<dyn OperationRunner>,
+    tool: &str,
+    arguments: Map<String, Value>,
+    binding: String,
+    spec: OperationSpec,
+) -> Result<Value, RpcError> {
+    if !declared(ctx) {
+        return Err(extension_required(&format!("`{tool}` runs as a task")));
+    }
+    let inner = ctx.inner().clone();
+    let (raw, _) = operations::create(&inner, runner, "", ctx.principal().to_owned(), tool, arguments, binding, spec).await?;
+    let id = hex::encode(raw);
+    let deadline = tokio::time::Instant::now() + inner.config.resume_wait;
+    let finished = inner.operations.finished_by(&id, deadline).await;
+    let record = operations::load(&inner, &id).await?.ok_or_else(not_found)?;
+    if finished {
+        match record.state {
+            OpState::Done => {
+                let result = final_result(&inner, &id, &record).await?;
+                operations::finish(&inner, &id, record.chunks).await;
+                return Ok(result);
+            }
+            OpState::Failed => {
+                operations::finish(&inner, &id, record.chunks).await;
+                return Err(RpcError::from_object(record.error.as_ref().unwrap_or(&Value::Null)));
+            }
+            _ => {}
+        }
+    }
+    let mut created = task(&id, &record, &inner);
+    created.insert("resultType".into(), json!("task"));
+    Ok(Value::Object(created))
+}
+
+/// `tasks/get`, `tasks/update`, `tasks/cancel` of a sessionless client.
+pub(crate) async fn handle(
+    ctx: &RequestCtx,
+    runner: Arc<dyn OperationRunner>,
+    method: &str,
+    params: &Map<String, Value>,
+) -> Result<Value, RpcError> {
+    if !declared(ctx) {
+        return Err(extension_required(&format!("{method} is part of the Tasks extension")));
+    }
+    let id = params
+        .get("taskId")
+        .and_then(Value::as_str)
+        .ok_or_else(|| RpcError::invalid_params(format!("{method} needs params.taskId (a string)")))?;
+    let inner = ctx.inner().clone();
+    // Another principal's task is answered exactly as an unknown one.
+    let record = operations::load(&inner, id).await?.filter(|r| r.principal == ctx.principal()).ok_or_else(not_found)?;
+    if record.expires_at_ms <= now_ms() {
+        return Err(not_found());
+    }
+    match method {
+        "tasks/get" => get(&inner, runner, id, record).await,
+        // Nothing of tether asks a task's client for input yet: every
+        // response is for a key that is not outstanding, which the spec
+        // says to ignore.
+        "tasks/update" => Ok(json!({})),
+        "tasks/cancel" => {
+            let cancelled = operations::update_record_if(&inner, id, |r| {
+                let running = r.state == OpState::Running;
+                if running {
+                    r.state = OpState::Cancelled;
+                    r.updated_at_ms = now_ms();
+                }
+                running
+            })
+            .await?;
+            if cancelled.is_some() {
+                inner.operations.cancel(id);
+                tracing::info!(task = %id, "task cancelled by its client");
+            }
+            Ok(json!({}))
+        }
+        other => Err(RpcError::method_not_found(other)),
+    }
+}
+
+async fn get(inner: &Arc<Inner>, runner: Arc<dyn OperationRunner>, id: &str, mut record: OpRecord) -> Result<Value, RpcError> {
+    if operations::orphaned(inner, id, &record).await {
+        if record.restartable {
+            if let Some(claimed) = operations::claim(inner, id, &record.owner).await? {
+                tracing::info!(task = %id, from_chunk = claimed.chunks, "restarting an interrupted task");
+                inner.operations.start(inner.clone(), runner, id.to_owned(), &claimed);
+                record = claimed;
+            }
+        } else {
+            record = operations::update_record(inner, id, |r| {
+                r.state = OpState::Interrupted;
+            })
+            .await?;
+        }
+    }
+    let mut detailed = task(id, &record, inner);
+    match record.state {
+        OpState::Done => {
+            detailed.insert("result".into(), final_result(inner, id, &record).await?);
+        }
+        OpState::Failed => {
+            let error = record.error.clone().unwrap_or_else(|| RpcError::internal("the task failed").to_object());
+            detailed.insert("error".into(), error);
+        }
+        OpState::Interrupted => {
+            detailed.insert("error".into(), RpcError::internal(operations::INTERRUPTED_MESSAGE).to_object());
+        }
+        OpState::Running | OpState::Cancelled => {}
+    }
+    Ok(Value::Object(detailed))
+}
+
+/// The task fields of a record (the spec's `Task`).
+fn task(id: &str, record: &OpRecord, inner: &Inner) -> Map<String, Value> {
+    let (status, message) = match record.state {
+        OpState::Running => ("working", None),
+        OpState::Done => ("completed", None),
+        OpState::Failed => ("failed", Some("the tool's work ended with an error")),
+        OpState::Interrupted => ("failed", Some("interrupted by a server restart")),
+        OpState::Cancelled => ("cancelled", Some("cancelled by the client")),
+    };
+    let mut task = Map::new();
+    task.insert("taskId".into(), json!(id));
+    task.insert("status".into(), json!(status));
+    if let Some(message) = message {
+        task.insert("statusMessage".into(), json!(message));
+    }
+    let created = if record.created_at_ms > 0 { record.created_at_ms } else { now_ms() };
+    task.insert("createdAt".into(), json!(iso8601(created)));
+    task.insert("lastUpdatedAt".into(), json!(iso8601(record.updated_at_ms.max(created))));
+    task.insert("ttlMs".into(), json!(inner.config.operation_ttl.as_millis() as u64));
+    task.insert("pollIntervalMs".into(), json!(POLL_INTERVAL.as_millis() as u64));
+    task
+}
+
+/// The whole result of a finished operation: its chunks as one
+/// `CallToolResult` (contents in order; the last structured content; an
+/// error if any chunk was one).
+async fn final_result(inner: &Inner, id: &str, record: &OpRecord) -> Result<Value, RpcError> {
+    let mut content = Vec::new();
+    let mut structured = None;
+    let mut is_error = false;
+    for index in 0..record.chunks {
+        let key = operations::chunk_key(id, index);
+        let stored = inner
+            .store
+            .kv_get(operations::CHUNK_NAMESPACE, &key, now_ms())
+            .await
+            .map_err(storage)?
+            .ok_or_else(|| RpcError::internal("the task's result was dropped (it expired)"))?;
+        let chunk: Value = serde_json::from_slice(&stored.value).map_err(|e| RpcError::internal(e.to_string()))?;
+        if let Some(items) = chunk.get("content").and_then(Value::as_array) {
+            content.extend(items.iter().cloned());
+        }
+        if let Some(s) = chunk.get("structuredContent") {
+            structured = Some(s.clone());
+        }
+        is_error |= chunk.get("isError").and_then(Value::as_bool).unwrap_or(false);
+    }
+    let mut result = json!({"content": content});
+    if let Some(s) = structured {
+        result["structuredContent"] = s;
+    }
+    if is_error {
+        result["isError"] = json!(true);
+    }
+    Ok(result)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_are_iso_8601_in_utc() {
+        assert_eq!(iso8601(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(iso8601(1_764_066_600_123), "2025-11-25T10:30:00.123Z");
+    }
+}
