@@ -163,3 +163,84 @@ async fn an_endpoint_whose_application_serves_sessions_only_names_the_revisions_
     assert_eq!(r["error"]["data"]["supported"], json!(tether_wire::revision::SUPPORTED), "{r}");
     let _ = server.kill();
 }
+
+fn with_tasks() -> Value {
+    json!({
+        (meta::PROTOCOL_VERSION): MODERN,
+        (meta::CLIENT_CAPABILITIES): {"extensions": {(meta::TASKS_EXTENSION): {}}},
+    })
+}
+
+/// `session` (a resumable tool) as a task: `--resume-wait 0s` makes every call one.
+async fn start_task(c: &Client) -> String {
+    let params = json!({"name": "session", "arguments": {"operation": "export", "format": "json"}, "_meta": with_tasks()});
+    let (status, created) = send(c, &request(1, "tools/call", params), Some("session"), &[]).await;
+    assert_eq!(status, 200, "{created}");
+    assert_eq!(created["result"]["resultType"], "task", "{created}");
+    created["result"]["taskId"].as_str().expect("a task ID").to_owned()
+}
+
+async fn task_status(c: &Client, task: &str) -> Value {
+    let (status, got) = send(c, &request(2, "tasks/get", json!({"taskId": task, "_meta": with_tasks()})), Some(task), &[]).await;
+    assert_eq!(status, 200, "{got}");
+    got["result"].clone()
+}
+
+async fn until_terminal(c: &Client, task: &str) -> Value {
+    for _ in 0..100 {
+        let task = task_status(c, task).await;
+        if task["status"] != "working" {
+            return task;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("the task never ended");
+}
+
+#[tokio::test]
+async fn a_task_over_http_is_followed_to_its_end_also_after_a_kill_9_and_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("t.db");
+    let (mut server, url) = start_binary(&db, &["--resume-wait", "0s"]);
+    let c = Client::new(&url);
+    let (_, discovered) = send(&c, &request(1, "server/discover", json!({})), None, &[]).await;
+    assert!(discovered["result"]["capabilities"]["extensions"][meta::TASKS_EXTENSION].is_object(), "{discovered}");
+
+    let task = start_task(&c).await;
+    let done = until_terminal(&c, &task).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["resultType"], "complete");
+    assert!(done["result"]["content"].is_array(), "{done}");
+    let (status, removed) = send(&c, &request(3, "tasks/result", json!({"taskId": task})), Some(&task), &[]).await;
+    assert_eq!((status, removed["error"]["code"].as_i64()), (404, Some(-32601)), "{removed}");
+    let (status, nameless) = send(&c, &request(4, "tasks/get", json!({"taskId": task, "_meta": with_tasks()})), None, &[]).await;
+    assert_eq!((status, nameless["error"]["code"].as_i64()), (400, Some(-32020)), "tasks/get needs Mcp-Name: {nameless}");
+
+    // A second task, then kill -9: after the restart the same ID answers
+    // and reaches a terminal status.
+    let second = start_task(&c).await;
+    let _ = server.kill();
+    let _ = server.wait();
+    let (mut restarted, url) = start_binary(&db, &["--resume-wait", "0s"]);
+    let c = Client::new(&url);
+    let after = until_terminal(&c, &second).await;
+    assert!(["completed", "failed"].contains(&after["status"].as_str().unwrap_or("")), "{after}");
+    assert_eq!(until_terminal(&c, &task).await["status"], "completed", "the first one is still there");
+    let _ = restarted.kill();
+}
+
+#[tokio::test]
+async fn a_task_created_on_one_replica_is_answered_at_once_by_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = redis_url();
+    let prefix = fresh_prefix();
+    let args = ["--store", store.as_str(), "--store-prefix", prefix.as_str(), "--resume-wait", "0s"];
+    let (mut a, url_a) = start_binary(&dir.path().join("a.db"), &args);
+    let (mut b, url_b) = start_binary(&dir.path().join("b.db"), &args);
+    let task = start_task(&Client::new(&url_a)).await;
+    let on_b = task_status(&Client::new(&url_b), &task).await;
+    assert_eq!(on_b["taskId"], task.as_str(), "{on_b}");
+    assert_eq!(until_terminal(&Client::new(&url_b), &task).await["status"], "completed");
+    let _ = a.kill();
+    let _ = b.kill();
+}

@@ -69,8 +69,9 @@ pub(crate) async fn call(
     let inner = ctx.inner().clone();
     let (raw, _) = operations::create(&inner, runner, "", ctx.principal().to_owned(), tool, arguments, binding, spec).await?;
     let id = hex::encode(raw);
-    let deadline = tokio::time::Instant::now() + inner.config.resume_wait;
-    let finished = inner.operations.finished_by(&id, deadline).await;
+    // `--resume-wait 0s`: always a task, however quick the work.
+    let wait = inner.config.resume_wait;
+    let finished = !wait.is_zero() && inner.operations.finished_by(&id, tokio::time::Instant::now() + wait).await;
     let record = operations::load(&inner, &id).await?.ok_or_else(not_found)?;
     if finished {
         match record.state {
