@@ -245,6 +245,7 @@ run_check py-auto 90 "$VPY" "$PY/client.py" "$URL" auto
 # The sessionless revision (2026-07-28) on the same endpoint, and an endpoint
 # that serves sessions only, where mode="auto" falls back to initialize.
 run_check py-modern 90 "$VPY" "$PY/client.py" "$URL" modern
+run_check py-roots-modern 90 "$VPY" "$PY/client.py" "$URL" roots-modern
 run_check py-auto-fallback 90 "$VPY" "$PY/client.py" "$URL/pystdio" auto-fallback
 run_check py-no-header 60 "$VPY" "$PY/client.py" "$URL" no-header
 run_check py-roots 90 "$VPY" "$PY/client.py" "$URL" roots

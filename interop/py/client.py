@@ -11,6 +11,10 @@ usage: client.py URL [CHECK ...]
              no initialize, no session, no DELETE; tools/list, tools/call thought, whose
              result names the notebook session in _meta.
   modern     Client(..., mode="2026-07-28"): the same, without the probe's choice.
+  roots-modern  Client(..., mode="2026-07-28", list_roots_callback=...): a sessionless
+             thought without a notebook session makes tether ask roots/list through an
+             input_required round (MRTR), answered by the SDK with the same callback;
+             a second Client with the same root goes on in the same notebook session.
   auto-fallback  mode="auto" against an endpoint that serves sessions only (a gateway
              endpoint): the probe's -32022 names the session-era revisions and the SDK
              falls back to initialize cleanly; then tools/list, tools/call (any tool).
@@ -355,6 +359,36 @@ def no_header_check(url: str) -> str:
             f"{', with priming event' if primed else ', no priming event' if call_sse else ''})")
 
 
+async def roots_modern_check(url: str) -> str:
+    from mcp import types
+
+    root = "file:///interop/python-modern-project"
+    asked = 0
+
+    async def list_roots(context: Any) -> Any:
+        nonlocal asked
+        asked += 1
+        return types.ListRootsResult(roots=[types.Root(uri=root, name="python-modern-project")])
+
+    sessions = []
+    for n in (1, 2):
+        args = dict(THOUGHT_ARGS, thoughtNumber=n)
+        http = httpx2.AsyncClient(timeout=httpx2.Timeout(30, read=TIMEOUT_S), trust_env=False)
+        with anyio.fail_after(TIMEOUT_S):
+            async with http:
+                transport = streamable_http_client(url, http_client=http)
+                async with Client(transport, mode=MODERN_VERSION, list_roots_callback=list_roots) as client:
+                    result = await client.call_tool("thought", args)
+                    check(not result.is_error, f"thought {n}: is_error: {result!r}")
+                    sc = result.structured_content or {}
+                    sessions.append(((result.meta or {}).get(NOTEBOOK_SESSION_META), sc.get("thoughtHistoryLength")))
+    check(asked == 2, f"the SDK's roots callback ran {asked} times, want once per sessionless call")
+    check(sessions[0][0] and sessions[0][0] == sessions[1][0],
+          f"the second client did not find the first one's notebook session by its root: {sessions}")
+    check(sessions[1][1] == sessions[0][1] + 1, f"thoughtHistoryLength did not go on: {sessions}")
+    return f"roots asked {asked} times through input_required; notebook session {sessions[0][0]} found again by root"
+
+
 # --------------------------------------------------------------------------- main
 
 def main(argv: list[str]) -> int:
@@ -362,7 +396,7 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     url = argv[1]
-    checks = argv[2:] or ["legacy", "auto", "modern", "no-header", "roots"]
+    checks = argv[2:] or ["legacy", "auto", "modern", "no-header", "roots", "roots-modern"]
     sdk_checks = {
         "legacy": ("legacy", "legacy"),
         "auto": ("auto", "modern"),
@@ -378,6 +412,8 @@ def main(argv: list[str]) -> int:
                 detail = no_header_check(url)
             elif name == "roots":
                 detail = anyio.run(roots_check, url)
+            elif name == "roots-modern":
+                detail = anyio.run(roots_modern_check, url)
             else:
                 print(f"unknown check {name!r}", file=sys.stderr)
                 return 2

@@ -98,7 +98,7 @@ impl Notebook {
         };
         let principal = ctx.principal().to_owned();
         if let Some(request_meta) = ctx.request_meta() {
-            return self.sessionless_thought(&principal, request_meta, &input).await;
+            return self.sessionless_thought(ctx, &principal, request_meta, &input).await;
         }
         // Fast path: append to the session the MCP session names (the append
         // checks it exists and belongs to the principal); else find or start one.
@@ -117,10 +117,13 @@ impl Notebook {
 
     /// A thought of a sessionless (2026-07-28) client, which has no MCP
     /// session to remember its notebook session in: it names one in
-    /// `_meta["dev.tether/notebookSession"]`, or gets a new one, named in the
-    /// result's `_meta` under the same key for its next calls.
+    /// `_meta["dev.tether/notebookSession"]`; else a client that declared
+    /// roots is asked for them (one MRTR round) and goes on in its one root's
+    /// latest session; else it gets a new one. The result names the session
+    /// in its `_meta` under the same key for the next calls.
     async fn sessionless_thought(
         &self,
+        ctx: &RequestCtx,
         principal: &str,
         request_meta: &Map<String, Value>,
         input: &thought::ThoughtInput,
@@ -133,12 +136,15 @@ impl Notebook {
                     meta::NOTEBOOK_SESSION
                 )));
             }
-            None => {
-                let created = NotebookSession::new(principal, None, Vec::new(), None);
-                self.repo.create_session(&created).await.map_err(repo_error)?;
-                tracing::info!(notebook_session = %created.id, "started a notebook session for a sessionless client");
-                created.id
-            }
+            // A client with one root goes on in that root's latest session
+            // (found again by project root, as sessions find theirs).
+            None => match roots::sessionless_root(ctx).await? {
+                Some(root) => match self.repo.latest_for_root(principal, &root).await.map_err(repo_error)? {
+                    Some(found) => found.id,
+                    None => self.start_sessionless(principal, Some(root)).await?,
+                },
+                None => self.start_sessionless(principal, None).await?,
+            },
         };
         let recorded = match self.repo.append_thought(principal, &id, input).await {
             Ok(recorded) => recorded,
@@ -155,6 +161,15 @@ impl Notebook {
         result_meta.insert(meta::NOTEBOOK_SESSION.into(), Value::String(id));
         result.meta = Some(rmcp::model::MetaObject(result_meta));
         Ok(result)
+    }
+}
+
+impl Notebook {
+    async fn start_sessionless(&self, principal: &str, root: Option<String>) -> Result<String, RpcError> {
+        let created = NotebookSession::new(principal, None, Vec::new(), root);
+        self.repo.create_session(&created).await.map_err(repo_error)?;
+        tracing::info!(notebook_session = %created.id, root = ?created.mcp_root_uri, "started a notebook session for a sessionless client");
+        Ok(created.id)
     }
 }
 

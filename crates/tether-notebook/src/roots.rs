@@ -48,7 +48,7 @@ pub(crate) fn client_supports_roots(capabilities: &Value) -> bool {
     capabilities.get("roots").is_some_and(Value::is_object)
 }
 
-fn parse_answer(result: &Value) -> Vec<Root> {
+pub(crate) fn parse_answer(result: &Value) -> Vec<Root> {
     result
         .get("roots")
         .and_then(Value::as_array)
@@ -97,6 +97,18 @@ pub(crate) async fn refresh(ctx: SessionCtx) {
         }
         Err(e) => tracing::info!(session = ctx.session_id(), error = %e.message, "client did not answer roots/list"),
     }
+}
+
+/// The one root of a sessionless (2026-07-28) caller that declared roots,
+/// asked through the request itself (the engine turns the ask into an
+/// `input_required` round); `None` if it has no roots or several.
+pub(crate) async fn sessionless_root(ctx: &RequestCtx) -> Result<Option<String>, tether_server::RpcError> {
+    if !client_supports_roots(ctx.caller().client_capabilities()) {
+        return Ok(None);
+    }
+    let answer = ctx.request_client("roots/list", None, IN_CALL_WAIT).await?;
+    let mut roots = parse_answer(&answer);
+    Ok(if roots.len() == 1 { roots.pop().map(|r| r.uri) } else { None })
 }
 
 /// The roots for a tool call: if the client supports roots and never

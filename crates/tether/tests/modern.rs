@@ -244,3 +244,65 @@ async fn a_task_created_on_one_replica_is_answered_at_once_by_another() {
     let _ = a.kill();
     let _ = b.kill();
 }
+
+/// A thought of a client that declared roots, with `extra` params (the
+/// repeated round's `inputResponses` and `requestState`).
+fn rooted_thought(n: u64, extra: Value) -> Value {
+    let mut params = json!({
+        "name": "thought",
+        "arguments": thought_args(n),
+        "_meta": {(meta::PROTOCOL_VERSION): MODERN, (meta::CLIENT_CAPABILITIES): {"roots": {}}},
+    });
+    if let (Some(p), Some(e)) = (params.as_object_mut(), extra.as_object()) {
+        p.extend(e.clone());
+    }
+    params
+}
+
+/// The two rounds of a rooted thought: `input_required` asking `roots/list`,
+/// then the answer with `root`; returns the final result.
+async fn thought_in_root(c: &Client, n: u64, root: &str) -> Value {
+    let (status, first) = send(c, &request(1, "tools/call", rooted_thought(n, json!({}))), Some("thought"), &[]).await;
+    assert_eq!(status, 200, "{first}");
+    let round = &first["result"];
+    assert_eq!(round["resultType"], "input_required", "{first}");
+    let (key, asked) = round["inputRequests"].as_object().and_then(|m| m.iter().next()).expect("one input request");
+    assert_eq!(asked["method"], "roots/list", "{first}");
+    let state = round["requestState"].as_str().expect("a request state");
+    let answer =
+        json!({"inputResponses": {(key.as_str()): {"roots": [{"uri": root, "name": "project"}]}}, "requestState": state});
+    let (status, second) = send(c, &request(2, "tools/call", rooted_thought(n, answer)), Some("thought"), &[]).await;
+    assert_eq!(status, 200, "{second}");
+    second["result"].clone()
+}
+
+#[tokio::test]
+async fn a_sessionless_client_is_asked_its_roots_through_mrtr_and_finds_its_notebook_session_again_by_root() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut server, url) = start_binary(&dir.path().join("t.db"), &[]);
+    let c = Client::new(&url);
+    let first = thought_in_root(&c, 1, "file:///work/project").await;
+    assert_eq!(first["resultType"], "complete", "{first}");
+    assert_eq!(first["structuredContent"]["thoughtHistoryLength"], 1, "{first}");
+    let pinned = first["_meta"][meta::NOTEBOOK_SESSION].clone();
+    // Another client of the same principal and root: the same notebook session.
+    let again = thought_in_root(&Client::new(&url), 2, "file:///work/project").await;
+    assert_eq!(again["_meta"][meta::NOTEBOOK_SESSION], pinned, "{again}");
+    assert_eq!(again["structuredContent"]["thoughtHistoryLength"], 2, "{again}");
+    let elsewhere = thought_in_root(&c, 1, "file:///work/other").await;
+    assert_ne!(elsewhere["_meta"][meta::NOTEBOOK_SESSION], pinned, "another root, another session");
+
+    // A changed or missing requestState is refused, and nothing is recorded.
+    let (_, round) = send(&c, &request(1, "tools/call", rooted_thought(3, json!({}))), Some("thought"), &[]).await;
+    let state = round["result"]["requestState"].as_str().expect("a state").to_owned();
+    let forged = format!("x{state}");
+    let answers = json!({"roots/list#0": {"roots": [{"uri": "file:///work/project"}]}});
+    for bad in [json!({"inputResponses": answers, "requestState": forged}), json!({"inputResponses": answers})] {
+        let (_, refused) = send(&c, &request(2, "tools/call", rooted_thought(3, bad)), Some("thought"), &[]).await;
+        assert_eq!(refused["error"]["code"], -32602, "{refused}");
+    }
+    // A client that did not declare roots is not asked.
+    let (_, plain) = send(&c, &request(4, "tools/call", thought(1, None)), Some("thought"), &[]).await;
+    assert_eq!(plain["result"]["resultType"], "complete", "{plain}");
+    let _ = server.kill();
+}

@@ -285,12 +285,11 @@ impl RequestCtx {
 
     /// A server-to-client request related to this request (e.g. `roots/list`).
     pub async fn request_client(&self, method: &str, params: Option<Value>, timeout: Duration) -> Result<Value, RpcError> {
-        let session = self.session.as_ref().ok_or_else(|| {
-            RpcError::internal(format!(
-                "{method} cannot be asked of a sessionless (2026-07-28) client by this server yet; \
-                 initialize a session (protocol 2025-11-25) to use it"
-            ))
-        })?;
+        let Some(session) = self.session.as_ref() else {
+            // A sessionless client is asked through the request's result (MRTR).
+            let sink = self.sink.as_ref().ok_or_else(no_session)?;
+            return sink.rounds.ask(method, params, self.caller.client_capabilities());
+        };
         request_client(&self.inner, session, self.stream.as_deref(), method, params, timeout).await
     }
 }

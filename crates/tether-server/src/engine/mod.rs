@@ -16,6 +16,7 @@ mod cache;
 mod ctx;
 mod keys;
 mod live;
+mod mrtr;
 mod notifications;
 pub mod operations;
 mod pump;

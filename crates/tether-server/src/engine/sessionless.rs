@@ -64,6 +64,8 @@ pub(crate) struct Sink {
     log_level: Option<u8>,
     /// The request's `_meta`: in this revision it carries what a session held.
     pub(crate) request_meta: Arc<Map<String, Value>>,
+    /// What this round of the request asked its client, and the answers it has.
+    pub(crate) rounds: Arc<super::mrtr::Rounds>,
 }
 
 impl Sink {
@@ -114,12 +116,31 @@ impl Engine {
             ))
         })?;
         let server_info = self.discover(&request.endpoint).await?.and_then(|d| d.get("serverInfo").cloned());
-        let SessionlessRequest { caller, id, method, params, authorization, log_level, .. } = request;
+        let SessionlessRequest { caller, id, method, mut params, authorization, log_level, .. } = request;
+        let principal = caller.principal.clone();
+        let repeated = params.as_ref().is_some_and(|p| p.contains_key("inputResponses") || p.contains_key("requestState"));
+        let rounds = match params.as_mut() {
+            Some(p) if repeated => {
+                let key = inner.key.get(inner.store.as_ref()).await.map_err(EngineError::Unavailable)?;
+                match super::mrtr::take(&key, &principal, &method, p) {
+                    Ok(rounds) => rounds,
+                    Err(refused) => return Ok(SessionlessReply::answered(&id, refused)),
+                }
+            }
+            _ => super::mrtr::Rounds::default(),
+        };
+        let rounds = Arc::new(rounds);
+        let subject = params.as_ref().and_then(super::mrtr::subject);
+        let method_name = method.clone();
         let progress_token = params.as_ref().and_then(|p| p.get("_meta")).and_then(|m| m.get(meta::PROGRESS_TOKEN)).cloned();
         let (tx, messages) = mpsc::channel(OUTBOUND_BUFFER);
         let request_meta = params.as_ref().and_then(|p| p.get("_meta")).and_then(Value::as_object).cloned().unwrap_or_default();
-        let sink =
-            Sink { tx: tx.clone(), log_level: log_level.as_deref().and_then(severity), request_meta: Arc::new(request_meta) };
+        let sink = Sink {
+            tx: tx.clone(),
+            log_level: log_level.as_deref().and_then(severity),
+            request_meta: Arc::new(request_meta),
+            rounds: rounds.clone(),
+        };
         let cancel = CancellationToken::new();
         let head = RequestHead { id: id.clone(), progress_token, authorization };
         let ctx = RequestCtx::sessionless(inner.clone(), caller, head, cancel.clone(), sink);
@@ -137,6 +158,16 @@ impl Engine {
             {
                 outcome = Err(RpcError::internal(format!("the request's changes were not stored: {e}")));
             }
+            // The work asked its client something: this round ends there.
+            if rounds.input_required(String::new).is_some() {
+                outcome = match worker.key.get(worker.store.as_ref()).await {
+                    Ok(key) => {
+                        let state = || super::mrtr::seal(&key, &principal, &method_name, subject.clone(), &rounds.answers);
+                        rounds.input_required(state).map_or(outcome, |required| crate::app::raw_result(&required))
+                    }
+                    Err(e) => Err(RpcError::internal(format!("storage unavailable: {e}"))),
+                };
+            }
             let answer = match outcome.and_then(|raw| shape_result(&raw, server_info.as_ref(), cacheable)) {
                 Ok(raw) => Outbound::Answer { body: envelope::raw_result_message(&id, &raw), error: None },
                 Err(e) => Outbound::Answer { body: envelope::error_message(Some(&id), &e), error: Some(e.code) },
@@ -144,6 +175,16 @@ impl Engine {
             let _ = tx.send(answer).await;
         }));
         Ok(SessionlessReply { messages, _cancel_on_drop: cancel.drop_guard() })
+    }
+}
+
+impl SessionlessReply {
+    /// A reply whose answer is known before any work runs.
+    fn answered(id: &Value, error: RpcError) -> Self {
+        let (tx, messages) = mpsc::channel(1);
+        let body = envelope::error_message(Some(id), &error);
+        let _ = tx.try_send(Outbound::Answer { body, error: Some(error.code) });
+        Self { messages, _cancel_on_drop: CancellationToken::new().drop_guard() }
     }
 }
 
