@@ -87,7 +87,7 @@ async fn ask(engine: &Engine, caller: Caller, method: &str, params: Value) -> Va
     loop {
         match tokio::time::timeout(Duration::from_secs(10), reply.messages.recv()).await.expect("answered in time") {
             Some(Outbound::Answer { body, .. }) => return serde_json::from_slice(&body).expect("JSON"),
-            Some(Outbound::Notification(_)) => continue,
+            Some(Outbound::Notification(_) | Outbound::KeepAlive) => continue,
             None => panic!("no answer"),
         }
     }

@@ -47,3 +47,5 @@ pub const NOTEBOOK_SESSION: &str = "dev.tether/notebookSession";
 pub const TASK_ID: &str = "dev.tether/taskId";
 /// The Tasks extension's name, in `capabilities.extensions`.
 pub const TASKS_EXTENSION: &str = "io.modelcontextprotocol/tasks";
+/// 2026-07-28, on every message of a `subscriptions/listen` stream: the listen request's id.
+pub const SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";

@@ -306,3 +306,55 @@ async fn a_sessionless_client_is_asked_its_roots_through_mrtr_and_finds_its_note
     assert_eq!(plain["result"]["resultType"], "complete", "{plain}");
     let _ = server.kill();
 }
+
+#[tokio::test]
+async fn subscriptions_listen_acknowledges_what_it_honours_and_follows_a_task_to_its_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut server, url) = start_binary(&dir.path().join("t.db"), &["--resume-wait", "0s"]);
+    let c = Client::new(&url);
+    let task = start_task(&c).await;
+
+    let listen = |filter: Value, caps: Value| {
+        let params =
+            json!({"notifications": filter, "_meta": {(meta::PROTOCOL_VERSION): MODERN, (meta::CLIENT_CAPABILITIES): caps}});
+        let body = request(7, "subscriptions/listen", params);
+        c.post_raw(
+            &[
+                ("content-type", "application/json"),
+                ("accept", "application/json, text/event-stream"),
+                ("mcp-protocol-version", MODERN),
+                ("mcp-method", "subscriptions/listen"),
+            ],
+            body.to_string(),
+        )
+        .send()
+    };
+    let tasks_caps = json!({"extensions": {(meta::TASKS_EXTENSION): {}}});
+    let resp = listen(json!({"toolsListChanged": true, "taskIds": [task, "not-a-task"]}), tasks_caps).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut events = SseReader::new(resp);
+    let ack = events.next_message().await.expect("the acknowledgement");
+    assert_eq!(ack["method"], "notifications/subscriptions/acknowledged", "{ack}");
+    assert_eq!(ack["params"]["_meta"][meta::SUBSCRIPTION_ID], 7);
+    // The notebook's tools never change; only the caller's own, known task is followed.
+    assert_eq!(ack["params"]["notifications"], json!({"taskIds": [task]}), "{ack}");
+    let mut last = Value::Null;
+    for _ in 0..20 {
+        let note = events.next_message().await.expect("a task notification");
+        assert_eq!(note["method"], "notifications/tasks", "{note}");
+        assert_eq!(note["params"]["taskId"], task.as_str());
+        assert_eq!(note["params"]["_meta"][meta::SUBSCRIPTION_ID], 7);
+        last = note;
+        if last["params"]["status"] != "working" {
+            break;
+        }
+    }
+    assert_eq!(last["params"]["status"], "completed", "{last}");
+    assert!(last["params"]["result"]["content"].is_array(), "a notification carries the whole task: {last}");
+
+    let refused = listen(json!({"taskIds": [task]}), json!({})).await.unwrap();
+    assert_eq!(refused.status(), 400);
+    let refused: Value = refused.json().await.unwrap();
+    assert_eq!(refused["error"]["code"], -32021, "{refused}");
+    let _ = server.kill();
+}

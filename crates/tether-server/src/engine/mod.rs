@@ -15,6 +15,7 @@
 mod cache;
 mod ctx;
 mod keys;
+mod listen;
 mod live;
 mod mrtr;
 mod notifications;
@@ -52,6 +53,7 @@ pub use session::{Session, SessionState};
 use crate::app::{Caller, ClientAuthorization, ClientDeclaration, EndReason, Endpoints, Initialize, McpApp, SessionEnd};
 use crate::config::ServerConfig;
 use crate::ids::{self, EventId};
+pub use listen::filter as listen_filter;
 use live::{LiveEvent, LiveHub};
 use pump::{PumpSpec, spawn_pump};
 use request::RequestHead;
@@ -136,6 +138,8 @@ pub(crate) struct Inner {
     shutdown_done: tokio::sync::OnceCell<()>,
     /// Sessionless requests running (bounded by `max_sessionless_requests`).
     sessionless: Arc<tokio::sync::Semaphore>,
+    /// Open `subscriptions/listen` streams (bounded the same).
+    listeners: Arc<tokio::sync::Semaphore>,
     /// What each endpoint's application says of itself (`McpApp::discover`), asked once.
     #[allow(clippy::type_complexity)]
     described: Mutex<HashMap<String, Arc<tokio::sync::OnceCell<Option<Arc<Map<String, Value>>>>>>>,
@@ -184,6 +188,7 @@ impl Engine {
                 tasks: TaskTracker::new(),
                 shutdown_done: tokio::sync::OnceCell::new(),
                 sessionless: Arc::new(tokio::sync::Semaphore::new(config.max_sessionless_requests)),
+                listeners: Arc::new(tokio::sync::Semaphore::new(config.max_sessionless_requests)),
                 described: Mutex::new(HashMap::new()),
                 config,
             }),

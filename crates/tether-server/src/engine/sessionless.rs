@@ -48,6 +48,8 @@ pub enum Outbound {
     Notification(Bytes),
     /// The answer, the last message; `error` is its JSON-RPC error code, if any.
     Answer { body: Bytes, error: Option<i64> },
+    /// Nothing to say for a while (a listen stream): an SSE comment.
+    KeepAlive,
 }
 
 /// The response side of a running sessionless request: dropping it cancels
@@ -179,8 +181,12 @@ impl Engine {
 }
 
 impl SessionlessReply {
+    pub(crate) fn new(messages: mpsc::Receiver<Outbound>, cancel: CancellationToken) -> Self {
+        Self { messages, _cancel_on_drop: cancel.drop_guard() }
+    }
+
     /// A reply whose answer is known before any work runs.
-    fn answered(id: &Value, error: RpcError) -> Self {
+    pub(crate) fn answered(id: &Value, error: RpcError) -> Self {
         let (tx, messages) = mpsc::channel(1);
         let body = envelope::error_message(Some(id), &error);
         let _ = tx.try_send(Outbound::Answer { body, error: Some(error.code) });

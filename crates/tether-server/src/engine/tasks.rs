@@ -26,7 +26,7 @@ use crate::app::{OperationRunner, OperationSpec};
 const POLL_INTERVAL: Duration = Duration::from_millis(500);
 
 /// The error of a sessionless request that needs the extension undeclared.
-fn extension_required(why: &str) -> RpcError {
+pub(crate) fn extension_required(why: &str) -> RpcError {
     RpcError {
         code: code::MISSING_REQUIRED_CLIENT_CAPABILITY,
         message: format!(
@@ -138,6 +138,17 @@ pub(crate) async fn handle(
     }
 }
 
+/// The task `id` of `principal` as `tasks/get` shows it now (no takeover of
+/// an orphaned one: that is `tasks/get`'s); `None` if it is not theirs or
+/// is gone.
+pub(crate) async fn snapshot(inner: &Inner, principal: &str, id: &str) -> Result<Option<Value>, RpcError> {
+    let record = operations::load(inner, id).await?.filter(|r| r.principal == principal && r.expires_at_ms > now_ms());
+    match record {
+        Some(record) => Ok(Some(detailed(inner, id, &record).await?)),
+        None => Ok(None),
+    }
+}
+
 async fn get(inner: &Arc<Inner>, runner: Arc<dyn OperationRunner>, id: &str, mut record: OpRecord) -> Result<Value, RpcError> {
     if operations::orphaned(inner, id, &record).await {
         if record.restartable {
@@ -153,10 +164,16 @@ async fn get(inner: &Arc<Inner>, runner: Arc<dyn OperationRunner>, id: &str, mut
             .await?;
         }
     }
-    let mut detailed = task(id, &record, inner);
+    detailed(inner, id, &record).await
+}
+
+/// A record as the spec's `DetailedTask`: the task, and its result, error
+/// or nothing more, by status.
+async fn detailed(inner: &Inner, id: &str, record: &OpRecord) -> Result<Value, RpcError> {
+    let mut detailed = task(id, record, inner);
     match record.state {
         OpState::Done => {
-            detailed.insert("result".into(), final_result(inner, id, &record).await?);
+            detailed.insert("result".into(), final_result(inner, id, record).await?);
         }
         OpState::Failed => {
             let error = record.error.clone().unwrap_or_else(|| RpcError::internal("the task failed").to_object());

@@ -174,24 +174,46 @@ pub(super) async fn post(
         };
         return Ok(refuse(StatusCode::BAD_REQUEST, &id, error));
     };
+    if method == "subscriptions/listen" {
+        let filter = match crate::engine::listen_filter(&params) {
+            Ok(filter) => filter,
+            Err(refused) => return Ok(refuse(StatusCode::OK, &id, refused)),
+        };
+        let caller = caller_of(principal, version, request_meta, capabilities);
+        let reply = engine.listen(endpoint, caller, id, filter).await?;
+        return answer(reply).await;
+    }
     if method == "server/discover" {
         let answer = json!({"jsonrpc": "2.0", "id": id, "result": discover_result(&described)});
         return Ok(axum::Json(answer).into_response());
     }
-    let caller = Caller {
+    let caller = caller_of(principal, version, request_meta, capabilities);
+    let log_level = request_meta.and_then(|m| m.get(meta::LOG_LEVEL)).and_then(Value::as_str).map(str::to_owned);
+    let authorization = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).map(ClientAuthorization::new);
+    let request =
+        SessionlessRequest { endpoint: endpoint.to_owned(), caller, id, method, params: Some(params), authorization, log_level };
+    answer(engine.call_sessionless(request).await?).await
+}
+
+/// The caller a modern request declares in its `_meta`.
+fn caller_of(principal: String, version: &str, request_meta: Option<&Map<String, Value>>, capabilities: &Value) -> Caller {
+    Caller {
         principal,
         client: std::sync::Arc::new(ClientDeclaration {
             protocol_version: version.to_owned(),
             client_info: request_meta.and_then(|m| m.get(meta::CLIENT_INFO)).cloned().unwrap_or(Value::Null),
             client_capabilities: capabilities.clone(),
         }),
-    };
-    let log_level = request_meta.and_then(|m| m.get(meta::LOG_LEVEL)).and_then(Value::as_str).map(str::to_owned);
-    let authorization = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).map(ClientAuthorization::new);
-    let request =
-        SessionlessRequest { endpoint: endpoint.to_owned(), caller, id, method, params: Some(params), authorization, log_level };
-    let mut reply = engine.call_sessionless(request).await?;
-    match reply.messages.recv().await {
+    }
+}
+
+/// JSON when the answer comes first (its status by its error), else an SSE stream.
+async fn answer(mut reply: crate::engine::SessionlessReply) -> Result<Response, HttpError> {
+    let mut first = reply.messages.recv().await;
+    while matches!(first, Some(Outbound::KeepAlive)) {
+        first = reply.messages.recv().await;
+    }
+    match first {
         Some(Outbound::Answer { body, error }) => {
             let status = match error {
                 Some(code::METHOD_NOT_FOUND) => StatusCode::NOT_FOUND,
@@ -203,7 +225,7 @@ pub(super) async fn post(
             Ok((status, [(header::CONTENT_TYPE, "application/json")], body).into_response())
         }
         Some(Outbound::Notification(first)) => Ok(super::sse::unnumbered(first, reply)),
-        None => Err(HttpError::internal("the request's task ended without an answer")),
+        Some(Outbound::KeepAlive) | None => Err(HttpError::internal("the request's task ended without an answer")),
     }
 }
 

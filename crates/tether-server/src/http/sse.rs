@@ -97,6 +97,7 @@ pub fn unnumbered(first: bytes::Bytes, reply: crate::engine::SessionlessReply) -
         loop {
             match next {
                 Some(Outbound::Notification(data)) => message(&mut chunk, &data),
+                Some(Outbound::KeepAlive) => chunk.put_slice(b": keepalive\n\n"),
                 Some(Outbound::Answer { body, .. }) => {
                     message(&mut chunk, &body);
                     return Some((Ok::<_, Infallible>(chunk.freeze()), None));

@@ -1,0 +1,169 @@
+//! `subscriptions/listen` (2026-07-28): the long-lived stream that replaced
+//! the session era's standalone GET. The first message acknowledges the
+//! subset of the requested notifications this server honours; then
+//! `notifications/tasks` for each task the client named (its current state
+//! first, then each change), keep-alive comments, and, when the server shuts
+//! down, the request's empty result.
+//!
+//! Nothing a returning listener needs is lost while it is away: task
+//! notifications are the task's state, read from the store, so the first
+//! one after a reconnect is the state it missed. List-changed and resource
+//! notifications are honoured only where the application says its lists
+//! can change (tether's notebook says they cannot).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+use tether_wire::{RpcError, envelope, meta};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::sessionless::{Outbound, SessionlessReply};
+use super::{Engine, EngineError, Inner, tasks};
+use crate::app::Caller;
+
+/// Tasks one listen stream may follow.
+const MAX_TASKS: usize = 100;
+/// How often followed tasks are read again.
+const TASK_POLL: Duration = Duration::from_millis(500);
+
+impl Engine {
+    /// Opens a listen stream for `caller` on `endpoint` with the request's
+    /// `notifications` filter; `id` is the listen request's id (the
+    /// subscription's ID on every message).
+    pub async fn listen(
+        &self,
+        endpoint: &str,
+        caller: Caller,
+        id: Value,
+        filter: &Map<String, Value>,
+    ) -> Result<SessionlessReply, EngineError> {
+        let inner = &self.inner;
+        if inner.shutdown.is_cancelled() {
+            return Err(EngineError::ShuttingDown);
+        }
+        let described = self.discover(endpoint).await?.unwrap_or_default();
+        let capabilities = described.get("capabilities").cloned().unwrap_or(Value::Null);
+        let mut honoured = Map::new();
+        for (key, capability, flag) in [
+            ("toolsListChanged", "tools", "listChanged"),
+            ("promptsListChanged", "prompts", "listChanged"),
+            ("resourcesListChanged", "resources", "listChanged"),
+        ] {
+            let can_change = capabilities.get(capability).and_then(|c| c.get(flag)).and_then(Value::as_bool) == Some(true);
+            if filter.get(key).and_then(Value::as_bool) == Some(true) && can_change {
+                honoured.insert(key.into(), json!(true));
+            }
+        }
+        let mut followed = Vec::new();
+        if let Some(ids) = filter.get("taskIds").and_then(Value::as_array) {
+            if !caller.client_capabilities().get("extensions").is_some_and(|e| e.get(meta::TASKS_EXTENSION).is_some()) {
+                let refused = tasks::extension_required("notifications/tasks on subscriptions/listen");
+                return Ok(SessionlessReply::answered(&id, refused));
+            }
+            for task in ids.iter().filter_map(Value::as_str).take(MAX_TASKS) {
+                // Only the caller's own tasks; others are left out of the acknowledgement.
+                if tasks::snapshot(inner, &caller.principal, task).await.ok().flatten().is_some() {
+                    followed.push(task.to_owned());
+                }
+            }
+            honoured.insert("taskIds".into(), json!(followed));
+        }
+        let permit = inner.listeners.clone().try_acquire_owned().map_err(|_| {
+            EngineError::TooMany(format!("this server already holds {} listen streams", inner.config.max_sessionless_requests))
+        })?;
+        let (tx, messages) = mpsc::channel(16);
+        let cancel = CancellationToken::new();
+        let stream = Listener { inner: inner.clone(), tx, id: id.clone(), principal: caller.principal.clone() };
+        let stopped = cancel.clone();
+        inner.spawn(async move {
+            let _permit = permit;
+            stream.run(honoured, followed, stopped).await;
+        });
+        Ok(SessionlessReply::new(messages, cancel))
+    }
+}
+
+struct Listener {
+    inner: Arc<Inner>,
+    tx: mpsc::Sender<Outbound>,
+    id: Value,
+    principal: String,
+}
+
+impl Listener {
+    /// A notification of this subscription (its ID in `_meta`).
+    async fn send(&self, method: &str, mut params: Map<String, Value>) -> bool {
+        let subscription = json!({(meta::SUBSCRIPTION_ID): self.id});
+        match params.get_mut("_meta") {
+            Some(Value::Object(m)) => m.extend(subscription.as_object().cloned().unwrap_or_default()),
+            _ => {
+                params.insert("_meta".into(), subscription);
+            }
+        }
+        let body = envelope::outbound_message(None, method, Some(&Value::Object(params)));
+        self.tx.send(Outbound::Notification(body)).await.is_ok()
+    }
+
+    async fn run(self, honoured: Map<String, Value>, mut followed: Vec<String>, stopped: CancellationToken) {
+        let mut ack = Map::new();
+        ack.insert("notifications".into(), Value::Object(honoured));
+        if !self.send("notifications/subscriptions/acknowledged", ack).await {
+            return;
+        }
+        let mut last_seen: HashMap<String, (Value, Value)> = HashMap::new();
+        let mut keepalive = tokio::time::interval(self.inner.config.keepalive);
+        keepalive.tick().await;
+        let mut poll = tokio::time::interval(TASK_POLL);
+        loop {
+            tokio::select! {
+                _ = poll.tick(), if !followed.is_empty() => {
+                    let mut still = Vec::with_capacity(followed.len());
+                    for task in followed {
+                        let Ok(Some(state)) = tasks::snapshot(&self.inner, &self.principal, &task).await else { continue };
+                        let marker = (state["status"].clone(), state["lastUpdatedAt"].clone());
+                        if last_seen.get(&task) != Some(&marker) {
+                            let terminal = !matches!(marker.0.as_str(), Some("working" | "input_required"));
+                            last_seen.insert(task.clone(), marker);
+                            let Value::Object(params) = state else { continue };
+                            if !self.send("notifications/tasks", params).await {
+                                return;
+                            }
+                            if terminal {
+                                continue;
+                            }
+                        }
+                        still.push(task);
+                    }
+                    followed = still;
+                }
+                _ = keepalive.tick() => {
+                    if self.tx.send(Outbound::KeepAlive).await.is_err() {
+                        return;
+                    }
+                }
+                _ = self.tx.closed() => return,
+                _ = stopped.cancelled() => return,
+                _ = self.inner.shutdown.cancelled() => {
+                    // The graceful end: the listen request's (empty) result.
+                    let result = json!({"resultType": "complete", "_meta": {(meta::SUBSCRIPTION_ID): self.id}});
+                    if let Ok(raw) = crate::app::raw_result(&result) {
+                        let body = envelope::raw_result_message(&self.id, &raw);
+                        let _ = self.tx.send(Outbound::Answer { body, error: None }).await;
+                    }
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// `params.notifications` of a listen request, or why it is unusable.
+pub fn filter(params: &Map<String, Value>) -> Result<&Map<String, Value>, RpcError> {
+    params
+        .get("notifications")
+        .and_then(Value::as_object)
+        .ok_or_else(|| RpcError::invalid_params("subscriptions/listen needs params.notifications (an object of opt-ins)"))
+}
