@@ -59,7 +59,7 @@ impl Engine {
         }
         let mut followed = Vec::new();
         if let Some(ids) = filter.get("taskIds").and_then(Value::as_array) {
-            if !caller.client_capabilities().get("extensions").is_some_and(|e| e.get(meta::TASKS_EXTENSION).is_some()) {
+            if !tasks::declares(caller.client_capabilities()) {
                 let refused = tasks::extension_required("notifications/tasks on subscriptions/listen");
                 return Ok(SessionlessReply::answered(&id, refused));
             }

@@ -40,7 +40,12 @@ pub(crate) fn extension_required(why: &str) -> RpcError {
 
 /// Whether the request's caller declared the Tasks extension.
 pub(crate) fn declared(ctx: &RequestCtx) -> bool {
-    ctx.caller().client_capabilities().get("extensions").and_then(|e| e.get(meta::TASKS_EXTENSION)).is_some()
+    declares(ctx.caller().client_capabilities())
+}
+
+/// Whether client capabilities declare the Tasks extension.
+pub(crate) fn declares(capabilities: &Value) -> bool {
+    capabilities.get("extensions").and_then(|e| e.get(meta::TASKS_EXTENSION)).is_some()
 }
 
 fn not_found() -> RpcError {
