@@ -74,17 +74,53 @@ impl<'de> Deserialize<'de> for RequiresSession {
     }
 }
 
+/// Which protocol era to speak to a server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Protocol {
+    /// Ask `server/discover` first: the sessionless revision (2026-07-28)
+    /// if the server offers it, else `initialize` and sessions.
+    #[default]
+    Auto,
+    /// Sessions (2025-11-25 and earlier), never `server/discover`.
+    Legacy,
+    /// The sessionless revision only.
+    Modern,
+}
+
+impl std::str::FromStr for Protocol {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Protocol::Auto),
+            "legacy" => Ok(Protocol::Legacy),
+            "modern" => Ok(Protocol::Modern),
+            other => Err(format!("protocol must be auto, legacy or modern, not {other:?}")),
+        }
+    }
+}
+
 /// One server as the runtime sees it.
 #[derive(Debug, Clone)]
 pub struct ServerSpec {
     pub url: String,
     pub requires_session: RequiresSession,
+    pub protocol: Protocol,
     pub options: ClientOptions,
 }
 
 impl ServerSpec {
     pub fn new(url: impl Into<String>) -> Self {
-        Self { url: url.into(), requires_session: RequiresSession::Auto, options: ClientOptions::default() }
+        Self {
+            url: url.into(),
+            requires_session: RequiresSession::Auto,
+            protocol: Protocol::Auto,
+            options: ClientOptions::default(),
+        }
+    }
+
+    pub fn protocol(mut self, p: Protocol) -> Self {
+        self.protocol = p;
+        self
     }
 
     pub fn requires_session(mut self, r: RequiresSession) -> Self {
@@ -255,7 +291,7 @@ fn entry_spec(name: Option<&String>, entry: &ServerEntry, url: &str, env: &dyn F
     };
     Resolved {
         name: name.cloned(),
-        spec: ServerSpec { url: url.to_owned(), requires_session: entry.requires_session, options },
+        spec: ServerSpec { url: url.to_owned(), requires_session: entry.requires_session, protocol: Protocol::Auto, options },
         token_env,
     }
 }

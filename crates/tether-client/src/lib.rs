@@ -17,7 +17,7 @@ pub mod resume;
 mod session;
 mod sse;
 
-pub use config::{Config, RequiresSession, Resolved, ServerSpec};
+pub use config::{Config, Protocol, RequiresSession, Resolved, ServerSpec};
 pub use error::ClientError;
 pub use pool::{CallProgress, Pool, PoolOptions, ProgressHandler, RootsProvider};
 pub use session::{ClientOptions, ServerMessage, Session};

@@ -15,6 +15,10 @@
 //! - Server requests on pool sessions are answered by default handlers:
 //!   `ping`, and `roots/list` from `PoolOptions::roots`; progress
 //!   notifications reach the `call_tool` that asked for them.
+//! - `protocol`: `auto` asks `server/discover` once per server and speaks
+//!   the sessionless revision (2026-07-28) where it is offered: the same
+//!   handlers answer its `input_required` rounds (MRTR), and a task is
+//!   followed with `tasks/get` (at its `pollIntervalMs`) to its end.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -26,7 +30,7 @@ use sha2::{Digest, Sha256};
 use tether_wire::{RpcError, code};
 use tokio::task::JoinHandle;
 
-use crate::config::{RequiresSession, ServerSpec};
+use crate::config::{Protocol, RequiresSession, ServerSpec};
 use crate::error::ReqError;
 use crate::resume::{self, Round};
 use crate::session::{ServerMessage, Session};
@@ -42,6 +46,11 @@ pub type ProgressHandler = Arc<dyn Fn(CallProgress) + Send + Sync>;
 
 /// Pages of `tools/list` followed at most.
 const MAX_LIST_PAGES: usize = 100;
+/// `input_required` rounds of one sessionless request answered at most.
+const MAX_INPUT_ROUNDS: usize = 8;
+/// Bounds on the wait between two `tasks/get` of a followed task.
+const TASK_POLL_MIN: Duration = Duration::from_millis(100);
+const TASK_POLL_MAX: Duration = Duration::from_secs(5);
 
 /// How the pool behaves.
 #[derive(Clone)]
@@ -123,6 +132,11 @@ struct State {
     /// The server answered over the 2024-11-05 HTTP+SSE transport: its next
     /// session goes there directly, without a Streamable HTTP probe first.
     legacy: bool,
+    /// Whether the server speaks the sessionless revision (known after the
+    /// `server/discover` of `auto`).
+    modern: Option<bool>,
+    /// The client of the sessionless revision, once one is needed.
+    modern_session: Option<Session>,
 }
 
 /// One (URL, principal).
@@ -228,6 +242,9 @@ impl Pool {
     pub async fn request(&self, server: &ServerSpec, method: &str, params: Option<Value>) -> Result<Value, ClientError> {
         let entry = self.entry(server);
         let _busy = entry.busy();
+        if let Some(modern) = self.modern_session(&entry, server).await? {
+            return self.modern_request(&modern, method, params).await;
+        }
         match server.requires_session {
             RequiresSession::Always => self.with_session(&entry, server, method, params).await,
             RequiresSession::Never => {
@@ -312,6 +329,112 @@ impl Pool {
                     }
                 }
             }
+        }
+    }
+
+    /// The sessionless-revision client for `server`, if the pool speaks
+    /// that revision to it (`protocol`; `auto` asks `server/discover` once).
+    async fn modern_session(&self, entry: &Entry, server: &ServerSpec) -> Result<Option<Session>, ClientError> {
+        if server.protocol == Protocol::Legacy {
+            return Ok(None);
+        }
+        let mut g = entry.state.lock().await;
+        if g.modern == Some(false) {
+            return Ok(None);
+        }
+        let session = match &g.modern_session {
+            Some(s) => s.clone(),
+            None => {
+                let o = &self.inner.options;
+                let capabilities = json!({"roots": {}, "extensions": {(tether_wire::meta::TASKS_EXTENSION): {}}});
+                let info = json!({"name": o.client_name, "version": o.client_version});
+                let s = Session::modern(&server.url, server.options.clone(), info, capabilities)?;
+                self.attach_handlers(&s);
+                g.modern_session = Some(s.clone());
+                s
+            }
+        };
+        if g.modern.is_none() {
+            let offered = match server.protocol {
+                Protocol::Modern => true,
+                _ => match session.request("server/discover", None).await {
+                    Ok(found) => found
+                        .get("supportedVersions")
+                        .and_then(Value::as_array)
+                        .is_some_and(|v| v.iter().any(|v| v.as_str() == Some(crate::session::MODERN_VERSION))),
+                    Err(e) => {
+                        tracing::debug!(url = %server.url, "no server/discover ({e}); speaking the session era");
+                        false
+                    }
+                },
+            };
+            g.modern = Some(offered);
+        }
+        Ok((g.modern == Some(true)).then_some(session))
+    }
+
+    /// A request of the sessionless revision: its `input_required` rounds
+    /// answered by the pool's handlers, a task followed to its end.
+    async fn modern_request(&self, session: &Session, method: &str, params: Option<Value>) -> Result<Value, ClientError> {
+        let mut params = params.unwrap_or_else(|| json!({}));
+        for _ in 0..MAX_INPUT_ROUNDS {
+            let result = session.request(method, Some(params.clone())).await?;
+            match result.get("resultType").and_then(Value::as_str) {
+                Some("input_required") => {
+                    let asked = result.get("inputRequests").and_then(Value::as_object).cloned().unwrap_or_default();
+                    let mut answers = serde_json::Map::new();
+                    for (key, request) in asked {
+                        answers.insert(key, self.answer_input(&request)?);
+                    }
+                    params["inputResponses"] = Value::Object(answers);
+                    params["requestState"] = result.get("requestState").cloned().unwrap_or(Value::Null);
+                }
+                Some("task") => return self.follow_task(session, &result).await,
+                _ => return Ok(result),
+            }
+        }
+        Err(ClientError::Transport(format!("{method}: the server kept asking for input after {MAX_INPUT_ROUNDS} rounds")))
+    }
+
+    /// What the pool answers an input request with: what its handlers
+    /// answer the same request of a session.
+    fn answer_input(&self, request: &Value) -> Result<Value, ClientError> {
+        match request.get("method").and_then(Value::as_str) {
+            Some("roots/list") => Ok(json!({"roots": (self.inner.options.roots)()})),
+            Some("ping") => Ok(json!({})),
+            other => Err(ClientError::Transport(format!(
+                "the server asked for {} during the request; tether's client answers roots/list only",
+                other.unwrap_or("an unnamed request")
+            ))),
+        }
+    }
+
+    /// Polls `tasks/get` until the task ends; its result, or its error.
+    async fn follow_task(&self, session: &Session, created: &Value) -> Result<Value, ClientError> {
+        let id = created
+            .get("taskId")
+            .and_then(Value::as_str)
+            .ok_or_else(|| ClientError::Transport("the server answered with a task that has no taskId".into()))?
+            .to_owned();
+        let mut task = created.clone();
+        loop {
+            match task.get("status").and_then(Value::as_str) {
+                Some("completed") => return Ok(task.get("result").cloned().unwrap_or_else(|| json!({"content": []}))),
+                Some("failed") => {
+                    let error = task.get("error").cloned().unwrap_or(Value::Null);
+                    return Err(ClientError::Rpc(RpcError::from_object(&error)));
+                }
+                Some("cancelled") => {
+                    return Err(ClientError::Rpc(RpcError::new(code::REQUEST_CANCELLED, format!("task {id} was cancelled"))));
+                }
+                Some("input_required") => {
+                    return Err(ClientError::Transport(format!("task {id} needs input, which tether's client cannot give yet")));
+                }
+                _ => {}
+            }
+            let wait = task.get("pollIntervalMs").and_then(Value::as_u64).map_or(TASK_POLL_MIN, Duration::from_millis);
+            tokio::time::sleep(wait.clamp(TASK_POLL_MIN, TASK_POLL_MAX)).await;
+            task = session.request("tasks/get", Some(json!({"taskId": id}))).await?;
         }
     }
 

@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use tether_wire::{Inbound, RpcError, envelope, headers};
+use tether_wire::{Inbound, RpcError, envelope, headers, meta};
 
 use crate::error::{ClientError, ReqError};
 use crate::sse::read_body;
@@ -28,6 +28,8 @@ use legacy_sse::LegacyChannel;
 
 /// Server messages buffered for `take_incoming`.
 const INCOMING_BUFFER: usize = 256;
+/// The sessionless revision a modern session speaks.
+pub const MODERN_VERSION: &str = tether_wire::revision::FIRST_MODERN;
 /// Error bodies are read up to this size for their message.
 const MAX_ERROR_BODY: usize = 64 * 1024;
 /// Connection establishment limit (the request itself has `request_timeout`).
@@ -104,6 +106,9 @@ struct Inner {
     incoming_rx: Mutex<Option<mpsc::Receiver<ServerMessage>>>,
     closed: watch::Sender<bool>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// A sessionless (2026-07-28) session: what every request's `_meta`
+    /// declares (protocol version, capabilities, client info).
+    modern: Option<serde_json::Map<String, Value>>,
 }
 
 impl Drop for Inner {
@@ -226,6 +231,34 @@ pub(crate) fn http_client() -> Result<reqwest::Client, ClientError> {
         .map_err(|e| ClientError::Transport(format!("cannot set up the HTTP client: {e}")))
 }
 
+/// The headers of a sessionless request that mirror its body: `Mcp-Method`,
+/// and `Mcp-Name` for the methods that name something (base64-wrapped when
+/// the value is not plain visible ASCII, as the revision says).
+fn modern_headers(headers: &mut HeaderMap, message: &Value) {
+    let Some(method) = message.get("method").and_then(Value::as_str) else { return };
+    if let Ok(v) = HeaderValue::from_str(method) {
+        headers.insert(HeaderName::from_static(tether_wire::headers::MCP_METHOD), v);
+    }
+    let field = match method {
+        "tools/call" | "prompts/get" => "name",
+        "resources/read" => "uri",
+        "tasks/get" | "tasks/update" | "tasks/cancel" => "taskId",
+        _ => return,
+    };
+    let Some(name) = message.get("params").and_then(|p| p.get(field)).and_then(Value::as_str) else { return };
+    let plain = !name.is_empty()
+        && name.bytes().all(|b| (0x21..=0x7e).contains(&b))
+        && !(name.starts_with("=?base64?") && name.ends_with("?="));
+    let value = if plain {
+        name.to_owned()
+    } else {
+        use base64::Engine as _;
+        format!("=?base64?{}?=", base64::engine::general_purpose::STANDARD.encode(name))
+    };
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        headers.insert(HeaderName::from_static(tether_wire::headers::MCP_NAME), v);
+    }
+}
 fn check_url(url: &str) -> Result<reqwest::Url, ClientError> {
     let parsed = reqwest::Url::parse(url)
         .map_err(|e| ClientError::Config(format!("{url:?} is not a valid URL ({e}); expected e.g. http://127.0.0.1:8787/mcp")))?;
@@ -342,8 +375,31 @@ impl Session {
                 incoming_rx: Mutex::new(Some(incoming_rx)),
                 closed,
                 tasks: Mutex::new(Vec::new()),
+                modern: None,
             }),
         })
+    }
+
+    /// A client of the sessionless revision (2026-07-28): no `initialize`;
+    /// every request declares `client_info` and `capabilities` in its
+    /// `_meta` and names itself in `Mcp-Method` / `Mcp-Name`.
+    pub fn modern(url: &str, options: ClientOptions, client_info: Value, capabilities: Value) -> Result<Session, ClientError> {
+        check_url(url)?;
+        let mut session = Session::build(http_client()?, url, options, Kind::Streamable)?;
+        let _ = session.inner.protocol_version.set(MODERN_VERSION.to_owned());
+        let mut declared = serde_json::Map::new();
+        declared.insert(meta::PROTOCOL_VERSION.into(), json!(MODERN_VERSION));
+        declared.insert(meta::CLIENT_CAPABILITIES.into(), capabilities);
+        declared.insert(meta::CLIENT_INFO.into(), client_info);
+        if let Some(inner) = Arc::get_mut(&mut session.inner) {
+            inner.modern = Some(declared);
+        }
+        Ok(session)
+    }
+
+    /// Whether this is a client of the sessionless revision.
+    pub fn is_modern(&self) -> bool {
+        self.inner.modern.is_some()
     }
 
     pub fn session_id(&self) -> Option<String> {
@@ -390,6 +446,17 @@ impl Session {
         let mut message = json!({"jsonrpc": "2.0", "id": id, "method": method});
         if let Some(p) = params {
             message["params"] = p;
+        }
+        if let Some(declared) = &self.inner.modern {
+            let params = message.as_object_mut().and_then(|m| m.entry("params").or_insert_with(|| json!({})).as_object_mut());
+            if let Some(params) = params {
+                let request_meta = params.entry("_meta").or_insert_with(|| json!({}));
+                if let Some(request_meta) = request_meta.as_object_mut() {
+                    for (k, v) in declared {
+                        request_meta.entry(k.clone()).or_insert_with(|| v.clone());
+                    }
+                }
+            }
         }
         let work = async {
             match &self.inner.kind {
@@ -519,8 +586,11 @@ impl Inner {
     /// session: `SessionNotFound`, others: `Status`).
     async fn post(&self, url: &str, message: &Value) -> Result<reqwest::Response, ReqError> {
         let body = serde_json::to_vec(message).map_err(|e| ClientError::Transport(format!("cannot encode the message: {e}")))?;
-        let response =
-            self.http.post(url).headers(self.headers(true)).body(body).send().await.map_err(|e| transport_error(&self.url, e))?;
+        let mut headers = self.headers(true);
+        if self.modern.is_some() {
+            modern_headers(&mut headers, message);
+        }
+        let response = self.http.post(url).headers(headers).body(body).send().await.map_err(|e| transport_error(&self.url, e))?;
         self.check_status(response).await
     }
 

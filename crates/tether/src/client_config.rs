@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use tether_client::{ClientError, Config, RequiresSession, Resolved};
+use tether_client::{ClientError, Config, Protocol, RequiresSession, Resolved};
 use tether_wire::{RpcError, code};
 
 /// Flags every client subcommand takes.
@@ -21,6 +21,15 @@ pub struct CommonArgs {
     /// session, initialize when told to), true, false. Overrides the config.
     #[arg(long, value_name = "auto|true|false", value_parser = parse_requires_session)]
     pub requires_session: Option<RequiresSession>,
+    /// The protocol era: auto (ask server/discover and speak 2026-07-28
+    /// where it is offered, else initialize a session), legacy (sessions,
+    /// 2025-11-25), modern (2026-07-28 only).
+    #[arg(long, value_name = "auto|legacy|modern", default_value = "auto", value_parser = parse_protocol)]
+    pub protocol: Protocol,
+}
+
+fn parse_protocol(s: &str) -> Result<Protocol, String> {
+    s.parse()
 }
 
 fn parse_requires_session(s: &str) -> Result<RequiresSession, String> {
@@ -59,6 +68,7 @@ pub fn resolve(target: Option<&str>, common: &CommonArgs) -> Result<Resolved, Fa
     if let Some(r) = common.requires_session {
         resolved.spec.requires_session = r;
     }
+    resolved.spec.protocol = common.protocol;
     Ok(resolved)
 }
 

@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use client_support::*;
 use serde_json::{Value, json};
-use tether_client::{CallProgress, ClientError, ClientOptions, Pool, RequiresSession, ServerMessage, ServerSpec, Session};
+use tether_client::{
+    CallProgress, ClientError, ClientOptions, Pool, Protocol, RequiresSession, ServerMessage, ServerSpec, Session,
+};
 use tether_wire::{RpcError, code};
 
 fn init_params(meta: Option<Value>) -> Value {
@@ -103,7 +105,7 @@ async fn a_response_stream_cut_by_a_crash_is_resumed_with_last_event_id() {
 async fn the_pool_detects_that_tether_needs_a_session_and_recovers_a_forgotten_one() {
     let server = Server::start(&[]);
     let pool = Pool::default();
-    let spec = ServerSpec::new(server.url());
+    let spec = ServerSpec::new(server.url()).protocol(Protocol::Legacy);
     let tools = pool.list_tools(&spec).await.unwrap();
     assert!(tools.iter().any(|t| t["name"] == "thought"));
     let sid = pool.session_id(&spec).await.expect("auto initialized after tether's 400");
@@ -117,7 +119,7 @@ async fn the_pool_detects_that_tether_needs_a_session_and_recovers_a_forgotten_o
     let new_sid = pool.session_id(&spec).await.unwrap();
     assert_ne!(new_sid, sid);
 
-    let never = ServerSpec::new(server.url()).requires_session(RequiresSession::Never);
+    let never = ServerSpec::new(server.url()).protocol(Protocol::Legacy).requires_session(RequiresSession::Never);
     let err = pool.list_tools(&never).await.unwrap_err();
     assert!(matches!(err, ClientError::Config(ref m) if m.contains("requires_session")), "{err:?}");
     pool.shutdown().await;
@@ -138,7 +140,7 @@ async fn the_pool_detects_that_tether_needs_a_session_and_recovers_a_forgotten_o
 async fn the_resume_loop_joins_a_paged_export_into_exactly_the_unpaged_document() {
     let mut server = Server::start(&["--result-chunk-bytes", "2KiB", "--resume-wait", "100ms"]);
     let pool = Pool::default();
-    let spec = ServerSpec::new(server.url()).requires_session(RequiresSession::Always);
+    let spec = ServerSpec::new(server.url()).protocol(Protocol::Legacy).requires_session(RequiresSession::Always);
     let mut thoughts = Vec::new();
     for n in 1..=40u64 {
         let t = format!("{n:03} ") + &"é∑x".repeat(80) + " end";
@@ -203,4 +205,34 @@ async fn the_resume_loop_joins_a_paged_export_into_exactly_the_unpaged_document(
     assert_eq!(*single.lock().unwrap(), 1, "one round without paging");
     assert_eq!(text(&unpaged), document, "paged and joined == unpaged, byte for byte");
     pool.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pool_speaks_2026_07_28_where_offered_answering_roots_rounds_and_following_a_task() {
+    let server = Server::start(&["--resume-wait", "0s"]);
+    let roots: tether_client::RootsProvider = Arc::new(|| vec![json!({"uri": "file:///pool/project", "name": "project"})]);
+    let pool = Pool::new(tether_client::PoolOptions { roots, ..Default::default() });
+    let spec = ServerSpec::new(server.url());
+    let tools = pool.list_tools(&spec).await.unwrap();
+    assert!(tools.iter().any(|t| t["name"] == "thought"));
+    assert_eq!(pool.session_id(&spec).await, None, "auto found server/discover: no session");
+    let args = json!({"thought": "x", "thoughtNumber": 1, "totalThoughts": 1, "nextThoughtNeeded": false});
+    let first = pool.call_tool(&spec, "thought", args.clone(), None).await.unwrap();
+    assert_eq!(first["resultType"], "complete", "{first}");
+    let notebook = first["_meta"]["dev.tether/notebookSession"].clone();
+    assert!(notebook.is_string(), "{first}");
+    // The roots round was answered from the pool's roots: the notebook
+    // session is that root's, found again by a second pool.
+    let other = Pool::new(tether_client::PoolOptions {
+        roots: Arc::new(|| vec![json!({"uri": "file:///pool/project"})]),
+        ..Default::default()
+    });
+    let again = other.call_tool(&spec, "thought", args, None).await.unwrap();
+    assert_eq!(again["_meta"]["dev.tether/notebookSession"], notebook, "{again}");
+    assert_eq!(again["structuredContent"]["thoughtHistoryLength"], 2, "{again}");
+    // `session` runs as a task here (--resume-wait 0s): followed to its result.
+    let listed = pool.call_tool(&spec, "session", json!({"operation": "list"}), None).await.unwrap();
+    assert!(text(&listed).contains("file:///pool/project"), "{listed}");
+    let legacy = pool.call_tool(&spec.clone().protocol(Protocol::Legacy), "session", json!({"operation": "list"}), None).await;
+    assert!(legacy.is_ok(), "the same pool still speaks the session era when told to: {legacy:?}");
 }
