@@ -258,7 +258,8 @@ run_check py-modern 90 "$VPY" "$PY/client.py" "$URL" modern
 run_check py-roots-modern 90 "$VPY" "$PY/client.py" "$URL" roots-modern
 run_check py-auto-fallback 90 "$VPY" "$PY/client.py" "$URL/pystdio" auto-fallback
 # The TypeScript SDK v2 client with modern negotiation (server/discover, no
-# initialize, no session): tools/list and thought here; then a `session` call
+# initialize, no session): tools/list and thought here, roots asked through an
+# input_required round (MRTR) and answered by the SDK's handler; then a `session` call
 # as a task followed to completion on a second tether of the same binary that
 # the script starts itself with --resume-wait 0s (every such call a task).
 run_check ts2-modern 90 node "$TS2/modern.mjs" "$URL" "$BIN"

@@ -6,7 +6,10 @@
 //  1. Against URL: a Client with versionNegotiation { mode: 'auto' } probes
 //     server/discover, selects the modern era, lists the tools and calls the
 //     notebook's `thought`; structuredContent and its text twin are checked, and
-//     the result names its notebook session in _meta.
+//     the result names its notebook session in _meta. Then two clients that
+//     declare roots: tether asks roots/list through an input_required round
+//     (MRTR), the SDK answers it with its roots/list handler and repeats the
+//     call; both go on in the one root's notebook session.
 //  2. With TETHER_BIN: a second tether of that binary on a free port and a fresh
 //     SQLite file with --resume-wait 0s (every call of a resumable tool is a task),
 //     a Client pinned to 2026-07-28 that declares the Tasks extension
@@ -173,6 +176,28 @@ async function discoverListCall(url) {
     );
 }
 
+/** A client that declared roots: tether asks them through an input_required round, the SDK answers with its handler. */
+async function rootsThroughMrtr(url, n) {
+    const { log, fetch } = recordingFetch();
+    const client = new Client({ name: 'tether-interop-ts2', version: '1.0.0' }, { capabilities: { roots: {} }, versionNegotiation: { mode: 'auto' } });
+    let asked = 0;
+    client.setRequestHandler('roots/list', async () => {
+        asked++;
+        return { roots: [{ uri: 'file:///work/ts2-project', name: 'project' }] };
+    });
+    await client.connect(new StreamableHTTPClientTransport(url, { fetch }));
+    const result = await client.callTool({ name: 'thought', arguments: { ...THOUGHT_ARGS, thoughtNumber: n } });
+    await client.close();
+    checkSessionless(log, 'roots');
+    check(asked === 1, `roots/list handler called ${asked} times, want 1`, renderLog(log));
+    const calls = log.filter(e => e.body?.method === 'tools/call');
+    check(calls.length === 2, 'want an input_required round and the repeated call', renderLog(log));
+    const repeated = calls[1].body.params;
+    check(repeated.inputResponses && typeof repeated.requestState === 'string', 'the repeated call lacks inputResponses or requestState', repeated);
+    check(result.structuredContent?.thoughtHistoryLength === n, `thought ${n} in the root's session: thoughtHistoryLength ${result.structuredContent?.thoughtHistoryLength}`, result);
+    return result._meta?.[NOTEBOOK_SESSION_META];
+}
+
 // ---------------------------------------------------------------- part 2
 function startTether(bin) {
     tetherDir = mkdtempSync(join(tmpdir(), 'tether-ts2-'));
@@ -270,6 +295,10 @@ if (!urlArg) {
 }
 try {
     await discoverListCall(new URL(urlArg));
+    const first = await rootsThroughMrtr(new URL(urlArg), 1);
+    const second = await rootsThroughMrtr(new URL(urlArg), 2);
+    check(first && first === second, `two clients with one root: notebook sessions ${first} and ${second}`);
+    console.log(`roots: roots/list asked through input_required, answered by the SDK's handler; two clients, one root, one notebook session (${first})`);
     if (bin) await taskToCompletion(bin);
     else console.log('task: skipped (no tether binary given)');
 } catch (e) {
