@@ -3,8 +3,9 @@
 #
 # usage: interop/run.sh path/to/tether        (e.g. target/release/tether)
 #
-# Installs what is missing (npm ci into interop/ts/node_modules, a venv in
-# interop/py/.venv; npm/pip caches in interop/.cache), starts the TypeScript SDK
+# Installs what is missing (npm ci into interop/ts/node_modules and
+# interop/ts2/node_modules, a venv in interop/py/.venv; npm/pip caches in
+# interop/.cache), starts the TypeScript SDK
 # fixture (interop/servers/ts_server.mjs) and @modelcontextprotocol/server-everything
 # in its Streamable HTTP mode on free ports, and
 # `tether serve --listen 127.0.0.1:<free port> --store sqlite:<tmp>/t.db` with
@@ -35,6 +36,7 @@ BIN="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
 
 CACHE="$HERE/.cache"
 TS="$HERE/ts"
+TS2="$HERE/ts2"
 PY="$HERE/py"
 mkdir -p "$CACHE"
 
@@ -69,6 +71,14 @@ if [ "$(cat "$TS_STAMP" 2>/dev/null)" != "$(sha "$TS/package-lock.json")" ]; the
     (cd "$TS" && npm ci --cache "$CACHE/npm" --no-audit --no-fund --loglevel=error) \
         || die "npm ci failed"
     sha "$TS/package-lock.json" >"$TS_STAMP"
+fi
+# The TypeScript SDK v2 client (@modelcontextprotocol/client 2.x, 2026-07-28).
+TS2_STAMP="$TS2/node_modules/.interop-stamp"
+if [ "$(cat "$TS2_STAMP" 2>/dev/null)" != "$(sha "$TS2/package-lock.json")" ]; then
+    echo "interop: npm ci in interop/ts2"
+    (cd "$TS2" && npm ci --cache "$CACHE/npm" --no-audit --no-fund --loglevel=error) \
+        || die "npm ci failed in interop/ts2"
+    sha "$TS2/package-lock.json" >"$TS2_STAMP"
 fi
 EVERYTHING="$TS/node_modules/.bin/mcp-server-everything"
 [ -x "$EVERYTHING" ] || die "$EVERYTHING is missing after npm ci"
@@ -247,6 +257,12 @@ run_check py-auto 90 "$VPY" "$PY/client.py" "$URL" auto
 run_check py-modern 90 "$VPY" "$PY/client.py" "$URL" modern
 run_check py-roots-modern 90 "$VPY" "$PY/client.py" "$URL" roots-modern
 run_check py-auto-fallback 90 "$VPY" "$PY/client.py" "$URL/pystdio" auto-fallback
+# The TypeScript SDK v2 client with modern negotiation (server/discover, no
+# initialize, no session): tools/list and thought here, roots asked through an
+# input_required round (MRTR) and answered by the SDK's handler; then a `session` call
+# as a task followed to completion on a second tether of the same binary that
+# the script starts itself with --resume-wait 0s (every such call a task).
+run_check ts2-modern 90 node "$TS2/modern.mjs" "$URL" "$BIN"
 run_check py-no-header 60 "$VPY" "$PY/client.py" "$URL" no-header
 run_check py-roots 90 "$VPY" "$PY/client.py" "$URL" roots
 
