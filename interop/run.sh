@@ -263,6 +263,25 @@ run_check py-auto-fallback 90 "$VPY" "$PY/client.py" "$URL/pystdio" auto-fallbac
 # as a task followed to completion on a second tether of the same binary that
 # the script starts itself with --resume-wait 0s (every such call a task).
 run_check ts2-modern 90 node "$TS2/modern.mjs" "$URL" "$BIN"
+# tether call / tether tools (auto) against a server that speaks only the
+# sessionless revision: the official Python SDK server, refusing initialize.
+# They must find server/discover, never send initialize, and print the result.
+# shellcheck disable=SC2016
+run_check cli-modern-only 60 bash -c '
+    port="$1"; vpy="$2"; fixture="$3"; bin="$4"; out="$5"
+    "$vpy" "$fixture" modern-only "$port" >"$out.server" 2>&1 &
+    server=$!
+    trap "kill $server 2>/dev/null" EXIT
+    for _ in $(seq 100); do grep -q READY "$out.server" && break; sleep 0.1; done
+    url="http://127.0.0.1:$port/mcp"
+    "$bin" tools "$url" | grep -q "^add " || { echo "FAIL: tether tools did not list add"; exit 1; }
+    "$bin" call "$url" add --arg a=2 --arg b=3 | tr -d " \n" | grep -q "\"sum\":5" || { echo "FAIL: tether call add"; exit 1; }
+    stats="$(curl -s "http://127.0.0.1:$port/stats" 2>/dev/null || "$vpy" -c "import urllib.request,sys;print(urllib.request.urlopen(sys.argv[1]).read().decode())" "http://127.0.0.1:$port/stats")"
+    echo "server stats: $stats"
+    echo "$stats" | grep -q "\"initialize\": 0" || { echo "FAIL: an initialize reached the server"; exit 1; }
+    echo "$stats" | grep -q "\"initialize_rejected\": 0" || { echo "FAIL: tether tried initialize"; exit 1; }
+    echo "$stats" | grep -q "\"discover\": [1-9]" || { echo "FAIL: no server/discover"; exit 1; }
+' _ "$(free_port)" "$VPY" "$HERE/servers/py_server.py" "$BIN" "$TMP/cli-modern-only"
 run_check py-no-header 60 "$VPY" "$PY/client.py" "$URL" no-header
 run_check py-roots 90 "$VPY" "$PY/client.py" "$URL" roots
 

@@ -7,6 +7,8 @@ usage: py_server.py SHAPE PORT
   SHAPE  stateful        Streamable HTTP with sessions (SSE answers), at /mcp
          stateless-json  Streamable HTTP without sessions, JSON answers, at /mcp
          legacy          the 2024-11-05 HTTP+SSE transport: GET /sse, POST /messages/
+         modern-only     Streamable HTTP, sessionless revision 2026-07-28 only: an
+                         ``initialize`` is refused (400, -32022 naming 2026-07-28)
   PORT   TCP port on 127.0.0.1 (the test picks a free one, so a restart reuses it)
 
 Tools: ``echo(text)`` (text back), ``add(a, b)`` (structured ``{"sum": ...}``),
@@ -31,6 +33,7 @@ import anyio
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
 
+MODERN_ONLY = False
 STATS = {"initialize": 0, "initialize_rejected": 0, "posts": 0, "deletes": 0, "gets": 0, "sessionless_rejected": 0}
 
 server = MCPServer(name="py-fixture", version="1.0")
@@ -98,6 +101,17 @@ def counting(app):
         except ValueError:
             parsed = None
         is_initialize = isinstance(parsed, dict) and parsed.get("method") == "initialize"
+        if is_initialize and MODERN_ONLY:
+            STATS["initialize_rejected"] += 1
+            error = {"jsonrpc": "2.0", "id": parsed.get("id"), "error": {
+                "code": -32022, "message": "this server speaks only the 2026-07-28 revision",
+                "data": {"supported": ["2026-07-28"], "requested": (parsed.get("params") or {}).get("protocolVersion")}}}
+            await send({"type": "http.response.start", "status": 400,
+                        "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": json.dumps(error).encode()})
+            return
+        if isinstance(parsed, dict) and parsed.get("method") == "server/discover":
+            STATS["discover"] = STATS.get("discover", 0) + 1
         has_session = any(k == b"mcp-session-id" for k, _ in scope["headers"])
         replayed = False
 
@@ -135,6 +149,10 @@ def main() -> None:
         app = server.streamable_http_app(stateless_http=True, json_response=True)
     elif shape == "legacy":
         app = server.sse_app()
+    elif shape == "modern-only":
+        global MODERN_ONLY
+        MODERN_ONLY = True
+        app = server.streamable_http_app(stateless_http=True, json_response=True)
     else:
         sys.exit(f"unknown shape {shape!r}: stateful | stateless-json | legacy")
     config = uvicorn.Config(counting(app), host="127.0.0.1", port=port, log_level="warning",
