@@ -32,6 +32,9 @@ pub enum System {
     TetherMemory,
     /// `tether serve --store sqlite:FILE` with FILE in a fresh temp dir.
     TetherSqlite,
+    /// tether-sqlite with `--no-metrics`: beside tether-sqlite, what the
+    /// Prometheus metrics cost (issue 26; not in the default systems).
+    TetherSqliteNometrics,
     /// `tether serve --store redis://… --store-prefix tether-bench:RANDOM:` (needs a Redis on 127.0.0.1:6379).
     TetherRedis,
     /// The rmcp reference (`rmcp_ref`: StreamableHttpService + LocalSessionManager).
@@ -88,9 +91,10 @@ pub enum Protocol {
 }
 
 impl System {
-    pub const ALL: [System; 10] = [
+    pub const ALL: [System; 11] = [
         System::TetherMemory,
         System::TetherSqlite,
+        System::TetherSqliteNometrics,
         System::TetherRedis,
         System::Rmcp,
         System::TsSdk,
@@ -105,6 +109,7 @@ impl System {
         match self {
             System::TetherMemory => "tether-memory",
             System::TetherSqlite => "tether-sqlite",
+            System::TetherSqliteNometrics => "tether-sqlite-nometrics",
             System::TetherRedis => "tether-redis",
             System::Rmcp => "rmcp",
             System::TsSdk => "ts-sdk",
@@ -137,12 +142,19 @@ impl System {
     }
 
     pub fn is_tether(self) -> bool {
-        matches!(self, System::TetherMemory | System::TetherSqlite | System::TetherRedis | System::TetherGateway)
+        matches!(
+            self,
+            System::TetherMemory
+                | System::TetherSqlite
+                | System::TetherSqliteNometrics
+                | System::TetherRedis
+                | System::TetherGateway
+        )
     }
 
     /// Sessions outlive the process (the store is durable and shared).
     pub fn durable_sessions(self) -> bool {
-        matches!(self, System::TetherSqlite | System::TetherRedis)
+        matches!(self, System::TetherSqlite | System::TetherSqliteNometrics | System::TetherRedis)
     }
 }
 
@@ -207,7 +219,7 @@ impl Store {
     pub fn fresh(system: System, programs: &Programs) -> anyhow::Result<Option<Store>> {
         Ok(match system {
             System::TetherMemory => Some(Store::Memory),
-            System::TetherSqlite | System::TetherGateway => {
+            System::TetherSqlite | System::TetherSqliteNometrics | System::TetherGateway => {
                 let dir = tempfile::Builder::new().prefix("tether-bench-").tempdir().context("cannot create a temp dir")?;
                 let file = dir.path().join("bench.db");
                 Some(Store::Sqlite { dir, file })
@@ -341,7 +353,11 @@ impl Launch {
     fn command(&self, programs: &Programs, store: Option<&Store>) -> anyhow::Result<(Command, Option<String>)> {
         let mut known_url = None;
         let mut cmd = match self.subject.system {
-            System::TetherMemory | System::TetherSqlite | System::TetherRedis | System::TetherGateway => {
+            System::TetherMemory
+            | System::TetherSqlite
+            | System::TetherSqliteNometrics
+            | System::TetherRedis
+            | System::TetherGateway => {
                 let store = store.context("a tether system needs a store")?;
                 let tether = match (self.subject.baseline, &programs.baseline) {
                     (false, _) => existing(&programs.tether, "cargo build --release -p tether, or pass --tether")?,
@@ -352,6 +368,9 @@ impl Launch {
                 cmd.args(["serve", "--listen", &self.listen]).args(store.args());
                 if let Some(n) = self.max_sessions {
                     cmd.args(["--max-sessions-per-principal", &n.to_string()]);
+                }
+                if self.subject.system == System::TetherSqliteNometrics {
+                    cmd.arg("--no-metrics");
                 }
                 if self.subject.system == System::TetherGateway {
                     let target = match &self.upstream {
