@@ -16,8 +16,8 @@
 //! Every label value comes from a closed set (HTTP methods and statuses, the
 //! MCP method names, configured upstream names), never from a peer's text.
 
-use std::sync::LazyLock;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{LazyLock, OnceLock};
 use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -187,6 +187,13 @@ pub fn set_stored_sessions(n: u64) {
     METRICS.sessions_stored.set(n.min(i64::MAX as u64) as i64);
 }
 
+/// The series the hot path hits, resolved once each (a family lookup hashes
+/// the labels under a lock; a resolved handle is one atomic add). Families
+/// never drop a series, so a handle stays the one the registry encodes.
+const FAST_METHODS: [&str; 3] = ["GET", "POST", "DELETE"];
+const FAST_STATUSES: [u16; 3] = [200, 202, 404];
+static FAST_HTTP: [[OnceLock<Counter>; FAST_STATUSES.len()]; FAST_METHODS.len()] = [const { [const { OnceLock::new() }; 3] }; 3];
+
 pub fn http_request(method: &axum::http::Method, status: u16) {
     if let Some(m) = on() {
         let method = match *method {
@@ -198,45 +205,54 @@ pub fn http_request(method: &axum::http::Method, status: u16) {
             axum::http::Method::PUT => "PUT",
             _ => "other",
         };
-        m.http_requests.get_or_create(&HttpLabels { method, status }).inc();
+        let fast = FAST_METHODS.iter().position(|f| *f == method).zip(FAST_STATUSES.iter().position(|s| *s == status));
+        match fast {
+            Some((mi, si)) => {
+                FAST_HTTP[mi][si].get_or_init(|| m.http_requests.get_or_create(&HttpLabels { method, status }).clone()).inc()
+            }
+            None => m.http_requests.get_or_create(&HttpLabels { method, status }).inc(),
+        };
     }
 }
 
-/// The JSON-RPC method as a label: MCP's method names, anything else `other`.
-fn method_label(method: &str) -> &'static str {
-    const KNOWN: &[&str] = &[
-        "initialize",
-        "ping",
-        "tools/list",
-        "tools/call",
-        "resources/list",
-        "resources/read",
-        "resources/templates/list",
-        "resources/subscribe",
-        "resources/unsubscribe",
-        "prompts/list",
-        "prompts/get",
-        "completion/complete",
-        "logging/setLevel",
-        "tasks/get",
-        "tasks/list",
-        "tasks/result",
-        "tasks/cancel",
-    ];
-    KNOWN.iter().find(|m| **m == method).copied().unwrap_or("other")
-}
+/// The JSON-RPC method names used as labels; anything else is `other`.
+const KNOWN: &[&str] = &[
+    "initialize",
+    "ping",
+    "tools/list",
+    "tools/call",
+    "resources/list",
+    "resources/read",
+    "resources/templates/list",
+    "resources/subscribe",
+    "resources/unsubscribe",
+    "prompts/list",
+    "prompts/get",
+    "completion/complete",
+    "logging/setLevel",
+    "tasks/get",
+    "tasks/list",
+    "tasks/result",
+    "tasks/cancel",
+];
+
+/// One resolved histogram per known method, and one for `other`.
+static DURATIONS: [OnceLock<Histogram>; KNOWN.len() + 1] = [const { OnceLock::new() }; KNOWN.len() + 1];
 
 /// Started when a request starts; [`RequestTimer::done`] observes its duration.
-pub struct RequestTimer(Option<(&'static str, Instant)>);
+pub struct RequestTimer(Option<(usize, Instant)>);
 
 pub fn request_started(method: &str) -> RequestTimer {
-    RequestTimer(on().map(|_| (method_label(method), Instant::now())))
+    RequestTimer(on().map(|_| (KNOWN.iter().position(|m| *m == method).unwrap_or(KNOWN.len()), Instant::now())))
 }
 
 impl RequestTimer {
     pub fn done(self) {
-        if let (Some((method, started)), Some(m)) = (self.0, on()) {
-            m.request_duration.get_or_create(&MethodLabel { method }).observe(started.elapsed().as_secs_f64());
+        if let (Some((index, started)), Some(m)) = (self.0, on()) {
+            let method = KNOWN.get(index).copied().unwrap_or("other");
+            DURATIONS[index]
+                .get_or_init(|| m.request_duration.get_or_create(&MethodLabel { method }).clone())
+                .observe(started.elapsed().as_secs_f64());
         }
     }
 }

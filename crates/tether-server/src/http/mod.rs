@@ -80,7 +80,7 @@ pub async fn serve_with(
     let on_shutdown = engine.clone();
     let mut app = router(engine.clone(), auth).merge(extra);
     if crate::metrics::enabled() {
-        app = app.layer(axum::middleware::from_fn(ops::count));
+        app = app.layer(ops::CountLayer);
     }
     let result = axum::serve(listener, app)
         .with_graceful_shutdown(async move {

@@ -4,9 +4,8 @@
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{Request, State};
+use axum::extract::State;
 use axum::http::{StatusCode, header};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::json;
@@ -55,10 +54,62 @@ async fn render(State(engine): State<Engine>) -> Response {
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body).into_response()
 }
 
-/// Counts every answered request by method and status.
-pub(super) async fn count(request: Request, next: Next) -> Response {
-    let method = request.method().clone();
-    let response = next.run(request).await;
-    metrics::http_request(&method, response.status().as_u16());
-    response
+/// Counts every answered request by method and status: a plain tower layer
+/// (`axum::middleware::from_fn` boxes a future and clones the route per request).
+#[derive(Clone, Copy)]
+pub(super) struct CountLayer;
+
+impl<S> tower::Layer<S> for CountLayer {
+    type Service = Count<S>;
+
+    fn layer(&self, inner: S) -> Count<S> {
+        Count { inner }
+    }
+}
+
+#[derive(Clone)]
+pub(super) struct Count<S> {
+    inner: S,
+}
+
+impl<S, B> tower::Service<axum::http::Request<B>> for Count<S>
+where
+    S: tower::Service<axum::http::Request<B>, Response = Response>,
+{
+    type Response = Response;
+    type Error = S::Error;
+    type Future = Counted<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: axum::http::Request<B>) -> Self::Future {
+        let method = request.method().clone();
+        Counted { inner: self.inner.call(request), method }
+    }
+}
+
+pin_project_lite::pin_project! {
+    pub(super) struct Counted<F> {
+        #[pin]
+        inner: F,
+        method: axum::http::Method,
+    }
+}
+
+impl<F, E> std::future::Future for Counted<F>
+where
+    F: std::future::Future<Output = Result<Response, E>>,
+{
+    type Output = F::Output;
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<F::Output> {
+        let this = self.project();
+        let out = std::task::ready!(this.inner.poll(cx));
+        if let Ok(response) = &out {
+            metrics::http_request(this.method, response.status().as_u16());
+        }
+        std::task::Poll::Ready(out)
+    }
 }
