@@ -240,11 +240,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         ..ServerConfig::default()
     };
     let mut endpoints = Endpoints::new(Arc::new(ToolRouter::new(Notebook::new(notebook))));
-    for upstream in upstreams(&args.upstreams, args.config.as_deref())? {
+    let configured = upstreams(&args.upstreams, args.config.as_deref())?;
+    for upstream in configured.clone() {
         tracing::info!(upstream = %upstream.name, "gateway endpoint /mcp/{}", upstream.name);
         let name = upstream.name.clone();
         endpoints = endpoints.with(name, tether_gateway::Gateway::new(upstream));
     }
+    reload_upstreams_on_sighup(endpoints.clone(), args.upstreams.clone(), args.config.clone(), configured);
     let engine = Engine::with_endpoints(store, endpoints, config);
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -289,6 +291,63 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     tether_server::http::serve_with(listener, extra, engine, auth, shutdown_signal()).await?;
     Ok(())
+}
+
+/// On every SIGHUP, reads the upstreams again (the config file's tables and
+/// the `--upstream` flags) and applies the difference: an added one is served
+/// at once, a removed one's endpoint answers 404 (its sessions too), a
+/// changed one serves new connections with its new settings. A broken file
+/// keeps the upstreams in force and logs why.
+fn reload_upstreams_on_sighup(
+    endpoints: Endpoints,
+    flags: Vec<String>,
+    file: Option<PathBuf>,
+    mut current: Vec<tether_gateway::config::UpstreamConfig>,
+) {
+    #[cfg(unix)]
+    {
+        let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(hup) => hup,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGHUP; upstream changes need a restart");
+                return;
+            }
+        };
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                let wanted = match upstreams(&flags, file.as_deref()) {
+                    Ok(wanted) => wanted,
+                    Err(e) => {
+                        tracing::error!(error = %format!("{e:#}"), "upstreams NOT reloaded; the previous ones stay in force");
+                        continue;
+                    }
+                };
+                for old in &current {
+                    if !wanted.iter().any(|u| u.name == old.name) {
+                        endpoints.remove(&old.name);
+                        tracing::info!(upstream = %old.name, "upstream removed: /mcp/{} and its sessions now answer 404", old.name);
+                    }
+                }
+                for upstream in &wanted {
+                    match current.iter().find(|u| u.name == upstream.name) {
+                        Some(old) if old == upstream => {}
+                        Some(_) => {
+                            tracing::info!(upstream = %upstream.name, "upstream changed: new connections use the new settings")
+                        }
+                        None => {
+                            tracing::info!(upstream = %upstream.name, "upstream added: gateway endpoint /mcp/{}", upstream.name)
+                        }
+                    }
+                    if current.iter().all(|u| u != upstream) {
+                        endpoints.set(upstream.name.clone(), tether_gateway::Gateway::new(upstream.clone()));
+                    }
+                }
+                current = wanted;
+            }
+        });
+    }
+    #[cfg(not(unix))]
+    let _ = (endpoints, flags, file, current);
 }
 
 /// The upstreams of `--upstream` flags and of the config file; a name used twice is an error.

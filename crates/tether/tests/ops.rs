@@ -400,3 +400,57 @@ fn completions_for_bash_zsh_and_fish() {
     let (ok, _, _) = tether(&["completions", "powershell-not"], &[]);
     assert!(!ok);
 }
+
+#[tokio::test]
+async fn sighup_adds_removes_and_keeps_upstreams_and_reloads_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("tether.toml");
+    let tokens_file = dir.path().join("tokens");
+    std::fs::write(&tokens_file, format!("{ALICE} alice\n")).unwrap();
+    std::fs::write(&config, format!("auth_tokens = \"{}\"\n", tokens_file.display())).unwrap();
+    let server = Server::start(dir.path(), &["--config", config.to_str().unwrap()], &[]);
+    let echo = Client::with_token(&format!("{}/echo", server.url), ALICE);
+    let r = echo.post(None, &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {}})).send().await.unwrap();
+    assert_eq!(r.status(), 404, "no upstream yet");
+
+    let hup = || {
+        let status = std::process::Command::new("kill").args(["-HUP", &server.child.id().to_string()]).status().unwrap();
+        assert!(status.success());
+    };
+    let with_echo =
+        format!("auth_tokens = \"{}\"\n\n[upstreams.echo]\ncommand = [\"python3\", \"{}\"]\n", tokens_file.display(), fixture());
+    std::fs::write(&config, &with_echo).unwrap();
+    std::fs::write(&tokens_file, format!("{ALICE} alice\n{BOB} bob\n")).unwrap();
+    hup();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !server.log().contains("upstream added") {
+        assert!(Instant::now() < deadline, "{}", server.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let sid = echo.initialize().await;
+    let echoed = echo.call(&sid, 1, "echo", json!({"x": 1})).await;
+    assert_eq!(echoed["result"]["structuredContent"], json!({"x": 1}), "{echoed}");
+    let bob = Client::with_token(&server.url, BOB);
+    bob.initialize().await;
+
+    // A broken file keeps what is in force.
+    std::fs::write(&config, "auth_tokens = \"x\"\n[upstreams.echo]\nnonsense = 1\n").unwrap();
+    hup();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !server.log().contains("upstreams NOT reloaded") {
+        assert!(Instant::now() < deadline, "{}", server.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(echo.call(&sid, 2, "echo", json!({"y": 2})).await["result"]["structuredContent"], json!({"y": 2}));
+
+    // Removed: the endpoint and its sessions answer 404.
+    std::fs::write(&config, format!("auth_tokens = \"{}\"\n", tokens_file.display())).unwrap();
+    hup();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !server.log().contains("upstream removed") {
+        assert!(Instant::now() < deadline, "{}", server.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r = echo.post(Some(&sid), &json!({"jsonrpc": "2.0", "id": 3, "method": "ping"})).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+}
