@@ -273,10 +273,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             let at = metrics.local_addr()?;
             tracing::info!(%at, "metrics at http://{at}/metrics");
             let router = tether_server::http::metrics_router(engine.clone());
-            let stop = engine.shutdown_token();
+            // Served until the process exits: the drain is worth watching too.
             tokio::spawn(async move {
-                let served = axum::serve(metrics, router).with_graceful_shutdown(async move { stop.cancelled().await });
-                if let Err(e) = served.await {
+                if let Err(e) = axum::serve(metrics, router).await {
                     tracing::error!(error = %e, "the metrics listener failed");
                 }
             });
