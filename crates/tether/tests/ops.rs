@@ -219,6 +219,21 @@ async fn readyz_is_ready_then_503_while_draining_and_upstream_metrics_move() {
     let sid = c.initialize().await;
     let metrics = scrape(&format!("{}/metrics", server.base())).await;
     assert_eq!(sample(&metrics, "tether_upstream_processes{upstream=\"echo\"}"), 1.0, "{metrics}");
+    assert_eq!(sample(&metrics, "tether_upstream_restarts_total{upstream=\"echo\"}"), 0.0, "{metrics}");
+    // A child that dies is started again on the next call, and counted.
+    let pid = c.call(&sid, 1, "pid", json!({})).await["result"]["structuredContent"]["pid"].as_i64().unwrap();
+    std::process::Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sample(&scrape(&format!("{}/metrics", server.base())).await, "tether_upstream_processes{upstream=\"echo\"}") != 0.0 {
+        assert!(Instant::now() < deadline, "the dead child is not counted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let again = c.call(&sid, 3, "pid", json!({})).await;
+    assert_ne!(again["result"]["structuredContent"]["pid"].as_i64(), Some(pid), "{again}");
+    let metrics = scrape(&format!("{}/metrics", server.base())).await;
+    assert_eq!(sample(&metrics, "tether_upstream_restarts_total{upstream=\"echo\"}"), 1.0, "{metrics}");
+    assert_eq!(sample(&metrics, "tether_upstream_processes{upstream=\"echo\"}"), 1.0, "{metrics}");
+    assert!(sample(&metrics, "tether_upstream_request_duration_seconds_count{upstream=\"echo\"}") >= 2.0, "{metrics}");
     let slow = {
         let (c, sid) = (Client::new(&c.url), sid.clone());
         tokio::spawn(async move { c.request(&sid, 2, "tools/call", json!({"name": "slow", "arguments": {"ms": 3000}})).await })
@@ -453,4 +468,43 @@ async fn sighup_adds_removes_and_keeps_upstreams_and_reloads_tokens() {
     }
     let r = echo.post(Some(&sid), &json!({"jsonrpc": "2.0", "id": 3, "method": "ping"})).send().await.unwrap();
     assert_eq!(r.status(), 404);
+}
+
+#[tokio::test]
+async fn the_config_file_sets_the_listen_address_and_the_store_and_a_bad_key_fails_with_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let db = dir.path().join("from-config.db");
+    let config = dir.path().join("tether.toml");
+    std::fs::write(
+        &config,
+        format!("listen = \"127.0.0.1:{port}\"\nstore = \"sqlite:{}\"\nlog_format = \"json\"\n", db.display()),
+    )
+    .unwrap();
+    let log = dir.path().join("log");
+    let mut child = std::process::Command::new(binary())
+        .args(["serve", "--config", config.to_str().unwrap()])
+        .env("RUST_LOG", "info")
+        .env_remove("TETHER_LISTEN")
+        .env_remove("TETHER_STORE")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string(&log).unwrap_or_default().contains("listening on") {
+        assert!(Instant::now() < deadline, "{}", std::fs::read_to_string(&log).unwrap_or_default());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let r = reqwest::get(format!("http://127.0.0.1:{port}/readyz")).await.unwrap();
+    let body: Value = r.json().await.unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(body["store"], format!("sqlite:{}", db.display()), "{body}");
+    assert!(db.exists());
+
+    std::fs::write(&config, "listen = \"127.0.0.1:0\"\n\nlog_fromat = \"json\"\n").unwrap();
+    let (ok, _, err) = tether(&["serve", "--config", config.to_str().unwrap()], &[]);
+    assert!(!ok);
+    assert!(err.contains(":3: unknown key `log_fromat`") && err.contains("log_format"), "{err}");
 }
