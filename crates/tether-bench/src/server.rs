@@ -32,6 +32,9 @@ pub enum System {
     TetherMemory,
     /// `tether serve --store sqlite:FILE` with FILE in a fresh temp dir.
     TetherSqlite,
+    /// tether-sqlite with `--no-metrics`: beside tether-sqlite, what the
+    /// Prometheus metrics cost (issue 26; not in the default systems).
+    TetherSqliteNometrics,
     /// `tether serve --store redis://… --store-prefix tether-bench:RANDOM:` (needs a Redis on 127.0.0.1:6379).
     TetherRedis,
     /// The rmcp reference (`rmcp_ref`: StreamableHttpService + LocalSessionManager).
@@ -93,9 +96,10 @@ pub enum Protocol {
 }
 
 impl System {
-    pub const ALL: [System; 11] = [
+    pub const ALL: [System; 12] = [
         System::TetherMemory,
         System::TetherSqlite,
+        System::TetherSqliteNometrics,
         System::TetherRedis,
         System::Rmcp,
         System::TsSdk,
@@ -111,6 +115,7 @@ impl System {
         match self {
             System::TetherMemory => "tether-memory",
             System::TetherSqlite => "tether-sqlite",
+            System::TetherSqliteNometrics => "tether-sqlite-nometrics",
             System::TetherRedis => "tether-redis",
             System::Rmcp => "rmcp",
             System::TsSdk => "ts-sdk",
@@ -149,6 +154,7 @@ impl System {
             self,
             System::TetherMemory
                 | System::TetherSqlite
+                | System::TetherSqliteNometrics
                 | System::TetherRedis
                 | System::TetherGateway
                 | System::TetherSqliteModern
@@ -157,7 +163,7 @@ impl System {
 
     /// Sessions outlive the process (the store is durable and shared).
     pub fn durable_sessions(self) -> bool {
-        matches!(self, System::TetherSqlite | System::TetherRedis)
+        matches!(self, System::TetherSqlite | System::TetherSqliteNometrics | System::TetherRedis)
     }
 }
 
@@ -222,7 +228,7 @@ impl Store {
     pub fn fresh(system: System, programs: &Programs) -> anyhow::Result<Option<Store>> {
         Ok(match system {
             System::TetherMemory => Some(Store::Memory),
-            System::TetherSqlite | System::TetherGateway | System::TetherSqliteModern => {
+            System::TetherSqlite | System::TetherSqliteNometrics | System::TetherGateway | System::TetherSqliteModern => {
                 let dir = tempfile::Builder::new().prefix("tether-bench-").tempdir().context("cannot create a temp dir")?;
                 let file = dir.path().join("bench.db");
                 Some(Store::Sqlite { dir, file })
@@ -358,6 +364,7 @@ impl Launch {
         let mut cmd = match self.subject.system {
             System::TetherMemory
             | System::TetherSqlite
+            | System::TetherSqliteNometrics
             | System::TetherRedis
             | System::TetherGateway
             | System::TetherSqliteModern => {
@@ -371,6 +378,9 @@ impl Launch {
                 cmd.args(["serve", "--listen", &self.listen]).args(store.args());
                 if let Some(n) = self.max_sessions {
                     cmd.args(["--max-sessions-per-principal", &n.to_string()]);
+                }
+                if self.subject.system == System::TetherSqliteNometrics {
+                    cmd.arg("--no-metrics");
                 }
                 if self.subject.system == System::TetherGateway {
                     let target = match &self.upstream {

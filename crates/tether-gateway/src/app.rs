@@ -176,6 +176,7 @@ impl Gateway {
             return Ok(connection.clone());
         }
         if live.take().is_some() {
+            tether_server::metrics::upstream_restart(&self.config.name);
             tracing::info!(upstream = %self.config.name, session = session.session_id(), "upstream connection gone; starting a new one");
         }
         let stored = session.app_state().await.get(STATE).cloned().unwrap_or(Value::Null);
@@ -369,7 +370,9 @@ impl McpApp for Gateway {
         let progress_token = params.as_ref().and_then(|p| p.get("_meta")).and_then(|m| m.get("progressToken")).cloned();
         let _in_flight = link.enter(&ctx, progress_token);
         let replayed = Replayed::of(method, params.as_ref());
+        let timer = tether_server::metrics::upstream_request_started();
         let result = connection.upstream.request(method, params.map(Value::Object)).await;
+        timer.done(&self.config.name);
         // What the upstream sent before its answer reaches the client first
         // (on this request's stream, while it is still in flight).
         connection.delivered_before_answer().await;

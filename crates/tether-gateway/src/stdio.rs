@@ -118,6 +118,7 @@ pub async fn start(
         reader: tokio::spawn(read_stdout(stdout, spec.max_line_bytes, inbound_tx, shared.clone())),
         stderr: tokio::spawn(read_stderr(stderr, shared.clone())),
     };
+    tether_server::metrics::upstream_processes(upstream_name, 1);
     tokio::spawn(supervise(child, tasks, shared.clone(), kill.clone(), exited_tx));
     let upstream = Arc::new(StdioUpstream { shared, writer, next_id: AtomicU64::new(0), kill, exited });
 
@@ -486,6 +487,7 @@ async fn supervise(
     writer.abort();
     tracing::info!(upstream = %shared.upstream, session = %shared.session, "upstream `{}` {description}", shared.command);
     exited.send_replace(Some(description));
+    tether_server::metrics::upstream_processes(&shared.upstream, -1);
     shared.end();
 }
 

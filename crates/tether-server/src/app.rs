@@ -127,10 +127,11 @@ impl<'a> Initialize<'a> {
 
 /// The applications of one server by endpoint: the root one is served at
 /// `/mcp`, the others at `/mcp/NAME`. A session belongs to the endpoint it
-/// was initialized on.
+/// was initialized on. Clones share one table, so the binary can change it
+/// while the engine serves (SIGHUP: upstreams added, removed, changed).
 #[derive(Clone)]
 pub struct Endpoints {
-    apps: std::collections::HashMap<String, Arc<dyn McpApp>>,
+    apps: Arc<std::sync::RwLock<std::collections::HashMap<String, Arc<dyn McpApp>>>>,
 }
 
 /// The name of the root endpoint (`/mcp`).
@@ -138,21 +139,32 @@ pub const ROOT_ENDPOINT: &str = "";
 
 impl Endpoints {
     pub fn new(root: Arc<dyn McpApp>) -> Self {
-        Self { apps: std::collections::HashMap::from([(ROOT_ENDPOINT.to_owned(), root)]) }
+        let apps = std::collections::HashMap::from([(ROOT_ENDPOINT.to_owned(), root)]);
+        Self { apps: Arc::new(std::sync::RwLock::new(apps)) }
     }
 
     /// Adds `/mcp/NAME`.
-    pub fn with(mut self, name: impl Into<String>, app: Arc<dyn McpApp>) -> Self {
-        self.apps.insert(name.into(), app);
+    pub fn with(self, name: impl Into<String>, app: Arc<dyn McpApp>) -> Self {
+        self.set(name, app);
         self
     }
 
-    pub fn get(&self, name: &str) -> Option<&Arc<dyn McpApp>> {
-        self.apps.get(name)
+    /// Serves `app` at `/mcp/NAME` from now on (replacing what was there).
+    pub fn set(&self, name: impl Into<String>, app: Arc<dyn McpApp>) {
+        self.apps.write().unwrap_or_else(|p| p.into_inner()).insert(name.into(), app);
     }
 
-    pub fn all(&self) -> impl Iterator<Item = &Arc<dyn McpApp>> {
-        self.apps.values()
+    /// Stops serving `/mcp/NAME` (never the root); its sessions are then "not found".
+    pub fn remove(&self, name: &str) -> bool {
+        name != ROOT_ENDPOINT && self.apps.write().unwrap_or_else(|p| p.into_inner()).remove(name).is_some()
+    }
+
+    pub fn get(&self, name: &str) -> Option<Arc<dyn McpApp>> {
+        self.apps.read().unwrap_or_else(|p| p.into_inner()).get(name).cloned()
+    }
+
+    pub fn all(&self) -> std::vec::IntoIter<Arc<dyn McpApp>> {
+        self.apps.read().unwrap_or_else(|p| p.into_inner()).values().cloned().collect::<Vec<_>>().into_iter()
     }
 }
 

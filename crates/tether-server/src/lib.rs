@@ -17,6 +17,7 @@ pub mod config;
 pub mod engine;
 pub mod http;
 pub mod ids;
+pub mod metrics;
 pub mod tools;
 
 pub use app::{

@@ -54,6 +54,7 @@ macro_rules! conformance_scenarios {
             store sessions_roundtrip,
             store session_compare_and_set,
             store session_expiry,
+            store every_session_pages_through,
             store append_ordering_and_read_after,
             store streams_are_independent,
             harness trimming_keeps_the_newest,
@@ -105,6 +106,33 @@ pub async fn sessions_roundtrip(store: &Arc<dyn Store>) {
     assert_eq!(store.count_sessions("bob", now_ms()).await.unwrap(), 1);
     assert_eq!(store.count_sessions("alice", now_ms() + 10_000_000).await.unwrap(), 0, "expired sessions do not count");
     assert!(!store.touch_session("ghost", now_ms()).await.unwrap());
+}
+
+pub async fn every_session_pages_through(store: &Arc<dyn Store>) {
+    let now = now_ms();
+    assert_eq!(store.scan_sessions(None, 10, now).await.unwrap(), crate::SessionPage::default(), "nothing stored yet");
+    for i in 0..7 {
+        let principal = if i % 2 == 0 { "alice" } else { "bob" };
+        store.create_session(&session(&format!("page{i}"), principal, 60_000 + i * 1_000)).await.unwrap();
+    }
+    store.create_session(&session("gone", "carol", 50)).await.unwrap();
+    let later = now_ms() + 1_000;
+    assert_eq!(store.count_all_sessions(later).await.unwrap(), 7, "live sessions of every principal, expired ones not");
+    let (mut seen, mut cursor, mut pages) = (Vec::new(), None::<String>, 0);
+    loop {
+        let page = store.scan_sessions(cursor.as_deref(), 3, later).await.unwrap();
+        assert!(page.sessions.len() <= 3, "a page holds at most its limit");
+        pages += 1;
+        seen.extend(page.sessions.into_iter().map(|s| s.id));
+        match page.next {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+        assert!(pages < 10, "paging ends");
+    }
+    seen.sort();
+    assert_eq!(seen, (0..7).map(|i| format!("page{i}")).collect::<Vec<_>>(), "every live session once, across pages");
+    assert_eq!(pages, 3, "7 sessions in pages of 3");
 }
 
 pub async fn session_compare_and_set(store: &Arc<dyn Store>) {

@@ -15,6 +15,7 @@ mod open;
 
 pub mod fence;
 pub mod memory;
+pub mod observe;
 pub mod redis;
 pub mod sqlite;
 
@@ -59,6 +60,16 @@ pub trait Store: Send + Sync + 'static {
 
     /// Live sessions of one principal.
     async fn count_sessions(&self, principal: &str, now_ms: i64) -> StoreResult<u64>;
+
+    /// One page of the live sessions of every principal (the admin API,
+    /// `tether sessions list`): at most `limit` records after `cursor`, and
+    /// the cursor of the next page (`None` at the end). The cursor is the
+    /// backend's own (an ID on SQLite and in memory, a position on Redis,
+    /// where a page may repeat or miss a session created or ended meanwhile).
+    async fn scan_sessions(&self, cursor: Option<&str>, limit: usize, now_ms: i64) -> StoreResult<SessionPage>;
+
+    /// Live sessions of every principal (the `tether_sessions_stored` gauge).
+    async fn count_all_sessions(&self, now_ms: i64) -> StoreResult<u64>;
 
     /// Deletes up to `limit` sessions that expired before `now_ms` (with their
     /// logs) and returns their IDs.
@@ -174,6 +185,14 @@ pub trait Store: Send + Sync + 'static {
     fn remote_appends(&self) -> Option<tokio::sync::broadcast::Receiver<RemoteAppend>> {
         None
     }
+}
+
+/// A page of [`Store::scan_sessions`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SessionPage {
+    pub sessions: Vec<SessionRecord>,
+    /// Where the next page starts; `None` when this was the last.
+    pub next: Option<String>,
 }
 
 /// "An event was committed on this stream" (from any replica).

@@ -293,6 +293,27 @@ impl Store for MemoryStore {
         Ok(inner.sessions().filter(|(_, s)| &*s.principal == principal && s.expires_at_ms > now_ms).count() as u64)
     }
 
+    async fn scan_sessions(&self, cursor: Option<&str>, limit: usize, now_ms: i64) -> StoreResult<crate::SessionPage> {
+        let inner = self.lock()?;
+        let after = cursor.unwrap_or("");
+        let mut ids: Vec<&str> =
+            inner.sessions().filter(|(id, s)| *id > after && s.expires_at_ms > now_ms).map(|(id, _)| id).collect();
+        ids.sort_unstable();
+        let more = ids.len() > limit;
+        ids.truncate(limit);
+        let sessions = ids
+            .iter()
+            .filter_map(|id| inner.sessions().find(|(i, _)| i == id).map(|(i, s)| s.record(i)))
+            .collect::<StoreResult<Vec<_>>>()?;
+        let next = if more { sessions.last().map(|s| s.id.clone()) } else { None };
+        Ok(crate::SessionPage { sessions, next })
+    }
+
+    async fn count_all_sessions(&self, now_ms: i64) -> StoreResult<u64> {
+        let inner = self.lock()?;
+        Ok(inner.sessions().filter(|(_, s)| s.expires_at_ms > now_ms).count() as u64)
+    }
+
     async fn expire_sessions(&self, now_ms: i64, limit: usize) -> StoreResult<Vec<String>> {
         let mut inner = self.lock()?;
         let expired: Vec<String> =

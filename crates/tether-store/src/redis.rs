@@ -52,6 +52,7 @@ pub fn redacted(url: &str) -> String {
 }
 
 fn unavailable(e: redis::RedisError) -> StoreError {
+    crate::observe::error();
     if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout() {
         StoreError::Unavailable(format!("redis: {e}"))
     } else {
@@ -322,6 +323,41 @@ impl Store for RedisStore {
     async fn count_sessions(&self, principal: &str, now_ms: i64) -> StoreResult<u64> {
         let mut conn = self.conn.clone();
         conn.zcount(self.key(&["sp:", principal]), format!("({now_ms}"), "+inf").await.map_err(unavailable)
+    }
+
+    /// Pages by position in the expiry index (`sx`), most recently active first.
+    async fn scan_sessions(&self, cursor: Option<&str>, limit: usize, now_ms: i64) -> StoreResult<crate::SessionPage> {
+        let offset: usize = match cursor {
+            None => 0,
+            Some(c) => c.parse().map_err(|_| StoreError::Backend(format!("`{c}` is not a page cursor of this store")))?,
+        };
+        let mut conn = self.conn.clone();
+        let ids: Vec<String> = redis::cmd("ZRANGE")
+            .arg(self.key(&["sx"]))
+            .arg("+inf")
+            .arg(format!("({now_ms}"))
+            .arg("BYSCORE")
+            .arg("REV")
+            .arg("LIMIT")
+            .arg(offset)
+            .arg(limit.saturating_add(1))
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        let more = ids.len() > limit;
+        let mut sessions = Vec::with_capacity(ids.len().min(limit));
+        for id in ids.iter().take(limit) {
+            if let Some(s) = self.get_session(id, now_ms).await? {
+                sessions.push(s);
+            }
+        }
+        let next = more.then(|| (offset + limit).to_string());
+        Ok(crate::SessionPage { sessions, next })
+    }
+
+    async fn count_all_sessions(&self, now_ms: i64) -> StoreResult<u64> {
+        let mut conn = self.conn.clone();
+        conn.zcount(self.key(&["sx"]), format!("({now_ms}"), "+inf").await.map_err(unavailable)
     }
 
     async fn expire_sessions(&self, now_ms: i64, limit: usize) -> StoreResult<Vec<String>> {

@@ -6,6 +6,7 @@ mod call_cmd;
 mod client_config;
 mod serve;
 mod serve_config;
+mod sessions_cmd;
 mod tools_cmd;
 
 use clap::{Parser, Subcommand};
@@ -36,6 +37,14 @@ enum Command {
     /// Run as a host's stdio MCP server, forwarding to a remote server and
     /// resuming its session across restarts.
     Bridge(bridge_cmd::BridgeArgs),
+    /// List, show and end sessions: through a running server's admin API
+    /// (`--url`, token from $TETHER_ADMIN_TOKEN) or in a stopped server's store.
+    Sessions(sessions_cmd::SessionsArgs),
+    /// Print a shell completion script (e.g. `tether completions bash > /etc/bash_completion.d/tether`).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -47,14 +56,33 @@ fn main() -> std::process::ExitCode {
         }
     };
     let cli = Cli::parse_from(argv);
+    if let Command::Completions { shell } = cli.command {
+        use clap::CommandFactory;
+        clap_complete::generate(shell, &mut Cli::command(), "tether", &mut std::io::stdout());
+        return std::process::ExitCode::SUCCESS;
+    }
     // Client commands keep stderr for their one-line reasons.
-    let default_filter = if matches!(cli.command, Command::Tools(_) | Command::Call(_)) { "warn" } else { "info" };
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_filter.into()))
-        .with_writer(std::io::stderr)
-        // Colour only for a person at a terminal, never in a host's log file.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    let default_filter =
+        if matches!(cli.command, Command::Tools(_) | Command::Call(_) | Command::Sessions(_)) { "warn" } else { "info" };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_filter.into());
+    let json = matches!(&cli.command, Command::Serve(args) if args.log_format == serve::LogFormat::Json);
+    if json {
+        tracing_subscriber::fmt()
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init();
+    } else {
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            // Colour only for a person at a terminal, never in a host's log file.
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init();
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -69,6 +97,8 @@ fn main() -> std::process::ExitCode {
             Command::Tools(args) => tools_cmd::run(args).await,
             Command::Call(args) => call_cmd::run(args).await,
             Command::Bridge(args) => report(bridge_cmd::run(args).await),
+            Command::Sessions(args) => report(sessions_cmd::run(args).await),
+            Command::Completions { .. } => std::process::ExitCode::SUCCESS,
         }
     })
 }

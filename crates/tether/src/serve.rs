@@ -22,6 +22,16 @@ pub enum Durability {
     Strict,
 }
 
+/// How the server writes its log to stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Lines for people.
+    Text,
+    /// One JSON object per line: timestamp, level, target, message and the
+    /// event's fields (session, upstream, …) at the top level.
+    Json,
+}
+
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// Address to listen on. Loopback by default; anything else should sit behind auth.
@@ -82,6 +92,20 @@ pub struct ServeArgs {
     /// needs no token to load and sends the one typed in it on its MCP requests).
     #[arg(long, env = "TETHER_NO_CONSOLE")]
     no_console: bool,
+    /// Serve `GET /metrics` (Prometheus) on this address of its own instead
+    /// of the public listener (where it is then absent).
+    #[arg(long, env = "TETHER_METRICS_LISTEN", value_name = "ADDR")]
+    metrics_listen: Option<SocketAddr>,
+    /// Keep no metrics and serve no /metrics (for measuring what they cost).
+    #[arg(long, env = "TETHER_NO_METRICS", conflicts_with = "metrics_listen")]
+    no_metrics: bool,
+    /// `text` for people, `json` for log collectors (one object per line).
+    #[arg(long, env = "TETHER_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+    /// The name of an environment variable holding the admin token: turns
+    /// on /admin/sessions (`tether sessions`), which needs it as a Bearer token.
+    #[arg(long, env = "TETHER_ADMIN_TOKEN_ENV", value_name = "VAR")]
+    admin_token_env: Option<String>,
     /// An MCP server to serve at /mcp/NAME: `NAME=URL` or 'NAME=stdio:COMMAND ARGS…' (repeat for more).
     #[arg(long = "upstream", value_name = "NAME=TARGET")]
     upstreams: Vec<String>,
@@ -101,7 +125,7 @@ fn parse_size(s: &str) -> Result<usize, String> {
     n.checked_mul(factor).filter(|n| *n > 0).ok_or_else(|| format!("`{s}` is out of range"))
 }
 
-fn default_store() -> anyhow::Result<StoreUrl> {
+pub(crate) fn default_store() -> anyhow::Result<StoreUrl> {
     let base = std::env::var_os("XDG_DATA_HOME")
         .map(PathBuf::from)
         .filter(|p| p.is_absolute())
@@ -184,6 +208,15 @@ fn auth(path: Option<&std::path::Path>) -> anyhow::Result<Auth> {
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let auth = auth(args.auth_tokens.as_deref())?;
+    tether_server::metrics::set_enabled(!args.no_metrics);
+    let admin_token = match &args.admin_token_env {
+        None => None,
+        Some(var) => match std::env::var(var) {
+            Ok(token) if token.trim().len() >= 16 => Some(token.trim().to_owned()),
+            Ok(_) => anyhow::bail!("--admin-token-env {var}: the token in ${var} must have at least 16 characters"),
+            Err(_) => anyhow::bail!("--admin-token-env {var}: ${var} is not set (or not UTF-8); set it to the admin token"),
+        },
+    };
     let url: StoreUrl = match &args.store {
         Some(s) => s.parse()?,
         None => default_store()?,
@@ -207,11 +240,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         ..ServerConfig::default()
     };
     let mut endpoints = Endpoints::new(Arc::new(ToolRouter::new(Notebook::new(notebook))));
-    for upstream in upstreams(&args.upstreams, args.config.as_deref())? {
+    let configured = upstreams(&args.upstreams, args.config.as_deref())?;
+    for upstream in configured.clone() {
         tracing::info!(upstream = %upstream.name, "gateway endpoint /mcp/{}", upstream.name);
         let name = upstream.name.clone();
         endpoints = endpoints.with(name, tether_gateway::Gateway::new(upstream));
     }
+    reload_upstreams_on_sighup(endpoints.clone(), args.upstreams.clone(), args.config.clone(), configured);
     let engine = Engine::with_endpoints(store, endpoints, config);
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -221,15 +256,97 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         tracing::warn!(%local, "listening beyond loopback: put authentication in front of this server");
     }
     tracing::info!(%local, store = %url, "tether listening on http://{local}/mcp");
-    let extra = if args.no_console {
+    let mut extra = if args.no_console {
         tracing::info!("web console off (--no-console)");
         axum::Router::new()
     } else {
         tracing::info!("web console at http://{local}{}", tether_console::PATH);
         tether_console::router()
     };
+    match (args.no_metrics, args.metrics_listen) {
+        (true, _) => tracing::info!("metrics off (--no-metrics)"),
+        (false, None) => extra = extra.merge(tether_server::http::metrics_router(engine.clone())),
+        (false, Some(addr)) => {
+            let metrics = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr} for --metrics-listen"))?;
+            let at = metrics.local_addr()?;
+            tracing::info!(%at, "metrics at http://{at}/metrics");
+            let router = tether_server::http::metrics_router(engine.clone());
+            // Served until the process exits: the drain is worth watching too.
+            tokio::spawn(async move {
+                if let Err(e) = axum::serve(metrics, router).await {
+                    tracing::error!(error = %e, "the metrics listener failed");
+                }
+            });
+        }
+    }
+    if let Some(token) = &admin_token {
+        tracing::info!(
+            "admin API at http://{local}/admin/sessions (Bearer token from ${})",
+            args.admin_token_env.as_deref().unwrap_or("")
+        );
+        extra = extra.merge(tether_server::http::admin_router(engine.clone(), token));
+    }
     tether_server::http::serve_with(listener, extra, engine, auth, shutdown_signal()).await?;
     Ok(())
+}
+
+/// On every SIGHUP, reads the upstreams again (the config file's tables and
+/// the `--upstream` flags) and applies the difference: an added one is served
+/// at once, a removed one's endpoint answers 404 (its sessions too), a
+/// changed one serves new connections with its new settings. A broken file
+/// keeps the upstreams in force and logs why.
+fn reload_upstreams_on_sighup(
+    endpoints: Endpoints,
+    flags: Vec<String>,
+    file: Option<PathBuf>,
+    mut current: Vec<tether_gateway::config::UpstreamConfig>,
+) {
+    #[cfg(unix)]
+    {
+        let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(hup) => hup,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGHUP; upstream changes need a restart");
+                return;
+            }
+        };
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                let wanted = match upstreams(&flags, file.as_deref()) {
+                    Ok(wanted) => wanted,
+                    Err(e) => {
+                        tracing::error!(error = %format!("{e:#}"), "upstreams NOT reloaded; the previous ones stay in force");
+                        continue;
+                    }
+                };
+                for old in &current {
+                    if !wanted.iter().any(|u| u.name == old.name) {
+                        endpoints.remove(&old.name);
+                        tracing::info!(upstream = %old.name, "upstream removed: /mcp/{} and its sessions now answer 404", old.name);
+                    }
+                }
+                for upstream in &wanted {
+                    match current.iter().find(|u| u.name == upstream.name) {
+                        Some(old) if old == upstream => {}
+                        Some(_) => {
+                            tracing::info!(upstream = %upstream.name, "upstream changed: new connections use the new settings")
+                        }
+                        None => {
+                            tracing::info!(upstream = %upstream.name, "upstream added: gateway endpoint /mcp/{}", upstream.name)
+                        }
+                    }
+                    if current.iter().all(|u| u != upstream) {
+                        endpoints.set(upstream.name.clone(), tether_gateway::Gateway::new(upstream.clone()));
+                    }
+                }
+                current = wanted;
+            }
+        });
+    }
+    #[cfg(not(unix))]
+    let _ = (endpoints, flags, file, current);
 }
 
 /// The upstreams of `--upstream` flags and of the config file; a name used twice is an error.

@@ -546,6 +546,23 @@ impl Engine {
         self.inner.shutdown.clone()
     }
 
+    /// A session by its ID alone, whoever it belongs to (the admin API);
+    /// rehydrated from the store like any other.
+    pub async fn session_by_id(&self, id: &str) -> Result<Option<Arc<Session>>, EngineError> {
+        self.inner.load(id).await
+    }
+
+    /// When this process last saw activity on a session it holds in memory.
+    pub fn last_seen(&self, id: &str) -> Option<i64> {
+        self.inner.cached(id).map(|s| s.last_seen())
+    }
+
+    /// The ids of the requests this process runs for a session.
+    pub fn in_flight(&self, id: &str) -> Vec<String> {
+        let Some(session) = self.inner.cached(id) else { return Vec::new() };
+        session.inflight.lock().map(|m| m.keys().cloned().collect()).unwrap_or_default()
+    }
+
     /// Sessions currently held in memory (for tests and metrics).
     pub fn cached_sessions(&self) -> usize {
         self.inner.sessions.lock().map(|m| m.len()).unwrap_or(0)
@@ -646,6 +663,7 @@ impl Inner {
         events: Vec<(EventKind, Bytes)>,
     ) -> Result<u64, StoreError> {
         let first = self.store.start_stream(session, stream, events.clone()).await?;
+        crate::metrics::events_appended(events.len());
         for (i, (kind, payload)) in events.into_iter().enumerate() {
             self.hub.publish(session, stream, LiveEvent { seq: first + i as u64, kind, payload: Some(payload) });
         }
@@ -655,6 +673,7 @@ impl Inner {
     /// Appends to the store, then publishes: stored before seen.
     pub(crate) async fn emit(&self, session: &str, stream: &str, kind: EventKind, payload: Bytes) -> Result<u64, StoreError> {
         let seq = self.store.append(session, stream, kind, payload.clone()).await?;
+        crate::metrics::events_appended(1);
         self.hub.publish(session, stream, LiveEvent { seq, kind, payload: Some(payload) });
         Ok(seq)
     }

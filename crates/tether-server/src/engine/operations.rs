@@ -144,7 +144,7 @@ pub fn seal(key: &[u8; 32], id: &[u8; 16], index: u64) -> String {
 }
 
 /// Splits a token into the operation id and its tag, if well-formed.
-fn parse(token: &str) -> Option<([u8; 16], [u8; 16])> {
+pub fn parse(token: &str) -> Option<([u8; 16], [u8; 16])> {
     let raw = hex::decode(token.strip_prefix(TOKEN_PREFIX)?).ok()?;
     if raw.len() != 32 {
         return None;

@@ -104,6 +104,7 @@ impl Pump {
             Err(e) => return self.read_failed(e).await,
         };
         loop {
+            crate::metrics::events_replayed(page.len());
             let next_after = page.last().map(|event| event.seq).filter(|_| page.len() == CATCHUP_PAGE);
             let before = self.cursor;
             let (delivered, next) = match next_after {

@@ -132,6 +132,7 @@ impl Inner {
             return Err(EngineError::ShuttingDown);
         }
         let cancel = CancellationToken::new();
+        let timer = crate::metrics::request_started(method);
         let slot = InflightSlot::take(&session, request_key(&id), cancel.clone(), self.config.max_inflight_per_session)?;
         let session_id = session.id.clone();
         if reply == super::Reply::Json {
@@ -142,6 +143,7 @@ impl Inner {
             self.spawn(async move {
                 let _slot = slot;
                 let body = run_work(&inner, ctx, work, cancel).await;
+                timer.done();
                 let _ = tx.send(body);
             });
             return Ok(PostOutcome::Json { body: rx, session_id });
@@ -189,6 +191,7 @@ impl Inner {
                     tracing::error!(session = %session.id, error = %e, "could not store a response; the client will see it as interrupted");
                 }
             }
+            timer.done();
         }));
         if let Ok(request_stream::Quick::Done { response_seq, response }) = quick.await {
             let frames = vec![

@@ -115,9 +115,12 @@ impl Auth {
         if !self.is_enabled() {
             return Ok(ANONYMOUS.to_owned());
         }
-        let unauthorized = |m: &str| HttpError {
-            www_authenticate: true,
-            ..HttpError::new(StatusCode::UNAUTHORIZED, tether_wire::code::INVALID_REQUEST, m)
+        let unauthorized = |m: &str| {
+            crate::metrics::auth_failure();
+            HttpError {
+                www_authenticate: true,
+                ..HttpError::new(StatusCode::UNAUTHORIZED, tether_wire::code::INVALID_REQUEST, m)
+            }
         };
         let token = headers
             .get(header::AUTHORIZATION)

@@ -2,10 +2,12 @@
 //! axum. Transport concerns only (headers, status codes, SSE framing); every
 //! decision about sessions and streams is the engine's.
 
+mod admin;
 mod auth;
 mod error;
 mod extract;
 mod modern;
+mod ops;
 mod sse;
 mod validate;
 
@@ -21,8 +23,10 @@ use axum::serve::ListenerExt;
 use serde_json::json;
 use tokio::net::TcpListener;
 
+pub use admin::admin_router;
 pub use auth::{ANONYMOUS, Auth, TokenTable};
 pub use error::HttpError;
+pub use ops::metrics_router;
 
 use tether_wire::{Inbound, headers};
 
@@ -37,7 +41,7 @@ pub(crate) struct AppState {
     allowed_origins: Arc<Vec<String>>,
 }
 
-/// The router with `/mcp` and `/healthz` (which needs no token).
+/// The router with `/mcp`, `/healthz` and `/readyz` (which need no token).
 pub fn router(engine: Engine, auth: Auth) -> Router {
     let allowed_origins = Arc::new(engine.config().allowed_origins.clone());
     let state = AppState { engine, auth, allowed_origins };
@@ -45,7 +49,7 @@ pub fn router(engine: Engine, auth: Auth) -> Router {
         .route("/mcp", post(post_mcp).get(get_mcp).delete(delete_mcp))
         .route("/mcp/{endpoint}", post(post_mcp).get(get_mcp).delete(delete_mcp))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), extract::check_origin));
-    Router::new().merge(mcp).route("/healthz", get(healthz)).with_state(state)
+    Router::new().merge(mcp).route("/healthz", get(healthz)).route("/readyz", get(ops::readyz)).with_state(state)
 }
 
 /// Serves until `shutdown` resolves; then tells open streams to reconnect,
@@ -75,7 +79,11 @@ pub async fn serve_with(
         }
     });
     let on_shutdown = engine.clone();
-    let result = axum::serve(listener, router(engine.clone(), auth).merge(extra))
+    let mut app = router(engine.clone(), auth).merge(extra);
+    if crate::metrics::enabled() {
+        app = app.layer(ops::CountLayer);
+    }
+    let result = axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             shutdown.await;
             tracing::info!("shutting down: asking open streams to reconnect");

@@ -38,7 +38,7 @@ const COALESCE_BYTES: usize = 64 * 1024;
 /// them. Frames that are ready together go out as one chunk (one write), so a
 /// replay costs a write per 64 KiB, not one per event.
 pub fn response(frames: mpsc::Receiver<Frame>, retry_ms: u64, session_id: Option<&str>) -> Response {
-    let body = futures::stream::unfold(frames, move |mut frames| async move {
+    let body = futures::stream::unfold((frames, crate::metrics::sse_connection()), move |(mut frames, open)| async move {
         let first = frames.recv().await?;
         let mut chunk = BytesMut::new();
         append(&mut chunk, &first, retry_ms);
@@ -48,7 +48,7 @@ pub fn response(frames: mpsc::Receiver<Frame>, retry_ms: u64, session_id: Option
                 Err(_) => break,
             }
         }
-        Some((Ok::<_, Infallible>(chunk.freeze()), frames))
+        Some((Ok::<_, Infallible>(chunk.freeze()), (frames, open)))
     });
     event_stream(Body::from_stream(body), session_id)
 }

@@ -265,6 +265,33 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn scan_sessions(&self, cursor: Option<&str>, limit: usize, now_ms: i64) -> StoreResult<crate::SessionPage> {
+        let after = cursor.unwrap_or("").to_owned();
+        self.db
+            .read(move |conn| {
+                let mut stmt = conn.prepare_cached(&format!(
+                    "SELECT {SESSION_COLUMNS} FROM sessions WHERE id > ?1 AND expires_at_ms > ?2 ORDER BY id LIMIT ?3"
+                ))?;
+                let rows = stmt.query_map(params![after, now_ms, limit.saturating_add(1) as i64], session_from_row)?;
+                let mut sessions = rows.map(|r| to_record(r?)).collect::<StoreResult<Vec<_>>>()?;
+                let more = sessions.len() > limit;
+                sessions.truncate(limit);
+                let next = if more { sessions.last().map(|s| s.id.clone()) } else { None };
+                Ok(crate::SessionPage { sessions, next })
+            })
+            .await
+    }
+
+    async fn count_all_sessions(&self, now_ms: i64) -> StoreResult<u64> {
+        self.db
+            .read(move |conn| {
+                Ok(conn
+                    .prepare_cached("SELECT COUNT(*) FROM sessions WHERE expires_at_ms > ?1")?
+                    .query_row(params![now_ms], |r| r.get::<_, i64>(0))? as u64)
+            })
+            .await
+    }
+
     async fn expire_sessions(&self, now_ms: i64, limit: usize) -> StoreResult<Vec<String>> {
         self.db
             .write(move |ctx| {

@@ -155,10 +155,18 @@ impl Writer {
             }
             return false;
         };
+        let observer = crate::observe::observer();
+        let started = observer.map(|_| std::time::Instant::now());
         let committed = commit(&mut ctx, batch).inspect_err(|_| {
             ctx.seqs.clear();
             let _ = ctx.conn.execute_batch("ROLLBACK");
         });
+        if let (Some(observer), Some(started)) = (observer, started) {
+            observer.commit(started.elapsed(), batch.len());
+            if committed.is_err() {
+                observer.error();
+            }
+        }
         for queued in batch.drain(..) {
             queued.job.complete(committed.as_ref().map(|_| ()).map_err(|e| StoreError::Backend(e.to_string())));
         }

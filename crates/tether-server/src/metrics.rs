@@ -1,0 +1,371 @@
+//! Prometheus metrics: one registry for the process, and cheap functions the
+//! engine, the HTTP front, the store (through [`tether_store::observe`]) and
+//! the gateway call where something happens. Every function is an atomic
+//! increment or a histogram observation; with metrics off (`--no-metrics`,
+//! [`set_enabled`]) each is one relaxed load and nothing else (no clock read).
+//!
+//! The names are a contract (issue 26): `tether_sessions_live`,
+//! `tether_sessions_stored`, `tether_sse_connections`,
+//! `tether_http_requests_total{method,status}`,
+//! `tether_request_duration_seconds{method}`, `tether_events_appended_total`,
+//! `tether_events_replayed_total`, `tether_store_commit_seconds`,
+//! `tether_store_commit_batch_size`, `tether_store_errors_total`,
+//! `tether_auth_failures_total`, `tether_upstream_processes{upstream}`,
+//! `tether_upstream_restarts_total{upstream}`,
+//! `tether_upstream_request_duration_seconds{upstream}`.
+//! Every label value comes from a closed set (HTTP methods and statuses, the
+//! MCP method names, configured upstream names), never from a peer's text.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{LazyLock, OnceLock};
+use std::time::{Duration, Instant};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HttpLabels {
+    method: &'static str,
+    status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MethodLabel {
+    method: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UpstreamLabel {
+    upstream: String,
+}
+
+fn latency_histogram() -> Histogram {
+    // 100 µs .. ~105 s
+    Histogram::new(exponential_buckets(0.0001, 2.0, 21))
+}
+
+struct Metrics {
+    registry: Registry,
+    sessions_live: Gauge,
+    sessions_stored: Gauge,
+    sse_connections: Gauge,
+    http_requests: Family<HttpLabels, Counter>,
+    request_duration: Family<MethodLabel, Histogram, fn() -> Histogram>,
+    events_appended: Counter,
+    events_replayed: Counter,
+    store_commit_seconds: Histogram,
+    store_commit_batch_size: Histogram,
+    store_errors: Counter,
+    auth_failures: Counter,
+    upstream_processes: Family<UpstreamLabel, Gauge>,
+    upstream_restarts: Family<UpstreamLabel, Counter>,
+    upstream_request_duration: Family<UpstreamLabel, Histogram, fn() -> Histogram>,
+}
+
+static ENABLED: AtomicBool = AtomicBool::new(true);
+
+static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
+    let mut registry = Registry::default();
+    let m = Metrics {
+        registry: Registry::default(),
+        sessions_live: Gauge::default(),
+        sessions_stored: Gauge::default(),
+        sse_connections: Gauge::default(),
+        http_requests: Family::default(),
+        request_duration: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+        events_appended: Counter::default(),
+        events_replayed: Counter::default(),
+        store_commit_seconds: Histogram::new(exponential_buckets(0.00005, 2.0, 18)),
+        store_commit_batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 10)),
+        store_errors: Counter::default(),
+        auth_failures: Counter::default(),
+        upstream_processes: Family::default(),
+        upstream_restarts: Family::default(),
+        upstream_request_duration: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+    };
+    // Counters get their `_total` suffix from the encoder.
+    registry.register("tether_sessions_live", "Sessions held in this process's memory", m.sessions_live.clone());
+    registry.register(
+        "tether_sessions_stored",
+        "Live sessions in the store (every principal; refreshed at most every 10 s)",
+        m.sessions_stored.clone(),
+    );
+    registry.register("tether_sse_connections", "Open SSE response streams", m.sse_connections.clone());
+    registry.register("tether_http_requests", "HTTP requests answered, by method and status", m.http_requests.clone());
+    registry.register(
+        "tether_request_duration_seconds",
+        "JSON-RPC requests from start to stored final response, by method",
+        m.request_duration.clone(),
+    );
+    registry.register("tether_events_appended", "Events committed to the store's stream logs", m.events_appended.clone());
+    registry.register(
+        "tether_events_replayed",
+        "Events sent from the store rather than live (catch-up, Last-Event-ID)",
+        m.events_replayed.clone(),
+    );
+    registry.register("tether_store_commit_seconds", "SQLite group commits: duration", m.store_commit_seconds.clone());
+    registry.register(
+        "tether_store_commit_batch_size",
+        "SQLite group commits: jobs per commit",
+        m.store_commit_batch_size.clone(),
+    );
+    registry.register("tether_store_errors", "Failed store commits and backend calls", m.store_errors.clone());
+    registry.register("tether_auth_failures", "Requests refused for a missing or wrong bearer token", m.auth_failures.clone());
+    registry.register("tether_upstream_processes", "Running stdio upstream processes", m.upstream_processes.clone());
+    registry.register(
+        "tether_upstream_restarts",
+        "Upstream connections started again after one died",
+        m.upstream_restarts.clone(),
+    );
+    registry.register(
+        "tether_upstream_request_duration_seconds",
+        "Requests forwarded to an upstream, until its answer",
+        m.upstream_request_duration.clone(),
+    );
+    Metrics { registry, ..m }
+});
+
+#[inline]
+fn on() -> Option<&'static Metrics> {
+    if ENABLED.load(Ordering::Relaxed) { Some(&METRICS) } else { None }
+}
+
+/// Turns every hook on or off (`--no-metrics`); on by default. Installs the
+/// store's observer when turned on.
+pub fn set_enabled(enabled: bool) {
+    ENABLED.store(enabled, Ordering::Relaxed);
+    if enabled {
+        tether_store::observe::install(Box::new(StoreHook));
+    }
+}
+
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+struct StoreHook;
+
+impl tether_store::observe::StoreObserver for StoreHook {
+    fn commit(&self, took: Duration, batch: usize) {
+        if let Some(m) = on() {
+            m.store_commit_seconds.observe(took.as_secs_f64());
+            m.store_commit_batch_size.observe(batch as f64);
+        }
+    }
+
+    fn error(&self) {
+        store_error();
+    }
+}
+
+/// The text exposition of every metric, after `refresh` set the gauges read at scrape time.
+pub fn render(sessions_live: usize) -> String {
+    let m = &*METRICS;
+    m.sessions_live.set(sessions_live as i64);
+    let mut out = String::with_capacity(8 * 1024);
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &m.registry) {
+        tracing::error!(error = %e, "could not encode the metrics");
+    }
+    out
+}
+
+/// Milliseconds (since the epoch) of the last `tether_sessions_stored` refresh.
+static STORED_AT: AtomicI64 = AtomicI64::new(0);
+
+/// Whether `tether_sessions_stored` is due for a refresh (at most every 10 s);
+/// claims the refresh when it is.
+pub fn stored_sessions_due(now_ms: i64) -> bool {
+    let last = STORED_AT.load(Ordering::Relaxed);
+    now_ms - last >= 10_000 && STORED_AT.compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+}
+
+pub fn set_stored_sessions(n: u64) {
+    METRICS.sessions_stored.set(n.min(i64::MAX as u64) as i64);
+}
+
+/// The series the hot path hits, resolved once each (a family lookup hashes
+/// the labels under a lock; a resolved handle is one atomic add). Families
+/// never drop a series, so a handle stays the one the registry encodes.
+const FAST_METHODS: [&str; 3] = ["GET", "POST", "DELETE"];
+const FAST_STATUSES: [u16; 3] = [200, 202, 404];
+static FAST_HTTP: [[OnceLock<Counter>; FAST_STATUSES.len()]; FAST_METHODS.len()] = [const { [const { OnceLock::new() }; 3] }; 3];
+
+pub fn http_request(method: &axum::http::Method, status: u16) {
+    if let Some(m) = on() {
+        let method = match *method {
+            axum::http::Method::GET => "GET",
+            axum::http::Method::POST => "POST",
+            axum::http::Method::DELETE => "DELETE",
+            axum::http::Method::HEAD => "HEAD",
+            axum::http::Method::OPTIONS => "OPTIONS",
+            axum::http::Method::PUT => "PUT",
+            _ => "other",
+        };
+        let fast = FAST_METHODS.iter().position(|f| *f == method).zip(FAST_STATUSES.iter().position(|s| *s == status));
+        match fast {
+            Some((mi, si)) => {
+                FAST_HTTP[mi][si].get_or_init(|| m.http_requests.get_or_create(&HttpLabels { method, status }).clone()).inc()
+            }
+            None => m.http_requests.get_or_create(&HttpLabels { method, status }).inc(),
+        };
+    }
+}
+
+/// The JSON-RPC method names used as labels; anything else is `other`.
+const KNOWN: &[&str] = &[
+    "initialize",
+    "ping",
+    "tools/list",
+    "tools/call",
+    "resources/list",
+    "resources/read",
+    "resources/templates/list",
+    "resources/subscribe",
+    "resources/unsubscribe",
+    "prompts/list",
+    "prompts/get",
+    "completion/complete",
+    "logging/setLevel",
+    "tasks/get",
+    "tasks/list",
+    "tasks/result",
+    "tasks/cancel",
+];
+
+/// One resolved histogram per known method, and one for `other`.
+static DURATIONS: [OnceLock<Histogram>; KNOWN.len() + 1] = [const { OnceLock::new() }; KNOWN.len() + 1];
+
+/// Started when a request starts; [`RequestTimer::done`] observes its duration.
+pub struct RequestTimer(Option<(usize, Instant)>);
+
+pub fn request_started(method: &str) -> RequestTimer {
+    RequestTimer(on().map(|_| (KNOWN.iter().position(|m| *m == method).unwrap_or(KNOWN.len()), Instant::now())))
+}
+
+impl RequestTimer {
+    pub fn done(self) {
+        if let (Some((index, started)), Some(m)) = (self.0, on()) {
+            let method = KNOWN.get(index).copied().unwrap_or("other");
+            DURATIONS[index]
+                .get_or_init(|| m.request_duration.get_or_create(&MethodLabel { method }).clone())
+                .observe(started.elapsed().as_secs_f64());
+        }
+    }
+}
+
+pub fn events_appended(n: usize) {
+    if let Some(m) = on() {
+        m.events_appended.inc_by(n as u64);
+    }
+}
+
+pub fn events_replayed(n: usize) {
+    if let Some(m) = on() {
+        m.events_replayed.inc_by(n as u64);
+    }
+}
+
+pub fn store_error() {
+    if let Some(m) = on() {
+        m.store_errors.inc();
+    }
+}
+
+pub fn auth_failure() {
+    if let Some(m) = on() {
+        m.auth_failures.inc();
+    }
+}
+
+/// Counts an open SSE stream while it lives.
+pub struct SseConnection(bool);
+
+pub fn sse_connection() -> SseConnection {
+    match on() {
+        Some(m) => {
+            m.sse_connections.inc();
+            SseConnection(true)
+        }
+        None => SseConnection(false),
+    }
+}
+
+impl Drop for SseConnection {
+    fn drop(&mut self) {
+        if self.0 {
+            METRICS.sse_connections.dec();
+        }
+    }
+}
+
+/// A stdio upstream process of `upstream` started (`+1`) or ended (`-1`).
+pub fn upstream_processes(upstream: &str, delta: i64) {
+    if let Some(m) = on() {
+        m.upstream_processes.get_or_create(&UpstreamLabel { upstream: upstream.to_owned() }).inc_by(delta);
+    }
+}
+
+pub fn upstream_restart(upstream: &str) {
+    if let Some(m) = on() {
+        m.upstream_restarts.get_or_create(&UpstreamLabel { upstream: upstream.to_owned() }).inc();
+    }
+}
+
+/// Started when a request goes to an upstream; [`UpstreamTimer::done`] observes it.
+pub struct UpstreamTimer(Option<Instant>);
+
+pub fn upstream_request_started() -> UpstreamTimer {
+    UpstreamTimer(on().map(|_| Instant::now()))
+}
+
+impl UpstreamTimer {
+    pub fn done(self, upstream: &str) {
+        if let (Some(started), Some(m)) = (self.0, on()) {
+            m.upstream_request_duration
+                .get_or_create(&UpstreamLabel { upstream: upstream.to_owned() })
+                .observe(started.elapsed().as_secs_f64());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_exposition_has_every_name_of_the_contract() {
+        events_appended(1);
+        auth_failure();
+        http_request(&axum::http::Method::POST, 200);
+        request_started("tools/call").done();
+        request_started("made/up").done();
+        upstream_restart("echo");
+        upstream_processes("echo", 1);
+        upstream_request_started().done("echo");
+        let text = render(3);
+        for name in [
+            "tether_sessions_live 3",
+            "tether_sessions_stored",
+            "tether_sse_connections",
+            "tether_http_requests_total{method=\"POST\",status=\"200\"}",
+            "tether_request_duration_seconds_bucket{le=",
+            "tether_request_duration_seconds_count{method=\"tools/call\"}",
+            "tether_request_duration_seconds_count{method=\"other\"}",
+            "tether_events_appended_total",
+            "tether_events_replayed_total",
+            "tether_store_commit_seconds_bucket",
+            "tether_store_commit_batch_size_bucket",
+            "tether_store_errors_total",
+            "tether_auth_failures_total",
+            "tether_upstream_processes{upstream=\"echo\"} 1",
+            "tether_upstream_restarts_total{upstream=\"echo\"} 1",
+            "tether_upstream_request_duration_seconds_count{upstream=\"echo\"}",
+        ] {
+            assert!(text.contains(name), "{name} missing from:\n{text}");
+        }
+    }
+}
