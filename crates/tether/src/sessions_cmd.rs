@@ -216,18 +216,7 @@ fn endpoint_of(record: &SessionRecord) -> &str {
 
 fn summary(record: &SessionRecord, now: i64) -> Value {
     let last = record.expires_at_ms.saturating_sub(ttl_guess(record));
-    json!({
-        "id": record.id,
-        "principal": record.principal,
-        "upstream": endpoint_of(record),
-        "protocol_version": record.state.get("protocol_version"),
-        "client": record.state.get("client_info"),
-        "created_at_ms": record.created_at_ms,
-        "last_active_ms": last,
-        "idle_ms": (now - last).max(0),
-        "expires_at_ms": record.expires_at_ms,
-        "in_memory": false,
-    })
+    tether_server::http::session_summary(record, last, false, now)
 }
 
 // ---- for people ---------------------------------------------------------------------------

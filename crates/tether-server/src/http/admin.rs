@@ -114,7 +114,12 @@ fn last_active(engine: &Engine, record: &SessionRecord) -> i64 {
 }
 
 fn summary(engine: &Engine, record: &SessionRecord, now: i64) -> Value {
-    let last = last_active(engine, record);
+    session_summary(record, last_active(engine, record), engine.last_seen(&record.id).is_some(), now)
+}
+
+/// One session as the admin API and `tether sessions` show it; `last` is
+/// when it was last active, `in_memory` whether a server holds it now.
+pub fn session_summary(record: &SessionRecord, last: i64, in_memory: bool, now: i64) -> Value {
     json!({
         "id": record.id,
         "principal": record.principal,
@@ -125,7 +130,7 @@ fn summary(engine: &Engine, record: &SessionRecord, now: i64) -> Value {
         "last_active_ms": last,
         "idle_ms": (now - last).max(0),
         "expires_at_ms": record.expires_at_ms,
-        "in_memory": engine.last_seen(&record.id).is_some(),
+        "in_memory": in_memory,
     })
 }
 

@@ -23,7 +23,7 @@ use axum::serve::ListenerExt;
 use serde_json::json;
 use tokio::net::TcpListener;
 
-pub use admin::admin_router;
+pub use admin::{admin_router, session_summary};
 pub use auth::{ANONYMOUS, Auth, TokenTable};
 pub use error::HttpError;
 pub use ops::metrics_router;
