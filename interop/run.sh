@@ -139,6 +139,32 @@ for _ in $(seq 150); do
 done
 grep -q '^READY' "$TMP/fixture.log" || { cat "$TMP/fixture.log"; die "the TypeScript SDK fixture did not start"; }
 
+# wait_http URL PID any|200: waits (30 s at most) until URL answers HTTP
+# (any status, or 200 only) while process PID lives.
+wait_http() {
+    "$VPY" - "$1" "$2" "$3" <<'EOF'
+import os, sys, time, urllib.error, urllib.request
+url, pid, want = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        sys.exit(f"the process behind {url} exited")
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            if want == "any" or r.status == 200:
+                sys.exit(0)
+    except urllib.error.HTTPError:
+        if want == "any":
+            sys.exit(0)  # it answers (e.g. 400: no session), so it is listening
+    except OSError:
+        pass
+    time.sleep(0.1)
+sys.exit(f"GET {url} did not answer {want} within 30 s")
+EOF
+}
+
 # server-everything in its Streamable HTTP mode (`mcp-server-everything
 # streamableHttp`: express, MCP at /mcp, port from $PORT, default 3001), a
 # second URL upstream. It listens without naming a host (every interface);
@@ -149,25 +175,7 @@ EVERYTHING_HTTP="http://127.0.0.1:$EVERYTHING_HTTP_PORT"
 PORT="$EVERYTHING_HTTP_PORT" node --import "$HERE/servers/loopback.mjs" "$EVERYTHING" streamableHttp \
     >"$TMP/everything-http.log" 2>&1 &
 EVERYTHING_HTTP_PID=$!
-"$VPY" - "$EVERYTHING_HTTP/mcp" "$EVERYTHING_HTTP_PID" <<'EOF' || { cat "$TMP/everything-http.log"; die "server-everything (streamableHttp) did not start"; }
-import os, sys, time, urllib.error, urllib.request
-url, pid = sys.argv[1], int(sys.argv[2])
-deadline = time.monotonic() + 30
-while time.monotonic() < deadline:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        sys.exit("server-everything exited")
-    try:
-        with urllib.request.urlopen(url, timeout=2):
-            sys.exit(0)
-    except urllib.error.HTTPError:
-        sys.exit(0)  # it answers (400: no session), so it is listening
-    except OSError:
-        pass
-    time.sleep(0.1)
-sys.exit(f"GET {url} got no HTTP answer within 30 s")
-EOF
+wait_http "$EVERYTHING_HTTP/mcp" "$EVERYTHING_HTTP_PID" any || { cat "$TMP/everything-http.log"; die "server-everything (streamableHttp) did not start"; }
 
 PORT="$(free_port)"
 BASE="http://127.0.0.1:$PORT"
@@ -193,24 +201,7 @@ start_server() {
     ) >>"$TMP/server.log" 2>&1 &
     SERVER_PID=$!
 
-    "$VPY" - "$BASE/healthz" "$SERVER_PID" <<'EOF' || { server_log; die "server did not become healthy"; }
-import os, sys, time, urllib.request
-url, pid = sys.argv[1], int(sys.argv[2])
-deadline = time.monotonic() + 30
-while time.monotonic() < deadline:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        sys.exit("server process exited")
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            if r.status == 200:
-                sys.exit(0)
-    except OSError:
-        pass
-    time.sleep(0.1)
-sys.exit("GET /healthz did not return 200 within 30 s")
-EOF
+    wait_http "$BASE/healthz" "$SERVER_PID" 200 || { server_log; die "server did not become healthy"; }
 }
 start_server
 
