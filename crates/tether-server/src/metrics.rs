@@ -231,6 +231,7 @@ const KNOWN: &[&str] = &[
     "completion/complete",
     "logging/setLevel",
     "tasks/get",
+    "tasks/update",
     "tasks/list",
     "tasks/result",
     "tasks/cancel",

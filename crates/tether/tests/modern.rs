@@ -82,6 +82,11 @@ async fn discover_list_and_call_without_a_session_and_legacy_sessions_go_on_besi
     assert_eq!(status, 200);
     assert_eq!(listed["result"]["resultType"], "complete");
     assert!(listed["result"]["tools"].as_array().unwrap().iter().any(|t| t["name"] == "thought"), "{listed}");
+    let metrics = reqwest::get(url.replace("/mcp", "/metrics")).await.unwrap().text().await.unwrap();
+    assert!(
+        metrics.contains("tether_request_duration_seconds_count{method=\"tools/list\"} 1"),
+        "a sessionless request is timed like any other:\n{metrics}"
+    );
 
     // The first thought starts a notebook session and names it; the next
     // one, naming it, goes on in it.

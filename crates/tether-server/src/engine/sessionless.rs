@@ -152,6 +152,7 @@ impl Engine {
         let cancelled = cancel.clone();
         // Writes the work defers are waited for before the answer leaves
         // (it is not stored, so it cannot follow them through the writer).
+        let timer = crate::metrics::request_started(&method_name);
         inner.spawn(tether_store::fence::scope(async move {
             let _permit: OwnedSemaphorePermit = permit;
             let mut outcome = request::run_outcome(&worker, ctx, work, cancelled).await;
@@ -174,6 +175,7 @@ impl Engine {
                 Ok(raw) => Outbound::Answer { body: envelope::raw_result_message(&id, &raw), error: None },
                 Err(e) => Outbound::Answer { body: envelope::error_message(Some(&id), &e), error: Some(e.code) },
             };
+            timer.done();
             let _ = tx.send(answer).await;
         }));
         Ok(SessionlessReply { messages, _cancel_on_drop: cancel.drop_guard() })
