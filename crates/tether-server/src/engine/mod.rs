@@ -17,7 +17,7 @@ mod ctx;
 mod keys;
 mod listen;
 mod live;
-mod mrtr;
+pub mod mrtr;
 mod notifications;
 pub mod operations;
 mod pump;

@@ -36,7 +36,7 @@ const STATE_LABEL: &[u8] = b"tether-mrtr-v1";
 /// What a request's rounds carry: the answers the client gave, and what the
 /// work asked in this round.
 #[derive(Debug, Default)]
-pub(crate) struct Rounds {
+pub struct Rounds {
     /// Every answer so far (earlier rounds' from the state, this round's).
     pub(crate) answers: Map<String, Value>,
     asked: Mutex<Vec<(String, Value)>>,
@@ -92,7 +92,7 @@ pub(crate) fn seal(
 
 /// Takes `inputResponses` and `requestState` out of `params` and checks
 /// them: the rounds the work sees.
-pub(crate) fn take(key: &[u8; 32], principal: &str, method: &str, params: &mut Map<String, Value>) -> Result<Rounds, RpcError> {
+pub fn take(key: &[u8; 32], principal: &str, method: &str, params: &mut Map<String, Value>) -> Result<Rounds, RpcError> {
     let answers = match params.remove("inputResponses") {
         None | Some(Value::Null) => None,
         Some(Value::Object(a)) => Some(a),

@@ -6,7 +6,7 @@ mod admin;
 mod auth;
 mod error;
 mod extract;
-mod modern;
+pub mod modern;
 mod ops;
 mod sse;
 mod validate;

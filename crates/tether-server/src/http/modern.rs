@@ -24,7 +24,7 @@ use crate::engine::{Outbound, SessionlessRequest, discover_result};
 const REMOVED: &[&str] = &["initialize", "ping", "logging/setLevel", "resources/subscribe", "resources/unsubscribe"];
 
 /// Whether a POSTed message is for the sessionless revision.
-pub(super) fn is_modern(message: &Inbound, headers: &HeaderMap) -> bool {
+pub fn is_modern(message: &Inbound, headers: &HeaderMap) -> bool {
     let params = match message {
         Inbound::Request { params, .. } | Inbound::Notification { params, .. } => params.as_ref(),
         Inbound::Response { .. } => None,
@@ -62,7 +62,7 @@ fn mismatch(id: &Value, message: String) -> Response {
 }
 
 /// A header's value, `=?base64?…?=` decoded; `Err` when it cannot be read.
-fn header_value(headers: &HeaderMap, name: &str) -> Result<Option<String>, String> {
+pub fn header_value(headers: &HeaderMap, name: &str) -> Result<Option<String>, String> {
     let Some(raw) = headers.get(name) else { return Ok(None) };
     let raw = raw.to_str().map_err(|_| format!("the {name} header is not visible ASCII"))?;
     match raw.strip_prefix("=?base64?").and_then(|r| r.strip_suffix("?=")) {
