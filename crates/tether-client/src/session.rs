@@ -259,6 +259,22 @@ fn modern_headers(headers: &mut HeaderMap, message: &Value) {
         headers.insert(HeaderName::from_static(tether_wire::headers::MCP_NAME), v);
     }
 }
+
+/// The W3C trace context a request carries in `params._meta` (the gateway
+/// puts its span's there), repeated as the `traceparent` and `tracestate`
+/// headers, where an HTTP server looks for it first.
+fn trace_headers(headers: &mut HeaderMap, message: &Value) {
+    let Some(request_meta) = message.get("params").and_then(|p| p.get("_meta")) else { return };
+    for (field, name) in [
+        (tether_wire::meta::TRACEPARENT, tether_wire::headers::TRACEPARENT),
+        (tether_wire::meta::TRACESTATE, tether_wire::headers::TRACESTATE),
+    ] {
+        if let Some(v) = request_meta.get(field).and_then(Value::as_str).and_then(|v| HeaderValue::from_str(v).ok()) {
+            headers.insert(HeaderName::from_static(name), v);
+        }
+    }
+}
+
 fn check_url(url: &str) -> Result<reqwest::Url, ClientError> {
     let parsed = reqwest::Url::parse(url)
         .map_err(|e| ClientError::Config(format!("{url:?} is not a valid URL ({e}); expected e.g. http://127.0.0.1:8787/mcp")))?;
@@ -590,6 +606,7 @@ impl Inner {
         if self.modern.is_some() {
             modern_headers(&mut headers, message);
         }
+        trace_headers(&mut headers, message);
         let response = self.http.post(url).headers(headers).body(body).send().await.map_err(|e| transport_error(&self.url, e))?;
         self.check_status(response).await
     }
