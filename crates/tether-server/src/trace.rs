@@ -24,8 +24,9 @@ use tracing::Span;
 use tracing::field::Empty;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
-/// The `tracing` target of the spans that are exported (and only of them).
-pub const TARGET: &str = "tether::otel";
+/// The `tracing` target of the spans that are exported (and only of them);
+/// no module's path, so no log event shares it.
+pub const TARGET: &str = "tether_spans";
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
 
@@ -59,7 +60,7 @@ pub(crate) fn http_span(method: &axum::http::Method, path: &str, request_headers
         method.to_string()
     };
     let span = tracing::info_span!(
-        target: "tether::otel",
+        target: "tether_spans",
         "http.request",
         otel.name = %name,
         otel.kind = "server",
@@ -92,7 +93,7 @@ pub(crate) fn rpc_span(method: &str, session: Option<&str>, params: Option<&Map<
         return Span::none();
     }
     let span = tracing::info_span!(
-        target: "tether::otel",
+        target: "tether_spans",
         "rpc.request",
         otel.name = %method,
         rpc.system = "jsonrpc",

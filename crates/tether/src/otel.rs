@@ -65,8 +65,10 @@ pub fn init_logging(json: bool, filter: EnvFilter, traces: Option<&SdkTracerProv
         tracing_subscriber::registry().with(filter).with(log_layer(json)).init();
         return;
     };
-    let log_filter =
-        filter.and(filter_fn(|meta| meta.target() != tether_server::trace::TARGET).with_max_level_hint(LevelFilter::TRACE));
+    let log_filter = filter.and(
+        filter_fn(|meta| !(meta.is_span() && meta.target() == tether_server::trace::TARGET))
+            .with_max_level_hint(LevelFilter::TRACE),
+    );
     let spans = tracing_opentelemetry::layer()
         .with_tracer(provider.tracer("tether"))
         .with_location(false)
