@@ -689,6 +689,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_trace_context_in_meta_is_repeated_as_w3c_headers_and_nothing_else_is() {
+        let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let mut headers = HeaderMap::new();
+        let message = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "t", "_meta": {"traceparent": parent, "tracestate": "k=v", "progressToken": 7}}});
+        trace_headers(&mut headers, &message);
+        assert_eq!(headers.get("traceparent").and_then(|v| v.to_str().ok()), Some(parent));
+        assert_eq!(headers.get("tracestate").and_then(|v| v.to_str().ok()), Some("k=v"));
+        assert_eq!(headers.len(), 2);
+        let mut none = HeaderMap::new();
+        trace_headers(&mut none, &json!({"jsonrpc": "2.0", "id": 2, "method": "ping"}));
+        trace_headers(
+            &mut none,
+            &json!({"jsonrpc": "2.0", "id": 3, "method": "x", "params": {"_meta": {"traceparent": "bad\nvalue"}}}),
+        );
+        assert!(none.is_empty());
+    }
+
+    #[test]
     fn messages_are_sorted_into_responses_requests_and_notifications() {
         let sort = |v: Value| read_value("http://test", v);
         assert!(matches!(
