@@ -259,6 +259,22 @@ fn modern_headers(headers: &mut HeaderMap, message: &Value) {
         headers.insert(HeaderName::from_static(tether_wire::headers::MCP_NAME), v);
     }
 }
+
+/// The W3C trace context a request carries in `params._meta` (the gateway
+/// puts its span's there), repeated as the `traceparent` and `tracestate`
+/// headers, where an HTTP server looks for it first.
+fn trace_headers(headers: &mut HeaderMap, message: &Value) {
+    let Some(request_meta) = message.get("params").and_then(|p| p.get("_meta")) else { return };
+    for (field, name) in [
+        (tether_wire::meta::TRACEPARENT, tether_wire::headers::TRACEPARENT),
+        (tether_wire::meta::TRACESTATE, tether_wire::headers::TRACESTATE),
+    ] {
+        if let Some(v) = request_meta.get(field).and_then(Value::as_str).and_then(|v| HeaderValue::from_str(v).ok()) {
+            headers.insert(HeaderName::from_static(name), v);
+        }
+    }
+}
+
 fn check_url(url: &str) -> Result<reqwest::Url, ClientError> {
     let parsed = reqwest::Url::parse(url)
         .map_err(|e| ClientError::Config(format!("{url:?} is not a valid URL ({e}); expected e.g. http://127.0.0.1:8787/mcp")))?;
@@ -590,6 +606,7 @@ impl Inner {
         if self.modern.is_some() {
             modern_headers(&mut headers, message);
         }
+        trace_headers(&mut headers, message);
         let response = self.http.post(url).headers(headers).body(body).send().await.map_err(|e| transport_error(&self.url, e))?;
         self.check_status(response).await
     }
@@ -670,6 +687,25 @@ impl Drop for CancelOnDrop<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_trace_context_in_meta_is_repeated_as_w3c_headers_and_nothing_else_is() {
+        let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let mut headers = HeaderMap::new();
+        let message = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "t", "_meta": {"traceparent": parent, "tracestate": "k=v", "progressToken": 7}}});
+        trace_headers(&mut headers, &message);
+        assert_eq!(headers.get("traceparent").and_then(|v| v.to_str().ok()), Some(parent));
+        assert_eq!(headers.get("tracestate").and_then(|v| v.to_str().ok()), Some("k=v"));
+        assert_eq!(headers.len(), 2);
+        let mut none = HeaderMap::new();
+        trace_headers(&mut none, &json!({"jsonrpc": "2.0", "id": 2, "method": "ping"}));
+        trace_headers(
+            &mut none,
+            &json!({"jsonrpc": "2.0", "id": 3, "method": "x", "params": {"_meta": {"traceparent": "bad\nvalue"}}}),
+        );
+        assert!(none.is_empty());
+    }
 
     #[test]
     fn messages_are_sorted_into_responses_requests_and_notifications() {

@@ -315,6 +315,16 @@ fn upstream_params(params: &Map<String, Value>) -> Value {
     Value::Object(params)
 }
 
+/// `initialize` params to keep for later connections: a trace context
+/// belongs to the request that carried it, not to the replays.
+fn without_trace_context(mut params: Value) -> Value {
+    if let Some(Value::Object(m)) = params.get_mut("_meta") {
+        m.remove(meta::TRACEPARENT);
+        m.remove(meta::TRACESTATE);
+    }
+    params
+}
+
 /// Stops children with nothing in flight for `idle` (their sessions live on).
 async fn sweep_idle(links: Weak<Mutex<Vec<Weak<Link>>>>, idle: Duration) {
     let mut tick = tokio::time::interval(IDLE_SWEEP.min(idle));
@@ -340,6 +350,7 @@ async fn sweep_idle(links: Weak<Mutex<Vec<Weak<Link>>>>, idle: Duration) {
 #[async_trait]
 impl McpApp for Gateway {
     async fn initialize(&self, init: &mut Initialize<'_>) -> Result<Map<String, Value>, RpcError> {
+        tether_server::trace::record_upstream(&self.config.name);
         let params = upstream_params(init.params);
         let link = Arc::new(Link::default());
         let authorization = self.forwarded(&link, init.client_authorization());
@@ -348,7 +359,7 @@ impl McpApp for Gateway {
         let result: Map<String, Value> = serde_json::from_str(initialize_result.get()).map_err(|e| {
             RpcError::internal(format!("upstream `{}` answered initialize with no object: {e}", self.config.name))
         })?;
-        init.set_app_state(STATE, json!({"initialize": params, "carryOn": carry_on}));
+        init.set_app_state(STATE, json!({"initialize": without_trace_context(params), "carryOn": carry_on}));
         *link.live.lock().await = Some(Connection::new(upstream));
         if let Ok(mut parked) = link.parked_inbound.lock() {
             *parked = Some(inbound);
@@ -364,6 +375,7 @@ impl McpApp for Gateway {
         method: &str,
         params: Option<Map<String, Value>>,
     ) -> Result<RawResult, RpcError> {
+        tether_server::trace::record_upstream(&self.config.name);
         let session = ctx.require_session()?;
         let connection = self.upstream(&session, ctx.client_authorization()).await?;
         let link = session.local::<Link>();

@@ -99,6 +99,9 @@ pub async fn connect(
     let who = format!("upstream {upstream_name} at {}", spec.url);
     let options = client_options(spec, client_authorization, |var| std::env::var(var).ok())
         .map_err(|e| RpcError::internal(format!("{who}: {e}")))?;
+    let mut initialize_params = Some(initialize_params);
+    tether_server::trace::inject_meta(&mut initialize_params);
+    let initialize_params = initialize_params.unwrap_or_default();
     let (client, result) = match tokio::time::timeout(init_timeout, Session::connect(&spec.url, options, initialize_params)).await
     {
         Ok(Ok(connected)) => connected,
@@ -268,7 +271,11 @@ impl Drop for HttpUpstream {
 
 #[async_trait]
 impl Upstream for HttpUpstream {
-    async fn request(&self, method: &str, params: Option<Value>) -> Result<Box<RawValue>, RpcError> {
+    async fn request(&self, method: &str, mut params: Option<Value>) -> Result<Box<RawValue>, RpcError> {
+        // The W3C trace context of this request's span (`--otlp-endpoint`),
+        // in `params._meta`; the client runtime sends it as the
+        // `traceparent` header too.
+        tether_server::trace::inject_meta(&mut params);
         // Dropping this future drops the client runtime's request, which
         // sends `notifications/cancelled` under the id it used upstream.
         let result = self.client()?.request(method, params).await.map_err(|e| self.failed(e))?;

@@ -401,7 +401,10 @@ impl Drop for InFlight<'_> {
 
 #[async_trait]
 impl Upstream for StdioUpstream {
-    async fn request(&self, method: &str, params: Option<Value>) -> Result<Box<RawValue>, RpcError> {
+    async fn request(&self, method: &str, mut params: Option<Value>) -> Result<Box<RawValue>, RpcError> {
+        // The W3C trace context of this request's span (`--otlp-endpoint`):
+        // a child has no headers, so it goes in `params._meta`.
+        tether_server::trace::inject_meta(&mut params);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.shared.register(id, tx)?;

@@ -8,6 +8,7 @@
 //!   validation, SSE framing, status codes.
 //! - [`app`]: the seam an MCP application implements ([`McpApp`]).
 //! - [`tools`]: the provided tool router, for applications made of tools.
+//! - [`trace`]: OpenTelemetry spans of HTTP and JSON-RPC requests (`--otlp-endpoint`).
 //!
 //! The wire format (envelope, error codes, header names, `_meta` keys) is
 //! the `tether-wire` crate's.
@@ -19,6 +20,7 @@ pub mod http;
 pub mod ids;
 pub mod metrics;
 pub mod tools;
+pub mod trace;
 
 pub use app::{
     Caller, ClientAuthorization, ClientDeclaration, EndReason, Endpoints, Initialize, McpApp, OperationCtx, OperationRunner,

@@ -11,6 +11,10 @@ pub const LAST_EVENT_ID: &str = "last-event-id";
 pub const MCP_METHOD: &str = "mcp-method";
 /// 2026-07-28: `params.name` (or `params.uri`, or a task's id) of the methods that name something.
 pub const MCP_NAME: &str = "mcp-name";
+/// W3C Trace Context: the caller's span (`--otlp-endpoint`).
+pub const TRACEPARENT: &str = "traceparent";
+/// W3C Trace Context: vendor state beside `traceparent`.
+pub const TRACESTATE: &str = "tracestate";
 
 /// The `Accept` of a POST: the answer may be JSON or an SSE stream.
 pub const ACCEPT_POST: &str = "application/json, text/event-stream";

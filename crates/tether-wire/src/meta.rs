@@ -29,6 +29,12 @@ pub const RESTARTABLE: &str = "dev.tether/restartable";
 /// In request params: the token progress notifications carry.
 pub const PROGRESS_TOKEN: &str = "progressToken";
 
+/// In request params: the W3C `traceparent` of the caller's span, where a
+/// request without HTTP headers of its own (2026-07-28, stdio) carries it.
+pub const TRACEPARENT: &str = "traceparent";
+/// In request params: the W3C `tracestate` beside [`TRACEPARENT`].
+pub const TRACESTATE: &str = "tracestate";
+
 /// 2026-07-28, in every request's `_meta`: the revision it speaks (the claim
 /// that makes a request modern).
 pub const PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocolVersion";

@@ -4,6 +4,7 @@
 mod bridge_cmd;
 mod call_cmd;
 mod client_config;
+mod otel;
 mod serve;
 mod serve_config;
 mod sessions_cmd;
@@ -66,23 +67,18 @@ fn main() -> std::process::ExitCode {
         if matches!(cli.command, Command::Tools(_) | Command::Call(_) | Command::Sessions(_)) { "warn" } else { "info" };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_filter.into());
     let json = matches!(&cli.command, Command::Serve(args) if args.log_format == serve::LogFormat::Json);
-    if json {
-        tracing_subscriber::fmt()
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
-            .with_span_list(false)
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .init();
-    } else {
-        tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            // Colour only for a person at a terminal, never in a host's log file.
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .init();
-    }
+    let otlp = match &cli.command {
+        Command::Serve(args) => args.otlp_endpoint.as_deref(),
+        _ => None,
+    };
+    let traces = match otlp.map(otel::provider).transpose() {
+        Ok(traces) => traces,
+        Err(e) => {
+            eprintln!("tether: --otlp-endpoint: {e:#}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    otel::init_logging(json, filter, traces.as_ref());
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -90,7 +86,7 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    runtime.block_on(async {
+    let code = runtime.block_on(async {
         match cli.command {
             Command::Serve(args) => report(serve::run(args).await),
             // Client commands choose their exit codes (0, 1 isError, 2 usage, 3 connection).
@@ -100,7 +96,12 @@ fn main() -> std::process::ExitCode {
             Command::Sessions(args) => report(sessions_cmd::run(args).await),
             Command::Completions { .. } => std::process::ExitCode::SUCCESS,
         }
-    })
+    });
+    // After the serve path's drain: the spans of the last requests are ended.
+    if let Some(traces) = traces {
+        otel::flush(&traces);
+    }
+    code
 }
 
 fn report(result: anyhow::Result<()>) -> std::process::ExitCode {

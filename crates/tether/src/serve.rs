@@ -102,6 +102,11 @@ pub struct ServeArgs {
     /// `text` for people, `json` for log collectors (one object per line).
     #[arg(long, env = "TETHER_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    /// Export OpenTelemetry traces (a span per HTTP and per JSON-RPC
+    /// request) over OTLP/HTTP to this collector URL; `/v1/traces` is added
+    /// when the URL has no path. Off by default.
+    #[arg(long, env = "TETHER_OTLP_ENDPOINT", value_name = "URL", value_parser = crate::otel::parse_endpoint)]
+    pub otlp_endpoint: Option<String>,
     /// The name of an environment variable holding the admin token: turns
     /// on /admin/sessions (`tether sessions`), which needs it as a Bearer token.
     #[arg(long, env = "TETHER_ADMIN_TOKEN_ENV", value_name = "VAR")]
@@ -256,6 +261,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         tracing::warn!(%local, "listening beyond loopback: put authentication in front of this server");
     }
     tracing::info!(%local, store = %url, "tether listening on http://{local}/mcp");
+    if let Some(endpoint) = &args.otlp_endpoint {
+        tracing::info!(%endpoint, "traces exported over OTLP/HTTP");
+    }
     let mut extra = if args.no_console {
         tracing::info!("web console off (--no-console)");
         axum::Router::new()

@@ -43,6 +43,7 @@ use tether_wire::{Inbound, RpcError, code, envelope, meta, revision};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
 pub use ctx::{RequestCtx, SessionCtx};
 pub use operations::OperationCtx;
@@ -234,6 +235,19 @@ impl Engine {
         reply: Reply,
         authorization: Option<ClientAuthorization>,
     ) -> Result<PostOutcome, EngineError> {
+        let span = crate::trace::rpc_span("initialize", None, params.as_ref());
+        self.initialize_in_span(endpoint, principal, id, params, reply, authorization).instrument(span).await
+    }
+
+    async fn initialize_in_span(
+        &self,
+        endpoint: &str,
+        principal: &str,
+        id: Value,
+        params: Option<Map<String, Value>>,
+        reply: Reply,
+        authorization: Option<ClientAuthorization>,
+    ) -> Result<PostOutcome, EngineError> {
         if self.inner.shutdown.is_cancelled() {
             return Err(EngineError::ShuttingDown);
         }
@@ -320,6 +334,7 @@ impl Engine {
                 session
             }
         };
+        crate::trace::record_session(&session.id);
         if let Some(local) = initial_local {
             session.set_local(local);
         }
@@ -438,12 +453,13 @@ impl Engine {
             Inbound::Request { id, method, params } => {
                 let progress_token =
                     params.as_ref().and_then(|p| p.get("_meta")).and_then(|m| m.get(meta::PROGRESS_TOKEN)).cloned();
+                let span = crate::trace::rpc_span(&method, Some(&session.id), params.as_ref());
                 let app = self.inner.app_of(&session);
                 let owned = method.clone();
                 let work: request::Work =
                     Box::new(move |ctx| Box::pin(async move { app.handle_request(ctx, &owned, params).await }));
                 let head = RequestHead { id, progress_token, authorization };
-                self.inner.clone().start_request(session, head, &method, reply, work).await
+                self.inner.clone().start_request(session, head, &method, reply, work).instrument(span).await
             }
             Inbound::Notification { method, params } => {
                 notifications::receive(&self.inner, session, method, params).await?;
@@ -583,6 +599,19 @@ impl Inner {
         F: Future<Output = ()> + Send + 'static,
     {
         self.tasks.spawn(task);
+    }
+
+    /// [`Inner::spawn`] of a request's work, in the current span (its
+    /// JSON-RPC span) when spans are on (`crate::trace`).
+    pub(crate) fn spawn_request<F>(&self, task: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        if crate::trace::enabled() {
+            self.tasks.spawn(task.in_current_span());
+        } else {
+            self.tasks.spawn(task);
+        }
     }
 
     /// The application of a session's endpoint (the root one if the endpoint

@@ -97,6 +97,9 @@ pub(crate) async fn run_outcome(
         _ = cancel.cancelled() => Err(RpcError::cancelled()),
         _ = inner.interrupt.cancelled() => Err(RpcError::internal(INTERRUPTED_MESSAGE)),
     };
+    if let Err(e) = &result {
+        crate::trace::record_error(e);
+    }
     result
 }
 
@@ -140,7 +143,7 @@ impl Inner {
             let ctx =
                 RequestCtx::new(self.clone(), session.clone(), None, id.clone(), progress_token, cancel.clone(), authorization);
             let inner = self.clone();
-            self.spawn(async move {
+            self.spawn_request(async move {
                 let _slot = slot;
                 let body = run_work(&inner, ctx, work, cancel).await;
                 timer.done();
@@ -167,7 +170,7 @@ impl Inner {
         // A request's stream is where the work's deferred writes are
         // checked (`tether_store::fence`); JSON answers are not stored, so
         // JSON mode above defers nothing.
-        self.spawn(tether_store::fence::scope(async move {
+        self.spawn_request(tether_store::fence::scope(async move {
             let _slot = slot;
             let session = worker_session;
             let mut work = std::pin::pin!(run_work(&inner, ctx, work, cancel));

@@ -119,6 +119,7 @@ impl Engine {
         })?;
         let server_info = self.discover(&request.endpoint).await?.and_then(|d| d.get("serverInfo").cloned());
         let SessionlessRequest { caller, id, method, mut params, authorization, log_level, .. } = request;
+        let span = crate::trace::rpc_span(&method, None, params.as_ref());
         let principal = caller.principal.clone();
         let repeated = params.as_ref().is_some_and(|p| p.contains_key("inputResponses") || p.contains_key("requestState"));
         let rounds = match params.as_mut() {
@@ -153,7 +154,7 @@ impl Engine {
         // Writes the work defers are waited for before the answer leaves
         // (it is not stored, so it cannot follow them through the writer).
         let timer = crate::metrics::request_started(&method_name);
-        inner.spawn(tether_store::fence::scope(async move {
+        let task = tether_store::fence::scope(async move {
             let _permit: OwnedSemaphorePermit = permit;
             let mut outcome = request::run_outcome(&worker, ctx, work, cancelled).await;
             if outcome.is_ok()
@@ -177,7 +178,8 @@ impl Engine {
             };
             timer.done();
             let _ = tx.send(answer).await;
-        }));
+        });
+        span.in_scope(|| inner.spawn_request(task));
         Ok(SessionlessReply { messages, _cancel_on_drop: cancel.drop_guard() })
     }
 }

@@ -83,6 +83,9 @@ pub async fn serve_with(
     if crate::metrics::enabled() {
         app = app.layer(ops::CountLayer);
     }
+    if crate::trace::enabled() {
+        app = app.layer(crate::trace::TraceLayer);
+    }
     let result = axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             shutdown.await;
