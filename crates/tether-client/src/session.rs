@@ -239,12 +239,7 @@ fn modern_headers(headers: &mut HeaderMap, message: &Value) {
     if let Ok(v) = HeaderValue::from_str(method) {
         headers.insert(HeaderName::from_static(tether_wire::headers::MCP_METHOD), v);
     }
-    let field = match method {
-        "tools/call" | "prompts/get" => "name",
-        "resources/read" => "uri",
-        "tasks/get" | "tasks/update" | "tasks/cancel" => "taskId",
-        _ => return,
-    };
+    let Some(field) = tether_wire::headers::mcp_name_field(method) else { return };
     let Some(name) = message.get("params").and_then(|p| p.get(field)).and_then(Value::as_str) else { return };
     let plain = !name.is_empty()
         && name.bytes().all(|b| (0x21..=0x7e).contains(&b))

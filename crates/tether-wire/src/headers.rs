@@ -11,6 +11,17 @@ pub const LAST_EVENT_ID: &str = "last-event-id";
 pub const MCP_METHOD: &str = "mcp-method";
 /// 2026-07-28: `params.name` (or `params.uri`, or a task's id) of the methods that name something.
 pub const MCP_NAME: &str = "mcp-name";
+
+/// The params field a 2026-07-28 request's `Mcp-Name` repeats, for the
+/// methods that name something.
+pub fn mcp_name_field(method: &str) -> Option<&'static str> {
+    match method {
+        "tools/call" | "prompts/get" => Some("name"),
+        "resources/read" => Some("uri"),
+        "tasks/get" | "tasks/update" | "tasks/cancel" => Some("taskId"),
+        _ => None,
+    }
+}
 /// W3C Trace Context: the caller's span (`--otlp-endpoint`).
 pub const TRACEPARENT: &str = "traceparent";
 /// W3C Trace Context: vendor state beside `traceparent`.

@@ -78,12 +78,7 @@ pub fn header_value(headers: &HeaderMap, name: &str) -> Result<Option<String>, S
 
 /// The body field `Mcp-Name` must repeat, for the methods that name something.
 fn named(method: &str, params: &Map<String, Value>) -> Option<(&'static str, Option<String>)> {
-    let field = match method {
-        "tools/call" | "prompts/get" => "name",
-        "resources/read" => "uri",
-        "tasks/get" | "tasks/update" | "tasks/cancel" => "taskId",
-        _ => return None,
-    };
+    let field = headers::mcp_name_field(method)?;
     Some((field, params.get(field).and_then(Value::as_str).map(str::to_owned)))
 }
 
