@@ -9,12 +9,14 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use serde_json::{Map, Value, json};
 use tether_server::{
-    ClientAuthorization, EndReason, Initialize, McpApp, RawResult, RequestCtx, RpcError, SessionCtx, SessionEnd,
+    ClientAuthorization, EndReason, Initialize, McpApp, OperationCtx, OperationRunner, OperationSpec, RawResult, RequestCtx,
+    RpcError, SessionCtx, SessionEnd, raw_result,
 };
 use tether_wire::meta;
 
 use crate::config::{Target, UpstreamConfig};
 use crate::link::{self, Connection, Link};
+use crate::modern::{self, Pool};
 use crate::upstream::Started;
 
 /// Key of the gateway's part of a session's durable app state.
@@ -32,6 +34,10 @@ pub struct Gateway {
     config: UpstreamConfig,
     links: Arc<Mutex<Vec<Weak<Link>>>>,
     health: Mutex<Health>,
+    /// Upstream connections of sessionless (2026-07-28) clients.
+    pool: Arc<Pool>,
+    /// This gateway as the runner of its tasks' work.
+    me: Weak<Gateway>,
 }
 
 /// Recent failures of the upstream to start (or to stay up), for the backoff.
@@ -46,7 +52,13 @@ struct Health {
 impl Gateway {
     /// Needs a Tokio runtime (a sweep stops idle children).
     pub fn new(config: UpstreamConfig) -> Arc<Self> {
-        let gateway = Arc::new(Self { config, links: Arc::default(), health: Mutex::default() });
+        let (max, idle) = match &config.target {
+            Target::Command(spec) => (spec.max_processes, spec.idle_timeout.min(modern::DEFAULT_POOL_IDLE)),
+            Target::Url(_) => (crate::config::DEFAULT_MAX_PROCESSES, modern::DEFAULT_POOL_IDLE),
+        };
+        let pool = Pool::new(max, idle);
+        let gateway =
+            Arc::new_cyclic(|me| Self { config, links: Arc::default(), health: Mutex::default(), pool, me: me.clone() });
         if let Target::Command(spec) = &gateway.config.target {
             let (links, idle) = (Arc::downgrade(&gateway.links), spec.idle_timeout);
             tokio::spawn(sweep_idle(links, idle));
@@ -148,6 +160,8 @@ impl Gateway {
                 Err(_) => live += 1,
             }
         }
+        // Children held for sessionless clients count too.
+        live += self.pool.open_count();
         if live < max {
             return;
         }
@@ -271,6 +285,76 @@ impl Gateway {
     }
 }
 
+impl Gateway {
+    /// A sessionless (2026-07-28) client's request: served on a pooled
+    /// upstream connection of its principal (see `modern`).
+    async fn sessionless_request(
+        &self,
+        ctx: RequestCtx,
+        method: &str,
+        params: Option<Map<String, Value>>,
+    ) -> Result<RawResult, RpcError> {
+        let params = params.unwrap_or_default();
+        match method {
+            "tasks/get" | "tasks/update" | "tasks/cancel" if !self.config.task_tools.is_empty() => {
+                return raw_result(&ctx.answer_tasks_method(self.runner()?, method, &params).await?);
+            }
+            "tools/call" => {
+                let tool = params.get("name").and_then(Value::as_str).unwrap_or_default();
+                if self.config.is_task_tool(tool) {
+                    let mut unbound = params;
+                    unbound.remove("_meta");
+                    let spec = OperationSpec { restartable: false, expected_duration_ms: 0 };
+                    return raw_result(&ctx.call_as_task(self.runner()?, unbound, spec).await?);
+                }
+            }
+            _ => {}
+        }
+        let authorization = self.sessionless_authorization(ctx.client_authorization());
+        let connect = self.connect("(sessionless)", modern::initialize_params(), authorization, None);
+        let held = self.pool.hold_for_request(&ctx, connect).await?;
+        let level = ctx.request_meta().and_then(|m| m.get(meta::LOG_LEVEL)).and_then(Value::as_str);
+        held.want_log_level(level).await;
+        let timer = tether_server::metrics::upstream_request_started();
+        let result = held.request(method, Some(Value::Object(modern::upstream_params(params)))).await;
+        timer.done(&self.config.name);
+        result
+    }
+
+    /// The client's `Authorization` for a sessionless request's upstream
+    /// connection (only with `forward_auth`).
+    fn sessionless_authorization(&self, presented: Option<&ClientAuthorization>) -> Option<String> {
+        match &self.config.target {
+            Target::Url(spec) if spec.forward_auth => presented.map(|a| a.header_value().to_owned()),
+            _ => None,
+        }
+    }
+
+    fn runner(&self) -> Result<Arc<dyn OperationRunner>, RpcError> {
+        let me = self.me.upgrade().ok_or_else(|| RpcError::internal("this upstream was removed"))?;
+        Ok(me)
+    }
+}
+
+#[async_trait]
+impl OperationRunner for Gateway {
+    /// A task's work: the tool call on a pooled connection of the task's
+    /// principal; its result is the task's.
+    async fn run_operation(&self, ctx: OperationCtx, tool: &str, arguments: Map<String, Value>) -> Result<(), RpcError> {
+        let ctx = Arc::new(ctx);
+        let connect = self.connect("(task)", modern::initialize_params(), None, None);
+        let held = self.pool.hold_for_task(ctx.clone(), connect).await?;
+        let params = json!({"name": tool, "arguments": arguments, "_meta": {"progressToken": "tether-task"}});
+        let timer = tether_server::metrics::upstream_request_started();
+        let result = held.request("tools/call", Some(params)).await;
+        timer.done(&self.config.name);
+        let result: Value = serde_json::from_str(result?.get()).map_err(|e| {
+            RpcError::internal(format!("upstream `{}` answered tools/call with no object: {e}", self.config.name))
+        })?;
+        ctx.push_value(result).await
+    }
+}
+
 /// What a request changes in what a new connection must replay, taken
 /// before the params go upstream (only these two kinds copy anything).
 enum Replayed {
@@ -376,6 +460,9 @@ impl McpApp for Gateway {
         params: Option<Map<String, Value>>,
     ) -> Result<RawResult, RpcError> {
         tether_server::trace::record_upstream(&self.config.name);
+        if ctx.session().is_none() {
+            return self.sessionless_request(ctx, method, params).await;
+        }
         let session = ctx.require_session()?;
         let connection = self.upstream(&session, ctx.client_authorization()).await?;
         let link = session.local::<Link>();
@@ -404,6 +491,24 @@ impl McpApp for Gateway {
         if let Err(e) = upstream.notify(method, params.map(Value::Object)).await {
             tracing::warn!(upstream = %self.config.name, session = ctx.session_id(), %method, error = %e.message, "notification not forwarded");
         }
+    }
+
+    /// The upstream's own `initialize` result, as a sessionless client's
+    /// `server/discover` says it (a connection is opened to ask, then closed;
+    /// the engine keeps the answer). `None` while the upstream cannot be
+    /// reached, so the next `server/discover` asks again.
+    async fn discover(&self) -> Option<Map<String, Value>> {
+        let started = self.connect("(discover)", modern::initialize_params(), None, None).await;
+        let Started { upstream, initialize_result, .. } = match started {
+            Ok(started) => started,
+            Err(e) => {
+                tracing::warn!(upstream = %self.config.name, error = %e.message, "could not describe the upstream to a sessionless client");
+                return None;
+            }
+        };
+        upstream.close(true).await;
+        let result: Map<String, Value> = serde_json::from_str(initialize_result.get()).ok()?;
+        Some(modern::describe(&result, !self.config.task_tools.is_empty()))
     }
 
     async fn on_session_end(&self, ended: SessionEnd) {

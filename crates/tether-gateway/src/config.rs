@@ -17,6 +17,19 @@ pub struct UpstreamConfig {
     pub target: Target,
     /// Bounds an upstream that never answers `initialize`.
     pub init_timeout: Duration,
+    /// Tools whose calls by sessionless clients run as durable tasks (`*`: every tool).
+    pub task_tools: Vec<String>,
+}
+
+impl UpstreamConfig {
+    pub fn new(name: String, target: Target) -> Self {
+        Self { name, target, init_timeout: DEFAULT_INIT_TIMEOUT, task_tools: Vec::new() }
+    }
+
+    /// Whether a sessionless client's call of `tool` runs as a task.
+    pub fn is_task_tool(&self, tool: &str) -> bool {
+        self.task_tools.iter().any(|t| t == "*" || t == tool)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -80,7 +93,7 @@ pub fn parse_flag(flag: &str) -> Result<UpstreamConfig, String> {
             ));
         }
     };
-    Ok(UpstreamConfig { name, target, init_timeout: DEFAULT_INIT_TIMEOUT })
+    Ok(UpstreamConfig::new(name, target))
 }
 
 /// Upstream names are path segments: letters, digits, `-` and `_`.
@@ -132,6 +145,8 @@ pub struct UpstreamTable {
     pub forward_auth: bool,
     #[serde(default, with = "humantime_serde_opt")]
     pub upstream_init_timeout: Option<Duration>,
+    #[serde(default)]
+    pub task_tools: Vec<String>,
 }
 
 impl UpstreamTable {
@@ -163,7 +178,10 @@ impl UpstreamTable {
             }
             _ => return Err(format!("[upstreams.{name}] needs exactly one of `command` or `url`")),
         };
-        Ok(UpstreamConfig { name, target, init_timeout: self.upstream_init_timeout.unwrap_or(DEFAULT_INIT_TIMEOUT) })
+        let mut config = UpstreamConfig::new(name, target);
+        config.init_timeout = self.upstream_init_timeout.unwrap_or(DEFAULT_INIT_TIMEOUT);
+        config.task_tools = self.task_tools;
+        Ok(config)
     }
 }
 

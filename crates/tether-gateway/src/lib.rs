@@ -10,6 +10,9 @@
 //!   a connection from the stored `initialize`, backoff, idle children.
 //! - `link`: one session's link to its upstream and the pump of what the
 //!   upstream sends on its own.
+//! - `modern`: sessionless (2026-07-28) clients of a session-era upstream:
+//!   a pool of upstream connections per principal, asks as MRTR rounds,
+//!   `task_tools` as durable tasks.
 //! - [`config`]: what an upstream is (flags and TOML).
 //! - [`upstream`]: the seam to a transport; [`stdio`] (a child process per
 //!   session) and [`http`] (an upstream HTTP session per session) implement it.
@@ -18,6 +21,7 @@ mod app;
 pub mod config;
 pub mod http;
 mod link;
+mod modern;
 pub mod stdio;
 pub mod upstream;
 

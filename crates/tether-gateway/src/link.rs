@@ -21,7 +21,7 @@ use crate::upstream::{FromUpstream, Inbound, Upstream};
 
 /// How long the client may take to answer a request of the upstream
 /// (sampling, elicitation: a person may be answering).
-const CLIENT_ANSWER_WAIT: Duration = Duration::from_secs(600);
+pub(crate) const CLIENT_ANSWER_WAIT: Duration = Duration::from_secs(600);
 
 /// A live connection and how far its pump got.
 #[derive(Clone)]
@@ -39,6 +39,11 @@ impl Connection {
         Self { upstream, delivered: Arc::new(tokio::sync::watch::channel(0).0) }
     }
 
+    /// One more message of the upstream delivered (or given up on) by its pump.
+    pub fn mark_delivered(&self) {
+        self.delivered.send_modify(|n| *n += 1);
+    }
+
     /// Waits (bounded) until the pump delivered everything the upstream sent
     /// before the answer that just arrived, so the client sees them first.
     pub async fn delivered_before_answer(&self) {
@@ -48,6 +53,12 @@ impl Connection {
             tracing::warn!("an answer waited too long for the upstream's earlier messages; sending it now");
         }
     }
+}
+
+/// Whether an upstream notification is about the server as a whole (its
+/// lists, a subscribed resource) rather than about a request in flight.
+pub(crate) fn is_session_level(method: &str) -> bool {
+    method.ends_with("/list_changed") || method == "notifications/resources/updated"
 }
 
 /// A session's link (in `SessionCtx::local`).
@@ -150,15 +161,14 @@ pub(crate) async fn pump(session: SessionCtx, link: Arc<Link>, connection: Conne
         match message {
             FromUpstream::Notification { method, params } => {
                 let token = params.as_ref().and_then(|p| p.get("progressToken"));
-                let session_level = method.ends_with("/list_changed") || method == "notifications/resources/updated";
-                let sent = match link.related(token).filter(|_| !session_level) {
+                let sent = match link.related(token).filter(|_| !is_session_level(&method)) {
                     Some(ctx) => ctx.notify(&method, params.clone()).await,
                     None => session.notify(&method, params.clone()).await,
                 };
                 if let Err(e) = sent {
                     tracing::warn!(session = session.session_id(), %method, error = %e.message, "could not deliver an upstream notification");
                 }
-                connection.delivered.send_modify(|n| *n += 1);
+                connection.mark_delivered();
             }
             FromUpstream::Request { id, method, params } => {
                 let related = link.related(None);
@@ -172,7 +182,7 @@ pub(crate) async fn pump(session: SessionCtx, link: Arc<Link>, connection: Conne
                         tracing::warn!(session = session.session_id(), %method, error = %e.message, "could not return the client's answer upstream");
                     }
                 });
-                connection.delivered.send_modify(|n| *n += 1);
+                connection.mark_delivered();
             }
         }
     }

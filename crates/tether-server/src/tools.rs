@@ -104,13 +104,12 @@ impl<T: ToolApp> ToolRouter<T> {
                 Some(Value::String(t)) => Some(t.clone()),
                 Some(_) => return Err(RpcError::invalid_params("invalid resumeToken: it must be the string the server sent")),
             };
-            let binding = operations::binding(ctx.principal(), "tools/call", &Value::Object(unbound));
             let runner: Arc<dyn OperationRunner> = Arc::new(Runner(self.tools.clone()));
             if ctx.session().is_none() {
                 // A sessionless client follows long work as a task.
-                let result = crate::engine::tasks::call(&ctx, runner, &name, arguments, binding, spec).await?;
-                return raw_result(&result);
+                return raw_result(&ctx.call_as_task(runner, unbound, spec).await?);
             }
+            let binding = operations::binding(ctx.principal(), "tools/call", &Value::Object(unbound));
             let result = operations::call(&ctx, runner, &name, arguments, binding, token.as_deref(), spec).await?;
             return raw_result(&result);
         }
@@ -172,7 +171,7 @@ impl<T: ToolApp> McpApp for ToolRouter<T> {
             // The Tasks extension is the sessionless revision's.
             "tasks/get" | "tasks/update" | "tasks/cancel" if ctx.session().is_none() => {
                 let runner: Arc<dyn OperationRunner> = Arc::new(Runner(self.tools.clone()));
-                raw_result(&crate::engine::tasks::handle(&ctx, runner, method, &params.unwrap_or_default()).await?)
+                raw_result(&ctx.answer_tasks_method(runner, method, &params.unwrap_or_default()).await?)
             }
             other => Err(RpcError::method_not_found(other)),
         }

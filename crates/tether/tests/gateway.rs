@@ -416,3 +416,153 @@ async fn forward_auth_sends_the_clients_token_upstream_also_after_a_tether_crash
     let next = fwd.call(&sid, 2, "thought", thought_args(2)).await;
     assert_eq!(next["result"]["structuredContent"]["thoughtHistoryLength"], 2, "the same upstream session: {next}");
 }
+
+// Sessionless (2026-07-28) clients of a session-era upstream.
+
+/// `_meta` of a sessionless request whose client declares `capabilities`.
+fn declaring(capabilities: Value) -> Value {
+    let mut m = modern_meta();
+    m[tether_wire::meta::CLIENT_CAPABILITIES] = capabilities;
+    m
+}
+
+fn modern_call(id: u64, tool: &str, arguments: Value, meta: Value) -> Value {
+    modern_request(id, "tools/call", json!({"name": tool, "arguments": arguments, "_meta": meta}))
+}
+
+/// Every JSON-RPC message of a sessionless request's response, in order.
+async fn modern_messages(c: &Client, body: &Value) -> Vec<Value> {
+    let method = body["method"].as_str().unwrap_or_default();
+    let name = body["params"]["name"].as_str().unwrap_or_default();
+    let headers = [
+        ("content-type", "application/json"),
+        ("accept", "application/json, text/event-stream"),
+        ("mcp-protocol-version", MODERN),
+        ("mcp-method", method),
+        ("mcp-name", name),
+    ];
+    let headers: Vec<_> = headers.into_iter().filter(|(_, v)| !v.is_empty()).collect();
+    let text = c.post_raw(&headers, body.to_string()).send().await.unwrap().text().await.unwrap();
+    match serde_json::from_str::<Value>(&text) {
+        Ok(one) => vec![one],
+        Err(_) => text.lines().filter_map(|l| l.strip_prefix("data: ")).filter_map(|d| serde_json::from_str(d).ok()).collect(),
+    }
+}
+
+#[tokio::test]
+async fn a_sessionless_client_uses_a_stdio_server_discover_call_progress_and_sampling_as_mrtr_rounds() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_tether, url) = start_gateway(&dir, "echo", "");
+    let c = Client::new(&format!("{url}/echo"));
+
+    let (status, discovered) = send_modern(&c, &modern_request(1, "server/discover", json!({})), None, &[]).await;
+    assert_eq!(status, 200, "{discovered}");
+    let result = &discovered["result"];
+    assert_eq!(result["_meta"][tether_wire::meta::SERVER_INFO]["name"], "fixture", "the upstream describes itself: {result}");
+    assert!(result["capabilities"]["tools"].is_object(), "{result}");
+    assert_eq!(result["supportedVersions"], json!([MODERN]));
+
+    let (_, echoed) = send_modern(&c, &modern_call(2, "echo", json!({"x": 1}), modern_meta()), Some("echo"), &[]).await;
+    assert_eq!(echoed["result"]["structuredContent"], json!({"x": 1}), "{echoed}");
+    assert_eq!(echoed["result"]["resultType"], "complete");
+    assert_eq!(echoed["result"]["_meta"][tether_wire::meta::SERVER_INFO]["name"], "fixture");
+
+    // Progress of the upstream reaches the request's own response, before its answer.
+    let mut meta = modern_meta();
+    meta["progressToken"] = json!("p-1");
+    let messages = modern_messages(&c, &modern_call(3, "slow", json!({"ms": 50}), meta)).await;
+    let methods: Vec<&str> = messages.iter().map(|m| m["method"].as_str().unwrap_or("answer")).collect();
+    assert_eq!(methods, ["notifications/progress", "answer"], "{messages:?}");
+    assert_eq!(messages[0]["params"]["progressToken"], "p-1");
+    assert_eq!(messages[1]["result"]["structuredContent"]["slept"], 50);
+
+    // The upstream asks the client to sample: one round ends input_required,
+    // the repeated request carries the answer, the upstream gets it.
+    let sampling = declaring(json!({"sampling": {}}));
+    let (_, round) =
+        send_modern(&c, &modern_call(4, "sample", json!({"prompt": "hi"}), sampling.clone()), Some("sample"), &[]).await;
+    let round = &round["result"];
+    assert_eq!(round["resultType"], "input_required", "{round}");
+    let key = "sampling/createMessage#0";
+    assert_eq!(round["inputRequests"][key]["method"], "sampling/createMessage", "{round}");
+    assert_eq!(round["inputRequests"][key]["params"]["messages"][0]["content"]["text"], "hi");
+    let answer = json!({"role": "assistant", "content": {"type": "text", "text": "sampled!"}, "model": "m"});
+    let mut again = modern_call(5, "sample", json!({"prompt": "hi"}), sampling);
+    again["params"]["inputResponses"] = json!({(key): answer});
+    again["params"]["requestState"] = round["requestState"].clone();
+    let (_, done) = send_modern(&c, &again, Some("sample"), &[]).await;
+    assert_eq!(done["result"]["structuredContent"]["sampled"]["content"]["text"], "sampled!", "{done}");
+
+    // A client that cannot sample: the upstream hears -32021 and says so.
+    let (_, refused) = send_modern(&c, &modern_call(6, "sample", json!({}), modern_meta()), Some("sample"), &[]).await;
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("-32021"), "the upstream was told the client lacks sampling: {refused}");
+
+    // The upstream saw requests of the revision it speaks: its initialize
+    // declared what sessionless clients may bring, and no request carried
+    // the 2026-07-28 declarations.
+    let (_, seen) = send_modern(&c, &modern_request(7, "debug/seen", json!({})), None, &[]).await;
+    let seen = seen["result"]["seen"].as_array().cloned().unwrap_or_default();
+    let initialize = seen.iter().find(|m| m["method"] == "initialize").expect("the pooled connection was initialized");
+    assert_eq!(initialize["params"]["protocolVersion"], "2025-11-25");
+    assert!(initialize["params"]["capabilities"]["sampling"].is_object(), "{initialize}");
+    let calls: Vec<&Value> = seen.iter().filter(|m| m["method"] == "tools/call").collect();
+    assert!(calls.len() >= 5, "one connection served the calls in turn: {seen:?}");
+    for call in calls {
+        let meta = call["params"]["_meta"].as_object().cloned().unwrap_or_default();
+        assert!(meta.keys().all(|k| !k.starts_with("io.modelcontextprotocol/")), "no modern _meta upstream: {call}");
+    }
+    assert!(seen.iter().any(|m| m["method"] == "notifications/cancelled"), "the round that asked was cancelled upstream");
+
+    // A legacy session goes on beside, on its own child.
+    let (sid, _) = initialized(&c, "legacy").await;
+    assert_eq!(structured(&c.call(&sid, 1, "echo", json!({"y": 2})).await), &json!({"y": 2}));
+}
+
+#[tokio::test]
+async fn a_task_tool_of_an_upstream_runs_as_a_durable_task_and_one_cut_off_by_a_crash_fails_interrupted() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("t.db");
+    let config = dir.path().join("tether.toml");
+    let toml =
+        format!("resume_wait = \"0s\"\n[upstreams.echo]\ncommand = [\"python3\", {:?}]\ntask_tools = [\"slow\"]\n", fixture());
+    std::fs::write(&config, toml).unwrap();
+    let args = ["--config", config.to_str().unwrap()];
+    let (tether, url) = Tether::start(&db, &args);
+    let c = Client::new(&format!("{url}/echo"));
+    let tasks = declaring(json!({"extensions": {(tether_wire::meta::TASKS_EXTENSION): {}}}));
+
+    let (_, discovered) = send_modern(&c, &modern_request(1, "server/discover", json!({})), None, &[]).await;
+    assert!(discovered["result"]["capabilities"]["extensions"][tether_wire::meta::TASKS_EXTENSION].is_object(), "{discovered}");
+    let (_, undeclared) = send_modern(&c, &modern_call(2, "slow", json!({"ms": 10}), modern_meta()), Some("slow"), &[]).await;
+    assert_eq!(undeclared["error"]["code"], -32021, "{undeclared}");
+    // Other tools are plain calls.
+    let (_, echoed) = send_modern(&c, &modern_call(3, "echo", json!({"z": 3}), tasks.clone()), Some("echo"), &[]).await;
+    assert_eq!(echoed["result"]["structuredContent"], json!({"z": 3}), "{echoed}");
+
+    let (_, created) = send_modern(&c, &modern_call(4, "slow", json!({"ms": 300}), tasks.clone()), Some("slow"), &[]).await;
+    assert_eq!(created["result"]["resultType"], "task", "{created}");
+    let id = created["result"]["taskId"].as_str().expect("a task id").to_owned();
+    let get = |n: u64, id: String| modern_request(n, "tasks/get", json!({"taskId": id, "_meta": tasks.clone()}));
+    let mut done = Value::Null;
+    for n in 0..100 {
+        let (_, got) = send_modern(&c, &get(10 + n, id.clone()), Some(&id), &[]).await;
+        if got["result"]["status"] != "working" {
+            done = got;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(done["result"]["status"], "completed", "{done}");
+    assert_eq!(done["result"]["result"]["structuredContent"]["slept"], 300, "the upstream's result is the task's: {done}");
+
+    // A task cut off by kill -9: answered after the restart, failed "interrupted".
+    let (_, created) = send_modern(&c, &modern_call(5, "slow", json!({"ms": 60000}), tasks.clone()), Some("slow"), &[]).await;
+    let id = created["result"]["taskId"].as_str().expect("a task id").to_owned();
+    tether.crash();
+    let (_tether, url) = Tether::start(&db, &args);
+    let c = Client::new(&format!("{url}/echo"));
+    let (_, after) = send_modern(&c, &get(200, id.clone()), Some(&id), &[]).await;
+    assert_eq!(after["result"]["status"], "failed", "{after}");
+    assert!(after["result"]["error"]["message"].as_str().unwrap_or_default().contains("interrupted"), "{after}");
+}

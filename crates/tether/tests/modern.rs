@@ -7,51 +7,8 @@ mod support;
 
 use serde_json::{Value, json};
 use support::*;
+use support::{modern_request as request, send_modern as send};
 use tether_wire::meta;
-
-const MODERN: &str = "2026-07-28";
-
-fn modern_meta() -> Value {
-    json!({
-        (meta::PROTOCOL_VERSION): MODERN,
-        (meta::CLIENT_CAPABILITIES): {},
-        (meta::CLIENT_INFO): {"name": "modern-test", "version": "1.0.0"},
-    })
-}
-
-fn request(id: u64, method: &str, mut params: Value) -> Value {
-    if params.get("_meta").is_none() {
-        params["_meta"] = modern_meta();
-    }
-    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
-}
-
-/// POSTs `body` with the headers a modern client sends (`name`: Mcp-Name), plus `extra`.
-async fn send(c: &Client, body: &Value, name: Option<&str>, extra: &[(&str, &str)]) -> (u16, Value) {
-    let method = body["method"].as_str().unwrap_or("");
-    let mut headers = vec![
-        ("content-type", "application/json"),
-        ("accept", "application/json, text/event-stream"),
-        ("mcp-protocol-version", MODERN),
-        ("mcp-method", method),
-    ];
-    if let Some(name) = name {
-        headers.push(("mcp-name", name));
-    }
-    for (k, v) in extra {
-        headers.retain(|(h, _)| h != k);
-        headers.push((k, v));
-    }
-    let resp = c.post_raw(&headers, body.to_string()).send().await.unwrap();
-    let status = resp.status().as_u16();
-    let text = resp.text().await.unwrap();
-    // One JSON body, or an SSE stream whose last message is the answer.
-    let answer = serde_json::from_str(&text).unwrap_or_else(|_| {
-        let last = text.lines().filter_map(|l| l.strip_prefix("data: ")).next_back().unwrap_or("null");
-        serde_json::from_str(last).unwrap_or(Value::Null)
-    });
-    (status, answer)
-}
 
 fn thought(n: u64, pin: Option<&str>) -> Value {
     let mut params = json!({"name": "thought", "arguments": thought_args(n)});
@@ -158,9 +115,14 @@ async fn a_bad_modern_request_gets_the_error_of_the_first_check_it_fails() {
 }
 
 #[tokio::test]
-async fn an_endpoint_whose_application_serves_sessions_only_names_the_revisions_it_speaks() {
+async fn an_endpoint_that_cannot_describe_itself_names_the_session_revisions_it_speaks() {
+    // A gateway whose upstream cannot start has nothing to say to a
+    // sessionless client; a client that falls back to `initialize` learns why.
     let dir = tempfile::tempdir().unwrap();
-    let flag = format!("py=stdio:python3 {}/../tether-gateway/tests/fixtures/stdio_server.py", env!("CARGO_MANIFEST_DIR"));
+    let flag = format!(
+        "py=stdio:python3 {}/../tether-gateway/tests/fixtures/stdio_server.py --exit-at-once",
+        env!("CARGO_MANIFEST_DIR")
+    );
     let (mut server, url) = start_binary(&dir.path().join("t.db"), &["--upstream", &flag]);
     let c = Client::new(&format!("{url}/py"));
     let (status, r) = send(&c, &request(1, "server/discover", json!({})), None, &[]).await;

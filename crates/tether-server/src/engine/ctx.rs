@@ -253,6 +253,13 @@ impl RequestCtx {
         self.sink.as_ref().filter(|_| self.session.is_none()).map(|s| s.request_meta.as_ref())
     }
 
+    /// Whether this sessionless request has asked its client something it
+    /// must answer in another round (MRTR): the work should stop, and the
+    /// round ends `input_required` whatever it returns.
+    pub fn awaits_input(&self) -> bool {
+        self.sink.as_ref().is_some_and(|s| s.rounds.has_asked())
+    }
+
     /// Cancelled by `notifications/cancelled` or when the session ends.
     pub fn cancelled(&self) -> &CancellationToken {
         &self.cancel

@@ -141,9 +141,11 @@ pub(crate) struct Inner {
     sessionless: Arc<tokio::sync::Semaphore>,
     /// Open `subscriptions/listen` streams (bounded the same).
     listeners: Arc<tokio::sync::Semaphore>,
-    /// What each endpoint's application says of itself (`McpApp::discover`), asked once.
+    /// What each endpoint's application says of itself (`McpApp::discover`),
+    /// asked once per application (a replaced one is asked again).
     #[allow(clippy::type_complexity)]
-    described: Mutex<HashMap<String, Arc<tokio::sync::OnceCell<Option<Arc<Map<String, Value>>>>>>>,
+    described:
+        Mutex<HashMap<String, (std::sync::Weak<dyn crate::app::McpApp>, Arc<tokio::sync::OnceCell<Arc<Map<String, Value>>>>)>>,
 }
 
 /// Cheap to clone; all clones share one engine.

@@ -150,6 +150,11 @@ impl Rounds {
         Err(RpcError::new(code::INTERNAL_ERROR, "input required from the client (answered as input_required)"))
     }
 
+    /// Whether this round asked something not yet answered.
+    pub(crate) fn has_asked(&self) -> bool {
+        self.asked.lock().map(|a| !a.is_empty()).unwrap_or(false)
+    }
+
     /// The `input_required` result of a round that asked something.
     pub(crate) fn input_required(&self, state: impl FnOnce() -> String) -> Option<Value> {
         let asked = self.asked.lock().ok()?;

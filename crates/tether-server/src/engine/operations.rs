@@ -187,9 +187,14 @@ impl OperationCtx {
 
     /// Stores the next chunk of the result.
     pub async fn push(&self, chunk: rmcp::model::CallToolResult) -> Result<(), RpcError> {
+        self.push_value(serde_json::to_value(chunk).map_err(|e| RpcError::internal(e.to_string()))?).await
+    }
+
+    /// Stores the next chunk of the result, a `CallToolResult` as JSON (as an
+    /// upstream server answered it).
+    pub async fn push_value(&self, mut value: Value) -> Result<(), RpcError> {
         let store = &self.inner.store;
         let index = self.status.borrow().chunks;
-        let mut value = serde_json::to_value(chunk).map_err(|e| RpcError::internal(e.to_string()))?;
         if let Some(o) = value.as_object_mut() {
             o.remove("resultType");
         }

@@ -203,9 +203,17 @@ impl Inner {
         let app = self.apps.get(endpoint).ok_or_else(|| EngineError::UnknownEndpoint(endpoint.to_owned()))?.clone();
         let cell = {
             let mut described = self.described.lock().map_err(|_| EngineError::ShuttingDown)?;
-            described.entry(endpoint.to_owned()).or_default().clone()
+            let entry = described.entry(endpoint.to_owned()).or_insert_with(|| (Arc::downgrade(&app), Arc::default()));
+            // The endpoint's application was replaced (SIGHUP): describe the new one.
+            if !entry.0.upgrade().is_some_and(|kept| Arc::ptr_eq(&kept, &app)) {
+                *entry = (Arc::downgrade(&app), Arc::default());
+            }
+            entry.1.clone()
         };
-        Ok(cell.get_or_init(|| async move { app.discover().await.map(Arc::new) }).await.clone())
+        // Only a description is kept: an application that could not say
+        // (a gateway whose upstream is down) is asked again next time.
+        let described = cell.get_or_try_init(|| async move { app.discover().await.map(Arc::new).ok_or(()) }).await;
+        Ok(described.ok().cloned())
     }
 }
 

@@ -60,7 +60,7 @@ fn iso8601(ms: i64) -> String {
 /// A `tools/call` of a tool that runs as an operation, from a sessionless
 /// client: the work starts, and the answer is its result if it finishes
 /// within `--resume-wait`, else a task (`resultType: "task"`).
-pub(crate) async fn call(
+async fn call(
     ctx: &RequestCtx,
     runner: Arc<dyn OperationRunner>,
     tool: &str,
@@ -97,8 +97,43 @@ pub(crate) async fn call(
     Ok(Value::Object(created))
 }
 
+impl RequestCtx {
+    /// Runs this sessionless `tools/call` as a durable operation that the
+    /// client follows as a task (`params`: the request's params without
+    /// `_meta`, to which the task is bound): its result if the work ends
+    /// within `--resume-wait`, else `resultType: "task"`. A client that did
+    /// not declare the Tasks extension gets `-32021`.
+    pub async fn call_as_task(
+        &self,
+        runner: Arc<dyn OperationRunner>,
+        params: Map<String, Value>,
+        spec: OperationSpec,
+    ) -> Result<Value, RpcError> {
+        let tool = params.get("name").and_then(Value::as_str).unwrap_or_default().to_owned();
+        let arguments = match params.get("arguments") {
+            None | Some(Value::Null) => Map::new(),
+            Some(Value::Object(a)) => a.clone(),
+            Some(_) => return Err(RpcError::invalid_params("tools/call params.arguments must be an object")),
+        };
+        let binding = operations::binding(self.principal(), "tools/call", &Value::Object(params));
+        call(self, runner, &tool, arguments, binding, spec).await
+    }
+
+    /// Answers `tasks/get`, `tasks/update` or `tasks/cancel` of a
+    /// sessionless client (`runner` restarts restartable work whose process
+    /// died).
+    pub async fn answer_tasks_method(
+        &self,
+        runner: Arc<dyn OperationRunner>,
+        method: &str,
+        params: &Map<String, Value>,
+    ) -> Result<Value, RpcError> {
+        handle(self, runner, method, params).await
+    }
+}
+
 /// `tasks/get`, `tasks/update`, `tasks/cancel` of a sessionless client.
-pub(crate) async fn handle(
+async fn handle(
     ctx: &RequestCtx,
     runner: Arc<dyn OperationRunner>,
     method: &str,

@@ -588,3 +588,49 @@ pub fn joined_text(responses: &[Value]) -> String {
         .filter_map(|c| c["text"].as_str().map(str::to_owned))
         .collect()
 }
+
+// The sessionless revision (2026-07-28).
+
+pub const MODERN: &str = "2026-07-28";
+
+pub fn modern_meta() -> Value {
+    json!({
+        (tether_wire::meta::PROTOCOL_VERSION): MODERN,
+        (tether_wire::meta::CLIENT_CAPABILITIES): {},
+        (tether_wire::meta::CLIENT_INFO): {"name": "modern-test", "version": "1.0.0"},
+    })
+}
+
+pub fn modern_request(id: u64, method: &str, mut params: Value) -> Value {
+    if params.get("_meta").is_none() {
+        params["_meta"] = modern_meta();
+    }
+    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+}
+
+/// POSTs `body` (a 2026-07-28 request) with the headers a modern client sends (`name`: Mcp-Name), plus `extra`.
+pub async fn send_modern(c: &Client, body: &Value, name: Option<&str>, extra: &[(&str, &str)]) -> (u16, Value) {
+    let method = body["method"].as_str().unwrap_or("");
+    let mut headers = vec![
+        ("content-type", "application/json"),
+        ("accept", "application/json, text/event-stream"),
+        ("mcp-protocol-version", MODERN),
+        ("mcp-method", method),
+    ];
+    if let Some(name) = name {
+        headers.push(("mcp-name", name));
+    }
+    for (k, v) in extra {
+        headers.retain(|(h, _)| h != k);
+        headers.push((k, v));
+    }
+    let resp = c.post_raw(&headers, body.to_string()).send().await.unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    // One JSON body, or an SSE stream whose last message is the answer.
+    let answer = serde_json::from_str(&text).unwrap_or_else(|_| {
+        let last = text.lines().filter_map(|l| l.strip_prefix("data: ")).next_back().unwrap_or("null");
+        serde_json::from_str(last).unwrap_or(Value::Null)
+    });
+    (status, answer)
+}
