@@ -243,11 +243,13 @@ else
 fi
 run_check py-legacy 90 "$VPY" "$PY/client.py" "$URL" legacy
 run_check py-auto 90 "$VPY" "$PY/client.py" "$URL" auto
-# The sessionless revision (2026-07-28) on the same endpoint, and an endpoint
-# that serves sessions only, where mode="auto" falls back to initialize.
+# The sessionless revision (2026-07-28) on the same endpoint; and through the
+# gateway to a session-era stdio server (the Python SDK fixture): discover,
+# calls, and the upstream's roots/list as an input_required round.
 run_check py-modern 90 "$VPY" "$PY/client.py" "$URL" modern
 run_check py-roots-modern 90 "$VPY" "$PY/client.py" "$URL" roots-modern
-run_check py-auto-fallback 90 "$VPY" "$PY/client.py" "$URL/pystdio" auto-fallback
+run_check py-gw-auto 90 "$VPY" "$PY/client.py" "$URL/pystdio" gw-auto
+run_check py-gw-roots-modern 90 "$VPY" "$PY/client.py" "$URL/pystdio" gw-roots-modern
 # The TypeScript SDK v2 client with modern negotiation (server/discover, no
 # initialize, no session): tools/list and thought here, roots asked through an
 # input_required round (MRTR) and answered by the SDK's handler; then a `session` call

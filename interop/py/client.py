@@ -2,7 +2,7 @@
 """Interop checks: the official MCP Python SDK client (``mcp`` 2.x) against tether.
 
 usage: client.py URL [CHECK ...]
-       CHECK: legacy | auto | modern | auto-fallback | no-header | roots
+       CHECK: legacy | auto | modern | gw-auto | gw-roots-modern | no-header | roots
        (default: legacy auto modern no-header roots)
 
   legacy     Client(..., mode="legacy"): initialize handshake, tools/list, tools/call thought.
@@ -15,9 +15,13 @@ usage: client.py URL [CHECK ...]
              thought without a notebook session makes tether ask roots/list through an
              input_required round (MRTR), answered by the SDK with the same callback;
              a second Client with the same root goes on in the same notebook session.
-  auto-fallback  mode="auto" against an endpoint that serves sessions only (a gateway
-             endpoint): the probe's -32022 names the session-era revisions and the SDK
-             falls back to initialize cleanly; then tools/list, tools/call (any tool).
+  gw-auto    mode="auto" against a gateway endpoint whose upstream is a session-era
+             stdio server (the Python SDK fixture): tether answers server/discover for
+             it and the SDK goes on sessionless; tools/list, tools/call greet.
+  gw-roots-modern  mode="2026-07-28" with list_roots_callback through the same gateway
+             endpoint: the upstream's own roots/list, in the middle of its tool call,
+             reaches the SDK as an input_required round (MRTR); the SDK answers with its
+             callback and the upstream's result names the root.
   no-header  Plain HTTP (urllib, no SDK): after initialize, follow-up POSTs that carry
              no MCP-Protocol-Version header (assumed 2025-03-26) work.
   roots      Client(..., list_roots_callback=...): the notebook asks roots/list, binds the
@@ -389,6 +393,38 @@ async def roots_modern_check(url: str) -> str:
     return f"roots asked {asked} times through input_required; notebook session {sessions[0][0]} found again by root"
 
 
+async def gw_roots_modern_check(url: str) -> str:
+    from mcp import types
+
+    root = "file:///interop/gateway-modern-project"
+    asked = 0
+
+    async def list_roots(context: Any) -> Any:
+        nonlocal asked
+        asked += 1
+        return types.ListRootsResult(roots=[types.Root(uri=root, name="gateway-modern-project")])
+
+    log = HttpLog()
+    http = httpx2.AsyncClient(
+        timeout=httpx2.Timeout(30, read=TIMEOUT_S),
+        trust_env=False,
+        event_hooks={"request": [log.on_request], "response": [log.on_response]},
+    )
+    with anyio.fail_after(TIMEOUT_S):
+        async with http:
+            transport = streamable_http_client(url, http_client=http)
+            async with Client(transport, mode=MODERN_VERSION, list_roots_callback=list_roots) as client:
+                result = await client.call_tool("roots", {})
+    check(not result.is_error, f"tools/call roots: is_error: {result!r}\nHTTP log:\n{log.render()}")
+    text = next((c.text for c in result.content if getattr(c, "type", None) == "text"), "")
+    check(json.loads(text).get("roots") == [root], f"the upstream did not get the SDK's root: {text!r}")
+    check(asked == 1, f"the SDK's roots callback ran {asked} times, want once")
+    rpcs = [e["rpc"] for e in log.entries if e["method"] == "POST"]
+    check("initialize" not in rpcs, f"a sessionless client sent initialize: {rpcs}")
+    check(rpcs.count("tools/call") == 2, f"want one input_required round and the repeated call: {rpcs}")
+    return f"the upstream's roots/list went through one input_required round; requests={rpcs}"
+
+
 # --------------------------------------------------------------------------- main
 
 def main(argv: list[str]) -> int:
@@ -401,7 +437,7 @@ def main(argv: list[str]) -> int:
         "legacy": ("legacy", "legacy"),
         "auto": ("auto", "modern"),
         "modern": (MODERN_VERSION, "modern"),
-        "auto-fallback": ("auto", "legacy"),
+        "gw-auto": ("auto", "modern"),
     }
     failed = 0
     for name in checks:
@@ -414,6 +450,8 @@ def main(argv: list[str]) -> int:
                 detail = anyio.run(roots_check, url)
             elif name == "roots-modern":
                 detail = anyio.run(roots_modern_check, url)
+            elif name == "gw-roots-modern":
+                detail = anyio.run(gw_roots_modern_check, url)
             else:
                 print(f"unknown check {name!r}", file=sys.stderr)
                 return 2

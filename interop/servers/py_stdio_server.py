@@ -16,6 +16,8 @@ Tools, one resource, one prompt:
             "notifications": [the requestId of every notifications/cancelled this
             process received, as strings]}``, oldest first (a child serves one tether
             session, so these are that session's)
+  tool      ``roots()``              asks the client ``roots/list`` (in the middle of the call)
+            and answers text: JSON ``{"roots": [the root URIs]}``
   resource  ``pystdio://fixture/info`` -> text/plain ``py-stdio-fixture: a resource read over stdio``
   prompt    ``review(code)``         -> one user message ``Please review this code:\\nCODE``
 """
@@ -71,6 +73,12 @@ async def slow(label: str, ctx: Context, steps: int = 100) -> str:
 @server.tool(description="The cancellations `slow` recorded in this process, as JSON.")
 def cancellations() -> str:
     return json.dumps({"cancelled": CANCELLED, "notifications": CANCEL_NOTIFICATIONS})
+
+
+@server.tool(description="Ask the client for its roots and list their URIs.")
+async def roots(ctx: Context) -> str:
+    listed = await ctx.session.list_roots()
+    return json.dumps({"roots": [str(r.uri) for r in listed.roots]})
 
 
 @server.resource(RESOURCE_URI, name="info", description="What this fixture is.", mime_type="text/plain")
