@@ -77,7 +77,7 @@ impl Response {
     /// The JSON-RPC message in a JSON body or in the SSE body's last `data:` line.
     pub fn message(&self) -> Value {
         let text = self.text();
-        let data = text.lines().filter_map(|l| l.strip_prefix("data:")).filter(|d| !d.trim().is_empty()).next_back();
+        let data = text.lines().filter_map(|l| l.strip_prefix("data:")).rfind(|d| !d.trim().is_empty());
         serde_json::from_str(data.unwrap_or(&text).trim()).unwrap_or(Value::Null)
     }
 }
