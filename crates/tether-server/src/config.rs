@@ -53,6 +53,19 @@ pub struct ServerConfig {
     /// Sessionless (2026-07-28) requests running at once, over all clients;
     /// beyond it a request is refused with 429.
     pub max_sessionless_requests: usize,
+    /// A connection must deliver a request's complete head (request line
+    /// and headers) within this long after it opened or after its first
+    /// byte arrived (`--header-timeout`); else it is closed.
+    pub header_timeout: Duration,
+    /// A keep-alive connection with no request in progress is closed after
+    /// this long (`--idle-timeout`). Streams are requests in progress.
+    pub idle_timeout: Duration,
+    /// A request's body must arrive within this long after its head
+    /// (`--body-timeout`); else 408 and the connection is closed.
+    pub body_timeout: Duration,
+    /// Open connections at once (`--max-connections`); beyond it new ones
+    /// wait in the listen backlog until one closes.
+    pub max_connections: usize,
 }
 
 impl Default for ServerConfig {
@@ -77,6 +90,10 @@ impl Default for ServerConfig {
             max_queued_notifications: 64,
             max_pending_client_requests: 16,
             max_sessionless_requests: 1024,
+            header_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(120),
+            body_timeout: Duration::from_secs(60),
+            max_connections: 10_000,
         }
     }
 }

@@ -13,6 +13,8 @@ mod error;
 mod model;
 mod open;
 
+#[cfg(feature = "fault-injection")]
+pub mod faults;
 pub mod fence;
 pub mod memory;
 pub mod observe;

@@ -199,6 +199,36 @@ impl SqliteDb {
         rx.await.map_err(|_| writer::stopped())?
     }
 
+    /// Why this file's commits fail, while they do (a full disk, an I/O
+    /// error); `None` once a commit that wrote something succeeded.
+    pub fn write_failure(&self) -> Option<String> {
+        self.writer.failure()
+    }
+
+    /// While commits fail, tries one that writes a page (the header's
+    /// `user_version`, rewritten unchanged) and clears the failure if it
+    /// succeeds: a server with no traffic notices by itself that writes work
+    /// again. An error says why they still do not.
+    pub async fn probe_writes(&self) -> StoreResult<()> {
+        let Some(failure) = self.write_failure() else { return Ok(()) };
+        let probed = self
+            .write(|ctx| {
+                let version: i64 = ctx.conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+                ctx.conn.pragma_update(None, "user_version", version)?;
+                Ok(())
+            })
+            .await;
+        match probed {
+            Ok(()) => {
+                self.writer.writes_work();
+                Ok(())
+            }
+            Err(e) => Err(StoreError::Unavailable(format!(
+                "commits fail ({e}; first: {failure}): free disk space or fix the file system; tether tries again by itself"
+            ))),
+        }
+    }
+
     /// Queues `f` for the next group commit and returns without waiting for
     /// it, when the current task runs in a [`crate::fence::scope`]: the
     /// task's appends then check that it succeeded before they store

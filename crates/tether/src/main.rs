@@ -30,7 +30,8 @@ pub(crate) struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the MCP server (Streamable HTTP at /mcp) with durable sessions.
-    Serve(serve::ServeArgs),
+    // Boxed: its many flags made the enum several times the size of the others.
+    Serve(Box<serve::ServeArgs>),
     /// List the tools of an MCP server (a URL or a server name from the config).
     Tools(tools_cmd::ToolsArgs),
     /// Call a tool of an MCP server and print its complete result.
@@ -88,7 +89,7 @@ fn main() -> std::process::ExitCode {
     };
     let code = runtime.block_on(async {
         match cli.command {
-            Command::Serve(args) => report(serve::run(args).await),
+            Command::Serve(args) => report(serve::run(*args).await),
             // Client commands choose their exit codes (0, 1 isError, 2 usage, 3 connection).
             Command::Tools(args) => tools_cmd::run(args).await,
             Command::Call(args) => call_cmd::run(args).await,

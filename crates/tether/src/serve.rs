@@ -84,6 +84,23 @@ pub struct ServeArgs {
     /// before they end as interrupted (keep it below your supervisor's stop timeout).
     #[arg(long, env = "TETHER_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     drain_timeout: Duration,
+    /// A connection must send a request's complete head (request line and
+    /// headers) within this long of opening or of the request's first byte;
+    /// else it is closed.
+    #[arg(long, env = "TETHER_HEADER_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    header_timeout: Duration,
+    /// A keep-alive connection with no request in progress is closed after
+    /// this long. Open streams count as requests in progress.
+    #[arg(long, env = "TETHER_IDLE_TIMEOUT", default_value = "120s", value_parser = humantime::parse_duration)]
+    idle_timeout: Duration,
+    /// A request's body must arrive within this long of its head; else 408
+    /// and the connection is closed.
+    #[arg(long, env = "TETHER_BODY_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    body_timeout: Duration,
+    /// Connections open at once; beyond it new ones wait (in the listen
+    /// backlog) until one closes. Keep it below the process's file limit.
+    #[arg(long, env = "TETHER_MAX_CONNECTIONS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    max_connections: u64,
     /// A TOML file with these flags as keys and `[upstreams.NAME]` tables;
     /// typed flags and TETHER_* variables override it.
     #[arg(long, env = "TETHER_CONFIG")]
@@ -242,6 +259,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         max_sessions_per_principal: args.max_sessions_per_principal,
         session_cache: args.session_cache,
         drain_timeout: args.drain_timeout,
+        header_timeout: args.header_timeout,
+        idle_timeout: args.idle_timeout,
+        body_timeout: args.body_timeout,
+        max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
         ..ServerConfig::default()
     };
     let mut endpoints = Endpoints::new(Arc::new(ToolRouter::new(Notebook::new(notebook))));

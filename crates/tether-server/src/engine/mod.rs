@@ -83,6 +83,12 @@ pub enum EngineError {
     /// The store did not answer (HTTP 503).
     #[error("storage unavailable: {0}")]
     Unavailable(#[from] StoreError),
+    /// The store could not commit the request's answer, so it was not sent
+    /// (HTTP 503 with Retry-After; the JSON-RPC error carries the request's id).
+    #[error(
+        "the server could not store its answer to this request, so it was not sent ({reason}); its store is failing (see /healthz): send the request again in a moment"
+    )]
+    NotStored { id: Value, reason: String },
 }
 
 /// How the transport wants a request answered (its choice, e.g.

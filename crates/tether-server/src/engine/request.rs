@@ -167,6 +167,8 @@ impl Inner {
         let prime_delay = self.config.prime_delay;
         let worker_session = session.clone();
         let inner = self.clone();
+        let cancel_work = cancel.clone();
+        let refused_id = request_id.clone();
         // A request's stream is where the work's deferred writes are
         // checked (`tether_store::fence`); JSON answers are not stored, so
         // JSON mode above defers nothing.
@@ -179,31 +181,32 @@ impl Inner {
                 _ = tokio::time::sleep(prime_delay) => {
                     // Slow work: give the client an event ID to resume from now.
                     if let Err(e) = stream.ensure_primed(&inner, &session.id).await {
-                        tracing::error!(session = %session.id, error = %e, "could not store a priming event");
+                        // The POST was answered 503 ("not stored, send it
+                        // again"): work nobody waits for is stopped.
+                        tracing::warn!(session = %session.id, error = %e, "could not store a priming event; the request was refused with 503 and is cancelled");
+                        cancel_work.cancel();
                     }
                     work.await
                 }
             };
             if !session.closed.is_cancelled() {
-                let mut stored = stream.finish(&inner, &session.id, payload).await;
-                if let Err(StoreError::EarlierWriteFailed(why)) = &stored {
-                    let error = RpcError::internal(format!("the request's changes were not stored: {why}"));
-                    stored = stream.finish(&inner, &session.id, envelope::error_message(Some(&request_id), &error)).await;
-                }
-                if let Err(e) = stored {
-                    tracing::error!(session = %session.id, error = %e, "could not store a response; the client will see it as interrupted");
-                }
+                store_final(&inner, &session, &stream, &request_id, payload).await;
             }
             timer.done();
         }));
-        if let Ok(request_stream::Quick::Done { response_seq, response }) = quick.await {
-            let frames = vec![
-                Frame::Prime { id: EventId::new(&name, response_seq.saturating_sub(1)) },
-                Frame::Event { id: EventId::new(&name, response_seq), data: response },
-            ];
-            return Ok(PostOutcome::Complete { frames, session_id });
+        match quick.await {
+            Ok(request_stream::Quick::Done { response_seq, response }) => {
+                let frames = vec![
+                    Frame::Prime { id: EventId::new(&name, response_seq.saturating_sub(1)) },
+                    Frame::Event { id: EventId::new(&name, response_seq), data: response },
+                ];
+                return Ok(PostOutcome::Complete { frames, session_id });
+            }
+            // Nothing of the request was stored or sent: say so at once.
+            Ok(request_stream::Quick::Failed(reason)) => return Err(EngineError::NotStored { id: refused_id, reason }),
+            Ok(request_stream::Quick::Stream) | Err(_) => {}
         }
-        // Slow or chatty work (or a store failure): follow the stream from the store.
+        // Slow or chatty work: follow the stream from the store.
         let sub = self.hub.subscribe(&session.id, &name);
         let spec = PumpSpec {
             stream: name,
@@ -216,5 +219,51 @@ impl Inner {
         };
         let frames = spawn_pump(self.clone(), session, spec, sub);
         Ok(PostOutcome::Stream { frames, session_id })
+    }
+}
+
+/// The longest pause between two attempts to store a primed request's final response.
+const FINAL_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Stores a request's final response (an error response instead when a
+/// write it deferred failed). A request that was never primed and cannot be
+/// stored was refused with 503 (its POST heard [`request_stream::Quick::Failed`]),
+/// so nothing of it exists anywhere. A primed one may be followed by a
+/// client holding its priming event's ID, and it must end with exactly one
+/// stored final response: the store is asked again, with backoff, until it
+/// takes it (a full disk that got space) or the server's drain ends (the
+/// next start then closes the request as interrupted).
+async fn store_final(inner: &Inner, session: &Arc<Session>, stream: &RequestStream, request_id: &Value, payload: Bytes) {
+    let mut payload = payload;
+    let mut stored = stream.finish(inner, &session.id, payload.clone()).await;
+    if let Err(StoreError::EarlierWriteFailed(why)) = &stored {
+        let error = RpcError::internal(format!("the request's changes were not stored: {why}"));
+        payload = envelope::error_message(Some(request_id), &error);
+        stored = stream.finish(inner, &session.id, payload.clone()).await;
+    }
+    let Err(first) = stored else { return };
+    if !stream.is_primed().await {
+        tracing::warn!(session = %session.id, error = %first, "could not store a response; the request was refused with 503 (nothing of it was stored or sent)");
+        return;
+    }
+    tracing::error!(session = %session.id, error = %first, "could not store a final response; retrying until the store takes it (its stream waits meanwhile)");
+    let mut pause = std::time::Duration::from_millis(100);
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            () = inner.interrupt.cancelled() => {
+                tracing::error!(session = %session.id, "a final response is still not stored at shutdown; the next start closes the request as interrupted");
+                return;
+            }
+            () = session.closed.cancelled() => return,
+        }
+        match stream.finish(inner, &session.id, payload.clone()).await {
+            Ok(()) => {
+                tracing::info!(session = %session.id, "the final response is stored after all");
+                return;
+            }
+            Err(e) => tracing::debug!(session = %session.id, error = %e, "the final response is still not stored"),
+        }
+        pause = (pause * 2).min(FINAL_RETRY_MAX);
     }
 }

@@ -31,6 +31,11 @@ pub(crate) enum Quick {
     Done { response_seq: u64, response: Bytes },
     /// The work is slow or talks on its stream: follow the stream.
     Stream,
+    /// The store could not commit the request's first event (its priming
+    /// event or its response): nothing of it reached anyone, and the POST
+    /// answers 503 with this reason at once rather than follow a stream
+    /// that has nothing to give.
+    Failed(String),
 }
 
 struct State {
@@ -83,31 +88,55 @@ impl RequestStream {
     }
 
     /// Stores (and publishes) the priming event unless that happened already;
-    /// a waiting POST is told to stream.
+    /// a waiting POST is then told to stream, or, if the store failed, to
+    /// answer 503.
     pub async fn ensure_primed(&self, inner: &Inner, session: &str) -> Result<(), StoreError> {
         let mut state = self.state.lock().await;
-        if let Some(waiting) = state.waiting.take() {
-            let _ = waiting.send(Quick::Stream);
-        }
         if !state.primed {
             let meta = super::prime_meta(&self.request_id, &self.method, &inner.instance);
-            inner.emit_first(session, &self.name, vec![(EventKind::Prime, meta)]).await?;
+            if let Err(e) = inner.emit_first(session, &self.name, vec![(EventKind::Prime, meta)]).await {
+                if let Some(waiting) = state.waiting.take() {
+                    let _ = waiting.send(Quick::Failed(e.to_string()));
+                }
+                return Err(e);
+            }
             state.primed = true;
+        }
+        if let Some(waiting) = state.waiting.take() {
+            let _ = waiting.send(Quick::Stream);
         }
         Ok(())
     }
 
+    /// Whether the priming event is stored: a client may hold its ID, so
+    /// the request owes it a stored final response.
+    pub async fn is_primed(&self) -> bool {
+        self.state.lock().await.primed
+    }
+
     /// Stores the response and hands it to a waiting POST. A stream that
     /// was never primed gets no priming row: the response is its first event.
+    /// If the commit fails, a waiting POST is told so ([`Quick::Failed`]),
+    /// except when a write the request deferred failed: the caller then
+    /// stores an error response instead, which the POST still waits for.
     pub async fn finish(&self, inner: &Inner, session: &str, response: Bytes) -> Result<(), StoreError> {
         let mut state = self.state.lock().await;
-        // Taken first: if the commit fails, the POST hears so and streams.
-        let waiting = state.waiting.take();
         if state.primed {
             inner.emit(session, &self.name, EventKind::Final, response).await?;
             return Ok(());
         }
-        let response_seq = inner.emit_first(session, &self.name, vec![(EventKind::Final, response.clone())]).await?;
+        let response_seq = match inner.emit_first(session, &self.name, vec![(EventKind::Final, response.clone())]).await {
+            Ok(seq) => seq,
+            Err(e) => {
+                if !matches!(e, StoreError::EarlierWriteFailed(_))
+                    && let Some(waiting) = state.waiting.take()
+                {
+                    let _ = waiting.send(Quick::Failed(e.to_string()));
+                }
+                return Err(e);
+            }
+        };
+        let waiting = state.waiting.take();
         state.primed = true;
         if let Some(waiting) = waiting {
             let _ = waiting.send(Quick::Done { response_seq, response });

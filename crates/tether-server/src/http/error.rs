@@ -17,11 +17,17 @@ pub struct HttpError {
     pub message: String,
     pub id: Option<Value>,
     pub www_authenticate: bool,
+    /// Seconds for a `Retry-After` header (503s the client should retry).
+    pub retry_after: Option<u32>,
 }
+
+/// `Retry-After` of a 503 caused by the store: a failing store is probed on
+/// every request, so a second is enough to see it recover.
+const STORE_RETRY_AFTER_SECS: u32 = 1;
 
 impl HttpError {
     pub fn new(status: StatusCode, code: i64, message: impl Into<String>) -> Self {
-        Self { status, code, message: message.into(), id: None, www_authenticate: false }
+        Self { status, code, message: message.into(), id: None, www_authenticate: false, retry_after: None }
     }
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, INVALID_REQUEST, message)
@@ -33,7 +39,14 @@ impl HttpError {
 
 impl From<EnvelopeError> for HttpError {
     fn from(e: EnvelopeError) -> Self {
-        Self { status: StatusCode::BAD_REQUEST, code: e.code, message: e.message, id: e.id, www_authenticate: false }
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            code: e.code,
+            message: e.message,
+            id: e.id,
+            www_authenticate: false,
+            retry_after: None,
+        }
     }
 }
 
@@ -44,11 +57,19 @@ impl From<EngineError> for HttpError {
             EngineError::SessionNotFound => Self::new(StatusCode::NOT_FOUND, SESSION_NOT_FOUND, message),
             EngineError::UnknownEndpoint(_) => Self::new(StatusCode::NOT_FOUND, INVALID_REQUEST, message),
             EngineError::BadRequest { code, id, message } => {
-                Self { status: StatusCode::BAD_REQUEST, code, message, id, www_authenticate: false }
+                Self { status: StatusCode::BAD_REQUEST, code, message, id, www_authenticate: false, retry_after: None }
             }
             EngineError::TooMany(m) => Self::new(StatusCode::TOO_MANY_REQUESTS, SERVER_ERROR, m),
             EngineError::ShuttingDown => Self::new(StatusCode::SERVICE_UNAVAILABLE, SERVER_ERROR, message),
-            EngineError::Unavailable(_) => Self::new(StatusCode::SERVICE_UNAVAILABLE, INTERNAL_ERROR, message),
+            EngineError::Unavailable(_) => Self {
+                retry_after: Some(STORE_RETRY_AFTER_SECS),
+                ..Self::new(StatusCode::SERVICE_UNAVAILABLE, INTERNAL_ERROR, message)
+            },
+            EngineError::NotStored { id, .. } => Self {
+                id: Some(id),
+                retry_after: Some(STORE_RETRY_AFTER_SECS),
+                ..Self::new(StatusCode::SERVICE_UNAVAILABLE, INTERNAL_ERROR, message)
+            },
         }
     }
 }
@@ -62,6 +83,9 @@ impl IntoResponse for HttpError {
         }
         let body = envelope::error_message(self.id.as_ref(), &RpcError::new(self.code, self.message));
         let mut response = (self.status, [(header::CONTENT_TYPE, "application/json")], body).into_response();
+        if let Some(seconds) = self.retry_after {
+            response.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from(seconds));
+        }
         if self.www_authenticate {
             response.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
         }

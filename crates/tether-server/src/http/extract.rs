@@ -79,7 +79,8 @@ impl FromRequest<AppState> for Message {
     async fn from_request(request: Request, state: &AppState) -> Result<Self, Self::Rejection> {
         let (parts, body) = request.into_parts();
         validate::content_type_json(&parts.headers)?;
-        let bytes = validate::read_body(&parts.headers, body, state.engine.config().max_body).await?;
+        let config = state.engine.config();
+        let bytes = validate::read_body(&parts.headers, body, config.max_body, config.body_timeout).await?;
         Ok(Message(tether_wire::parse_message(&bytes)?))
     }
 }

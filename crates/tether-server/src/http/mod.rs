@@ -4,6 +4,7 @@
 
 mod admin;
 mod auth;
+mod conn;
 mod error;
 mod extract;
 pub mod modern;
@@ -19,7 +20,6 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::serve::ListenerExt;
 use serde_json::json;
 use tokio::net::TcpListener;
 
@@ -53,8 +53,9 @@ pub fn router(engine: Engine, auth: Auth) -> Router {
 }
 
 /// Serves until `shutdown` resolves; then tells open streams to reconnect,
-/// stops accepting, and flushes the store. Accepted sockets get TCP_NODELAY
-/// (SSE responses are written in several small pieces).
+/// stops accepting, and flushes the store. Connections are held to the
+/// engine's config: header, idle and body timeouts and a cap on how many
+/// are open (`conn.rs`).
 pub async fn serve(
     listener: TcpListener,
     engine: Engine,
@@ -73,11 +74,12 @@ pub async fn serve_with(
     auth: Auth,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::warn!(error = %e, "could not set TCP_NODELAY");
-        }
-    });
+    let config = engine.config();
+    let limits = conn::Limits {
+        header_timeout: config.header_timeout,
+        idle_timeout: config.idle_timeout,
+        max_connections: config.max_connections,
+    };
     let on_shutdown = engine.clone();
     let mut app = router(engine.clone(), auth).merge(extra);
     if crate::metrics::enabled() {
@@ -86,13 +88,12 @@ pub async fn serve_with(
     if crate::trace::enabled() {
         app = app.layer(crate::trace::TraceLayer);
     }
-    let result = axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            tracing::info!("shutting down: asking open streams to reconnect");
-            on_shutdown.shutdown().await;
-        })
-        .await;
+    let result = conn::serve(listener, app, limits, async move {
+        shutdown.await;
+        tracing::info!("shutting down: asking open streams to reconnect");
+        on_shutdown.shutdown().await;
+    })
+    .await;
     // Already done when the graceful shutdown ran; this covers a listener error.
     engine.shutdown().await;
     tracing::info!("store flushed; bye");

@@ -1,6 +1,8 @@
 //! Header and body checks of the transport, each with the status the spec
 //! asks for and a message that says what to send instead.
 
+use std::time::Duration;
+
 use axum::body::Body;
 use axum::http::{HeaderMap, StatusCode, header};
 
@@ -117,12 +119,22 @@ fn too_large(max: usize) -> HttpError {
     )
 }
 
-pub async fn read_body(headers: &HeaderMap, body: Body, max: usize) -> Result<bytes::Bytes, HttpError> {
+/// The body, at most `max` bytes, in full within `timeout` of the head (a
+/// slow upload gets 408; hyper then closes the connection, since the rest
+/// of the body was never read).
+pub async fn read_body(headers: &HeaderMap, body: Body, max: usize, timeout: Duration) -> Result<bytes::Bytes, HttpError> {
     let declared = header_str(headers, header::CONTENT_LENGTH.as_str())?.and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > max as u64) {
         return Err(too_large(max));
     }
-    axum::body::to_bytes(body, max).await.map_err(|e| {
+    let Ok(read) = tokio::time::timeout(timeout, axum::body::to_bytes(body, max)).await else {
+        return Err(HttpError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            INVALID_REQUEST,
+            format!("the request body did not arrive within {timeout:?} (the server's --body-timeout); send it again"),
+        ));
+    };
+    read.map_err(|e| {
         let mut source = std::error::Error::source(&e);
         while let Some(s) = source {
             if s.is::<http_body_util::LengthLimitError>() {

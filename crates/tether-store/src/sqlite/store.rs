@@ -507,6 +507,8 @@ impl Store for SqliteStore {
 
     async fn ping(&self) -> StoreResult<()> {
         self.db.read(|conn| Ok(conn.query_row("SELECT 1", [], |r| r.get::<_, i64>(0)).map(|_| ())?)).await?;
+        // An empty commit (`flush`) succeeds on a full disk: it writes no page.
+        self.db.probe_writes().await?;
         self.flush().await
     }
 

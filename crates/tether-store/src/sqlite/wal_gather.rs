@@ -110,6 +110,9 @@ struct GatherFile {
     written_to: Option<i64>,
     /// The last write was the header of a commit frame: the next completes it.
     commit_header_last: bool,
+    /// The WAL's path, which test faults are planned for (`crate::faults`).
+    #[cfg(feature = "fault-injection")]
+    path: std::path::PathBuf,
 }
 
 static GATHER_METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
@@ -144,6 +147,10 @@ impl GatherFile {
     fn write_through(&mut self, data: *const c_void, len: c_int, offset: i64) -> c_int {
         #[cfg(test)]
         WAL_WRITES.with(|writes| writes.set(writes.get() + 1));
+        #[cfg(feature = "fault-injection")]
+        if let Some(rc) = crate::faults::check(&self.path, crate::faults::Op::Write) {
+            return rc;
+        }
         let Some(x_write) = self.inner_methods().xWrite else { return ffi::SQLITE_IOERR_WRITE };
         // SAFETY: `data` holds `len` bytes (from SQLite or our buffer).
         let rc = unsafe { x_write(self.inner, data, len, offset) };
@@ -249,6 +256,13 @@ unsafe extern "C" fn open(
         gathered_at: 0,
         written_to: None,
         commit_header_last: false,
+        #[cfg(feature = "fault-injection")]
+        path: if name.is_null() {
+            std::path::PathBuf::new()
+        } else {
+            // SAFETY: SQLite passes the WAL's name as a NUL-terminated string.
+            std::path::PathBuf::from(unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned())
+        },
     };
     // SAFETY: the allocation's front is ours and uninitialised as a GatherFile.
     unsafe { file.cast::<GatherFile>().write(gather) };
@@ -316,7 +330,21 @@ macro_rules! forward {
 
 forward!(flush read, xRead, (buf: *mut c_void, len: c_int, offset: i64), ffi::SQLITE_IOERR_READ);
 forward!(flush truncate, xTruncate, (size: i64), ffi::SQLITE_IOERR_TRUNCATE);
-forward!(flush sync, xSync, (flags: c_int), ffi::SQLITE_IOERR_FSYNC);
+forward!(flush sync_inner, xSync, (flags: c_int), ffi::SQLITE_IOERR_FSYNC);
+
+/// `xSync`, where a test's planned fault may fail it (`crate::faults`).
+unsafe extern "C" fn sync(file: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
+    #[cfg(feature = "fault-injection")]
+    {
+        // SAFETY: called by SQLite on a file opened by `open`.
+        let f = unsafe { gather_file(file) };
+        if let Some(rc) = crate::faults::check(&f.path, crate::faults::Op::Sync) {
+            return rc;
+        }
+    }
+    // SAFETY: the same call, passed on.
+    unsafe { sync_inner(file, flags) }
+}
 forward!(flush file_size, xFileSize, (size: *mut i64), ffi::SQLITE_IOERR_FSTAT);
 forward!(flush file_control, xFileControl, (op: c_int, arg: *mut c_void), ffi::SQLITE_NOTFOUND);
 forward!(pass lock, xLock, (level: c_int), ffi::SQLITE_OK);

@@ -20,6 +20,7 @@
 //! grew the allocators' per-thread arenas: idle_session on SQLite went from
 //! ~850 to ~1,450 B per session.)
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -68,6 +69,10 @@ pub(super) struct Writer {
     wal: Arc<WalRecycling>,
     /// Commits wait for an fsync: lead on the blocking pool.
     fsync_per_commit: bool,
+    /// The last commit that wrote something failed (`failure` says why):
+    /// a full disk, an I/O error. Read on every commit, hence the flag.
+    failing: AtomicBool,
+    failure: Mutex<Option<String>>,
 }
 
 pub(super) fn stopped() -> StoreError {
@@ -88,7 +93,39 @@ impl Writer {
             commits,
             wal,
             fsync_per_commit,
+            failing: AtomicBool::new(false),
+            failure: Mutex::new(None),
         })
+    }
+
+    /// Why commits fail, while they do: set by a failed commit, cleared by
+    /// the next one that changed rows (an empty commit proves nothing: it
+    /// writes no page) or by [`Writer::writes_work`].
+    pub(super) fn failure(&self) -> Option<String> {
+        if !self.failing.load(Ordering::Acquire) {
+            return None;
+        }
+        self.failure.lock().ok().and_then(|f| f.clone())
+    }
+
+    fn commit_failed(&self, why: &StoreError) {
+        if let Ok(mut failure) = self.failure.lock() {
+            if failure.is_none() {
+                tracing::error!(error = %why, "sqlite: commits fail; requests are refused with 503 until one succeeds (free disk space or fix the file system)");
+            }
+            *failure = Some(why.to_string());
+            self.failing.store(true, Ordering::Release);
+        }
+    }
+
+    /// A commit that wrote pages succeeded: commits work again.
+    pub(super) fn writes_work(&self) {
+        if let Ok(mut failure) = self.failure.lock()
+            && failure.take().is_some()
+        {
+            self.failing.store(false, Ordering::Release);
+            tracing::info!("sqlite: commits succeed again");
+        }
     }
 
     /// Queues `job` for the next group commit; it is answered through its
@@ -157,10 +194,17 @@ impl Writer {
         };
         let observer = crate::observe::observer();
         let started = observer.map(|_| std::time::Instant::now());
+        let failing = self.failing.load(Ordering::Acquire);
+        let changes_before = if failing { ctx.conn.total_changes() } else { 0 };
         let committed = commit(&mut ctx, batch).inspect_err(|_| {
             ctx.seqs.clear();
             let _ = ctx.conn.execute_batch("ROLLBACK");
         });
+        match &committed {
+            Err(e) => self.commit_failed(e),
+            Ok(()) if failing && ctx.conn.total_changes() != changes_before => self.writes_work(),
+            Ok(()) => {}
+        }
         if let (Some(observer), Some(started)) = (observer, started) {
             observer.commit(started.elapsed(), batch.len());
             if committed.is_err() {
