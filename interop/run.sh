@@ -13,6 +13,7 @@
 #   /mcp/everything       @modelcontextprotocol/server-everything (npm), a stdio command
 #   /mcp/everything-http  the same package in its Streamable HTTP mode, a URL upstream
 #   /mcp/pystdio          interop/servers/py_stdio_server.py (Python SDK), a stdio command
+#   /mcp/pymodern         interop/servers/py_server.py modern-only (Python SDK, 2026-07-28 only), a URL
 #   /mcp/tsfixture        the TypeScript SDK fixture, a URL upstream
 # waits for /healthz, runs every check (the gateway durability check kills
 # tether with -9 and restarts it on the same SQLite file), stops the servers,
@@ -99,6 +100,7 @@ TMP="$(mktemp -d "${TMPDIR:-/tmp}/tether-interop.XXXXXX")"
 SERVER_PID=""
 FIXTURE_PID=""
 EVERYTHING_HTTP_PID=""
+PYMODERN_PID=""
 stop_pid() {
     local pid="$1"
     if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
@@ -112,6 +114,7 @@ cleanup() {
     stop_pid "$SERVER_PID"
     stop_pid "$FIXTURE_PID"
     stop_pid "$EVERYTHING_HTTP_PID"
+    stop_pid "$PYMODERN_PID"
     rm -rf "$TMP"
 }
 trap cleanup EXIT
@@ -177,6 +180,19 @@ PORT="$EVERYTHING_HTTP_PORT" node --import "$HERE/servers/loopback.mjs" "$EVERYT
 EVERYTHING_HTTP_PID=$!
 wait_http "$EVERYTHING_HTTP/mcp" "$EVERYTHING_HTTP_PID" any || { cat "$TMP/everything-http.log"; die "server-everything (streamableHttp) did not start"; }
 
+# The Python SDK server in its sessionless-only shape (refuses initialize with
+# -32022): a URL upstream that session-era clients reach through the gateway.
+PYMODERN_PORT="$(free_port)"
+PYMODERN="http://127.0.0.1:$PYMODERN_PORT"
+"$VPY" "$HERE/servers/py_server.py" modern-only "$PYMODERN_PORT" >"$TMP/pymodern.log" 2>&1 &
+PYMODERN_PID=$!
+for _ in $(seq 150); do
+    grep -q '^READY' "$TMP/pymodern.log" 2>/dev/null && break
+    kill -0 "$PYMODERN_PID" 2>/dev/null || break
+    sleep 0.1
+done
+grep -q '^READY' "$TMP/pymodern.log" || { cat "$TMP/pymodern.log"; die "the Python SDK modern-only fixture did not start"; }
+
 PORT="$(free_port)"
 BASE="http://127.0.0.1:$PORT"
 URL="$BASE/mcp"
@@ -186,6 +202,7 @@ UPSTREAMS=(
     --upstream "everything-http=$EVERYTHING_HTTP/mcp"
     --upstream "pystdio=stdio:$(printf '%q %q' "$VPY" "$HERE/servers/py_stdio_server.py")"
     --upstream "tsfixture=$FIXTURE/mcp"
+    --upstream "pymodern=$PYMODERN/mcp"
 )
 
 # start_server: tether on $PORT with $TMP/t.db and the same flags every time;
@@ -298,6 +315,17 @@ run_check gw-everything-http 120 bash -c '
 run_check gw-pystdio 90 "$VPY" "$PY/gw_client.py" "$URL/pystdio"
 run_check gw-cancel-ts 60 node "$TS/gw_cancel.mjs" "$URL/pystdio"
 run_check gw-tsfixture 60 node "$TS/gw_tsfixture.mjs" "$URL/tsfixture" "$FIXTURE"
+# A session-era client (Python SDK, mode="legacy") through the gateway to a
+# server that speaks only 2026-07-28: tether keeps the session and sends each
+# request sessionless; the upstream never accepts an initialize.
+# shellcheck disable=SC2016
+run_check gw-legacy-to-modern 90 bash -c '
+    "$1" "$2" "$3" gw-legacy-to-modern || exit
+    stats="$("$1" -c "import urllib.request,sys;print(urllib.request.urlopen(sys.argv[1]).read().decode())" "$4/stats")"
+    echo "upstream stats: $stats"
+    echo "$stats" | grep -q "\"initialize\": 0" || { echo "FAIL: the modern-only upstream accepted an initialize"; exit 1; }
+    echo "$stats" | grep -q "\"discover\": [1-9]" || { echo "FAIL: tether never sent server/discover upstream"; exit 1; }
+' _ "$VPY" "$PY/client.py" "$URL/pymodern" "$PYMODERN"
 # Durability through the gateway: a session on /mcp/everything, kill -9 of
 # tether, a restart on the same SQLite file with the same flags; the same
 # Mcp-Session-Id goes on without initialize.

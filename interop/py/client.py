@@ -2,7 +2,7 @@
 """Interop checks: the official MCP Python SDK client (``mcp`` 2.x) against tether.
 
 usage: client.py URL [CHECK ...]
-       CHECK: legacy | auto | modern | gw-auto | gw-roots-modern | no-header | roots
+       CHECK: legacy | auto | modern | gw-auto | gw-roots-modern | gw-legacy-to-modern | no-header | roots
        (default: legacy auto modern no-header roots)
 
   legacy     Client(..., mode="legacy"): initialize handshake, tools/list, tools/call thought.
@@ -22,6 +22,10 @@ usage: client.py URL [CHECK ...]
              endpoint: the upstream's own roots/list, in the middle of its tool call,
              reaches the SDK as an input_required round (MRTR); the SDK answers with its
              callback and the upstream's result names the root.
+  gw-legacy-to-modern  mode="legacy" through a gateway endpoint whose upstream speaks
+             only 2026-07-28 (the Python SDK fixture, modern-only): initialize answered by
+             tether from the upstream's server/discover, tools/list, tools/call add, slow
+             and fail (a tool error stays one). (The fixture answers JSON, so no progress.)
   no-header  Plain HTTP (urllib, no SDK): after initialize, follow-up POSTs that carry
              no MCP-Protocol-Version header (assumed 2025-03-26) work.
   roots      Client(..., list_roots_callback=...): the notebook asks roots/list, binds the
@@ -425,6 +429,27 @@ async def gw_roots_modern_check(url: str) -> str:
     return f"the upstream's roots/list went through one input_required round; requests={rpcs}"
 
 
+async def gw_legacy_to_modern_check(url: str) -> str:
+    http = httpx2.AsyncClient(timeout=httpx2.Timeout(30, read=TIMEOUT_S), trust_env=False)
+    with anyio.fail_after(TIMEOUT_S):
+        async with http:
+            transport = streamable_http_client(url, http_client=http)
+            async with Client(transport, mode="legacy") as client:
+                version = client.protocol_version
+                check(version in SUPPORTED_VERSIONS, f"negotiated {version!r}, want a session-era revision")
+                names = [t.name for t in (await client.list_tools()).tools]
+                check({"add", "slow"} <= set(names), f"the upstream's tools are not listed: {names}")
+                added = await client.call_tool("add", {"a": 2, "b": 3})
+                text = next((c.text for c in added.content if getattr(c, "type", None) == "text"), "")
+                check(not added.is_error and json.loads(text).get("sum") == 5, f"tools/call add: {added!r}")
+                slow = await client.call_tool("slow", {"ms": 300})
+                text = next((c.text for c in slow.content if getattr(c, "type", None) == "text"), "")
+                check(not slow.is_error and text == "slept 300 ms", f"tools/call slow: {slow!r}")
+                failed = await client.call_tool("fail", {"message": "as asked"})
+                check(failed.is_error, f"a tool error of the upstream must stay a tool error: {failed!r}")
+    return f"protocol={version} tools={names} add=5, slow and fail as the upstream answered"
+
+
 # --------------------------------------------------------------------------- main
 
 def main(argv: list[str]) -> int:
@@ -450,6 +475,8 @@ def main(argv: list[str]) -> int:
                 detail = anyio.run(roots_check, url)
             elif name == "roots-modern":
                 detail = anyio.run(roots_modern_check, url)
+            elif name == "gw-legacy-to-modern":
+                detail = anyio.run(gw_legacy_to_modern_check, url)
             elif name == "gw-roots-modern":
                 detail = anyio.run(gw_roots_modern_check, url)
             else:

@@ -33,6 +33,8 @@ pub(crate) enum ReqError {
         status: u16,
         message: String,
         url: String,
+        /// The JSON-RPC error the refusal's body carried, if any.
+        rpc: Option<RpcError>,
     },
     Client(ClientError),
 }
@@ -46,7 +48,7 @@ impl From<ClientError> for ReqError {
 impl ReqError {
     pub(crate) fn into_client(self) -> ClientError {
         match self {
-            ReqError::Status { status, message, url } => {
+            ReqError::Status { status, message, url, .. } => {
                 ClientError::Transport(format!("the server at {url} answered HTTP {status}: {message}"))
             }
             ReqError::Client(e) => e,

@@ -7,6 +7,8 @@
 //!   shared by concurrent callers, recovered when a server forgets them,
 //!   terminated when idle; `requires_session = auto | true | false`.
 //! - [`resume`]: the resume-token loop for long or large `tools/call` results.
+//! - [`rounds`]: a sessionless request carried through its `input_required`
+//!   rounds and tasks to its end.
 //! - [`config`]: the TOML config file and the generic environment
 //!   (`MCP_SERVER_URL`, `MCP_AUTH_TOKEN`, per-server `auth_env`).
 
@@ -14,6 +16,7 @@ pub mod config;
 mod error;
 pub mod pool;
 pub mod resume;
+pub mod rounds;
 mod session;
 mod sse;
 

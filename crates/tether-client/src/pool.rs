@@ -46,11 +46,6 @@ pub type ProgressHandler = Arc<dyn Fn(CallProgress) + Send + Sync>;
 
 /// Pages of `tools/list` followed at most.
 const MAX_LIST_PAGES: usize = 100;
-/// `input_required` rounds of one sessionless request answered at most.
-const MAX_INPUT_ROUNDS: usize = 8;
-/// Bounds on the wait between two `tasks/get` of a followed task.
-const TASK_POLL_MIN: Duration = Duration::from_millis(100);
-const TASK_POLL_MAX: Duration = Duration::from_secs(5);
 
 /// How the pool behaves.
 #[derive(Clone)]
@@ -376,24 +371,7 @@ impl Pool {
     /// A request of the sessionless revision: its `input_required` rounds
     /// answered by the pool's handlers, a task followed to its end.
     async fn modern_request(&self, session: &Session, method: &str, params: Option<Value>) -> Result<Value, ClientError> {
-        let mut params = params.unwrap_or_else(|| json!({}));
-        for _ in 0..MAX_INPUT_ROUNDS {
-            let result = session.request(method, Some(params.clone())).await?;
-            match result.get("resultType").and_then(Value::as_str) {
-                Some("input_required") => {
-                    let asked = result.get("inputRequests").and_then(Value::as_object).cloned().unwrap_or_default();
-                    let mut answers = serde_json::Map::new();
-                    for (key, request) in asked {
-                        answers.insert(key, self.answer_input(&request)?);
-                    }
-                    params["inputResponses"] = Value::Object(answers);
-                    params["requestState"] = result.get("requestState").cloned().unwrap_or(Value::Null);
-                }
-                Some("task") => return self.follow_task(session, &result).await,
-                _ => return Ok(result),
-            }
-        }
-        Err(ClientError::Transport(format!("{method}: the server kept asking for input after {MAX_INPUT_ROUNDS} rounds")))
+        crate::rounds::request_to_end(session, method, params, |request| std::future::ready(self.answer_input(&request))).await
     }
 
     /// What the pool answers an input request with: what its handlers
@@ -406,35 +384,6 @@ impl Pool {
                 "the server asked for {} during the request; tether's client answers roots/list only",
                 other.unwrap_or("an unnamed request")
             ))),
-        }
-    }
-
-    /// Polls `tasks/get` until the task ends; its result, or its error.
-    async fn follow_task(&self, session: &Session, created: &Value) -> Result<Value, ClientError> {
-        let id = created
-            .get("taskId")
-            .and_then(Value::as_str)
-            .ok_or_else(|| ClientError::Transport("the server answered with a task that has no taskId".into()))?
-            .to_owned();
-        let mut task = created.clone();
-        loop {
-            match task.get("status").and_then(Value::as_str) {
-                Some("completed") => return Ok(task.get("result").cloned().unwrap_or_else(|| json!({"content": []}))),
-                Some("failed") => {
-                    let error = task.get("error").cloned().unwrap_or(Value::Null);
-                    return Err(ClientError::Rpc(RpcError::from_object(&error)));
-                }
-                Some("cancelled") => {
-                    return Err(ClientError::Rpc(RpcError::new(code::REQUEST_CANCELLED, format!("task {id} was cancelled"))));
-                }
-                Some("input_required") => {
-                    return Err(ClientError::Transport(format!("task {id} needs input, which tether's client cannot give yet")));
-                }
-                _ => {}
-            }
-            let wait = task.get("pollIntervalMs").and_then(Value::as_u64).map_or(TASK_POLL_MIN, Duration::from_millis);
-            tokio::time::sleep(wait.clamp(TASK_POLL_MIN, TASK_POLL_MAX)).await;
-            task = session.request("tasks/get", Some(json!({"taskId": id}))).await?;
         }
     }
 

@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use tether_wire::{Inbound, RpcError, envelope, headers, meta};
+use tether_wire::{Inbound, RpcError, code, envelope, headers, meta};
 
 use crate::error::{ClientError, ReqError};
 use crate::sse::read_body;
@@ -180,9 +180,19 @@ fn content_type(response: &reqwest::Response) -> String {
 /// The message of an error body: a JSON-RPC error's message, a JSON
 /// `error`/`message` field, or the start of the text.
 async fn error_message(response: reqwest::Response) -> String {
+    refusal(response).await.0
+}
+
+/// A refusal's message, and the JSON-RPC error its body carries, if any.
+async fn refusal(response: reqwest::Response) -> (String, Option<RpcError>) {
     let status = response.status();
     let body = read_body(response, MAX_ERROR_BODY).await.unwrap_or_default();
-    let text = String::from_utf8_lossy(&body);
+    let rpc = serde_json::from_slice::<Value>(&body).ok().and_then(|v| v.get("error").filter(|e| e.get("code").is_some()).map(RpcError::from_object));
+    (refusal_message(status, &body), rpc)
+}
+
+fn refusal_message(status: StatusCode, body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(body);
     if let Ok(v) = serde_json::from_str::<Value>(&text) {
         let found = v
             .pointer("/error/message")
@@ -315,7 +325,11 @@ impl Session {
         let session = Session::build(http.clone(), url, options.clone(), Kind::Streamable)?;
         match session.initialize_streamable(initialize_params.clone()).await {
             Ok(result) => Ok((session, result)),
-            Err(ReqError::Status { status: status @ (400 | 404 | 405), message, url: u }) => {
+            // A server of the sessionless revision only: no older transport to try.
+            Err(ReqError::Status { rpc: Some(refused), .. }) if refused.code == code::UNSUPPORTED_PROTOCOL_VERSION => {
+                Err(ClientError::Rpc(refused))
+            }
+            Err(ReqError::Status { status: status @ (400 | 404 | 405), message, url: u, .. }) => {
                 drop(session);
                 match Session::connect_legacy(http, url, options, initialize_params).await {
                     Ok(done) => Ok(done),
@@ -619,8 +633,8 @@ impl Inner {
         if status == StatusCode::NOT_FOUND && (self.has_session() || is_legacy) {
             return Err(ReqError::Client(ClientError::SessionNotFound));
         }
-        let message = error_message(response).await;
-        Err(ReqError::Status { status: status.as_u16(), message, url: self.url.clone() })
+        let (message, rpc) = refusal(response).await;
+        Err(ReqError::Status { status: status.as_u16(), message, url: self.url.clone(), rpc })
     }
 
     /// POSTs a notification or a response (answered 202, or 200 by some servers).

@@ -45,10 +45,21 @@ pub async fn start(
     init_timeout: Duration,
     client_authorization: Option<String>,
 ) -> Result<Started, RpcError> {
-    let (upstream, inbound, initialize_result) =
-        connect(spec, upstream_name, session, initialize_params, init_timeout, client_authorization).await?;
-    let carry_on = upstream.carry_on();
-    Ok(Started { upstream, inbound, initialize_result, carry_on })
+    let connected =
+        connect(spec, upstream_name, session, initialize_params.clone(), init_timeout, client_authorization.clone()).await;
+    let refused = match connected {
+        Ok((upstream, inbound, initialize_result)) => {
+            let carry_on = upstream.carry_on();
+            return Ok(Started { upstream, inbound, initialize_result, carry_on });
+        }
+        Err(refused) => refused,
+    };
+    // An upstream that refuses `initialize` may speak only the sessionless revision.
+    let options = client_options(spec, client_authorization, |var| std::env::var(var).ok()).map_err(|_| refused.clone())?;
+    match crate::modern_url::start(spec, upstream_name, &initialize_params, options, init_timeout).await {
+        Some(started) => Ok(started),
+        None => Err(refused),
+    }
 }
 
 /// Carries on the upstream session `carry_on` names (from [`Started::carry_on`]

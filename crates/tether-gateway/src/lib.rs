@@ -13,6 +13,8 @@
 //! - `modern`: sessionless (2026-07-28) clients of a session-era upstream:
 //!   a pool of upstream connections per principal, asks as MRTR rounds,
 //!   `task_tools` as durable tasks.
+//! - `modern_url`: the reverse, a URL upstream that speaks only the
+//!   sessionless revision, for session-era clients.
 //! - [`config`]: what an upstream is (flags and TOML).
 //! - [`upstream`]: the seam to a transport; [`stdio`] (a child process per
 //!   session) and [`http`] (an upstream HTTP session per session) implement it.
@@ -22,6 +24,7 @@ pub mod config;
 pub mod http;
 mod link;
 mod modern;
+mod modern_url;
 pub mod stdio;
 pub mod upstream;
 

@@ -1,0 +1,215 @@
+//! A URL upstream that speaks only the sessionless revision (2026-07-28),
+//! for session-era clients: the gateway keeps the client's tether session
+//! and speaks to the upstream one request at a time, each carrying what the
+//! client declared in `initialize` (its capabilities and info) in `_meta`.
+//!
+//! Found when the upstream refuses `initialize` and answers
+//! `server/discover` naming a sessionless revision. Its `input_required`
+//! rounds become server-to-client requests to the session's client (on the
+//! [`Inbound`] channel, answered through [`Upstream::answer`]); a task it
+//! answers with (the gateway declares the Tasks extension for its client) is
+//! followed to its end, so the session-era client gets a plain result.
+//! Nothing upstream is stateful: any replica, or a restart, just makes a new
+//! one.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::value::RawValue;
+use serde_json::{Value, json};
+use tether_client::{ClientError, Session};
+use tether_wire::{RpcError, meta, revision};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::config::UrlSpec;
+use crate::upstream::{FromUpstream, Started, Upstream};
+
+/// Messages for the gateway (the upstream's notifications, its asks).
+const INBOUND_BUFFER: usize = 256;
+/// How long the session's client may take to answer an ask.
+const ASK_WAIT: Duration = Duration::from_secs(600);
+
+/// The upstream as a session-era server, if it speaks only the sessionless
+/// revision (else `None`: the caller reports its own error).
+pub(crate) async fn start(
+    spec: &UrlSpec,
+    upstream_name: &str,
+    initialize_params: &Value,
+    options: tether_client::ClientOptions,
+    init_timeout: Duration,
+) -> Option<Started> {
+    let client_info = initialize_params.get("clientInfo").cloned().unwrap_or_else(|| json!({}));
+    let mut capabilities = initialize_params.get("capabilities").cloned().filter(Value::is_object).unwrap_or_else(|| json!({}));
+    // The gateway follows the upstream's tasks for its session-era client.
+    if !capabilities.get("extensions").is_some_and(Value::is_object) {
+        capabilities["extensions"] = json!({});
+    }
+    capabilities["extensions"][meta::TASKS_EXTENSION] = json!({});
+    let session = Session::modern(&spec.url, options, client_info, capabilities).ok()?;
+    let discovered = tokio::time::timeout(init_timeout, session.request("server/discover", None)).await.ok()?.ok()?;
+    let speaks_modern = discovered
+        .get("supportedVersions")
+        .and_then(Value::as_array)
+        .is_some_and(|v| v.iter().filter_map(Value::as_str).any(revision::is_modern));
+    if !speaks_modern {
+        return None;
+    }
+    let mut result = serde_json::Map::new();
+    result.insert("capabilities".into(), discovered.get("capabilities").cloned().unwrap_or_else(|| json!({})));
+    if let Some(info) = discovered.get("_meta").and_then(|m| m.get(meta::SERVER_INFO)) {
+        result.insert("serverInfo".into(), info.clone());
+    }
+    if let Some(instructions) = discovered.get("instructions") {
+        result.insert("instructions".into(), instructions.clone());
+    }
+    let initialize_result = serde_json::value::to_raw_value(&result).ok()?;
+    let (inbound_tx, inbound) = mpsc::channel(INBOUND_BUFFER);
+    if let Some(mut from_client) = session.take_incoming() {
+        let notifications = inbound_tx.clone();
+        tokio::spawn(async move {
+            while let Some(message) = from_client.recv().await {
+                // A sessionless server asks through results, never on a stream.
+                if let tether_client::ServerMessage::Notification { method, params } = message
+                    && notifications.send(FromUpstream::Notification { method, params }).await.is_err()
+                {
+                    return;
+                }
+            }
+        });
+    }
+    tracing::info!(upstream = %upstream_name, url = %spec.url, "the upstream speaks only the sessionless revision; bridging");
+    let upstream = Arc::new(ModernUrlUpstream {
+        name: upstream_name.to_owned(),
+        session,
+        asks_to: inbound_tx,
+        asks: Mutex::new(HashMap::new()),
+        next_ask: AtomicU64::new(1),
+        log_level: Mutex::new(None),
+    });
+    Some(Started { upstream, inbound, initialize_result, carry_on: None })
+}
+
+/// A sessionless upstream, as the gateway's [`Upstream`] of one session.
+struct ModernUrlUpstream {
+    name: String,
+    session: Session,
+    asks_to: mpsc::Sender<FromUpstream>,
+    /// Asks of the upstream waiting for the session's client, by our ID.
+    asks: Mutex<HashMap<u64, oneshot::Sender<Result<Value, RpcError>>>>,
+    next_ask: AtomicU64,
+    /// The level the session's client set (`logging/setLevel`).
+    log_level: Mutex<Option<Value>>,
+}
+
+fn empty_result() -> Box<RawValue> {
+    RawValue::from_string("{}".to_owned()).unwrap_or_else(|_| unreachable!("`{{}}` is JSON"))
+}
+
+impl ModernUrlUpstream {
+    /// Puts one `inputRequests` entry to the session's client as a
+    /// server-to-client request and waits for its answer.
+    async fn ask(&self, request: Value) -> Result<Value, ClientError> {
+        let method = request.get("method").and_then(Value::as_str).unwrap_or_default().to_owned();
+        let params = request.get("params").cloned();
+        let id = self.next_ask.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.asks.lock().map_err(|_| ClientError::Transport("asks unusable".into()))?.insert(id, tx);
+        let forget = Forget { asks: &self.asks, id };
+        let sent = self.asks_to.send(FromUpstream::Request { id: json!(id), method: method.clone(), params }).await;
+        if sent.is_err() {
+            return Err(ClientError::Transport("the session is gone".into()));
+        }
+        let answer = tokio::time::timeout(ASK_WAIT, rx).await;
+        drop(forget);
+        match answer {
+            Ok(Ok(Ok(value))) => Ok(value),
+            Ok(Ok(Err(refused))) => Err(ClientError::Rpc(refused)),
+            Ok(Err(_)) => Err(ClientError::Transport(format!("{method}: the client's answer was lost"))),
+            Err(_) => Err(ClientError::Transport(format!("{method}: the client did not answer in time"))),
+        }
+    }
+}
+
+/// Removes an ask however its wait ends.
+struct Forget<'a> {
+    asks: &'a Mutex<HashMap<u64, oneshot::Sender<Result<Value, RpcError>>>>,
+    id: u64,
+}
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut asks) = self.asks.lock() {
+            asks.remove(&self.id);
+        }
+    }
+}
+
+#[async_trait]
+impl Upstream for ModernUrlUpstream {
+    async fn request(&self, method: &str, mut params: Option<Value>) -> Result<Box<RawValue>, RpcError> {
+        match method {
+            // The session's log level goes with every request from now on.
+            "logging/setLevel" => {
+                let level = params.as_ref().and_then(|p| p.get("level")).cloned();
+                if let Ok(mut kept) = self.log_level.lock() {
+                    *kept = level;
+                }
+                return Ok(empty_result());
+            }
+            "resources/subscribe" | "resources/unsubscribe" => {
+                return Err(RpcError::method_not_found(&format!(
+                    "{method} (upstream {} speaks only the sessionless revision, whose subscriptions tether does not relay yet)",
+                    self.name
+                )));
+            }
+            _ => {}
+        }
+        let level = self.log_level.lock().ok().and_then(|l| l.clone());
+        if let Some(level) = level {
+            let p = params.get_or_insert_with(|| json!({}));
+            if !p.get("_meta").is_some_and(Value::is_object) {
+                p["_meta"] = json!({});
+            }
+            p["_meta"][meta::LOG_LEVEL] = level;
+        }
+        tether_server::trace::inject_meta(&mut params);
+        // Dropping this future closes the request's HTTP response, which is
+        // how a sessionless server hears of a cancellation.
+        let result = tether_client::rounds::request_to_end(&self.session, method, params, |request| self.ask(request)).await;
+        let mut result = result.map_err(|e| match e {
+            ClientError::Rpc(error) => error,
+            other => RpcError::internal(format!("upstream {}: {other}", self.name)),
+        })?;
+        // Only the sessionless revision knows `resultType`.
+        if let Some(o) = result.as_object_mut() {
+            o.remove("resultType");
+        }
+        serde_json::value::to_raw_value(&result).map_err(|e| RpcError::internal(format!("upstream {}: unreadable result: {e}", self.name)))
+    }
+
+    /// A sessionless server takes no notifications from its clients
+    /// (a cancellation is the request's response closing).
+    async fn notify(&self, _method: &str, _params: Option<Value>) -> Result<(), RpcError> {
+        Ok(())
+    }
+
+    async fn answer(&self, id: Value, outcome: Result<Value, RpcError>) -> Result<(), RpcError> {
+        let waiting = id.as_u64().and_then(|id| self.asks.lock().ok()?.remove(&id));
+        match waiting {
+            Some(tx) => {
+                let _ = tx.send(outcome);
+                Ok(())
+            }
+            None => Err(RpcError::internal("an answer to an ask nobody waits for any more")),
+        }
+    }
+
+    fn is_alive(&self) -> bool {
+        true
+    }
+
+    async fn close(&self, _end_session: bool) {}
+}
