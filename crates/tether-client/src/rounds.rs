@@ -22,7 +22,12 @@ const TASK_POLL_MAX: Duration = Duration::from_secs(5);
 /// `{"method", "params"}`), and the request repeated with the answers and
 /// the server's `requestState`; a task is followed to its end. The result
 /// keeps the server's shape (`resultType` included).
-pub async fn request_to_end<F, Fut>(session: &Session, method: &str, params: Option<Value>, mut answer: F) -> Result<Value, ClientError>
+pub async fn request_to_end<F, Fut>(
+    session: &Session,
+    method: &str,
+    params: Option<Value>,
+    mut answer: F,
+) -> Result<Value, ClientError>
 where
     F: FnMut(Value) -> Fut,
     Fut: Future<Output = Result<Value, ClientError>>,

@@ -187,7 +187,9 @@ async fn error_message(response: reqwest::Response) -> String {
 async fn refusal(response: reqwest::Response) -> (String, Option<RpcError>) {
     let status = response.status();
     let body = read_body(response, MAX_ERROR_BODY).await.unwrap_or_default();
-    let rpc = serde_json::from_slice::<Value>(&body).ok().and_then(|v| v.get("error").filter(|e| e.get("code").is_some()).map(RpcError::from_object));
+    let rpc = serde_json::from_slice::<Value>(&body)
+        .ok()
+        .and_then(|v| v.get("error").filter(|e| e.get("code").is_some()).map(RpcError::from_object));
     (refusal_message(status, &body), rpc)
 }
 

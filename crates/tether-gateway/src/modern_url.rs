@@ -187,7 +187,8 @@ impl Upstream for ModernUrlUpstream {
         if let Some(o) = result.as_object_mut() {
             o.remove("resultType");
         }
-        serde_json::value::to_raw_value(&result).map_err(|e| RpcError::internal(format!("upstream {}: unreadable result: {e}", self.name)))
+        serde_json::value::to_raw_value(&result)
+            .map_err(|e| RpcError::internal(format!("upstream {}: unreadable result: {e}", self.name)))
     }
 
     /// A sessionless server takes no notifications from its clients

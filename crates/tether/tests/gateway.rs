@@ -566,3 +566,62 @@ async fn a_task_tool_of_an_upstream_runs_as_a_durable_task_and_one_cut_off_by_a_
     assert_eq!(after["result"]["status"], "failed", "{after}");
     assert!(after["result"]["error"]["message"].as_str().unwrap_or_default().contains("interrupted"), "{after}");
 }
+
+// Session-era clients of an upstream that speaks only the sessionless revision.
+
+/// The modern-only fixture of crates/tether-gateway on a free port: (child, its base URL).
+fn start_modern_fixture() -> (Tether, String) {
+    use std::io::BufRead;
+    let script = format!("{}/../tether-gateway/tests/fixtures/modern_server.py", env!("CARGO_MANIFEST_DIR"));
+    let mut child = std::process::Command::new("python3")
+        .arg(script)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 runs the modern fixture");
+    let stdout = child.stdout.take().expect("its stdout");
+    let mut line = String::new();
+    std::io::BufReader::new(stdout).read_line(&mut line).expect("the fixture prints its port");
+    let port = line.trim().strip_prefix("PORT ").expect("PORT n").to_owned();
+    (Tether(child), format!("http://127.0.0.1:{port}"))
+}
+
+#[tokio::test]
+async fn a_session_era_client_uses_a_modern_only_upstream_its_asks_and_tasks_bridged() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_fixture, upstream) = start_modern_fixture();
+    let flag = format!("bridge={upstream}/mcp");
+    let (_tether, url) = Tether::start(&dir.path().join("t.db"), &["--upstream", &flag]);
+    let c = Client::new(&format!("{url}/bridge"));
+
+    let params = json!({"protocolVersion": "2025-11-25", "capabilities": {"roots": {}}, "clientInfo": {"name": "old-client", "version": "9"}});
+    let (sid, result) = c.initialize_params(params).await;
+    assert_eq!(result["serverInfo"]["name"], "modern-fixture", "initialize is answered from server/discover: {result}");
+    assert_eq!(result["protocolVersion"], "2025-11-25");
+    let r = c.post(Some(&sid), &json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).send().await.unwrap();
+    assert_eq!(r.status(), 202);
+
+    // The upstream's input_required round is a roots/list to this session's client.
+    let roots = json!([{"uri": "file:///old/project", "name": "project"}]);
+    let asked = c.call_with_roots(&sid, 1, "ask_roots", json!({}), &roots).await;
+    assert_eq!(asked["result"]["content"][0]["text"], "[\"file:///old/project\"]", "{asked}");
+    assert!(asked["result"].get("resultType").is_none(), "a session-era result has no resultType: {asked}");
+
+    // A task of the upstream is followed to its end: the client gets the result.
+    let events = c.request(&sid, 2, "logging/setLevel", json!({"level": "debug"})).await;
+    assert!(events.last().unwrap().json()["result"].is_object());
+    let long = c.call(&sid, 3, "long", json!({})).await;
+    assert_eq!(long["result"]["content"][0]["text"], "long done", "{long}");
+
+    let seen: Vec<Value> = reqwest::get(format!("{upstream}/seen")).await.unwrap().json().await.unwrap();
+    let methods: Vec<&str> = seen.iter().filter_map(|m| m["method"].as_str()).collect();
+    assert!(methods.contains(&"server/discover") && methods.contains(&"tasks/get"), "{methods:?}");
+    assert_eq!(methods.iter().filter(|m| **m == "logging/setLevel").count(), 0, "the level travels in _meta: {methods:?}");
+    let calls: Vec<&Value> = seen.iter().filter(|m| m["method"] == "tools/call").collect();
+    assert_eq!(calls.len(), 3, "ask_roots twice (one round), long once: {methods:?}");
+    for call in &calls {
+        let m = &call["params"]["_meta"];
+        assert_eq!(m[tether_wire::meta::CLIENT_INFO]["name"], "old-client", "each request declares the session's client: {call}");
+        assert!(m[tether_wire::meta::CLIENT_CAPABILITIES]["roots"].is_object(), "{call}");
+    }
+    assert_eq!(calls[2]["params"]["_meta"][tether_wire::meta::LOG_LEVEL], "debug", "{}", calls[2]);
+}
