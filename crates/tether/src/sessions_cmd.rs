@@ -52,7 +52,7 @@ enum SessionsCommand {
         #[arg(long, default_value_t = 100)]
         limit: usize,
     },
-    /// One session: its record, streams and requests in flight.
+    /// One session: its record, streams, requests in flight and operations (each also a task).
     Show { id: String },
     /// End a session, as its client's DELETE would.
     Delete { id: String },
@@ -191,6 +191,9 @@ async fn local(args: &SessionsArgs) -> anyhow::Result<Value> {
                     ),
                 );
                 obj.insert("requests_in_flight".into(), json!([]));
+                // A stopped server runs nothing.
+                let operations = tether_server::engine::operations::of_session(store.as_ref(), id, |_| false).await?;
+                obj.insert("operations".into(), json!(operations));
             }
             Ok(out)
         }
@@ -298,4 +301,16 @@ fn print_show(out: &Value) {
     }
     let inflight = out.get("requests_in_flight").and_then(Value::as_array).cloned().unwrap_or_default();
     println!("in flight   {}", inflight.iter().map(Value::to_string).collect::<Vec<_>>().join(", "));
+    let operations = out.get("operations").and_then(Value::as_array).cloned().unwrap_or_default();
+    println!("operations  {}", operations.len());
+    for op in &operations {
+        println!(
+            "  {}  {}  {}  {} chunk(s)  updated {} ago",
+            text(op, "id"),
+            text(op, "tool"),
+            text(op, "state"),
+            text(op, "chunks"),
+            duration(now - op.get("updated_at_ms").and_then(Value::as_i64).unwrap_or(now))
+        );
+    }
 }

@@ -328,10 +328,20 @@ async fn the_admin_api_lists_shows_and_ends_sessions_and_refuses_a_missing_or_wr
     let other: Value = http.get(format!("{list}?upstream=nope")).bearer_auth(ADMIN).send().await.unwrap().json().await.unwrap();
     assert_eq!(other["sessions"].as_array().unwrap().len(), 0);
 
+    // A resumable call (an operation, also a task) shows under its session.
+    let export = json!({"operation": "export", "format": "json"});
+    let exported = alice.call(&a, 2, "session", export).await;
+    assert!(exported["result"].is_object(), "{exported}");
     let shown: Value = http.get(format!("{list}/{a}")).bearer_auth(ADMIN).send().await.unwrap().json().await.unwrap();
     assert_eq!(shown["principal"], "alice");
     assert!(shown["streams"].as_array().is_some(), "{shown}");
     assert!(shown["requests_in_flight"].as_array().is_some());
+    let operations = shown["operations"].as_array().cloned().unwrap_or_default();
+    assert_eq!(operations.len(), 1, "{shown}");
+    assert_eq!(operations[0]["tool"], "session");
+    assert_eq!(operations[0]["state"], "done", "{shown}");
+    let shown_b: Value = http.get(format!("{list}/{b}")).bearer_auth(ADMIN).send().await.unwrap().json().await.unwrap();
+    assert_eq!(shown_b["operations"], json!([]), "another session's operations are not listed: {shown_b}");
     assert_eq!(http.get(format!("{list}/ffff")).bearer_auth(ADMIN).send().await.unwrap().status(), 404);
 
     let r = http.delete(format!("{list}/{a}")).bearer_auth(ADMIN).send().await.unwrap();
@@ -369,6 +379,8 @@ async fn tether_sessions_against_a_live_server_and_a_stopped_one() {
     let a = alice.initialize().await;
     let b = Client::with_token(&url, BOB).initialize().await;
     let admin = [("TETHER_ADMIN_TOKEN", ADMIN)];
+    alice.call(&a, 1, "thought", thought_args(1)).await;
+    alice.call(&a, 2, "session", json!({"operation": "export", "format": "json"})).await;
 
     let (ok, out, err) = tether(&["sessions", "list", "--url", &url, "--json"], &admin);
     assert!(ok, "{err}");
@@ -399,6 +411,7 @@ async fn tether_sessions_against_a_live_server_and_a_stopped_one() {
     assert_eq!(ids, [a.as_str()], "{out}");
     let (ok, out, err) = tether(&["sessions", "show", &a, "--store", &store], &[]);
     assert!(ok && out.contains("alice"), "{out}{err}");
+    assert!(out.contains("operations  1") && out.contains("  session  done"), "the stopped store's operations: {out}");
     let (ok, _, err) = tether(&["sessions", "delete", &a, "--store", &store], &[]);
     assert!(ok, "{err}");
     let (ok, out, _) = tether(&["sessions", "list", "--store", &store], &[]);

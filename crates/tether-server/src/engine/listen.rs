@@ -18,6 +18,7 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use tether_wire::{RpcError, envelope, meta};
 use tokio::sync::mpsc;
+use tracing::Instrument;
 use tokio_util::sync::CancellationToken;
 
 use super::sessionless::{Outbound, SessionlessReply};
@@ -78,10 +79,15 @@ impl Engine {
         let cancel = CancellationToken::new();
         let stream = Listener { inner: inner.clone(), tx, id: id.clone(), principal: caller.principal.clone() };
         let stopped = cancel.clone();
-        inner.spawn(async move {
-            let _permit = permit;
-            stream.run(honoured, followed, stopped).await;
-        });
+        // One JSON-RPC span for the stream's life (`--otlp-endpoint`).
+        let span = crate::trace::rpc_span("subscriptions/listen", None, None);
+        inner.spawn(
+            async move {
+                let _permit = permit;
+                stream.run(honoured, followed, stopped).await;
+            }
+            .instrument(span),
+        );
         Ok(SessionlessReply::new(messages, cancel))
     }
 }

@@ -587,6 +587,12 @@ impl Engine {
         session.inflight.lock().map(|m| m.keys().cloned().collect()).unwrap_or_default()
     }
 
+    /// The operations (resumable calls, also tasks) a session started that
+    /// are still stored, oldest first, for operators.
+    pub async fn operations_of(&self, id: &str) -> Result<Vec<Value>, StoreError> {
+        operations::of_session(self.inner.store.as_ref(), id, |op| self.inner.operations.runs_here(op)).await
+    }
+
     /// Sessions currently held in memory (for tests and metrics).
     pub fn cached_sessions(&self) -> usize {
         self.inner.sessions.lock().map(|m| m.len()).unwrap_or(0)

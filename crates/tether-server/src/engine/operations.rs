@@ -21,7 +21,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
-use tether_store::{StoreError, now_ms};
+use tether_store::{Store, StoreError, now_ms};
 use tokio::sync::watch;
 
 use futures::FutureExt;
@@ -32,6 +32,10 @@ use super::{Inner, RequestCtx};
 use crate::app::{OperationRunner, OperationSpec, RpcError};
 
 const OP_NAMESPACE: &str = "op";
+/// The IDs of the operations each session started, newest last (for operators).
+const SESSION_INDEX_NAMESPACE: &str = "op-session";
+/// Operations kept in a session's index.
+const MAX_INDEXED: usize = 64;
 pub(super) const CHUNK_NAMESPACE: &str = "op-chunk";
 const TOKEN_PREFIX: &str = "rt1_";
 /// Pause between store polls when the operation runs in another process.
@@ -464,8 +468,68 @@ pub(super) async fn create(
         .await
         .map_err(storage)?
         .ok_or_else(|| RpcError::internal("operation id collision"))?;
+    if !session.is_empty() {
+        index_for_session(inner, session, &id, record.expires_at_ms).await;
+    }
     inner.operations.start(inner.clone(), runner, id, &record);
     Ok((raw, record))
+}
+
+/// Notes operation `id` in its session's index. The index serves operators
+/// only: a failure to write it is logged, never the operation's.
+async fn index_for_session(inner: &Inner, session: &str, id: &str, expires_at_ms: i64) {
+    for _ in 0..8 {
+        let current = match inner.store.kv_get(SESSION_INDEX_NAMESPACE, session, now_ms()).await {
+            Ok(current) => current,
+            Err(e) => {
+                tracing::warn!(%session, operation = %id, error = %e, "could not index an operation under its session");
+                return;
+            }
+        };
+        let (mut ids, expected) = match current {
+            Some(v) => (serde_json::from_slice::<Vec<String>>(&v.value).unwrap_or_default(), Some(v.revision)),
+            None => (Vec::new(), None),
+        };
+        ids.push(id.to_owned());
+        let excess = ids.len().saturating_sub(MAX_INDEXED);
+        ids.drain(..excess);
+        let Ok(bytes) = serde_json::to_vec(&ids) else { return };
+        match inner.store.kv_compare_and_set(SESSION_INDEX_NAMESPACE, session, expected, Bytes::from(bytes), Some(expires_at_ms)).await {
+            Ok(Some(_)) => return,
+            Ok(None) => continue,
+            Err(e) => {
+                tracing::warn!(%session, operation = %id, error = %e, "could not index an operation under its session");
+                return;
+            }
+        }
+    }
+}
+
+/// The operations session `session` started that are still stored, oldest
+/// first, as operators see them (each is also a task under its ID);
+/// `running_here` says whether this process runs one's work.
+pub async fn of_session(store: &dyn Store, session: &str, running_here: impl Fn(&str) -> bool) -> Result<Vec<Value>, StoreError> {
+    let Some(index) = store.kv_get(SESSION_INDEX_NAMESPACE, session, now_ms()).await? else {
+        return Ok(Vec::new());
+    };
+    let ids: Vec<String> = serde_json::from_slice(&index.value).unwrap_or_default();
+    let mut found = Vec::with_capacity(ids.len());
+    for id in ids {
+        let Some(stored) = store.kv_get(OP_NAMESPACE, &id, now_ms()).await? else { continue };
+        let Ok(r) = serde_json::from_slice::<OpRecord>(&stored.value) else { continue };
+        found.push(json!({
+            "id": id,
+            "tool": r.tool,
+            "state": r.state,
+            "chunks": r.chunks,
+            "restartable": r.restartable,
+            "running_here": running_here(&id),
+            "created_at_ms": r.created_at_ms,
+            "updated_at_ms": r.updated_at_ms,
+            "expires_at_ms": r.expires_at_ms,
+        }));
+    }
+    Ok(found)
 }
 
 /// Whether a running operation's process is gone (it runs nowhere now).

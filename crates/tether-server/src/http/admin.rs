@@ -6,7 +6,8 @@
 //!   for `/mcp`), `idle` a duration such as `90s`, `10m`, `2h` (sessions idle
 //!   at least that long).
 //! - `GET /admin/sessions/ID`: the record, its open streams with their heads,
-//!   and the requests this process runs for it.
+//!   the requests this process runs for it, and the operations it started
+//!   (resumable calls; each is also a task under its ID).
 //! - `DELETE /admin/sessions/ID`: ends it as the client's DELETE would.
 //!
 //! Every request needs `Authorization: Bearer <the token>`; a missing or
@@ -198,12 +199,17 @@ async fn show(State(admin): State<Admin>, Path(id): Path<String>) -> Response {
         })
         .collect();
     let in_flight = engine.in_flight(&id);
+    let operations = match engine.operations_of(&id).await {
+        Ok(operations) => operations,
+        Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, format!("the store did not answer: {e}")),
+    };
     let mut out = summary(engine, &record, now);
     if let Some(obj) = out.as_object_mut() {
         obj.insert("revision".into(), json!(record.revision));
         obj.insert("state".into(), record.state.clone());
         obj.insert("streams".into(), json!(streams));
         obj.insert("requests_in_flight".into(), json!(in_flight));
+        obj.insert("operations".into(), json!(operations));
     }
     axum::Json(out).into_response()
 }
