@@ -130,17 +130,24 @@ server_log() {
     echo "------------------------------------"
 }
 
+# wait_ready LOG PID WHAT: waits (15 s at most) until the fixture PID prints
+# READY to LOG; dies with its log otherwise.
+wait_ready() {
+    for _ in $(seq 150); do
+        grep -q '^READY' "$1" 2>/dev/null && return 0
+        kill -0 "$2" 2>/dev/null || break
+        sleep 0.1
+    done
+    cat "$1"
+    die "$3 did not start"
+}
+
 # The TypeScript SDK fixture (an HTTP server): the gateway's URL upstream.
 FIXTURE_PORT="$(free_port)"
 FIXTURE="http://127.0.0.1:$FIXTURE_PORT"
 node "$HERE/servers/ts_server.mjs" "$FIXTURE_PORT" >"$TMP/fixture.log" 2>&1 &
 FIXTURE_PID=$!
-for _ in $(seq 150); do
-    grep -q '^READY' "$TMP/fixture.log" 2>/dev/null && break
-    kill -0 "$FIXTURE_PID" 2>/dev/null || break
-    sleep 0.1
-done
-grep -q '^READY' "$TMP/fixture.log" || { cat "$TMP/fixture.log"; die "the TypeScript SDK fixture did not start"; }
+wait_ready "$TMP/fixture.log" "$FIXTURE_PID" "the TypeScript SDK fixture"
 
 # wait_http URL PID any|200: waits (30 s at most) until URL answers HTTP
 # (any status, or 200 only) while process PID lives.
@@ -186,12 +193,7 @@ PYMODERN_PORT="$(free_port)"
 PYMODERN="http://127.0.0.1:$PYMODERN_PORT"
 "$VPY" "$HERE/servers/py_server.py" modern-only "$PYMODERN_PORT" >"$TMP/pymodern.log" 2>&1 &
 PYMODERN_PID=$!
-for _ in $(seq 150); do
-    grep -q '^READY' "$TMP/pymodern.log" 2>/dev/null && break
-    kill -0 "$PYMODERN_PID" 2>/dev/null || break
-    sleep 0.1
-done
-grep -q '^READY' "$TMP/pymodern.log" || { cat "$TMP/pymodern.log"; die "the Python SDK modern-only fixture did not start"; }
+wait_ready "$TMP/pymodern.log" "$PYMODERN_PID" "the Python SDK modern-only fixture"
 
 PORT="$(free_port)"
 BASE="http://127.0.0.1:$PORT"

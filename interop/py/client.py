@@ -120,6 +120,14 @@ class HttpLog:
                 e["content_type"] = response.headers.get("content-type")
                 break
 
+    def client(self) -> httpx2.AsyncClient:
+        """An HTTP client whose requests and responses this log records."""
+        return httpx2.AsyncClient(
+            timeout=httpx2.Timeout(30, read=TIMEOUT_S),
+            trust_env=False,
+            event_hooks={"request": [self.on_request], "response": [self.on_response]},
+        )
+
     def render(self) -> str:
         return "\n".join(
             f"  {e['method']} {e['rpc'] or ''} mcp-protocol-version={e['version'] or '(none)'}"
@@ -131,11 +139,7 @@ class HttpLog:
 async def sdk_check(url: str, mode: str, expect: str) -> str:
     """One SDK client session; `expect` is the era it must end up in ("legacy" | "modern")."""
     log = HttpLog()
-    http = httpx2.AsyncClient(
-        timeout=httpx2.Timeout(30, read=TIMEOUT_S),
-        trust_env=False,
-        event_hooks={"request": [log.on_request], "response": [log.on_response]},
-    )
+    http = log.client()
     try:
         with anyio.fail_after(TIMEOUT_S):
             async with http:
@@ -409,11 +413,7 @@ async def gw_roots_modern_check(url: str) -> str:
         return types.ListRootsResult(roots=[types.Root(uri=root, name="gateway-modern-project")])
 
     log = HttpLog()
-    http = httpx2.AsyncClient(
-        timeout=httpx2.Timeout(30, read=TIMEOUT_S),
-        trust_env=False,
-        event_hooks={"request": [log.on_request], "response": [log.on_response]},
-    )
+    http = log.client()
     with anyio.fail_after(TIMEOUT_S):
         async with http:
             transport = streamable_http_client(url, http_client=http)
