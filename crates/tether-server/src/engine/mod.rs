@@ -579,6 +579,39 @@ impl Engine {
         session.inflight.lock().map(|m| m.keys().cloned().collect()).unwrap_or_default()
     }
 
+    /// Sends one notification to every session this process holds in memory
+    /// that `keep` selects (the admin API's `POST /admin/notify`): stored on
+    /// each one's standalone stream, then delivered to whoever streams it (or
+    /// replayed to the next GET, like any other message not related to a
+    /// request). Sessions only in the store are not loaded: an operator's
+    /// announcement is for the sessions in use. All appends are started at
+    /// once, so the group commit takes them in a few transactions. Returns
+    /// (sessions notified, sessions whose append failed).
+    pub async fn notify_held(&self, keep: impl Fn(&Session) -> bool, method: &str, params: Option<&Value>) -> (usize, usize) {
+        use futures::StreamExt;
+        let held: Vec<Arc<Session>> =
+            self.inner.sessions.lock().map(|m| m.values().filter(|s| keep(s)).cloned().collect()).unwrap_or_default();
+        let payload = envelope::outbound_message(None, method, params);
+        let inner = &self.inner;
+        let mut appends: futures::stream::FuturesUnordered<_> = held
+            .iter()
+            .map(|session| inner.emit(&session.id, &session.standalone_stream, EventKind::Message, payload.clone()))
+            .collect();
+        let (mut notified, mut failed) = (0, 0);
+        while let Some(appended) = appends.next().await {
+            match appended {
+                Ok(_) => notified += 1,
+                Err(e) => {
+                    failed += 1;
+                    if failed == 1 {
+                        tracing::warn!(error = %e, method, "a notification to a session could not be stored; it was not sent");
+                    }
+                }
+            }
+        }
+        (notified, failed)
+    }
+
     /// Sessions currently held in memory (for tests and metrics).
     pub fn cached_sessions(&self) -> usize {
         self.inner.sessions.lock().map(|m| m.len()).unwrap_or(0)
