@@ -30,10 +30,13 @@ pub enum Scenario {
     /// tools_call's load over the 2026-07-28 wire (tether-sqlite-modern) beside the session era's (tether-sqlite).
     #[value(name = "tools_call_modern")]
     ToolsCallModern,
+    /// 10,000 sessions with an open standalone stream each on one tether-sqlite: RSS, idle CPU, fan-out time.
+    #[value(name = "streams_10k")]
+    Streams10k,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 8] = [
+    pub const ALL: [Scenario; 9] = [
         Scenario::ToolsCall,
         Scenario::Replay10k,
         Scenario::Restart100kSessions,
@@ -42,6 +45,7 @@ impl Scenario {
         Scenario::GatewayStdio,
         Scenario::GatewayMemory,
         Scenario::ToolsCallModern,
+        Scenario::Streams10k,
     ];
 
     pub fn name(self) -> &'static str {
@@ -54,6 +58,7 @@ impl Scenario {
             Scenario::GatewayStdio => "gateway_stdio",
             Scenario::GatewayMemory => "gateway_memory",
             Scenario::ToolsCallModern => "tools_call_modern",
+            Scenario::Streams10k => "streams_10k",
         }
     }
 
@@ -69,6 +74,7 @@ impl Scenario {
             Scenario::GatewayStdio => matches!(system, System::TetherGateway | System::Supergateway | System::McpProxy),
             Scenario::GatewayMemory => system == System::TetherGateway,
             Scenario::ToolsCallModern => matches!(system, System::TetherSqlite | System::TetherSqliteModern),
+            Scenario::Streams10k => system == System::TetherSqlite,
         }
     }
 
@@ -115,6 +121,13 @@ pub struct Row {
     /// host's speed and with how much the server slows the shared machine.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub client_us_per_call: Option<f64>,
+    /// streams_10k: the server's CPU while every stream is open and idle, in
+    /// percent of one core (its `/proc/PID/stat` over the idle window).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_percent: Option<f64>,
+    /// streams_10k: ms from sending the notification to the last stream receiving it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fanout_ms: Option<f64>,
     /// The server process's own CPU per call (not its upstream's or children's).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_us_per_call: Option<f64>,
@@ -155,6 +168,8 @@ impl Row {
             rounds_rps: Vec::new(),
             client_us_per_call: None,
             server_us_per_call: None,
+            cpu_percent: None,
+            fanout_ms: None,
             note: None,
             quick,
             errors: 0,
@@ -198,11 +213,18 @@ fn notes(r: &Row) -> String {
     let mut parts = Vec::new();
     match (r.scenario.as_str(), r.count) {
         ("replay_10k", Some(n)) => parts.push(format!("{} events", thousands(n))),
+        ("streams_10k", Some(n)) => parts.push(format!("{} sessions, a stream each", thousands(n))),
         (_, Some(n)) => parts.push(format!("{} sessions", thousands(n))),
         _ => {}
     }
     if let Some(spread) = &r.spread {
         parts.push(spread.clone());
+    }
+    if let Some(cpu) = r.cpu_percent {
+        parts.push(format!("idle CPU {cpu:.2}% of one core"));
+    }
+    if let Some(ms) = r.fanout_ms {
+        parts.push(format!("fan-out {ms:.0} ms"));
     }
     if let Some(us) = r.server_us_per_call {
         parts.push(format!("server {us:.1} µs CPU/call"));
@@ -348,6 +370,29 @@ fn gateway_stdio_line(rows: &[Row]) -> String {
     format!("| {line} | {} | {target} | {verdict} |\n", parts.join("; "))
 }
 
+/// Issue 27's streams_10k lines: with 10,000 idle streams open, the
+/// server's RSS and idle CPU, then the fan-out of one notification to all.
+/// A run with fewer streams is shown, not judged.
+fn streams_lines(rows: &[Row]) -> String {
+    const STREAMS: u64 = 10_000;
+    let row = find(rows, "tether-sqlite", Scenario::Streams10k, None);
+    let mut s = String::new();
+    let lines: [(&str, fn(&Row) -> Option<f64>, &str, f64); 3] = [
+        ("RSS", |r| r.rss_mib, "MiB", 200.0),
+        ("idle CPU", |r| r.cpu_percent, "% of one core", 5.0),
+        ("fan-out to every stream", |r| r.fanout_ms, "ms", 2000.0),
+    ];
+    for (what, figure, unit, limit) in lines {
+        let (text, met) = match row.and_then(|r| Some((r.count.unwrap_or(0), figure(r)?))) {
+            Some((n, v)) if n < STREAMS => (format!("{v:.1} {unit} with {n} streams"), "— (the budget is for 10,000 streams)"),
+            Some((_, v)) => (format!("{v:.1} {unit}"), if v <= limit { "yes" } else { "**no**" }),
+            None => ("not measured".to_string(), "—"),
+        };
+        s.push_str(&format!("| tether-sqlite streams_10k {what} | {text} | <= {limit} {unit} | {met} |\n"));
+    }
+    s
+}
+
 /// Issue 23's memory line: tether's RSS growth per live command-upstream
 /// session, its children not counted.
 fn gateway_memory_line(rows: &[Row]) -> String {
@@ -391,6 +436,7 @@ pub fn budget(rows: &[Row]) -> String {
         modern("tether-sqlite"),
         0.9,
     ));
+    s.push_str(&streams_lines(rows));
     s.push_str(&gateway_stdio_line(rows));
     s.push_str(&gateway_memory_line(rows));
     for system in ["tether-memory", "tether-sqlite", "tether-redis"] {
