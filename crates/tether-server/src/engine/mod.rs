@@ -55,7 +55,7 @@ use crate::app::{Caller, ClientAuthorization, ClientDeclaration, EndReason, Endp
 use crate::config::ServerConfig;
 use crate::ids::{self, EventId};
 pub use listen::filter as listen_filter;
-use live::{LiveEvent, LiveHub};
+use live::{LiveEvent, LiveHub, StreamKind};
 use pump::{PumpSpec, spawn_pump};
 use request::RequestHead;
 pub use sessionless::{Outbound, SessionlessReply, SessionlessRequest, discover_result, missing_capability};
@@ -487,7 +487,7 @@ impl Engine {
     /// starts after the last event written to any earlier connection.
     pub async fn open_standalone(&self, session: Arc<Session>) -> Result<mpsc::Receiver<Frame>, EngineError> {
         let stream = session.standalone_stream.clone();
-        let sub = self.inner.hub.subscribe(&session.id, &stream);
+        let sub = self.inner.hub.subscribe(&session.id, &stream, StreamKind::Standalone);
         let cursor = self.inner.store.cursor(&session.id, &stream).await?;
         Ok(self.inner.clone().standalone_pump(session, cursor, sub))
     }
@@ -507,7 +507,7 @@ impl Engine {
             if event.seq > head {
                 return Err(unknown("names an event this session never sent"));
             }
-            let sub = self.inner.hub.subscribe(&session.id, &event.stream);
+            let sub = self.inner.hub.subscribe(&session.id, &event.stream, StreamKind::Standalone);
             return Ok(self.inner.clone().standalone_pump(session, event.seq, sub));
         }
         let summary = summary.ok_or_else(|| unknown("does not belong to this session"))?;
@@ -521,7 +521,7 @@ impl Engine {
             // Its replica may have died since this one loaded the session.
             self.inner.close_if_orphaned(&session, &event.stream).await?;
         }
-        let sub = self.inner.hub.subscribe(&session.id, &event.stream);
+        let sub = self.inner.hub.subscribe(&session.id, &event.stream, StreamKind::Request);
         let done = summary.finished && event.seq >= summary.last_seq;
         let spec = PumpSpec {
             stream: event.stream.clone(),

@@ -204,7 +204,7 @@ impl Inner {
             return Ok(PostOutcome::Complete { frames, session_id });
         }
         // Slow or chatty work (or a store failure): follow the stream from the store.
-        let sub = self.hub.subscribe(&session.id, &name);
+        let sub = self.hub.subscribe(&session.id, &name, super::live::StreamKind::Request);
         let spec = PumpSpec {
             stream: name,
             after: 0,
