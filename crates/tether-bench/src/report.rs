@@ -370,6 +370,9 @@ fn gateway_stdio_line(rows: &[Row]) -> String {
     format!("| {line} | {} | {target} | {verdict} |\n", parts.join("; "))
 }
 
+/// A streams_10k budget line: what, its figure, unit, limit.
+type StreamsLine = (&'static str, fn(&Row) -> Option<f64>, &'static str, f64);
+
 /// Issue 27's streams_10k lines: with 10,000 idle streams open, the
 /// server's RSS and idle CPU, then the fan-out of one notification to all.
 /// A run with fewer streams is shown, not judged.
@@ -377,7 +380,7 @@ fn streams_lines(rows: &[Row]) -> String {
     const STREAMS: u64 = 10_000;
     let row = find(rows, "tether-sqlite", Scenario::Streams10k, None);
     let mut s = String::new();
-    let lines: [(&str, fn(&Row) -> Option<f64>, &str, f64); 3] = [
+    let lines: [StreamsLine; 3] = [
         ("RSS", |r| r.rss_mib, "MiB", 200.0),
         ("idle CPU", |r| r.cpu_percent, "% of one core", 5.0),
         ("fan-out to every stream", |r| r.fanout_ms, "ms", 2000.0),
@@ -659,6 +662,24 @@ mod tests {
         assert!(budget(&[]).contains("| tether-gateway gateway_memory | not measured | <= 2 MiB per session | — |"));
         assert!(Scenario::GatewayMemory.runs(System::TetherGateway) && !Scenario::GatewayMemory.runs(System::TetherSqlite));
         assert!(!Scenario::GatewayMemory.interleaved());
+    }
+
+    #[test]
+    fn the_streams_lines_judge_10000_streams_and_only_show_fewer() {
+        let streams = |n, rss| Row {
+            rss_mib: Some(rss),
+            cpu_percent: Some(1.5),
+            fanout_ms: Some(2500.0),
+            count: Some(n),
+            ..Row::new(System::TetherSqlite, Scenario::Streams10k, n as usize, true)
+        };
+        let b = budget(&[streams(10_000, 150.0)]);
+        assert!(b.contains("| tether-sqlite streams_10k RSS | 150.0 MiB | <= 200 MiB | yes |"), "{b}");
+        assert!(b.contains("| tether-sqlite streams_10k idle CPU | 1.5 % of one core | <= 5 % of one core | yes |"), "{b}");
+        assert!(b.contains("| tether-sqlite streams_10k fan-out to every stream | 2500.0 ms | <= 2000 ms | **no** |"), "{b}");
+        let b = budget(&[streams(100, 150.0)]);
+        assert!(b.contains("150.0 MiB with 100 streams | <= 200 MiB | — (the budget is for 10,000 streams) |"), "{b}");
+        assert!(Scenario::Streams10k.runs(System::TetherSqlite) && !Scenario::Streams10k.runs(System::TetherMemory));
     }
 
     #[test]

@@ -75,10 +75,7 @@ impl Streams {
     /// Opens a standalone GET stream for each session and returns once
     /// every one answered 200 `text/event-stream`.
     pub async fn open(addr: std::net::SocketAddr, path: &str, sessions: &[String]) -> anyhow::Result<Streams> {
-        let shared = Arc::new(Shared {
-            keepalives: sessions.iter().map(|_| AtomicU64::new(0)).collect(),
-            ..Shared::default()
-        });
+        let shared = Arc::new(Shared { keepalives: sessions.iter().map(|_| AtomicU64::new(0)).collect(), ..Shared::default() });
         let gate = Arc::new(Semaphore::new(OPENING_AT_ONCE));
         let opened_all = Arc::new(Notify::new());
         let total = sessions.len();
@@ -155,7 +152,10 @@ impl Streams {
         while self.shared.notified.load(Ordering::SeqCst) < total {
             self.shared.check()?;
             if tokio::time::timeout_at(deadline, all.as_mut()).await.is_err() {
-                bail!("{} of {total} streams got the notification within {FANOUT_TIMEOUT:?}", self.shared.notified.load(Ordering::SeqCst));
+                bail!(
+                    "{} of {total} streams got the notification within {FANOUT_TIMEOUT:?}",
+                    self.shared.notified.load(Ordering::SeqCst)
+                );
             }
             all.set(self.shared.all_notified.notified());
             all.as_mut().enable();
@@ -279,7 +279,7 @@ mod tests {
 
     #[test]
     fn a_chunked_body_is_decoded_across_any_split() {
-        let wire = b"d\r\n: keepalive\n\r\n3\r\nabc\r\n";
+        let wire = b"d\r\n: keepalive\n\n\r\n3\r\nabc\r\n";
         for split in 0..wire.len() {
             let mut chunked = Chunked::default();
             let mut first = wire[..split].to_vec();

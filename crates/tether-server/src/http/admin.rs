@@ -250,7 +250,10 @@ async fn notify(State(admin): State<Admin>, Query(q): Query<NotifyQuery>, body: 
     let n: Notification = match serde_json::from_slice(&body) {
         Ok(n) => n,
         Err(e) => {
-            return error(StatusCode::BAD_REQUEST, format!("the body must be {{\"method\": \"notifications/…\", \"params\": {{…}}}}: {e}"));
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("the body must be {{\"method\": \"notifications/…\", \"params\": {{…}}}}: {e}"),
+            );
         }
     };
     // Only notifications: a request would need someone to wait for 10,000 answers.
