@@ -39,6 +39,7 @@ pub fn comparison(rows: &[Row]) -> String {
             }
             Scenario::Replay10k | Scenario::Restart100kSessions => ratio(current.ms, twin.ms, "ms"),
             Scenario::IdleSession | Scenario::GatewayMemory => ratio(current.bytes, twin.bytes, "bytes"),
+            Scenario::Streams10k => ratio(current.rss_mib, twin.rss_mib, "MiB"),
         });
         let (measured, verdict) = match compared {
             Some((text, r)) if format!("{r:.2}") == "1.00" => (text, "same"),

@@ -189,7 +189,7 @@ impl Load {
 /// A process's user + system CPU time so far, from `/proc/PROC/stat`
 /// (`self` or a PID; `None` elsewhere). Clock ticks are taken as 1/100 s,
 /// Linux's `USER_HZ`.
-fn cpu_time(proc: &str) -> Option<Duration> {
+pub fn cpu_time(proc: &str) -> Option<Duration> {
     let stat = std::fs::read_to_string(format!("/proc/{proc}/stat")).ok()?;
     // The fields after the command name, which sits in parentheses and may hold spaces.
     let fields: Vec<&str> = stat.get(stat.rfind(')')? + 2..)?.split(' ').collect();

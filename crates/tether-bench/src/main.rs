@@ -8,6 +8,7 @@
 //! - [`load`]: the `tools_call` load generator (also of `gateway_http` and
 //!   `gateway_stdio`) and the MCP calls all share.
 //! - [`replay`]: `replay_10k`. [`sessions`]: bulk sessions, restart timing.
+//! - [`streams`]: `streams_10k`'s open streams and the fan-out to them.
 //! - [`report`]: rows, table, budget, chart. SSE is read with
 //!   `tether_wire::sse`, the decoder the client and the tests use.
 //! - [`baseline`]: with `--baseline`, each tether figure against its twin's
@@ -19,6 +20,7 @@ mod replay;
 mod report;
 mod server;
 mod sessions;
+mod streams;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -86,7 +88,7 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "tools_call,replay_10k,restart_100k_sessions,idle_session,gateway_http,gateway_stdio,gateway_memory,tools_call_modern"
+        default_value = "tools_call,replay_10k,restart_100k_sessions,idle_session,gateway_http,gateway_stdio,gateway_memory,tools_call_modern,streams_10k"
     )]
     scenarios: Vec<Scenario>,
     /// tools_call, gateway_http, gateway_stdio: concurrent clients (one session and one connection each), comma-separated.
@@ -117,6 +119,14 @@ struct Args {
     /// Concurrent clients that create those sessions.
     #[arg(long, default_value_t = 64)]
     session_clients: usize,
+    /// streams_10k: sessions, each with its standalone stream open (also with --quick).
+    #[arg(long, default_value_t = 10_000)]
+    streams: usize,
+    /// streams_10k: how long the server's idle CPU is measured (with
+    /// --quick 20s); at least the server's keep-alive interval (15 s), so
+    /// every stream gets a keep-alive inside it.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    idle_window: Duration,
     /// replay_10k: missed events to replay.
     #[arg(long, default_value_t = 10_000)]
     events: usize,
@@ -145,6 +155,7 @@ fn main() -> ExitCode {
         args.rounds = 3;
         args.sessions = args.sessions.min(10_000);
         args.replay_runs = args.replay_runs.min(3);
+        args.idle_window = args.idle_window.min(Duration::from_secs(20));
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
@@ -236,6 +247,9 @@ async fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
         for subject in of(Scenario::GatewayMemory) {
             rows.push(gateway_memory(args, &programs, subject).await);
         }
+    }
+    if wants(Scenario::Streams10k) && systems.contains(&System::TetherSqlite) {
+        rows.push(streams_10k(args, &programs).await);
     }
     for &subject in &subjects {
         // The floor has no MCP, no streams and no sessions: only tools_call applies;
@@ -655,6 +669,134 @@ async fn idle_and_restart(args: &Args, programs: &Programs, subject: Subject, id
         rows.push(restart_row);
     }
     rows
+}
+
+/// The environment variable that hands streams_10k's server its admin token.
+const ADMIN_TOKEN_ENV: &str = "TETHER_BENCH_ADMIN_TOKEN";
+/// The server's keep-alive interval (tether's default; there is no flag).
+const SERVER_KEEPALIVE: Duration = Duration::from_secs(15);
+
+/// Raises this process's soft limit on open files to `wanted` (its hard
+/// limit allowing); the servers it spawns inherit it. Returns the limit.
+fn raise_open_files(wanted: u64) -> anyhow::Result<u64> {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let hard = limit.maximum.unwrap_or(u64::MAX);
+    let soft = limit.current.unwrap_or(u64::MAX);
+    anyhow::ensure!(
+        hard >= wanted,
+        "streams_10k needs {wanted} open files in the bench and in the server, the hard limit is {hard}: raise it (ulimit -Hn, or LimitNOFILE)"
+    );
+    if soft < wanted {
+        setrlimit(Resource::Nofile, rustix::process::Rlimit { current: Some(wanted), maximum: limit.maximum })
+            .context("cannot raise the soft limit on open files")?;
+    }
+    Ok(soft.max(wanted))
+}
+
+/// streams_10k on one fresh tether-sqlite: `--streams` sessions, a
+/// standalone GET stream open on each; after the server settled, its RSS and
+/// CPU over `--idle-window` (every stream must have had a keep-alive by
+/// then); then one notification to every session through the admin API and
+/// the time until the last stream has it.
+async fn streams_10k(args: &Args, programs: &Programs) -> Row {
+    let n = args.streams;
+    let subject = Subject::from(System::TetherSqlite);
+    eprintln!("== {}: streams_10k ({n} sessions with an open stream each)", subject.name());
+    let mut row = Row::new(subject, Scenario::Streams10k, n, args.quick);
+    row.count = Some(n as u64);
+    let outcome = async {
+        anyhow::ensure!(n > 0, "--streams must be 1 or more");
+        // The bench holds a socket per stream, and so does the server (which
+        // inherits the limit), plus its store's files and the session clients.
+        let files = raise_open_files(n as u64 + 1_024)?;
+        let token = format!("{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>());
+        let mut launch = Launch::new(subject);
+        // Sessions with an open stream are never evicted; a cache below their
+        // number would rescan the whole map on every insertion beyond it.
+        launch.extra_args = vec!["--session-cache".into(), (n + 1_024).to_string(), "--admin-token-env".into(), ADMIN_TOKEN_ENV.into()];
+        launch.env = vec![(ADMIN_TOKEN_ENV.into(), token.clone())];
+        launch.max_sessions = Some(n + 1_024);
+        let (server, _store) = start(programs, &launch).await?;
+        let result = async {
+            let started = Instant::now();
+            let ids = sessions::create(&server.mcp_url, n, args.session_clients).await.context("creating the sessions")?;
+            eprintln!("   {n} sessions in {:.1} s (open files: {files})", started.elapsed().as_secs_f64());
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let rss_sessions = server.rss_bytes()?;
+            let origin = server::origin(&server.mcp_url);
+            let addr: std::net::SocketAddr =
+                origin.trim_start_matches("http://").parse().with_context(|| format!("no address in {}", server.mcp_url))?;
+            let path = &server.mcp_url[origin.len()..];
+            let started = Instant::now();
+            let streams = streams::Streams::open(addr, path, &ids).await?;
+            eprintln!("   {n} streams open in {:.1} s", started.elapsed().as_secs_f64());
+            drop(ids);
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let rss_open = server.rss_bytes()?;
+            let per_stream = (rss_open as f64 - rss_sessions as f64) / n as f64;
+            let pid = server.pid().to_string();
+            let (cpu_before, at) = (load::cpu_time(&pid).context("cannot read the server's CPU time")?, Instant::now());
+            tokio::time::sleep(args.idle_window).await;
+            let cpu = load::cpu_time(&pid).context("cannot read the server's CPU time")?.saturating_sub(cpu_before);
+            let window = at.elapsed();
+            let rss_idle = server.rss_bytes()?;
+            streams.check()?;
+            let (fewest, most) = streams.keepalives();
+            if args.idle_window >= SERVER_KEEPALIVE {
+                anyhow::ensure!(fewest >= 1, "a stream had no keep-alive after {window:?} idle");
+            }
+            let (fanout_ms, answer) = streams.fan_out(&format!("{origin}/admin/notify"), &token).await?;
+            let rss_after = server.rss_bytes()?;
+            let peak = server.peak_rss_mib()?;
+            drop(streams);
+            eprintln!(
+                "   RSS {:.1} MiB with the sessions, {:.1} MiB with the streams open ({per_stream:.0} B per stream), {:.1} MiB idle, {:.1} MiB after the fan-out (peak {peak:.1}); idle CPU {:.2}% over {:.1} s; keep-alives per stream {fewest} to {most}; fan-out {fanout_ms:.0} ms ({answer})",
+                rss_sessions as f64 / 1048576.0,
+                rss_open as f64 / 1048576.0,
+                rss_idle as f64 / 1048576.0,
+                rss_after as f64 / 1048576.0,
+                cpu.as_secs_f64() / window.as_secs_f64() * 100.0,
+                window.as_secs_f64()
+            );
+            Ok::<_, anyhow::Error>((rss_idle, cpu, window, (fewest, most), fanout_ms, (rss_sessions, per_stream, rss_after, peak)))
+        }
+        .await;
+        if result.is_err() {
+            eprintln!("   server log tail:\n{}", server.log_tail());
+        }
+        let (count, last) = server.problems();
+        server.stop().await?;
+        result.map(|r| (r, count, last))
+    }
+    .await;
+    match outcome {
+        Ok(((rss_idle, cpu, window, (fewest, most), fanout_ms, (rss_sessions, per_stream, rss_after, peak)), problems, last)) => {
+            row.bytes = Some(round(per_stream, 0));
+            row.rss_mib = Some(round(rss_idle as f64 / 1048576.0, 1));
+            row.cpu_percent = Some(round(cpu.as_secs_f64() / window.as_secs_f64() * 100.0, 2));
+            row.fanout_ms = Some(round(fanout_ms, 1));
+            let mut note = format!(
+                "idle window {:.0} s, keep-alives per stream {fewest} to {most}; RSS {:.1} MiB before the streams opened (bytes: RSS growth per open stream), {:.1} MiB after the fan-out, peak {peak:.1} MiB; --session-cache {} --max-sessions-per-principal {}",
+                window.as_secs_f64(),
+                rss_sessions as f64 / 1048576.0,
+                rss_after as f64 / 1048576.0,
+                n + 1_024,
+                n + 1_024
+            );
+            if problems > 0 {
+                eprintln!("   the server logged {problems} WARN/ERROR lines; the last ones:\n{}", last.join("\n"));
+                note.push_str(&format!("; server log: {problems} WARN/ERROR lines"));
+            }
+            row.note = Some(note);
+        }
+        Err(e) => {
+            eprintln!("   error: {e:#}");
+            row.errors = 1;
+            row.error = Some(format!("{e:#}"));
+        }
+    }
+    row
 }
 
 /// Warm-up sessions of gateway_memory (each ended with DELETE before the first RSS reading).

@@ -30,10 +30,13 @@ pub enum Scenario {
     /// tools_call's load over the 2026-07-28 wire (tether-sqlite-modern) beside the session era's (tether-sqlite).
     #[value(name = "tools_call_modern")]
     ToolsCallModern,
+    /// 10,000 sessions with an open standalone stream each on one tether-sqlite: RSS, idle CPU, fan-out time.
+    #[value(name = "streams_10k")]
+    Streams10k,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 8] = [
+    pub const ALL: [Scenario; 9] = [
         Scenario::ToolsCall,
         Scenario::Replay10k,
         Scenario::Restart100kSessions,
@@ -42,6 +45,7 @@ impl Scenario {
         Scenario::GatewayStdio,
         Scenario::GatewayMemory,
         Scenario::ToolsCallModern,
+        Scenario::Streams10k,
     ];
 
     pub fn name(self) -> &'static str {
@@ -54,6 +58,7 @@ impl Scenario {
             Scenario::GatewayStdio => "gateway_stdio",
             Scenario::GatewayMemory => "gateway_memory",
             Scenario::ToolsCallModern => "tools_call_modern",
+            Scenario::Streams10k => "streams_10k",
         }
     }
 
@@ -69,6 +74,7 @@ impl Scenario {
             Scenario::GatewayStdio => matches!(system, System::TetherGateway | System::Supergateway | System::McpProxy),
             Scenario::GatewayMemory => system == System::TetherGateway,
             Scenario::ToolsCallModern => matches!(system, System::TetherSqlite | System::TetherSqliteModern),
+            Scenario::Streams10k => system == System::TetherSqlite,
         }
     }
 
@@ -115,6 +121,13 @@ pub struct Row {
     /// host's speed and with how much the server slows the shared machine.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub client_us_per_call: Option<f64>,
+    /// streams_10k: the server's CPU while every stream is open and idle, in
+    /// percent of one core (its `/proc/PID/stat` over the idle window).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_percent: Option<f64>,
+    /// streams_10k: ms from sending the notification to the last stream receiving it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fanout_ms: Option<f64>,
     /// The server process's own CPU per call (not its upstream's or children's).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_us_per_call: Option<f64>,
@@ -155,6 +168,8 @@ impl Row {
             rounds_rps: Vec::new(),
             client_us_per_call: None,
             server_us_per_call: None,
+            cpu_percent: None,
+            fanout_ms: None,
             note: None,
             quick,
             errors: 0,
@@ -198,11 +213,18 @@ fn notes(r: &Row) -> String {
     let mut parts = Vec::new();
     match (r.scenario.as_str(), r.count) {
         ("replay_10k", Some(n)) => parts.push(format!("{} events", thousands(n))),
+        ("streams_10k", Some(n)) => parts.push(format!("{} sessions, a stream each", thousands(n))),
         (_, Some(n)) => parts.push(format!("{} sessions", thousands(n))),
         _ => {}
     }
     if let Some(spread) = &r.spread {
         parts.push(spread.clone());
+    }
+    if let Some(cpu) = r.cpu_percent {
+        parts.push(format!("idle CPU {cpu:.2}% of one core"));
+    }
+    if let Some(ms) = r.fanout_ms {
+        parts.push(format!("fan-out {ms:.0} ms"));
     }
     if let Some(us) = r.server_us_per_call {
         parts.push(format!("server {us:.1} µs CPU/call"));
@@ -348,6 +370,32 @@ fn gateway_stdio_line(rows: &[Row]) -> String {
     format!("| {line} | {} | {target} | {verdict} |\n", parts.join("; "))
 }
 
+/// A streams_10k budget line: what, its figure, unit, limit.
+type StreamsLine = (&'static str, fn(&Row) -> Option<f64>, &'static str, f64);
+
+/// Issue 27's streams_10k lines: with 10,000 idle streams open, the
+/// server's RSS and idle CPU, then the fan-out of one notification to all.
+/// A run with fewer streams is shown, not judged.
+fn streams_lines(rows: &[Row]) -> String {
+    const STREAMS: u64 = 10_000;
+    let row = find(rows, "tether-sqlite", Scenario::Streams10k, None);
+    let mut s = String::new();
+    let lines: [StreamsLine; 3] = [
+        ("RSS", |r| r.rss_mib, "MiB", 200.0),
+        ("idle CPU", |r| r.cpu_percent, "% of one core", 5.0),
+        ("fan-out to every stream", |r| r.fanout_ms, "ms", 2000.0),
+    ];
+    for (what, figure, unit, limit) in lines {
+        let (text, met) = match row.and_then(|r| Some((r.count.unwrap_or(0), figure(r)?))) {
+            Some((n, v)) if n < STREAMS => (format!("{v:.1} {unit} with {n} streams"), "— (the budget is for 10,000 streams)"),
+            Some((_, v)) => (format!("{v:.1} {unit}"), if v <= limit { "yes" } else { "**no**" }),
+            None => ("not measured".to_string(), "—"),
+        };
+        s.push_str(&format!("| tether-sqlite streams_10k {what} | {text} | <= {limit} {unit} | {met} |\n"));
+    }
+    s
+}
+
 /// Issue 23's memory line: tether's RSS growth per live command-upstream
 /// session, its children not counted.
 fn gateway_memory_line(rows: &[Row]) -> String {
@@ -391,6 +439,7 @@ pub fn budget(rows: &[Row]) -> String {
         modern("tether-sqlite"),
         0.9,
     ));
+    s.push_str(&streams_lines(rows));
     s.push_str(&gateway_stdio_line(rows));
     s.push_str(&gateway_memory_line(rows));
     for system in ["tether-memory", "tether-sqlite", "tether-redis"] {
@@ -613,6 +662,24 @@ mod tests {
         assert!(budget(&[]).contains("| tether-gateway gateway_memory | not measured | <= 2 MiB per session | — |"));
         assert!(Scenario::GatewayMemory.runs(System::TetherGateway) && !Scenario::GatewayMemory.runs(System::TetherSqlite));
         assert!(!Scenario::GatewayMemory.interleaved());
+    }
+
+    #[test]
+    fn the_streams_lines_judge_10000_streams_and_only_show_fewer() {
+        let streams = |n, rss| Row {
+            rss_mib: Some(rss),
+            cpu_percent: Some(1.5),
+            fanout_ms: Some(2500.0),
+            count: Some(n),
+            ..Row::new(System::TetherSqlite, Scenario::Streams10k, n as usize, true)
+        };
+        let b = budget(&[streams(10_000, 150.0)]);
+        assert!(b.contains("| tether-sqlite streams_10k RSS | 150.0 MiB | <= 200 MiB | yes |"), "{b}");
+        assert!(b.contains("| tether-sqlite streams_10k idle CPU | 1.5 % of one core | <= 5 % of one core | yes |"), "{b}");
+        assert!(b.contains("| tether-sqlite streams_10k fan-out to every stream | 2500.0 ms | <= 2000 ms | **no** |"), "{b}");
+        let b = budget(&[streams(100, 150.0)]);
+        assert!(b.contains("150.0 MiB with 100 streams | <= 200 MiB | — (the budget is for 10,000 streams) |"), "{b}");
+        assert!(Scenario::Streams10k.runs(System::TetherSqlite) && !Scenario::Streams10k.runs(System::TetherMemory));
     }
 
     #[test]

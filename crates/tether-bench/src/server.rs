@@ -321,6 +321,10 @@ pub struct Launch {
     pub max_sessions: Option<usize>,
     /// The gateway systems: what they serve (tether-gateway as `--upstream echo=…`).
     pub upstream: Option<Upstream>,
+    /// tether only: more flags (streams_10k: `--session-cache`, the admin API).
+    pub extra_args: Vec<String>,
+    /// Environment variables set for the process (the admin token).
+    pub env: Vec<(String, String)>,
 }
 
 /// What a gateway system serves.
@@ -337,7 +341,15 @@ pub const GATEWAY_UPSTREAM: &str = "echo";
 
 impl Launch {
     pub fn new(subject: Subject) -> Self {
-        Self { subject, listen: "127.0.0.1:0".into(), channel_capacity: None, max_sessions: None, upstream: None }
+        Self {
+            subject,
+            listen: "127.0.0.1:0".into(),
+            channel_capacity: None,
+            max_sessions: None,
+            upstream: None,
+            extra_args: Vec::new(),
+            env: Vec::new(),
+        }
     }
 
     /// The stdio command a gateway serves.
@@ -390,7 +402,9 @@ impl Launch {
                     };
                     cmd.args(["--upstream", &format!("{GATEWAY_UPSTREAM}={target}")]);
                 }
+                cmd.args(&self.extra_args);
                 cmd.env("NO_COLOR", "1").env("RUST_LOG", "info");
+                cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
                 cmd
             }
             System::Rmcp | System::RmcpDirect => {
@@ -673,7 +687,7 @@ fn state_and_parent(stat: &str) -> Option<(&str, u32)> {
 }
 
 /// `http://host:port` of a URL.
-fn origin(url: &str) -> &str {
+pub fn origin(url: &str) -> &str {
     let after_scheme = url.find("://").map_or(0, |i| i + 3);
     url[after_scheme..].find('/').map_or(url, |i| &url[..after_scheme + i])
 }

@@ -344,6 +344,30 @@ async fn the_admin_api_lists_shows_and_ends_sessions_and_refuses_a_missing_or_wr
     assert_eq!(shown_b["operations"], json!([]), "another session's operations are not listed: {shown_b}");
     assert_eq!(http.get(format!("{list}/ffff")).bearer_auth(ADMIN).send().await.unwrap().status(), 404);
 
+    // POST /admin/notify: notifications only, filtered, stored on the
+    // standalone stream first (so a GET opened afterwards still gets it).
+    let notify = format!("{base}/admin/notify");
+    let message = json!({"method": "notifications/message", "params": {"level": "notice", "data": "maintenance at 22:00"}});
+    assert_eq!(http.post(&notify).json(&message).send().await.unwrap().status(), 401, "no token");
+    let request = json!({"method": "tools/list"});
+    assert_eq!(http.post(&notify).bearer_auth(ADMIN).json(&request).send().await.unwrap().status(), 400, "not a notification");
+    let sent: Value = http
+        .post(format!("{notify}?principal=bob"))
+        .bearer_auth(ADMIN)
+        .json(&message)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(sent, json!({"notified": 1, "failed": 0}));
+    let mut standalone = SseReader::new(bob.get(&b, None).send().await.unwrap());
+    let got = standalone.next_message().await.expect("the notification on bob's standalone stream");
+    assert_eq!(got["method"], "notifications/message");
+    assert_eq!(got["params"]["data"], "maintenance at 22:00");
+    drop(standalone);
+
     let r = http.delete(format!("{list}/{a}")).bearer_auth(ADMIN).send().await.unwrap();
     assert_eq!(r.status(), 200);
     let r = alice.post(Some(&a), &json!({"jsonrpc": "2.0", "id": 5, "method": "ping"})).send().await.unwrap();

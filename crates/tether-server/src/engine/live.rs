@@ -14,8 +14,23 @@ use bytes::Bytes;
 use tether_store::EventKind;
 use tokio::sync::broadcast;
 
-/// Events buffered per live stream before a slow subscriber falls back to the store.
-const LIVE_BUFFER: usize = 64;
+/// Events buffered per live request stream before a slow subscriber falls
+/// back to the store. A tokio broadcast channel allocates all its slots (about
+/// 80 bytes each) when it is made.
+const REQUEST_BUFFER: usize = 64;
+/// The same for a standalone stream, which a client keeps open for as long as
+/// its session lives, mostly idle: 8 slots instead of 64 save about 4.5 KiB per
+/// open stream (streams_10k in docs/benchmarks.md). Its messages come one at
+/// a time (notifications, server-to-client requests); a burst beyond 8 before
+/// the pump ran is read back from the store, as any lag is.
+const STANDALONE_BUFFER: usize = 8;
+
+/// Which kind of stream a subscription is for (it sizes the live buffer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamKind {
+    Request,
+    Standalone,
+}
 
 #[derive(Debug, Clone)]
 pub struct LiveEvent {
@@ -46,12 +61,16 @@ pub struct Subscription {
 }
 
 impl LiveHub {
-    pub fn subscribe(self: &Arc<Self>, session: &str, stream: &str) -> Subscription {
+    pub fn subscribe(self: &Arc<Self>, session: &str, stream: &str, kind: StreamKind) -> Subscription {
+        let capacity = match kind {
+            StreamKind::Request => REQUEST_BUFFER,
+            StreamKind::Standalone => STANDALONE_BUFFER,
+        };
         let key = (session.to_owned(), stream.to_owned());
         let mut map = self.streams.lock().unwrap_or_else(|p| p.into_inner());
         let live = map
             .entry(key.clone())
-            .or_insert_with(|| Arc::new(Live { tx: broadcast::channel(LIVE_BUFFER).0, connections: AtomicUsize::new(0) }))
+            .or_insert_with(|| Arc::new(Live { tx: broadcast::channel(capacity).0, connections: AtomicUsize::new(0) }))
             .clone();
         live.connections.fetch_add(1, Ordering::SeqCst);
         let rx = live.tx.subscribe();

@@ -55,7 +55,7 @@ use crate::app::{Caller, ClientAuthorization, ClientDeclaration, EndReason, Endp
 use crate::config::ServerConfig;
 use crate::ids::{self, EventId};
 pub use listen::filter as listen_filter;
-use live::{LiveEvent, LiveHub};
+use live::{LiveEvent, LiveHub, StreamKind};
 use pump::{PumpSpec, spawn_pump};
 use request::RequestHead;
 pub use sessionless::{Outbound, SessionlessReply, SessionlessRequest, discover_result, missing_capability};
@@ -495,7 +495,7 @@ impl Engine {
     /// starts after the last event written to any earlier connection.
     pub async fn open_standalone(&self, session: Arc<Session>) -> Result<mpsc::Receiver<Frame>, EngineError> {
         let stream = session.standalone_stream.clone();
-        let sub = self.inner.hub.subscribe(&session.id, &stream);
+        let sub = self.inner.hub.subscribe(&session.id, &stream, StreamKind::Standalone);
         let cursor = self.inner.store.cursor(&session.id, &stream).await?;
         Ok(self.inner.clone().standalone_pump(session, cursor, sub))
     }
@@ -515,7 +515,7 @@ impl Engine {
             if event.seq > head {
                 return Err(unknown("names an event this session never sent"));
             }
-            let sub = self.inner.hub.subscribe(&session.id, &event.stream);
+            let sub = self.inner.hub.subscribe(&session.id, &event.stream, StreamKind::Standalone);
             return Ok(self.inner.clone().standalone_pump(session, event.seq, sub));
         }
         let summary = summary.ok_or_else(|| unknown("does not belong to this session"))?;
@@ -529,7 +529,7 @@ impl Engine {
             // Its replica may have died since this one loaded the session.
             self.inner.close_if_orphaned(&session, &event.stream).await?;
         }
-        let sub = self.inner.hub.subscribe(&session.id, &event.stream);
+        let sub = self.inner.hub.subscribe(&session.id, &event.stream, StreamKind::Request);
         let done = summary.finished && event.seq >= summary.last_seq;
         let spec = PumpSpec {
             stream: event.stream.clone(),
@@ -591,6 +591,39 @@ impl Engine {
     /// are still stored, oldest first, for operators.
     pub async fn operations_of(&self, id: &str) -> Result<Vec<Value>, StoreError> {
         operations::of_session(self.inner.store.as_ref(), id, |op| self.inner.operations.runs_here(op)).await
+    }
+
+    /// Sends one notification to every session this process holds in memory
+    /// that `keep` selects (the admin API's `POST /admin/notify`): stored on
+    /// each one's standalone stream, then delivered to whoever streams it (or
+    /// replayed to the next GET, like any other message not related to a
+    /// request). Sessions only in the store are not loaded: an operator's
+    /// announcement is for the sessions in use. All appends are started at
+    /// once, so the group commit takes them in a few transactions. Returns
+    /// (sessions notified, sessions whose append failed).
+    pub async fn notify_held(&self, keep: impl Fn(&Session) -> bool, method: &str, params: Option<&Value>) -> (usize, usize) {
+        use futures::StreamExt;
+        let held: Vec<Arc<Session>> =
+            self.inner.sessions.lock().map(|m| m.values().filter(|s| keep(s)).cloned().collect()).unwrap_or_default();
+        let payload = envelope::outbound_message(None, method, params);
+        let inner = &self.inner;
+        let mut appends: futures::stream::FuturesUnordered<_> = held
+            .iter()
+            .map(|session| inner.emit(&session.id, &session.standalone_stream, EventKind::Message, payload.clone()))
+            .collect();
+        let (mut notified, mut failed) = (0, 0);
+        while let Some(appended) = appends.next().await {
+            match appended {
+                Ok(_) => notified += 1,
+                Err(e) => {
+                    failed += 1;
+                    if failed == 1 {
+                        tracing::warn!(error = %e, method, "a notification to a session could not be stored; it was not sent");
+                    }
+                }
+            }
+        }
+        (notified, failed)
     }
 
     /// Sessions currently held in memory (for tests and metrics).

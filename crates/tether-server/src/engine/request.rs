@@ -207,7 +207,7 @@ impl Inner {
             Ok(request_stream::Quick::Stream) | Err(_) => {}
         }
         // Slow or chatty work: follow the stream from the store.
-        let sub = self.hub.subscribe(&session.id, &name);
+        let sub = self.hub.subscribe(&session.id, &name, super::live::StreamKind::Request);
         let spec = PumpSpec {
             stream: name,
             after: 0,

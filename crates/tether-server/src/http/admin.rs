@@ -9,6 +9,14 @@
 //!   the requests this process runs for it, and the operations it started
 //!   (resumable calls; each is also a task under its ID).
 //! - `DELETE /admin/sessions/ID`: ends it as the client's DELETE would.
+//! - `POST /admin/notify?principal=&upstream=` with `{"method":
+//!   "notifications/…", "params": {…}}`: sends that notification to every
+//!   session this process holds in memory (filtered), stored on each one's
+//!   standalone stream first; answers `{"notified": N, "failed": M}` once
+//!   all are stored. An operator's announcement (`notifications/message`),
+//!   or a `notifications/tools/list_changed` after changing what a gateway's
+//!   upstream offers. Sessions only in the store (idle long enough to leave
+//!   memory) and other replicas' sessions are not included.
 //!
 //! Every request needs `Authorization: Bearer <the token>`; a missing or
 //! wrong one gets 401 (compared in constant time, on digests, so neither
@@ -18,7 +26,7 @@ use axum::Router;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -45,6 +53,7 @@ pub fn admin_router(engine: Engine, token: &str) -> Router {
     Router::new()
         .route("/admin/sessions", get(list))
         .route("/admin/sessions/{id}", get(show).delete(end))
+        .route("/admin/notify", post(notify))
         .route_layer(axum::middleware::from_fn_with_state(admin.clone(), authorize))
         .with_state(admin)
 }
@@ -228,6 +237,45 @@ async fn end(State(admin): State<Admin>, Path(id): Path<String>) -> Response {
         }
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }
+}
+
+#[derive(Deserialize)]
+struct NotifyQuery {
+    principal: Option<String>,
+    upstream: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Notification {
+    method: String,
+    #[serde(default)]
+    params: Option<Value>,
+}
+
+async fn notify(State(admin): State<Admin>, Query(q): Query<NotifyQuery>, body: axum::body::Bytes) -> Response {
+    let n: Notification = match serde_json::from_slice(&body) {
+        Ok(n) => n,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("the body must be {{\"method\": \"notifications/…\", \"params\": {{…}}}}: {e}"),
+            );
+        }
+    };
+    // Only notifications: a request would need someone to wait for 10,000 answers.
+    if !n.method.starts_with("notifications/") {
+        return error(StatusCode::BAD_REQUEST, format!("`{}` is not a notification (notifications/…)", n.method));
+    }
+    if n.params.as_ref().is_some_and(|p| !p.is_object()) {
+        return error(StatusCode::BAD_REQUEST, "params must be an object");
+    }
+    let keep = |s: &crate::engine::Session| {
+        q.principal.as_deref().is_none_or(|p| p == s.principal) && q.upstream.as_deref().is_none_or(|u| u == s.endpoint)
+    };
+    let (notified, failed) = admin.engine.notify_held(keep, &n.method, n.params.as_ref()).await;
+    tracing::info!(method = %n.method, notified, failed, "notification sent through the admin API");
+    let status = if failed == 0 { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, axum::Json(json!({"notified": notified, "failed": failed}))).into_response()
 }
 
 #[cfg(test)]
