@@ -314,7 +314,8 @@ run_check gw-everything-http 120 bash -c '
     done
     echo "server-everything (streamableHttp) log: $(grep -c "^Session initialized" "$3") session(s) initialized, GET stream opened, DELETE received"
 ' gw-everything-http "$TS/gw_everything.mjs" "$URL/everything-http" "$TMP/everything-http.log"
-run_check gw-pystdio 90 "$VPY" "$PY/gw_client.py" "$URL/pystdio"
+run_check gw-pystdio 90 "$VPY" "$PY/gw_client.py" "$URL/pystdio" legacy
+run_check gw-pystdio-auto 90 "$VPY" "$PY/gw_client.py" "$URL/pystdio" auto
 run_check gw-cancel-ts 60 node "$TS/gw_cancel.mjs" "$URL/pystdio"
 run_check gw-tsfixture 60 node "$TS/gw_tsfixture.mjs" "$URL/tsfixture" "$FIXTURE"
 # A session-era client (Python SDK, mode="legacy") through the gateway to a

@@ -3,16 +3,18 @@
 Python SDK stdio server (interop/servers/py_stdio_server.py) that tether serves at
 /mcp/pystdio (``--upstream 'pystdio=stdio:PYTHON py_stdio_server.py'``).
 
-usage: gw_client.py http://127.0.0.1:PORT/mcp/pystdio
+usage: gw_client.py http://127.0.0.1:PORT/mcp/pystdio [MODE]
 
-With the SDK's default mode ("auto": it probes server/discover, then falls back to
-initialize): the upstream's serverInfo comes back, tools/list has ``greet``,
-``slow`` and ``cancellations``, tools/call greet answers the upstream's text,
+MODE is the SDK's: ``legacy`` (the default here: a tether session, the upstream's
+child per session) or ``auto`` (it probes server/discover, which the gateway answers,
+and goes on sessionless on a pooled upstream connection). In either: the upstream's
+serverInfo comes back, tools/list has ``greet``, ``slow``, ``cancellations`` and
+``roots``, tools/call greet answers the upstream's text,
 resources/list and resources/read give the fixture's resource, prompts/list and
 prompts/get give its prompt; then a long call (``slow``) is cancelled by the client
 after its third progress notification (leaving an anyio cancel scope makes the SDK
-send notifications/cancelled), and the upstream must have received it: in the same
-session (so the same child), ``cancellations`` reports that ``slow`` was interrupted
+send notifications/cancelled, or, sessionless, closes the request's stream), and the
+upstream must have received it: on the same child, ``cancellations`` reports that ``slow`` was interrupted
 for that call (its label) and that a notifications/cancelled named the request ID
 the upstream ran it under (tether maps IDs, so the upstream's own ID is compared
 with the upstream's own record, never with the client's). A ``slow`` call after
@@ -47,7 +49,7 @@ def check(cond: object, msg: str) -> None:
         raise CheckFailed(msg)
 
 
-async def run(url: str) -> None:
+async def run(url: str, mode: str) -> None:
     posts: list[tuple[str, int | None]] = []
 
     async def on_response(response: httpx2.Response) -> None:
@@ -64,7 +66,7 @@ async def run(url: str) -> None:
                               event_hooks={"response": [on_response]})
     with anyio.fail_after(TIMEOUT_S):
         async with http:
-            async with Client(streamable_http_client(url, http_client=http)) as client:
+            async with Client(streamable_http_client(url, http_client=http), mode=mode) as client:
                 info = client.server_info
                 check(info is not None and info.name == FIXTURE,
                       f"serverInfo is not the upstream's: {info!r}")
@@ -72,8 +74,8 @@ async def run(url: str) -> None:
 
                 tools = await client.list_tools()
                 names = [t.name for t in tools.tools]
-                check(names == ["greet", "slow", "cancellations"],
-                      f"tools/list: want ['greet', 'slow', 'cancellations'], got {names}")
+                check(names == ["greet", "slow", "cancellations", "roots"],
+                      f"tools/list: want ['greet', 'slow', 'cancellations', 'roots'], got {names}")
                 greet = tools.tools[0]
                 check("name" in (greet.input_schema or {}).get("properties", {}),
                       f"greet's input schema has no 'name': {greet.input_schema!r}")
@@ -168,11 +170,11 @@ async def check_cancel(client: Client) -> None:
 
 
 def main() -> int:
-    if len(sys.argv) != 2:
+    if len(sys.argv) not in (2, 3):
         print(__doc__, file=sys.stderr)
         return 2
     try:
-        anyio.run(run, sys.argv[1])
+        anyio.run(run, sys.argv[1], sys.argv[2] if len(sys.argv) == 3 else "legacy")
     except CheckFailed as e:
         print(f"FAIL: {e}")
         return 1
