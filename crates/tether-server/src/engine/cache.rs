@@ -32,6 +32,26 @@ pub(crate) fn evict_idle(map: &mut HashMap<String, Arc<Session>>, target: usize)
     idle.into_iter().filter_map(|(_, id)| map.remove(&id)).collect()
 }
 
+/// When the next eviction scan of a full cache is due. A scan that frees
+/// too little (every session in use: open streams, requests) must not run
+/// again at the very next insertion, or holding many busy sessions costs a
+/// full scan per new session: the next one waits for another eighth of the
+/// capacity to arrive.
+#[derive(Debug, Default)]
+pub(crate) struct EvictionSchedule(std::sync::atomic::AtomicUsize);
+
+impl EvictionSchedule {
+    /// Whether a map of `len` sessions should be scanned now.
+    pub(crate) fn due(&self, len: usize, capacity: usize) -> bool {
+        len > capacity && len >= self.0.load(Ordering::Relaxed)
+    }
+
+    /// A scan left `len` sessions: the next waits for `capacity / 8` more.
+    pub(crate) fn scanned(&self, len: usize, capacity: usize) {
+        self.0.store(len + (capacity / 8).max(1), Ordering::Relaxed);
+    }
+}
+
 impl Inner {
     /// Expiry written to the store: the TTL plus a tenth of slack, because
     /// activity only touches the store when the expiry drifted that much.
@@ -45,9 +65,11 @@ impl Inner {
             Ok(mut map) => {
                 map.insert(session.id.clone(), session);
                 let capacity = self.config.session_cache.max(1);
-                if map.len() > capacity {
+                if self.eviction.due(map.len(), capacity) {
                     // Down to 7/8 at once, so the scan runs once per capacity/8 insertions.
-                    evict_idle(&mut map, capacity - capacity / 8)
+                    let evicted = evict_idle(&mut map, capacity - capacity / 8);
+                    self.eviction.scanned(map.len(), capacity);
+                    evicted
                 } else {
                     Vec::new()
                 }
@@ -154,6 +176,24 @@ impl Inner {
 #[cfg(test)]
 mod tests {
     use serde_json::{Map, Value, json};
+
+    #[test]
+    fn a_full_cache_of_busy_sessions_is_scanned_once_per_eighth_of_its_capacity() {
+        let (schedule, capacity) = (super::EvictionSchedule::default(), 1024);
+        assert!(!schedule.due(1024, capacity), "within capacity: no scan");
+        let mut scans = 0;
+        // 10,000 sessions that all stay in use: no scan frees anything.
+        for len in 1025..=10_000 {
+            if schedule.due(len, capacity) {
+                scans += 1;
+                schedule.scanned(len, capacity);
+            }
+        }
+        assert_eq!(scans, (10_000 - 1025) / 128 + 1, "one scan per 128 insertions, not one per insertion");
+        // A scan that frees room brings the threshold back to the capacity.
+        schedule.scanned(capacity - capacity / 8, capacity);
+        assert!(schedule.due(capacity + 1, capacity));
+    }
 
     use super::*;
     use crate::engine::SessionState;

@@ -127,6 +127,8 @@ pub(crate) struct Inner {
     pub config: ServerConfig,
     pub hub: Arc<LiveHub>,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
+    /// When a full session cache is scanned for idle sessions next.
+    eviction: cache::EvictionSchedule,
     loading: tokio::sync::Mutex<()>,
     /// Live sessions per principal as last counted in the store, plus the
     /// ones created here since (refreshed every few seconds).
@@ -186,6 +188,7 @@ impl Engine {
                 apps,
                 hub: Arc::new(LiveHub::default()),
                 sessions: Mutex::new(HashMap::new()),
+                eviction: cache::EvictionSchedule::default(),
                 loading: tokio::sync::Mutex::new(()),
                 principal_counts: Mutex::new(HashMap::new()),
                 instance: ids::new_instance_id(),
