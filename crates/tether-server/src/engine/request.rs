@@ -180,13 +180,20 @@ impl Inner {
                 payload = &mut work => payload,
                 _ = tokio::time::sleep(prime_delay) => {
                     // Slow work: give the client an event ID to resume from now.
-                    if let Err(e) = stream.ensure_primed(&inner, &session.id).await {
-                        // The POST was answered 503 ("not stored, send it
-                        // again"): work nobody waits for is stopped.
-                        tracing::warn!(session = %session.id, error = %e, "could not store a priming event; the request was refused with 503 and is cancelled");
-                        cancel_work.cancel();
-                    }
-                    work.await
+                    // The work is polled meanwhile: it may be priming the
+                    // stream itself (a notification), holding the stream's
+                    // lock until its commit returns, and waiting for that
+                    // lock without polling it would wait forever.
+                    let prime = async {
+                        if let Err(e) = stream.ensure_primed(&inner, &session.id).await {
+                            // The POST was answered 503 ("not stored, send it
+                            // again"): work nobody waits for is stopped.
+                            tracing::warn!(session = %session.id, error = %e, "could not store a priming event; the request was refused with 503 and is cancelled");
+                            cancel_work.cancel();
+                        }
+                    };
+                    let ((), payload) = tokio::join!(prime, &mut work);
+                    payload
                 }
             };
             if !session.closed.is_cancelled() {
