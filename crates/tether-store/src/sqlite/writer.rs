@@ -212,7 +212,7 @@ impl Writer {
             }
         }
         for queued in batch.drain(..) {
-            queued.job.complete(committed.as_ref().map(|_| ()).map_err(|e| StoreError::Backend(e.to_string())));
+            queued.job.complete(committed.as_ref().map(|_| ()).map_err(StoreError::clone));
         }
         // Full means the checkpointer is already due to run.
         let _ = self.commits.try_send(());
