@@ -210,6 +210,11 @@ impl SqliteDb {
         rx.await.map_err(|_| writer::stopped())?
     }
 
+    /// Changes each time this file's commits succeed again after failing.
+    pub fn write_recoveries(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.writer.recoveries()
+    }
+
     /// Why this file's commits fail, while they do (a full disk, an I/O
     /// error); `None` once a commit that wrote something succeeded.
     pub fn write_failure(&self) -> Option<String> {

@@ -255,9 +255,22 @@ async fn store_final(inner: &Inner, session: &Arc<Session>, stream: &RequestStre
     }
     tracing::error!(session = %session.id, error = %first, "could not store a final response; retrying until the store takes it (its stream waits meanwhile)");
     let mut pause = std::time::Duration::from_millis(100);
+    // A store that tracks its failures says when commits work again: try
+    // then, not up to a whole backoff later (the client waits meanwhile).
+    let mut recovered = inner.store.write_recoveries();
     loop {
+        let recovery = async {
+            let changed = match recovered.as_mut() {
+                Some(rx) => rx.changed().await.is_ok(),
+                None => false,
+            };
+            if !changed {
+                std::future::pending::<()>().await;
+            }
+        };
         tokio::select! {
             () = tokio::time::sleep(pause) => {}
+            () = recovery => {}
             () = inner.interrupt.cancelled() => {
                 tracing::error!(session = %session.id, "a final response is still not stored at shutdown; the next start closes the request as interrupted");
                 return;

@@ -527,4 +527,8 @@ impl Store for SqliteStore {
     fn describe(&self) -> String {
         format!("sqlite:{}", self.db.path().display())
     }
+
+    fn write_recoveries(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        Some(self.db.write_recoveries())
+    }
 }
