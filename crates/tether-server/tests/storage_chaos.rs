@@ -58,7 +58,7 @@ struct Load {
     history: Arc<History>,
     tally: Arc<Tally>,
     stop: Arc<AtomicBool>,
-    addr: Arc<Mutex<SocketAddr>>,
+    addr: Arc<Mutex<Vec<SocketAddr>>>,
     clients: Vec<tokio::task::JoinHandle<()>>,
     sessions: Vec<String>,
 }
@@ -66,7 +66,7 @@ struct Load {
 async fn start_load(addr: SocketAddr, seed: u64, until: Instant, history: Arc<History>) -> Load {
     let tally = Arc::new(Tally::default());
     let stop = Arc::new(AtomicBool::new(false));
-    let shared = Arc::new(Mutex::new(addr));
+    let shared = Arc::new(Mutex::new(vec![addr]));
     let mut clients = Vec::new();
     let mut sessions = Vec::new();
     for c in 0..CLIENTS {
@@ -217,7 +217,7 @@ async fn power_loss_under_load(strict: bool, test: &str) -> (Arc<History>, u64) 
     // The machine comes back: a new server on what the disk held.
     let store = SqliteStore::open(&after, store_config(strict)).await.expect("the files after a power loss open");
     let (addr2, _engine2) = serve(Arc::new(store), config).await;
-    *load.addr.lock().unwrap() = addr2;
+    *load.addr.lock().unwrap() = vec![addr2];
     replay_all(addr2, &load.history).await;
     (load.history.clone(), cut.syncs)
 }

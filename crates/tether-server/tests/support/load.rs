@@ -146,17 +146,22 @@ fn has_final(events: &[Seen], id: u64) -> bool {
     })
 }
 
-/// Whether a 503's JSON-RPC error says what happened and carries the id.
+/// Whether a 503's JSON-RPC error says what happened (and carries the
+/// request's id when the refusal came after the request was read: a store
+/// that failed to take it; a store that could not even load the session
+/// refuses before, with no id).
 fn refusal_is_clear(json: &Value, id: u64) -> bool {
     let message = json["error"]["message"].as_str().unwrap_or_default();
-    json["id"] == json!(id) && message.contains("could not store")
+    let id_ok = json["id"] == json!(id) || (json["id"].is_null() && message.contains("unavailable"));
+    id_ok && (message.contains("could not store") || message.contains("unavailable"))
 }
 
 /// One client: a session of its own, calls until `until`, every read in
-/// `history`. `addr` is re-read before each request, so a test can move
-/// the clients to a restarted server.
+/// `history`. Each request and each resumption goes to one of `addrs`
+/// (drawn; replicas serve any session), re-read every time, so a test can
+/// move the clients to a restarted server.
 pub async fn client(
-    addr: Arc<std::sync::Mutex<SocketAddr>>,
+    addrs: Arc<std::sync::Mutex<Vec<SocketAddr>>>,
     session: String,
     seed: u64,
     until: Instant,
@@ -173,7 +178,7 @@ pub async fn client(
             2 => ("sleep", json!({"ms": rng.random_range(5..60u64), "n": id})),
             _ => ("chatty", json!({"n": rng.random_range(1..4u64)})),
         };
-        let target = *addr.lock().unwrap_or_else(|p| p.into_inner());
+        let target = pick(&addrs, &mut rng);
         history.sent(&session, id);
         tally.requests.fetch_add(1, Ordering::Relaxed);
         let text = post(&call_body(id, tool, args), Some(&session), &[("Connection", "close")]);
@@ -221,7 +226,7 @@ pub async fn client(
                 HANG * 3
             );
             tally.resumed.fetch_add(1, Ordering::Relaxed);
-            let target = *addr.lock().unwrap_or_else(|p| p.into_inner());
+            let target = pick(&addrs, &mut rng);
             match send(target, &resume_request(&session, &from)).await {
                 Ok(resumed) if resumed.status == 200 => {
                     if let Some(e) = resumed.events.last() {
@@ -238,6 +243,11 @@ pub async fn client(
             tally.acknowledged.fetch_add(1, Ordering::Relaxed);
         }
     }
+}
+
+fn pick(addrs: &std::sync::Mutex<Vec<SocketAddr>>, rng: &mut StdRng) -> SocketAddr {
+    let addrs = addrs.lock().unwrap_or_else(|p| p.into_inner());
+    addrs[rng.random_range(0..addrs.len())]
 }
 
 /// Replays every stream the clients read from its start, recording each

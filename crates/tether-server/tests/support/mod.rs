@@ -7,6 +7,7 @@
 
 pub mod history;
 pub mod load;
+pub mod proxy;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
