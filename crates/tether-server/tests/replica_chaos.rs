@@ -161,7 +161,7 @@ async fn partition_under_load(cut: Mode, default_secs: f64) {
     replay_all(healthy, &history).await;
     let report = history.check();
     eprintln!(
-        "replica_chaos: {cut:?}: seed {seed}: requests {}, refused {}, resumed {}, /healthz 503s while partitioned {refused}; {report}",
+        "replica_chaos: {cut:?}: seed {seed}: clients sent {}, refused {}, resumed {}, /healthz 503s while partitioned {refused}; {report}",
         Tally::get(&tally.requests),
         Tally::get(&tally.refused),
         Tally::get(&tally.resumed),

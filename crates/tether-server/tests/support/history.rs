@@ -332,7 +332,7 @@ fn check(entries: &[Entry], may_lose: &dyn Fn(u64) -> bool) -> Report {
                 continue;
             }
             match response_id(&seen.data) {
-                Some(id) if id == Value::from(key.id) => {
+                Some(id) if id == key.id => {
                     finals.insert(seen.id.clone());
                     final_seen.get_or_insert(seen);
                 }
