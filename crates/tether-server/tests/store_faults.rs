@@ -174,3 +174,29 @@ async fn a_primed_call_gets_its_answer_as_soon_as_the_store_recovers() {
     // Not a speed bound: the next timed retry is ~4.8 s after the recovery.
     assert!(recovered.elapsed() < Duration::from_secs(3), "the answer waited for the retry timer: {:?}", recovered.elapsed());
 }
+
+/// Found by the Redis partition test (a replica cut off from Redis): a slow
+/// call's POST stream was followed from the store, and when the store could
+/// not be read the stream ended with nothing but `retry`, so the client held
+/// no event ID and could not resume its request anywhere. The priming
+/// event's ID (committed before the POST streams) now goes first. Here the
+/// store's reads fail (WAL reads, `faults::Op::Read`) while its writes work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_call_whose_stream_cannot_be_read_still_gets_its_priming_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tether.db");
+    let store = SqliteStore::open(&path, StoreConfig::default()).await.unwrap();
+    let (addr, _engine) = serve(Arc::new(store), ServerConfig::default()).await;
+    let session = initialize(addr).await;
+    assert_eq!(call(addr, &session, 1, "echo", json!({"n": 1})).await.status, 200);
+
+    faults::inject(&path, Op::Read, Fault::IoErr, 0);
+    let cut = call(addr, &session, 2, "sleep", json!({"ms": 300})).await;
+    faults::clear(&path);
+    assert_eq!(cut.status, 200, "{}", cut.text());
+    let text = cut.text();
+    let prime = text.lines().find_map(|l| l.strip_prefix("id:")).map(|id| id.trim().to_owned());
+    let prime = prime.unwrap_or_else(|| panic!("the stream ended without an event ID to resume from: {text:?}"));
+    let resumed = replay(addr, &session, &prime).await;
+    assert_eq!(resumed.message()["result"]["structuredContent"]["ms"], json!(300), "{}", resumed.text());
+}

@@ -1,6 +1,6 @@
 //! Storage faults for tests (feature `fault-injection`, which only test
-//! builds turn on; a release binary has none of this): the WAL writes or
-//! syncs of a chosen SQLite file fail with `SQLITE_FULL` or `SQLITE_IOERR`
+//! builds turn on; a release binary has none of this): the WAL writes,
+//! syncs or reads of a chosen SQLite file fail with `SQLITE_FULL` or `SQLITE_IOERR`
 //! from the Nth one on, until cleared. The hook sits in the VFS every
 //! connection writes through (`sqlite/wal_gather.rs`), so SQLite sees
 //! exactly what a full disk or a failing device would show it, and tests
@@ -34,6 +34,8 @@ pub enum Op {
     Write,
     /// An fsync of the WAL (every commit under `--durability strict`, every checkpoint).
     Sync,
+    /// A read of the WAL (a reader taking pages that are not in the database file yet).
+    Read,
 }
 
 /// How it fails.
@@ -125,6 +127,7 @@ pub(crate) fn check(file: &Path, op: Op) -> Option<c_int> {
         (Fault::Full, _) => ffi::SQLITE_FULL,
         (Fault::IoErr, Op::Write) => ffi::SQLITE_IOERR_WRITE,
         (Fault::IoErr, Op::Sync) => ffi::SQLITE_IOERR_FSYNC,
+        (Fault::IoErr, Op::Read) => ffi::SQLITE_IOERR_READ,
     })
 }
 

@@ -201,6 +201,7 @@ impl Inner {
             }
             timer.done();
         }));
+        let mut primed = None;
         match quick.await {
             Ok(request_stream::Quick::Done { response_seq, response }) => {
                 let frames = vec![
@@ -211,17 +212,22 @@ impl Inner {
             }
             // Nothing of the request was stored or sent: say so at once.
             Ok(request_stream::Quick::Failed(reason)) => return Err(EngineError::NotStored { id: refused_id, reason }),
-            Ok(request_stream::Quick::Stream) | Err(_) => {}
+            Ok(request_stream::Quick::Stream { prime_seq }) => primed = Some(prime_seq),
+            Err(_) => {}
         }
-        // Slow or chatty work: follow the stream from the store.
+        // Slow or chatty work: follow the stream from the store. The
+        // priming event's ID (committed) goes first, before anything is read:
+        // if the store cannot be read (a replica cut off from Redis), the
+        // client still holds an ID to resume from elsewhere, instead of a
+        // 200 stream that ends with nothing.
         let sub = self.hub.subscribe(&session.id, &name);
         let spec = PumpSpec {
+            after: primed.unwrap_or(0),
+            first: primed.map(|seq| Frame::Prime { id: EventId::new(&name, seq) }),
             stream: name,
-            after: 0,
             catch_up: true,
             close_on_final: true,
             standalone_generation: None,
-            first: None,
             attachment: Some(attachment),
         };
         let frames = spawn_pump(self.clone(), session, spec, sub);

@@ -333,7 +333,21 @@ macro_rules! forward {
     };
 }
 
-forward!(flush read, xRead, (buf: *mut c_void, len: c_int, offset: i64), ffi::SQLITE_IOERR_READ);
+forward!(flush read_inner, xRead, (buf: *mut c_void, len: c_int, offset: i64), ffi::SQLITE_IOERR_READ);
+
+/// `xRead`, where a test's planned fault may fail it (`crate::faults`).
+unsafe extern "C" fn read(file: *mut ffi::sqlite3_file, buf: *mut c_void, len: c_int, offset: i64) -> c_int {
+    #[cfg(feature = "fault-injection")]
+    {
+        // SAFETY: called by SQLite on a file opened by `open`.
+        let f = unsafe { gather_file(file) };
+        if let Some(rc) = crate::faults::check(&f.path, crate::faults::Op::Read) {
+            return rc;
+        }
+    }
+    // SAFETY: the same call, passed on.
+    unsafe { read_inner(file, buf, len, offset) }
+}
 forward!(flush truncate, xTruncate, (size: i64), ffi::SQLITE_IOERR_TRUNCATE);
 forward!(flush sync_inner, xSync, (flags: c_int), ffi::SQLITE_IOERR_FSYNC);
 
