@@ -133,3 +133,70 @@ async fn a_primed_call_whose_answer_cannot_be_stored_gets_it_once_the_disk_has_s
     let replayed = replay(addr, &session, &prime).await;
     assert_eq!(replayed.message()["result"]["structuredContent"]["ms"], json!(300), "{}", replayed.text());
 }
+
+/// Found by the fault tests run longer: a primed call whose answer could not
+/// be stored retried on a doubling timer (up to 5 s apart), so its client
+/// waited that long after the disk had space again. Now the retry follows
+/// the store's recovery at once. Here the fault lasts until the retries are
+/// seconds apart; once a call succeeds (the store recovered), the answer
+/// comes long before the next timed retry would (about 4.8 s later).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primed_call_gets_its_answer_as_soon_as_the_store_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tether.db");
+    let store = SqliteStore::open(&path, StoreConfig::default()).await.unwrap();
+    let (addr, _engine) = serve(Arc::new(store), ServerConfig::default()).await;
+    let session = initialize(addr).await;
+
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(post(&call_body(1, "sleep", json!({"ms": 300})), Some(&session), &[]).as_bytes()).await.unwrap();
+    let mut seen = Vec::new();
+    let (status, _) = read_head(&mut tcp, &mut seen).await.expect("the call's stream");
+    assert_eq!(status, 200);
+    let mut chunk = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("id:") {
+        let n = tokio::time::timeout(HANG, tcp.read(&mut chunk)).await.expect("the priming event").unwrap();
+        assert!(n > 0, "the stream closed before its priming event");
+        seen.extend_from_slice(&chunk[..n]);
+    }
+    faults::inject(&path, Op::Write, Fault::Full, 0);
+    // The answer fails at ~300 ms; retries at +0.1, 0.3, 0.7, 1.5, 3.1, 6.3, 11.3 s.
+    tokio::time::sleep(Duration::from_millis(300 + 6_500)).await;
+    faults::clear(&path);
+    let recovered = std::time::Instant::now();
+    let after = call(addr, &session, 2, "echo", json!({"n": 2})).await;
+    assert_eq!(after.status, 200, "{}", after.text());
+    while !String::from_utf8_lossy(&seen).contains("\"result\"") {
+        let n = tokio::time::timeout(HANG, tcp.read(&mut chunk)).await.expect("the answer once stored").unwrap();
+        assert!(n > 0, "the stream closed without the answer");
+        seen.extend_from_slice(&chunk[..n]);
+    }
+    // Not a speed bound: the next timed retry is ~4.8 s after the recovery.
+    assert!(recovered.elapsed() < Duration::from_secs(3), "the answer waited for the retry timer: {:?}", recovered.elapsed());
+}
+
+/// Found by the Redis partition test (a replica cut off from Redis): a slow
+/// call's POST stream was followed from the store, and when the store could
+/// not be read the stream ended with nothing but `retry`, so the client held
+/// no event ID and could not resume its request anywhere. The priming
+/// event's ID (committed before the POST streams) now goes first. Here the
+/// store's reads fail (WAL reads, `faults::Op::Read`) while its writes work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_call_whose_stream_cannot_be_read_still_gets_its_priming_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tether.db");
+    let store = SqliteStore::open(&path, StoreConfig::default()).await.unwrap();
+    let (addr, _engine) = serve(Arc::new(store), ServerConfig::default()).await;
+    let session = initialize(addr).await;
+    assert_eq!(call(addr, &session, 1, "echo", json!({"n": 1})).await.status, 200);
+
+    faults::inject(&path, Op::Read, Fault::IoErr, 0);
+    let cut = call(addr, &session, 2, "sleep", json!({"ms": 300})).await;
+    faults::clear(&path);
+    assert_eq!(cut.status, 200, "{}", cut.text());
+    let text = cut.text();
+    let prime = text.lines().find_map(|l| l.strip_prefix("id:")).map(|id| id.trim().to_owned());
+    let prime = prime.unwrap_or_else(|| panic!("the stream ended without an event ID to resume from: {text:?}"));
+    let resumed = replay(addr, &session, &prime).await;
+    assert_eq!(resumed.message()["result"]["structuredContent"]["ms"], json!(300), "{}", resumed.text());
+}

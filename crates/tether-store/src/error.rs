@@ -1,7 +1,7 @@
 //! The one error type of the store crate.
 
 /// What a store operation can fail with. Messages are written for operators.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     #[error("record already exists: {0}")]
     Conflict(String),

@@ -169,6 +169,15 @@ pub trait Store: Send + Sync + 'static {
     /// A short human name for logs and `/healthz` ("memory", "sqlite:/path").
     fn describe(&self) -> String;
 
+    /// Changes each time commits that failed (a full disk, an I/O error)
+    /// succeed again, for a caller that retries a write it owes (a primed
+    /// request's final response) to try at once rather than at its next
+    /// backoff. `None` for backends that do not track it; callers then keep
+    /// to their timer.
+    fn write_recoveries(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
+
     /// True when other processes (replicas) share this store: what one
     /// process holds in memory may then be stale, and the store decides.
     fn is_shared(&self) -> bool {

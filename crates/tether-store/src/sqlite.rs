@@ -15,7 +15,8 @@
 //! `schema` (tables and the conversion of earlier layouts), `writer` (the
 //! group commit) and `job` (what it runs), `checkpoint` (WAL upkeep),
 //! `readers` (the read pool), `store` (the [`Store`](crate::Store) on all
-//! of it) and `wal_gather` (the VFS every connection writes through).
+//! of it), `wal_gather` (the VFS every connection writes through) and
+//! `check` (the files as SQLite's recovery will read them, before it does).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -24,6 +25,7 @@ use std::sync::Arc;
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
+mod check;
 mod checkpoint;
 mod job;
 mod readers;
@@ -84,6 +86,13 @@ pub fn open_connection(path: &Path) -> StoreResult<Connection> {
         }
     };
     Ok(Connection::open_with_flags_and_vfs(path, rusqlite::OpenFlags::default(), vfs)?)
+}
+
+/// The WAL file of the database at `db` (`<db>-wal`).
+fn wal_path(db: &Path) -> PathBuf {
+    let mut wal = db.as_os_str().to_owned();
+    wal.push("-wal");
+    PathBuf::from(wal)
 }
 
 /// Settings every connection gets.
@@ -157,6 +166,8 @@ impl SqliteDb {
             let path = path.clone();
             move || -> StoreResult<_> {
                 let lock = prepare_path(&path)?;
+                // Before SQLite's recovery reads a damaged WAL short in silence.
+                check::before_open(&path, strict)?;
                 let conn = open_connection(&path)?;
                 configure(&conn, strict)?;
                 schema::apply(&conn)?;
@@ -197,6 +208,11 @@ impl SqliteDb {
         let job: Box<dyn Job> = Box::new(WriteJob { work: f, result: None, answer: tx });
         self.writer.submit(job).await?;
         rx.await.map_err(|_| writer::stopped())?
+    }
+
+    /// Changes each time this file's commits succeed again after failing.
+    pub fn write_recoveries(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.writer.recoveries()
     }
 
     /// Why this file's commits fail, while they do (a full disk, an I/O

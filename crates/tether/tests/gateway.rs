@@ -501,8 +501,17 @@ async fn a_sessionless_client_uses_a_stdio_server_discover_call_progress_and_sam
     // The upstream saw requests of the revision it speaks: its initialize
     // declared what sessionless clients may bring, and no request carried
     // the 2026-07-28 declarations.
-    let (_, seen) = send_modern(&c, &modern_request(7, "debug/seen", json!({})), None, &[]).await;
-    let seen = seen["result"]["seen"].as_array().cloned().unwrap_or_default();
+    // The cancellation of the round that asked goes upstream as the round
+    // ends, beside its answer: read until it has arrived (bounded).
+    let mut seen = Vec::new();
+    for n in 0..50 {
+        let (_, got) = send_modern(&c, &modern_request(100 + n, "debug/seen", json!({})), None, &[]).await;
+        seen = got["result"]["seen"].as_array().cloned().unwrap_or_default();
+        if seen.iter().any(|m| m["method"] == "notifications/cancelled") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let initialize = seen.iter().find(|m| m["method"] == "initialize").expect("the pooled connection was initialized");
     assert_eq!(initialize["params"]["protocolVersion"], "2025-11-25");
     assert!(initialize["params"]["capabilities"]["sampling"].is_object(), "{initialize}");

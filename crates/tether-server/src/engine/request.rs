@@ -180,13 +180,20 @@ impl Inner {
                 payload = &mut work => payload,
                 _ = tokio::time::sleep(prime_delay) => {
                     // Slow work: give the client an event ID to resume from now.
-                    if let Err(e) = stream.ensure_primed(&inner, &session.id).await {
-                        // The POST was answered 503 ("not stored, send it
-                        // again"): work nobody waits for is stopped.
-                        tracing::warn!(session = %session.id, error = %e, "could not store a priming event; the request was refused with 503 and is cancelled");
-                        cancel_work.cancel();
-                    }
-                    work.await
+                    // The work is polled meanwhile: it may be priming the
+                    // stream itself (a notification), holding the stream's
+                    // lock until its commit returns, and waiting for that
+                    // lock without polling it would wait forever.
+                    let prime = async {
+                        if let Err(e) = stream.ensure_primed(&inner, &session.id).await {
+                            // The POST was answered 503 ("not stored, send it
+                            // again"): work nobody waits for is stopped.
+                            tracing::warn!(session = %session.id, error = %e, "could not store a priming event; the request was refused with 503 and is cancelled");
+                            cancel_work.cancel();
+                        }
+                    };
+                    let ((), payload) = tokio::join!(prime, &mut work);
+                    payload
                 }
             };
             if !session.closed.is_cancelled() {
@@ -194,6 +201,7 @@ impl Inner {
             }
             timer.done();
         }));
+        let mut primed = None;
         match quick.await {
             Ok(request_stream::Quick::Done { response_seq, response }) => {
                 let frames = vec![
@@ -204,17 +212,22 @@ impl Inner {
             }
             // Nothing of the request was stored or sent: say so at once.
             Ok(request_stream::Quick::Failed(reason)) => return Err(EngineError::NotStored { id: refused_id, reason }),
-            Ok(request_stream::Quick::Stream) | Err(_) => {}
+            Ok(request_stream::Quick::Stream { prime_seq }) => primed = Some(prime_seq),
+            Err(_) => {}
         }
-        // Slow or chatty work: follow the stream from the store.
+        // Slow or chatty work: follow the stream from the store. The
+        // priming event's ID (committed) goes first, before anything is read:
+        // if the store cannot be read (a replica cut off from Redis), the
+        // client still holds an ID to resume from elsewhere, instead of a
+        // 200 stream that ends with nothing.
         let sub = self.hub.subscribe(&session.id, &name, super::live::StreamKind::Request);
         let spec = PumpSpec {
+            after: primed.unwrap_or(0),
+            first: primed.map(|seq| Frame::Prime { id: EventId::new(&name, seq) }),
             stream: name,
-            after: 0,
             catch_up: true,
             close_on_final: true,
             standalone_generation: None,
-            first: None,
             attachment: Some(attachment),
         };
         let frames = spawn_pump(self.clone(), session, spec, sub);
@@ -248,9 +261,22 @@ async fn store_final(inner: &Inner, session: &Arc<Session>, stream: &RequestStre
     }
     tracing::error!(session = %session.id, error = %first, "could not store a final response; retrying until the store takes it (its stream waits meanwhile)");
     let mut pause = std::time::Duration::from_millis(100);
+    // A store that tracks its failures says when commits work again: try
+    // then, not up to a whole backoff later (the client waits meanwhile).
+    let mut recovered = inner.store.write_recoveries();
     loop {
+        let recovery = async {
+            let changed = match recovered.as_mut() {
+                Some(rx) => rx.changed().await.is_ok(),
+                None => false,
+            };
+            if !changed {
+                std::future::pending::<()>().await;
+            }
+        };
         tokio::select! {
             () = tokio::time::sleep(pause) => {}
+            () = recovery => {}
             () = inner.interrupt.cancelled() => {
                 tracing::error!(session = %session.id, "a final response is still not stored at shutdown; the next start closes the request as interrupted");
                 return;

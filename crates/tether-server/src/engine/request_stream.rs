@@ -29,8 +29,9 @@ pub(crate) enum Quick {
     /// The response is committed as event `response_seq` of the stream
     /// (the first); the priming event to send before it is `response_seq - 1`.
     Done { response_seq: u64, response: Bytes },
-    /// The work is slow or talks on its stream: follow the stream.
-    Stream,
+    /// The work is slow or talks on its stream: follow the stream, whose
+    /// priming event is committed as event `prime_seq`.
+    Stream { prime_seq: u64 },
     /// The store could not commit the request's first event (its priming
     /// event or its response): nothing of it reached anyone, and the POST
     /// answers 503 with this reason at once rather than follow a stream
@@ -40,6 +41,8 @@ pub(crate) enum Quick {
 
 struct State {
     primed: bool,
+    /// The priming event's sequence number, once it is stored on its own.
+    prime_seq: u64,
     /// The POST waiting for a [`Quick`] answer, until it gets one.
     waiting: Option<oneshot::Sender<Quick>>,
 }
@@ -76,7 +79,7 @@ impl RequestStream {
             name,
             request_id,
             method: method.to_owned(),
-            state: tokio::sync::Mutex::new(State { primed: false, waiting: Some(tx) }),
+            state: tokio::sync::Mutex::new(State { primed: false, prime_seq: 0, waiting: Some(tx) }),
             attached: attached.clone(),
         });
         (stream, Attachment(attached), rx)
@@ -94,16 +97,19 @@ impl RequestStream {
         let mut state = self.state.lock().await;
         if !state.primed {
             let meta = super::prime_meta(&self.request_id, &self.method, &inner.instance);
-            if let Err(e) = inner.emit_first(session, &self.name, vec![(EventKind::Prime, meta)]).await {
-                if let Some(waiting) = state.waiting.take() {
-                    let _ = waiting.send(Quick::Failed(e.to_string()));
+            match inner.emit_first(session, &self.name, vec![(EventKind::Prime, meta)]).await {
+                Ok(seq) => state.prime_seq = seq,
+                Err(e) => {
+                    if let Some(waiting) = state.waiting.take() {
+                        let _ = waiting.send(Quick::Failed(e.to_string()));
+                    }
+                    return Err(e);
                 }
-                return Err(e);
             }
             state.primed = true;
         }
         if let Some(waiting) = state.waiting.take() {
-            let _ = waiting.send(Quick::Stream);
+            let _ = waiting.send(Quick::Stream { prime_seq: state.prime_seq });
         }
         Ok(())
     }

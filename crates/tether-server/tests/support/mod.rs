@@ -5,6 +5,10 @@
 //! that a hang fails the test instead of stalling it.
 #![allow(dead_code)]
 
+pub mod history;
+pub mod load;
+pub mod proxy;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,7 +26,8 @@ pub const HANG: Duration = Duration::from_secs(10);
 
 pub const PROTOCOL: &str = "2025-06-18";
 
-/// `echo` answers at once; `sleep` answers after `ms` milliseconds.
+/// `echo` answers at once; `sleep` answers after `ms` milliseconds;
+/// `chatty` sends `n` log notifications on its stream, then answers.
 pub struct Tools;
 
 #[async_trait::async_trait]
@@ -33,13 +38,18 @@ impl ToolApp for Tools {
 
     fn tools(&self) -> Vec<Tool> {
         let schema = Arc::new(Map::new());
-        ["echo", "sleep"].into_iter().map(|n| Tool::new(n, n, schema.clone())).collect()
+        ["echo", "sleep", "chatty"].into_iter().map(|n| Tool::new(n, n, schema.clone())).collect()
     }
 
-    async fn call_tool(&self, _ctx: RequestCtx, name: &str, args: Map<String, Value>) -> Result<CallToolResult, RpcError> {
+    async fn call_tool(&self, ctx: RequestCtx, name: &str, args: Map<String, Value>) -> Result<CallToolResult, RpcError> {
         if name == "sleep" {
             let ms = args.get("ms").and_then(Value::as_u64).unwrap_or(100);
             tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+        if name == "chatty" {
+            for i in 0..args.get("n").and_then(Value::as_u64).unwrap_or(1) {
+                ctx.notify("notifications/message", Some(json!({"level": "info", "data": i}))).await?;
+            }
         }
         Ok(CallToolResult::structured(Value::Object(args)))
     }

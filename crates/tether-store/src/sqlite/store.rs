@@ -509,7 +509,15 @@ impl Store for SqliteStore {
         self.db.read(|conn| Ok(conn.query_row("SELECT 1", [], |r| r.get::<_, i64>(0)).map(|_| ())?)).await?;
         // An empty commit (`flush`) succeeds on a full disk: it writes no page.
         self.db.probe_writes().await?;
-        self.flush().await
+        // The empty commit can still fail: it shares its group commit with
+        // jobs whose commit failed (the disk filled up just now). Say what
+        // to do, as `probe_writes` does.
+        self.flush().await.map_err(|e| match self.db.write_failure() {
+            Some(_) => StoreError::Unavailable(format!(
+                "commits fail ({e}): free disk space or fix the file system; tether tries again by itself"
+            )),
+            None => e,
+        })
     }
 
     async fn flush(&self) -> StoreResult<()> {
@@ -518,5 +526,9 @@ impl Store for SqliteStore {
 
     fn describe(&self) -> String {
         format!("sqlite:{}", self.db.path().display())
+    }
+
+    fn write_recoveries(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        Some(self.db.write_recoveries())
     }
 }

@@ -147,13 +147,18 @@ impl GatherFile {
     fn write_through(&mut self, data: *const c_void, len: c_int, offset: i64) -> c_int {
         #[cfg(test)]
         WAL_WRITES.with(|writes| writes.set(writes.get() + 1));
-        #[cfg(feature = "fault-injection")]
-        if let Some(rc) = crate::faults::check(&self.path, crate::faults::Op::Write) {
-            return rc;
-        }
         let Some(x_write) = self.inner_methods().xWrite else { return ffi::SQLITE_IOERR_WRITE };
+        let inner = self.inner;
         // SAFETY: `data` holds `len` bytes (from SQLite or our buffer).
-        let rc = unsafe { x_write(self.inner, data, len, offset) };
+        let write = || unsafe { x_write(inner, data, len, offset) };
+        #[cfg(feature = "fault-injection")]
+        let rc = {
+            // SAFETY: as above; `len` is not negative (our callers checked).
+            let bytes = unsafe { std::slice::from_raw_parts(data.cast::<u8>(), usize::try_from(len).unwrap_or(0)) };
+            crate::faults::write(&self.path, offset, bytes, write)
+        };
+        #[cfg(not(feature = "fault-injection"))]
+        let rc = write();
         if rc == ffi::SQLITE_OK {
             self.written_to = Some(offset + i64::from(len));
         }
@@ -328,7 +333,21 @@ macro_rules! forward {
     };
 }
 
-forward!(flush read, xRead, (buf: *mut c_void, len: c_int, offset: i64), ffi::SQLITE_IOERR_READ);
+forward!(flush read_inner, xRead, (buf: *mut c_void, len: c_int, offset: i64), ffi::SQLITE_IOERR_READ);
+
+/// `xRead`, where a test's planned fault may fail it (`crate::faults`).
+unsafe extern "C" fn read(file: *mut ffi::sqlite3_file, buf: *mut c_void, len: c_int, offset: i64) -> c_int {
+    #[cfg(feature = "fault-injection")]
+    {
+        // SAFETY: called by SQLite on a file opened by `open`.
+        let f = unsafe { gather_file(file) };
+        if let Some(rc) = crate::faults::check(&f.path, crate::faults::Op::Read) {
+            return rc;
+        }
+    }
+    // SAFETY: the same call, passed on.
+    unsafe { read_inner(file, buf, len, offset) }
+}
 forward!(flush truncate, xTruncate, (size: i64), ffi::SQLITE_IOERR_TRUNCATE);
 forward!(flush sync_inner, xSync, (flags: c_int), ffi::SQLITE_IOERR_FSYNC);
 
@@ -338,12 +357,20 @@ unsafe extern "C" fn sync(file: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
     {
         // SAFETY: called by SQLite on a file opened by `open`.
         let f = unsafe { gather_file(file) };
-        if let Some(rc) = crate::faults::check(&f.path, crate::faults::Op::Sync) {
+        // Flushed before the faults' lock is taken: a tracked write takes it too.
+        let rc = f.flush();
+        if rc != ffi::SQLITE_OK {
             return rc;
         }
+        let path = f.path.clone();
+        // SAFETY: the same call, passed on.
+        crate::faults::sync(&path, || unsafe { sync_inner(file, flags) })
     }
     // SAFETY: the same call, passed on.
-    unsafe { sync_inner(file, flags) }
+    #[cfg(not(feature = "fault-injection"))]
+    unsafe {
+        sync_inner(file, flags)
+    }
 }
 forward!(flush file_size, xFileSize, (size: *mut i64), ffi::SQLITE_IOERR_FSTAT);
 forward!(flush file_control, xFileControl, (op: c_int, arg: *mut c_void), ffi::SQLITE_NOTFOUND);

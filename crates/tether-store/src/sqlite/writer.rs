@@ -73,6 +73,8 @@ pub(super) struct Writer {
     /// a full disk, an I/O error. Read on every commit, hence the flag.
     failing: AtomicBool,
     failure: Mutex<Option<String>>,
+    /// Counts the recoveries from a failure ([`Writer::writes_work`]).
+    recoveries: tokio::sync::watch::Sender<u64>,
 }
 
 pub(super) fn stopped() -> StoreError {
@@ -95,6 +97,7 @@ impl Writer {
             fsync_per_commit,
             failing: AtomicBool::new(false),
             failure: Mutex::new(None),
+            recoveries: tokio::sync::watch::Sender::new(0),
         })
     }
 
@@ -125,7 +128,13 @@ impl Writer {
         {
             self.failing.store(false, Ordering::Release);
             tracing::info!("sqlite: commits succeed again");
+            self.recoveries.send_modify(|n| *n += 1);
         }
+    }
+
+    /// See [`crate::Store::write_recoveries`].
+    pub(super) fn recoveries(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.recoveries.subscribe()
     }
 
     /// Queues `job` for the next group commit; it is answered through its
@@ -212,7 +221,7 @@ impl Writer {
             }
         }
         for queued in batch.drain(..) {
-            queued.job.complete(committed.as_ref().map(|_| ()).map_err(|e| StoreError::Backend(e.to_string())));
+            queued.job.complete(committed.as_ref().map(|_| ()).map_err(StoreError::clone));
         }
         // Full means the checkpointer is already due to run.
         let _ = self.commits.try_send(());

@@ -1,0 +1,173 @@
+//! Redis faults under load (issue 28, item 2): three replicas share the real
+//! Redis of the test command (`TETHER_TEST_REDIS_URL`, default
+//! redis://127.0.0.1:6379/), each through a TCP proxy of the test's own
+//! (`support/proxy.rs`). Clients call tools on any replica and resume on
+//! any; one replica is delayed, then partitioned from Redis while the
+//! others keep it. The partitioned replica answers 503 (it never serves
+//! from what it holds in memory), the others go on, and after healing the
+//! history checker finds nothing lost, duplicated or misrouted and no
+//! request with two final answers.
+//!
+//! The seed is printed (`TETHER_FAULT_SEED=…` replays it);
+//! `TETHER_FAULT_SECS` lengthens the load. Timeouts only detect hangs.
+
+mod support;
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use support::history::History;
+use support::load::{Tally, client, replay_all, send};
+use support::proxy::{Mode, Proxy, redis_addr};
+use support::*;
+use tether_server::ServerConfig;
+use tether_store::StoreConfig;
+use tether_store::redis::RedisStore;
+
+fn seed() -> u64 {
+    let seed = std::env::var("TETHER_FAULT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random);
+    eprintln!("replica_chaos: TETHER_FAULT_SEED={seed}");
+    seed
+}
+
+fn load_time(default: f64) -> Duration {
+    let secs = std::env::var("TETHER_FAULT_SECS").ok().and_then(|s| s.parse::<f64>().ok()).unwrap_or(default);
+    Duration::from_secs_f64(secs)
+}
+
+fn replay_text(session: &str, last_event_id: &str) -> String {
+    let headers = [
+        ("Accept", "text/event-stream"),
+        ("Mcp-Session-Id", session),
+        ("MCP-Protocol-Version", PROTOCOL),
+        ("Last-Event-ID", last_event_id),
+        ("Connection", "close"),
+    ];
+    request("GET", "/mcp", &headers, "")
+}
+
+/// Connections to Redis are cut and refused: the replica's client fails at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_cut_off_from_redis_answers_503_and_the_histories_hold_after_healing() {
+    partition_under_load(Mode::Partition, 6.0).await;
+}
+
+/// Nothing reaches Redis and nothing is closed (packets dropped): the
+/// replica's client notices only at its response timeout (5 s), so the
+/// partition lasts longer than that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_redis_goes_silent_answers_503_and_the_histories_hold_after_healing() {
+    partition_under_load(Mode::Blackhole, 20.0).await;
+}
+
+async fn partition_under_load(cut: Mode, default_secs: f64) {
+    let seed = seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let url = std::env::var("TETHER_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into());
+    let upstream = redis_addr(&url).await;
+    let prefix = format!("tether-test:chaos:{}:{}:", std::process::id(), rand::random::<u32>());
+    let config = ServerConfig { replica_lease: Duration::from_millis(900), ..ServerConfig::default() };
+    let mut proxies = Vec::new();
+    let mut addrs = Vec::new();
+    for _ in 0..3 {
+        let proxy = Proxy::start(upstream).await;
+        let store_config = StoreConfig { redis_prefix: prefix.clone(), ..StoreConfig::default() };
+        let store = RedisStore::open(&proxy.url(&url), store_config)
+            .await
+            .unwrap_or_else(|e| panic!("Redis is needed and not reachable at {url}: {e}; run scripts/test (it starts Redis)"));
+        let (addr, _engine) = serve(Arc::new(store), config.clone()).await;
+        proxies.push(proxy);
+        addrs.push(addr);
+    }
+    let (victim, healthy) = (addrs[2], addrs[0]);
+
+    let history = Arc::new(History::new());
+    let tally = Arc::new(Tally::default());
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let shared = Arc::new(Mutex::new(addrs.clone()));
+    let total = load_time(default_secs);
+    let until = Instant::now() + total;
+    let mut clients = Vec::new();
+    for c in 0..4u64 {
+        let session = initialize(addrs[c as usize % 3]).await;
+        clients.push(tokio::spawn(client(
+            shared.clone(),
+            session,
+            seed.wrapping_add(c + 1),
+            until,
+            stop.clone(),
+            history.clone(),
+            tally.clone(),
+        )));
+    }
+
+    // Delay first: slower, never wrong.
+    tokio::time::sleep(total / 6).await;
+    proxies[2].set(Mode::Delay(Duration::from_millis(rng.random_range(5..40))));
+    tokio::time::sleep(total / 6).await;
+
+    // The partition: the victim alone loses Redis.
+    proxies[2].set(cut);
+    let partitioned = Instant::now();
+    let mut refused = 0;
+    let mut polls = Vec::new();
+    let mut stale = Vec::new();
+    while partitioned.elapsed() < total / 3 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let health = send(victim, &request("GET", "/healthz", &[("Connection", "close")], "")).await;
+        polls.push(health.as_ref().map_or(0, |h| h.status));
+        if let Ok(health) = &health
+            && health.status == 503
+        {
+            refused += 1;
+            let reason = health.json["reason"].as_str().unwrap_or_default();
+            assert!(reason.contains("redis"), "a partitioned replica's /healthz names Redis: {reason:?}");
+        }
+        // What it holds in memory is not served: a replay of any stream
+        // read so far is refused, never answered from a stale cache.
+        if let Some((session, stream)) = history.streams().first().cloned() {
+            let replay = send(victim, &replay_text(&session, &format!("{stream}.0"))).await;
+            if let Ok(replay) = replay
+                && replay.status == 200
+                && partitioned.elapsed() > Duration::from_millis(500)
+            {
+                stale.push(format!("{stream}: {:?}", replay.events));
+            }
+        }
+    }
+    proxies[2].set(Mode::Pass);
+    eprintln!("replica_chaos: /healthz of the partitioned replica: {polls:?}");
+    assert!(refused > 0, "the partitioned replica never said 503 on /healthz");
+    assert_eq!(stale, Vec::<String>::new(), "a partitioned replica served streams from memory");
+
+    for handle in clients {
+        tokio::time::timeout(HANG * 6, handle).await.expect("a client hangs").expect("a client panicked");
+    }
+    stop.store(true, Ordering::Relaxed);
+
+    // After healing: every replica serves again; histories checked through one.
+    let healed = Instant::now();
+    loop {
+        let health = send(victim, &request("GET", "/healthz", &[("Connection", "close")], "")).await;
+        if health.is_ok_and(|h| h.status == 200) {
+            break;
+        }
+        assert!(healed.elapsed() < HANG, "the healed replica stays unhealthy");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    replay_all(healthy, &history).await;
+    let report = history.check();
+    eprintln!(
+        "replica_chaos: {cut:?}: seed {seed}: clients sent {}, refused {}, resumed {}, /healthz 503s while partitioned {refused}; {report}",
+        Tally::get(&tally.requests),
+        Tally::get(&tally.refused),
+        Tally::get(&tally.resumed),
+    );
+    let problems: Vec<String> = tally.problems().into_iter().filter(|p| !p.contains("connect")).collect();
+    assert_eq!(problems, Vec::<String>::new(), "answers the protocol does not allow");
+    report.assert_clean();
+    assert!(report.acknowledged > 0);
+}
