@@ -18,8 +18,8 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use tether_wire::{RpcError, envelope, meta};
 use tokio::sync::mpsc;
-use tracing::Instrument;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::sessionless::{Outbound, SessionlessReply};
 use super::{Engine, EngineError, Inner, tasks};

@@ -494,7 +494,11 @@ async fn index_for_session(inner: &Inner, session: &str, id: &str, expires_at_ms
         let excess = ids.len().saturating_sub(MAX_INDEXED);
         ids.drain(..excess);
         let Ok(bytes) = serde_json::to_vec(&ids) else { return };
-        match inner.store.kv_compare_and_set(SESSION_INDEX_NAMESPACE, session, expected, Bytes::from(bytes), Some(expires_at_ms)).await {
+        match inner
+            .store
+            .kv_compare_and_set(SESSION_INDEX_NAMESPACE, session, expected, Bytes::from(bytes), Some(expires_at_ms))
+            .await
+        {
             Ok(Some(_)) => return,
             Ok(None) => continue,
             Err(e) => {
