@@ -27,28 +27,6 @@ use tether_server::ServerConfig;
 use tether_store::StoreConfig;
 use tether_store::redis::RedisStore;
 
-fn seed() -> u64 {
-    let seed = std::env::var("TETHER_FAULT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random);
-    eprintln!("replica_chaos: TETHER_FAULT_SEED={seed}");
-    seed
-}
-
-fn load_time(default: f64) -> Duration {
-    let secs = std::env::var("TETHER_FAULT_SECS").ok().and_then(|s| s.parse::<f64>().ok()).unwrap_or(default);
-    Duration::from_secs_f64(secs)
-}
-
-fn replay_text(session: &str, last_event_id: &str) -> String {
-    let headers = [
-        ("Accept", "text/event-stream"),
-        ("Mcp-Session-Id", session),
-        ("MCP-Protocol-Version", PROTOCOL),
-        ("Last-Event-ID", last_event_id),
-        ("Connection", "close"),
-    ];
-    request("GET", "/mcp", &headers, "")
-}
-
 /// Connections to Redis are cut and refused: the replica's client fails at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_cut_off_from_redis_answers_503_and_the_histories_hold_after_healing() {
@@ -64,7 +42,7 @@ async fn a_replica_whose_redis_goes_silent_answers_503_and_the_histories_hold_af
 }
 
 async fn partition_under_load(cut: Mode, default_secs: f64) {
-    let seed = seed();
+    let seed = fault_seed("replica_chaos");
     let mut rng = StdRng::seed_from_u64(seed);
     let url = std::env::var("TETHER_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into());
     let upstream = redis_addr(&url).await;
@@ -88,7 +66,7 @@ async fn partition_under_load(cut: Mode, default_secs: f64) {
     let tally = Arc::new(Tally::default());
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let shared = Arc::new(Mutex::new(addrs.clone()));
-    let total = load_time(default_secs);
+    let total = fault_load_time(default_secs);
     let until = Instant::now() + total;
     let mut clients = Vec::new();
     for c in 0..4u64 {
@@ -129,7 +107,7 @@ async fn partition_under_load(cut: Mode, default_secs: f64) {
         // What it holds in memory is not served: a replay of any stream
         // read so far is refused, never answered from a stale cache.
         if let Some((session, stream)) = history.streams().first().cloned() {
-            let replay = send(victim, &replay_text(&session, &format!("{stream}.0"))).await;
+            let replay = send(victim, &replay_request(&session, &format!("{stream}.0"))).await;
             if let Ok(replay) = replay
                 && replay.status == 200
                 && partitioned.elapsed() > Duration::from_millis(500)

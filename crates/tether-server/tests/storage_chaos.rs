@@ -29,19 +29,6 @@ use tether_store::sqlite::SqliteStore;
 
 const CLIENTS: u64 = 4;
 
-/// The run's seed: `TETHER_FAULT_SEED`, else a fresh one; printed either way.
-fn seed(test: &str) -> u64 {
-    let seed = std::env::var("TETHER_FAULT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random);
-    eprintln!("{test}: TETHER_FAULT_SEED={seed}");
-    seed
-}
-
-/// How long a test runs its load: `TETHER_FAULT_SECS`, else `default`.
-fn load_time(default: f64) -> Duration {
-    let secs = std::env::var("TETHER_FAULT_SECS").ok().and_then(|s| s.parse::<f64>().ok()).unwrap_or(default);
-    Duration::from_secs_f64(secs)
-}
-
 fn store_config(strict: bool) -> StoreConfig {
     StoreConfig { strict_durability: strict, ..StoreConfig::default() }
 }
@@ -98,13 +85,13 @@ impl Load {
 /// why, `/healthz` says why while the store fails, the server recovers by
 /// itself, and the history shows nothing lost, duplicated or misrouted.
 async fn io_faults_under_load(strict: bool, test: &str) {
-    let seed = seed(test);
+    let seed = fault_seed(test);
     let mut rng = StdRng::seed_from_u64(seed);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tether.db");
     let store = SqliteStore::open(&path, store_config(strict)).await.unwrap();
     let (addr, _engine) = serve(Arc::new(store), ServerConfig::default()).await;
-    let until = Instant::now() + load_time(4.0);
+    let until = Instant::now() + fault_load_time(4.0);
     let mut load = start_load(addr, seed, until, Arc::new(History::new())).await;
 
     let mut windows = 0u64;
@@ -186,7 +173,7 @@ async fn io_errors_and_full_disks_under_load_lose_nothing_with_strict_durability
 /// completed when it was recorded; returns the history and the count at
 /// the cut.
 async fn power_loss_under_load(strict: bool, test: &str) -> (Arc<History>, u64) {
-    let seed = seed(test);
+    let seed = fault_seed(test);
     let mut rng = StdRng::seed_from_u64(seed);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tether.db");
@@ -196,7 +183,7 @@ async fn power_loss_under_load(strict: bool, test: &str) -> (Arc<History>, u64) 
     faults::track(&path);
     let config = ServerConfig { drain_timeout: Duration::from_millis(200), ..ServerConfig::default() };
     let (addr, engine) = serve(Arc::new(store), config.clone()).await;
-    let total = load_time(3.0);
+    let total = fault_load_time(3.0);
     let until = Instant::now() + total;
     let clock_path = path.clone();
     let history = Arc::new(History::with_clock(move || faults::syncs(&clock_path)));

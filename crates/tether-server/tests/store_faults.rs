@@ -36,14 +36,7 @@ async fn get(addr: std::net::SocketAddr, path: &str) -> Response {
 
 /// Replays a stream after `last_event_id`, until the server closes it.
 async fn replay(addr: std::net::SocketAddr, session: &str, last_event_id: &str) -> Response {
-    let headers = [
-        ("Accept", "text/event-stream"),
-        ("Mcp-Session-Id", session),
-        ("MCP-Protocol-Version", PROTOCOL),
-        ("Last-Event-ID", last_event_id),
-        ("Connection", "close"),
-    ];
-    exchange(addr, &request("GET", "/mcp", &headers, "")).await
+    exchange(addr, &replay_request(session, last_event_id)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

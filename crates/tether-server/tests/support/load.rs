@@ -25,7 +25,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::history::{History, Seen, split_id};
-use super::{HANG, PROTOCOL, call_body, post, read_head, request};
+use super::{HANG, call_body, post, read_head, replay_request};
 
 /// An answer as a client read it: status, a JSON body's message or the SSE events.
 #[derive(Debug, Default)]
@@ -127,17 +127,6 @@ pub async fn send(addr: SocketAddr, text: &str) -> Result<Answer, String> {
     Ok(answer)
 }
 
-fn resume_request(session: &str, last_event_id: &str) -> String {
-    let headers = [
-        ("Accept", "text/event-stream"),
-        ("Mcp-Session-Id", session),
-        ("MCP-Protocol-Version", PROTOCOL),
-        ("Last-Event-ID", last_event_id),
-        ("Connection", "close"),
-    ];
-    request("GET", "/mcp", &headers, "")
-}
-
 /// Whether `events` hold the response to request `id`.
 fn has_final(events: &[Seen], id: u64) -> bool {
     events.iter().any(|e| {
@@ -227,7 +216,7 @@ pub async fn client(
             );
             tally.resumed.fetch_add(1, Ordering::Relaxed);
             let target = pick(&addrs, &mut rng);
-            match send(target, &resume_request(&session, &from)).await {
+            match send(target, &replay_request(&session, &from)).await {
                 Ok(resumed) if resumed.status == 200 => {
                     if let Some(e) = resumed.events.last() {
                         last = Some(e.id.clone());
@@ -258,7 +247,7 @@ pub async fn replay_all(addr: SocketAddr, history: &History) {
         let from = format!("{stream}.0");
         let started = Instant::now();
         loop {
-            let answer = send(addr, &resume_request(&session, &from)).await.unwrap_or_default();
+            let answer = send(addr, &replay_request(&session, &from)).await.unwrap_or_default();
             if answer.status == 200 {
                 let events = answer.events.into_iter().filter(|e| !(e.data.is_empty() && e.id == from)).collect();
                 history.replayed(&session, &from, events);

@@ -219,3 +219,31 @@ pub async fn initialize(addr: SocketAddr) -> String {
     assert_eq!(response.status, 200, "initialize: {}", response.text());
     response.header("mcp-session-id").expect("initialize returns a session ID").to_owned()
 }
+
+/// A GET that replays `session`'s stream after `last_event_id` (the
+/// connection closes when the server ends the stream).
+pub fn replay_request(session: &str, last_event_id: &str) -> String {
+    let headers = [
+        ("Accept", "text/event-stream"),
+        ("Mcp-Session-Id", session),
+        ("MCP-Protocol-Version", PROTOCOL),
+        ("Last-Event-ID", last_event_id),
+        ("Connection", "close"),
+    ];
+    request("GET", "/mcp", &headers, "")
+}
+
+/// A fault test's seed: `TETHER_FAULT_SEED`, else a fresh one; printed
+/// either way, so a failing run can be replayed.
+pub fn fault_seed(test: &str) -> u64 {
+    let seed = std::env::var("TETHER_FAULT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random);
+    eprintln!("{test}: TETHER_FAULT_SEED={seed}");
+    seed
+}
+
+/// How long a fault test runs its load: `TETHER_FAULT_SECS`, else `default`
+/// (`scripts/faults --minutes N` sets it).
+pub fn fault_load_time(default: f64) -> Duration {
+    let secs = std::env::var("TETHER_FAULT_SECS").ok().and_then(|s| s.parse::<f64>().ok()).unwrap_or(default);
+    Duration::from_secs_f64(secs)
+}
