@@ -460,10 +460,9 @@ impl McpApp for Gateway {
         params: Option<Map<String, Value>>,
     ) -> Result<RawResult, RpcError> {
         tether_server::trace::record_upstream(&self.config.name);
-        if ctx.session().is_none() {
+        let Some(session) = ctx.session() else {
             return self.sessionless_request(ctx, method, params).await;
-        }
-        let session = ctx.require_session()?;
+        };
         let connection = self.upstream(&session, ctx.client_authorization()).await?;
         let link = session.local::<Link>();
         let progress_token = params.as_ref().and_then(|p| p.get("_meta")).and_then(|m| m.get("progressToken")).cloned();

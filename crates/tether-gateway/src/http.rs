@@ -167,7 +167,7 @@ fn client_options(
 
 /// Hands the upstream's own messages to the gateway, in order, until
 /// either side is gone.
-async fn relay(mut from_client: mpsc::Receiver<ServerMessage>, inbound: mpsc::Sender<FromUpstream>) {
+pub(crate) async fn relay(mut from_client: mpsc::Receiver<ServerMessage>, inbound: mpsc::Sender<FromUpstream>) {
     while let Some(message) = from_client.recv().await {
         let message = match message {
             ServerMessage::Request { id, method, params } => FromUpstream::Request { id, method, params },

@@ -67,18 +67,9 @@ pub(crate) async fn start(
     }
     let initialize_result = serde_json::value::to_raw_value(&result).ok()?;
     let (inbound_tx, inbound) = mpsc::channel(INBOUND_BUFFER);
-    if let Some(mut from_client) = session.take_incoming() {
-        let notifications = inbound_tx.clone();
-        tokio::spawn(async move {
-            while let Some(message) = from_client.recv().await {
-                // A sessionless server asks through results, never on a stream.
-                if let tether_client::ServerMessage::Notification { method, params } = message
-                    && notifications.send(FromUpstream::Notification { method, params }).await.is_err()
-                {
-                    return;
-                }
-            }
-        });
+    if let Some(from_client) = session.take_incoming() {
+        // A sessionless server asks through results: only its notifications come this way.
+        tokio::spawn(crate::http::relay(from_client, inbound_tx.clone()));
     }
     tracing::info!(upstream = %upstream_name, url = %spec.url, "the upstream speaks only the sessionless revision; bridging");
     let upstream = Arc::new(ModernUrlUpstream {
@@ -102,10 +93,6 @@ struct ModernUrlUpstream {
     next_ask: AtomicU64,
     /// The level the session's client set (`logging/setLevel`).
     log_level: Mutex<Option<Value>>,
-}
-
-fn empty_result() -> Box<RawValue> {
-    RawValue::from_string("{}".to_owned()).unwrap_or_else(|_| unreachable!("`{{}}` is JSON"))
 }
 
 impl ModernUrlUpstream {
@@ -157,7 +144,7 @@ impl Upstream for ModernUrlUpstream {
                 if let Ok(mut kept) = self.log_level.lock() {
                     *kept = level;
                 }
-                return Ok(empty_result());
+                return tether_server::raw_result(&json!({}));
             }
             "resources/subscribe" | "resources/unsubscribe" => {
                 return Err(RpcError::method_not_found(&format!(
