@@ -8,6 +8,7 @@
 //! 2024-11-05 HTTP+SSE fallback).
 
 mod legacy_sse;
+mod plain_http;
 mod streamable;
 
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -16,6 +17,7 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -25,6 +27,7 @@ use tether_wire::{Inbound, RpcError, code, envelope, headers, meta};
 use crate::error::{ClientError, ReqError};
 use crate::sse::read_body;
 use legacy_sse::LegacyChannel;
+use plain_http::PlainHttp;
 
 /// Server messages buffered for `take_incoming`.
 const INCOMING_BUFFER: usize = 256;
@@ -93,6 +96,8 @@ enum Kind {
 
 struct Inner {
     http: reqwest::Client,
+    /// POSTs to `url` when it is plain `http://` (see [`plain_http`]).
+    plain: Option<PlainHttp>,
     /// The URL the caller gave (Streamable: where every message goes).
     url: String,
     options: ClientOptions,
@@ -122,9 +127,10 @@ impl Drop for Inner {
     }
 }
 
-/// One JSON-RPC message from the server, sorted.
+/// One JSON-RPC message from the server, sorted. A result stays raw JSON:
+/// a gateway passes it on as it came, without building it as a tree.
 enum Incoming {
-    Response { id: Value, outcome: Result<Value, Value> },
+    Response { id: Value, outcome: Result<Box<RawValue>, Value> },
     Server(ServerMessage),
 }
 
@@ -137,14 +143,53 @@ impl From<Inbound> for Incoming {
             Inbound::Notification { method, params } => {
                 Incoming::Server(ServerMessage::Notification { method, params: params.map(Value::Object) })
             }
-            Inbound::Response { id, outcome } => Incoming::Response { id, outcome },
+            Inbound::Response { id, outcome } => {
+                let outcome = match outcome {
+                    Ok(result) => serde_json::value::to_raw_value(&result)
+                        .map_err(|e| json!({"code": code::INTERNAL_ERROR, "message": e.to_string()})),
+                    Err(error) => Err(error),
+                };
+                Incoming::Response { id, outcome }
+            }
         }
     }
+}
+
+/// The shape of a response, read without building its result.
+#[derive(serde::Deserialize)]
+struct ResponseShape<'a> {
+    #[serde(borrow)]
+    jsonrpc: &'a str,
+    id: Value,
+    #[serde(default)]
+    result: Option<Box<RawValue>>,
+    #[serde(default)]
+    error: Option<Value>,
+    #[serde(default)]
+    method: Option<serde::de::IgnoredAny>,
+}
+
+/// A response (the common case) read directly; anything else `None`, for
+/// the full reading of [`envelope::parse_message`].
+fn read_response(data: &[u8]) -> Option<Incoming> {
+    let shape: ResponseShape<'_> = serde_json::from_slice(data).ok()?;
+    if shape.jsonrpc != "2.0" || shape.method.is_some() {
+        return None;
+    }
+    let outcome = match (shape.result, shape.error) {
+        (Some(result), None) => Ok(result),
+        (None, Some(error)) if error.is_object() => Err(error),
+        _ => return None,
+    };
+    Some(Incoming::Response { id: shape.id, outcome })
 }
 
 /// The message in an SSE event's data; what is not one valid JSON-RPC
 /// message is logged and skipped (the server's next message may still be).
 fn read_event(url: &str, data: &str) -> Option<Incoming> {
+    if let Some(response) = read_response(data.as_bytes()) {
+        return Some(response);
+    }
     match envelope::parse_message(data.as_bytes()) {
         Ok(message) => Some(message.into()),
         Err(e) => {
@@ -169,7 +214,7 @@ fn same_id(a: &Value, b: &Value) -> bool {
     a == b || matches!((a, b), (Value::String(s), Value::Number(n)) | (Value::Number(n), Value::String(s)) if s == &n.to_string())
 }
 
-fn outcome_to_result(outcome: Result<Value, Value>) -> Result<Value, ReqError> {
+fn outcome_to_result(outcome: Result<Box<RawValue>, Value>) -> Result<Box<RawValue>, ReqError> {
     outcome.map_err(|error| ReqError::Client(ClientError::Rpc(RpcError::from_object(&error))))
 }
 
@@ -391,6 +436,7 @@ impl Session {
         Ok(Session {
             inner: Arc::new(Inner {
                 http,
+                plain: PlainHttp::for_url(url, CONNECT_TIMEOUT),
                 url: url.to_owned(),
                 options,
                 base_headers,
@@ -461,6 +507,11 @@ impl Session {
         self.request_raw(method, params, None).await.map_err(ReqError::into_client)
     }
 
+    /// [`Session::request`], its result as the raw JSON the server sent.
+    pub async fn request_json(&self, method: &str, params: Option<Value>) -> Result<Box<RawValue>, ClientError> {
+        self.request_message(method, params, None).await.map_err(ReqError::into_client)
+    }
+
     /// `request`, keeping the HTTP status of a refusal; `accepted` runs
     /// once the server accepted the request (2xx), before its answer.
     pub(crate) async fn request_raw(
@@ -469,6 +520,18 @@ impl Session {
         params: Option<Value>,
         accepted: Option<Box<dyn FnOnce() + Send>>,
     ) -> Result<Value, ReqError> {
+        let raw = self.request_message(method, params, accepted).await?;
+        serde_json::from_str(raw.get()).map_err(|e| {
+            ClientError::Transport(format!("the server at {} sent an unreadable result: {e}", self.inner.url)).into()
+        })
+    }
+
+    async fn request_message(
+        &self,
+        method: &str,
+        params: Option<Value>,
+        accepted: Option<Box<dyn FnOnce() + Send>>,
+    ) -> Result<Box<RawValue>, ReqError> {
         let id = json!(self.inner.next_id.fetch_add(1, Ordering::Relaxed));
         let mut message = json!({"jsonrpc": "2.0", "id": id, "method": method});
         if let Some(p) = params {
@@ -613,12 +676,35 @@ impl Inner {
     /// session: `SessionNotFound`, others: `Status`).
     async fn post(&self, url: &str, message: &Value) -> Result<reqwest::Response, ReqError> {
         let body = serde_json::to_vec(message).map_err(|e| ClientError::Transport(format!("cannot encode the message: {e}")))?;
+        let body = bytes::Bytes::from(body);
         let mut headers = self.headers(true);
         if self.modern.is_some() {
             modern_headers(&mut headers, message);
         }
         trace_headers(&mut headers, message);
-        let response = self.http.post(url).headers(headers).body(body).send().await.map_err(|e| transport_error(&self.url, e))?;
+        let plain = self.plain.as_ref().filter(|_| url == self.url);
+        let response = match plain {
+            Some(plain) => match plain.post(headers.clone(), body.clone()).await {
+                // reqwest follows redirects; this path does not.
+                Ok(response) if response.status().is_redirection() => None,
+                Ok(response) => Some(response),
+                Err(plain_http::Failure::Connect(cause)) => {
+                    return Err(ClientError::Transport(format!(
+                        "cannot connect to {}: {cause}; is the server running there?",
+                        self.url
+                    ))
+                    .into());
+                }
+                Err(plain_http::Failure::Request(cause)) => {
+                    return Err(ClientError::Transport(format!("request failed to {}: {cause}", self.url)).into());
+                }
+            },
+            None => None,
+        };
+        let response = match response {
+            Some(response) => response,
+            None => self.http.post(url).headers(headers).body(body).send().await.map_err(|e| transport_error(&self.url, e))?,
+        };
         self.check_status(response).await
     }
 
@@ -716,6 +802,32 @@ mod tests {
             &json!({"jsonrpc": "2.0", "id": 3, "method": "x", "params": {"_meta": {"traceparent": "bad\nvalue"}}}),
         );
         assert!(none.is_empty());
+    }
+
+    #[test]
+    fn a_response_is_read_with_its_result_kept_as_sent_and_anything_else_is_read_in_full() {
+        let data = r#"{"jsonrpc":"2.0","id":7,"result":{"b": [1, 2.50],"a":"\u00e9"}}"#;
+        match read_event("http://test", data) {
+            Some(Incoming::Response { id, outcome: Ok(result) }) => {
+                assert_eq!(id, json!(7));
+                assert_eq!(result.get(), r#"{"b": [1, 2.50],"a":"\u00e9"}"#, "byte for byte");
+            }
+            _ => panic!("a response"),
+        }
+        let error = read_event("http://test", r#"{"jsonrpc":"2.0","id":"x","error":{"code":-32601,"message":"no"}}"#);
+        assert!(matches!(error, Some(Incoming::Response { outcome: Err(e), .. }) if e["code"] == -32601));
+        for not_a_plain_response in [
+            r#"{"jsonrpc":"2.0","id":1,"method":"roots/list"}"#,
+            r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progress":1}}"#,
+            r#"{"jsonrpc":"1.0","id":1,"result":{}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"result":{},"error":{"code":1,"message":"both"}}"#,
+        ] {
+            assert!(read_response(not_a_plain_response.as_bytes()).is_none(), "{not_a_plain_response}");
+        }
+        assert!(matches!(
+            read_event("http://test", r#"{"jsonrpc":"2.0","id":1,"method":"roots/list"}"#),
+            Some(Incoming::Server(ServerMessage::Request { .. }))
+        ));
     }
 
     #[test]

@@ -289,9 +289,7 @@ impl Upstream for HttpUpstream {
         tether_server::trace::inject_meta(&mut params);
         // Dropping this future drops the client runtime's request, which
         // sends `notifications/cancelled` under the id it used upstream.
-        let result = self.client()?.request(method, params).await.map_err(|e| self.failed(e))?;
-        serde_json::value::to_raw_value(&result)
-            .map_err(|e| RpcError::internal(format!("upstream {}: unreadable result: {e}", self.name)))
+        self.client()?.request_json(method, params).await.map_err(|e| self.failed(e))
     }
 
     /// `notifications/initialized` is not sent again: the client runtime

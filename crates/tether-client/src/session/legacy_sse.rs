@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, Weak};
 use reqwest::StatusCode;
 use reqwest::header::HeaderValue;
 use serde_json::Value;
+use serde_json::value::RawValue;
 use tokio::sync::oneshot;
 
 use tether_wire::headers::EVENT_STREAM;
@@ -91,7 +92,7 @@ impl Inner {
         message: &Value,
         id: &Value,
         accepted: Option<Box<dyn FnOnce() + Send>>,
-    ) -> Result<Value, ReqError> {
+    ) -> Result<Box<RawValue>, ReqError> {
         if !channel.alive.load(Ordering::Acquire) {
             return Err(ClientError::SessionNotFound.into());
         }
@@ -119,12 +120,15 @@ impl Inner {
     }
 }
 
+/// The answer to one request, as the reader of the event stream hands it over.
+type Answer = Result<Box<RawValue>, ReqError>;
+
 /// The state of an HTTP+SSE (2024-11-05) session.
 pub(super) struct LegacyChannel {
     /// Where messages are POSTed (from the `endpoint` event).
     pub(super) endpoint: String,
     /// Requests waiting for their answer on the event stream.
-    pending: Mutex<HashMap<String, oneshot::Sender<Result<Value, ReqError>>>>,
+    pending: Mutex<HashMap<String, oneshot::Sender<Answer>>>,
     /// The event stream is open.
     pub(super) alive: AtomicBool,
 }

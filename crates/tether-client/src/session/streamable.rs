@@ -12,13 +12,15 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::Value;
+use serde_json::value::RawValue;
 use tokio::sync::{oneshot, watch};
 
 use tether_wire::headers;
 use tether_wire::sse::Decoder;
 
 use super::{
-    Incoming, Inner, Session, content_type, error_message, outcome_to_result, read_event, read_value, same_id, transport_error,
+    Incoming, Inner, Session, content_type, error_message, outcome_to_result, read_event, read_response, read_value, same_id,
+    transport_error,
 };
 use crate::error::{ClientError, ReqError};
 use crate::sse::{self, Events, MAX_MESSAGE_BYTES, read_body};
@@ -76,7 +78,7 @@ impl Inner {
         message: &Value,
         id: &Value,
         accepted: Option<Box<dyn FnOnce() + Send>>,
-    ) -> Result<Value, ReqError> {
+    ) -> Result<Box<RawValue>, ReqError> {
         let initializing = message.get("method").and_then(Value::as_str) == Some("initialize");
         let response = self.post(&self.url, message).await?;
         if let Some(sid) = response.headers().get(headers::SESSION_ID).filter(|_| initializing) {
@@ -101,6 +103,11 @@ impl Inner {
             self.read_response_stream(sse::events(response, Decoder::new()), message, id).await
         } else if ct.starts_with("application/json") {
             let body = read_body(response, MAX_MESSAGE_BYTES).await.map_err(ClientError::Transport)?;
+            if let Some(Incoming::Response { id: rid, outcome }) = read_response(&body)
+                && same_id(&rid, id)
+            {
+                return outcome_to_result(outcome);
+            }
             let parsed: Value = serde_json::from_slice(&body)
                 .map_err(|e| ClientError::Transport(format!("the server at {} sent invalid JSON: {e}", self.url)))?;
             let messages = match parsed {
@@ -133,7 +140,7 @@ impl Inner {
 
     /// Reads a request's SSE stream up to its response, resuming it with
     /// `GET` + `Last-Event-ID` when it drops first.
-    async fn read_response_stream(&self, mut events: Events, message: &Value, id: &Value) -> Result<Value, ReqError> {
+    async fn read_response_stream(&self, mut events: Events, message: &Value, id: &Value) -> Result<Box<RawValue>, ReqError> {
         let method = message.get("method").and_then(Value::as_str).unwrap_or("request");
         let mut failures = 0u32;
         loop {
