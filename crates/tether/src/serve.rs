@@ -301,10 +301,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 .with_context(|| format!("cannot listen on {addr} for --metrics-listen"))?;
             let at = metrics.local_addr()?;
             tracing::info!(%at, "metrics at http://{at}/metrics");
-            let router = tether_server::http::metrics_router(engine.clone());
+            let engine = engine.clone();
             // Served until the process exits: the drain is worth watching too.
             tokio::spawn(async move {
-                if let Err(e) = axum::serve(metrics, router).await {
+                if let Err(e) = tether_server::http::serve_metrics(metrics, engine).await {
                     tracing::error!(error = %e, "the metrics listener failed");
                 }
             });

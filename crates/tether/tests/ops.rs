@@ -201,6 +201,23 @@ async fn metrics_listen_moves_metrics_off_the_public_listener_and_no_metrics_tur
     assert_eq!(reqwest::get(format!("{}/metrics", server.base())).await.unwrap().status(), 404);
 }
 
+#[tokio::test]
+async fn the_metrics_listener_closes_a_connection_whose_head_never_finishes() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let _server = Server::start(dir.path(), &["--metrics-listen", &addr, "--header-timeout", "1s"], &[]);
+    let mut half = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    half.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+    // Closed (read returns 0 or an error) well before this, never answered.
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(20), half.read_to_end(&mut buf)).await;
+    assert!(read.is_ok(), "the half-open connection was still open after 20 s");
+    assert!(buf.is_empty(), "no answer to a request that never finished: {:?}", String::from_utf8_lossy(&buf));
+    // And the listener still serves whole requests.
+    assert!(scrape(&format!("http://{addr}/metrics")).await.contains("tether_sessions_live"));
+}
+
 fn fixture() -> String {
     format!("{}/../tether-gateway/tests/fixtures/stdio_server.py", env!("CARGO_MANIFEST_DIR"))
 }

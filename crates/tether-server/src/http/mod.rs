@@ -65,6 +65,23 @@ pub async fn serve(
     serve_with(listener, Router::new(), engine, auth, shutdown).await
 }
 
+/// Connections a separate metrics listener holds at once: scrapers, not clients.
+const METRICS_MAX_CONNECTIONS: usize = 64;
+
+/// Serves `/metrics` alone on its own listener (`--metrics-listen`) until
+/// the process exits, with the main listener's header and idle timeouts and
+/// a small cap on open connections, so that a stuck or hostile scraper
+/// cannot hold sockets there either.
+pub async fn serve_metrics(listener: TcpListener, engine: Engine) -> std::io::Result<()> {
+    let config = engine.config();
+    let limits = conn::Limits {
+        header_timeout: config.header_timeout,
+        idle_timeout: config.idle_timeout,
+        max_connections: METRICS_MAX_CONNECTIONS.min(config.max_connections),
+    };
+    conn::serve(listener, metrics_router(engine), limits, std::future::pending()).await
+}
+
 /// [`serve`] with `extra` routes merged beside `/mcp` and `/healthz` (the
 /// web console): same origin, outside the Origin check and authentication.
 pub async fn serve_with(
