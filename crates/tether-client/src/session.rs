@@ -106,6 +106,9 @@ struct Inner {
     kind: Kind,
     session_id: OnceLock<String>,
     protocol_version: OnceLock<String>,
+    /// A POST's headers once the session ID and protocol version are known
+    /// (they do not change after): built once instead of per request.
+    session_post_headers: OnceLock<HeaderMap>,
     next_id: AtomicI64,
     incoming_tx: mpsc::Sender<ServerMessage>,
     incoming_rx: Mutex<Option<mpsc::Receiver<ServerMessage>>>,
@@ -425,6 +428,9 @@ impl Session {
         let session = Session::build(http_client()?, url, options, Kind::Streamable)?;
         let _ = session.inner.session_id.set(session_id.to_owned());
         let _ = session.inner.protocol_version.set(protocol_version.to_owned());
+        // Requests of an earlier holder of this session may still run on the
+        // server (see `resume_request`): start where their IDs are unlikely.
+        session.inner.next_id.store(attached_first_id(), Ordering::Relaxed);
         session.open_standalone().await;
         Ok(session)
     }
@@ -443,6 +449,7 @@ impl Session {
                 kind,
                 session_id: OnceLock::new(),
                 protocol_version: OnceLock::new(),
+                session_post_headers: OnceLock::new(),
                 next_id: AtomicI64::new(0),
                 incoming_tx,
                 incoming_rx: Mutex::new(Some(incoming_rx)),
@@ -509,7 +516,41 @@ impl Session {
 
     /// [`Session::request`], its result as the raw JSON the server sent.
     pub async fn request_json(&self, method: &str, params: Option<Value>) -> Result<Box<RawValue>, ClientError> {
-        self.request_message(method, params, None).await.map_err(ReqError::into_client)
+        self.request_with(method, params, Extras::default()).await.map_err(ReqError::into_client)
+    }
+
+    /// [`Session::request_json`], noting in `track` the request's ID and
+    /// where its answer stream starts, so that another process can pick
+    /// the answer up with [`Session::resume_request`] if this one dies.
+    pub async fn request_json_tracked(
+        &self,
+        method: &str,
+        params: Option<Value>,
+        track: &RequestTrack,
+    ) -> Result<Box<RawValue>, ClientError> {
+        let extras = Extras { accepted: None, track: Some(track) };
+        self.request_with(method, params, extras).await.map_err(ReqError::into_client)
+    }
+
+    /// Picks up the answer of a request sent earlier (maybe by another
+    /// process, on this same server session) from its stream, after
+    /// `after_event_id` (from a [`RequestTrack`]): `GET` + `Last-Event-ID`.
+    /// What the server sends on the stream before the answer goes to
+    /// `messages`, in order. Dropped before the answer, the request is
+    /// cancelled on the server. Streamable HTTP only.
+    pub async fn resume_request(
+        &self,
+        request_id: Value,
+        after_event_id: &str,
+        messages: mpsc::Sender<ServerMessage>,
+    ) -> Result<Box<RawValue>, ClientError> {
+        if !matches!(self.inner.kind, Kind::Streamable) {
+            return Err(ClientError::Transport("only a Streamable HTTP request can be resumed from its stream".into()));
+        }
+        let mut cancel = CancelOnDrop { session: self, id: request_id.clone(), reason: Some("cancelled by the caller") };
+        let result = self.inner.resume_response_stream(&request_id, after_event_id, &messages).await;
+        cancel.reason = None;
+        result.map_err(ReqError::into_client)
     }
 
     /// `request`, keeping the HTTP status of a refusal; `accepted` runs
@@ -520,19 +561,18 @@ impl Session {
         params: Option<Value>,
         accepted: Option<Box<dyn FnOnce() + Send>>,
     ) -> Result<Value, ReqError> {
-        let raw = self.request_message(method, params, accepted).await?;
+        let raw = self.request_with(method, params, Extras { accepted, track: None }).await?;
         serde_json::from_str(raw.get()).map_err(|e| {
             ClientError::Transport(format!("the server at {} sent an unreadable result: {e}", self.inner.url)).into()
         })
     }
 
-    async fn request_message(
-        &self,
-        method: &str,
-        params: Option<Value>,
-        accepted: Option<Box<dyn FnOnce() + Send>>,
-    ) -> Result<Box<RawValue>, ReqError> {
+    async fn request_with(&self, method: &str, params: Option<Value>, extras: Extras<'_>) -> Result<Box<RawValue>, ReqError> {
+        let Extras { accepted, track } = extras;
         let id = json!(self.inner.next_id.fetch_add(1, Ordering::Relaxed));
+        if let Some(track) = track {
+            track.begin(&id);
+        }
         let mut message = json!({"jsonrpc": "2.0", "id": id, "method": method});
         if let Some(p) = params {
             message["params"] = p;
@@ -550,7 +590,7 @@ impl Session {
         }
         let work = async {
             match &self.inner.kind {
-                Kind::Streamable => self.inner.streamable_request(&message, &id, accepted).await,
+                Kind::Streamable => self.inner.streamable_request(&message, &id, accepted, track).await,
                 Kind::Legacy(channel) => self.inner.legacy_request(channel, &message, &id, accepted).await,
             }
         };
@@ -650,6 +690,9 @@ impl Session {
 impl Inner {
     /// Headers for a request: auth, the caller's, and the session's.
     fn headers(&self, post: bool) -> HeaderMap {
+        if post && let Some(cached) = self.session_post_headers.get() {
+            return cached.clone();
+        }
         let mut h = self.base_headers.clone();
         if post {
             h.insert(reqwest::header::ACCEPT, HeaderValue::from_static(headers::ACCEPT_POST));
@@ -664,8 +707,21 @@ impl Inner {
             if let Some(v) = self.protocol_version.get().and_then(|s| HeaderValue::from_str(s).ok()) {
                 h.insert(headers::PROTOCOL_VERSION, v);
             }
+            if post && self.session_id.get().is_some() && self.protocol_version.get().is_some() {
+                let _ = self.session_post_headers.set(h.clone());
+            }
         }
         h
+    }
+
+    /// The headers of a POST carrying `message`.
+    fn post_headers(&self, message: &Value) -> HeaderMap {
+        let mut headers = self.headers(true);
+        if self.modern.is_some() {
+            modern_headers(&mut headers, message);
+        }
+        trace_headers(&mut headers, message);
+        headers
     }
 
     fn has_session(&self) -> bool {
@@ -677,14 +733,9 @@ impl Inner {
     async fn post(&self, url: &str, message: &Value) -> Result<reqwest::Response, ReqError> {
         let body = serde_json::to_vec(message).map_err(|e| ClientError::Transport(format!("cannot encode the message: {e}")))?;
         let body = bytes::Bytes::from(body);
-        let mut headers = self.headers(true);
-        if self.modern.is_some() {
-            modern_headers(&mut headers, message);
-        }
-        trace_headers(&mut headers, message);
         let plain = self.plain.as_ref().filter(|_| url == self.url);
         let response = match plain {
-            Some(plain) => match plain.post(headers.clone(), body.clone()).await {
+            Some(plain) => match plain.post(self.post_headers(message), body.clone()).await {
                 // reqwest follows redirects; this path does not.
                 Ok(response) if response.status().is_redirection() => None,
                 Ok(response) => Some(response),
@@ -703,7 +754,14 @@ impl Inner {
         };
         let response = match response {
             Some(response) => response,
-            None => self.http.post(url).headers(headers).body(body).send().await.map_err(|e| transport_error(&self.url, e))?,
+            None => self
+                .http
+                .post(url)
+                .headers(self.post_headers(message))
+                .body(body)
+                .send()
+                .await
+                .map_err(|e| transport_error(&self.url, e))?,
         };
         self.check_status(response).await
     }
@@ -760,6 +818,63 @@ impl Inner {
 /// Sends `notifications/cancelled` for a request when dropped with a
 /// reason (the request was given up before its answer). `initialize` has
 /// none: the protocol forbids cancelling it.
+/// The first request ID of an attached session: a number from the clock's
+/// microseconds, far above the IDs the session's earlier holder used
+/// (counted from 0), below 2^53 so every JSON peer reads it exactly.
+fn attached_first_id() -> i64 {
+    let micros = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros());
+    (micros % (1 << 52)) as i64 + (1 << 40)
+}
+
+/// What a request may carry besides its method and params.
+#[derive(Default)]
+struct Extras<'a> {
+    /// Runs once the server accepted the request (2xx), before its answer.
+    accepted: Option<Box<dyn FnOnce() + Send>>,
+    track: Option<&'a RequestTrack>,
+}
+
+/// Where a request in flight stands on its server: its JSON-RPC ID and the
+/// first event ID of its answer stream (the point to resume it from), for
+/// [`Session::resume_request`] by another process. Filled by
+/// [`Session::request_json_tracked`].
+#[derive(Clone, Default)]
+pub struct RequestTrack(Arc<Mutex<TrackPoint>>);
+
+#[derive(Default)]
+struct TrackPoint {
+    request_id: Option<Value>,
+    first_event_id: Option<String>,
+}
+
+impl RequestTrack {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The request's ID and the first event ID of its answer stream, once
+    /// the server sent one (a JSON answer, or a stream without IDs, has none).
+    pub fn point(&self) -> Option<(Value, String)> {
+        let point = self.0.lock().ok()?;
+        Some((point.request_id.clone()?, point.first_event_id.clone()?))
+    }
+
+    fn begin(&self, id: &Value) {
+        if let Ok(mut point) = self.0.lock() {
+            *point = TrackPoint { request_id: Some(id.clone()), first_event_id: None };
+        }
+    }
+
+    /// Notes the stream's first event ID (later ones are ignored).
+    pub(crate) fn saw_event_id(&self, event_id: &str) {
+        if let Ok(mut point) = self.0.lock()
+            && point.first_event_id.is_none()
+        {
+            point.first_event_id = Some(event_id.to_owned());
+        }
+    }
+}
+
 struct CancelOnDrop<'a> {
     session: &'a Session,
     id: Value,

@@ -13,13 +13,13 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::Value;
 use serde_json::value::RawValue;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use tether_wire::headers;
 use tether_wire::sse::Decoder;
 
 use super::{
-    Incoming, Inner, Session, content_type, error_message, outcome_to_result, read_event, read_response, read_value, same_id,
+    Incoming, Inner, RequestTrack, ServerMessage, Session, content_type, error_message, outcome_to_result, read_event, read_response, read_value, same_id,
     transport_error,
 };
 use crate::error::{ClientError, ReqError};
@@ -40,6 +40,19 @@ fn backoff(retry: Option<Duration>, failures: u32) -> Duration {
     let base = retry.unwrap_or(DEFAULT_RETRY).min(MAX_BACKOFF);
     let factor = 1u32 << failures.saturating_sub(1).min(5);
     (base * factor).min(MAX_BACKOFF)
+}
+
+/// How to read one request's answer stream.
+struct Reading<'a> {
+    /// For messages: what the request was.
+    method: &'a str,
+    id: &'a Value,
+    track: Option<&'a RequestTrack>,
+    /// Where the server's messages on the stream go (default: the session's
+    /// incoming channel).
+    sink: Option<&'a mpsc::Sender<ServerMessage>>,
+    /// The first (empty) attempt is a resume: no pause before it.
+    resume_at_once: bool,
 }
 
 impl Session {
@@ -78,6 +91,7 @@ impl Inner {
         message: &Value,
         id: &Value,
         accepted: Option<Box<dyn FnOnce() + Send>>,
+        track: Option<&RequestTrack>,
     ) -> Result<Box<RawValue>, ReqError> {
         let initializing = message.get("method").and_then(Value::as_str) == Some("initialize");
         let response = self.post(&self.url, message).await?;
@@ -100,7 +114,9 @@ impl Inner {
         }
         let ct = content_type(&response);
         if ct.starts_with(headers::EVENT_STREAM) {
-            self.read_response_stream(sse::events(response, Decoder::new()), message, id).await
+            let method = message.get("method").and_then(Value::as_str).unwrap_or("request");
+            let reading = Reading { method, id, track, sink: None, resume_at_once: false };
+            self.read_response_stream(sse::events(response, Decoder::new()), reading).await
         } else if ct.starts_with("application/json") {
             let body = read_body(response, MAX_MESSAGE_BYTES).await.map_err(ClientError::Transport)?;
             if let Some(Incoming::Response { id: rid, outcome }) = read_response(&body)
@@ -138,10 +154,23 @@ impl Inner {
         }
     }
 
+    /// Picks up a request's answer stream after `after_event_id` (see
+    /// [`Session::resume_request`](super::Session::resume_request)).
+    pub(super) async fn resume_response_stream(
+        &self,
+        id: &Value,
+        after_event_id: &str,
+        sink: &mpsc::Sender<ServerMessage>,
+    ) -> Result<Box<RawValue>, ReqError> {
+        let events = sse::no_events(Decoder::new().resuming(Some(after_event_id.to_owned()), None));
+        let reading = Reading { method: "the resumed request", id, track: None, sink: Some(sink), resume_at_once: true };
+        self.read_response_stream(events, reading).await
+    }
+
     /// Reads a request's SSE stream up to its response, resuming it with
     /// `GET` + `Last-Event-ID` when it drops first.
-    async fn read_response_stream(&self, mut events: Events, message: &Value, id: &Value) -> Result<Box<RawValue>, ReqError> {
-        let method = message.get("method").and_then(Value::as_str).unwrap_or("request");
+    async fn read_response_stream(&self, mut events: Events, reading: Reading<'_>) -> Result<Box<RawValue>, ReqError> {
+        let Reading { method, id, track, sink, resume_at_once } = reading;
         let mut failures = 0u32;
         loop {
             let mut broke = None;
@@ -153,12 +182,24 @@ impl Inner {
                         break;
                     }
                 };
+                if let Some(track) = track
+                    && let Some(event_id) = events.decoder().last_id()
+                {
+                    track.saw_event_id(event_id);
+                }
                 if event.kind() != "message" {
                     continue;
                 }
                 match read_event(&self.url, &event.data) {
                     Some(Incoming::Response { id: rid, outcome }) if same_id(&rid, id) => return outcome_to_result(outcome),
-                    Some(Incoming::Server(msg)) => self.deliver(msg).await,
+                    Some(Incoming::Server(msg)) => match sink {
+                        Some(sink) => {
+                            if sink.send(msg).await.is_err() {
+                                return Err(ClientError::Transport("the reader of the resumed request went away".into()).into());
+                            }
+                        }
+                        None => self.deliver(msg).await,
+                    },
                     _ => {}
                 }
             }
@@ -182,7 +223,7 @@ impl Inner {
                 .into());
             }
             let retry = events.decoder().retry();
-            let delay = backoff(retry, failures);
+            let delay = if resume_at_once && failures == 1 { Duration::ZERO } else { backoff(retry, failures) };
             tracing::debug!(url = %self.url, "the stream of {method} dropped{why}; resuming after event {last} in {delay:?}");
             tokio::time::sleep(delay).await;
             let request = self.http.get(&self.url).headers(self.headers(false)).header(headers::LAST_EVENT_ID, last.as_str());
