@@ -1,24 +1,28 @@
-//! The transport's checks as axum layers and extractors, so every handler
-//! gets them the same way and none can forget one: the Origin check is a
-//! middleware over `/mcp` (DNS-rebinding protection runs before anything
+//! The transport's checks as axum extractors, so every handler gets them
+//! the same way and none can forget one: the Origin check comes first in
+//! every `/mcp` handler (DNS-rebinding protection runs before anything
 //! else, also before authentication); the principal, the Accept header and
-//! the JSON-RPC body are extractors whose rejection is the [`HttpError`]
-//! that names what to send instead.
+//! the JSON-RPC body follow. Each rejection is the [`HttpError`] that names
+//! what to send instead.
 
-use axum::extract::{FromRequest, FromRequestParts, Request, State};
+use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 use tether_wire::Inbound;
 
 use super::{AppState, HttpError, validate};
 
-/// Middleware: a present `Origin` must be a localhost origin or one of
-/// `--allowed-origin` (403 otherwise).
-pub(super) async fn check_origin(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    match validate::origin(request.headers(), &state.allowed_origins) {
-        Ok(()) => next.run(request).await,
-        Err(refused) => refused.into_response(),
+/// A present `Origin` is a localhost origin or one of `--allowed-origin`
+/// (403 otherwise). The first extractor of every `/mcp` handler, so it is
+/// checked before anything else (authentication included); an extractor
+/// rather than `axum::middleware::from_fn`, which boxes a future and clones
+/// the route per request.
+pub(super) struct OriginAllowed;
+
+impl FromRequestParts<AppState> for OriginAllowed {
+    type Rejection = HttpError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        validate::origin(&parts.headers, &state.allowed_origins).map(|()| OriginAllowed)
     }
 }
 

@@ -32,7 +32,7 @@ use tether_wire::{Inbound, headers};
 
 use crate::app::ClientAuthorization;
 use crate::engine::{Engine, PostOutcome, Reply, Session};
-use extract::{AcceptsAnswers, AcceptsStream, Endpoint, Message, Principal};
+use extract::{AcceptsAnswers, AcceptsStream, Endpoint, Message, OriginAllowed, Principal};
 
 #[derive(Clone)]
 pub(crate) struct AppState {
@@ -47,8 +47,7 @@ pub fn router(engine: Engine, auth: Auth) -> Router {
     let state = AppState { engine, auth, allowed_origins };
     let mcp = Router::new()
         .route("/mcp", post(post_mcp).get(get_mcp).delete(delete_mcp))
-        .route("/mcp/{endpoint}", post(post_mcp).get(get_mcp).delete(delete_mcp))
-        .route_layer(axum::middleware::from_fn_with_state(state.clone(), extract::check_origin));
+        .route("/mcp/{endpoint}", post(post_mcp).get(get_mcp).delete(delete_mcp));
     Router::new().merge(mcp).route("/healthz", get(healthz)).route("/readyz", get(ops::readyz)).with_state(state)
 }
 
@@ -124,6 +123,7 @@ fn client_authorization(headers: &HeaderMap) -> Option<ClientAuthorization> {
 }
 
 async fn post_mcp(
+    _: OriginAllowed,
     State(state): State<AppState>,
     Endpoint(endpoint): Endpoint,
     Principal(principal): Principal,
@@ -183,6 +183,7 @@ async fn existing_session(
 }
 
 async fn get_mcp(
+    _: OriginAllowed,
     State(state): State<AppState>,
     Endpoint(endpoint): Endpoint,
     Principal(principal): Principal,
@@ -202,6 +203,7 @@ async fn get_mcp(
 }
 
 async fn delete_mcp(
+    _: OriginAllowed,
     State(state): State<AppState>,
     Endpoint(endpoint): Endpoint,
     Principal(principal): Principal,
