@@ -8,10 +8,12 @@
 #   - Debian's chromium (apt-get install -y chromium) when /usr/bin/chromium is absent,
 #   - playwright-core (npm ci into console/tests/node_modules; npm cache in console/.cache),
 # then runs console/tests/console.mjs: tether on a free loopback port with a
-# temporary SQLite store and one gateway endpoint, /mcp/slow, in front of
+# temporary SQLite store and two gateway endpoints: /mcp/slow in front of
 # console/tests/slow_server.py (a stdio server that records every tool run),
-# and four checks: connect-and-call, reload-mid-call, kill-9-and-restart,
-# elicitation. Screenshots of every step go to target/console-shots/.
+# and /mcp/remote, a URL upstream: a second tether serving the same slow
+# server, which outlives the first's kill -9. Seven checks: connect-and-call,
+# reload-mid-call, kill-9-and-restart, elicitation, two-tabs, unknown-session,
+# token. Screenshots of every step go to target/console-shots/.
 #
 # Needs node >= 20 with npm and python3 >= 3.8. CONSOLE_VERBOSE=1 prints tether's log.
 set -uo pipefail

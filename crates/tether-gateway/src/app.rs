@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use serde_json::{Map, Value, json};
 use tether_server::{
-    ClientAuthorization, EndReason, Initialize, McpApp, OperationCtx, OperationRunner, OperationSpec, RawResult, RequestCtx,
-    RpcError, SessionCtx, SessionEnd, raw_result,
+    ClientAuthorization, CutOff, EndReason, Initialize, McpApp, OperationCtx, OperationRunner, OperationSpec, RawResult,
+    RequestCtx, RpcError, SessionCtx, SessionEnd, raw_result,
 };
 use tether_wire::meta;
 
@@ -355,6 +355,44 @@ impl OperationRunner for Gateway {
     }
 }
 
+/// How long a request runs before it leaves a recovery note (quick ones,
+/// most of them, never write one).
+const NOTE_AFTER: Duration = Duration::from_millis(100);
+/// The recovery note's fields: the upstream's ID of the request, and the
+/// first event ID of its answer stream there.
+const NOTE_REQUEST_ID: &str = "upstreamRequestId";
+const NOTE_AFTER_EVENT: &str = "after";
+
+/// Sends a request upstream; once it has run for [`NOTE_AFTER`] and the
+/// upstream named a point of its answer stream, leaves a recovery note
+/// (see [`Gateway::recover_request`]) so that a tether crash does not end it.
+async fn request_with_note(
+    ctx: &RequestCtx,
+    connection: &Connection,
+    method: &str,
+    params: Option<Value>,
+) -> Result<tether_server::RawResult, RpcError> {
+    let track = tether_client::RequestTrack::new();
+    let request = connection.upstream.request_tracked(method, params, &track);
+    let mut request = std::pin::pin!(request);
+    let mut check = tokio::time::interval_at(tokio::time::Instant::now() + NOTE_AFTER, NOTE_AFTER);
+    let mut noted = false;
+    loop {
+        tokio::select! {
+            result = &mut request => return result,
+            _ = check.tick(), if !noted => {
+                if let Some((request_id, after)) = track.point() {
+                    noted = true;
+                    let note = json!({NOTE_REQUEST_ID: request_id, NOTE_AFTER_EVENT: after});
+                    if let Err(e) = ctx.leave_recovery_note(note).await {
+                        tracing::warn!(error = %e.message, "could not store a request's recovery note; a crash now ends it as interrupted");
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// What a request changes in what a new connection must replay, taken
 /// before the params go upstream (only these two kinds copy anything).
 enum Replayed {
@@ -469,7 +507,7 @@ impl McpApp for Gateway {
         let _in_flight = link.enter(&ctx, progress_token);
         let replayed = Replayed::of(method, params.as_ref());
         let timer = tether_server::metrics::upstream_request_started();
-        let result = connection.upstream.request(method, params.map(Value::Object)).await;
+        let result = request_with_note(&ctx, &connection, method, params.map(Value::Object)).await;
         timer.done(&self.config.name);
         // What the upstream sent before its answer reaches the client first
         // (on this request's stream, while it is still in flight).
@@ -477,6 +515,48 @@ impl McpApp for Gateway {
         let result = result?;
         self.remember(&session, replayed).await?;
         Ok(result)
+    }
+
+    /// A request cut off by a tether crash while its upstream ran it: its
+    /// answer is picked up from the upstream's stream where the note says
+    /// (an HTTP upstream that keeps its streams: `Last-Event-ID`), and what
+    /// the upstream sent meanwhile is delivered, less what the client had
+    /// already. An upstream that cannot resume it ends it with
+    /// [`crate::upstream::UPSTREAM_RESTARTED`].
+    async fn recover_request(&self, ctx: RequestCtx, cut_off: CutOff) -> Result<RawResult, RpcError> {
+        tether_server::trace::record_upstream(&self.config.name);
+        let session = ctx.require_session()?;
+        let note = &cut_off.note;
+        let (Some(request_id), Some(after)) = (note.get(NOTE_REQUEST_ID), note.get(NOTE_AFTER_EVENT).and_then(Value::as_str))
+        else {
+            return Err(RpcError::internal(crate::upstream::UPSTREAM_RESTARTED));
+        };
+        let connection = self.upstream(&session, None).await?;
+        let link = session.local::<Link>();
+        let _in_flight = link.enter(&ctx, ctx.progress_token().cloned());
+        let (tx, mut rx) = tokio::sync::mpsc::channel(link::RESUMED_BUFFER);
+        let resumed = connection.upstream.resume(request_id.clone(), after, tx);
+        let mut resumed = std::pin::pin!(resumed);
+        let mut already = link::AlreadySent::new(cut_off.sent);
+        tracing::info!(upstream = %self.config.name, session = session.session_id(), "picking up a request cut off by a restart from its upstream");
+        loop {
+            tokio::select! {
+                biased;
+                Some(message) = rx.recv() => {
+                    if !already.contains(&message) {
+                        link::deliver_to_request(&ctx, &connection.upstream, message).await;
+                    }
+                }
+                result = &mut resumed => {
+                    while let Ok(message) = rx.try_recv() {
+                        if !already.contains(&message) {
+                            link::deliver_to_request(&ctx, &connection.upstream, message).await;
+                        }
+                    }
+                    return result;
+                }
+            }
+        }
     }
 
     async fn on_notification(&self, ctx: SessionCtx, method: &str, params: Option<Map<String, Value>>) {

@@ -18,7 +18,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::Value;
 use serde_json::value::RawValue;
-use tether_client::{ClientError, ClientOptions, ServerMessage, Session};
+use tether_client::{ClientError, ClientOptions, RequestTrack, ServerMessage, Session};
 use tether_wire::RpcError;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -169,13 +169,16 @@ fn client_options(
 /// either side is gone.
 pub(crate) async fn relay(mut from_client: mpsc::Receiver<ServerMessage>, inbound: mpsc::Sender<FromUpstream>) {
     while let Some(message) = from_client.recv().await {
-        let message = match message {
-            ServerMessage::Request { id, method, params } => FromUpstream::Request { id, method, params },
-            ServerMessage::Notification { method, params } => FromUpstream::Notification { method, params },
-        };
-        if inbound.send(message).await.is_err() {
+        if inbound.send(from_server(message)).await.is_err() {
             return;
         }
+    }
+}
+
+fn from_server(message: ServerMessage) -> FromUpstream {
+    match message {
+        ServerMessage::Request { id, method, params } => FromUpstream::Request { id, method, params },
+        ServerMessage::Notification { method, params } => FromUpstream::Notification { method, params },
     }
 }
 
@@ -290,6 +293,46 @@ impl Upstream for HttpUpstream {
         // Dropping this future drops the client runtime's request, which
         // sends `notifications/cancelled` under the id it used upstream.
         self.client()?.request_json(method, params).await.map_err(|e| self.failed(e))
+    }
+
+    async fn request_tracked(
+        &self,
+        method: &str,
+        mut params: Option<Value>,
+        track: &RequestTrack,
+    ) -> Result<Box<RawValue>, RpcError> {
+        tether_server::trace::inject_meta(&mut params);
+        self.client()?.request_json_tracked(method, params, track).await.map_err(|e| self.failed(e))
+    }
+
+    async fn resume(
+        &self,
+        request_id: Value,
+        after: &str,
+        messages: mpsc::Sender<FromUpstream>,
+    ) -> Result<Box<RawValue>, RpcError> {
+        let client = self.client()?;
+        let (tx, mut rx) = mpsc::channel(INBOUND_BUFFER);
+        let resumed = client.resume_request(request_id, after, tx);
+        let mut resumed = std::pin::pin!(resumed);
+        loop {
+            tokio::select! {
+                biased;
+                message = rx.recv() => {
+                    if let Some(message) = message
+                        && messages.send(from_server(message)).await.is_err()
+                    {
+                        return Err(RpcError::internal("the resumed request's reader went away"));
+                    }
+                }
+                result = &mut resumed => {
+                    while let Ok(message) = rx.try_recv() {
+                        let _ = messages.send(from_server(message)).await;
+                    }
+                    return result.map_err(|e| self.failed(e));
+                }
+            }
+        }
     }
 
     /// `notifications/initialized` is not sent again: the client runtime

@@ -146,6 +146,66 @@ impl Link {
     }
 }
 
+/// Messages of a resumed request waiting for the gateway.
+pub(crate) const RESUMED_BUFFER: usize = 64;
+
+/// The messages a cut-off request had stored before the crash, to tell the
+/// ones an upstream sends again (a resumed stream starts at its beginning)
+/// from new ones. The upstream's messages on the stream are a subsequence
+/// of the stored ones, in order; a message matches the next stored one
+/// equal to it in method and params.
+pub(crate) struct AlreadySent {
+    sent: Vec<Value>,
+    next: usize,
+}
+
+impl AlreadySent {
+    pub fn new(sent: Vec<Value>) -> Self {
+        Self { sent, next: 0 }
+    }
+
+    /// Whether `message` is the next one (or a later one) of those stored;
+    /// if so it counts as delivered.
+    pub fn contains(&mut self, message: &FromUpstream) -> bool {
+        let (method, params) = match message {
+            FromUpstream::Notification { method, params } | FromUpstream::Request { method, params, .. } => (method, params),
+        };
+        let found = self.sent[self.next..].iter().position(|stored| {
+            stored.get("method").and_then(Value::as_str) == Some(method.as_str()) && stored.get("params") == params.as_ref()
+        });
+        match found {
+            Some(at) => {
+                self.next += at + 1;
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Delivers one message the upstream sent on a request's own stream to
+/// that request's client stream; its requests (sampling, elicitation) are
+/// answered concurrently.
+pub(crate) async fn deliver_to_request(ctx: &RequestCtx, upstream: &Arc<dyn Upstream>, message: FromUpstream) {
+    match message {
+        FromUpstream::Notification { method, params } => {
+            if let Err(e) = ctx.notify(&method, params).await {
+                tracing::warn!(%method, error = %e.message, "could not deliver an upstream notification");
+            }
+        }
+        FromUpstream::Request { id, method, params } => {
+            let Some(session) = ctx.session() else { return };
+            let (ctx, upstream) = (ctx.clone(), upstream.clone());
+            session.spawn(async move {
+                let answer = ctx.request_client(&method, params, CLIENT_ANSWER_WAIT).await;
+                if let Err(e) = upstream.answer(id, answer).await {
+                    tracing::warn!(%method, error = %e.message, "could not return the client's answer upstream");
+                }
+            });
+        }
+    }
+}
+
 /// Delivers what the upstream sends on its own to the client, until the
 /// connection or the session ends. Its requests are answered concurrently
 /// (a sampling request may wait on a person) but bounded by the engine's

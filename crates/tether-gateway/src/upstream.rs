@@ -11,6 +11,7 @@
 use async_trait::async_trait;
 use serde_json::Value;
 use serde_json::value::RawValue;
+use tether_client::RequestTrack;
 use tether_wire::RpcError;
 use tokio::sync::mpsc;
 
@@ -57,6 +58,31 @@ pub trait Upstream: Send + Sync + 'static {
     /// in flight when the upstream dies ends with `-32603`
     /// [`UPSTREAM_RESTARTED`].
     async fn request(&self, method: &str, params: Option<Value>) -> Result<Box<RawValue>, RpcError>;
+
+    /// [`Upstream::request`], noting in `track` where its answer can be
+    /// picked up from by another process ([`Upstream::resume`]). A
+    /// transport that cannot leaves `track` empty.
+    async fn request_tracked(
+        &self,
+        method: &str,
+        params: Option<Value>,
+        _track: &RequestTrack,
+    ) -> Result<Box<RawValue>, RpcError> {
+        self.request(method, params).await
+    }
+
+    /// Picks up the answer to a request an earlier connection (maybe of a
+    /// process that died since) sent on this upstream session, after the
+    /// event `after` of its stream (both from a [`RequestTrack`]). What the
+    /// upstream sends before the answer arrives on `messages`, in order.
+    async fn resume(
+        &self,
+        _request_id: Value,
+        _after: &str,
+        _messages: mpsc::Sender<FromUpstream>,
+    ) -> Result<Box<RawValue>, RpcError> {
+        Err(RpcError::internal(UPSTREAM_RESTARTED))
+    }
 
     /// Sends a notification.
     async fn notify(&self, method: &str, params: Option<Value>) -> Result<(), RpcError>;

@@ -263,6 +263,32 @@ pub trait McpApp: Send + Sync + 'static {
     async fn discover(&self) -> Option<Map<String, Value>> {
         None
     }
+
+    /// Carries on a request whose process died while it ran (a crash, or a
+    /// replica whose lease lapsed), for which the application left a note
+    /// with [`RequestCtx::leave_recovery_note`]: `ctx` is the request's
+    /// context again (same ID, same stream, its progress token), and the
+    /// returned outcome is its one final response. The default, and any
+    /// error, ends it like a request without a note: `-32603`
+    /// "interrupted". Called at most once per cut-off request (replicas
+    /// race for it in the store).
+    async fn recover_request(&self, _ctx: RequestCtx, _cut_off: CutOff) -> Result<RawResult, RpcError> {
+        Err(RpcError::internal(crate::engine::INTERRUPTED_MESSAGE))
+    }
+}
+
+/// What a cut-off request left behind, for [`McpApp::recover_request`].
+#[derive(Debug, Clone)]
+pub struct CutOff {
+    /// The request's method.
+    pub method: String,
+    /// The note the application left ([`RequestCtx::leave_recovery_note`]).
+    pub note: Value,
+    /// The messages already stored on the request's stream before the
+    /// crash (notifications, server-to-client requests), in order: what the
+    /// client has or can replay. An application that gets them again from
+    /// elsewhere sends only what is not among them.
+    pub sent: Vec<Value>,
 }
 
 /// Shorthand for a raw result from anything serializable.

@@ -23,8 +23,8 @@ pub mod tools;
 pub mod trace;
 
 pub use app::{
-    Caller, ClientAuthorization, ClientDeclaration, EndReason, Endpoints, Initialize, McpApp, OperationCtx, OperationRunner,
-    OperationSpec, ROOT_ENDPOINT, RawResult, RequestCtx, RpcError, SessionCtx, SessionEnd, raw_result,
+    Caller, ClientAuthorization, ClientDeclaration, CutOff, EndReason, Endpoints, Initialize, McpApp, OperationCtx,
+    OperationRunner, OperationSpec, ROOT_ENDPOINT, RawResult, RequestCtx, RpcError, SessionCtx, SessionEnd, raw_result,
 };
 pub use config::ServerConfig;
 pub use engine::Engine;

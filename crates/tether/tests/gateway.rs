@@ -382,6 +382,45 @@ async fn a_call_cut_off_by_a_tether_crash_replays_its_progress_and_ends_once_aft
 }
 
 #[tokio::test]
+async fn a_call_through_a_url_upstream_is_carried_on_across_a_tether_crash_and_ends_with_its_real_result() {
+    // The URL upstream: another tether in front of the stdio fixture; it
+    // keeps its streams, so an answer can be picked up with Last-Event-ID.
+    let dir = tempfile::tempdir().unwrap();
+    let flag = upstream_flag("fixture", "");
+    let (_upstream, upstream_url) = Tether::start(&dir.path().join("u.db"), &["--upstream", &flag]);
+    let remote = format!("remote={upstream_url}/fixture");
+    let db = dir.path().join("g.db");
+    let (gateway, url) = Tether::start(&db, &["--upstream", &remote]);
+    let c = Client::new(&format!("{url}/remote"));
+    let (sid, _) = initialized(&c, "carry-on").await;
+    let call = json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call",
+        "params": {"name": "slow", "arguments": {"ms": 3000}, "_meta": {"progressToken": "p9"}}});
+    let mut stream = SseReader::new(c.post(Some(&sid), &call).send().await.unwrap());
+    let prime = stream.next_event().await.unwrap();
+    let progress = stream.next_message().await.unwrap();
+    assert_eq!(progress["method"], "notifications/progress", "{progress}");
+    // Past the moment the gateway leaves its recovery note (100 ms).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(stream);
+    gateway.crash();
+
+    let (_gateway, url) = Tether::start(&db, &["--upstream", &remote]);
+    let c = Client::new(&format!("{url}/remote"));
+    let replay = SseReader::new(c.get(&sid, prime.id.as_deref()).send().await.unwrap()).all_events().await;
+    let messages: Vec<Value> = replay.iter().filter(|e| !e.data.is_empty()).map(|e| e.json()).collect();
+    assert_eq!(messages.len(), 2, "the progress once (not again from the upstream) and one final answer: {messages:?}");
+    assert_eq!(messages[0], progress, "the progress the client saw, replayed identically");
+    assert_eq!(messages[1]["id"], 9);
+    assert_eq!(structured(&messages[1]), &json!({"slept": 3000}), "the call's real result: {}", messages[1]);
+
+    // The upstream ran it once: the fixture saw one `slow` call.
+    let seen = c.request(&sid, 10, "debug/seen", json!({})).await;
+    let seen = seen.last().unwrap().json()["result"]["seen"].clone();
+    let slow_calls = seen.as_array().unwrap().iter().filter(|m| m["params"]["name"] == "slow").count();
+    assert_eq!(slow_calls, 1, "{seen}");
+}
+
+#[tokio::test]
 async fn forward_auth_sends_the_clients_token_upstream_also_after_a_tether_crash_and_only_where_asked() {
     // The URL upstream: another tether, which wants the client's own token.
     let dir = tempfile::tempdir().unwrap();

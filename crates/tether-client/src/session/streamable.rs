@@ -19,8 +19,8 @@ use tether_wire::headers;
 use tether_wire::sse::Decoder;
 
 use super::{
-    Incoming, Inner, RequestTrack, ServerMessage, Session, content_type, error_message, outcome_to_result, read_event, read_response, read_value, same_id,
-    transport_error,
+    Incoming, Inner, RequestTrack, ServerMessage, Session, content_type, error_message, outcome_to_result, read_event,
+    read_response, read_value, same_id, transport_error,
 };
 use crate::error::{ClientError, ReqError};
 use crate::sse::{self, Events, MAX_MESSAGE_BYTES, read_body};

@@ -246,6 +246,11 @@ impl RequestCtx {
         &self.request_id
     }
 
+    /// The `progressToken` of the request's `_meta`, if it had one.
+    pub fn progress_token(&self) -> Option<&Value> {
+        self.progress_token.as_ref()
+    }
+
     /// A sessionless (2026-07-28) request's `_meta`, which carries what a
     /// session would hold (the client's declarations, an application's own
     /// keys); `None` for a request of a session.
@@ -275,6 +280,24 @@ impl RequestCtx {
         let session = self.session.as_ref().ok_or_else(no_session)?;
         let payload = envelope::outbound_message(None, method, params.as_ref());
         emit_related(&self.inner, session, self.stream.as_deref(), payload).await
+    }
+
+    /// Leaves a note from which this request's work can be carried on if
+    /// this process dies while it runs (the gateway: where the upstream
+    /// keeps the answer). The process that then finds the request cut off
+    /// hands the note to [`crate::McpApp::recover_request`] instead of
+    /// ending the request "interrupted". One note per request (a later one
+    /// replaces it); only for a request of a session answered on its SSE
+    /// stream. Stores the stream's priming event first if the request has
+    /// not done so, so the note never names a request no client can follow.
+    pub async fn leave_recovery_note(&self, note: Value) -> Result<(), RpcError> {
+        let session = self.session.as_ref().ok_or_else(no_session)?;
+        let stream = self.stream.as_ref().ok_or_else(|| {
+            RpcError::internal("a recovery note needs the request's SSE stream (this server answers with JSON)")
+        })?;
+        stream.ensure_primed(&self.inner, &session.id).await.map_err(storage_error)?;
+        let record = json!({"note": note, "progressToken": self.progress_token});
+        self.inner.write_recovery_note(&session.id, &stream.name, &record).await.map_err(storage_error)
     }
 
     /// `notifications/progress`, if the client asked for progress.

@@ -1,13 +1,16 @@
 //! Rehydration (invariant 2: any process can serve any session) and the
-//! closing of requests a crash cut off (invariant 7: every primed request
-//! ends with exactly one final response).
+//! requests a crash cut off (invariant 7: every primed request ends with
+//! exactly one final response): closed as interrupted, or carried on by
+//! their application from the note it left (`McpApp::recover_request`).
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use serde_json::Value;
-use tether_store::{EventKind, now_ms};
+use tether_store::{EventKind, StoreError, now_ms};
 use tether_wire::{RpcError, envelope};
+
+use crate::app::CutOff;
 
 use super::session::{Session, SessionState};
 use super::{EngineError, INTERRUPTED_MESSAGE, Inner, replicas};
@@ -41,8 +44,9 @@ impl Inner {
     }
 
     /// Appends the final error response to every request stream of `session`
-    /// that has none and whose request is not running anywhere.
-    async fn close_interrupted(&self, session: &Session) -> Result<(), EngineError> {
+    /// that has none and whose request is not running anywhere (or carries
+    /// it on, where its application left a note).
+    async fn close_interrupted(self: &Arc<Self>, session: &Arc<Session>) -> Result<(), EngineError> {
         for stream in self.store.open_streams(&session.id).await? {
             if stream.stream.starts_with('r') {
                 self.close_if_orphaned(session, &stream.stream).await?;
@@ -51,30 +55,96 @@ impl Inner {
         Ok(())
     }
 
-    /// Closes one unfinished request stream with the "interrupted" error if
-    /// its owner is gone: an earlier process of a single-node store, or a
-    /// replica whose lease lapsed. Replicas race through a compare-and-set
-    /// guard, so the stream gets exactly one final response.
-    pub(crate) async fn close_if_orphaned(&self, session: &Session, stream: &str) -> Result<(), EngineError> {
+    /// Takes over one unfinished request stream if its owner is gone: an
+    /// earlier process of a single-node store, or a replica whose lease
+    /// lapsed. The owner is the process named by the stream's priming
+    /// event, or the one that took it over last (the `closed` record).
+    /// Replicas race through a compare-and-set on that record, so one of
+    /// them wins. The winner carries the request on if its application
+    /// left a note ([`RequestCtx::leave_recovery_note`](super::RequestCtx::leave_recovery_note)),
+    /// else ends it with the "interrupted" error: either way the stream
+    /// gets exactly one final response.
+    pub(crate) async fn close_if_orphaned(self: &Arc<Self>, session: &Arc<Session>, stream: &str) -> Result<(), EngineError> {
         let prime = self.store.read_after(&session.id, stream, 0, 1).await?;
         let meta: Value = prime
             .first()
             .filter(|e| e.kind == EventKind::Prime)
             .and_then(|e| serde_json::from_slice(&e.payload).ok())
             .unwrap_or(Value::Null);
-        let owner = meta.get("owner").and_then(Value::as_str).unwrap_or("");
-        if owner == self.instance || (self.store.is_shared() && replicas::is_alive(self, owner).await?) {
+        let guard = format!("{}/{stream}", session.id);
+        let taken = self.store.kv_get(TAKEN_NAMESPACE, &guard, now_ms()).await?;
+        let (owner, expected) = match &taken {
+            // Closed by a build that marked it so.
+            Some(record) if record.value.as_ref() == CLOSED_MARK => return Ok(()),
+            Some(record) => (String::from_utf8_lossy(&record.value).into_owned(), Some(record.revision)),
+            None => (meta.get("owner").and_then(Value::as_str).unwrap_or("").to_owned(), None),
+        };
+        if owner == self.instance || (self.store.is_shared() && replicas::is_alive(self, &owner).await?) {
             return Ok(());
         }
-        let guard = format!("{}/{stream}", session.id);
         let expires = Some(now_ms() + self.config.session_ttl.as_millis() as i64 * 2);
-        if self.store.kv_compare_and_set("closed", &guard, None, Bytes::from_static(b"1"), expires).await?.is_none() {
-            return Ok(()); // another replica closed it
+        let me = Bytes::from(self.instance.clone());
+        if self.store.kv_compare_and_set(TAKEN_NAMESPACE, &guard, expected, me, expires).await?.is_none() {
+            return Ok(()); // another replica took it
         }
         let id = meta.get("id").cloned().unwrap_or(Value::Null);
+        let method = meta.get("method").and_then(Value::as_str).unwrap_or("").to_owned();
+        if let Some((note, progress_token)) = self.recovery_note(&session.id, stream).await? {
+            let sent = self.sent_on(&session.id, stream).await?;
+            tracing::warn!(session = %session.id, %stream, %method, "carrying on a request cut off by a restart");
+            let cut_off = CutOff { method, note, sent };
+            self.clone().carry_on_request(session.clone(), stream, id, progress_token, cut_off);
+            return Ok(());
+        }
         let payload = envelope::error_message(Some(&id), &RpcError::internal(INTERRUPTED_MESSAGE));
         self.emit(&session.id, stream, EventKind::Final, payload).await?;
         tracing::warn!(session = %session.id, %stream, "closed a request interrupted by a restart");
         Ok(())
     }
+
+    /// Stores the note of a running request ([`RequestCtx::leave_recovery_note`](super::RequestCtx::leave_recovery_note)).
+    pub(crate) async fn write_recovery_note(&self, session: &str, stream: &str, record: &Value) -> Result<(), StoreError> {
+        let key = format!("{session}/{stream}");
+        let value = Bytes::from(record.to_string());
+        let expires = Some(now_ms() + self.config.session_ttl.as_millis() as i64 * 2);
+        let current = self.store.kv_get(NOTE_NAMESPACE, &key, now_ms()).await?.map(|r| r.revision);
+        if self.store.kv_compare_and_set(NOTE_NAMESPACE, &key, current, value, expires).await?.is_none() {
+            return Err(StoreError::Backend("the request's recovery note changed while it was written".into()));
+        }
+        Ok(())
+    }
+
+    /// The note left for a request and its progress token, if any.
+    async fn recovery_note(&self, session: &str, stream: &str) -> Result<Option<(Value, Option<Value>)>, StoreError> {
+        let Some(record) = self.store.kv_get(NOTE_NAMESPACE, &format!("{session}/{stream}"), now_ms()).await? else {
+            return Ok(None);
+        };
+        let Ok(mut record) = serde_json::from_slice::<Value>(&record.value) else {
+            tracing::error!(%session, %stream, "a request's recovery note is unreadable; ending the request as interrupted");
+            return Ok(None);
+        };
+        let token = record.get_mut("progressToken").map(Value::take).filter(|t| !t.is_null());
+        Ok(Some((record.get_mut("note").map(Value::take).unwrap_or(Value::Null), token)))
+    }
+
+    /// The messages stored on a request's stream (not its priming event),
+    /// parsed, at most [`MAX_SENT_HANDED_OVER`].
+    async fn sent_on(&self, session: &str, stream: &str) -> Result<Vec<Value>, StoreError> {
+        let events = self.store.read_after(session, stream, 0, MAX_SENT_HANDED_OVER).await?;
+        Ok(events
+            .iter()
+            .filter(|e| e.kind == EventKind::Message)
+            .filter_map(|e| serde_json::from_slice(&e.payload).ok())
+            .collect())
+    }
 }
+
+/// Who carries a cut-off request on now: `session/stream` → the instance
+/// that took it over (the first takeover is decided here too).
+const TAKEN_NAMESPACE: &str = "closed";
+/// What earlier builds stored in [`TAKEN_NAMESPACE`] for a closed request.
+const CLOSED_MARK: &[u8] = b"1";
+/// `session/stream` → a running request's recovery note.
+const NOTE_NAMESPACE: &str = "recovery-note";
+/// Messages of a cut-off request handed to its application.
+const MAX_SENT_HANDED_OVER: usize = 10_000;

@@ -235,6 +235,51 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// Runs [`McpApp::recover_request`](crate::McpApp::recover_request) for a
+    /// request a crash cut off, in a task of its own, as the request's work:
+    /// its slot among the session's requests (so the client can cancel it),
+    /// its stream as it was, its one final response stored at the end.
+    pub(crate) fn carry_on_request(
+        self: Arc<Self>,
+        session: Arc<Session>,
+        stream: &str,
+        id: Value,
+        progress_token: Option<Value>,
+        cut_off: crate::app::CutOff,
+    ) {
+        let cancel = CancellationToken::new();
+        // No limit: the request was admitted once already.
+        let slot = match InflightSlot::take(&session, request_key(&id), cancel.clone(), usize::MAX) {
+            Ok(slot) => Some(slot),
+            Err(e) => {
+                tracing::warn!(session = %session.id, %stream, error = %e, "a carried-on request runs outside the in-flight map (the client cannot cancel it)");
+                None
+            }
+        };
+        let stream = RequestStream::recovered(stream.to_owned(), id.clone(), &cut_off.method);
+        let ctx = RequestCtx::new(
+            self.clone(),
+            session.clone(),
+            Some(stream.clone()),
+            id.clone(),
+            progress_token,
+            cancel.clone(),
+            None,
+        );
+        let app = self.app_of(&session);
+        let work: Work = Box::new(move |ctx| Box::pin(async move { app.recover_request(ctx, cut_off).await }));
+        let inner = self.clone();
+        self.spawn_request(tether_store::fence::scope(async move {
+            let _slot = slot;
+            let payload = run_work(&inner, ctx, work, cancel).await;
+            if !session.closed.is_cancelled() {
+                store_final(&inner, &session, &stream, &id, payload).await;
+            }
+        }));
+    }
+}
+
 /// The longest pause between two attempts to store a primed request's final response.
 const FINAL_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(5);
 

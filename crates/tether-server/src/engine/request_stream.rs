@@ -85,6 +85,19 @@ impl RequestStream {
         (stream, Attachment(attached), rx)
     }
 
+    /// The stream of a request a crash cut off, whose priming event is
+    /// stored (by the process that died) and whose work is carried on here:
+    /// nobody waits for a quick answer; clients follow it with `GET`.
+    pub fn recovered(name: String, request_id: serde_json::Value, method: &str) -> Arc<Self> {
+        Arc::new(Self {
+            name,
+            request_id,
+            method: method.to_owned(),
+            state: tokio::sync::Mutex::new(State { primed: true, prime_seq: 0, waiting: None }),
+            attached: Arc::new(AtomicBool::new(false)),
+        })
+    }
+
     /// Whether the POST that started the request still listens.
     pub fn is_attached(&self) -> bool {
         self.attached.load(Ordering::Acquire)
