@@ -375,18 +375,22 @@ async fn request_with_note(
     let track = tether_client::RequestTrack::new();
     let request = connection.upstream.request_tracked(method, params, &track);
     let mut request = std::pin::pin!(request);
-    let mut check = tokio::time::interval_at(tokio::time::Instant::now() + NOTE_AFTER, NOTE_AFTER);
+    // A `Sleep` on the stack, re-armed: no allocation for the quick requests.
+    let mut check = std::pin::pin!(tokio::time::sleep(NOTE_AFTER));
     let mut noted = false;
     loop {
         tokio::select! {
+            biased;
             result = &mut request => return result,
-            _ = check.tick(), if !noted => {
+            () = &mut check, if !noted => {
                 if let Some((request_id, after)) = track.point() {
                     noted = true;
                     let note = json!({NOTE_REQUEST_ID: request_id, NOTE_AFTER_EVENT: after});
                     if let Err(e) = ctx.leave_recovery_note(note).await {
                         tracing::warn!(error = %e.message, "could not store a request's recovery note; a crash now ends it as interrupted");
                     }
+                } else {
+                    check.as_mut().reset(tokio::time::Instant::now() + NOTE_AFTER);
                 }
             }
         }

@@ -287,14 +287,13 @@ impl RequestCtx {
     /// keeps the answer). The process that then finds the request cut off
     /// hands the note to [`crate::McpApp::recover_request`] instead of
     /// ending the request "interrupted". One note per request (a later one
-    /// replaces it); only for a request of a session answered on its SSE
-    /// stream. Stores the stream's priming event first if the request has
+    /// replaces it); for a request of a session answered on its SSE stream
+    /// (one answered with JSON cannot be followed after a crash: nothing is
+    /// stored). Stores the stream's priming event first if the request has
     /// not done so, so the note never names a request no client can follow.
     pub async fn leave_recovery_note(&self, note: Value) -> Result<(), RpcError> {
         let session = self.session.as_ref().ok_or_else(no_session)?;
-        let stream = self.stream.as_ref().ok_or_else(|| {
-            RpcError::internal("a recovery note needs the request's SSE stream (this server answers with JSON)")
-        })?;
+        let Some(stream) = self.stream.as_ref() else { return Ok(()) };
         stream.ensure_primed(&self.inner, &session.id).await.map_err(storage_error)?;
         let record = json!({"note": note, "progressToken": self.progress_token});
         self.inner.write_recovery_note(&session.id, &stream.name, &record).await.map_err(storage_error)
