@@ -11,7 +11,7 @@ mod legacy_sse;
 mod plain_http;
 mod streamable;
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
@@ -112,6 +112,8 @@ struct Inner {
     next_id: AtomicI64,
     incoming_tx: mpsc::Sender<ServerMessage>,
     incoming_rx: Mutex<Option<mpsc::Receiver<ServerMessage>>>,
+    /// Messages put on `incoming_tx` so far ([`Session::incoming_handed`]).
+    incoming_handed: AtomicU64,
     closed: watch::Sender<bool>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     /// A sessionless (2026-07-28) session: what every request's `_meta`
@@ -453,6 +455,7 @@ impl Session {
                 next_id: AtomicI64::new(0),
                 incoming_tx,
                 incoming_rx: Mutex::new(Some(incoming_rx)),
+                incoming_handed: AtomicU64::new(0),
                 closed,
                 tasks: Mutex::new(Vec::new()),
                 modern: None,
@@ -632,6 +635,14 @@ impl Session {
         self.inner.send_one_way(&message).await.map_err(ReqError::into_client)
     }
 
+    /// How many server messages have been put on the [`Session::take_incoming`]
+    /// channel so far. Read right after a request's answer arrived, it
+    /// counts everything the server sent before that answer on the
+    /// request's stream: a reader that has taken that many has them all.
+    pub fn incoming_handed(&self) -> u64 {
+        self.inner.incoming_handed.load(Ordering::Acquire)
+    }
+
     /// Server messages (from any stream). Can be taken once.
     pub fn take_incoming(&self) -> Option<mpsc::Receiver<ServerMessage>> {
         self.inner.incoming_rx.lock().ok()?.take()
@@ -807,10 +818,16 @@ impl Inner {
     /// when it is full); after, the stream waits for room.
     async fn deliver(&self, message: ServerMessage) {
         let taken = self.incoming_rx.lock().map(|r| r.is_none()).unwrap_or(true);
-        if taken {
-            let _ = self.incoming_tx.send(message).await;
+        let handed = if taken {
+            self.incoming_tx.send(message).await.is_ok()
         } else if self.incoming_tx.try_send(message).is_err() {
             tracing::debug!(url = %self.url, "no one reads this session's server messages; dropping one");
+            false
+        } else {
+            true
+        };
+        if handed {
+            self.incoming_handed.fetch_add(1, Ordering::Release);
         }
     }
 }

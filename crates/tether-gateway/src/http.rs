@@ -353,6 +353,12 @@ impl Upstream for HttpUpstream {
         self.alive.load(Ordering::Acquire)
     }
 
+    /// The relay hands every message the client runtime received on to the
+    /// gateway, one for one.
+    fn inbound_sent(&self) -> u64 {
+        lock(&self.client).as_ref().map_or(0, Session::incoming_handed)
+    }
+
     /// With `end_session`, DELETEs the upstream session; else only lets go
     /// of it (another replica, or a restart, may use its ID).
     async fn close(&self, end_session: bool) {

@@ -129,6 +129,9 @@ async fn the_upstreams_notifications_and_requests_arrive_on_inbound_and_answers_
 
     let done = call(upstream.as_ref(), "chatty", json!({})).await.unwrap();
     assert_eq!(done["structuredContent"]["done"], true);
+    // What the upstream sent before its answer is counted when the answer
+    // arrives (the gateway waits for that many before it answers the client).
+    assert_eq!(upstream.inbound_sent(), 1, "the notification sent before the answer is counted with it");
     let Some(FromUpstream::Notification { method, params }) = within("notification", inbound.recv()).await else {
         panic!("a notification")
     };
