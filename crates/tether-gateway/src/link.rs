@@ -247,3 +247,45 @@ pub(crate) async fn pump(session: SessionCtx, link: Arc<Link>, connection: Conne
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn progress(n: u64) -> FromUpstream {
+        FromUpstream::Notification {
+            method: "notifications/progress".into(),
+            params: Some(json!({"progressToken": "p", "progress": n})),
+        }
+    }
+
+    fn stored(message: &FromUpstream) -> Value {
+        match message {
+            FromUpstream::Notification { method, params } => json!({"jsonrpc": "2.0", "method": method, "params": params}),
+            FromUpstream::Request { method, params, .. } => {
+                json!({"jsonrpc": "2.0", "id": "tether-7", "method": method, "params": params})
+            }
+        }
+    }
+
+    #[test]
+    fn a_resumed_stream_sends_on_only_what_the_client_did_not_have() {
+        let log = FromUpstream::Notification {
+            method: "notifications/message".into(),
+            params: Some(json!({"level": "info", "data": "from the standalone stream"})),
+        };
+        // Stored before the crash: progress 1 and 2, with a message from
+        // elsewhere between them.
+        let mut already = AlreadySent::new(vec![stored(&progress(1)), stored(&log), stored(&progress(2))]);
+        // The upstream sends its stream again from the start, then more.
+        let resent: Vec<bool> =
+            [progress(1), progress(2), progress(3), progress(4)].iter().map(|m| already.contains(m)).collect();
+        assert_eq!(resent, [true, true, false, false], "1 and 2 were had, 3 and 4 are new");
+        // Once past them, an equal message is new.
+        assert!(!already.contains(&progress(1)));
+        // A request matches by method and params, whatever its ID.
+        let ask = FromUpstream::Request { id: json!(5), method: "elicitation/create".into(), params: Some(json!({"m": 1})) };
+        assert!(AlreadySent::new(vec![stored(&ask)]).contains(&ask));
+    }
+}
