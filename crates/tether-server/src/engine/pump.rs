@@ -34,6 +34,37 @@ pub enum Frame {
     Reconnect,
 }
 
+/// The frames of one pump, as its HTTP body reads them.
+///
+/// They travel boxed: a tokio mpsc channel allocates its slots in blocks of
+/// 32 when it is made, whatever its capacity, and a `Frame` is 64 bytes, so
+/// each open stream (most of them idle for hours) held a 2 KiB block; boxed,
+/// a slot is 8 bytes. The box is one small allocation per frame sent.
+pub struct Frames(mpsc::Receiver<Box<Frame>>);
+
+impl Frames {
+    /// Frames that are all known now (the stream has nothing more to send).
+    pub(crate) fn ready(frames: impl IntoIterator<Item = Frame>) -> Frames {
+        let frames: Vec<Frame> = frames.into_iter().collect();
+        let (tx, rx) = mpsc::channel(frames.len().max(1));
+        for frame in frames {
+            // The channel has room for every frame.
+            let _ = tx.try_send(Box::new(frame));
+        }
+        Frames(rx)
+    }
+
+    /// The next frame; `None` when the pump ended.
+    pub async fn recv(&mut self) -> Option<Frame> {
+        self.0.recv().await.map(|frame| *frame)
+    }
+
+    /// The next frame if one is ready now.
+    pub fn try_recv(&mut self) -> Option<Frame> {
+        self.0.try_recv().ok().map(|frame| *frame)
+    }
+}
+
 pub(crate) struct PumpSpec {
     pub stream: String,
     /// Deliver events with `seq > after`.
@@ -60,7 +91,7 @@ struct Pump {
     inner: Arc<Inner>,
     session: Arc<Session>,
     spec: PumpSpec,
-    tx: mpsc::Sender<Frame>,
+    tx: mpsc::Sender<Box<Frame>>,
     cursor: u64,
 }
 
@@ -71,7 +102,7 @@ impl Pump {
             EventKind::Prime => Frame::Prime { id },
             _ => Frame::Event { id, data: payload },
         };
-        if self.tx.send(frame).await.is_err() {
+        if self.tx.send(Box::new(frame)).await.is_err() {
             return Step::End;
         }
         self.cursor = seq;
@@ -140,7 +171,7 @@ impl Pump {
 
     async fn read_failed(&self, e: StoreError) -> Step {
         tracing::warn!(session = %self.session.id, error = %e, "replay read failed; asking client to reconnect");
-        let _ = self.tx.send(Frame::Reconnect).await;
+        let _ = self.tx.send(Box::new(Frame::Reconnect)).await;
         Step::End
     }
 
@@ -157,7 +188,7 @@ impl Pump {
 
     async fn follow(&mut self, mut sub: Subscription, standalone_shared: bool) {
         if let Some(first) = self.spec.first.take()
-            && self.tx.send(first).await.is_err()
+            && self.tx.send(Box::new(first)).await.is_err()
         {
             return;
         }
@@ -177,7 +208,7 @@ impl Pump {
             tokio::select! {
                 biased;
                 _ = self.inner.shutdown.cancelled() => {
-                    let _ = self.tx.send(Frame::Reconnect).await;
+                    let _ = self.tx.send(Box::new(Frame::Reconnect)).await;
                     return;
                 }
                 _ = self.session.closed.cancelled() => return,
@@ -201,7 +232,7 @@ impl Pump {
                     Err(broadcast::error::RecvError::Closed) => return,
                 },
                 _ = keepalive.tick() => {
-                    if self.tx.send(Frame::KeepAlive).await.is_err() {
+                    if self.tx.send(Box::new(Frame::KeepAlive)).await.is_err() {
                         return;
                     }
                     if standalone_shared {
@@ -214,11 +245,11 @@ impl Pump {
 }
 
 /// Starts a pump for `session` and returns the frames it produces.
-pub(crate) fn spawn_pump(inner: Arc<Inner>, session: Arc<Session>, spec: PumpSpec, sub: Subscription) -> mpsc::Receiver<Frame> {
+pub(crate) fn spawn_pump(inner: Arc<Inner>, session: Arc<Session>, spec: PumpSpec, sub: Subscription) -> Frames {
     let (tx, rx) = mpsc::channel(FRAME_BUFFER);
     let cursor = spec.after;
     let pump = Pump { inner, session, spec, tx, cursor };
     let inner = pump.inner.clone();
     inner.spawn(pump.run(sub));
-    rx
+    Frames(rx)
 }

@@ -6,9 +6,7 @@ use axum::body::Body;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
 use bytes::{BufMut, BytesMut};
-use tokio::sync::mpsc;
-
-use crate::engine::Frame;
+use crate::engine::{Frame, Frames};
 
 /// Appends one frame as SSE text. JSON payloads are compact, so one `data:` line each.
 fn append(out: &mut BytesMut, frame: &Frame, retry_ms: u64) {
@@ -37,15 +35,15 @@ const COALESCE_BYTES: usize = 64 * 1024;
 /// A `text/event-stream` response streaming `frames` until the engine ends
 /// them. Frames that are ready together go out as one chunk (one write), so a
 /// replay costs a write per 64 KiB, not one per event.
-pub fn response(frames: mpsc::Receiver<Frame>, retry_ms: u64, session_id: Option<&str>) -> Response {
+pub fn response(frames: Frames, retry_ms: u64, session_id: Option<&str>) -> Response {
     let body = futures::stream::unfold((frames, crate::metrics::sse_connection()), move |(mut frames, open)| async move {
         let first = frames.recv().await?;
         let mut chunk = BytesMut::new();
         append(&mut chunk, &first, retry_ms);
         while chunk.len() < COALESCE_BYTES {
             match frames.try_recv() {
-                Ok(frame) => append(&mut chunk, &frame, retry_ms),
-                Err(_) => break,
+                Some(frame) => append(&mut chunk, &frame, retry_ms),
+                None => break,
             }
         }
         Some((Ok::<_, Infallible>(chunk.freeze()), (frames, open)))
