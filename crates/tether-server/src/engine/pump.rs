@@ -5,11 +5,21 @@
 //! store read, so nothing committed in between is missed; sequence numbers
 //! drop duplicates, and any gap or lag sends the pump back to the store.
 //! That is how replay-to-live hands over without loss or duplicates.
+//!
+//! A pump is not a task of its own: it runs inside its [`Frames`], polled by
+//! whoever reads them (hyper, through the SSE body). An open stream, most of
+//! them idle for hours, then costs no task and no channel beside its
+//! connection's (streams_10k in docs/benchmarks.md); the pump ends when the
+//! body is dropped (the client went away), as it did when its channel closed.
 
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 
 use tether_store::{EventKind, StoreError, StoredEvent};
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::broadcast;
 
 use super::Inner;
 use super::live::{LiveEvent, Subscription};
@@ -18,7 +28,7 @@ use crate::ids::EventId;
 
 /// Events read from the store per catch-up round.
 const CATCHUP_PAGE: usize = 512;
-/// Frames buffered between a pump and its HTTP body.
+/// Frames a pump produces before its reader takes them; beyond it the pump waits.
 const FRAME_BUFFER: usize = 64;
 
 /// What the HTTP layer writes, one SSE event (or comment) per frame.
@@ -34,34 +44,81 @@ pub enum Frame {
     Reconnect,
 }
 
-/// The frames of one pump, as its HTTP body reads them.
-///
-/// They travel boxed: a tokio mpsc channel allocates its slots in blocks of
-/// 32 when it is made, whatever its capacity, and a `Frame` is 64 bytes, so
-/// each open stream (most of them idle for hours) held a 2 KiB block; boxed,
-/// a slot is 8 bytes. The box is one small allocation per frame sent.
-pub struct Frames(mpsc::Receiver<Box<Frame>>);
+/// Frames a pump produced that its reader has not taken yet (at most
+/// [`FRAME_BUFFER`]). Shared by the pump, which pushes, and its [`Frames`],
+/// which takes them; emptied, its buffer is freed, so an idle stream holds none.
+#[derive(Clone, Default)]
+struct Outbox(Arc<Mutex<VecDeque<Frame>>>);
+
+impl Outbox {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Frame>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits for room, then queues `frame`. The wait needs no waker: the pump
+    /// is only polled by its `Frames`, which empties the outbox before it
+    /// returns the frames and polls the pump again on its next read.
+    async fn send(&self, frame: Frame) {
+        let mut frame = Some(frame);
+        std::future::poll_fn(|_| {
+            let mut queue = self.lock();
+            if queue.len() >= FRAME_BUFFER {
+                return Poll::Pending;
+            }
+            if let Some(frame) = frame.take() {
+                queue.push_back(frame);
+            }
+            Poll::Ready(())
+        })
+        .await
+    }
+}
+
+/// The frames of one stream, as its HTTP body reads them, and the pump that
+/// makes them, run by [`Frames::poll_recv`]. Dropping it stops the pump.
+pub struct Frames {
+    outbox: Outbox,
+    /// `None` once the pump ended (or for frames all known up front).
+    pump: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+}
 
 impl Frames {
     /// Frames that are all known now (the stream has nothing more to send).
     pub(crate) fn ready(frames: impl IntoIterator<Item = Frame>) -> Frames {
-        let frames: Vec<Frame> = frames.into_iter().collect();
-        let (tx, rx) = mpsc::channel(frames.len().max(1));
-        for frame in frames {
-            // The channel has room for every frame.
-            let _ = tx.try_send(Box::new(frame));
+        Frames { outbox: Outbox(Arc::new(Mutex::new(frames.into_iter().collect()))), pump: None }
+    }
+
+    /// The next frame, running the pump until it has one; `Ready(None)` when
+    /// the pump ended and every frame was taken.
+    pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Frame>> {
+        if let Some(frame) = self.take() {
+            return Poll::Ready(Some(frame));
         }
-        Frames(rx)
+        if let Some(pump) = self.pump.as_mut()
+            && pump.as_mut().poll(cx).is_ready()
+        {
+            self.pump = None;
+        }
+        match self.take() {
+            Some(frame) => Poll::Ready(Some(frame)),
+            None if self.pump.is_none() => Poll::Ready(None),
+            None => Poll::Pending,
+        }
+    }
+
+    fn take(&self) -> Option<Frame> {
+        let mut queue = self.outbox.lock();
+        let frame = queue.pop_front();
+        if queue.is_empty() && queue.capacity() > 0 {
+            // An idle stream keeps no buffer (one allocation per frame sent).
+            *queue = VecDeque::new();
+        }
+        frame
     }
 
     /// The next frame; `None` when the pump ended.
     pub async fn recv(&mut self) -> Option<Frame> {
-        self.0.recv().await.map(|frame| *frame)
-    }
-
-    /// The next frame if one is ready now.
-    pub fn try_recv(&mut self) -> Option<Frame> {
-        self.0.try_recv().ok().map(|frame| *frame)
+        std::future::poll_fn(|cx| self.poll_recv(cx)).await
     }
 }
 
@@ -91,7 +148,7 @@ struct Pump {
     inner: Arc<Inner>,
     session: Arc<Session>,
     spec: PumpSpec,
-    tx: mpsc::Sender<Box<Frame>>,
+    out: Outbox,
     cursor: u64,
 }
 
@@ -102,9 +159,7 @@ impl Pump {
             EventKind::Prime => Frame::Prime { id },
             _ => Frame::Event { id, data: payload },
         };
-        if self.tx.send(Box::new(frame)).await.is_err() {
-            return Step::End;
-        }
+        self.out.send(frame).await;
         self.cursor = seq;
         if kind == EventKind::Final && self.spec.close_on_final {
             return Step::End;
@@ -171,26 +226,24 @@ impl Pump {
 
     async fn read_failed(&self, e: StoreError) -> Step {
         tracing::warn!(session = %self.session.id, error = %e, "replay read failed; asking client to reconnect");
-        let _ = self.tx.send(Box::new(Frame::Reconnect)).await;
+        self.out.send(Frame::Reconnect).await;
         Step::End
     }
 
     async fn run(mut self, sub: Subscription) {
         let standalone_shared = self.spec.standalone_generation.is_some() && self.inner.store.is_shared();
-        if standalone_shared {
+        let _mark = if standalone_shared {
             super::replicas::mark_standalone(&self.inner, &self.session.id).await;
-        }
+            Some(StandaloneMark { inner: self.inner.clone(), session: self.session.id.clone() })
+        } else {
+            None
+        };
         self.follow(sub, standalone_shared).await;
-        if standalone_shared {
-            super::replicas::unmark_standalone(&self.inner, &self.session.id).await;
-        }
     }
 
     async fn follow(&mut self, mut sub: Subscription, standalone_shared: bool) {
-        if let Some(first) = self.spec.first.take()
-            && self.tx.send(Box::new(first)).await.is_err()
-        {
-            return;
+        if let Some(first) = self.spec.first.take() {
+            self.out.send(first).await;
         }
         let mut owner = self.session.standalone_owner.subscribe();
         // Not `interval(..)` + a first `tick().await`: that first tick goes
@@ -212,11 +265,10 @@ impl Pump {
             tokio::select! {
                 biased;
                 _ = self.inner.shutdown.cancelled() => {
-                    let _ = self.tx.send(Box::new(Frame::Reconnect)).await;
+                    self.out.send(Frame::Reconnect).await;
                     return;
                 }
                 _ = self.session.closed.cancelled() => return,
-                _ = self.tx.closed() => return,
                 changed = owner.changed(), if self.spec.standalone_generation.is_some() => {
                     if changed.is_err() || Some(*owner.borrow()) != self.spec.standalone_generation {
                         // A newer GET took over the standalone stream.
@@ -236,9 +288,7 @@ impl Pump {
                     Err(broadcast::error::RecvError::Closed) => return,
                 },
                 _ = keepalive.tick() => {
-                    if self.tx.send(Box::new(Frame::KeepAlive)).await.is_err() {
-                        return;
-                    }
+                    self.out.send(Frame::KeepAlive).await;
                     if standalone_shared {
                         super::replicas::mark_standalone(&self.inner, &self.session.id).await;
                     }
@@ -248,14 +298,31 @@ impl Pump {
     }
 }
 
-/// Starts a pump for `session` and returns the frames it produces.
+/// This replica no longer holds the session's standalone stream when its
+/// pump ends or is dropped (its client went away); the store is told in a
+/// task of its own, since a drop cannot wait.
+struct StandaloneMark {
+    inner: Arc<Inner>,
+    session: String,
+}
+
+impl Drop for StandaloneMark {
+    fn drop(&mut self) {
+        // Without a runtime (the process is exiting) the mark expires by itself.
+        if tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        let (inner, session) = (self.inner.clone(), std::mem::take(&mut self.session));
+        self.inner.spawn(async move { super::replicas::unmark_standalone(&inner, &session).await });
+    }
+}
+
+/// A pump for `session`, in the frames it produces: it runs as they are read.
 pub(crate) fn spawn_pump(inner: Arc<Inner>, session: Arc<Session>, spec: PumpSpec, sub: Subscription) -> Frames {
-    let (tx, rx) = mpsc::channel(FRAME_BUFFER);
+    let out = Outbox::default();
     let cursor = spec.after;
-    let pump = Pump { inner, session, spec, tx, cursor };
-    let inner = pump.inner.clone();
-    inner.spawn(pump.run(sub));
-    Frames(rx)
+    let pump = Pump { inner, session, spec, out: out.clone(), cursor };
+    Frames { outbox: out, pump: Some(Box::pin(pump.run(sub))) }
 }
 
 #[cfg(test)]
