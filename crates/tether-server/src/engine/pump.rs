@@ -135,7 +135,6 @@ pub(crate) struct PumpSpec {
     /// Sent before anything else.
     pub first: Option<Frame>,
     /// A request stream's POST connection: attached while this pump runs.
-    #[allow(dead_code)] // held, never read: dropping it detaches
     pub attachment: Option<super::request_stream::Attachment>,
 }
 
@@ -144,33 +143,40 @@ enum Step {
     End,
 }
 
+/// A pump's state: what of its [`PumpSpec`] it keeps (the first frame goes
+/// to its outbox at once, not into the future it lives in for hours).
 struct Pump {
     inner: Arc<Inner>,
     session: Arc<Session>,
-    spec: PumpSpec,
+    stream: String,
+    catch_up: bool,
+    close_on_final: bool,
+    standalone_generation: Option<u64>,
+    #[allow(dead_code)] // held, never read: dropping it detaches
+    attachment: Option<super::request_stream::Attachment>,
     out: Outbox,
     cursor: u64,
 }
 
 impl Pump {
     async fn deliver(&mut self, seq: u64, kind: EventKind, payload: bytes::Bytes) -> Step {
-        let id = EventId::new(&self.spec.stream, seq);
+        let id = EventId::new(&self.stream, seq);
         let frame = match kind {
             EventKind::Prime => Frame::Prime { id },
             _ => Frame::Event { id, data: payload },
         };
         self.out.send(frame).await;
         self.cursor = seq;
-        if kind == EventKind::Final && self.spec.close_on_final {
+        if kind == EventKind::Final && self.close_on_final {
             return Step::End;
         }
         Step::Continue
     }
 
     fn remember_delivery(&self) {
-        if self.spec.standalone_generation.is_some() {
+        if self.standalone_generation.is_some() {
             let store = self.inner.store.clone();
-            let (session, stream, seq) = (self.session.id.clone(), self.spec.stream.clone(), self.cursor);
+            let (session, stream, seq) = (self.session.id.clone(), self.stream.clone(), self.cursor);
             self.inner.spawn(async move {
                 if let Err(e) = store.set_cursor(&session, &stream, seq).await {
                     tracing::warn!(%session, error = %e, "could not record standalone stream cursor");
@@ -184,7 +190,7 @@ impl Pump {
     /// waits for the store about once, not once per page.
     async fn catch_up(&mut self) -> Step {
         let store = self.inner.store.clone();
-        let (session, stream) = (self.session.id.clone(), self.spec.stream.clone());
+        let (session, stream) = (self.session.id.clone(), self.stream.clone());
         let mut page = match store.read_after(&session, &stream, self.cursor, CATCHUP_PAGE).await {
             Ok(page) => page,
             Err(e) => return self.read_failed(e).await,
@@ -231,7 +237,7 @@ impl Pump {
     }
 
     async fn run(mut self, sub: Subscription) {
-        let standalone_shared = self.spec.standalone_generation.is_some() && self.inner.store.is_shared();
+        let standalone_shared = self.standalone_generation.is_some() && self.inner.store.is_shared();
         let _mark = if standalone_shared {
             super::replicas::mark_standalone(&self.inner, &self.session.id).await;
             Some(StandaloneMark { inner: self.inner.clone(), session: self.session.id.clone() })
@@ -242,15 +248,12 @@ impl Pump {
     }
 
     async fn follow(&mut self, mut sub: Subscription, standalone_shared: bool) {
-        if let Some(first) = self.spec.first.take() {
-            self.out.send(first).await;
-        }
         let mut owner = self.session.standalone_owner.subscribe();
         // Not `interval(..)` + a first `tick().await`: that first tick goes
         // through the timer wheel and costs up to a millisecond per stream.
         let period = self.inner.config.keepalive;
         let mut keepalive = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-        let mut catch_up = self.spec.catch_up;
+        let mut catch_up = self.catch_up;
         loop {
             if catch_up {
                 // Boxed: a catch-up (store reads and a page in flight) is
@@ -269,8 +272,8 @@ impl Pump {
                     return;
                 }
                 _ = self.session.closed.cancelled() => return,
-                changed = owner.changed(), if self.spec.standalone_generation.is_some() => {
-                    if changed.is_err() || Some(*owner.borrow()) != self.spec.standalone_generation {
+                changed = owner.changed(), if self.standalone_generation.is_some() => {
+                    if changed.is_err() || Some(*owner.borrow()) != self.standalone_generation {
                         // A newer GET took over the standalone stream.
                         return;
                     }
@@ -319,9 +322,19 @@ impl Drop for StandaloneMark {
 
 /// A pump for `session`, in the frames it produces: it runs as they are read.
 pub(crate) fn spawn_pump(inner: Arc<Inner>, session: Arc<Session>, spec: PumpSpec, sub: Subscription) -> Frames {
-    let out = Outbox::default();
-    let cursor = spec.after;
-    let pump = Pump { inner, session, spec, out: out.clone(), cursor };
+    let PumpSpec { stream, after, catch_up, close_on_final, standalone_generation, first, attachment } = spec;
+    let out = Outbox(Arc::new(Mutex::new(first.into_iter().collect())));
+    let pump = Pump {
+        inner,
+        session,
+        stream,
+        catch_up,
+        close_on_final,
+        standalone_generation,
+        attachment,
+        out: out.clone(),
+        cursor: after,
+    };
     Frames { outbox: out, pump: Some(Box::pin(pump.run(sub))) }
 }
 
@@ -335,14 +348,14 @@ mod tests {
         std::mem::size_of::<Fut>()
     }
 
-    /// A pump's task is allocated at its future's largest state for as long
-    /// as its stream is open. 1,152 bytes (catch-up boxed) with tokio's task
-    /// header fit mimalloc's 1,280-byte class; before, 1,304 took the
-    /// 1,536-byte one. A change to the pump's `select!` that crosses this
-    /// line costs about 256 bytes per open stream (streams_10k).
+    /// A pump's future is allocated at its largest state for as long as its
+    /// stream is open (boxed, in the stream's `Frames`). 944 bytes (catch-up
+    /// boxed, the first frame not kept) fit mimalloc's 1,024-byte class;
+    /// 1,304 took 1,536 bytes. A change to the pump's `select!` or its fields
+    /// that crosses this line costs 256 bytes per open stream (streams_10k).
     #[test]
-    fn an_idle_pump_task_stays_small() {
+    fn an_idle_pump_stays_small() {
         let size = future_size(&super::Pump::run);
-        assert!(size <= 1_152, "the pump's future grew to {size} bytes");
+        assert!(size <= 1_024, "the pump's future grew to {size} bytes");
     }
 }
