@@ -6,6 +6,7 @@ use axum::body::Body;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
 use bytes::{BufMut, BytesMut};
+
 use crate::engine::{Frame, Frames};
 
 /// Appends one frame as SSE text. JSON payloads are compact, so one `data:` line each.
