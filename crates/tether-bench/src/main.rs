@@ -714,7 +714,17 @@ async fn streams_10k(args: &Args, programs: &Programs) -> Row {
         let mut launch = Launch::new(subject);
         // Sessions with an open stream are never evicted; a cache below their
         // number would rescan the whole map on every insertion beyond it.
-        launch.extra_args = vec!["--session-cache".into(), (n + 1_024).to_string(), "--admin-token-env".into(), ADMIN_TOKEN_ENV.into()];
+        // The connection cap (default 10,000) must leave room beside the
+        // streams for the admin API's POST: at the cap it would wait in the
+        // listen backlog until a stream closed, that is forever.
+        launch.extra_args = vec![
+            "--session-cache".into(),
+            (n + 1_024).to_string(),
+            "--max-connections".into(),
+            (n + 1_024).to_string(),
+            "--admin-token-env".into(),
+            ADMIN_TOKEN_ENV.into(),
+        ];
         launch.env = vec![(ADMIN_TOKEN_ENV.into(), token.clone())];
         launch.max_sessions = Some(n + 1_024);
         let (server, _store) = start(programs, &launch).await?;
@@ -777,10 +787,11 @@ async fn streams_10k(args: &Args, programs: &Programs) -> Row {
             row.cpu_percent = Some(round(cpu.as_secs_f64() / window.as_secs_f64() * 100.0, 2));
             row.fanout_ms = Some(round(fanout_ms, 1));
             let mut note = format!(
-                "idle window {:.0} s, keep-alives per stream {fewest} to {most}; RSS {:.1} MiB before the streams opened (bytes: RSS growth per open stream), {:.1} MiB after the fan-out, peak {peak:.1} MiB; --session-cache {} --max-sessions-per-principal {}",
+                "idle window {:.0} s, keep-alives per stream {fewest} to {most}; RSS {:.1} MiB before the streams opened (bytes: RSS growth per open stream), {:.1} MiB after the fan-out, peak {peak:.1} MiB; --session-cache {} --max-sessions-per-principal {} --max-connections {}",
                 window.as_secs_f64(),
                 rss_sessions as f64 / 1048576.0,
                 rss_after as f64 / 1048576.0,
+                n + 1_024,
                 n + 1_024,
                 n + 1_024
             );

@@ -19,11 +19,11 @@ use tokio::sync::broadcast;
 /// 80 bytes each) when it is made.
 const REQUEST_BUFFER: usize = 64;
 /// The same for a standalone stream, which a client keeps open for as long as
-/// its session lives, mostly idle: 8 slots instead of 64 save about 4.5 KiB per
+/// its session lives, mostly idle: 2 slots instead of 64 save about 5 KiB per
 /// open stream (streams_10k in docs/benchmarks.md). Its messages come one at
-/// a time (notifications, server-to-client requests); a burst beyond 8 before
-/// the pump ran is read back from the store, as any lag is.
-const STANDALONE_BUFFER: usize = 8;
+/// a time (notifications, server-to-client requests); a burst beyond 2 before
+/// the pump ran is read back from the store, as any lag is (one range read).
+const STANDALONE_BUFFER: usize = 2;
 
 /// Which kind of stream a subscription is for (it sizes the live buffer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

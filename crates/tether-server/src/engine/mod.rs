@@ -40,14 +40,14 @@ use futures::FutureExt;
 use serde_json::{Map, Value, json};
 use tether_store::{EventKind, SessionRecord, Store, StoreError, now_ms};
 use tether_wire::{Inbound, RpcError, code, envelope, meta, revision};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 pub use ctx::{RequestCtx, SessionCtx};
 pub use operations::OperationCtx;
-pub use pump::Frame;
+pub use pump::{Frame, Frames};
 pub use request::PANICKED_MESSAGE;
 pub use session::{Session, SessionState};
 
@@ -107,7 +107,7 @@ pub enum PostOutcome {
     /// A notification or response was taken (HTTP 202).
     Accepted,
     /// A request answered on a new SSE stream.
-    Stream { frames: mpsc::Receiver<Frame>, session_id: String },
+    Stream { frames: Frames, session_id: String },
     /// A quick request: its whole SSE stream (priming event and response),
     /// already committed, written as one body.
     Complete { frames: Vec<Frame>, session_id: String },
@@ -496,7 +496,7 @@ impl Engine {
 
     /// A GET without `Last-Event-ID`: takes over the standalone stream and
     /// starts after the last event written to any earlier connection.
-    pub async fn open_standalone(&self, session: Arc<Session>) -> Result<mpsc::Receiver<Frame>, EngineError> {
+    pub async fn open_standalone(&self, session: Arc<Session>) -> Result<Frames, EngineError> {
         let stream = session.standalone_stream.clone();
         let sub = self.inner.hub.subscribe(&session.id, &stream, StreamKind::Standalone);
         let cursor = self.inner.store.cursor(&session.id, &stream).await?;
@@ -505,7 +505,7 @@ impl Engine {
 
     /// A GET with `Last-Event-ID`: replays the rest of exactly that event's
     /// stream of this session, then follows it live.
-    pub async fn resume(&self, session: Arc<Session>, last_event_id: &str) -> Result<mpsc::Receiver<Frame>, EngineError> {
+    pub async fn resume(&self, session: Arc<Session>, last_event_id: &str) -> Result<Frames, EngineError> {
         let unknown = |why: &str| EngineError::BadRequest {
             code: code::INVALID_REQUEST,
             message: format!("Last-Event-ID `{}` {why}", truncate(last_event_id, 80)),
@@ -545,9 +545,7 @@ impl Engine {
         };
         if done {
             // Everything was delivered already: just the priming event, then close.
-            let (tx, rx) = mpsc::channel(1);
-            let _ = tx.try_send(Frame::Prime { id: event });
-            return Ok(rx);
+            return Ok(Frames::ready([Frame::Prime { id: event }]));
         }
         Ok(spawn_pump(self.inner.clone(), session, spec, sub))
     }
@@ -757,7 +755,7 @@ impl Inner {
         Ok(seq)
     }
 
-    fn standalone_pump(self: Arc<Self>, session: Arc<Session>, after: u64, sub: live::Subscription) -> mpsc::Receiver<Frame> {
+    fn standalone_pump(self: Arc<Self>, session: Arc<Session>, after: u64, sub: live::Subscription) -> Frames {
         let mut generation = 0;
         session.standalone_owner.send_modify(|g| {
             *g += 1;

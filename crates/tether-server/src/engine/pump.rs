@@ -5,11 +5,21 @@
 //! store read, so nothing committed in between is missed; sequence numbers
 //! drop duplicates, and any gap or lag sends the pump back to the store.
 //! That is how replay-to-live hands over without loss or duplicates.
+//!
+//! A pump is not a task of its own: it runs inside its [`Frames`], polled by
+//! whoever reads them (hyper, through the SSE body). An open stream, most of
+//! them idle for hours, then costs no task and no channel beside its
+//! connection's (streams_10k in docs/benchmarks.md); the pump ends when the
+//! body is dropped (the client went away), as it did when its channel closed.
 
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 
 use tether_store::{EventKind, StoreError, StoredEvent};
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::broadcast;
 
 use super::Inner;
 use super::live::{LiveEvent, Subscription};
@@ -18,7 +28,7 @@ use crate::ids::EventId;
 
 /// Events read from the store per catch-up round.
 const CATCHUP_PAGE: usize = 512;
-/// Frames buffered between a pump and its HTTP body.
+/// Frames a pump produces before its reader takes them; beyond it the pump waits.
 const FRAME_BUFFER: usize = 64;
 
 /// What the HTTP layer writes, one SSE event (or comment) per frame.
@@ -34,6 +44,84 @@ pub enum Frame {
     Reconnect,
 }
 
+/// Frames a pump produced that its reader has not taken yet (at most
+/// [`FRAME_BUFFER`]). Shared by the pump, which pushes, and its [`Frames`],
+/// which takes them; emptied, its buffer is freed, so an idle stream holds none.
+#[derive(Clone, Default)]
+struct Outbox(Arc<Mutex<VecDeque<Frame>>>);
+
+impl Outbox {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Frame>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits for room, then queues `frame`. The wait needs no waker: the pump
+    /// is only polled by its `Frames`, which empties the outbox before it
+    /// returns the frames and polls the pump again on its next read.
+    async fn send(&self, frame: Frame) {
+        let mut frame = Some(frame);
+        std::future::poll_fn(|_| {
+            let mut queue = self.lock();
+            if queue.len() >= FRAME_BUFFER {
+                return Poll::Pending;
+            }
+            if let Some(frame) = frame.take() {
+                queue.push_back(frame);
+            }
+            Poll::Ready(())
+        })
+        .await
+    }
+}
+
+/// The frames of one stream, as its HTTP body reads them, and the pump that
+/// makes them, run by [`Frames::poll_recv`]. Dropping it stops the pump.
+pub struct Frames {
+    outbox: Outbox,
+    /// `None` once the pump ended (or for frames all known up front).
+    pump: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+}
+
+impl Frames {
+    /// Frames that are all known now (the stream has nothing more to send).
+    pub(crate) fn ready(frames: impl IntoIterator<Item = Frame>) -> Frames {
+        Frames { outbox: Outbox(Arc::new(Mutex::new(frames.into_iter().collect()))), pump: None }
+    }
+
+    /// The next frame, running the pump until it has one; `Ready(None)` when
+    /// the pump ended and every frame was taken.
+    pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Frame>> {
+        if let Some(frame) = self.take() {
+            return Poll::Ready(Some(frame));
+        }
+        if let Some(pump) = self.pump.as_mut()
+            && pump.as_mut().poll(cx).is_ready()
+        {
+            self.pump = None;
+        }
+        match self.take() {
+            Some(frame) => Poll::Ready(Some(frame)),
+            None if self.pump.is_none() => Poll::Ready(None),
+            None => Poll::Pending,
+        }
+    }
+
+    fn take(&self) -> Option<Frame> {
+        let mut queue = self.outbox.lock();
+        let frame = queue.pop_front();
+        if queue.is_empty() && queue.capacity() > 0 {
+            // An idle stream keeps no buffer (one allocation per frame sent).
+            *queue = VecDeque::new();
+        }
+        frame
+    }
+
+    /// The next frame; `None` when the pump ended.
+    pub async fn recv(&mut self) -> Option<Frame> {
+        std::future::poll_fn(|cx| self.poll_recv(cx)).await
+    }
+}
+
 pub(crate) struct PumpSpec {
     pub stream: String,
     /// Deliver events with `seq > after`.
@@ -47,7 +135,6 @@ pub(crate) struct PumpSpec {
     /// Sent before anything else.
     pub first: Option<Frame>,
     /// A request stream's POST connection: attached while this pump runs.
-    #[allow(dead_code)] // held, never read: dropping it detaches
     pub attachment: Option<super::request_stream::Attachment>,
 }
 
@@ -56,35 +143,40 @@ enum Step {
     End,
 }
 
+/// A pump's state: what of its [`PumpSpec`] it keeps (the first frame goes
+/// to its outbox at once, not into the future it lives in for hours).
 struct Pump {
     inner: Arc<Inner>,
     session: Arc<Session>,
-    spec: PumpSpec,
-    tx: mpsc::Sender<Frame>,
+    stream: String,
+    catch_up: bool,
+    close_on_final: bool,
+    standalone_generation: Option<u64>,
+    #[allow(dead_code)] // held, never read: dropping it detaches
+    attachment: Option<super::request_stream::Attachment>,
+    out: Outbox,
     cursor: u64,
 }
 
 impl Pump {
     async fn deliver(&mut self, seq: u64, kind: EventKind, payload: bytes::Bytes) -> Step {
-        let id = EventId::new(&self.spec.stream, seq);
+        let id = EventId::new(&self.stream, seq);
         let frame = match kind {
             EventKind::Prime => Frame::Prime { id },
             _ => Frame::Event { id, data: payload },
         };
-        if self.tx.send(frame).await.is_err() {
-            return Step::End;
-        }
+        self.out.send(frame).await;
         self.cursor = seq;
-        if kind == EventKind::Final && self.spec.close_on_final {
+        if kind == EventKind::Final && self.close_on_final {
             return Step::End;
         }
         Step::Continue
     }
 
     fn remember_delivery(&self) {
-        if self.spec.standalone_generation.is_some() {
+        if self.standalone_generation.is_some() {
             let store = self.inner.store.clone();
-            let (session, stream, seq) = (self.session.id.clone(), self.spec.stream.clone(), self.cursor);
+            let (session, stream, seq) = (self.session.id.clone(), self.stream.clone(), self.cursor);
             self.inner.spawn(async move {
                 if let Err(e) = store.set_cursor(&session, &stream, seq).await {
                     tracing::warn!(%session, error = %e, "could not record standalone stream cursor");
@@ -98,7 +190,7 @@ impl Pump {
     /// waits for the store about once, not once per page.
     async fn catch_up(&mut self) -> Step {
         let store = self.inner.store.clone();
-        let (session, stream) = (self.session.id.clone(), self.spec.stream.clone());
+        let (session, stream) = (self.session.id.clone(), self.stream.clone());
         let mut page = match store.read_after(&session, &stream, self.cursor, CATCHUP_PAGE).await {
             Ok(page) => page,
             Err(e) => return self.read_failed(e).await,
@@ -140,36 +232,35 @@ impl Pump {
 
     async fn read_failed(&self, e: StoreError) -> Step {
         tracing::warn!(session = %self.session.id, error = %e, "replay read failed; asking client to reconnect");
-        let _ = self.tx.send(Frame::Reconnect).await;
+        self.out.send(Frame::Reconnect).await;
         Step::End
     }
 
     async fn run(mut self, sub: Subscription) {
-        let standalone_shared = self.spec.standalone_generation.is_some() && self.inner.store.is_shared();
-        if standalone_shared {
+        let standalone_shared = self.standalone_generation.is_some() && self.inner.store.is_shared();
+        let _mark = if standalone_shared {
             super::replicas::mark_standalone(&self.inner, &self.session.id).await;
-        }
+            Some(StandaloneMark { inner: self.inner.clone(), session: self.session.id.clone() })
+        } else {
+            None
+        };
         self.follow(sub, standalone_shared).await;
-        if standalone_shared {
-            super::replicas::unmark_standalone(&self.inner, &self.session.id).await;
-        }
     }
 
     async fn follow(&mut self, mut sub: Subscription, standalone_shared: bool) {
-        if let Some(first) = self.spec.first.take()
-            && self.tx.send(first).await.is_err()
-        {
-            return;
-        }
         let mut owner = self.session.standalone_owner.subscribe();
         // Not `interval(..)` + a first `tick().await`: that first tick goes
         // through the timer wheel and costs up to a millisecond per stream.
         let period = self.inner.config.keepalive;
         let mut keepalive = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-        let mut catch_up = self.spec.catch_up;
+        let mut catch_up = self.catch_up;
         loop {
             if catch_up {
-                if let Step::End = self.catch_up().await {
+                // Boxed: a catch-up (store reads and a page in flight) is
+                // the largest state of the pump, and a task's future is
+                // allocated at its largest for as long as it lives; a stream
+                // spends nearly all of it idle in the `select!` below.
+                if let Step::End = Box::pin(self.catch_up()).await {
                     return;
                 }
                 catch_up = false;
@@ -177,13 +268,12 @@ impl Pump {
             tokio::select! {
                 biased;
                 _ = self.inner.shutdown.cancelled() => {
-                    let _ = self.tx.send(Frame::Reconnect).await;
+                    self.out.send(Frame::Reconnect).await;
                     return;
                 }
                 _ = self.session.closed.cancelled() => return,
-                _ = self.tx.closed() => return,
-                changed = owner.changed(), if self.spec.standalone_generation.is_some() => {
-                    if changed.is_err() || Some(*owner.borrow()) != self.spec.standalone_generation {
+                changed = owner.changed(), if self.standalone_generation.is_some() => {
+                    if changed.is_err() || Some(*owner.borrow()) != self.standalone_generation {
                         // A newer GET took over the standalone stream.
                         return;
                     }
@@ -201,9 +291,7 @@ impl Pump {
                     Err(broadcast::error::RecvError::Closed) => return,
                 },
                 _ = keepalive.tick() => {
-                    if self.tx.send(Frame::KeepAlive).await.is_err() {
-                        return;
-                    }
+                    self.out.send(Frame::KeepAlive).await;
                     if standalone_shared {
                         super::replicas::mark_standalone(&self.inner, &self.session.id).await;
                     }
@@ -213,12 +301,61 @@ impl Pump {
     }
 }
 
-/// Starts a pump for `session` and returns the frames it produces.
-pub(crate) fn spawn_pump(inner: Arc<Inner>, session: Arc<Session>, spec: PumpSpec, sub: Subscription) -> mpsc::Receiver<Frame> {
-    let (tx, rx) = mpsc::channel(FRAME_BUFFER);
-    let cursor = spec.after;
-    let pump = Pump { inner, session, spec, tx, cursor };
-    let inner = pump.inner.clone();
-    inner.spawn(pump.run(sub));
-    rx
+/// This replica no longer holds the session's standalone stream when its
+/// pump ends or is dropped (its client went away); the store is told in a
+/// task of its own, since a drop cannot wait.
+struct StandaloneMark {
+    inner: Arc<Inner>,
+    session: String,
+}
+
+impl Drop for StandaloneMark {
+    fn drop(&mut self) {
+        // Without a runtime (the process is exiting) the mark expires by itself.
+        if tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        let (inner, session) = (self.inner.clone(), std::mem::take(&mut self.session));
+        self.inner.spawn(async move { super::replicas::unmark_standalone(&inner, &session).await });
+    }
+}
+
+/// A pump for `session`, in the frames it produces: it runs as they are read.
+pub(crate) fn spawn_pump(inner: Arc<Inner>, session: Arc<Session>, spec: PumpSpec, sub: Subscription) -> Frames {
+    let PumpSpec { stream, after, catch_up, close_on_final, standalone_generation, first, attachment } = spec;
+    let out = Outbox(Arc::new(Mutex::new(first.into_iter().collect())));
+    let pump = Pump {
+        inner,
+        session,
+        stream,
+        catch_up,
+        close_on_final,
+        standalone_generation,
+        attachment,
+        out: out.clone(),
+        cursor: after,
+    };
+    Frames { outbox: out, pump: Some(Box::pin(pump.run(sub))) }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The size of the future an async fn of two arguments returns, without calling it.
+    fn future_size<A, B, F, Fut>(_: &F) -> usize
+    where
+        F: FnOnce(A, B) -> Fut,
+    {
+        std::mem::size_of::<Fut>()
+    }
+
+    /// A pump's future is allocated at its largest state for as long as its
+    /// stream is open (boxed, in the stream's `Frames`). 944 bytes (catch-up
+    /// boxed, the first frame not kept) fit mimalloc's 1,024-byte class;
+    /// 1,304 took 1,536 bytes. A change to the pump's `select!` or its fields
+    /// that crosses this line costs 256 bytes per open stream (streams_10k).
+    #[test]
+    fn an_idle_pump_stays_small() {
+        let size = future_size(&super::Pump::run);
+        assert!(size <= 1_024, "the pump's future grew to {size} bytes");
+    }
 }

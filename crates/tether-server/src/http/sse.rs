@@ -6,9 +6,8 @@ use axum::body::Body;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
 use bytes::{BufMut, BytesMut};
-use tokio::sync::mpsc;
 
-use crate::engine::Frame;
+use crate::engine::{Frame, Frames};
 
 /// Appends one frame as SSE text. JSON payloads are compact, so one `data:` line each.
 fn append(out: &mut BytesMut, frame: &Frame, retry_ms: u64) {
@@ -37,18 +36,22 @@ const COALESCE_BYTES: usize = 64 * 1024;
 /// A `text/event-stream` response streaming `frames` until the engine ends
 /// them. Frames that are ready together go out as one chunk (one write), so a
 /// replay costs a write per 64 KiB, not one per event.
-pub fn response(frames: mpsc::Receiver<Frame>, retry_ms: u64, session_id: Option<&str>) -> Response {
-    let body = futures::stream::unfold((frames, crate::metrics::sse_connection()), move |(mut frames, open)| async move {
-        let first = frames.recv().await?;
+pub fn response(mut frames: Frames, retry_ms: u64, session_id: Option<&str>) -> Response {
+    let open = crate::metrics::sse_connection();
+    // Polling the frames runs the stream's pump (engine/pump.rs).
+    let body = futures::stream::poll_fn(move |cx| {
+        let _open = &open;
+        let Some(first) = std::task::ready!(frames.poll_recv(cx)) else { return std::task::Poll::Ready(None) };
         let mut chunk = BytesMut::new();
         append(&mut chunk, &first, retry_ms);
         while chunk.len() < COALESCE_BYTES {
-            match frames.try_recv() {
-                Ok(frame) => append(&mut chunk, &frame, retry_ms),
-                Err(_) => break,
+            match frames.poll_recv(cx) {
+                std::task::Poll::Ready(Some(frame)) => append(&mut chunk, &frame, retry_ms),
+                // The end comes at the next poll; a pending pump has its wakers.
+                _ => break,
             }
         }
-        Some((Ok::<_, Infallible>(chunk.freeze()), (frames, open)))
+        std::task::Poll::Ready(Some(Ok::<_, Infallible>(chunk.freeze())))
     });
     event_stream(Body::from_stream(body), session_id)
 }
