@@ -96,3 +96,36 @@ async fn a_redirected_endpoint_is_still_followed() {
     let answer = session.request("tools/call", Some(json!({"n": 7}))).await.unwrap();
     assert_eq!(answer["echo"]["n"], 7);
 }
+
+/// Serves `app` on `listener` until `stop` fires; then closes its idle
+/// connections (graceful shutdown) and returns.
+async fn serve_until(listener: tokio::net::TcpListener, app: Router, stop: tokio::sync::oneshot::Receiver<()>) {
+    let service = app.into_make_service_with_connect_info::<SocketAddr>();
+    let _ = axum::serve(listener, service).with_graceful_shutdown(async { drop(stop.await) }).await;
+}
+
+#[tokio::test]
+async fn kept_connections_the_server_closed_while_idle_are_replaced_when_it_comes_back() {
+    let peers = Peers::default();
+    let app =
+        || Router::new().route("/mcp", post(mcp).get(|| async { StatusCode::METHOD_NOT_ALLOWED })).with_state(peers.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel();
+    let first = tokio::spawn(serve_until(listener, app(), stopped));
+    let (session, _) =
+        Session::connect(&format!("http://{addr}/mcp"), ClientOptions::default(), initialize_params()).await.unwrap();
+    assert_eq!(session.request("tools/call", Some(json!({"n": 1}))).await.unwrap()["echo"]["n"], 1);
+    // The server goes away (closing the idle kept connection) and comes back
+    // on the same address: the next call goes out on a new connection.
+    stop.send(()).unwrap();
+    first.await.unwrap();
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let (_keep, stopped) = tokio::sync::oneshot::channel();
+    tokio::spawn(serve_until(listener, app(), stopped));
+    let answer = tokio::time::timeout(Duration::from_secs(10), session.request("tools/call", Some(json!({"n": 2}))))
+        .await
+        .expect("the call neither hangs on the closed connection")
+        .expect("nor fails: it is sent again on a new one");
+    assert_eq!(answer["echo"]["n"], 2);
+}

@@ -57,14 +57,17 @@ pub(crate) enum Failure {
 }
 
 type Idle = Arc<Mutex<Vec<Conn>>>;
+/// hyper's I/O side of one connection.
+type ConnectionIo = Pin<Box<Connection<TokioIo<TcpStream>, Full<Bytes>>>>;
 
 /// One HTTP/1 connection: the handle requests go in by, and the I/O state
 /// machine whoever uses the connection polls.
 struct Conn {
     sender: SendRequest<Full<Bytes>>,
-    io: Pin<Box<Connection<TokioIo<TcpStream>, Full<Bytes>>>>,
-    /// The I/O side finished (the server closed, or an error).
-    done: bool,
+    /// The I/O state machine; `None` once it finished (the server closed, or
+    /// an error). Dropped then, not kept: it holds the requests queued on
+    /// the connection, and dropping them is what gives them back unsent.
+    io: Option<ConnectionIo>,
     /// The end of the last answer, which its reader dropped before reading
     /// it all (it had what it wanted): read, within [`DRAIN_LIMIT`], before
     /// the connection carries the next request.
@@ -75,10 +78,12 @@ struct Conn {
 impl Conn {
     /// Makes progress on the connection's I/O; false once it has ended.
     fn drive(&mut self, cx: &mut Context<'_>) -> bool {
-        if !self.done && self.io.as_mut().poll(cx).is_ready() {
-            self.done = true;
+        if let Some(io) = self.io.as_mut()
+            && io.as_mut().poll(cx).is_ready()
+        {
+            self.io = None;
         }
-        !self.done
+        self.io.is_some()
     }
 
     /// Drives the connection while `work` runs (`work` needs it to move).
@@ -88,13 +93,10 @@ impl Conn {
             if let Poll::Ready(out) = work.as_mut().poll(cx) {
                 return Poll::Ready(out);
             }
-            if self.drive(cx) {
-                // The connection may have delivered what `work` waits for.
-                if let Poll::Ready(out) = work.as_mut().poll(cx) {
-                    return Poll::Ready(out);
-                }
-            }
-            Poll::Pending
+            // The connection may have delivered what `work` waits for, or
+            // ended (which hands `work` its request back).
+            self.drive(cx);
+            work.as_mut().poll(cx)
         })
         .await
     }
@@ -227,7 +229,7 @@ impl PlainHttp {
             .map_err(|e| e.to_string())?;
         let _ = stream.set_nodelay(true);
         let (sender, io) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| e.to_string())?;
-        Ok(Conn { sender, io: Box::pin(io), done: false, leftover: None, leftover_read: 0 })
+        Ok(Conn { sender, io: Some(Box::pin(io)), leftover: None, leftover_read: 0 })
     }
 
     /// The connection goes back to the idle list once the body is read to
@@ -258,7 +260,7 @@ struct Reusing {
 
 fn keep_idle(idle: &Weak<Mutex<Vec<Conn>>>, conn: Conn) {
     let Some(idle) = idle.upgrade() else { return };
-    if conn.done || conn.sender.is_closed() {
+    if conn.io.is_none() || conn.sender.is_closed() {
         return;
     }
     let mut idle = idle.lock().unwrap_or_else(|e| e.into_inner());
@@ -286,8 +288,9 @@ impl Body for Reusing {
         let mut polled = Pin::new(&mut *inner).poll_frame(cx);
         if polled.is_pending()
             && let Some(conn) = this.conn.as_mut()
-            && conn.drive(cx)
         {
+            // It may have read more of the body, or ended (which ends the body).
+            conn.drive(cx);
             polled = Pin::new(&mut *inner).poll_frame(cx);
         }
         if matches!(polled, Poll::Ready(None)) || inner.is_end_stream() {
