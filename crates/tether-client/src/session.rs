@@ -882,7 +882,7 @@ impl RequestTrack {
         }
     }
 
-    /// Notes the stream's first event ID (later ones are ignored).
+    /// Notes the stream's first event ID (a later call changes nothing).
     pub(crate) fn saw_event_id(&self, event_id: &str) {
         if let Ok(mut point) = self.0.lock()
             && point.first_event_id.is_none()

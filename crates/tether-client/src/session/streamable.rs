@@ -170,7 +170,7 @@ impl Inner {
     /// Reads a request's SSE stream up to its response, resuming it with
     /// `GET` + `Last-Event-ID` when it drops first.
     async fn read_response_stream(&self, mut events: Events, reading: Reading<'_>) -> Result<Box<RawValue>, ReqError> {
-        let Reading { method, id, track, sink, resume_at_once } = reading;
+        let Reading { method, id, mut track, sink, resume_at_once } = reading;
         let mut failures = 0u32;
         loop {
             let mut broke = None;
@@ -182,10 +182,12 @@ impl Inner {
                         break;
                     }
                 };
-                if let Some(track) = track
+                // Only the first event ID counts: noted once, then no more locking.
+                if let Some(noting) = track
                     && let Some(event_id) = events.decoder().last_id()
                 {
-                    track.saw_event_id(event_id);
+                    noting.saw_event_id(event_id);
+                    track = None;
                 }
                 if event.kind() != "message" {
                     continue;
