@@ -189,6 +189,22 @@ impl Gateway {
             }
             return Ok(connection.clone());
         }
+        // Connecting is the rare path and its future is large (a child's
+        // start, an upstream `initialize`): boxed, so that the future of
+        // every request, which holds this one, stays small to move.
+        Box::pin(self.reconnect(session, &link, &mut live, authorization)).await
+    }
+
+    /// [`Self::upstream`] when the session has no live connection: attaches
+    /// to the stored upstream session, or starts a new one and replays what
+    /// the client set up.
+    async fn reconnect(
+        &self,
+        session: &SessionCtx,
+        link: &Arc<Link>,
+        live: &mut Option<Connection>,
+        authorization: Option<String>,
+    ) -> Result<Connection, RpcError> {
         if live.take().is_some() {
             tether_server::metrics::upstream_restart(&self.config.name);
             tracing::info!(upstream = %self.config.name, session = session.session_id(), "upstream connection gone; starting a new one");
@@ -200,12 +216,12 @@ impl Gateway {
             let attached =
                 crate::http::attach(spec, &self.config.name, session.session_id(), carry_on, authorization.clone()).await;
             if let Some((upstream, inbound)) = attached {
-                return Ok(self.go_live(session, &link, &mut live, upstream, inbound));
+                return Ok(self.go_live(session, link, live, upstream, inbound));
             }
         }
         let params = stored.get("initialize").cloned().unwrap_or_else(|| json!({}));
         let Started { upstream, inbound, carry_on, .. } =
-            self.connect(session.session_id(), params, authorization, Some(&link)).await?;
+            self.connect(session.session_id(), params, authorization, Some(link)).await?;
         let carry_on = carry_on.unwrap_or(Value::Null);
         session
             .update_app_state(|app| {
@@ -220,7 +236,7 @@ impl Gateway {
         for uri in stored.get("subscriptions").and_then(Value::as_array).into_iter().flatten() {
             upstream.request("resources/subscribe", Some(json!({"uri": uri}))).await?;
         }
-        Ok(self.go_live(session, &link, &mut live, upstream, inbound))
+        Ok(self.go_live(session, link, live, upstream, inbound))
     }
 
     /// The `Authorization` to open an upstream connection with: with
@@ -503,7 +519,8 @@ impl McpApp for Gateway {
     ) -> Result<RawResult, RpcError> {
         tether_server::trace::record_upstream(&self.config.name);
         let Some(session) = ctx.session() else {
-            return self.sessionless_request(ctx, method, params).await;
+            // Boxed: its future is large and the session era never takes it.
+            return Box::pin(self.sessionless_request(ctx, method, params)).await;
         };
         let connection = self.upstream(&session, ctx.client_authorization()).await?;
         let link = session.local::<Link>();

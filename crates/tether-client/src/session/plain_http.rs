@@ -162,6 +162,9 @@ pub(crate) struct PlainHttp {
     target: hyper::Uri,
     connect_timeout: Duration,
     idle: Idle,
+    /// The URL reqwest's response carries, made once: without it, reqwest
+    /// parses a placeholder URL for every response.
+    response_url: hyper::http::Extensions,
 }
 
 impl PlainHttp {
@@ -179,6 +182,11 @@ impl PlainHttp {
         let host = authority.host().trim_start_matches('[').trim_end_matches(']').to_owned();
         let port = authority.port_u16().unwrap_or(80);
         let target = uri.path_and_query().map_or("/", |p| p.as_str()).parse().ok()?;
+        let response_url = {
+            use reqwest::ResponseBuilderExt;
+            let url = reqwest::Url::parse(url).ok()?;
+            hyper::Response::builder().url(url).body(()).ok()?.into_parts().0.extensions
+        };
         Some(Self {
             host,
             port,
@@ -186,6 +194,7 @@ impl PlainHttp {
             target,
             connect_timeout,
             idle: Arc::new(Mutex::new(Vec::new())),
+            response_url,
         })
     }
 
@@ -235,7 +244,8 @@ impl PlainHttp {
     /// The connection goes back to the idle list once the body is read to
     /// its end (an HTTP/1 connection carries one exchange at a time).
     fn answer(&self, response: hyper::Response<Incoming>, conn: Conn) -> reqwest::Response {
-        let (parts, inner) = response.into_parts();
+        let (mut parts, inner) = response.into_parts();
+        parts.extensions.extend(self.response_url.clone());
         let body = Reusing { inner: Some(inner), conn: Some(conn), idle: Arc::downgrade(&self.idle) };
         reqwest::Response::from(hyper::Response::from_parts(parts, reqwest::Body::wrap(body)))
     }

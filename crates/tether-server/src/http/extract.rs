@@ -6,6 +6,7 @@
 //! what to send instead.
 
 use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::HeaderMap;
 use axum::http::request::Parts;
 use tether_wire::Inbound;
 
@@ -74,8 +75,9 @@ impl<S: Send + Sync> FromRequestParts<S> for AcceptsStream {
 }
 
 /// One JSON-RPC message in a JSON body of at most `--max-body` bytes (415,
-/// 413, or 400 with the JSON-RPC code of what is wrong).
-pub(super) struct Message(pub Inbound);
+/// 413, or 400 with the JSON-RPC code of what is wrong), with the request's
+/// headers (taken, where axum's `HeaderMap` extractor would copy them).
+pub(super) struct Message(pub Inbound, pub HeaderMap);
 
 impl FromRequest<AppState> for Message {
     type Rejection = HttpError;
@@ -85,6 +87,6 @@ impl FromRequest<AppState> for Message {
         validate::content_type_json(&parts.headers)?;
         let config = state.engine.config();
         let bytes = validate::read_body(&parts.headers, body, config.max_body, config.body_timeout).await?;
-        Ok(Message(tether_wire::parse_message(&bytes)?))
+        Ok(Message(tether_wire::parse_message(&bytes)?, parts.headers))
     }
 }

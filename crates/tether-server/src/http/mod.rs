@@ -128,8 +128,7 @@ async fn post_mcp(
     Endpoint(endpoint): Endpoint,
     Principal(principal): Principal,
     _: AcceptsAnswers,
-    headers: HeaderMap,
-    Message(message): Message,
+    Message(message, headers): Message,
 ) -> Result<Response, HttpError> {
     if modern::is_modern(&message, &headers) {
         return modern::post(&state, &endpoint, principal, &headers, message).await;
