@@ -149,3 +149,87 @@ async fn partition_under_load(cut: Mode, default_secs: f64) {
     report.assert_clean();
     assert!(report.acknowledged > 0);
 }
+
+/// The lease lapse, asserted directly: a call runs on a replica that is
+/// then cut off from Redis. Once its lease has lapsed, a client resuming on
+/// another replica gets the call's end, "interrupted", exactly once; after
+/// healing, when the cut-off replica's work finishes, its answer is not
+/// stored as a second end (the stream was taken over).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_replicas_call_ends_as_interrupted_once_its_lease_lapses_and_only_once() {
+    let url = std::env::var("TETHER_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into());
+    let upstream = redis_addr(&url).await;
+    let prefix = format!("tether-test:lease:{}:{}:", std::process::id(), rand::random::<u32>());
+    let lease = Duration::from_millis(900);
+    let config = ServerConfig { replica_lease: lease, ..ServerConfig::default() };
+    let mut proxies = Vec::new();
+    let mut addrs = Vec::new();
+    for _ in 0..2 {
+        let proxy = Proxy::start(upstream).await;
+        let store_config = StoreConfig { redis_prefix: prefix.clone(), ..StoreConfig::default() };
+        let store = RedisStore::open(&proxy.url(&url), store_config)
+            .await
+            .unwrap_or_else(|e| panic!("Redis is needed and not reachable at {url}: {e}; run scripts/test (it starts Redis)"));
+        let (addr, _engine) = serve(Arc::new(store), config.clone()).await;
+        proxies.push(proxy);
+        addrs.push(addr);
+    }
+    let (healthy, victim) = (addrs[0], addrs[1]);
+    let session = initialize(victim).await;
+
+    // A call that outlives the partition; its stream's priming ID is what
+    // the client resumes from.
+    let work = Duration::from_millis(4_000);
+    let started = Instant::now();
+    let call = call_body(7, "sleep", serde_json::json!({"ms": work.as_millis() as u64}));
+    let mut tcp = tokio::net::TcpStream::connect(victim).await.expect("connect");
+    tokio::io::AsyncWriteExt::write_all(&mut tcp, post(&call, Some(&session), &[]).as_bytes()).await.expect("send the call");
+    let mut buffered = Vec::new();
+    let (status, _) = read_head(&mut tcp, &mut buffered).await.expect("the call's response head");
+    assert_eq!(status, 200);
+    let prime = loop {
+        let text = String::from_utf8_lossy(&buffered).into_owned();
+        if let Some(line) = text.lines().find_map(|l| l.strip_prefix("id: ")) {
+            break line.trim().to_owned();
+        }
+        let mut chunk = [0u8; 1024];
+        let n = tokio::time::timeout(HANG, tokio::io::AsyncReadExt::read(&mut tcp, &mut chunk))
+            .await
+            .expect("the call's stream is primed")
+            .expect("read the call's stream");
+        assert!(n > 0, "the call's stream closed before it was primed");
+        buffered.extend_from_slice(&chunk[..n]);
+    };
+
+    proxies[1].set(Mode::Partition);
+    // The lease lapses `lease` after the last renewal that got through.
+    tokio::time::sleep(lease * 2).await;
+    let finals = |events: &[support::history::Seen]| -> Vec<serde_json::Value> {
+        events
+            .iter()
+            .filter_map(|e| serde_json::from_str::<serde_json::Value>(&e.data).ok())
+            .filter(|m| m["id"] == 7 && (m.get("result").is_some() || m.get("error").is_some()))
+            .collect()
+    };
+    let resumed = send(healthy, &replay_request(&session, &prime)).await.expect("resume on the other replica");
+    assert_eq!(resumed.status, 200, "resume on the other replica: {:?}", resumed.json);
+    let ended = finals(&resumed.events);
+    assert_eq!(ended.len(), 1, "the call ends once on the other replica: {:?}", resumed.events);
+    assert_eq!(ended[0]["error"]["code"], -32603, "{:?}", ended[0]);
+    let message = ended[0]["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("interrupted"), "the end says the call was interrupted: {message:?}");
+    assert!(started.elapsed() < work, "the call ended before its work did: the test raced its own timing");
+
+    // Healing; the cut-off replica's work then finishes and must not end
+    // the call a second time.
+    proxies[1].set(Mode::Pass);
+    drop(tcp);
+    tokio::time::sleep(work.saturating_sub(started.elapsed()) + Duration::from_millis(1_500)).await;
+    for (name, addr) in [("healthy", healthy), ("healed", victim)] {
+        let replay = send(addr, &replay_request(&session, &prime)).await.expect("replay after healing");
+        assert_eq!(replay.status, 200, "replay on the {name} replica: {:?}", replay.json);
+        let ended = finals(&replay.events);
+        assert_eq!(ended.len(), 1, "one end of the call on the {name} replica after healing: {:?}", replay.events);
+        assert_eq!(ended[0]["error"]["code"], -32603, "{:?}", ended[0]);
+    }
+}

@@ -84,7 +84,16 @@ impl Load {
 /// tools; between faults the store works. Every refusal is a 503 that says
 /// why, `/healthz` says why while the store fails, the server recovers by
 /// itself, and the history shows nothing lost, duplicated or misrouted.
-async fn io_faults_under_load(strict: bool, test: &str) {
+/// Which file the faults hit.
+#[derive(Clone, Copy, PartialEq)]
+enum Target {
+    /// The WAL: every commit writes it.
+    Wal,
+    /// The database file: only checkpoints write (and sync) it.
+    Database,
+}
+
+async fn io_faults_under_load(strict: bool, target: Target, test: &str) {
     let seed = fault_seed(test);
     let mut rng = StdRng::seed_from_u64(seed);
     let dir = tempfile::tempdir().unwrap();
@@ -101,9 +110,19 @@ async fn io_faults_under_load(strict: bool, test: &str) {
         // fsyncs are per commit under strict, per checkpoint otherwise.
         let op = if rng.random_range(0..4) == 0 { Op::Sync } else { Op::Write };
         let fault = if rng.random_bool(0.5) { Fault::Full } else { Fault::IoErr };
-        faults::inject(&path, op, fault, rng.random_range(0..6));
+        // A checkpoint comes every 200 ms of writes: database faults stay
+        // long enough to meet one.
+        let window = match target {
+            Target::Wal => {
+                faults::inject(&path, op, fault, rng.random_range(0..6));
+                Duration::from_millis(rng.random_range(20..250))
+            }
+            Target::Database => {
+                faults::inject_database(&path, op, fault, rng.random_range(0..3));
+                Duration::from_millis(rng.random_range(150..600))
+            }
+        };
         windows += 1;
-        let window = Duration::from_millis(rng.random_range(20..250));
         let ends = Instant::now() + window;
         if rng.random_bool(0.3) {
             tokio::time::sleep(window / 2).await;
@@ -158,21 +177,39 @@ async fn io_faults_under_load(strict: bool, test: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn io_errors_and_full_disks_under_load_lose_nothing() {
-    io_faults_under_load(false, "io_errors_and_full_disks_under_load_lose_nothing").await;
+    io_faults_under_load(false, Target::Wal, "io_errors_and_full_disks_under_load_lose_nothing").await;
+}
+
+/// The database file's writes and syncs fail (a checkpoint copying the WAL
+/// back meets a full disk or a failing device): commits go on in the WAL,
+/// the checkpoint is tried again later, and nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn database_file_faults_in_checkpoints_under_load_lose_nothing() {
+    io_faults_under_load(false, Target::Database, "database_file_faults_in_checkpoints_under_load_lose_nothing").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn io_errors_and_full_disks_under_load_lose_nothing_with_strict_durability() {
-    io_faults_under_load(true, "io_errors_and_full_disks_under_load_lose_nothing_with_strict_durability").await;
+    io_faults_under_load(true, Target::Wal, "io_errors_and_full_disks_under_load_lose_nothing_with_strict_durability").await;
 }
 
-/// Load, then the power is cut at a moment drawn from the seed (keeping a
-/// drawn number of the WAL's unsynced writes, the next one torn); the
-/// copies of the files are opened by a new server and every stream a
-/// client read is replayed there. Each read is stamped with the WAL fsyncs
-/// completed when it was recorded; returns the history and the count at
-/// the cut.
-async fn power_loss_under_load(strict: bool, test: &str) -> (Arc<History>, u64) {
+/// What the disk holds after the power is cut.
+#[derive(Clone, Copy, PartialEq)]
+enum Cut {
+    /// The WAL as of its last fsync, plus a drawn number of the writes
+    /// since, the next one torn: a disk that loses its cache.
+    AtLastSync,
+    /// Every write that completed: a disk that keeps what it acknowledged
+    /// (the model of `--durability normal`).
+    AtLastWrite,
+}
+
+/// Load, then the power is cut at a moment drawn from the seed, leaving
+/// the WAL as `cut` says; the copies of the files are opened by a new
+/// server and every stream a client read is replayed there. Each read is
+/// stamped with the WAL fsyncs completed when it was recorded; returns the
+/// history and the count at the cut.
+async fn power_loss_under_load(strict: bool, cut: Cut, test: &str) -> (Arc<History>, u64) {
     let seed = fault_seed(test);
     let mut rng = StdRng::seed_from_u64(seed);
     let dir = tempfile::tempdir().unwrap();
@@ -190,29 +227,31 @@ async fn power_loss_under_load(strict: bool, test: &str) -> (Arc<History>, u64) 
     let mut load = start_load(addr, seed, until, history).await;
     let cut_at = total.mul_f64(rng.random_range(0.3..0.9));
     tokio::time::sleep(cut_at).await;
-    let keep = rng.random_range(0..4usize);
-    let tear = rng.random_bool(0.5).then(|| rng.random_range(1..4096usize));
-    let cut = faults::power_loss(&path, &after, keep, tear).expect("cut the power");
+    let (keep, tear) = match cut {
+        Cut::AtLastSync => (rng.random_range(0..4usize), rng.random_bool(0.5).then(|| rng.random_range(1..4096usize))),
+        Cut::AtLastWrite => (usize::MAX, None),
+    };
+    let disk = faults::power_loss(&path, &after, keep, tear).expect("cut the power");
     load.stop.store(true, Ordering::Relaxed);
     // The dead machine's server: its streams close and its requests end
     // (their answers cannot be stored any more).
     engine.shutdown().await;
     load.join().await;
     faults::untrack(&path);
-    eprintln!("{test}: seed {seed}: cut after {cut_at:?}: {cut:?}");
+    eprintln!("{test}: seed {seed}: cut after {cut_at:?}: {disk:?}");
 
     // The machine comes back: a new server on what the disk held.
     let store = SqliteStore::open(&after, store_config(strict)).await.expect("the files after a power loss open");
     let (addr2, _engine2) = serve(Arc::new(store), config).await;
     *load.addr.lock().unwrap() = vec![addr2];
     replay_all(addr2, &load.history).await;
-    (load.history.clone(), cut.syncs)
+    (load.history.clone(), disk.syncs)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn power_loss_with_strict_durability_keeps_every_event_a_client_saw() {
     let test = "power_loss_with_strict_durability_keeps_every_event_a_client_saw";
-    let (history, _) = power_loss_under_load(true, test).await;
+    let (history, _) = power_loss_under_load(true, Cut::AtLastSync, test).await;
     let report = history.check();
     eprintln!("{test}: {report}");
     report.assert_clean();
@@ -227,10 +266,24 @@ async fn power_loss_with_strict_durability_keeps_every_event_a_client_saw() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn power_loss_with_normal_durability_loses_at_most_what_came_after_the_last_wal_sync() {
     let test = "power_loss_with_normal_durability_loses_at_most_what_came_after_the_last_wal_sync";
-    let (history, syncs) = power_loss_under_load(false, test).await;
+    let (history, syncs) = power_loss_under_load(false, Cut::AtLastSync, test).await;
     // A read stamped `s` happened before sync s+1 completed: if the cut came
     // after that sync, the read's commit was synced.
     let report = history.check_with(|stamp| stamp >= syncs);
+    eprintln!("{test}: WAL syncs before the cut {syncs}: {report}");
+    report.assert_clean();
+    assert!(report.acknowledged > 0, "nothing was acknowledged: the test tested nothing");
+}
+
+/// The model of `--durability normal`: a power cut loses only a
+/// write still under way, never one that completed. A commit returns after
+/// its WAL write, and a client sees an event only after its commit, so
+/// every event any client saw is there after the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn power_loss_with_normal_durability_after_the_last_completed_write_keeps_every_event_a_client_saw() {
+    let test = "power_loss_with_normal_durability_after_the_last_completed_write_keeps_every_event_a_client_saw";
+    let (history, syncs) = power_loss_under_load(false, Cut::AtLastWrite, test).await;
+    let report = history.check();
     eprintln!("{test}: WAL syncs before the cut {syncs}: {report}");
     report.assert_clean();
     assert!(report.acknowledged > 0, "nothing was acknowledged: the test tested nothing");

@@ -1,7 +1,8 @@
 //! Storage faults for tests (feature `fault-injection`, which only test
 //! builds turn on; a release binary has none of this): the WAL writes,
 //! syncs or reads of a chosen SQLite file fail with `SQLITE_FULL` or `SQLITE_IOERR`
-//! from the Nth one on, until cleared. The hook sits in the VFS every
+//! from the Nth one on, until cleared (and the database file's own writes
+//! and syncs, [`inject_database`]). The hook sits in the VFS every
 //! connection writes through (`sqlite/wal_gather.rs`), so SQLite sees
 //! exactly what a full disk or a failing device would show it, and tests
 //! can watch the server's answer without a full filesystem.
@@ -48,8 +49,8 @@ pub enum Fault {
 }
 
 struct Plan {
-    /// The database file; its WAL is `<db>-wal`.
-    wal: PathBuf,
+    /// The file it fails: a WAL (`<db>-wal`) or a database file.
+    file: PathBuf,
     op: Op,
     fault: Fault,
     /// Operations that still succeed before the fault starts.
@@ -70,30 +71,41 @@ pub fn fired() -> u64 {
     FIRED.load(Ordering::Relaxed)
 }
 
-/// How many operations on the WAL of `db` the plans failed: a fault test's
-/// "faults injected" (tests run side by side, each on its own file).
+/// How many operations on the database at `db` and its WAL the plans
+/// failed: a fault test's "faults injected" (tests run side by side, each
+/// on its own file).
 pub fn fired_for(db: &Path) -> u64 {
     let wal = wal_of(db);
     let fired = FIRED_BY.lock().unwrap_or_else(|p| p.into_inner());
-    fired.iter().find(|(w, _)| *w == wal).map_or(0, |(_, n)| *n)
+    fired.iter().filter(|(file, _)| *file == wal || file == db).map(|(_, n)| n).sum()
 }
 
 /// From the `after`+1-th `op` on the WAL of the database at `db` on, every
 /// one fails with `fault`, until [`clear`]. Replaces an earlier plan for
 /// the same file and operation.
 pub fn inject(db: &Path, op: Op, fault: Fault, after: u64) {
-    let wal = wal_of(db);
+    plan(wal_of(db), op, fault, after);
+}
+
+/// As [`inject`], for the database file at `db` itself, which SQLite
+/// writes only when a checkpoint copies the WAL back into it (and syncs
+/// after one).
+pub fn inject_database(db: &Path, op: Op, fault: Fault, after: u64) {
+    plan(db.to_path_buf(), op, fault, after);
+}
+
+fn plan(file: PathBuf, op: Op, fault: Fault, after: u64) {
     let mut plans = PLANS.lock().unwrap_or_else(|p| p.into_inner());
-    plans.retain(|p| !(p.wal == wal && p.op == op));
-    plans.push(Plan { wal, op, fault, after });
+    plans.retain(|p| !(p.file == file && p.op == op));
+    plans.push(Plan { file, op, fault, after });
     ANY.store(true, Ordering::Release);
 }
 
-/// Ends every fault of the database at `db`: its writes succeed again.
+/// Ends every fault of the database at `db` and its WAL: writes succeed again.
 pub fn clear(db: &Path) {
     let wal = wal_of(db);
     let mut plans = PLANS.lock().unwrap_or_else(|p| p.into_inner());
-    plans.retain(|p| p.wal != wal);
+    plans.retain(|p| p.file != wal && p.file != db);
     ANY.store(!plans.is_empty(), Ordering::Release);
 }
 
@@ -103,14 +115,14 @@ fn wal_of(db: &Path) -> PathBuf {
     PathBuf::from(wal)
 }
 
-/// The VFS's question before an `op` on the WAL file `file`: the SQLite
-/// code to fail it with, if a plan says so.
+/// The VFS's question before an `op` on `file` (a WAL, or a database file
+/// in these builds): the SQLite code to fail it with, if a plan says so.
 pub(crate) fn check(file: &Path, op: Op) -> Option<c_int> {
     if !ANY.load(Ordering::Acquire) {
         return None;
     }
     let mut plans = PLANS.lock().unwrap_or_else(|p| p.into_inner());
-    let plan = plans.iter_mut().find(|p| p.op == op && p.wal == file)?;
+    let plan = plans.iter_mut().find(|p| p.op == op && p.file == file)?;
     if plan.after > 0 {
         plan.after -= 1;
         return None;

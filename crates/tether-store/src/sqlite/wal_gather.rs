@@ -23,7 +23,9 @@
 //!   in pieces of that size.
 //!
 //! Only files SQLite opens as a WAL are wrapped; the database file and
-//! everything else use `unix-excl`'s methods directly.
+//! everything else use `unix-excl`'s methods directly. (In test builds with
+//! the `fault-injection` feature the database file is wrapped too, writing
+//! straight through, so that its writes and syncs can be failed.)
 
 use std::ffi::{CStr, c_int, c_void};
 use std::sync::OnceLock;
@@ -110,6 +112,9 @@ struct GatherFile {
     written_to: Option<i64>,
     /// The last write was the header of a commit frame: the next completes it.
     commit_header_last: bool,
+    /// A WAL's appends are gathered; a database file's writes go straight
+    /// through (it is wrapped only for test faults).
+    gathers: bool,
     /// The WAL's path, which test faults are planned for (`crate::faults`).
     #[cfg(feature = "fault-injection")]
     path: std::path::PathBuf,
@@ -190,6 +195,10 @@ impl GatherFile {
     }
 
     fn write(&mut self, data: &[u8], offset: i64) -> c_int {
+        if !self.gathers {
+            let Ok(len) = c_int::try_from(data.len()) else { return ffi::SQLITE_IOERR_WRITE };
+            return self.write_through(data.as_ptr().cast(), len, offset);
+        }
         let completes_commit = self.commit_header_last;
         self.commit_header_last = data.len() == FRAME_HEADER && data[4..8] != [0; 4];
         let continues = if self.gathered.is_empty() {
@@ -229,7 +238,12 @@ unsafe extern "C" fn open(
     let inner_vfs = *inner_vfs;
     // SAFETY: the inner VFS is registered for the process's lifetime.
     let Some(inner_open) = (unsafe { (*inner_vfs).xOpen }) else { return ffi::SQLITE_ERROR };
-    if flags & ffi::SQLITE_OPEN_WAL == 0 {
+    let is_wal = flags & ffi::SQLITE_OPEN_WAL != 0;
+    #[cfg(feature = "fault-injection")]
+    let wrapped = is_wal || flags & ffi::SQLITE_OPEN_MAIN_DB != 0;
+    #[cfg(not(feature = "fault-injection"))]
+    let wrapped = is_wal;
+    if !wrapped {
         // Not a WAL: the inner file object takes our whole allocation's
         // front and SQLite calls its methods directly.
         // SAFETY: our allocation is at least the inner VFS's szOsFile.
@@ -254,13 +268,18 @@ unsafe extern "C" fn open(
         unsafe { (*file).pMethods = std::ptr::null() };
         return rc;
     }
+    #[cfg(feature = "fault-injection")]
+    let methods: &'static ffi::sqlite3_io_methods = if is_wal { &GATHER_METHODS } else { &DATABASE_METHODS };
+    #[cfg(not(feature = "fault-injection"))]
+    let methods: &'static ffi::sqlite3_io_methods = &GATHER_METHODS;
     let gather = GatherFile {
-        base: ffi::sqlite3_file { pMethods: &GATHER_METHODS },
+        base: ffi::sqlite3_file { pMethods: methods },
         inner,
         gathered: Vec::new(),
         gathered_at: 0,
         written_to: None,
         commit_header_last: false,
+        gathers: is_wal,
         #[cfg(feature = "fault-injection")]
         path: if name.is_null() {
             std::path::PathBuf::new()
@@ -275,7 +294,8 @@ unsafe extern "C" fn open(
 }
 
 /// # Safety
-/// `file` was opened by [`open`] as a WAL (its methods are [`GATHER_METHODS`]).
+/// `file` was opened by [`open`] and wrapped (its methods are [`GATHER_METHODS`],
+/// or `DATABASE_METHODS` in fault-injection builds).
 unsafe fn gather_file<'a>(file: *mut ffi::sqlite3_file) -> &'a mut GatherFile {
     // SAFETY: per the contract; SQLite calls a file's methods one at a time.
     unsafe { &mut *file.cast::<GatherFile>() }
@@ -379,6 +399,41 @@ forward!(pass unlock, xUnlock, (level: c_int), ffi::SQLITE_OK);
 forward!(pass check_reserved_lock, xCheckReservedLock, (out: *mut c_int), ffi::SQLITE_OK);
 forward!(pass sector_size, xSectorSize, (), 4096);
 forward!(pass device_characteristics, xDeviceCharacteristics, (), 0);
+
+/// A database file wrapped for test faults: the WAL's methods (writes go
+/// straight through, see [`GatherFile::gathers`]) plus the shared-memory and
+/// memory-map ones that a database in WAL mode needs, passed on.
+#[cfg(feature = "fault-injection")]
+static DATABASE_METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
+    iVersion: 3,
+    xShmMap: Some(shm_map),
+    xShmLock: Some(shm_lock),
+    xShmBarrier: Some(shm_barrier),
+    xShmUnmap: Some(shm_unmap),
+    xFetch: Some(fetch),
+    xUnfetch: Some(unfetch),
+    ..GATHER_METHODS
+};
+#[cfg(feature = "fault-injection")]
+forward!(pass shm_map, xShmMap, (page: c_int, page_size: c_int, extend: c_int, mapped: *mut *mut c_void), ffi::SQLITE_IOERR_SHMMAP);
+#[cfg(feature = "fault-injection")]
+forward!(pass shm_lock, xShmLock, (offset: c_int, n: c_int, flags: c_int), ffi::SQLITE_IOERR_SHMLOCK);
+#[cfg(feature = "fault-injection")]
+forward!(pass shm_unmap, xShmUnmap, (delete: c_int), ffi::SQLITE_OK);
+#[cfg(feature = "fault-injection")]
+forward!(pass fetch, xFetch, (offset: i64, amount: c_int, mapped: *mut *mut c_void), ffi::SQLITE_IOERR);
+#[cfg(feature = "fault-injection")]
+forward!(pass unfetch, xUnfetch, (offset: i64, mapped: *mut c_void), ffi::SQLITE_OK);
+
+#[cfg(feature = "fault-injection")]
+unsafe extern "C" fn shm_barrier(file: *mut ffi::sqlite3_file) {
+    // SAFETY: called by SQLite on a file opened by `open`.
+    let f = unsafe { gather_file(file) };
+    if let Some(barrier) = f.inner_methods().xShmBarrier {
+        // SAFETY: the same call, on the inner file.
+        unsafe { barrier(f.inner) }
+    }
+}
 
 #[cfg(test)]
 mod tests {
