@@ -48,6 +48,10 @@ impl Connection {
     /// before the answer that just arrived, so the client sees them first.
     pub async fn delivered_before_answer(&self) {
         let target = self.upstream.inbound_sent();
+        // Mostly nothing came before the answer: no timer then.
+        if *self.delivered.borrow() >= target {
+            return;
+        }
         let mut delivered = self.delivered.subscribe();
         if tokio::time::timeout(ORDER_WAIT, delivered.wait_for(|n| *n >= target)).await.is_err() {
             tracing::warn!("an answer waited too long for the upstream's earlier messages; sending it now");
