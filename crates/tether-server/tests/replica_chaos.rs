@@ -41,16 +41,16 @@ async fn a_replica_whose_redis_goes_silent_answers_503_and_the_histories_hold_af
     partition_under_load(Mode::Blackhole, 20.0).await;
 }
 
-async fn partition_under_load(cut: Mode, default_secs: f64) {
-    let seed = fault_seed("replica_chaos");
-    let mut rng = StdRng::seed_from_u64(seed);
+/// `n` replicas sharing the test command's Redis under a fresh key prefix,
+/// each through a proxy of its own.
+async fn replicas_behind_proxies(n: usize, test: &str, lease: Duration) -> (Vec<Proxy>, Vec<std::net::SocketAddr>) {
     let url = std::env::var("TETHER_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into());
     let upstream = redis_addr(&url).await;
-    let prefix = format!("tether-test:chaos:{}:{}:", std::process::id(), rand::random::<u32>());
-    let config = ServerConfig { replica_lease: Duration::from_millis(900), ..ServerConfig::default() };
+    let prefix = format!("tether-test:{test}:{}:{}:", std::process::id(), rand::random::<u32>());
+    let config = ServerConfig { replica_lease: lease, ..ServerConfig::default() };
     let mut proxies = Vec::new();
     let mut addrs = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..n {
         let proxy = Proxy::start(upstream).await;
         let store_config = StoreConfig { redis_prefix: prefix.clone(), ..StoreConfig::default() };
         let store = RedisStore::open(&proxy.url(&url), store_config)
@@ -60,6 +60,13 @@ async fn partition_under_load(cut: Mode, default_secs: f64) {
         proxies.push(proxy);
         addrs.push(addr);
     }
+    (proxies, addrs)
+}
+
+async fn partition_under_load(cut: Mode, default_secs: f64) {
+    let seed = fault_seed("replica_chaos");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (proxies, addrs) = replicas_behind_proxies(3, "chaos", Duration::from_millis(900)).await;
     let (victim, healthy) = (addrs[2], addrs[0]);
 
     let history = Arc::new(History::new());
@@ -157,23 +164,8 @@ async fn partition_under_load(cut: Mode, default_secs: f64) {
 /// stored as a second end (the stream was taken over).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_off_replicas_call_ends_as_interrupted_once_its_lease_lapses_and_only_once() {
-    let url = std::env::var("TETHER_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into());
-    let upstream = redis_addr(&url).await;
-    let prefix = format!("tether-test:lease:{}:{}:", std::process::id(), rand::random::<u32>());
     let lease = Duration::from_millis(900);
-    let config = ServerConfig { replica_lease: lease, ..ServerConfig::default() };
-    let mut proxies = Vec::new();
-    let mut addrs = Vec::new();
-    for _ in 0..2 {
-        let proxy = Proxy::start(upstream).await;
-        let store_config = StoreConfig { redis_prefix: prefix.clone(), ..StoreConfig::default() };
-        let store = RedisStore::open(&proxy.url(&url), store_config)
-            .await
-            .unwrap_or_else(|e| panic!("Redis is needed and not reachable at {url}: {e}; run scripts/test (it starts Redis)"));
-        let (addr, _engine) = serve(Arc::new(store), config.clone()).await;
-        proxies.push(proxy);
-        addrs.push(addr);
-    }
+    let (proxies, addrs) = replicas_behind_proxies(2, "lease", lease).await;
     let (healthy, victim) = (addrs[0], addrs[1]);
     let session = initialize(victim).await;
 
