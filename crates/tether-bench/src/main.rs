@@ -88,7 +88,7 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "tools_call,replay_10k,restart_100k_sessions,idle_session,gateway_http,gateway_stdio,gateway_memory,tools_call_modern,streams_10k"
+        default_value = "tools_call,replay_10k,restart_100k_sessions,restart_1m_sessions,idle_session,gateway_http,gateway_stdio,gateway_memory,tools_call_modern,streams_10k"
     )]
     scenarios: Vec<Scenario>,
     /// tools_call, gateway_http, gateway_stdio: concurrent clients (one session and one connection each), comma-separated.
@@ -112,6 +112,9 @@ struct Args {
     /// restart_100k_sessions and idle_session: sessions to create.
     #[arg(long, default_value_t = 100_000)]
     sessions: usize,
+    /// restart_1m_sessions: sessions to create (`--quick`: 20,000).
+    #[arg(long, default_value_t = 1_000_000)]
+    million_sessions: usize,
     /// gateway_memory: live command-upstream sessions to open (each with a
     /// child); below the gateway's default `max_processes` of 64, so none is stopped.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u16).range(1..=63))]
@@ -154,6 +157,7 @@ fn main() -> ExitCode {
         args.warmup = Duration::from_secs(1);
         args.rounds = 3;
         args.sessions = args.sessions.min(10_000);
+        args.million_sessions = args.million_sessions.min(20_000);
         args.replay_runs = args.replay_runs.min(3);
         args.idle_window = args.idle_window.min(Duration::from_secs(20));
     }
@@ -262,7 +266,16 @@ async fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
         }
         let restart = wants(Scenario::Restart100kSessions) && subject.system.durable_sessions();
         if wants(Scenario::IdleSession) || restart {
-            rows.extend(idle_and_restart(args, &programs, subject, wants(Scenario::IdleSession), restart).await);
+            let plan = Sessions {
+                n: args.sessions,
+                idle: wants(Scenario::IdleSession),
+                restart: restart.then_some(Scenario::Restart100kSessions),
+            };
+            rows.extend(idle_and_restart(args, &programs, subject, plan).await);
+        }
+        if wants(Scenario::Restart1mSessions) && Scenario::Restart1mSessions.runs(subject.system) {
+            let plan = Sessions { n: args.million_sessions, idle: false, restart: Some(Scenario::Restart1mSessions) };
+            rows.extend(idle_and_restart(args, &programs, subject, plan).await);
         }
     }
     sort(&mut rows);
@@ -572,20 +585,33 @@ async fn settled_rss(server: &Server) -> anyhow::Result<u64> {
     server.rss_bytes()
 }
 
-/// idle_session and/or restart_100k_sessions on one fresh server and store:
-/// warm-up sessions, RSS, `--sessions` more sessions, RSS again; then
-/// SIGKILL, restart on the same store, time the first answer on an old session.
-async fn idle_and_restart(args: &Args, programs: &Programs, subject: Subject, idle: bool, restart: bool) -> Vec<Row> {
-    let n = args.sessions;
+/// What one run of [`idle_and_restart`] measures.
+struct Sessions {
+    /// Sessions created (after the warm-up).
+    n: usize,
+    /// idle_session: RSS per session.
+    idle: bool,
+    /// The restart scenario timed after them, if any.
+    restart: Option<Scenario>,
+}
+
+/// idle_session and/or a restart scenario (restart_100k_sessions,
+/// restart_1m_sessions) on one fresh server and store: warm-up sessions,
+/// RSS, `n` more sessions, RSS again; then SIGKILL, restart on the same
+/// store, time the first answer on an old session.
+async fn idle_and_restart(args: &Args, programs: &Programs, subject: Subject, plan: Sessions) -> Vec<Row> {
+    let Sessions { n, idle, restart: restart_scenario } = plan;
+    let restart = restart_scenario.is_some();
     eprintln!(
         "== {}: {} sessions for{}{}",
         subject.name(),
         n,
         if idle { " idle_session" } else { "" },
-        if restart { " restart_100k_sessions" } else { "" }
+        restart_scenario.map_or(String::new(), |s| format!(" {}", s.name()))
     );
     let mut idle_row = Row::new(subject, Scenario::IdleSession, args.session_clients, args.quick);
-    let mut restart_row = Row::new(subject, Scenario::Restart100kSessions, args.session_clients, args.quick);
+    let mut restart_row =
+        Row::new(subject, restart_scenario.unwrap_or(Scenario::Restart100kSessions), args.session_clients, args.quick);
     idle_row.count = Some(n as u64);
     restart_row.count = Some(n as u64);
     let outcome = async {
@@ -628,6 +654,12 @@ async fn idle_and_restart(args: &Args, programs: &Programs, subject: Subject, id
         if !restart {
             server.stop().await?;
             return Ok(());
+        }
+        if restart_scenario == Some(Scenario::Restart1mSessions)
+            && let (Some(after), Some(before)) = (store.as_ref().and_then(Store::outside_bytes), store_before)
+        {
+            restart_row.bytes_per_session = Some(round((after as f64 - before as f64) / n as f64, 0));
+            eprintln!("   store: {:.0} bytes per stored session", restart_row.bytes_per_session.unwrap_or(0.0));
         }
         let old = ids[ids.len() / 2].clone();
         drop(ids);

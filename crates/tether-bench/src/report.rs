@@ -16,6 +16,9 @@ pub enum Scenario {
     Replay10k,
     #[value(name = "restart_100k_sessions")]
     Restart100kSessions,
+    /// The restart with 1,000,000 stored sessions (`--million-sessions`), and the store's bytes per session.
+    #[value(name = "restart_1m_sessions")]
+    Restart1mSessions,
     #[value(name = "idle_session")]
     IdleSession,
     /// tools_call's load through tether-gateway to `rmcp_ref`, and to `rmcp_ref` directly.
@@ -36,10 +39,11 @@ pub enum Scenario {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 9] = [
+    pub const ALL: [Scenario; 10] = [
         Scenario::ToolsCall,
         Scenario::Replay10k,
         Scenario::Restart100kSessions,
+        Scenario::Restart1mSessions,
         Scenario::IdleSession,
         Scenario::GatewayHttp,
         Scenario::GatewayStdio,
@@ -53,6 +57,7 @@ impl Scenario {
             Scenario::ToolsCall => "tools_call",
             Scenario::Replay10k => "replay_10k",
             Scenario::Restart100kSessions => "restart_100k_sessions",
+            Scenario::Restart1mSessions => "restart_1m_sessions",
             Scenario::IdleSession => "idle_session",
             Scenario::GatewayHttp => "gateway_http",
             Scenario::GatewayStdio => "gateway_stdio",
@@ -70,12 +75,18 @@ impl Scenario {
                 !system.gateway() && !matches!(system, System::AxumFloor | System::TetherSqliteModern)
             }
             Scenario::Restart100kSessions => system.durable_sessions(),
+            Scenario::Restart1mSessions => matches!(system, System::TetherSqlite | System::TetherRedis),
             Scenario::GatewayHttp => matches!(system, System::TetherGateway | System::RmcpDirect),
             Scenario::GatewayStdio => matches!(system, System::TetherGateway | System::Supergateway | System::McpProxy),
             Scenario::GatewayMemory => system == System::TetherGateway,
             Scenario::ToolsCallModern => matches!(system, System::TetherSqlite | System::TetherSqliteModern),
             Scenario::Streams10k => system == System::TetherSqlite,
         }
+    }
+
+    /// Sessions the budget's line of a session scenario is for.
+    pub fn budget_sessions(self) -> u64 {
+        if self == Scenario::Restart1mSessions { MILLION_SESSIONS } else { BUDGET_SESSIONS }
     }
 
     /// Whether its rows come from interleaved rounds of the tools_call load.
@@ -109,6 +120,10 @@ pub struct Row {
     /// idle_session with sqlite or Redis: store bytes per session outside the server process.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub store_bytes: Option<f64>,
+    /// restart_1m_sessions: the store's growth per stored idle session (the
+    /// SQLite files, or Redis's `used_memory`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes_per_session: Option<f64>,
     /// How many runs the figure (`rps` or `ms`) is the median of, and their range.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub spread: Option<String>,
@@ -164,6 +179,7 @@ impl Row {
             bytes: None,
             count: None,
             store_bytes: None,
+            bytes_per_session: None,
             spread: None,
             rounds_rps: Vec::new(),
             client_us_per_call: None,
@@ -234,6 +250,9 @@ fn notes(r: &Row) -> String {
     }
     if let Some(b) = r.store_bytes {
         parts.push(format!("store +{b:.0} B/session"));
+    }
+    if let Some(b) = r.bytes_per_session {
+        parts.push(format!("bytes_per_session {b:.0} (the store)"));
     }
     if let Some(n) = &r.note {
         parts.push(n.clone());
@@ -322,6 +341,8 @@ pub fn rps_ratio(a: &Row, b: &Row) -> Option<(String, f64)> {
 
 /// Sessions the budget's restart and idle lines are measured with.
 const BUDGET_SESSIONS: u64 = 100_000;
+/// Sessions of the budget's `restart_1m_sessions` lines.
+const MILLION_SESSIONS: u64 = 1_000_000;
 
 /// A budget ratio line: `a`'s requests/s >= `target` times `b`'s.
 fn ratio_line(line: &str, a: Option<&Row>, b: Option<&Row>, target: f64) -> String {
@@ -447,8 +468,16 @@ pub fn budget(rows: &[Row]) -> String {
             let (text, met) = match find(rows, system, scenario, None).and_then(|r| Some((r.count, figure(r)?))) {
                 // The budget's restart and idle lines are for 100,000 sessions; fewer
                 // (a --quick run) leave a fixed overhead spread over too few.
-                Some((Some(sessions), v)) if scenario != Scenario::Replay10k && sessions < BUDGET_SESSIONS => {
-                    (format!("{v:.1} {unit} with {sessions} sessions"), "— (the budget is for 100,000 sessions)")
+                Some((Some(sessions), v)) if scenario != Scenario::Replay10k && sessions < scenario.budget_sessions() => {
+                    let budget = scenario.budget_sessions();
+                    (
+                        format!("{v:.1} {unit} with {sessions} sessions"),
+                        if budget == MILLION_SESSIONS {
+                            "— (the budget is for 1,000,000 sessions)"
+                        } else {
+                            "— (the budget is for 100,000 sessions)"
+                        },
+                    )
                 }
                 Some((_, v)) => (format!("{v:.1} {unit}"), if v <= limit { "yes" } else { "**no**" }),
                 None => ("not measured".to_string(), "—"),
@@ -458,6 +487,7 @@ pub fn budget(rows: &[Row]) -> String {
         s.push_str(&line(Scenario::Replay10k, |r| r.ms, "ms", 50.0));
         if system != "tether-memory" {
             s.push_str(&line(Scenario::Restart100kSessions, |r| r.ms, "ms", 500.0));
+            s.push_str(&line(Scenario::Restart1mSessions, |r| r.ms, "ms", 500.0));
         }
         s.push_str(&line(Scenario::IdleSession, |r| r.bytes, "bytes", 1024.0));
     }
