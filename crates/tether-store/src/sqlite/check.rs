@@ -16,6 +16,12 @@
 //!
 //! It costs one sequential read of the WAL (at most a few tens of MB) and
 //! of the database's first 100 bytes, once per open.
+//!
+//! Not detected: a WAL cut exactly at a commit frame, or removed. Nothing on
+//! disk records how far it went: SQLite's wal-index (`mxFrame`, the `-shm`
+//! file of other setups) lives in heap memory under `unix-excl`, the VFS
+//! every connection uses (`sqlite::open_connection`), so no `-shm` file is
+//! ever written to compare the WAL with.
 
 use std::io::Read;
 use std::path::Path;
