@@ -28,7 +28,8 @@ impl Default for StoreConfig {
 pub enum StoreUrl {
     Memory,
     Sqlite(PathBuf),
-    /// `redis://HOST:PORT/DB` or `rediss://…` (TLS).
+    /// `redis://HOST:PORT/DB` or `rediss://…` (TLS); a Redis Cluster as
+    /// `redis+cluster://HOST:PORT,HOST:PORT/` (or `rediss+cluster://`).
     Redis(String),
 }
 
@@ -46,10 +47,16 @@ impl std::str::FromStr for StoreUrl {
             }
             return Ok(StoreUrl::Sqlite(PathBuf::from(path)));
         }
+        if crate::redis::is_cluster_url(s) {
+            crate::redis::cluster_nodes(s)?;
+            return Ok(StoreUrl::Redis(s.to_owned()));
+        }
         if s.starts_with("redis://") || s.starts_with("rediss://") {
             return Ok(StoreUrl::Redis(s.to_owned()));
         }
-        Err(StoreError::Config(format!("unknown store `{s}`: use `memory`, `sqlite:PATH` or `redis://HOST:PORT/DB`")))
+        Err(StoreError::Config(format!(
+            "unknown store `{s}`: use `memory`, `sqlite:PATH`, `redis://HOST:PORT/DB` or `redis+cluster://HOST:PORT,HOST:PORT/`"
+        )))
     }
 }
 

@@ -1,23 +1,32 @@
-//! Redis backend, for several replicas sharing one store.
+//! Redis backend, for several replicas sharing one store: a single Redis
+//! server (`redis://`, `rediss://`) or a Redis Cluster (`redis+cluster://`,
+//! [`conn`]).
 //!
-//! Every multi-key step is one Lua script (`redis/scripts/`), so it is atomic on the server and
-//! no lock is ever held across a network round trip. Layout under the prefix
-//! `P` (default `tether:`):
+//! Every multi-key step on one session is one Lua script (`redis/scripts/`),
+//! so it is atomic on the server and no lock is ever held across a network
+//! round trip. Every key of a session carries the session's hash tag
+//! (`{id}`, [`conn::hash_tag`]), so each script touches one cluster slot;
+//! the indexes over all sessions are keys of their own, updated after the
+//! session's script (an index entry is a hint: the reaper checks the
+//! session's own hash before it drops anything). Layout under the prefix `P`
+//! (default `tether:`):
 //!
 //! | key | type | holds |
 //! |---|---|---|
-//! | `P s:{id}` | hash | session: principal, created, expires, revision, state |
-//! | `P sp:{principal}` / `P sx` | zset | sessions by principal / by expiry |
-//! | `P ss:{id}` | set | stream names of a session |
-//! | `P e:{id}:{stream}` | stream | events, entry ID `0-{seq}`, capped with `MAXLEN` |
-//! | `P q:{id}` / `P f:{id}` / `P c:{id}` | hash | last seq / finished / cursor per stream |
-//! | `P kv:{ns}:{key}` | hash | value, revision, expiry (plus a native TTL) |
-//! | `P kvrev` | counter | key/value revisions, never reused |
-//! | channel `P live` | pub/sub | `{session}\n{stream}\n{seq}` after every append |
+//! | `P{id}:s` | hash | session: principal, created, expires, revision, state |
+//! | `P{id}:ss` | set | stream names of the session |
+//! | `P{id}:e:{stream}` | stream | events, entry ID `0-{seq}`, capped with `MAXLEN` |
+//! | `P{id}:q` / `P{id}:f` / `P{id}:c` | hash | last seq / finished / cursor per stream |
+//! | `Psp:{principal}` / `Psx` | zset | sessions by principal / by expiry |
+//! | `P{tag}:kv:{ns}:{key}` | hash | value, revision, expiry (plus a native TTL); `tag` is the key up to its first `/` (a session's records share its slot) |
+//! | `P{tag}:kvrev` | counter | key/value revisions of that slot, never reused |
+//! | channel `Plive` (single server) | pub/sub | `{session}\n{stream}\n{seq}` after every append |
+//! | channels `Plive:0` … `Plive:15` (cluster) | sharded pub/sub | the same, on the channel of the session's shard of 16 |
 //!
-//! Session keys expire with their session (native TTLs), the reaper removes
-//! index entries. Keys are computed inside scripts from the prefix, so this
-//! targets a single Redis server (or a primary), not Redis Cluster.
+//! Session keys expire with their session (native TTLs); the reaper removes
+//! index entries.
+
+mod conn;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +38,8 @@ use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script, Value as RValue};
 use tokio::sync::broadcast;
 
+pub use conn::{RedisConn, cluster_nodes, hash_tag, is_cluster_url};
+
 use crate::{
     EventKind, RemoteAppend, SessionRecord, Store, StoreConfig, StoreError, StoreResult, StoredEvent, StreamSummary,
     VersionedValue, now_ms,
@@ -36,6 +47,15 @@ use crate::{
 
 /// Announcements buffered for live delivery; a slow consumer falls back to reading the store.
 const REMOTE_BUFFER: usize = 1024;
+
+/// Sharded announcement channels on a cluster (`Plive:0` … `Plive:15`):
+/// spread over the shards, few enough for every replica to listen to all.
+const LIVE_SHARDS: u64 = 16;
+
+/// Redis's client timeouts: a connection that does not open within this...
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// ...and an answer that does not come within this are failures (503s).
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// `redis://user:secret@host` → `redis://user:***@host` for logs.
 pub fn redacted(url: &str) -> String {
@@ -53,14 +73,14 @@ pub fn redacted(url: &str) -> String {
 
 fn unavailable(e: redis::RedisError) -> StoreError {
     crate::observe::error();
-    if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout() {
+    if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout() || e.is_cluster_error() {
         StoreError::Unavailable(format!("redis: {e}"))
     } else {
         StoreError::Backend(format!("redis: {e}"))
     }
 }
 
-/// The function `drop(p, id)` the scripts that remove sessions begin with.
+/// The function `drop(b)` the scripts that remove sessions begin with.
 const DROP_SESSION: &str = include_str!("redis/scripts/drop_session.lua");
 
 /// One script per multi-key step; each file says at its top what the script
@@ -97,48 +117,111 @@ impl Scripts {
 /// The [`Store`] on Redis.
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: RedisConn,
     prefix: Arc<str>,
     url: Arc<str>,
     cap: u64,
     scripts: Arc<Scripts>,
     remote: broadcast::Sender<RemoteAppend>,
-    /// The listener task stops when the last clone of the store is gone.
-    _alive: Arc<()>,
+    /// The listener (a task on a single server, a subscribed connection on a
+    /// cluster) stops when the last clone of the store is gone.
+    _alive: Arc<Listener>,
+}
+
+/// What keeps announcements coming in while the store lives.
+enum Listener {
+    /// A task that holds a `Weak` of this and stops when it is gone.
+    Task,
+    /// The cluster connection whose node connections hold the sharded subscriptions.
+    Cluster(#[allow(dead_code)] redis::cluster_async::ClusterConnection),
 }
 
 impl RedisStore {
     /// Connects (failing fast with a readable error if Redis does not answer)
     /// and starts the live-announcement listener, which reconnects by itself.
     pub async fn open(url: &str, config: StoreConfig) -> StoreResult<Self> {
+        let prefix: Arc<str> = config.redis_prefix.clone().into();
+        let (remote, _) = broadcast::channel(REMOTE_BUFFER);
+        let cap = config.max_events_per_stream.max(1);
+        let answered_within = |what: &str| format!("redis at {} did not answer within 5s{what}", redacted(url));
+        if is_cluster_url(url) {
+            if prefix.contains(['{', '}']) {
+                return Err(StoreError::Config(format!(
+                    "the Redis key prefix `{prefix}` holds `{{` or `}}`, which would break the cluster's hash tags; choose another --store-prefix"
+                )));
+            }
+            let nodes = cluster_nodes(url)?;
+            let builder = |b: redis::cluster::ClusterClientBuilder| {
+                b.connection_timeout(CONNECT_TIMEOUT).response_timeout(RESPONSE_TIMEOUT).retries(2).max_retry_wait(1000)
+            };
+            let client = builder(redis::cluster::ClusterClientBuilder::new(nodes.clone()))
+                .build()
+                .map_err(|e| StoreError::Config(format!("bad Redis Cluster URL {}: {e}", redacted(url))))?;
+            let conn = tokio::time::timeout(Duration::from_secs(5), client.get_async_connection())
+                .await
+                .map_err(|_| StoreError::Unavailable(answered_within("")))?
+                .map_err(|e| StoreError::Unavailable(format!("cannot connect to the Redis Cluster at {}: {e}", redacted(url))))?;
+            let announcements = remote.clone();
+            let push = move |info: redis::PushInfo| -> Result<(), std::convert::Infallible> {
+                if info.kind == redis::PushKind::SMessage
+                    && let Some(RValue::BulkString(payload)) = info.data.get(1)
+                    && let Some(append) = parse_announcement(payload)
+                {
+                    let _ = announcements.send(append);
+                }
+                Ok(())
+            };
+            let subscriber = builder(redis::cluster::ClusterClientBuilder::new(nodes))
+                .use_protocol(redis::ProtocolVersion::RESP3)
+                .push_sender(push)
+                .build()
+                .map_err(|e| StoreError::Config(format!("bad Redis Cluster URL {}: {e}", redacted(url))))?;
+            let mut listener = tokio::time::timeout(Duration::from_secs(5), subscriber.get_async_connection())
+                .await
+                .map_err(|_| StoreError::Unavailable(answered_within(" (announcements)")))?
+                .map_err(|e| StoreError::Unavailable(format!("cannot connect to the Redis Cluster at {}: {e}", redacted(url))))?;
+            let channels: Vec<String> = (0..LIVE_SHARDS).map(|n| format!("{prefix}live:{n}")).collect();
+            // One SSUBSCRIBE per channel: each goes to the node of its slot,
+            // and the client subscribes again after a reconnect or a move.
+            for channel in &channels {
+                listener.ssubscribe(channel).await.map_err(unavailable)?;
+            }
+            return Ok(Self {
+                conn: RedisConn::Cluster(conn),
+                url: redacted(url).into(),
+                prefix,
+                cap,
+                scripts: Arc::new(Scripts::new()),
+                remote,
+                _alive: Arc::new(Listener::Cluster(listener)),
+            });
+        }
         let client = redis::Client::open(url).map_err(|e| StoreError::Config(format!("bad redis URL {}: {e}", redacted(url))))?;
         let manager_config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(2)))
-            .set_response_timeout(Some(Duration::from_secs(5)))
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(Some(RESPONSE_TIMEOUT))
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_secs(1));
         let conn =
             tokio::time::timeout(Duration::from_secs(5), ConnectionManager::new_with_config(client.clone(), manager_config))
                 .await
-                .map_err(|_| StoreError::Unavailable(format!("redis at {} did not answer within 5s", redacted(url))))?
+                .map_err(|_| StoreError::Unavailable(answered_within("")))?
                 .map_err(|e| StoreError::Unavailable(format!("cannot connect to redis at {}: {e}", redacted(url))))?;
-        let (remote, _) = broadcast::channel(REMOTE_BUFFER);
-        let alive = Arc::new(());
-        let store = Self {
-            _alive: alive.clone(),
-            conn,
-            prefix: config.redis_prefix.clone().into(),
+        let alive = Arc::new(Listener::Task);
+        tokio::spawn(listen(client, format!("{prefix}live"), remote.clone(), Arc::downgrade(&alive)));
+        Ok(Self {
+            _alive: alive,
+            conn: RedisConn::Single(conn),
             url: redacted(url).into(),
-            cap: config.max_events_per_stream.max(1),
+            prefix,
+            cap,
             scripts: Arc::new(Scripts::new()),
-            remote: remote.clone(),
-        };
-        tokio::spawn(listen(client, format!("{}live", store.prefix), remote, Arc::downgrade(&alive)));
-        Ok(store)
+            remote,
+        })
     }
 
     /// A connection for other repositories (the notebook) under the same prefix.
-    pub fn connection(&self) -> ConnectionManager {
+    pub fn connection(&self) -> RedisConn {
         self.conn.clone()
     }
 
@@ -153,11 +236,67 @@ impl RedisStore {
         }
         k
     }
+
+    /// `P{id}:`, the beginning of every key of session `id` (one cluster slot).
+    fn base(&self, id: &str) -> String {
+        format!("{}{{{}}}:", self.prefix, hash_tag(id))
+    }
+
+    /// A key/value record and its slot's revision counter.
+    fn kv_keys(&self, namespace: &str, key: &str) -> (String, String) {
+        let tag = hash_tag(key.split('/').next().unwrap_or(key));
+        let base = format!("{}{{{tag}}}:", self.prefix);
+        (format!("{base}kv:{namespace}:{key}"), format!("{base}kvrev"))
+    }
+
+    /// The by-principal and by-expiry entries of a session: what its
+    /// script cannot write, since they live in other slots.
+    async fn index(&self, id: &str, principal: &str, expires_at_ms: i64) -> StoreResult<()> {
+        let (mut by_principal, mut by_expiry) = (self.conn.clone(), self.conn.clone());
+        let (_, _): (i64, i64) = futures::try_join!(
+            by_principal.zadd(self.key(&["sp:", principal]), id, expires_at_ms),
+            by_expiry.zadd(self.key(&["sx"]), id, expires_at_ms),
+        )
+        .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn unindex(&self, id: &str, principal: Option<&str>) -> StoreResult<()> {
+        let mut conn = self.conn.clone();
+        let _: i64 = conn.zrem(self.key(&["sx"]), id).await.map_err(unavailable)?;
+        if let Some(principal) = principal {
+            let _: i64 = conn.zrem(self.key(&["sp:", principal]), id).await.map_err(unavailable)?;
+        }
+        Ok(())
+    }
+
+    /// On a cluster, where a script cannot publish to a channel outside its
+    /// slot: announces an append on the sharded channel of its session.
+    async fn announce_sharded(&self, session: &str, stream: &str, seq: u64) -> StoreResult<()> {
+        let mut conn = self.conn.clone();
+        let shard = session.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+            % LIVE_SHARDS;
+        let _: i64 = redis::cmd("SPUBLISH")
+            .arg(format!("{}live:{shard}", self.prefix))
+            .arg(format!("{session}\n{stream}\n{seq}"))
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
 }
 
-/// Forwards `P live` announcements into `tx` until the store is dropped;
+/// `{session}\n{stream}\n{seq}`, as the append script and [`Store::announce`] publish it.
+fn parse_announcement(payload: &[u8]) -> Option<RemoteAppend> {
+    let text = std::str::from_utf8(payload).ok()?;
+    let mut parts = text.splitn(3, '\n');
+    let (session, stream, seq) = (parts.next()?, parts.next()?, parts.next()?.parse().ok()?);
+    Some(RemoteAppend { session: session.into(), stream: stream.into(), seq })
+}
+
+/// Forwards `Plive` announcements into `tx` until the store is dropped;
 /// reconnects with a capped backoff when Redis goes away.
-async fn listen(client: redis::Client, channel: String, tx: broadcast::Sender<RemoteAppend>, alive: std::sync::Weak<()>) {
+async fn listen(client: redis::Client, channel: String, tx: broadcast::Sender<RemoteAppend>, alive: std::sync::Weak<Listener>) {
     let mut backoff = Duration::from_millis(100);
     loop {
         if alive.upgrade().is_none() {
@@ -172,12 +311,8 @@ async fn listen(client: redis::Client, channel: String, tx: broadcast::Sender<Re
                         if alive.upgrade().is_none() {
                             return;
                         }
-                        let Ok(text) = msg.get_payload::<String>() else { continue };
-                        let mut parts = text.splitn(3, '\n');
-                        if let (Some(session), Some(stream), Some(seq)) = (parts.next(), parts.next(), parts.next())
-                            && let Ok(seq) = seq.parse()
-                        {
-                            let _ = tx.send(RemoteAppend { session: session.into(), stream: stream.into(), seq });
+                        if let Some(append) = parse_announcement(msg.get_payload_bytes()) {
+                            let _ = tx.send(append);
                         }
                     }
                 }
@@ -212,7 +347,7 @@ impl RedisStore {
     async fn read_session(&self, id: &str) -> StoreResult<Option<SessionRecord>> {
         let mut conn = self.conn.clone();
         let values: Vec<Option<Vec<u8>>> = redis::cmd("HMGET")
-            .arg(self.key(&["s:", id]))
+            .arg(format!("{}s", self.base(id)))
             .arg(&["principal", "created", "expires", "revision", "state"][..])
             .query_async(&mut conn)
             .await
@@ -240,11 +375,12 @@ impl Store for RedisStore {
     async fn create_session(&self, s: &SessionRecord) -> StoreResult<()> {
         let state = serde_json::to_string(&s.state).map_err(|e| StoreError::Backend(e.to_string()))?;
         let mut conn = self.conn.clone();
+        let base = self.base(&s.id);
         let created: i64 = self
             .scripts
             .create
-            .arg(&*self.prefix)
-            .arg(&s.id)
+            .key(format!("{base}s"))
+            .arg(&base)
             .arg(&s.principal)
             .arg(s.created_at_ms)
             .arg(s.expires_at_ms)
@@ -254,7 +390,10 @@ impl Store for RedisStore {
             .invoke_async(&mut conn)
             .await
             .map_err(unavailable)?;
-        if created == 1 { Ok(()) } else { Err(StoreError::Conflict(format!("session {}", s.id))) }
+        if created != 1 {
+            return Err(StoreError::Conflict(format!("session {}", s.id)));
+        }
+        self.index(&s.id, &s.principal, s.expires_at_ms).await
     }
 
     async fn get_session(&self, id: &str, now_ms: i64) -> StoreResult<Option<SessionRecord>> {
@@ -267,7 +406,7 @@ impl Store for RedisStore {
         let r: i64 = self
             .scripts
             .update
-            .key(self.key(&["s:", id]))
+            .key(format!("{}s", self.base(id)))
             .arg(expected)
             .arg(state)
             .invoke_async(&mut conn)
@@ -278,22 +417,28 @@ impl Store for RedisStore {
 
     async fn touch_session(&self, id: &str, expires_at_ms: i64) -> StoreResult<bool> {
         let mut conn = self.conn.clone();
-        let r: i64 = self
+        let base = self.base(id);
+        let touched: Option<(String, i64)> = self
             .scripts
             .touch
-            .arg(&*self.prefix)
-            .arg(id)
+            .key(format!("{base}s"))
+            .arg(&base)
             .arg(expires_at_ms)
             .invoke_async(&mut conn)
             .await
             .map_err(unavailable)?;
-        Ok(r == 1)
+        let Some((principal, expires)) = touched else { return Ok(false) };
+        self.index(id, &principal, expires).await?;
+        Ok(true)
     }
 
     async fn delete_session(&self, id: &str) -> StoreResult<bool> {
         let mut conn = self.conn.clone();
-        let r: i64 = self.scripts.delete.arg(&*self.prefix).arg(id).invoke_async(&mut conn).await.map_err(unavailable)?;
-        Ok(r > 0)
+        let base = self.base(id);
+        let principal: Option<String> =
+            self.scripts.delete.key(format!("{base}s")).arg(&base).invoke_async(&mut conn).await.map_err(unavailable)?;
+        self.unindex(id, principal.as_deref()).await?;
+        Ok(principal.is_some())
     }
 
     async fn list_sessions(&self, principal: &str, limit: usize) -> StoreResult<Vec<SessionRecord>> {
@@ -360,34 +505,84 @@ impl Store for RedisStore {
         conn.zcount(self.key(&["sx"]), format!("({now_ms}"), "+inf").await.map_err(unavailable)
     }
 
+    /// Candidates from the by-expiry index, each dropped by a script on its
+    /// own slot that checks the session's hash first: one renewed meanwhile
+    /// is kept (and its index entry left for its new expiry).
     async fn expire_sessions(&self, now_ms: i64, limit: usize) -> StoreResult<Vec<String>> {
         let mut conn = self.conn.clone();
-        self.scripts.expire.arg(&*self.prefix).arg(now_ms).arg(limit).invoke_async(&mut conn).await.map_err(unavailable)
+        let candidates: Vec<String> = redis::cmd("ZRANGE")
+            .arg(self.key(&["sx"]))
+            .arg("-inf")
+            .arg(now_ms)
+            .arg("BYSCORE")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit)
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        let mut dropped = Vec::with_capacity(candidates.len());
+        for id in candidates {
+            let base = self.base(&id);
+            let (outcome, detail): (i64, String) = self
+                .scripts
+                .expire
+                .key(format!("{base}s"))
+                .arg(&base)
+                .arg(now_ms)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(unavailable)?;
+            match outcome {
+                1 => {
+                    self.unindex(&id, Some(&detail)).await?;
+                    dropped.push(id);
+                }
+                // Gone already (its keys expired natively): only the index entry is left.
+                0 => {
+                    let _: i64 = conn.zrem(self.key(&["sx"]), &id).await.map_err(unavailable)?;
+                    dropped.push(id);
+                }
+                // Renewed after the index was read: the renewal re-indexes it.
+                _ => {}
+            }
+        }
+        Ok(dropped)
     }
 
     async fn append(&self, session: &str, stream: &str, kind: EventKind, payload: Bytes) -> StoreResult<u64> {
         self.append_batch(session, stream, vec![(kind, payload)]).await
     }
 
-    /// All events in one script: one round trip, numbered together.
+    /// All events in one script: one round trip, numbered together (on a
+    /// cluster a second, the sharded announcement).
     async fn append_batch(&self, session: &str, stream: &str, events: Vec<(EventKind, Bytes)>) -> StoreResult<u64> {
         if events.is_empty() {
             return Err(StoreError::Backend("append_batch needs at least one event".into()));
         }
         let mut conn = self.conn.clone();
+        let base = self.base(session);
+        let channel = if self.conn.is_cluster() { String::new() } else { self.key(&["live"]) };
         let mut invocation = self.scripts.append.prepare_invoke();
-        invocation.arg(&*self.prefix).arg(session).arg(stream).arg(self.cap);
+        invocation.key(format!("{base}s")).arg(&base).arg(session).arg(stream).arg(self.cap).arg(channel);
         for (kind, payload) in &events {
             invocation.arg(*kind as u8).arg(payload.as_ref());
         }
         let first: i64 = invocation.invoke_async(&mut conn).await.map_err(unavailable)?;
+        if self.conn.is_cluster() {
+            let last = first as u64 + events.len() as u64 - 1;
+            if let Err(e) = self.announce_sharded(session, stream, last).await {
+                // Stored is what counts; other replicas' pumps poll the store too.
+                tracing::debug!(%session, error = %e, "could not announce an append");
+            }
+        }
         Ok(first as u64)
     }
 
     async fn read_after(&self, session: &str, stream: &str, after: u64, limit: usize) -> StoreResult<Vec<StoredEvent>> {
         let mut conn = self.conn.clone();
         let entries: Vec<(String, Vec<(String, RValue)>)> = redis::cmd("XRANGE")
-            .arg(self.key(&["e:", session, ":", stream]))
+            .arg(format!("{}e:{stream}", self.base(session)))
             .arg(format!("(0-{after}"))
             .arg("+")
             .arg("COUNT")
@@ -412,19 +607,7 @@ impl Store for RedisStore {
     }
 
     async fn open_streams(&self, session: &str) -> StoreResult<Vec<StreamSummary>> {
-        let mut conn = self.conn.clone();
-        let rows: Vec<(String, i64, i64, i64)> =
-            self.scripts.streams.arg(&*self.prefix).arg(session).arg("").invoke_async(&mut conn).await.map_err(unavailable)?;
-        let mut out: Vec<StreamSummary> = rows
-            .into_iter()
-            .filter(|(_, _, _, fin)| *fin != 1)
-            .map(|(stream, first, last, _)| StreamSummary {
-                stream,
-                first_seq: first as u64,
-                last_seq: last as u64,
-                finished: false,
-            })
-            .collect();
+        let mut out: Vec<StreamSummary> = self.stream_summaries(session, "").await?.into_iter().filter(|s| !s.finished).collect();
         out.sort_by(|a, b| a.stream.cmp(&b.stream));
         Ok(out)
     }
@@ -433,31 +616,17 @@ impl Store for RedisStore {
         if stream.is_empty() {
             return Ok(None);
         }
-        let mut conn = self.conn.clone();
-        let rows: Vec<(String, i64, i64, i64)> = self
-            .scripts
-            .streams
-            .arg(&*self.prefix)
-            .arg(session)
-            .arg(stream)
-            .invoke_async(&mut conn)
-            .await
-            .map_err(unavailable)?;
-        Ok(rows.into_iter().next().map(|(stream, first, last, fin)| StreamSummary {
-            stream,
-            first_seq: first as u64,
-            last_seq: last as u64,
-            finished: fin == 1,
-        }))
+        Ok(self.stream_summaries(session, stream).await?.into_iter().next())
     }
 
     async fn set_cursor(&self, session: &str, stream: &str, seq: u64) -> StoreResult<()> {
         let mut conn = self.conn.clone();
+        let base = self.base(session);
         let _: i64 = self
             .scripts
             .set_cursor
-            .arg(&*self.prefix)
-            .arg(session)
+            .key(format!("{base}s"))
+            .key(format!("{base}c"))
             .arg(stream)
             .arg(seq)
             .invoke_async(&mut conn)
@@ -468,18 +637,15 @@ impl Store for RedisStore {
 
     async fn cursor(&self, session: &str, stream: &str) -> StoreResult<u64> {
         let mut conn = self.conn.clone();
-        let v: Option<u64> = conn.hget(self.key(&["c:", session]), stream).await.map_err(unavailable)?;
+        let v: Option<u64> = conn.hget(format!("{}c", self.base(session)), stream).await.map_err(unavailable)?;
         Ok(v.unwrap_or(0))
     }
 
     async fn kv_get(&self, namespace: &str, key: &str, now_ms: i64) -> StoreResult<Option<VersionedValue>> {
         let mut conn = self.conn.clone();
-        let values: Vec<Option<Vec<u8>>> = redis::cmd("HMGET")
-            .arg(self.key(&["kv:", namespace, ":", key]))
-            .arg(&["v", "r", "x"][..])
-            .query_async(&mut conn)
-            .await
-            .map_err(unavailable)?;
+        let (record, _) = self.kv_keys(namespace, key);
+        let values: Vec<Option<Vec<u8>>> =
+            redis::cmd("HMGET").arg(record).arg(&["v", "r", "x"][..]).query_async(&mut conn).await.map_err(unavailable)?;
         let mut values = values.into_iter();
         let (Some(Some(value)), Some(Some(revision))) = (values.next(), values.next()) else { return Ok(None) };
         let expires: Option<i64> = values
@@ -507,11 +673,12 @@ impl Store for RedisStore {
         expires_at_ms: Option<i64>,
     ) -> StoreResult<Option<u64>> {
         let mut conn = self.conn.clone();
+        let (record, counter) = self.kv_keys(namespace, key);
         let r: i64 = self
             .scripts
             .kv_cas
-            .key(self.key(&["kv:", namespace, ":", key]))
-            .key(self.key(&["kvrev"]))
+            .key(record)
+            .key(counter)
             .arg(expected.map(|e| e.to_string()).unwrap_or_default())
             .arg(value.as_ref())
             .arg(expires_at_ms.map(|e| e.to_string()).unwrap_or_default())
@@ -524,7 +691,7 @@ impl Store for RedisStore {
 
     async fn kv_delete(&self, namespace: &str, key: &str) -> StoreResult<bool> {
         let mut conn = self.conn.clone();
-        let n: i64 = conn.del(self.key(&["kv:", namespace, ":", key])).await.map_err(unavailable)?;
+        let n: i64 = conn.del(self.kv_keys(namespace, key).0).await.map_err(unavailable)?;
         Ok(n > 0)
     }
 
@@ -539,7 +706,8 @@ impl Store for RedisStore {
     }
 
     fn describe(&self) -> String {
-        format!("{} (prefix {})", self.url, self.prefix)
+        let kind = if self.conn.is_cluster() { "cluster " } else { "" };
+        format!("{kind}{} (prefix {})", self.url, self.prefix)
     }
 
     fn is_shared(&self) -> bool {
@@ -547,6 +715,9 @@ impl Store for RedisStore {
     }
 
     async fn announce(&self, session: &str, stream: &str, seq: u64) -> StoreResult<()> {
+        if self.conn.is_cluster() {
+            return self.announce_sharded(session, stream, seq).await;
+        }
         let mut conn = self.conn.clone();
         let _: i64 = conn.publish(self.key(&["live"]), format!("{session}\n{stream}\n{seq}")).await.map_err(unavailable)?;
         Ok(())
@@ -554,6 +725,34 @@ impl Store for RedisStore {
 
     fn remote_appends(&self) -> Option<broadcast::Receiver<RemoteAppend>> {
         Some(self.remote.subscribe())
+    }
+}
+
+impl RedisStore {
+    /// Every stream of a session (`one` empty) or one of them, as the `streams` script reports them.
+    async fn stream_summaries(&self, session: &str, one: &str) -> StoreResult<Vec<StreamSummary>> {
+        let mut conn = self.conn.clone();
+        let base = self.base(session);
+        let rows: Vec<(String, i64, i64, i64)> = self
+            .scripts
+            .streams
+            .key(format!("{base}ss"))
+            .key(format!("{base}q"))
+            .key(format!("{base}f"))
+            .arg(&base)
+            .arg(one)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        Ok(rows
+            .into_iter()
+            .map(|(stream, first, last, fin)| StreamSummary {
+                stream,
+                first_seq: first as u64,
+                last_seq: last as u64,
+                finished: fin == 1,
+            })
+            .collect())
     }
 }
 

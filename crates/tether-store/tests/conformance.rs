@@ -132,7 +132,7 @@ mod redis {
     }
 
     async fn harness(scenario: &str) -> Harness {
-        redis_harness(&run(scenario)).await
+        redis_harness(&redis_url(), &run(scenario)).await
     }
 
     async fn passed(scenario: &str) {
@@ -140,6 +140,66 @@ mod redis {
     }
 
     tether_store::conformance_scenarios!(one_test_per_scenario, reopen);
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn appends_are_announced_to_every_replica() {
+        announcements_reach_other_replicas(&redis_url(), &run("announce")).await;
+    }
+}
+
+/// The same scenarios on a three-primary Redis Cluster (scripts/test starts
+/// it with scripts/redis-cluster): every script must touch one slot.
+mod redis_cluster {
+    use super::*;
+
+    fn run(scenario: &str) -> String {
+        format!("tether-test:{}:{scenario}:", std::process::id())
+    }
+
+    async fn harness(scenario: &str) -> Harness {
+        redis_harness(&redis_cluster_url(), &run(scenario)).await
+    }
+
+    async fn passed(scenario: &str) {
+        delete_prefix(&redis_cluster_url(), &run(scenario)).await;
+    }
+
+    tether_store::conformance_scenarios!(one_test_per_scenario, reopen);
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn appends_are_announced_to_every_replica() {
+        announcements_reach_other_replicas(&redis_cluster_url(), &run("announce")).await;
+    }
+}
+
+/// Two stores on the same keys (two replicas): what one appends, the other
+/// hears of, for sessions whose keys are spread over every shard.
+async fn announcements_reach_other_replicas(url: &str, prefix: &str) {
+    use tether_store::redis::RedisStore;
+    let config = StoreConfig { redis_prefix: prefix.to_owned(), ..config() };
+    let writer = RedisStore::open(url, config.clone()).await.unwrap();
+    let listener = RedisStore::open(url, config).await.unwrap();
+    let mut heard = listener.remote_appends().unwrap();
+    for n in 0..24 {
+        let id = format!("announced-{n}");
+        writer.create_session(&tether_store::conformance::session(&id, "p", 60_000)).await.unwrap();
+        let first = writer
+            .append_batch(&id, "r1", vec![(tether_store::EventKind::Message, bytes::Bytes::from_static(b"a")); 2])
+            .await
+            .unwrap();
+        let append = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+            loop {
+                let a = heard.recv().await.unwrap();
+                if a.session == id {
+                    return a;
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("the append to {id} was not announced within 5 s"));
+        assert_eq!((append.stream.as_str(), append.seq), ("r1", first + 1), "the batch is announced with its last seq");
+    }
+    delete_prefix(url, prefix).await;
 }
 
 /// The Redis named by `TETHER_TEST_REDIS_URL` (scripts/test sets it after
@@ -149,15 +209,23 @@ pub fn redis_url() -> String {
     std::env::var("TETHER_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into())
 }
 
+/// The Redis Cluster named by `TETHER_TEST_REDIS_CLUSTER_URL` (scripts/test
+/// sets it after scripts/redis-cluster started one), else that script's
+/// default. Missing is a failure with a clear message, as for Redis.
+pub fn redis_cluster_url() -> String {
+    std::env::var("TETHER_TEST_REDIS_CLUSTER_URL")
+        .unwrap_or_else(|_| "redis+cluster://127.0.0.1:7301,127.0.0.1:7302,127.0.0.1:7303/".into())
+}
+
 /// Stores under key prefixes that start with `run`, one per fresh store.
-async fn redis_harness(run: &str) -> Harness {
+async fn redis_harness(url: &str, run: &str) -> Harness {
     use tether_store::redis::RedisStore;
-    let url = redis_url();
+    let url = url.to_owned();
     let counter = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let probe = RedisStore::open(&url, config()).await;
     if let Err(e) = probe {
         panic!(
-            "Redis is needed for this test and is not reachable at {url}: {e}. Run scripts/test (it starts Redis) or set TETHER_TEST_REDIS_URL."
+            "Redis is needed for this test and is not reachable at {url}: {e}. Run scripts/test (it starts Redis and, with scripts/redis-cluster, a Redis Cluster) or set TETHER_TEST_REDIS_URL / TETHER_TEST_REDIS_CLUSTER_URL."
         );
     }
     let last_prefix = Arc::new(std::sync::Mutex::new(String::new()));
@@ -186,12 +254,20 @@ async fn redis_harness(run: &str) -> Harness {
     }
 }
 
-/// Removes every key a test run created.
+/// Removes every key a test run created (on each node of a cluster).
 pub async fn delete_prefix(url: &str, prefix: &str) {
-    let client = ::redis::Client::open(url).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let keys: Vec<String> = ::redis::cmd("KEYS").arg(format!("{prefix}*")).query_async(&mut conn).await.unwrap();
-    for chunk in keys.chunks(500) {
-        let _: i64 = ::redis::cmd("DEL").arg(chunk).query_async(&mut conn).await.unwrap();
+    let nodes = if tether_store::redis::is_cluster_url(url) {
+        tether_store::redis::cluster_nodes(url).unwrap()
+    } else {
+        vec![url.to_owned()]
+    };
+    for node in nodes {
+        let client = ::redis::Client::open(node).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let keys: Vec<String> = ::redis::cmd("KEYS").arg(format!("{prefix}*")).query_async(&mut conn).await.unwrap();
+        // One key per DEL: on a cluster node, keys of one call must share a slot.
+        for key in keys {
+            let _: i64 = ::redis::cmd("DEL").arg(key).query_async(&mut conn).await.unwrap();
+        }
     }
 }

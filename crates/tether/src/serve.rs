@@ -38,7 +38,8 @@ pub struct ServeArgs {
     #[arg(long, env = "TETHER_LISTEN", default_value = "127.0.0.1:8787")]
     listen: SocketAddr,
     /// `sqlite:PATH` (default: tether.db under the XDG data dir), `memory`,
-    /// or `redis://HOST:PORT/DB` (`rediss://` for TLS) for several replicas.
+    /// or `redis://HOST:PORT/DB` (`rediss://` for TLS) for several replicas,
+    /// or `redis+cluster://HOST:PORT,HOST:PORT/` for a Redis Cluster.
     #[arg(long, env = "TETHER_STORE")]
     store: Option<String>,
     /// Key prefix in Redis (replicas of one deployment share it).

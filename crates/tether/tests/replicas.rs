@@ -1,5 +1,7 @@
 //! Several replicas on one Redis: any replica serves any request of any
 //! session. Three in-process replicas on loopback ports share a prefix.
+//! Every scenario runs on a single Redis (`single::`) and on a three-primary
+//! Redis Cluster (`cluster::`, started by scripts/test).
 
 mod support;
 
@@ -14,8 +16,8 @@ fn config() -> ServerConfig {
     ServerConfig { replica_lease: Duration::from_millis(900), ..quick_config() }
 }
 
-async fn three(app: AppKind) -> (TestServer, TestServer, TestServer) {
-    let (url, prefix) = (redis_url(), fresh_prefix());
+async fn three(url: &str, app: AppKind) -> (TestServer, TestServer, TestServer) {
+    let (url, prefix) = (url.to_owned(), fresh_prefix());
     (
         TestServer::start_replica(&url, &prefix, app, config()).await,
         TestServer::start_replica(&url, &prefix, app, config()).await,
@@ -23,9 +25,8 @@ async fn three(app: AppKind) -> (TestServer, TestServer, TestServer) {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn initialize_on_one_call_on_another_replay_and_listen_on_a_third() {
-    let (a, b, c) = three(AppKind::Test).await;
+async fn initialize_on_one_call_on_another_replay_and_listen_on_a_third(redis: String) {
+    let (a, b, c) = three(&redis, AppKind::Test).await;
     let (ca, cb, cc) = (Client::new(&a.url), Client::new(&b.url), Client::new(&c.url));
     let sid = ca.initialize().await;
     let events = cb.request(&sid, 1, "tools/call", json!({"name": "chatty", "arguments": {"steps": 3, "pause_ms": 5}})).await;
@@ -56,9 +57,8 @@ async fn initialize_on_one_call_on_another_replay_and_listen_on_a_third() {
     assert!(next.comment, "nothing extra: {next:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_server_request_raised_on_one_replica_is_answered_through_another() {
-    let (a, b, c) = three(AppKind::Test).await;
+async fn a_server_request_raised_on_one_replica_is_answered_through_another(redis: String) {
+    let (a, b, c) = three(&redis, AppKind::Test).await;
     let (ca, cb, cc) = (Client::new(&a.url), Client::new(&b.url), Client::new(&c.url));
     let sid = ca.initialize().await;
     let mut standalone = SseReader::new(cc.get(&sid, None).send().await.unwrap());
@@ -87,9 +87,8 @@ async fn a_server_request_raised_on_one_replica_is_answered_through_another() {
     assert_eq!(done["result"]["structuredContent"]["roots"][0]["uri"], "file:///replicated", "A got the answer POSTed to B");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_get_on_one_replica_takes_over_the_standalone_stream_from_another() {
-    let (a, b, c) = three(AppKind::Test).await;
+async fn a_get_on_one_replica_takes_over_the_standalone_stream_from_another(redis: String) {
+    let (a, b, c) = three(&redis, AppKind::Test).await;
     let (ca, cb, cc) = (Client::new(&a.url), Client::new(&b.url), Client::new(&c.url));
     let sid = ca.initialize().await;
     let mut old = SseReader::new(cb.get(&sid, None).send().await.unwrap());
@@ -108,9 +107,8 @@ async fn a_get_on_one_replica_takes_over_the_standalone_stream_from_another() {
     assert_eq!(new.next_message().await.unwrap()["method"], "notifications/tools/list_changed");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_notebook_follows_the_client_across_replicas() {
-    let (a, b, c) = three(AppKind::Notebook).await;
+async fn the_notebook_follows_the_client_across_replicas(redis: String) {
+    let (a, b, c) = three(&redis, AppKind::Notebook).await;
     let (ca, cb, cc) = (Client::new(&a.url), Client::new(&b.url), Client::new(&c.url));
     let sid = ca.initialize_with(json!({"roots": {}})).await;
     let roots = json!([{"uri": "file:///proj"}]);
@@ -129,9 +127,8 @@ async fn the_notebook_follows_the_client_across_replicas() {
     assert_eq!(structured(&loaded)["sessionId"], structured(&started)["sessionId"]);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_replica_killed_mid_stream_loses_nothing_committed() {
-    let (a, b, _c) = three(AppKind::Test).await;
+async fn a_replica_killed_mid_stream_loses_nothing_committed(redis: String) {
+    let (a, b, _c) = three(&redis, AppKind::Test).await;
     let (ca, cb) = (Client::new(&a.url), Client::new(&b.url));
     let sid = ca.initialize().await;
     let resp = ca
@@ -163,6 +160,32 @@ async fn a_replica_killed_mid_stream_loses_nothing_committed() {
     // The session carries on on B.
     assert_eq!(cb.request(&sid, 4, "ping", json!({})).await.len(), 2);
 }
+
+/// Each scenario above on a single Redis and on a Redis Cluster.
+macro_rules! on_redis_and_cluster {
+    ($($scenario:ident),* $(,)?) => {
+        mod single {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $scenario() {
+                super::$scenario(super::redis_url()).await
+            })*
+        }
+        mod cluster {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $scenario() {
+                super::$scenario(super::redis_cluster_url()).await
+            })*
+        }
+    };
+}
+
+on_redis_and_cluster!(
+    initialize_on_one_call_on_another_replay_and_listen_on_a_third,
+    a_server_request_raised_on_one_replica_is_answered_through_another,
+    a_get_on_one_replica_takes_over_the_standalone_stream_from_another,
+    the_notebook_follows_the_client_across_replicas,
+    a_replica_killed_mid_stream_loses_nothing_committed,
+);
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()

@@ -1,19 +1,22 @@
-//! Notebook repository on Redis, beside the Redis store (same prefix,
-//! `nb:` keys). Sessions are hashes; per-principal and per-(principal, root)
-//! sorted sets by update time make "most recent session of this root" one
-//! `ZREVRANGE … 0 0`. Appending a thought is one Lua script.
+//! Notebook repository on Redis, beside the Redis store (same prefix and
+//! connection, single server or cluster, `nb:` keys). Sessions are hashes;
+//! per-principal and per-(principal, root) sorted sets by update time make
+//! "most recent session of this root" one `ZREVRANGE … 0 0`. Appending a
+//! thought is one Lua script on the session's keys, which share its hash
+//! tag (one cluster slot); the two indexes are updated after it (their own
+//! slots), as hints: every read checks the session itself.
 //!
 //! | key | type | holds |
 //! |---|---|---|
-//! | `P nb:s:{id}` | hash | the session's fields |
-//! | `P nb:p:{principal}` | zset | session ids by update time |
-//! | `P nb:r:{principal}\n{root}` | zset | session ids of one root by update time |
-//! | `P nb:t:{id}` | list | thoughts (JSON) in order |
-//! | `P nb:b:{id}` | set | branch ids |
+//! | `Pnb:{id}:s` | hash | the session's fields |
+//! | `Pnb:{id}:t` | list | thoughts (JSON) in order |
+//! | `Pnb:{id}:b` | set | branch ids |
+//! | `Pnb:p:{principal}` | zset | session ids by update time |
+//! | `Pnb:r:{principal}\n{root}` | zset | session ids of one root by update time |
 
 use async_trait::async_trait;
-use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script};
+use tether_store::redis::{RedisConn, hash_tag};
 
 use super::{NotebookRepo, NotebookSession, RepoError, SearchHit, SessionFilter, StoredThought};
 use crate::thought::{Recorded, ThoughtInput};
@@ -24,28 +27,40 @@ local n = redis.call('RPUSH', KEYS[2], ARGV[2])
 if ARGV[3] ~= '' then redis.call('SADD', KEYS[3], ARGV[3]) end
 local bc = redis.call('SCARD', KEYS[3])
 redis.call('HSET', KEYS[1], 'thoughts', n, 'branches', bc, 'updated', ARGV[4])
-redis.call('ZADD', KEYS[4], ARGV[4], ARGV[5])
-local root = redis.call('HGET', KEYS[1], 'root')
-if root and root ~= '' then redis.call('ZADD', KEYS[5]..root, ARGV[4], ARGV[5]) end
-return {n, redis.call('SMEMBERS', KEYS[3])}
+return {n, redis.call('SMEMBERS', KEYS[3]), redis.call('HGET', KEYS[1], 'root') or ''}
 "#;
 
 /// Sessions read per page while filtering by tag.
 const PAGE: isize = 200;
 
 pub struct RedisNotebook {
-    conn: ConnectionManager,
+    conn: RedisConn,
     prefix: String,
     append: Script,
 }
 
 impl RedisNotebook {
-    pub fn new(conn: ConnectionManager, store_prefix: &str) -> Self {
+    pub fn new(conn: RedisConn, store_prefix: &str) -> Self {
         Self { conn, prefix: format!("{store_prefix}nb:"), append: Script::new(APPEND) }
     }
 
+    /// A key of notebook session `id` (`s`, `t`, `b`), in its slot.
     fn k(&self, kind: &str, id: &str) -> String {
-        format!("{}{kind}:{id}", self.prefix)
+        format!("{}{{{}}}:{kind}", self.prefix, hash_tag(id))
+    }
+
+    fn principal_key(&self, principal: &str) -> String {
+        format!("{}p:{principal}", self.prefix)
+    }
+
+    /// Puts session `id` at the top of its principal's and its root's lists.
+    async fn index(&self, principal: &str, root: &str, id: &str, updated_at_ms: i64) -> Result<(), RepoError> {
+        let mut conn = self.conn.clone();
+        let _: i64 = conn.zadd(self.principal_key(principal), id, updated_at_ms).await?;
+        if !root.is_empty() {
+            let _: i64 = conn.zadd(self.root_key(principal, root), id, updated_at_ms).await?;
+        }
+        Ok(())
     }
 
     fn root_key(&self, principal: &str, root: &str) -> String {
@@ -85,8 +100,7 @@ impl NotebookRepo for RedisNotebook {
         let mut conn = self.conn.clone();
         let tags = serde_json::to_string(&s.tags).map_err(|e| RepoError::Storage(e.to_string()))?;
         let root = s.mcp_root_uri.clone().unwrap_or_default();
-        let mut pipe = redis::pipe();
-        pipe.atomic()
+        let _: () = conn
             .hset_multiple(
                 self.k("s", &s.id),
                 &[
@@ -100,14 +114,8 @@ impl NotebookRepo for RedisNotebook {
                     ("branches", s.branch_count.to_string()),
                 ],
             )
-            .ignore()
-            .zadd(self.k("p", &s.principal), &s.id, s.updated_at_ms)
-            .ignore();
-        if !root.is_empty() {
-            pipe.zadd(self.root_key(&s.principal, &root), &s.id, s.updated_at_ms).ignore();
-        }
-        let _: () = pipe.query_async(&mut conn).await?;
-        Ok(())
+            .await?;
+        self.index(&s.principal, &root, &s.id, s.updated_at_ms).await
     }
 
     async fn get_session(&self, principal: &str, id: &str) -> Result<Option<NotebookSession>, RepoError> {
@@ -119,21 +127,20 @@ impl NotebookRepo for RedisNotebook {
         let body = serde_json::to_string(&StoredThought { input: thought.clone(), recorded_at_ms: tether_store::now_ms() })
             .map_err(|e| RepoError::Storage(e.to_string()))?;
         let branch = thought.branch().map(|(b, _)| b.to_owned()).unwrap_or_default();
-        let answer: Option<(u64, Vec<String>)> = self
+        let now = tether_store::now_ms();
+        let answer: Option<(u64, Vec<String>, String)> = self
             .append
             .key(self.k("s", session_id))
             .key(self.k("t", session_id))
             .key(self.k("b", session_id))
-            .key(self.k("p", principal))
-            .key(format!("{}r:{principal}\n", self.prefix))
             .arg(principal)
             .arg(body)
             .arg(branch)
-            .arg(tether_store::now_ms())
-            .arg(session_id)
+            .arg(now)
             .invoke_async(&mut conn)
             .await?;
-        let (n, mut branches) = answer.ok_or_else(|| RepoError::NotFound(session_id.to_owned()))?;
+        let (n, mut branches, root) = answer.ok_or_else(|| RepoError::NotFound(session_id.to_owned()))?;
+        self.index(principal, &root, session_id, now).await?;
         branches.sort();
         Ok(Recorded { thought_history_length: n, branches })
     }
@@ -157,7 +164,7 @@ impl NotebookRepo for RedisNotebook {
     async fn list_sessions(&self, principal: &str, filter: &SessionFilter) -> Result<Vec<NotebookSession>, RepoError> {
         let key = match &filter.root {
             Some(root) => self.root_key(principal, root),
-            None => self.k("p", principal),
+            None => self.principal_key(principal),
         };
         let mut out = Vec::new();
         let mut start = 0;
@@ -183,7 +190,7 @@ impl NotebookRepo for RedisNotebook {
     async fn search(&self, principal: &str, text: &str, limit: usize) -> Result<Vec<SearchHit>, RepoError> {
         let needle = text.to_lowercase();
         let mut hits = Vec::new();
-        for id in self.ids(&self.k("p", principal), 0, -1).await? {
+        for id in self.ids(&self.principal_key(principal), 0, -1).await? {
             let Some(session) = self.get_session(principal, &id).await? else { continue };
             let thoughts = self.thoughts(principal, &id).await?;
             if !super::collect_hits(&session, thoughts, &needle, &mut hits, limit) {

@@ -32,6 +32,13 @@ pub fn redis_url() -> String {
     std::env::var("TETHER_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into())
 }
 
+/// The three-primary Redis Cluster scripts/test starts (scripts/redis-cluster).
+#[allow(dead_code)]
+pub fn redis_cluster_url() -> String {
+    std::env::var("TETHER_TEST_REDIS_CLUSTER_URL")
+        .unwrap_or_else(|_| "redis+cluster://127.0.0.1:7301,127.0.0.1:7302,127.0.0.1:7303/".into())
+}
+
 /// A prefix no other test run uses.
 pub fn fresh_prefix() -> String {
     format!("tether-test:{}:{}:", std::process::id(), hex::encode(rand::random::<[u8; 4]>()))

@@ -1,5 +1,5 @@
 -- Deletes a session with everything it holds (drop_session.lua).
--- KEYS: none (keys are built from the prefix).
--- ARGV: prefix, id.
--- Returns 1 if the session existed, else 0.
-return drop(ARGV[1], ARGV[2])
+-- KEYS[1]: the session hash (`P{id}:s`).
+-- ARGV: key base (`P{id}:`).
+-- Returns the session's principal (for its index entries), or false if it did not exist.
+return drop(ARGV[1])

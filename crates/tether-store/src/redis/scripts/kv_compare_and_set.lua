@@ -1,8 +1,8 @@
 -- Compare-and-set of a key/value record: writes it only if its live
 -- revision is the expected one ('' for absent or expired) under a new
--- revision from the shared counter (never reused), with an optional expiry
+-- revision from its slot's counter (never reused), with an optional expiry
 -- (also set as a native TTL).
--- KEYS[1]: the record hash; KEYS[2]: the revision counter.
+-- KEYS[1]: the record hash; KEYS[2]: the revision counter (same hash tag).
 -- ARGV: expected revision or '', value, expires ms or '', now ms.
 -- Returns the new revision, or -1 when the expected one did not match.
 local cur = redis.call('HMGET', KEYS[1], 'r', 'x')

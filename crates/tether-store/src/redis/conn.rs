@@ -1,0 +1,138 @@
+//! One connection type for a single Redis server and for a Redis Cluster, so
+//! the store and the notebook issue the same commands to either, and the
+//! `--store` URL that names it.
+//!
+//! A cluster is named `redis+cluster://[USER:PASSWORD@]HOST:PORT,HOST:PORT/`
+//! (or `rediss+cluster://` for TLS): the nodes it starts from; the client
+//! learns the rest of the topology and follows `MOVED`/`ASK` by itself.
+
+use std::borrow::Cow;
+
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Value};
+
+use crate::{StoreError, StoreResult};
+
+/// A connection to one Redis server (multiplexed, reconnecting) or to a
+/// Redis Cluster (a connection per node, commands routed by key slot).
+#[derive(Clone)]
+pub enum RedisConn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl RedisConn {
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, RedisConn::Cluster(_))
+    }
+}
+
+impl ConnectionLike for RedisConn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            RedisConn::Single(c) => c.req_packed_command(cmd),
+            RedisConn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(&'a mut self, pipeline: &'a Pipeline, offset: usize, count: usize) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            RedisConn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            RedisConn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            RedisConn::Single(c) => c.get_db(),
+            RedisConn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// Whether `url` names a Redis Cluster.
+pub fn is_cluster_url(url: &str) -> bool {
+    url.starts_with("redis+cluster://") || url.starts_with("rediss+cluster://")
+}
+
+/// The node URLs of a `redis+cluster://` URL, each with the URL's
+/// credentials and TLS choice.
+pub fn cluster_nodes(url: &str) -> StoreResult<Vec<String>> {
+    let bad = |why: &str| {
+        StoreError::Config(format!(
+            "bad Redis Cluster URL {}: {why}; write it as redis+cluster://HOST:PORT,HOST:PORT/ (rediss+cluster:// for TLS)",
+            super::redacted(url)
+        ))
+    };
+    let (scheme, rest) = if let Some(rest) = url.strip_prefix("redis+cluster://") {
+        ("redis", rest)
+    } else if let Some(rest) = url.strip_prefix("rediss+cluster://") {
+        ("rediss", rest)
+    } else {
+        return Err(bad("it does not start with redis+cluster://"));
+    };
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    if !path.is_empty() && path != "0" {
+        return Err(bad("a cluster has only database 0"));
+    }
+    let (credentials, hosts) = match authority.rsplit_once('@') {
+        Some((c, h)) => (Some(c), h),
+        None => (None, authority),
+    };
+    let nodes: Vec<String> = hosts
+        .split(',')
+        .filter(|h| !h.is_empty())
+        .map(|h| match credentials {
+            Some(c) => format!("{scheme}://{c}@{h}/"),
+            None => format!("{scheme}://{h}/"),
+        })
+        .collect();
+    if nodes.is_empty() {
+        return Err(bad("it names no node"));
+    }
+    Ok(nodes)
+}
+
+/// The hash tag that puts every key of one session (or one record family)
+/// in one cluster slot: the ID itself, unless it holds a character that
+/// would end or empty the tag (`{`, `}`) or is empty, in which case it is
+/// written as `~` and its bytes in hex. Generated IDs never hold `{`, `}` or
+/// `~`, so two IDs never share a tag.
+pub fn hash_tag(id: &str) -> Cow<'_, str> {
+    if !id.is_empty() && !id.contains(['{', '}', '~']) {
+        return Cow::Borrowed(id);
+    }
+    let mut tag = String::with_capacity(1 + 2 * id.len());
+    tag.push('~');
+    for b in id.bytes() {
+        tag.push_str(&format!("{b:02x}"));
+    }
+    Cow::Owned(tag)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_urls_name_every_node_with_the_credentials() {
+        assert_eq!(
+            cluster_nodes("redis+cluster://127.0.0.1:7001,127.0.0.1:7002/").unwrap(),
+            ["redis://127.0.0.1:7001/", "redis://127.0.0.1:7002/"]
+        );
+        assert_eq!(cluster_nodes("rediss+cluster://u:p@a:1,b:2").unwrap(), ["rediss://u:p@a:1/", "rediss://u:p@b:2/"]);
+        assert!(cluster_nodes("redis+cluster:///").is_err());
+        assert!(cluster_nodes("redis+cluster://a:1/3").is_err());
+        assert!(is_cluster_url("redis+cluster://a:1/") && !is_cluster_url("redis://a:1/"));
+    }
+
+    #[test]
+    fn hash_tags_are_the_id_unless_it_could_break_the_tag() {
+        assert_eq!(hash_tag("8f3a"), "8f3a");
+        assert_eq!(hash_tag("a}b"), "~617d62");
+        assert_eq!(hash_tag(""), "~");
+        assert_ne!(hash_tag("~61"), hash_tag("a"));
+        assert_eq!(hash_tag("~61"), "~7e3631");
+    }
+}
