@@ -23,6 +23,8 @@
 //! | channel `Plive` (single server) | pub/sub | `{session}\n{stream}\n{seq}` after every append |
 //! | channels `Plive:0` … `Plive:15` (cluster) | sharded pub/sub | the same, on the channel of the session's shard of 16 |
 //!
+//! | `Playout` | string | the key layout (2); keys of layout 1 (untagged, before Redis Cluster support) are converted at open |
+//!
 //! Session keys expire with their session (native TTLs); the reaper removes
 //! index entries.
 
@@ -51,6 +53,10 @@ const REMOTE_BUFFER: usize = 1024;
 /// Sharded announcement channels on a cluster (`Plive:0` … `Plive:15`):
 /// spread over the shards, few enough for every replica to listen to all.
 const LIVE_SHARDS: u64 = 16;
+
+/// The key layout this version reads and writes (`P layout`):
+/// 2 = every key of a session carries its hash tag.
+const LAYOUT: i64 = 2;
 
 /// Redis's client timeouts: a connection that does not open within this...
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -95,6 +101,8 @@ struct Scripts {
     streams: Script,
     set_cursor: Script,
     kv_cas: Script,
+    migrate_sessions: Script,
+    migrate_kv: Script,
 }
 
 impl Scripts {
@@ -110,6 +118,8 @@ impl Scripts {
             streams: Script::new(include_str!("redis/scripts/streams.lua")),
             set_cursor: Script::new(include_str!("redis/scripts/set_cursor.lua")),
             kv_cas: Script::new(include_str!("redis/scripts/kv_compare_and_set.lua")),
+            migrate_sessions: Script::new(include_str!("redis/scripts/migrate_session.lua")),
+            migrate_kv: Script::new(include_str!("redis/scripts/migrate_kv.lua")),
         }
     }
 }
@@ -123,6 +133,8 @@ pub struct RedisStore {
     cap: u64,
     scripts: Arc<Scripts>,
     remote: broadcast::Sender<RemoteAppend>,
+    /// Whether this open found (and converted) keys of an earlier layout.
+    upgraded: bool,
     /// The listener (a task on a single server, a subscribed connection on a
     /// cluster) stops when the last clone of the store is gone.
     _alive: Arc<Listener>,
@@ -186,7 +198,8 @@ impl RedisStore {
             for channel in &channels {
                 listener.ssubscribe(channel).await.map_err(unavailable)?;
             }
-            return Ok(Self {
+            let mut store = Self {
+                upgraded: false,
                 conn: RedisConn::Cluster(conn),
                 url: redacted(url).into(),
                 prefix,
@@ -194,7 +207,9 @@ impl RedisStore {
                 scripts: Arc::new(Scripts::new()),
                 remote,
                 _alive: Arc::new(Listener::Cluster(listener)),
-            });
+            };
+            store.upgraded = store.upgrade_layout().await?;
+            return Ok(store);
         }
         let client = redis::Client::open(url).map_err(|e| StoreError::Config(format!("bad redis URL {}: {e}", redacted(url))))?;
         let manager_config = redis::aio::ConnectionManagerConfig::new()
@@ -209,7 +224,8 @@ impl RedisStore {
                 .map_err(|e| StoreError::Unavailable(format!("cannot connect to redis at {}: {e}", redacted(url))))?;
         let alive = Arc::new(Listener::Task);
         tokio::spawn(listen(client, format!("{prefix}live"), remote.clone(), Arc::downgrade(&alive)));
-        Ok(Self {
+        let mut store = Self {
+            upgraded: false,
             _alive: alive,
             conn: RedisConn::Single(conn),
             url: redacted(url).into(),
@@ -217,7 +233,95 @@ impl RedisStore {
             cap,
             scripts: Arc::new(Scripts::new()),
             remote,
-        })
+        };
+        store.upgraded = store.upgrade_layout().await?;
+        Ok(store)
+    }
+
+    /// Brings keys an earlier version wrote under this prefix (layout 1:
+    /// untagged session keys `P s:ID`…, one shared revision counter
+    /// `P kvrev`) to this version's layout, once, before serving; then
+    /// marks the prefix (`P layout`). Replicas of the old version must be
+    /// stopped first: upgrade every replica together. A cluster never held
+    /// layout 1. Returns whether it found keys of layout 1.
+    async fn upgrade_layout(&self) -> StoreResult<bool> {
+        const PAGE: usize = 500;
+        let mut conn = self.conn.clone();
+        let marker = self.key(&["layout"]);
+        match conn.get::<_, Option<i64>>(&marker).await.map_err(unavailable)? {
+            Some(LAYOUT) => return Ok(false),
+            Some(newer) if newer > LAYOUT => {
+                return Err(StoreError::Config(format!(
+                    "the keys under prefix `{}` were written by a newer tether (key layout {newer}; this one reads {LAYOUT}): run the newer version",
+                    self.prefix
+                )));
+            }
+            _ => {}
+        }
+        let (by_expiry, old_counter) = (self.key(&["sx"]), self.key(&["kvrev"]));
+        let earlier = !self.conn.is_cluster()
+            && redis::cmd("EXISTS").arg(&by_expiry).arg(&old_counter).query_async::<i64>(&mut conn).await.map_err(unavailable)?
+                > 0;
+        if earlier {
+            tracing::info!(prefix = %self.prefix, "converting the Redis keys of an earlier tether to the hash-tagged layout");
+            let (mut moved_sessions, mut moved_records) = (0usize, 0usize);
+            let mut start = 0;
+            loop {
+                let ids: Vec<String> = conn.zrange(&by_expiry, start, start + PAGE as isize - 1).await.map_err(unavailable)?;
+                if ids.is_empty() {
+                    break;
+                }
+                let mut page = self.scripts.migrate_sessions.prepare_invoke();
+                page.arg(&*self.prefix);
+                for id in &ids {
+                    page.arg(id).arg(self.base(id));
+                }
+                let _: i64 = page.invoke_async(&mut conn).await.map_err(unavailable)?;
+                moved_sessions += ids.len();
+                start += PAGE as isize;
+            }
+            let pattern = format!("{}kv:*", self.prefix);
+            let mut cursor = 0u64;
+            loop {
+                let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(PAGE)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(unavailable)?;
+                let mut page = self.scripts.migrate_kv.prepare_invoke();
+                page.arg(&old_counter);
+                let mut any = false;
+                for old in &keys {
+                    // `P kv:NS:KEY`: namespaces hold no `:`.
+                    let Some((namespace, key)) = old[pattern.len() - 1..].split_once(':') else { continue };
+                    let (record, counter) = self.kv_keys(namespace, key);
+                    page.arg(old).arg(record).arg(counter);
+                    any = true;
+                }
+                if any {
+                    let n: i64 = page.invoke_async(&mut conn).await.map_err(unavailable)?;
+                    moved_records += n as usize;
+                }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+            tracing::info!(sessions = moved_sessions, records = moved_records, "Redis keys converted");
+        }
+        let _: () = conn.set(&marker, LAYOUT).await.map_err(unavailable)?;
+        Ok(earlier)
+    }
+
+    /// Whether opening found keys an earlier version wrote under this prefix
+    /// (and converted the store's own): applications sharing the prefix
+    /// convert theirs then (the notebook's `upgrade_layout`).
+    pub fn upgraded_from_earlier_layout(&self) -> bool {
+        self.upgraded
     }
 
     /// A connection for other repositories (the notebook) under the same prefix.

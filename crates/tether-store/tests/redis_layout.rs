@@ -1,0 +1,91 @@
+//! Keys an earlier tether wrote on Redis (layout 1: untagged session keys,
+//! one shared revision counter) are converted when this version opens the
+//! prefix: sessions, their events and cursors, and key/value records read
+//! back as they were, and no revision is handed out twice.
+
+use bytes::Bytes;
+use tether_store::redis::RedisStore;
+use tether_store::{EventKind, Store, StoreConfig, now_ms};
+
+fn redis_url() -> String {
+    std::env::var("TETHER_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into())
+}
+
+#[tokio::test]
+async fn keys_of_the_untagged_layout_are_converted_at_open() {
+    let url = redis_url();
+    let p = format!("tether-test:{}:layout1:", std::process::id());
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap_or_else(|e| {
+        panic!("Redis is needed for this test and is not reachable at {url}: {e}. Run scripts/test (it starts Redis).")
+    });
+    let expires = now_ms() + 600_000;
+    // What layout 1 wrote for one session with one stream of two events, a
+    // cursor, and a lease record at revision 7 of the shared counter.
+    let q = |cmd: &str| redis::cmd(cmd);
+    let state = r#"{"initialized":true}"#;
+    let _: () = q("HSET")
+        .arg(format!("{p}s:old1"))
+        .arg(&["principal", "alice", "created", "1", "expires", &expires.to_string(), "revision", "3", "state", state][..])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = q("PEXPIREAT").arg(format!("{p}s:old1")).arg(expires).query_async(&mut conn).await.unwrap();
+    let _: () = q("ZADD").arg(format!("{p}sx")).arg(expires).arg("old1").query_async(&mut conn).await.unwrap();
+    let _: () = q("ZADD").arg(format!("{p}sp:alice")).arg(expires).arg("old1").query_async(&mut conn).await.unwrap();
+    for seq in 1..=2 {
+        let _: String = q("XADD")
+            .arg(format!("{p}e:old1:r1"))
+            .arg(format!("0-{seq}"))
+            .arg("k")
+            .arg(1)
+            .arg("p")
+            .arg(format!("event {seq}"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let _: () = q("SADD").arg(format!("{p}ss:old1")).arg("r1").query_async(&mut conn).await.unwrap();
+    let _: () = q("HSET").arg(format!("{p}q:old1")).arg("r1").arg(2).query_async(&mut conn).await.unwrap();
+    let _: () = q("HSET").arg(format!("{p}c:old1")).arg("r1").arg(1).query_async(&mut conn).await.unwrap();
+    let _: () = q("HSET")
+        .arg(format!("{p}kv:lease:replica-a"))
+        .arg(&["v", "1", "r", "7", "x", ""][..])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = q("SET").arg(format!("{p}kvrev")).arg(7).query_async(&mut conn).await.unwrap();
+
+    let store = RedisStore::open(&url, StoreConfig { redis_prefix: p.clone(), ..StoreConfig::default() }).await.unwrap();
+    let session = store.get_session("old1", now_ms()).await.unwrap().expect("the session is found under the new layout");
+    assert_eq!((session.principal.as_str(), session.revision), ("alice", 3));
+    assert_eq!(session.state["initialized"], true);
+    let events = store.read_after("old1", "r1", 0, 10).await.unwrap();
+    assert_eq!(
+        events.iter().map(|e| (e.seq, e.payload.clone())).collect::<Vec<_>>(),
+        [(1, Bytes::from_static(b"event 1")), (2, Bytes::from_static(b"event 2"))]
+    );
+    assert_eq!(store.cursor("old1", "r1").await.unwrap(), 1);
+    assert_eq!(
+        store.append("old1", "r1", EventKind::Message, Bytes::from_static(b"event 3")).await.unwrap(),
+        3,
+        "numbering goes on"
+    );
+    assert_eq!(store.list_sessions("alice", 10).await.unwrap().len(), 1);
+    let lease = store.kv_get("lease", "replica-a", now_ms()).await.unwrap().expect("the record is converted");
+    assert_eq!(lease.revision, 7);
+    let next = store.kv_compare_and_set("lease", "replica-a", Some(7), Bytes::from_static(b"2"), None).await.unwrap();
+    assert!(next.is_some_and(|r| r > 7), "a revision after the old counter's: {next:?}");
+    let old_keys: Vec<String> = q("KEYS").arg(format!("{p}s:*")).query_async(&mut conn).await.unwrap();
+    assert!(old_keys.is_empty(), "nothing left under the old names: {old_keys:?}");
+
+    // Opening again converts nothing twice.
+    drop(store);
+    let again = RedisStore::open(&url, StoreConfig { redis_prefix: p.clone(), ..StoreConfig::default() }).await.unwrap();
+    assert_eq!(again.read_after("old1", "r1", 0, 10).await.unwrap().len(), 3);
+
+    let keys: Vec<String> = q("KEYS").arg(format!("{p}*")).query_async(&mut conn).await.unwrap();
+    for key in keys {
+        let _: i64 = q("DEL").arg(key).query_async(&mut conn).await.unwrap();
+    }
+}
