@@ -26,6 +26,7 @@
 use std::io::Read;
 use std::path::Path;
 
+use super::walmark;
 use crate::{StoreError, StoreResult};
 
 const WAL_HEADER: usize = 32;
@@ -156,6 +157,35 @@ pub(super) fn before_open(db: &Path, strict: bool) -> StoreResult<()> {
              if {} did not lose power, restore it from a backup",
             db.display()
         );
+    }
+    // A WAL cut exactly at a commit frame scans clean: only the marker
+    // knows how far it went (when it names this WAL's generation).
+    let marked = walmark::read(db).filter(|mark| walmark::wal_salts(&wal) == Some(mark.salts));
+    if let Some(mark) = marked.filter(|mark| mark.frames > scan.valid_frames) {
+        let what = format!(
+            "{} ends at frame {} but commits up to frame {} were written to it (its marker {} says so): SQLite would \
+             open it without them",
+            wal_path.display(),
+            scan.valid_frames,
+            mark.frames,
+            walmark::path(db).display()
+        );
+        if strict {
+            return Err(StoreError::Corrupt(format!(
+                "{what}, and clients saw them acknowledged (--durability strict). Restore {} and its -wal file from \
+                 a backup; or, to accept the loss, stop tether and run `sqlite3 {} 'PRAGMA wal_checkpoint(TRUNCATE)'`, \
+                 which keeps what the WAL still holds, then start tether again",
+                db.display(),
+                db.display()
+            )));
+        }
+        if scan.damaged_at.is_none() {
+            tracing::warn!(
+                "{what} (a power loss under --durability normal can do this to the last moments before it); \
+                 if {} did not lose power, restore it from a backup",
+                db.display()
+            );
+        }
     }
 
     let mut file = match std::fs::File::open(db) {
