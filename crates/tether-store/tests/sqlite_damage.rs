@@ -253,7 +253,7 @@ async fn a_wal_cut_at_an_earlier_commit_is_refused_under_strict_with_what_to_do(
     let message = refused.to_string();
     assert!(matches!(refused, StoreError::Corrupt(_)), "{refused:?}");
     let what = format!("ends at frame {frames} but commits up to frame");
-    for needed in [what.as_str(), "--durability strict", "Restore", "sqlite3", "wal_checkpoint(TRUNCATE)"] {
+    for needed in [what.as_str(), "--durability strict", "Restore", "delete", "-walmark", "sqlite3", "wal_checkpoint(TRUNCATE)"] {
         assert!(message.contains(needed), "{needed:?} missing from: {message}");
     }
 
