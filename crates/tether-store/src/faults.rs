@@ -17,7 +17,10 @@
 //! machine would. The database file itself is copied as it is: SQLite
 //! writes it only in checkpoints, which copy frames the WAL already synced,
 //! so a page torn there is rebuilt from the WAL (what SQLite's design relies
-//! on). WAL truncation is not tracked: it happens only past 256 MiB.
+//! on). WAL truncation is not tracked: it happens only past 256 MiB. The
+//! WAL marker (`<db>-walmark`, see `sqlite/walmark.rs`) is copied as last
+//! written, the newest and so the most demanding of the versions the disk
+//! may hold (it is never synced).
 
 use std::ffi::c_int;
 use std::io;
@@ -244,6 +247,18 @@ pub fn power_loss(db: &Path, to: &Path, keep: usize, tear: Option<usize>) -> io:
         _ => None,
     };
     std::fs::write(wal_of(to), &bytes)?;
+    // The WAL marker as last written: the writer never syncs it, so the
+    // disk may hold it or an older one, and the newest is the one that
+    // claims the most. It is written after its commit's WAL fsync under
+    // strict (so it claims only synced frames: the restart must open),
+    // after its WAL write under normal (a cut at the last sync may leave
+    // it ahead of the WAL: the restart warns, and opens).
+    let mark = crate::sqlite::walmark_path(db);
+    match std::fs::read(&mark) {
+        Ok(bytes) => std::fs::write(crate::sqlite::walmark_path(to), bytes)?,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
     Ok(PowerLossReport { unsynced_writes: t.since_sync.len(), kept, torn, syncs: t.syncs })
 }
 

@@ -15,8 +15,9 @@
 //! `schema` (tables and the conversion of earlier layouts), `writer` (the
 //! group commit) and `job` (what it runs), `checkpoint` (WAL upkeep),
 //! `readers` (the read pool), `store` (the [`Store`](crate::Store) on all
-//! of it), `wal_gather` (the VFS every connection writes through) and
-//! `check` (the files as SQLite's recovery will read them, before it does).
+//! of it), `wal_gather` (the VFS every connection writes through),
+//! `walmark` (how far the WAL went, written after each commit) and `check`
+//! (the files as SQLite's recovery will read them, before it does).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -34,7 +35,11 @@ mod store;
 // SQLite's C interface: the workspace's only `unsafe` code.
 #[allow(unsafe_code)]
 mod wal_gather;
+mod walmark;
 mod writer;
+
+#[cfg(feature = "fault-injection")]
+pub(crate) use walmark::path as walmark_path;
 
 pub use schema::rebuild_with_rowid;
 
@@ -183,7 +188,12 @@ impl SqliteDb {
 
         let (commits_tx, commits_rx) = std::sync::mpsc::sync_channel(1);
         let mut conn = conn;
-        let wal = checkpoint::start(&mut conn, checkpoint_conn, &path, commits_rx)?;
+        let mark = walmark::MarkWriter::open(&path)
+            .inspect_err(
+                |e| tracing::warn!(error = %e, "sqlite: cannot open the WAL marker; a WAL cut at a commit will not be detected"),
+            )
+            .ok();
+        let wal = checkpoint::start(&mut conn, checkpoint_conn, &path, commits_rx, mark)?;
         let ctx = WriterCtx { conn, seqs: HashMap::new(), kv_revision, max_events_per_stream: max_events };
         let writer = writer::Writer::new(ctx, commits_tx, wal, strict);
 

@@ -15,17 +15,27 @@
 //! not synced one by one), so there it is a warning that names the loss.
 //!
 //! It costs one sequential read of the WAL (at most a few tens of MB) and
-//! of the database's first 100 bytes, once per open.
+//! of the database's first 100 bytes and the WAL marker's 32, once per open.
 //!
-//! Not detected: a WAL cut exactly at a commit frame, or removed. Nothing on
-//! disk records how far it went: SQLite's wal-index (`mxFrame`, the `-shm`
-//! file of other setups) lives in heap memory under `unix-excl`, the VFS
-//! every connection uses (`sqlite::open_connection`), so no `-shm` file is
-//! ever written to compare the WAL with.
+//! A WAL cut exactly at a commit frame scans clean: it is a valid, shorter
+//! WAL. SQLite's own record of how far it went (the wal-index's `mxFrame`,
+//! the `-shm` file of other setups) lives in heap memory under `unix-excl`,
+//! the VFS every connection uses (`sqlite::open_connection`), so the writer
+//! keeps one on disk: the WAL marker (`<db>-walmark`, [`super::walmark`]),
+//! the WAL's salts and its frames after the last commit, written after the
+//! commit's fsync under strict. A valid marker with the WAL's salts that
+//! names more frames than the WAL holds is the same loss as damage, refused
+//! or warned about the same way. A marker that is absent, torn or of
+//! another WAL generation (a checkpoint started the WAL over, or `PRAGMA
+//! wal_checkpoint(TRUNCATE)` emptied it) says nothing: unknown is not
+//! damage. Still not detected: a WAL removed altogether (or cut inside its
+//! header), which leaves no salts to compare, and looks like the WAL a clean
+//! stop deletes.
 
 use std::io::Read;
 use std::path::Path;
 
+use super::walmark;
 use crate::{StoreError, StoreResult};
 
 const WAL_HEADER: usize = 32;
@@ -124,6 +134,16 @@ pub(super) fn scan_wal(wal: &[u8]) -> WalScan {
     scan
 }
 
+/// The advice to restore from a backup: the marker goes too, or it would
+/// measure the restored WAL against the one it replaced.
+fn restore(db: &Path) -> String {
+    format!(
+        "Restore {} and its -wal file from a backup and delete {} (it describes the WAL replaced)",
+        db.display(),
+        walmark::path(db).display()
+    )
+}
+
 /// Checks the database at `db` and its WAL before SQLite opens them; see
 /// the module's documentation. `strict`: commits were synced one by one.
 pub(super) fn before_open(db: &Path, strict: bool) -> StoreResult<()> {
@@ -144,10 +164,10 @@ pub(super) fn before_open(db: &Path, strict: bool) -> StoreResult<()> {
         // client saw (it was not synced yet); more cannot be, under strict.
         if strict && scan.commits_after_damage > 1 {
             return Err(StoreError::Corrupt(format!(
-                "{what}, which clients saw acknowledged (--durability strict). Restore {} and its -wal file from a \
-                 backup; or, to accept the loss, stop tether and run `sqlite3 {} 'PRAGMA wal_checkpoint(TRUNCATE)'`, \
-                 which keeps what comes before the damage, then start tether again",
-                db.display(),
+                "{what}, which clients saw acknowledged (--durability strict). {}; or, to accept the loss, stop \
+                 tether and run `sqlite3 {} 'PRAGMA wal_checkpoint(TRUNCATE)'`, which keeps what comes before the \
+                 damage, then start tether again",
+                restore(db),
                 db.display()
             )));
         }
@@ -156,6 +176,35 @@ pub(super) fn before_open(db: &Path, strict: bool) -> StoreResult<()> {
              if {} did not lose power, restore it from a backup",
             db.display()
         );
+    }
+    // A WAL cut exactly at a commit frame scans clean: only the marker
+    // knows how far it went (when it names this WAL's generation).
+    let marked = walmark::read(db).filter(|mark| walmark::wal_salts(&wal) == Some(mark.salts));
+    if let Some(mark) = marked.filter(|mark| mark.frames > scan.valid_frames) {
+        let what = format!(
+            "{} ends at frame {} but commits up to frame {} were written to it (its marker {} says so): SQLite would \
+             open it without them",
+            wal_path.display(),
+            scan.valid_frames,
+            mark.frames,
+            walmark::path(db).display()
+        );
+        if strict {
+            return Err(StoreError::Corrupt(format!(
+                "{what}, and clients saw them acknowledged (--durability strict). {}; or, to accept the loss, stop \
+                 tether and run `sqlite3 {} 'PRAGMA wal_checkpoint(TRUNCATE)'`, which keeps what the WAL still holds, \
+                 then start tether again",
+                restore(db),
+                db.display()
+            )));
+        }
+        if scan.damaged_at.is_none() {
+            tracing::warn!(
+                "{what} (a power loss under --durability normal can do this to the last moments before it); \
+                 if {} did not lose power, restore it from a backup",
+                db.display()
+            );
+        }
     }
 
     let mut file = match std::fs::File::open(db) {

@@ -55,6 +55,10 @@ pub(super) struct WalRecycling {
     restart_due: std::sync::atomic::AtomicBool,
     /// Held while a checkpoint runs, so the two never wait on each other.
     checkpointing: Mutex<()>,
+    /// Counted before and after each checkpoint (odd while one runs): the
+    /// WAL marker reads the WAL's salts again when it moved (see
+    /// [`super::walmark`]).
+    checkpoints: std::sync::atomic::AtomicU64,
 }
 
 impl WalRecycling {
@@ -71,6 +75,17 @@ impl WalRecycling {
     /// or the WAL is over its limit.
     pub(super) fn catch_up_due(&self) -> bool {
         self.restart_due.load(std::sync::atomic::Ordering::Acquire) || self.over_limit()
+    }
+
+    /// Runs the checkpoint `f`, counted (see `checkpoints`). Call it with
+    /// `checkpointing` held: checkpoints never overlap, so the count is odd
+    /// exactly while one runs.
+    fn counted<T>(&self, f: impl FnOnce() -> T) -> T {
+        use std::sync::atomic::Ordering;
+        self.checkpoints.fetch_add(1, Ordering::SeqCst);
+        let result = f();
+        self.checkpoints.fetch_add(1, Ordering::SeqCst);
+        result
     }
 
     /// On the writer, between transactions: the catch-up checkpoint, if due
@@ -90,7 +105,7 @@ impl WalRecycling {
             running
         };
         self.restart_due.store(false, Ordering::Release);
-        let copied = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(0));
+        let copied = self.counted(|| conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(0)));
         // The next transaction starts the WAL over.
         self.frames.store(0, Ordering::Relaxed);
         if let Err(e) = copied {
@@ -101,12 +116,14 @@ impl WalRecycling {
 
 /// Starts the checkpointer on `checkpoint_conn` (woken through `commits`)
 /// and has the writer's connection report the WAL's frames after each
-/// commit; returns what the checkpointer and the writer share.
+/// commit, and write them to `mark` (the WAL marker, if it could be
+/// opened); returns what the checkpointer and the writer share.
 pub(super) fn start(
     writer_conn: &mut Connection,
     checkpoint_conn: Connection,
     path: &Path,
     commits: std::sync::mpsc::Receiver<()>,
+    mut mark: Option<super::walmark::MarkWriter>,
 ) -> StoreResult<Arc<WalRecycling>> {
     // Only to sync what the checkpointer copied; without it SQLite's own syncs remain.
     let db_file = std::fs::File::open(path).ok();
@@ -118,8 +135,13 @@ pub(super) fn start(
         .map_err(|e| StoreError::Backend(format!("cannot start checkpoint thread: {e}")))?;
 
     let wal_frames = wal.clone();
+    // Runs after the commit (and, under strict, after its fsync of the WAL).
+    // An error here would fail a commit that succeeded: there is none.
     writer_conn.wal_hook(Some(move |_: &mut rusqlite::hooks::Wal, frames: std::ffi::c_int| {
         wal_frames.frames.store(i64::from(frames), std::sync::atomic::Ordering::Relaxed);
+        if let (Some(mark), Ok(frames)) = (mark.as_mut(), u64::try_from(frames)) {
+            mark.committed(frames, wal_frames.checkpoints.load(std::sync::atomic::Ordering::SeqCst));
+        }
         Ok(())
     }))?;
     Ok(wal)
@@ -149,7 +171,7 @@ fn checkpointer_loop(
         let passive = {
             let _running = wal.checkpointing.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             // Columns: busy, frames in the WAL, frames copied back.
-            let copied = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(2));
+            let copied = wal.counted(|| conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(2)));
             // SQLite syncs the database only after a pass that caught up with
             // the writer, which under steady writes is the writer's catch-up:
             // the kernel would then write back every page copied since, on the
@@ -179,5 +201,6 @@ fn checkpointer_loop(
         }
     }
     // Last one, so a clean stop leaves little WAL behind.
-    let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(0));
+    let _running = wal.checkpointing.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _ = wal.counted(|| conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(0)));
 }
