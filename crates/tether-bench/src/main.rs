@@ -71,6 +71,9 @@ struct Args {
     /// Redis for tether-redis (the system is skipped when `redis-cli -h 127.0.0.1 ping` does not answer).
     #[arg(long, default_value = "redis://127.0.0.1:6379/")]
     redis: String,
+    /// Redis Cluster for tether-redis-cluster (skipped when its nodes do not answer; `scripts/redis-cluster start`).
+    #[arg(long, default_value = "redis+cluster://127.0.0.1:7301,127.0.0.1:7302,127.0.0.1:7303/")]
+    redis_cluster: String,
     /// Systems to run, comma-separated, in this order. Each scenario runs
     /// those of its systems that are listed: gateway_http tether-gateway and
     /// rmcp-direct, gateway_stdio tether-gateway, supergateway and mcp-proxy,
@@ -209,6 +212,7 @@ async fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
         node: args.node.clone(),
         ts_server: args.ts_server.clone(),
         redis_url: args.redis.clone(),
+        redis_cluster_url: args.redis_cluster.clone(),
         stdio_echo: args.stdio_echo.clone().unwrap_or_else(|| sibling("stdio_echo")),
         supergateway: args.supergateway.clone(),
         mcp_proxy: args.mcp_proxy.clone(),
@@ -218,10 +222,12 @@ async fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
     let mut rows = Vec::new();
     let mut skipped = Vec::new();
     let mut systems = args.systems.clone();
-    if systems.contains(&System::TetherRedis) && !server::redis_available() {
-        eprintln!("== tether-redis: skipped, `redis-cli -h 127.0.0.1 ping` does not answer PONG");
-        skipped.push("tether-redis (no Redis on 127.0.0.1)".to_string());
-        systems.retain(|&s| s != System::TetherRedis);
+    for (system, url) in [(System::TetherRedis, &args.redis), (System::TetherRedisCluster, &args.redis_cluster)] {
+        if systems.contains(&system) && !server::redis_available(url) {
+            eprintln!("== {}: skipped, no Redis answers at {url}", system.name());
+            skipped.push(format!("{} (no Redis at {url})", system.name()));
+            systems.retain(|&s| s != system);
+        }
     }
     if wants(Scenario::GatewayStdio) {
         for system in [System::Supergateway, System::McpProxy] {

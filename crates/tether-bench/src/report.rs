@@ -75,7 +75,9 @@ impl Scenario {
                 !system.gateway() && !matches!(system, System::AxumFloor | System::TetherSqliteModern)
             }
             Scenario::Restart100kSessions => system.durable_sessions(),
-            Scenario::Restart1mSessions => matches!(system, System::TetherSqlite | System::TetherRedis),
+            Scenario::Restart1mSessions => {
+                matches!(system, System::TetherSqlite | System::TetherRedis | System::TetherRedisCluster)
+            }
             Scenario::GatewayHttp => matches!(system, System::TetherGateway | System::RmcpDirect),
             Scenario::GatewayStdio => matches!(system, System::TetherGateway | System::Supergateway | System::McpProxy),
             Scenario::GatewayMemory => system == System::TetherGateway,

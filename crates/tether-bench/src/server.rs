@@ -37,6 +37,9 @@ pub enum System {
     TetherSqliteNometrics,
     /// `tether serve --store redis://… --store-prefix tether-bench:RANDOM:` (needs a Redis on 127.0.0.1:6379).
     TetherRedis,
+    /// tether-redis on a Redis Cluster (`--redis-cluster`, default the three
+    /// primaries of `scripts/redis-cluster start`); not in the default systems.
+    TetherRedisCluster,
     /// The rmcp reference (`rmcp_ref`: StreamableHttpService + LocalSessionManager).
     Rmcp,
     /// The TypeScript SDK v1 reference (`bench/ts-sdk-server/server.mjs` on node).
@@ -96,11 +99,12 @@ pub enum Protocol {
 }
 
 impl System {
-    pub const ALL: [System; 12] = [
+    pub const ALL: [System; 13] = [
         System::TetherMemory,
         System::TetherSqlite,
         System::TetherSqliteNometrics,
         System::TetherRedis,
+        System::TetherRedisCluster,
         System::Rmcp,
         System::TsSdk,
         System::AxumFloor,
@@ -117,6 +121,7 @@ impl System {
             System::TetherSqlite => "tether-sqlite",
             System::TetherSqliteNometrics => "tether-sqlite-nometrics",
             System::TetherRedis => "tether-redis",
+            System::TetherRedisCluster => "tether-redis-cluster",
             System::Rmcp => "rmcp",
             System::TsSdk => "ts-sdk",
             System::AxumFloor => "axum-floor",
@@ -156,6 +161,7 @@ impl System {
                 | System::TetherSqlite
                 | System::TetherSqliteNometrics
                 | System::TetherRedis
+                | System::TetherRedisCluster
                 | System::TetherGateway
                 | System::TetherSqliteModern
         )
@@ -163,7 +169,7 @@ impl System {
 
     /// Sessions outlive the process (the store is durable and shared).
     pub fn durable_sessions(self) -> bool {
-        matches!(self, System::TetherSqlite | System::TetherSqliteNometrics | System::TetherRedis)
+        matches!(self, System::TetherSqlite | System::TetherSqliteNometrics | System::TetherRedis | System::TetherRedisCluster)
     }
 }
 
@@ -178,6 +184,7 @@ pub struct Programs {
     pub node: PathBuf,
     pub ts_server: PathBuf,
     pub redis_url: String,
+    pub redis_cluster_url: String,
     /// The stdio echo server the gateway_stdio systems serve.
     pub stdio_echo: PathBuf,
     /// supergateway's entry script (`…/node_modules/supergateway/dist/index.js`), run with `node`.
@@ -237,6 +244,10 @@ impl Store {
                 let prefix = format!("tether-bench:{:016x}:", rand::random::<u64>());
                 Some(Store::Redis { url: programs.redis_url.clone(), prefix })
             }
+            System::TetherRedisCluster => {
+                let prefix = format!("tether-bench:{:016x}:", rand::random::<u64>());
+                Some(Store::Redis { url: programs.redis_cluster_url.clone(), prefix })
+            }
             _ => None,
         })
     }
@@ -258,9 +269,14 @@ impl Store {
                 let entries = std::fs::read_dir(dir.path()).ok()?;
                 Some(entries.filter_map(|e| e.ok()?.metadata().ok()).map(|m| m.len()).sum())
             }
-            Store::Redis { .. } => {
-                let info = redis_cli(&["INFO", "memory"]).ok()?;
-                info.lines().find_map(|l| l.strip_prefix("used_memory:")).and_then(|v| v.trim().parse().ok())
+            Store::Redis { url, .. } => {
+                let mut total = 0;
+                for node in redis_nodes(url) {
+                    let info = redis_cli(&node, &["INFO", "memory"]).ok()?;
+                    total +=
+                        info.lines().find_map(|l| l.strip_prefix("used_memory:")).and_then(|v| v.trim().parse::<u64>().ok())?;
+                }
+                Some(total)
             }
         }
     }
@@ -268,18 +284,40 @@ impl Store {
 
 impl Drop for Store {
     fn drop(&mut self) {
-        if let Store::Redis { prefix, .. } = self
-            && let Err(e) = delete_redis_keys(prefix)
+        if let Store::Redis { url, prefix } = self
+            && let Err(e) = delete_redis_keys(url, prefix)
         {
             eprintln!("tether-bench: could not delete the Redis keys under {prefix}: {e:#}");
         }
     }
 }
 
-/// Runs `redis-cli -h 127.0.0.1 ARGS…` and returns its stdout.
-fn redis_cli(args: &[&str]) -> anyhow::Result<String> {
+/// A Redis node as redis-cli is told of it: host and port.
+struct Node {
+    host: String,
+    port: String,
+}
+
+/// The nodes of a `redis://HOST:PORT/` or `redis+cluster://HOST:PORT,…/` URL
+/// (credentials and TLS are not for the bench's loopback Redis).
+fn redis_nodes(url: &str) -> Vec<Node> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let hosts = rest.split('/').next().unwrap_or(rest);
+    let hosts = hosts.rsplit_once('@').map_or(hosts, |(_, h)| h);
+    hosts
+        .split(',')
+        .filter(|h| !h.is_empty())
+        .map(|h| match h.rsplit_once(':') {
+            Some((host, port)) => Node { host: host.to_owned(), port: port.to_owned() },
+            None => Node { host: h.to_owned(), port: "6379".to_owned() },
+        })
+        .collect()
+}
+
+/// Runs `redis-cli -h HOST -p PORT ARGS…` and returns its stdout.
+fn redis_cli(node: &Node, args: &[&str]) -> anyhow::Result<String> {
     let out = std::process::Command::new("redis-cli")
-        .args(["-h", "127.0.0.1"])
+        .args(["-h", &node.host, "-p", &node.port])
         .args(args)
         .stdin(Stdio::null())
         .output()
@@ -288,25 +326,27 @@ fn redis_cli(args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Whether a Redis answers on 127.0.0.1 (`redis-cli -h 127.0.0.1 ping`).
-pub fn redis_available() -> bool {
-    redis_cli(&["ping"]).is_ok_and(|out| out.trim() == "PONG")
+/// Whether the Redis at `url` answers: every node `PING`s, and a cluster's
+/// first node says `cluster_state:ok`.
+pub fn redis_available(url: &str) -> bool {
+    let nodes = redis_nodes(url);
+    let pong = nodes.iter().all(|n| redis_cli(n, &["ping"]).is_ok_and(|out| out.trim() == "PONG"));
+    pong && (!url.contains("+cluster://")
+        || nodes.first().is_some_and(|n| redis_cli(n, &["CLUSTER", "INFO"]).is_ok_and(|i| i.contains("cluster_state:ok"))))
 }
 
-/// Deletes every key under `prefix` (SCAN, then UNLINK in batches).
-fn delete_redis_keys(prefix: &str) -> anyhow::Result<()> {
+/// Deletes every key under `prefix` on every node, with a script per node
+/// (SCAN and UNLINK inside Redis: keys of one command must share a slot on
+/// a cluster, and one script per node needs no round trip per key).
+fn delete_redis_keys(url: &str, prefix: &str) -> anyhow::Result<()> {
+    const DELETE: &str = "#!lua flags=allow-cross-slot-keys\nlocal c, n = '0', 0 repeat local r = redis.call('SCAN', c, 'MATCH', ARGV[1], 'COUNT', 1000) \
+        c = r[1] for _, k in ipairs(r[2]) do redis.call('UNLINK', k) n = n + 1 end until c == '0' return n";
     let pattern = format!("{prefix}*");
-    let keys = redis_cli(&["--scan", "--pattern", &pattern])?;
-    let keys: Vec<&str> = keys.lines().map(str::trim).filter(|k| !k.is_empty()).collect();
-    let mut deleted = 0usize;
-    for batch in keys.chunks(2000) {
-        let mut args = vec!["UNLINK"];
-        args.extend_from_slice(batch);
-        let out = redis_cli(&args)?;
-        deleted += out.trim().parse::<usize>().unwrap_or(0);
+    for node in redis_nodes(url) {
+        redis_cli(&node, &["EVAL", DELETE, "0", &pattern])?;
+        let left = redis_cli(&node, &["--scan", "--pattern", &pattern])?;
+        anyhow::ensure!(left.trim().is_empty(), "keys under {prefix} are left on {}:{}", node.host, node.port);
     }
-    let left = redis_cli(&["--scan", "--pattern", &pattern])?;
-    anyhow::ensure!(left.trim().is_empty(), "keys under {prefix} are left after deleting {deleted}");
     Ok(())
 }
 
@@ -378,6 +418,7 @@ impl Launch {
             | System::TetherSqlite
             | System::TetherSqliteNometrics
             | System::TetherRedis
+            | System::TetherRedisCluster
             | System::TetherGateway
             | System::TetherSqliteModern => {
                 let store = store.context("a tether system needs a store")?;
