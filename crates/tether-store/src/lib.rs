@@ -25,7 +25,7 @@ pub mod sqlite;
 pub mod conformance;
 
 pub use error::{StoreError, StoreResult};
-pub use model::{EventKind, SessionRecord, StoredEvent, StreamSummary, VersionedValue, now_ms};
+pub use model::{EventKind, SessionRecord, SessionStamp, StoredEvent, StreamSummary, VersionedValue, now_ms};
 pub use open::{StoreConfig, StoreUrl, open_store};
 
 use async_trait::async_trait;
@@ -43,6 +43,13 @@ pub trait Store: Send + Sync + 'static {
 
     /// Reads a session, `None` if it does not exist or has expired at `now_ms`.
     async fn get_session(&self, id: &str, now_ms: i64) -> StoreResult<Option<SessionRecord>>;
+
+    /// A session's revision and expiry, `None` as for [`Store::get_session`]:
+    /// what a replica checks on every request to learn whether its cached
+    /// copy is current, without reading (and parsing) the state.
+    async fn session_stamp(&self, id: &str, now_ms: i64) -> StoreResult<Option<SessionStamp>> {
+        Ok(self.get_session(id, now_ms).await?.map(|s| SessionStamp { revision: s.revision, expires_at_ms: s.expires_at_ms }))
+    }
 
     /// Replaces `state` if the stored revision equals `expected_revision`;
     /// returns the new revision, or `None` if somebody else changed it first

@@ -21,6 +21,14 @@ pub struct SessionRecord {
     pub state: serde_json::Value,
 }
 
+/// The part of a [`SessionRecord`] that says whether a copy of it is
+/// current: its revision (bumped by every state change) and its expiry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionStamp {
+    pub revision: u64,
+    pub expires_at_ms: i64,
+}
+
 /// What an event is, as far as replay cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[repr(u8)]

@@ -504,6 +504,23 @@ impl Store for RedisStore {
         Ok(self.read_session(id).await?.filter(|s| s.expires_at_ms > now_ms))
     }
 
+    async fn session_stamp(&self, id: &str, now_ms: i64) -> StoreResult<Option<crate::SessionStamp>> {
+        let mut conn = self.conn.clone();
+        let (revision, expires): (Option<u64>, Option<i64>) = redis::cmd("HMGET")
+            .arg(format!("{}s", self.base(id)))
+            .arg("revision")
+            .arg("expires")
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        Ok(match (revision, expires) {
+            (Some(revision), Some(expires_at_ms)) if expires_at_ms > now_ms => {
+                Some(crate::SessionStamp { revision, expires_at_ms })
+            }
+            _ => None,
+        })
+    }
+
     async fn update_session_state(&self, id: &str, expected: u64, state: &serde_json::Value) -> StoreResult<Option<u64>> {
         let state = serde_json::to_string(state).map_err(|e| StoreError::Backend(e.to_string()))?;
         let mut conn = self.conn.clone();

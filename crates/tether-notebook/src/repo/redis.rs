@@ -27,7 +27,14 @@ local n = redis.call('RPUSH', KEYS[2], ARGV[2])
 if ARGV[3] ~= '' then redis.call('SADD', KEYS[3], ARGV[3]) end
 local bc = redis.call('SCARD', KEYS[3])
 redis.call('HSET', KEYS[1], 'thoughts', n, 'branches', bc, 'updated', ARGV[4])
-return {n, redis.call('SMEMBERS', KEYS[3]), redis.call('HGET', KEYS[1], 'root') or ''}
+local root = redis.call('HGET', KEYS[1], 'root') or ''
+-- On a single server the indexes are updated here (KEYS[4], and the root's
+-- key from KEYS[5]); on a cluster they are in other slots: the caller's.
+if KEYS[4] then
+  redis.call('ZADD', KEYS[4], ARGV[4], ARGV[5])
+  if root ~= '' then redis.call('ZADD', KEYS[5]..root, ARGV[4], ARGV[5]) end
+end
+return {n, redis.call('SMEMBERS', KEYS[3]), root, KEYS[4] and 1 or 0}
 "#;
 
 /// Sessions read per page while filtering by tag.
@@ -160,19 +167,18 @@ impl NotebookRepo for RedisNotebook {
             .map_err(|e| RepoError::Storage(e.to_string()))?;
         let branch = thought.branch().map(|(b, _)| b.to_owned()).unwrap_or_default();
         let now = tether_store::now_ms();
-        let answer: Option<(u64, Vec<String>, String)> = self
-            .append
-            .key(self.k("s", session_id))
-            .key(self.k("t", session_id))
-            .key(self.k("b", session_id))
-            .arg(principal)
-            .arg(body)
-            .arg(branch)
-            .arg(now)
-            .invoke_async(&mut conn)
-            .await?;
-        let (n, mut branches, root) = answer.ok_or_else(|| RepoError::NotFound(session_id.to_owned()))?;
-        self.index(principal, &root, session_id, now).await?;
+        let mut invocation = self.append.key(self.k("s", session_id));
+        invocation.key(self.k("t", session_id)).key(self.k("b", session_id));
+        if !self.conn.is_cluster() {
+            // One round trip: the script updates the indexes too.
+            invocation.key(self.principal_key(principal)).key(format!("{}r:{principal}\n", self.prefix));
+        }
+        let answer: Option<(u64, Vec<String>, String, u8)> =
+            invocation.arg(principal).arg(body).arg(branch).arg(now).arg(session_id).invoke_async(&mut conn).await?;
+        let (n, mut branches, root, indexed) = answer.ok_or_else(|| RepoError::NotFound(session_id.to_owned()))?;
+        if indexed == 0 {
+            self.index(principal, &root, session_id, now).await?;
+        }
         branches.sort();
         Ok(Recorded { thought_history_length: n, branches })
     }

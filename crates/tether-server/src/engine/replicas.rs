@@ -144,22 +144,28 @@ pub(crate) async fn standalone_live_anywhere(inner: &Inner, session: &str) -> bo
     matches!(inner.store.kv_get(STANDALONE_NAMESPACE, session, now_ms()).await, Ok(Some(_)))
 }
 
-/// Re-reads the session's durable state; false if it is gone.
+/// Brings the cached session up to date with the store: one small read of
+/// its revision and expiry, and the state only when another replica changed
+/// it. False if the session is gone.
 pub(crate) async fn refresh(inner: &Inner, session: &Session) -> Result<bool, EngineError> {
-    let Some(record) = inner.store.get_session(&session.id, now_ms()).await? else { return Ok(false) };
-    let mut durable = session.durable.lock().await;
-    if record.revision > durable.revision
-        && let Ok(state) = serde_json::from_value::<SessionState>(record.state)
-    {
-        session.set_caller_from(&state);
-        durable.state = state;
-        durable.revision = record.revision;
+    let now = now_ms();
+    let Some(stamp) = inner.store.session_stamp(&session.id, now).await? else { return Ok(false) };
+    if stamp.revision > session.durable.lock().await.revision {
+        let Some(record) = inner.store.get_session(&session.id, now).await? else { return Ok(false) };
+        let mut durable = session.durable.lock().await;
+        if record.revision > durable.revision
+            && let Ok(state) = serde_json::from_value::<SessionState>(record.state)
+        {
+            session.set_caller_from(&state);
+            durable.state = state;
+            durable.revision = record.revision;
+        }
     }
     // Activity on other replicas counts.
     let ttl = inner.config.session_ttl.as_millis() as i64;
-    let seen_elsewhere = record.expires_at_ms - ttl - ttl / 10;
+    let seen_elsewhere = stamp.expires_at_ms - ttl - ttl / 10;
     session.last_seen.fetch_max(seen_elsewhere, std::sync::atomic::Ordering::Relaxed);
-    session.expires_persisted.fetch_max(record.expires_at_ms, std::sync::atomic::Ordering::Relaxed);
+    session.expires_persisted.fetch_max(stamp.expires_at_ms, std::sync::atomic::Ordering::Relaxed);
     Ok(true)
 }
 

@@ -21,13 +21,17 @@ for i = 0, n - 1 do
     finished = true
   end
 end
-local fresh = redis.call('SADD', b..'ss', s) == 1
+redis.call('SADD', b..'ss', s)
 local e = redis.call('HGET', KEYS[1], 'expires')
+-- The per-session keys carry the session's expiry from their first write on
+-- (touch_session.lua moves them all together): set it on those this script
+-- created, found by their missing TTL, and on the event stream.
 local keys = {key}
--- The per-session keys already carry the session's expiry unless this
--- stream is new or just finished (touch_session.lua moves them all together).
-if fresh or first == 1 then keys = {key, b..'ss', b..'q', b..'f'}
-elseif finished then keys = {key, b..'f'} end
+if redis.call('PTTL', b..'ss') < 0 then
+  keys = {key, b..'ss', b..'q', b..'f'}
+elseif finished and redis.call('PTTL', b..'f') < 0 then
+  keys = {key, b..'f'}
+end
 for _, k in ipairs(keys) do
   if e then redis.call('PEXPIREAT', k, e) else redis.call('PEXPIRE', k, 3600000) end
 end
