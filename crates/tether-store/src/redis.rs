@@ -18,7 +18,7 @@
 //! | `P{id}:e:{stream}` | stream | events, entry ID `0-{seq}`, capped with `MAXLEN` |
 //! | `P{id}:q` / `P{id}:f` / `P{id}:c` | hash | last seq / finished / cursor per stream |
 //! | `Psp:{principal}` / `Psx` | zset | sessions by principal / by expiry |
-//! | `P{tag}:kv:{ns}:{key}` | hash | value, revision, expiry (plus a native TTL); `tag` is the key up to its first `/` (a session's records share its slot) |
+//! | `P{tag}:kv:{ns}:{key}` | hash | value, revision, expiry (plus a native TTL); `tag` is the key up to its first `/` or `.` (a session's records share its slot, as do an operation's chunks `OP.N`) |
 //! | `P{tag}:kvrev` | counter | key/value revisions of that slot, never reused |
 //! | channel `Plive` (single server) | pub/sub | `{session}\n{stream}\n{seq}` after every append |
 //! | channels `Plive:0` … `Plive:15` (cluster) | sharded pub/sub | the same, on the channel of the session's shard of 16 |
@@ -348,7 +348,7 @@ impl RedisStore {
 
     /// A key/value record and its slot's revision counter.
     fn kv_keys(&self, namespace: &str, key: &str) -> (String, String) {
-        let tag = hash_tag(key.split('/').next().unwrap_or(key));
+        let tag = hash_tag(key.split(['/', '.']).next().unwrap_or(key));
         let base = format!("{}{{{tag}}}:", self.prefix);
         (format!("{base}kv:{namespace}:{key}"), format!("{base}kvrev"))
     }
