@@ -563,20 +563,8 @@ impl Store for RedisStore {
     }
 
     async fn list_sessions(&self, principal: &str, limit: usize) -> StoreResult<Vec<SessionRecord>> {
-        let mut conn = self.conn.clone();
         let now = now_ms();
-        let ids: Vec<String> = redis::cmd("ZRANGE")
-            .arg(self.key(&["sp:", principal]))
-            .arg("+inf")
-            .arg(format!("({now}"))
-            .arg("BYSCORE")
-            .arg("REV")
-            .arg("LIMIT")
-            .arg(0)
-            .arg(limit)
-            .query_async(&mut conn)
-            .await
-            .map_err(unavailable)?;
+        let ids = self.live_ids(&self.key(&["sp:", principal]), now, 0, limit).await?;
         let mut out = Vec::with_capacity(ids.len());
         for id in ids {
             if let Some(s) = self.get_session(&id, now).await? {
@@ -597,19 +585,7 @@ impl Store for RedisStore {
             None => 0,
             Some(c) => c.parse().map_err(|_| StoreError::Backend(format!("`{c}` is not a page cursor of this store")))?,
         };
-        let mut conn = self.conn.clone();
-        let ids: Vec<String> = redis::cmd("ZRANGE")
-            .arg(self.key(&["sx"]))
-            .arg("+inf")
-            .arg(format!("({now_ms}"))
-            .arg("BYSCORE")
-            .arg("REV")
-            .arg("LIMIT")
-            .arg(offset)
-            .arg(limit.saturating_add(1))
-            .query_async(&mut conn)
-            .await
-            .map_err(unavailable)?;
+        let ids = self.live_ids(&self.key(&["sx"]), now_ms, offset, limit.saturating_add(1)).await?;
         let more = ids.len() > limit;
         let mut sessions = Vec::with_capacity(ids.len().min(limit));
         for id in ids.iter().take(limit) {
@@ -850,6 +826,24 @@ impl Store for RedisStore {
 }
 
 impl RedisStore {
+    /// IDs in an index (by expiry) of sessions alive at `now_ms`, latest
+    /// expiry first: `limit` of them from position `offset`.
+    async fn live_ids(&self, index: &str, now_ms: i64, offset: usize, limit: usize) -> StoreResult<Vec<String>> {
+        let mut conn = self.conn.clone();
+        redis::cmd("ZRANGE")
+            .arg(index)
+            .arg("+inf")
+            .arg(format!("({now_ms}"))
+            .arg("BYSCORE")
+            .arg("REV")
+            .arg("LIMIT")
+            .arg(offset)
+            .arg(limit)
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)
+    }
+
     /// Every stream of a session (`one` empty) or one of them, as the `streams` script reports them.
     async fn stream_summaries(&self, session: &str, one: &str) -> StoreResult<Vec<StreamSummary>> {
         let mut conn = self.conn.clone();
