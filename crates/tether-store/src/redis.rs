@@ -428,23 +428,32 @@ async fn listen(client: redis::Client, channel: String, tx: broadcast::Sender<Re
     }
 }
 
-fn field<'a>(fields: &'a [(String, RValue)], name: &str) -> Option<&'a RValue> {
-    fields.iter().find(|(k, _)| k == name).map(|(_, v)| v)
-}
-
-fn as_bytes(v: Option<&RValue>) -> Option<Vec<u8>> {
-    match v? {
-        RValue::BulkString(b) => Some(b.clone()),
-        RValue::SimpleString(s) => Some(s.clone().into_bytes()),
-        _ => None,
+/// One `XRANGE` entry, `[ID, [k, KIND, p, PAYLOAD]]` (the fields as a map in
+/// RESP3), as a stored event; `None` if it is not one.
+fn stored_event(entry: RValue) -> Option<StoredEvent> {
+    let RValue::Array(parts) = entry else { return None };
+    let mut parts = parts.into_iter();
+    let (RValue::BulkString(id), Some(fields)) = (parts.next()?, parts.next()) else { return None };
+    let seq = std::str::from_utf8(id.strip_prefix(b"0-")?).ok()?.parse().ok()?;
+    let pairs: Vec<(RValue, RValue)> = match fields {
+        RValue::Array(flat) => {
+            let mut flat = flat.into_iter();
+            std::iter::from_fn(|| Some((flat.next()?, flat.next()?))).collect()
+        }
+        RValue::Map(pairs) => pairs,
+        _ => return None,
+    };
+    let (mut kind, mut payload) = (None, None);
+    for (name, value) in pairs {
+        match (name, value) {
+            (RValue::BulkString(name), RValue::BulkString(k)) if name == b"k" => {
+                kind = std::str::from_utf8(&k).ok()?.parse::<u8>().ok().and_then(EventKind::from_u8);
+            }
+            (RValue::BulkString(name), RValue::BulkString(p)) if name == b"p" => payload = Some(Bytes::from(p)),
+            _ => {}
+        }
     }
-}
-
-fn as_i64(v: Option<&RValue>) -> Option<i64> {
-    match v? {
-        RValue::Int(i) => Some(*i),
-        other => as_bytes(Some(other)).and_then(|b| String::from_utf8(b).ok()).and_then(|s| s.parse().ok()),
-    }
+    Some(StoredEvent { seq, kind: kind?, payload: payload? })
 }
 
 impl RedisStore {
@@ -678,7 +687,9 @@ impl Store for RedisStore {
 
     async fn read_after(&self, session: &str, stream: &str, after: u64, limit: usize) -> StoreResult<Vec<StoredEvent>> {
         let mut conn = self.conn.clone();
-        let entries: Vec<(String, Vec<(String, RValue)>)> = redis::cmd("XRANGE")
+        // Read as a raw reply and taken apart by value: a replay reads
+        // thousands of entries, and each payload is moved, not copied.
+        let reply: RValue = redis::cmd("XRANGE")
             .arg(format!("{}e:{stream}", self.base(session)))
             .arg(format!("(0-{after}"))
             .arg("+")
@@ -687,20 +698,9 @@ impl Store for RedisStore {
             .query_async(&mut conn)
             .await
             .map_err(unavailable)?;
-        entries
-            .into_iter()
-            .map(|(id, fields)| {
-                let seq = id
-                    .strip_prefix("0-")
-                    .and_then(|s| s.parse().ok())
-                    .ok_or_else(|| StoreError::Corrupt(format!("event id {id}")))?;
-                let kind = as_i64(field(&fields, "k"))
-                    .and_then(|k| EventKind::from_u8(k as u8))
-                    .ok_or_else(|| StoreError::Corrupt(format!("event {id} kind")))?;
-                let payload = as_bytes(field(&fields, "p")).ok_or_else(|| StoreError::Corrupt(format!("event {id} payload")))?;
-                Ok(StoredEvent { seq, kind, payload: Bytes::from(payload) })
-            })
-            .collect()
+        let corrupt = || StoreError::Corrupt(format!("an event of stream {stream} of session {session}"));
+        let RValue::Array(entries) = reply else { return Err(corrupt()) };
+        entries.into_iter().map(|entry| stored_event(entry).ok_or_else(corrupt)).collect()
     }
 
     async fn open_streams(&self, session: &str) -> StoreResult<Vec<StreamSummary>> {
@@ -873,6 +873,33 @@ impl RedisStore {
 
 #[cfg(test)]
 mod tests {
+    use redis::Value as V;
+
+    fn bulk(b: &[u8]) -> V {
+        V::BulkString(b.to_vec())
+    }
+
+    #[test]
+    fn an_xrange_entry_is_an_event_and_anything_else_is_not() {
+        let entry = |id: &[u8], fields: V| V::Array(vec![bulk(id), fields]);
+        let fields = V::Array(vec![bulk(b"k"), bulk(b"2"), bulk(b"p"), bulk(b"{}")]);
+        let event = super::stored_event(entry(b"0-7", fields.clone())).unwrap();
+        assert_eq!((event.seq, event.kind, &event.payload[..]), (7, crate::EventKind::Final, &b"{}"[..]));
+        let map = V::Map(vec![(bulk(b"p"), bulk(b"x")), (bulk(b"k"), bulk(b"1"))]);
+        assert_eq!(super::stored_event(entry(b"0-1", map)).unwrap().payload, &b"x"[..]);
+        for bad in [
+            entry(b"7", fields.clone()),
+            entry(b"0-x", fields.clone()),
+            entry(b"0-1", V::Array(vec![bulk(b"k"), bulk(b"9"), bulk(b"p"), bulk(b"")])),
+            entry(b"0-1", V::Array(vec![bulk(b"k"), bulk(b"1")])),
+            entry(b"0-1", V::Array(vec![bulk(b"k")])),
+            V::Array(vec![bulk(b"0-1")]),
+            V::Int(3),
+        ] {
+            assert!(super::stored_event(bad.clone()).is_none(), "{bad:?}");
+        }
+    }
+
     #[test]
     fn redaction_hides_passwords() {
         assert_eq!(super::redacted("redis://u:secret@h:6379/0"), "redis://u:***@h:6379/0");
