@@ -198,18 +198,7 @@ impl RedisStore {
             for channel in &channels {
                 listener.ssubscribe(channel).await.map_err(unavailable)?;
             }
-            let mut store = Self {
-                upgraded: false,
-                conn: RedisConn::Cluster(conn),
-                url: redacted(url).into(),
-                prefix,
-                cap,
-                scripts: Arc::new(Scripts::new()),
-                remote,
-                _alive: Arc::new(Listener::Cluster(listener)),
-            };
-            store.upgraded = store.upgrade_layout().await?;
-            return Ok(store);
+            return Self::ready(url, prefix, cap, RedisConn::Cluster(conn), remote, Arc::new(Listener::Cluster(listener))).await;
         }
         let client = redis::Client::open(url).map_err(|e| StoreError::Config(format!("bad redis URL {}: {e}", redacted(url))))?;
         let manager_config = redis::aio::ConnectionManagerConfig::new()
@@ -224,15 +213,27 @@ impl RedisStore {
                 .map_err(|e| StoreError::Unavailable(format!("cannot connect to redis at {}: {e}", redacted(url))))?;
         let alive = Arc::new(Listener::Task);
         tokio::spawn(listen(client, format!("{prefix}live"), remote.clone(), Arc::downgrade(&alive)));
+        Self::ready(url, prefix, cap, RedisConn::Single(conn), remote, alive).await
+    }
+
+    /// The store on a connection, its keys brought to this version's layout.
+    async fn ready(
+        url: &str,
+        prefix: Arc<str>,
+        cap: u64,
+        conn: RedisConn,
+        remote: broadcast::Sender<RemoteAppend>,
+        alive: Arc<Listener>,
+    ) -> StoreResult<Self> {
         let mut store = Self {
             upgraded: false,
-            _alive: alive,
-            conn: RedisConn::Single(conn),
+            conn,
             url: redacted(url).into(),
             prefix,
             cap,
             scripts: Arc::new(Scripts::new()),
             remote,
+            _alive: alive,
         };
         store.upgraded = store.upgrade_layout().await?;
         Ok(store)
