@@ -207,6 +207,20 @@ pub async fn append_ordering_and_read_after(store: &Arc<dyn Store>) {
         &r3[..2].iter().map(|e| e.payload.clone()).collect::<Vec<_>>(),
         &[Bytes::from_static(b"p3"), Bytes::from_static(b"f3")]
     );
+    // A stream that starts with its final event (a quick answer) reads
+    // back in pages and summarises like any other, and numbering goes on
+    // if events follow.
+    let quick = vec![(EventKind::Prime, Bytes::from_static(b"p4")), (EventKind::Final, Bytes::from_static(b"f4"))];
+    assert_eq!(store.start_stream("s", "r4", quick).await.unwrap(), 1);
+    let r4 = store.read_after("s", "r4", 1, 10).await.unwrap();
+    assert_eq!(r4.iter().map(|e| (e.seq, e.kind, e.payload.clone())).collect::<Vec<_>>(), [(2, EventKind::Final, Bytes::from("f4"))]);
+    assert_eq!(store.read_after("s", "r4", 0, 1).await.unwrap().len(), 1);
+    let summary = store.stream("s", "r4").await.unwrap().unwrap();
+    assert_eq!((summary.first_seq, summary.last_seq, summary.finished), (1, 2, true));
+    assert_eq!(store.append("s", "r4", EventKind::Message, Bytes::from_static(b"m4")).await.unwrap(), 3);
+    let r4 = store.read_after("s", "r4", 0, 10).await.unwrap();
+    assert_eq!(r4.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2, 3]);
+    assert_eq!(r4[0].payload, Bytes::from("p4"));
 }
 
 pub async fn streams_are_independent(store: &Arc<dyn Store>) {

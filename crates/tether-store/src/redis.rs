@@ -14,20 +14,21 @@
 //! | key | type | holds |
 //! |---|---|---|
 //! | `P{id}:s` | hash | session: principal, created, expires, revision, state |
-//! | `P{id}:ss` | set | stream names of the session |
-//! | `P{id}:e:{stream}` | stream | events, entry ID `0-{seq}`, capped with `MAXLEN` |
-//! | `P{id}:q` / `P{id}:f` / `P{id}:c` | hash | last seq / finished / cursor per stream |
+//! | `P{id}:ss` | set | the session's open streams (no final event yet) |
+//! | `P{id}:e:{stream}` | stream | events, entry ID `0-{seq}` (numbered by Redis, `0-*`), capped with `MAXLEN`; an open stream expires with its session, a finished one about one session TTL after its final event |
+//! | `P{id}:c` | hash | cursor per stream |
 //! | `Psp:{principal}` / `Psx` | zset | sessions by principal / by expiry |
 //! | `P{tag}:kv:{ns}:{key}` | hash | value, revision, expiry (plus a native TTL); `tag` is the key up to its first `/` or `.` (a session's records share its slot, as do an operation's chunks `OP.N`) |
 //! | `P{tag}:kvrev` | counter | key/value revisions of that slot, never reused |
 //! | channel `Plive` (single server) | pub/sub | `{session}\n{stream}\n{seq}` after every append |
 //! | channels `Plive:0` … `Plive:15` (cluster) | sharded pub/sub | the same, on the channel of the session's shard of 16 |
 //!
-//! | `Playout` | string | the key layout (2); keys of layout 1 (untagged, before Redis Cluster support) are converted at open |
+//! | `Playout` | string | the key layout (3); keys of layouts 1 (untagged, before Redis Cluster support) and 2 (per-stream hashes) are converted at open |
 //!
 //! Session keys expire with their session (native TTLs); the reaper removes
 //! index entries.
 
+mod batch;
 mod conn;
 
 use std::sync::Arc;
@@ -40,6 +41,7 @@ use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script, Value as RValue};
 use tokio::sync::broadcast;
 
+pub use batch::{BatchedOp, Call};
 pub use conn::{RedisConn, cluster_nodes, hash_tag, is_cluster_url};
 
 use crate::{
@@ -55,8 +57,9 @@ const REMOTE_BUFFER: usize = 1024;
 const LIVE_SHARDS: u64 = 16;
 
 /// The key layout this version reads and writes (`P layout`):
-/// 2 = every key of a session carries its hash tag.
-const LAYOUT: i64 = 2;
+/// 2 = every key of a session carries its hash tag;
+/// 3 = `ss` lists open streams only, no per-stream hashes (`q`, `f`).
+const LAYOUT: i64 = 3;
 
 /// Redis's client timeouts: a connection that does not open within this...
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -88,6 +91,8 @@ fn unavailable(e: redis::RedisError) -> StoreError {
 
 /// The function `drop(b)` the scripts that remove sessions begin with.
 const DROP_SESSION: &str = include_str!("redis/scripts/drop_session.lua");
+/// The function `records(blob)` the scripts that read a stream stored whole begin with.
+const RECORDS: &str = include_str!("redis/scripts/records.lua");
 
 /// One script per multi-key step; each file says at its top what the script
 /// does and what its KEYS and ARGV are.
@@ -97,12 +102,12 @@ struct Scripts {
     touch: Script,
     delete: Script,
     expire: Script,
-    append: Script,
     streams: Script,
     set_cursor: Script,
     kv_cas: Script,
     migrate_sessions: Script,
     migrate_kv: Script,
+    migrate_streams: Script,
 }
 
 impl Scripts {
@@ -114,12 +119,12 @@ impl Scripts {
             touch: Script::new(include_str!("redis/scripts/touch_session.lua")),
             delete: with_drop(include_str!("redis/scripts/delete_session.lua")),
             expire: with_drop(include_str!("redis/scripts/expire_sessions.lua")),
-            append: Script::new(include_str!("redis/scripts/append.lua")),
-            streams: Script::new(include_str!("redis/scripts/streams.lua")),
+            streams: Script::new(&format!("{RECORDS}\n{}", include_str!("redis/scripts/streams.lua"))),
             set_cursor: Script::new(include_str!("redis/scripts/set_cursor.lua")),
             kv_cas: Script::new(include_str!("redis/scripts/kv_compare_and_set.lua")),
             migrate_sessions: Script::new(include_str!("redis/scripts/migrate_session.lua")),
             migrate_kv: Script::new(include_str!("redis/scripts/migrate_kv.lua")),
+            migrate_streams: Script::new(include_str!("redis/scripts/migrate_streams.lua")),
         }
     }
 }
@@ -132,6 +137,8 @@ pub struct RedisStore {
     url: Arc<str>,
     cap: u64,
     scripts: Arc<Scripts>,
+    /// Appends, in batches on a single server (`redis/scripts/append.lua`).
+    append: BatchedOp,
     remote: broadcast::Sender<RemoteAppend>,
     /// Whether this open found (and converted) keys of an earlier layout.
     upgraded: bool,
@@ -177,9 +184,10 @@ impl RedisStore {
             let push = move |info: redis::PushInfo| -> Result<(), std::convert::Infallible> {
                 if info.kind == redis::PushKind::SMessage
                     && let Some(RValue::BulkString(payload)) = info.data.get(1)
-                    && let Some(append) = parse_announcement(payload)
                 {
-                    let _ = announcements.send(append);
+                    for append in parse_announcement(payload) {
+                        let _ = announcements.send(append);
+                    }
                 }
                 Ok(())
             };
@@ -225,8 +233,12 @@ impl RedisStore {
         remote: broadcast::Sender<RemoteAppend>,
         alive: Arc<Listener>,
     ) -> StoreResult<Self> {
+        let channel = if conn.is_cluster() { String::new() } else { format!("{prefix}live") };
+        let append =
+            BatchedOp::new(conn.clone(), &format!("{RECORDS}\n{}", include_str!("redis/scripts/append.lua")), &channel);
         let mut store = Self {
             upgraded: false,
+            append,
             conn,
             url: redacted(url).into(),
             prefix,
@@ -241,7 +253,8 @@ impl RedisStore {
 
     /// Brings keys an earlier version wrote under this prefix (layout 1:
     /// untagged session keys `P s:ID`…, one shared revision counter
-    /// `P kvrev`) to this version's layout, once, before serving; then
+    /// `P kvrev`; layout 2: per-stream hashes `q`, `f` and every stream in
+    /// `ss`) to this version's layout, once, before serving; then
     /// marks the prefix (`P layout`). Replicas of the old version must be
     /// stopped first: upgrade every replica together. A cluster never held
     /// layout 1. Returns whether it found keys of layout 1.
@@ -249,7 +262,8 @@ impl RedisStore {
         const PAGE: usize = 500;
         let mut conn = self.conn.clone();
         let marker = self.key(&["layout"]);
-        match conn.get::<_, Option<i64>>(&marker).await.map_err(unavailable)? {
+        let found = conn.get::<_, Option<i64>>(&marker).await.map_err(unavailable)?;
+        match found {
             Some(LAYOUT) => return Ok(false),
             Some(newer) if newer > LAYOUT => {
                 return Err(StoreError::Config(format!(
@@ -260,7 +274,9 @@ impl RedisStore {
             _ => {}
         }
         let (by_expiry, old_counter) = (self.key(&["sx"]), self.key(&["kvrev"]));
-        let earlier = !self.conn.is_cluster()
+        // Layout 1 had no marker.
+        let earlier = found.is_none()
+            && !self.conn.is_cluster()
             && redis::cmd("EXISTS").arg(&by_expiry).arg(&old_counter).query_async::<i64>(&mut conn).await.map_err(unavailable)?
                 > 0;
         if earlier {
@@ -314,8 +330,43 @@ impl RedisStore {
             }
             tracing::info!(sessions = moved_sessions, records = moved_records, "Redis keys converted");
         }
+        self.open_streams_only().await?;
         let _: () = conn.set(&marker, LAYOUT).await.map_err(unavailable)?;
         Ok(earlier)
+    }
+
+    /// Layout 2 → 3 (`migrate_streams.lua`) for every session in the
+    /// by-expiry index: a page per script on a single server, a session per
+    /// script on a cluster (its slot). Nothing to do on a new prefix.
+    async fn open_streams_only(&self) -> StoreResult<()> {
+        const PAGE: isize = 500;
+        let mut conn = self.conn.clone();
+        let by_expiry = self.key(&["sx"]);
+        let (mut start, mut converted) = (0, 0i64);
+        loop {
+            let ids: Vec<String> = conn.zrange(&by_expiry, start, start + PAGE - 1).await.map_err(unavailable)?;
+            if ids.is_empty() {
+                break;
+            }
+            if self.conn.is_cluster() {
+                for id in &ids {
+                    let base = self.base(id);
+                    let mut one = self.scripts.migrate_streams.key(format!("{base}s"));
+                    converted += one.arg(base).invoke_async::<i64>(&mut conn).await.map_err(unavailable)?;
+                }
+            } else {
+                let mut page = self.scripts.migrate_streams.prepare_invoke();
+                for id in &ids {
+                    page.arg(self.base(id));
+                }
+                converted += page.invoke_async::<i64>(&mut conn).await.map_err(unavailable)?;
+            }
+            start += PAGE;
+        }
+        if converted > 0 {
+            tracing::info!(sessions = converted, "Redis stream keys converted to layout 3 (open streams only)");
+        }
+        Ok(())
     }
 
     /// Whether opening found keys an earlier version wrote under this prefix
@@ -391,12 +442,18 @@ impl RedisStore {
     }
 }
 
-/// `{session}\n{stream}\n{seq}`, as the append script and [`Store::announce`] publish it.
-fn parse_announcement(payload: &[u8]) -> Option<RemoteAppend> {
-    let text = std::str::from_utf8(payload).ok()?;
-    let mut parts = text.splitn(3, '\n');
-    let (session, stream, seq) = (parts.next()?, parts.next()?, parts.next()?.parse().ok()?);
-    Some(RemoteAppend { session: session.into(), stream: stream.into(), seq })
+/// `{session}\n{stream}\n{seq}`, once per append: a batch of appends
+/// publishes its lines as one message, [`Store::announce`] one append. A
+/// message that does not parse whole is dropped whole.
+fn parse_announcement(payload: &[u8]) -> Vec<RemoteAppend> {
+    let Ok(text) = std::str::from_utf8(payload) else { return Vec::new() };
+    let mut lines = text.split('\n');
+    let mut appends = Vec::new();
+    while let Some(session) = lines.next() {
+        let (Some(stream), Some(Ok(seq))) = (lines.next(), lines.next().map(str::parse)) else { return Vec::new() };
+        appends.push(RemoteAppend { session: session.into(), stream: stream.into(), seq });
+    }
+    appends
 }
 
 /// Forwards `Plive` announcements into `tx` until the store is dropped;
@@ -416,7 +473,7 @@ async fn listen(client: redis::Client, channel: String, tx: broadcast::Sender<Re
                         if alive.upgrade().is_none() {
                             return;
                         }
-                        if let Some(append) = parse_announcement(msg.get_payload_bytes()) {
+                        for append in parse_announcement(msg.get_payload_bytes()) {
                             let _ = tx.send(append);
                         }
                     }
@@ -455,6 +512,33 @@ fn stored_event(entry: RValue) -> Option<StoredEvent> {
         }
     }
     Some(StoredEvent { seq, kind: kind?, payload: payload? })
+}
+
+/// A stream stored whole (`records.lua`): per event its kind (one digit),
+/// its payload's length in decimal, `:` and the payload.
+fn encode_whole(events: &[(EventKind, Bytes)]) -> Bytes {
+    let mut blob = Vec::with_capacity(events.iter().map(|(_, p)| p.len() + 12).sum());
+    for (kind, payload) in events {
+        blob.extend_from_slice(format!("{}{}:", *kind as u8, payload.len()).as_bytes());
+        blob.extend_from_slice(payload);
+    }
+    Bytes::from(blob)
+}
+
+/// The events of a stream stored whole, numbered from 1; `None` if the
+/// blob is not one [`encode_whole`] wrote.
+fn decode_whole(blob: Bytes) -> Option<Vec<StoredEvent>> {
+    let mut events = Vec::new();
+    let mut pos = 0;
+    while pos < blob.len() {
+        let kind = EventKind::from_u8(blob[pos].checked_sub(b'0')?)?;
+        let colon = pos + 1 + blob[pos + 1..].iter().position(|&b| b == b':')?;
+        let len: usize = std::str::from_utf8(&blob[pos + 1..colon]).ok()?.parse().ok()?;
+        let end = colon.checked_add(1 + len).filter(|&end| end <= blob.len())?;
+        events.push(StoredEvent { seq: events.len() as u64 + 1, kind, payload: blob.slice(colon + 1..end) });
+        pos = end;
+    }
+    Some(events)
 }
 
 impl RedisStore {
@@ -661,47 +745,43 @@ impl Store for RedisStore {
         self.append_batch(session, stream, vec![(kind, payload)]).await
     }
 
-    /// All events in one script: one round trip, numbered together (on a
-    /// cluster a second, the sharded announcement).
     async fn append_batch(&self, session: &str, stream: &str, events: Vec<(EventKind, Bytes)>) -> StoreResult<u64> {
-        if events.is_empty() {
-            return Err(StoreError::Backend("append_batch needs at least one event".into()));
-        }
-        let mut conn = self.conn.clone();
-        let base = self.base(session);
-        let channel = if self.conn.is_cluster() { String::new() } else { self.key(&["live"]) };
-        let mut invocation = self.scripts.append.prepare_invoke();
-        invocation.key(format!("{base}s")).arg(&base).arg(session).arg(stream).arg(self.cap).arg(channel);
-        for (kind, payload) in &events {
-            invocation.arg(*kind as u8).arg(payload.as_ref());
-        }
-        let first: i64 = invocation.invoke_async(&mut conn).await.map_err(unavailable)?;
-        if self.conn.is_cluster() {
-            let last = first as u64 + events.len() as u64 - 1;
-            if let Err(e) = self.announce_sharded(session, stream, last).await {
-                // Stored is what counts; other replicas' pumps poll the store too.
-                tracing::debug!(%session, error = %e, "could not announce an append");
-            }
-        }
-        Ok(first as u64)
+        self.append_events(session, stream, events, false).await
     }
 
+    /// A stream that starts with its final event is stored whole (`append.lua`).
+    async fn start_stream(&self, session: &str, stream: &str, events: Vec<(EventKind, Bytes)>) -> StoreResult<u64> {
+        self.append_events(session, stream, events, true).await
+    }
+
+    /// One round trip: the Redis Stream's entries after `after` and the
+    /// stream stored whole, whichever exists.
     async fn read_after(&self, session: &str, stream: &str, after: u64, limit: usize) -> StoreResult<Vec<StoredEvent>> {
         let mut conn = self.conn.clone();
-        // Read as a raw reply and taken apart by value: a replay reads
+        let base = self.base(session);
+        // Read as raw replies and taken apart by value: a replay reads
         // thousands of entries, and each payload is moved, not copied.
-        let reply: RValue = redis::cmd("XRANGE")
-            .arg(format!("{}e:{stream}", self.base(session)))
+        let (entries, whole): (RValue, RValue) = redis::pipe()
+            .cmd("XRANGE")
+            .arg(format!("{base}e:{stream}"))
             .arg(format!("(0-{after}"))
             .arg("+")
             .arg("COUNT")
             .arg(limit)
+            .cmd("GET")
+            .arg(format!("{base}d:{stream}"))
             .query_async(&mut conn)
             .await
             .map_err(unavailable)?;
         let corrupt = || StoreError::Corrupt(format!("an event of stream {stream} of session {session}"));
-        let RValue::Array(entries) = reply else { return Err(corrupt()) };
-        entries.into_iter().map(|entry| stored_event(entry).ok_or_else(corrupt)).collect()
+        match (entries, whole) {
+            (RValue::Array(entries), RValue::Nil) => entries.into_iter().map(|entry| stored_event(entry).ok_or_else(corrupt)).collect(),
+            (RValue::Array(entries), RValue::BulkString(blob)) if entries.is_empty() => {
+                let events = decode_whole(Bytes::from(blob)).ok_or_else(corrupt)?;
+                Ok(events.into_iter().filter(|e| e.seq > after).take(limit).collect())
+            }
+            _ => Err(corrupt()),
+        }
     }
 
     async fn open_streams(&self, session: &str) -> StoreResult<Vec<StreamSummary>> {
@@ -827,6 +907,41 @@ impl Store for RedisStore {
 }
 
 impl RedisStore {
+    /// One call of the append operation (`append.lua`), batched with other
+    /// appends on a single server (on a cluster a second round trip, the
+    /// sharded announcement). `fresh`: the caller has just named the stream.
+    async fn append_events(
+        &self,
+        session: &str,
+        stream: &str,
+        events: Vec<(EventKind, Bytes)>,
+        fresh: bool,
+    ) -> StoreResult<u64> {
+        let Some((last_kind, _)) = events.last() else {
+            return Err(StoreError::Backend("append_batch needs at least one event".into()));
+        };
+        let base = self.base(session);
+        let count = events.len() as u64;
+        let mut call =
+            Call::new().key(format!("{base}s")).arg(base).arg(session.to_owned()).arg(stream.to_owned()).num(self.cap);
+        call = if fresh && *last_kind == EventKind::Final {
+            call.arg("done").num(count).arg(encode_whole(&events))
+        } else {
+            events.into_iter().fold(call.arg("add"), |call, (kind, payload)| call.num(kind as u8).arg(payload))
+        };
+        let first = match self.append.call(call).await? {
+            RValue::Int(first) if first > 0 => first as u64,
+            other => return Err(StoreError::Corrupt(format!("an append to stream {stream} answered {other:?}"))),
+        };
+        if self.conn.is_cluster()
+            && let Err(e) = self.announce_sharded(session, stream, first + count - 1).await
+        {
+            // Stored is what counts; other replicas' pumps poll the store too.
+            tracing::debug!(%session, error = %e, "could not announce an append");
+        }
+        Ok(first)
+    }
+
     /// IDs in an index (by expiry) of sessions alive at `now_ms`, latest
     /// expiry first: `limit` of them from position `offset`.
     async fn live_ids(&self, index: &str, now_ms: i64, offset: usize, limit: usize) -> StoreResult<Vec<String>> {
@@ -845,7 +960,7 @@ impl RedisStore {
             .map_err(unavailable)
     }
 
-    /// Every stream of a session (`one` empty) or one of them, as the `streams` script reports them.
+    /// The open streams of a session (`one` empty) or one stream, as the `streams` script reports them.
     async fn stream_summaries(&self, session: &str, one: &str) -> StoreResult<Vec<StreamSummary>> {
         let mut conn = self.conn.clone();
         let base = self.base(session);
@@ -853,8 +968,6 @@ impl RedisStore {
             .scripts
             .streams
             .key(format!("{base}ss"))
-            .key(format!("{base}q"))
-            .key(format!("{base}f"))
             .arg(&base)
             .arg(one)
             .invoke_async(&mut conn)
@@ -874,6 +987,7 @@ impl RedisStore {
 
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
     use redis::Value as V;
 
     fn bulk(b: &[u8]) -> V {
@@ -899,6 +1013,34 @@ mod tests {
         ] {
             assert!(super::stored_event(bad.clone()).is_none(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn an_announcement_names_one_append_or_a_batch_of_them() {
+        let appends = super::parse_announcement(b"s1\nr-1\n3\ns2\n_\n9");
+        let seen: Vec<_> = appends.iter().map(|a| (a.session.as_str(), a.stream.as_str(), a.seq)).collect();
+        assert_eq!(seen, [("s1", "r-1", 3), ("s2", "_", 9)]);
+        assert_eq!(super::parse_announcement(b"s1\nr-1\n3").len(), 1);
+        for bad in [&b"s1\nr-1"[..], b"s1\nr-1\nx", b"s1\nr-1\n3\ns2", b"\xff\n_\n1"] {
+            assert!(super::parse_announcement(bad).is_empty(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_stream_stored_whole_reads_back_and_anything_else_is_refused() {
+        use crate::EventKind::{Final, Prime};
+        let events = vec![(Prime, Bytes::new()), (Final, Bytes::from_static(b"{\"a\":\"1:2\"}"))];
+        let blob = super::encode_whole(&events);
+        assert_eq!(&blob[..], &b"00:211:{\"a\":\"1:2\"}"[..]);
+        let back = super::decode_whole(blob).unwrap();
+        assert_eq!(back.iter().map(|e| (e.seq, e.kind, e.payload.clone())).collect::<Vec<_>>(), [
+            (1, Prime, Bytes::new()),
+            (2, Final, events[1].1.clone())
+        ]);
+        for bad in [&b"2"[..], b"25:abc", b"x1:a", b"9", b"2a:b", b"21:a2"] {
+            assert!(super::decode_whole(Bytes::from_static(bad)).is_none(), "{bad:?}");
+        }
+        assert_eq!(super::decode_whole(Bytes::new()).unwrap().len(), 0);
     }
 
     #[test]

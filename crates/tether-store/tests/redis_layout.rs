@@ -89,3 +89,65 @@ async fn keys_of_the_untagged_layout_are_converted_at_open() {
         let _: i64 = q("DEL").arg(key).query_async(&mut conn).await.unwrap();
     }
 }
+
+/// Layout 2 listed every stream of a session in `ss`, with its last seq in
+/// `q` and its finished flag in `f`; layout 3 lists open streams only and
+/// numbers from the event stream itself.
+#[tokio::test]
+async fn per_stream_hashes_of_layout_2_are_folded_at_open() {
+    let url = redis_url();
+    let p = format!("tether-test:{}:layout2:", std::process::id());
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap_or_else(|e| {
+        panic!("Redis is needed for this test and is not reachable at {url}: {e}. Run scripts/test (it starts Redis).")
+    });
+    let q = |cmd: &str| redis::cmd(cmd);
+    let expires = now_ms() + 600_000;
+    let b = format!("{p}{{s2}}:");
+    let _: () = q("HSET")
+        .arg(format!("{b}s"))
+        .arg(&["principal", "alice", "created", "1", "expires", &expires.to_string(), "revision", "1", "state", "{}"][..])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = q("ZADD").arg(format!("{p}sx")).arg(expires).arg("s2").query_async(&mut conn).await.unwrap();
+    // `g` open with two events, `r` finished (its second event final).
+    for (stream, last_kind) in [("g", 1), ("r", 2)] {
+        for (seq, kind) in [(1, 1), (2, last_kind)] {
+            let _: String = q("XADD")
+                .arg(format!("{b}e:{stream}"))
+                .arg(format!("0-{seq}"))
+                .arg("k")
+                .arg(kind)
+                .arg("p")
+                .arg(format!("{stream}{seq}"))
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        }
+        let _: () = q("SADD").arg(format!("{b}ss")).arg(stream).query_async(&mut conn).await.unwrap();
+        let _: () = q("HSET").arg(format!("{b}q")).arg(stream).arg(2).query_async(&mut conn).await.unwrap();
+    }
+    let _: () = q("HSET").arg(format!("{b}f")).arg("r").arg(1).query_async(&mut conn).await.unwrap();
+    let _: () = q("SET").arg(format!("{p}layout")).arg(2).query_async(&mut conn).await.unwrap();
+
+    let store = RedisStore::open(&url, StoreConfig { redis_prefix: p.clone(), ..StoreConfig::default() }).await.unwrap();
+    assert!(!store.upgraded_from_earlier_layout(), "layout 2 is not the untagged layout");
+    let open: Vec<String> = store.open_streams("s2").await.unwrap().into_iter().map(|s| s.stream).collect();
+    assert_eq!(open, ["g"], "only the stream without a final event is open");
+    let r = store.stream("s2", "r").await.unwrap().expect("the finished stream is kept");
+    assert_eq!((r.first_seq, r.last_seq, r.finished), (1, 2, true));
+    assert_eq!(store.append("s2", "g", EventKind::Final, Bytes::from_static(b"g3")).await.unwrap(), 3, "numbering goes on");
+    assert!(store.open_streams("s2").await.unwrap().is_empty());
+    for gone in ["q", "f"] {
+        let exists: i64 = q("EXISTS").arg(format!("{b}{gone}")).query_async(&mut conn).await.unwrap();
+        assert_eq!(exists, 0, "{gone} is folded away");
+    }
+    let layout: i64 = q("GET").arg(format!("{p}layout")).query_async(&mut conn).await.unwrap();
+    assert_eq!(layout, 3);
+
+    let keys: Vec<String> = q("KEYS").arg(format!("{p}*")).query_async(&mut conn).await.unwrap();
+    for key in keys {
+        let _: i64 = q("DEL").arg(key).query_async(&mut conn).await.unwrap();
+    }
+}

@@ -15,26 +15,35 @@
 //! | `Pnb:r:{principal}\n{root}` | zset | session ids of one root by update time |
 
 use async_trait::async_trait;
-use redis::{AsyncCommands, Script};
-use tether_store::redis::{RedisConn, hash_tag};
+use redis::AsyncCommands;
+use tether_store::redis::{BatchedOp, Call, RedisConn, hash_tag};
 
 use super::{NotebookRepo, NotebookSession, RepoError, SearchHit, SessionFilter, StoredThought};
 use crate::thought::{Recorded, ThoughtInput};
 
+/// Appends a thought: an operation of a batch (`tether_store::redis::BatchedOp`).
+/// keys: the session hash, its thoughts, its branches, then on a single
+/// server the principal's index and the beginning of the root's index key.
+/// args: principal, thought (JSON), branch or '', now ms, session id.
+/// Returns {thoughts, branches, root, 1 if the indexes were updated here}, or
+/// false if the session is not the principal's.
 const APPEND: &str = r#"
-if redis.call('HGET', KEYS[1], 'principal') ~= ARGV[1] then return false end
-local n = redis.call('RPUSH', KEYS[2], ARGV[2])
-if ARGV[3] ~= '' then redis.call('SADD', KEYS[3], ARGV[3]) end
-local bc = redis.call('SCARD', KEYS[3])
-redis.call('HSET', KEYS[1], 'thoughts', n, 'branches', bc, 'updated', ARGV[4])
-local root = redis.call('HGET', KEYS[1], 'root') or ''
--- On a single server the indexes are updated here (KEYS[4], and the root's
--- key from KEYS[5]); on a cluster they are in other slots: the caller's.
-if KEYS[4] then
-  redis.call('ZADD', KEYS[4], ARGV[4], ARGV[5])
-  if root ~= '' then redis.call('ZADD', KEYS[5]..root, ARGV[4], ARGV[5]) end
+local function op(keys, args, notes)
+  local owner = redis.call('HMGET', keys[1], 'principal', 'root')
+  if owner[1] ~= args[1] then return false end
+  local n = redis.call('RPUSH', keys[2], args[2])
+  if args[3] ~= '' then redis.call('SADD', keys[3], args[3]) end
+  local branches = redis.call('SMEMBERS', keys[3])
+  redis.call('HSET', keys[1], 'thoughts', n, 'branches', #branches, 'updated', args[4])
+  local root = owner[2] or ''
+  -- On a single server the indexes are updated here; on a cluster they are
+  -- in other slots: the caller's.
+  if keys[4] then
+    redis.call('ZADD', keys[4], args[4], args[5])
+    if root ~= '' then redis.call('ZADD', keys[5]..root, args[4], args[5]) end
+  end
+  return {n, branches, root, keys[4] and 1 or 0}
 end
-return {n, redis.call('SMEMBERS', KEYS[3]), root, KEYS[4] and 1 or 0}
 "#;
 
 /// Sessions read per page while filtering by tag.
@@ -43,12 +52,14 @@ const PAGE: isize = 200;
 pub struct RedisNotebook {
     conn: RedisConn,
     prefix: String,
-    append: Script,
+    /// Thoughts, in batches on a single server.
+    append: BatchedOp,
 }
 
 impl RedisNotebook {
     pub fn new(conn: RedisConn, store_prefix: &str) -> Self {
-        Self { conn, prefix: format!("{store_prefix}nb:"), append: Script::new(APPEND) }
+        let append = BatchedOp::new(conn.clone(), APPEND, "");
+        Self { conn, prefix: format!("{store_prefix}nb:"), append }
     }
 
     /// A key of notebook session `id` (`s`, `t`, `b`), in its slot.
@@ -162,19 +173,19 @@ impl NotebookRepo for RedisNotebook {
     }
 
     async fn append_thought(&self, principal: &str, session_id: &str, thought: &ThoughtInput) -> Result<Recorded, RepoError> {
-        let mut conn = self.conn.clone();
         let body = serde_json::to_string(&StoredThought { input: thought.clone(), recorded_at_ms: tether_store::now_ms() })
             .map_err(|e| RepoError::Storage(e.to_string()))?;
         let branch = thought.branch().map(|(b, _)| b.to_owned()).unwrap_or_default();
         let now = tether_store::now_ms();
-        let mut invocation = self.append.key(self.k("s", session_id));
-        invocation.key(self.k("t", session_id)).key(self.k("b", session_id));
+        let mut call = Call::new().key(self.k("s", session_id)).key(self.k("t", session_id)).key(self.k("b", session_id));
         if !self.conn.is_cluster() {
-            // One round trip: the script updates the indexes too.
-            invocation.key(self.principal_key(principal)).key(format!("{}r:{principal}\n", self.prefix));
+            // The batch updates the indexes too.
+            call = call.key(self.principal_key(principal)).key(format!("{}r:{principal}\n", self.prefix));
         }
+        let call = call.arg(principal.to_owned()).arg(body).arg(branch).num(now).arg(session_id.to_owned());
+        let answer = self.append.call(call).await.map_err(|e| RepoError::Storage(e.to_string()))?;
         let answer: Option<(u64, Vec<String>, String, u8)> =
-            invocation.arg(principal).arg(body).arg(branch).arg(now).arg(session_id).invoke_async(&mut conn).await?;
+            redis::from_redis_value(answer).map_err(|e| RepoError::Storage(format!("a thought's append answered: {e}")))?;
         let (n, mut branches, root, indexed) = answer.ok_or_else(|| RepoError::NotFound(session_id.to_owned()))?;
         if indexed == 0 {
             self.index(principal, &root, session_id, now).await?;

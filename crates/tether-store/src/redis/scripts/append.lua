@@ -1,39 +1,64 @@
 -- Appends events to a session's stream, numbered after its last one, in
--- one step (a batch is one round trip): each is a Redis Stream entry with
--- ID 0-{seq}, the stream capped at its newest `cap` entries; a final event
--- (kind 2) marks the stream finished. The stream's keys expire with the
--- session (an hour if it has none). On a single server the batch is
--- announced here, on `channel`, as "{session}\n{stream}\n{last seq}"; on a
--- cluster (`channel` '') the caller announces it on a sharded channel.
--- KEYS[1]: the session hash (`P{id}:s`; every key used is in its slot).
--- ARGV: key base (`P{id}:`), session id, stream, cap, channel or '', then kind and payload of each event.
+-- one step. An operation of a batch (`redis/batch.rs`); records.lua comes
+-- first.
+-- A stream that starts with its final event (a quick request's answer,
+-- mode 'done') is stored whole as one string, `P{id}:d:{stream}`
+-- (records.lua), unless the stream exists: a Redis Stream key costs its
+-- server a 4 KiB node. Any other append goes to a Redis Stream,
+-- `P{id}:e:{stream}`, each event an entry with ID 0-{seq} (`0-*`: Redis
+-- numbers it after the stream's last ID, which trimming keeps), capped at
+-- its newest `cap` entries; a stream stored whole that gets more events is
+-- moved there first. A stream whose last event is not final (kind 2) is
+-- open: it is listed in `ss` and expires with the session
+-- (touch_session.lua moves it). A final event closes it: it leaves `ss` and
+-- keeps the session's expiry of that moment (kept for replay about one
+-- session TTL, then gone on its own). Leaves the announcement
+-- "{session}\n{stream}\n{last seq}" in `notes` (published once per batch;
+-- on a cluster the caller announces it on a sharded channel).
+-- keys: the session hash (`P{id}:s`; every key used is in its slot).
+-- args: key base (`P{id}:`), session id, stream, cap, then either 'done',
+-- the number of events and the events as records.lua reads them, or 'add'
+-- and the kind and payload of each event.
 -- Returns the first event's seq.
-local b, id, s, cap, channel = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local n = (#ARGV - 5) / 2
-local first = redis.call('HINCRBY', b..'q', s, n) - n + 1
-local key = b..'e:'..s
-local finished = false
-for i = 0, n - 1 do
-  local kind = ARGV[6 + 2 * i]
-  redis.call('XADD', key, 'MAXLEN', cap, '0-'..(first + i), 'k', kind, 'p', ARGV[7 + 2 * i])
-  if kind == '2' then
-    redis.call('HSET', b..'f', s, 1)
-    finished = true
+local function op(keys, args, notes)
+  local b, id, s, cap, mode = args[1], args[2], args[3], args[4], args[5]
+  local key, whole = b..'e:'..s, b..'d:'..s
+  local e = redis.call('HGET', keys[1], 'expires')
+  local function expire(k)
+    if e then redis.call('PEXPIREAT', k, e) else redis.call('PEXPIRE', k, 3600000) end
   end
+  if mode == 'done' and redis.call('EXISTS', key, whole) == 0 then
+    redis.call('SET', whole, args[7])
+    expire(whole)
+    notes[#notes + 1] = id..'\n'..s..'\n'..args[6]
+    return 1
+  end
+  local events = {}
+  if mode == 'done' then
+    events = records(args[7])
+  else
+    for i = 6, #args, 2 do events[#events + 1] = {args[i], args[i + 1]} end
+  end
+  local stored = redis.call('GET', whole)
+  if stored then
+    for _, r in ipairs(records(stored)) do
+      redis.call('XADD', key, 'MAXLEN', cap, '0-*', 'k', r[1], 'p', r[2])
+    end
+    redis.call('DEL', whole)
+  end
+  local first, last, kind
+  for _, r in ipairs(events) do
+    kind = r[1]
+    last = tonumber(string.sub(redis.call('XADD', key, 'MAXLEN', cap, '0-*', 'k', kind, 'p', r[2]), 3))
+    first = first or last
+  end
+  expire(key)
+  if kind ~= '2' then
+    redis.call('SADD', b..'ss', s)
+    expire(b..'ss')
+  elseif first > 1 then
+    redis.call('SREM', b..'ss', s)
+  end
+  notes[#notes + 1] = id..'\n'..s..'\n'..last
+  return first
 end
-redis.call('SADD', b..'ss', s)
-local e = redis.call('HGET', KEYS[1], 'expires')
--- The per-session keys carry the session's expiry from their first write on
--- (touch_session.lua moves them all together): set it on those this script
--- created, found by their missing TTL, and on the event stream.
-local keys = {key}
-if redis.call('PTTL', b..'ss') < 0 then
-  keys = {key, b..'ss', b..'q', b..'f'}
-elseif finished and redis.call('PTTL', b..'f') < 0 then
-  keys = {key, b..'f'}
-end
-for _, k in ipairs(keys) do
-  if e then redis.call('PEXPIREAT', k, e) else redis.call('PEXPIRE', k, 3600000) end
-end
-if channel ~= '' then redis.call('PUBLISH', channel, id..'\n'..s..'\n'..(first + n - 1)) end
-return first

@@ -1,26 +1,27 @@
--- Summaries of a session's streams, or of one of them.
--- KEYS[1..3]: the session's stream names set, last-seq hash and finished
--- hash (`P{id}:ss`, `:q`, `:f`; one slot).
--- ARGV: key base (`P{id}:`, for the event streams `P{id}:e:NAME`), a stream name or '' for all.
--- Returns {name, first seq, last seq, finished 0/1} per stream (unordered);
--- first is last + 1 when the stream holds no events.
+-- Summaries of a session's open streams, or of one stream (open or
+-- finished, in a Redis Stream or stored whole). records.lua comes first.
+-- KEYS[1]: the session's set of open streams (`P{id}:ss`).
+-- ARGV: key base (`P{id}:`, for the event streams `P{id}:e:NAME` and
+-- `P{id}:d:NAME`), a stream name or '' for the open ones.
+-- Returns {name, first seq, last seq, finished 0/1} per stream (unordered).
 local b, one = ARGV[1], ARGV[2]
 local names
-if one == '' then
-  names = redis.call('SMEMBERS', KEYS[1])
-elseif redis.call('SISMEMBER', KEYS[1], one) == 1 then
-  -- One stream: no walk over all of a long session's streams.
-  names = {one}
-else
-  names = {}
-end
+if one == '' then names = redis.call('SMEMBERS', KEYS[1]) else names = {one} end
 local out = {}
 for _, s in ipairs(names) do
-  local last = tonumber(redis.call('HGET', KEYS[2], s) or '0')
-  local first = last + 1
-  local head = redis.call('XRANGE', b..'e:'..s, '-', '+', 'COUNT', 1)
-  if head[1] then first = tonumber(string.sub(head[1][1], 3)) end
-  local fin = redis.call('HGET', KEYS[3], s) and 1 or 0
-  table.insert(out, {s, first, last, fin})
+  local key = b..'e:'..s
+  local head = redis.call('XRANGE', key, '-', '+', 'COUNT', 1)[1]
+  local tail = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)[1]
+  if head and tail then
+    -- An entry is {id, {'k', kind, 'p', payload}}.
+    local fin = tail[2][2] == '2' and 1 or 0
+    table.insert(out, {s, tonumber(string.sub(head[1], 3)), tonumber(string.sub(tail[1], 3)), fin})
+  else
+    local stored = redis.call('GET', b..'d:'..s)
+    if stored then
+      local events = records(stored)
+      table.insert(out, {s, 1, #events, events[#events][1] == '2' and 1 or 0})
+    end
+  end
 end
 return out

@@ -1,5 +1,6 @@
 -- Moves a session's expiry forward (never back) and every key of the
--- session with it: its hash, its event streams and their per-stream hashes.
+-- session with it: its hash, its open event streams, their set, its cursors
+-- (finished streams keep theirs: see append.lua).
 -- The by-principal and by-expiry entries are the caller's next step.
 -- KEYS[1]: the session hash (`P{id}:s`).
 -- ARGV: key base (`P{id}:`), expires ms.
@@ -13,5 +14,5 @@ local at = string.format('%d', new)
 redis.call('HSET', k, 'expires', at)
 redis.call('PEXPIREAT', k, at)
 for _, s in ipairs(redis.call('SMEMBERS', b..'ss')) do redis.call('PEXPIREAT', b..'e:'..s, at) end
-for _, x in ipairs({'ss', 'q', 'f', 'c'}) do redis.call('PEXPIREAT', b..x, at) end
+for _, x in ipairs({'ss', 'c'}) do redis.call('PEXPIREAT', b..x, at) end
 return {redis.call('HGET', k, 'principal'), at}

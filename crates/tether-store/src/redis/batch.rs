@@ -1,0 +1,239 @@
+//! Group commit on Redis: many concurrent calls of one scripted operation
+//! (an append, a thought) run as one script call.
+//!
+//! What a Redis call costs its server is mostly not the work inside it: the
+//! command is parsed, the script looked up and its `KEYS`/`ARGV` tables
+//! built, the reply encoded, and the socket read and written. Run one by
+//! one, 64 concurrent `tools/call`s spent more of Redis's CPU on that than on
+//! their writes. A [`BatchedOp`] queues calls while the previous batch is on
+//! the wire and sends what it gathered as one `EVALSHA` that runs the
+//! operation once per call, each under `pcall` (one call's failure is its
+//! own), and publishes the announcements the calls left (`notes`) as one
+//! message.
+//!
+//! On a single server only: a Redis Cluster runs a script on one slot, so
+//! there each call is its own script call (the same script, one operation,
+//! its keys declared), sent at once.
+//!
+//! The operation is Lua source defining `local function op(keys, args, notes)`:
+//! `keys` and `args` are its inputs (tables of strings), `notes` a table it
+//! may add announcement lines to. The batch's `ARGV` is the announcement
+//! channel (or `''`), then per call: its key count, its argument count, its
+//! keys, its arguments. The reply has one `{1, result}` or `{0, message}` per call.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use redis::{Script, Value as RValue};
+use tokio::sync::{mpsc, oneshot};
+
+use super::{RedisConn, unavailable};
+use crate::{StoreError, StoreResult};
+
+/// Calls waiting for the next batch; beyond this, callers wait (backpressure).
+const QUEUE: usize = 4096;
+/// Calls in one batch at most...
+const MAX_CALLS: usize = 256;
+/// ...and bytes of input (a call that crosses it is the batch's last).
+const MAX_BYTES: usize = 1 << 20;
+
+/// The loop every batch runs, around the operation's source.
+const DRIVER: &str = r#"
+local out, notes, i, n = {}, {}, 2, #ARGV
+while i <= n do
+  local nk, na = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
+  local keys, args = {}, {}
+  for j = 1, nk do keys[j] = ARGV[i + 1 + j] end
+  for j = 1, na do args[j] = ARGV[i + 1 + nk + j] end
+  local ok, r = pcall(op, keys, args, notes)
+  if ok then
+    out[#out + 1] = {1, r}
+  else
+    out[#out + 1] = {0, type(r) == 'table' and r.err or tostring(r)}
+  end
+  i = i + 2 + nk + na
+end
+if ARGV[1] ~= '' and #notes > 0 then redis.call('PUBLISH', ARGV[1], table.concat(notes, '\n')) end
+return out
+"#;
+
+/// One call: the operation's keys and arguments.
+#[derive(Debug, Default)]
+pub struct Call {
+    keys: Vec<Bytes>,
+    args: Vec<Bytes>,
+}
+
+impl Call {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn key(mut self, key: impl Into<Bytes>) -> Self {
+        self.keys.push(key.into());
+        self
+    }
+
+    pub fn arg(mut self, arg: impl Into<Bytes>) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+
+    /// A number, as Redis reads it.
+    pub fn num(self, n: impl std::fmt::Display) -> Self {
+        self.arg(Bytes::from(n.to_string()))
+    }
+
+    fn size(&self) -> usize {
+        self.keys.iter().chain(&self.args).map(|b| b.len() + 16).sum()
+    }
+}
+
+struct Job {
+    call: Call,
+    reply: oneshot::Sender<StoreResult<RValue>>,
+}
+
+/// One scripted operation, run in batches on a single server.
+#[derive(Clone)]
+pub struct BatchedOp {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: RedisConn,
+    script: Script,
+    /// Where the batch publishes its notes: `''` for nowhere.
+    channel: Bytes,
+    /// The queue of the batching task; `None` on a cluster.
+    queue: Option<mpsc::Sender<Job>>,
+}
+
+impl BatchedOp {
+    /// `op` is the operation's Lua source (see the module's doc). On a
+    /// single server this starts the batching task, which ends when the last
+    /// clone is dropped; `channel` receives the batch's notes (`''`: none).
+    pub fn new(conn: RedisConn, op: &str, channel: &str) -> Self {
+        let script = Script::new(&format!("{op}\n{DRIVER}"));
+        let channel = Bytes::copy_from_slice(channel.as_bytes());
+        let queue = (!conn.is_cluster()).then(|| {
+            let (tx, rx) = mpsc::channel(QUEUE);
+            tokio::spawn(run(conn.clone(), script.clone(), channel.clone(), rx));
+            tx
+        });
+        Self { inner: Arc::new(Inner { conn, script, channel, queue }) }
+    }
+
+    /// Runs one call of the operation and returns its result.
+    pub async fn call(&self, call: Call) -> StoreResult<RValue> {
+        let Some(queue) = &self.inner.queue else {
+            let mut conn = self.inner.conn.clone();
+            let mut invocation = self.inner.script.prepare_invoke();
+            for key in &call.keys {
+                invocation.key(key.as_ref());
+            }
+            invocation.arg(self.inner.channel.as_ref());
+            push_call(&mut invocation, &call);
+            let reply: RValue = invocation.invoke_async(&mut conn).await.map_err(unavailable)?;
+            return one_result(results(reply, 1)?.pop());
+        };
+        let (reply, answer) = oneshot::channel();
+        queue
+            .send(Job { call, reply })
+            .await
+            .map_err(|_| StoreError::Unavailable("the Redis batching task has stopped".into()))?;
+        answer.await.map_err(|_| StoreError::Unavailable("the Redis batching task has stopped".into()))?
+    }
+}
+
+fn push_call(invocation: &mut redis::ScriptInvocation<'_>, call: &Call) {
+    invocation.arg(call.keys.len()).arg(call.args.len());
+    for part in call.keys.iter().chain(&call.args) {
+        invocation.arg(part.as_ref());
+    }
+}
+
+/// Takes what is queued (at least one call), runs it as one batch, answers
+/// each caller; until every sender is gone.
+async fn run(conn: RedisConn, script: Script, channel: Bytes, mut queue: mpsc::Receiver<Job>) {
+    let mut batch: Vec<Job> = Vec::with_capacity(MAX_CALLS);
+    while let Some(first) = queue.recv().await {
+        let mut bytes = first.call.size();
+        batch.push(first);
+        while batch.len() < MAX_CALLS && bytes < MAX_BYTES {
+            let Ok(next) = queue.try_recv() else { break };
+            bytes += next.call.size();
+            batch.push(next);
+        }
+        let started = Instant::now();
+        let outcome = run_batch(&conn, &script, &channel, &batch).await;
+        if let Some(observer) = crate::observe::observer() {
+            observer.commit(started.elapsed(), batch.len());
+        }
+        match outcome {
+            Ok(answers) => {
+                for (job, answer) in batch.drain(..).zip(answers) {
+                    let _ = job.reply.send(one_result(Some(answer)));
+                }
+            }
+            Err(e) => {
+                for job in batch.drain(..) {
+                    let _ = job.reply.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+}
+
+async fn run_batch(conn: &RedisConn, script: &Script, channel: &Bytes, batch: &[Job]) -> StoreResult<Vec<RValue>> {
+    let mut conn = conn.clone();
+    let mut invocation = script.prepare_invoke();
+    invocation.arg(channel.as_ref());
+    for job in batch {
+        push_call(&mut invocation, &job.call);
+    }
+    let reply: RValue = invocation.invoke_async(&mut conn).await.map_err(unavailable)?;
+    results(reply, batch.len())
+}
+
+/// The batch's reply as one `{ok, value}` pair per call, `count` of them.
+fn results(reply: RValue, count: usize) -> StoreResult<Vec<RValue>> {
+    match reply {
+        RValue::Array(answers) if answers.len() == count => Ok(answers),
+        other => Err(StoreError::Corrupt(format!("a Redis batch of {count} calls answered {other:?}"))),
+    }
+}
+
+/// `{1, result}` → the result; `{0, message}` → the operation's error.
+fn one_result(answer: Option<RValue>) -> StoreResult<RValue> {
+    let RValue::Array(pair) = answer.ok_or_else(|| StoreError::Corrupt("a Redis batch lost a call".into()))? else {
+        return Err(StoreError::Corrupt("a Redis batch answered a call with something else".into()));
+    };
+    let mut pair = pair.into_iter();
+    match (pair.next(), pair.next()) {
+        (Some(RValue::Int(1)), value) => Ok(value.unwrap_or(RValue::Nil)),
+        (Some(RValue::Int(0)), Some(RValue::BulkString(message))) => {
+            crate::observe::error();
+            Err(StoreError::Backend(format!("redis: {}", String::from_utf8_lossy(&message))))
+        }
+        _ => Err(StoreError::Corrupt("a Redis batch answered a call with something else".into())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_answers_its_value_or_its_error() {
+        let pair = |v: Vec<RValue>| Some(RValue::Array(v));
+        assert_eq!(one_result(pair(vec![RValue::Int(1), RValue::Int(7)])).unwrap(), RValue::Int(7));
+        assert_eq!(one_result(pair(vec![RValue::Int(1)])).unwrap(), RValue::Nil);
+        let failed = one_result(pair(vec![RValue::Int(0), RValue::BulkString(b"WRONGTYPE".to_vec())]));
+        assert!(matches!(failed, Err(StoreError::Backend(m)) if m.contains("WRONGTYPE")));
+        assert!(matches!(one_result(None), Err(StoreError::Corrupt(_))));
+        assert!(matches!(one_result(Some(RValue::Int(1))), Err(StoreError::Corrupt(_))));
+        assert!(results(RValue::Array(vec![]), 1).is_err());
+    }
+}
