@@ -213,7 +213,10 @@ pub async fn append_ordering_and_read_after(store: &Arc<dyn Store>) {
     let quick = vec![(EventKind::Prime, Bytes::from_static(b"p4")), (EventKind::Final, Bytes::from_static(b"f4"))];
     assert_eq!(store.start_stream("s", "r4", quick).await.unwrap(), 1);
     let r4 = store.read_after("s", "r4", 1, 10).await.unwrap();
-    assert_eq!(r4.iter().map(|e| (e.seq, e.kind, e.payload.clone())).collect::<Vec<_>>(), [(2, EventKind::Final, Bytes::from("f4"))]);
+    assert_eq!(
+        r4.iter().map(|e| (e.seq, e.kind, e.payload.clone())).collect::<Vec<_>>(),
+        [(2, EventKind::Final, Bytes::from("f4"))]
+    );
     assert_eq!(store.read_after("s", "r4", 0, 1).await.unwrap().len(), 1);
     let summary = store.stream("s", "r4").await.unwrap().unwrap();
     assert_eq!((summary.first_seq, summary.last_seq, summary.finished), (1, 2, true));

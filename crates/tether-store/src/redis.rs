@@ -234,8 +234,7 @@ impl RedisStore {
         alive: Arc<Listener>,
     ) -> StoreResult<Self> {
         let channel = if conn.is_cluster() { String::new() } else { format!("{prefix}live") };
-        let append =
-            BatchedOp::new(conn.clone(), &format!("{RECORDS}\n{}", include_str!("redis/scripts/append.lua")), &channel);
+        let append = BatchedOp::new(conn.clone(), &format!("{RECORDS}\n{}", include_str!("redis/scripts/append.lua")), &channel);
         let mut store = Self {
             upgraded: false,
             append,
@@ -775,7 +774,9 @@ impl Store for RedisStore {
             .map_err(unavailable)?;
         let corrupt = || StoreError::Corrupt(format!("an event of stream {stream} of session {session}"));
         match (entries, whole) {
-            (RValue::Array(entries), RValue::Nil) => entries.into_iter().map(|entry| stored_event(entry).ok_or_else(corrupt)).collect(),
+            (RValue::Array(entries), RValue::Nil) => {
+                entries.into_iter().map(|entry| stored_event(entry).ok_or_else(corrupt)).collect()
+            }
             (RValue::Array(entries), RValue::BulkString(blob)) if entries.is_empty() => {
                 let events = decode_whole(Bytes::from(blob)).ok_or_else(corrupt)?;
                 Ok(events.into_iter().filter(|e| e.seq > after).take(limit).collect())
@@ -910,20 +911,13 @@ impl RedisStore {
     /// One call of the append operation (`append.lua`), batched with other
     /// appends on a single server (on a cluster a second round trip, the
     /// sharded announcement). `fresh`: the caller has just named the stream.
-    async fn append_events(
-        &self,
-        session: &str,
-        stream: &str,
-        events: Vec<(EventKind, Bytes)>,
-        fresh: bool,
-    ) -> StoreResult<u64> {
+    async fn append_events(&self, session: &str, stream: &str, events: Vec<(EventKind, Bytes)>, fresh: bool) -> StoreResult<u64> {
         let Some((last_kind, _)) = events.last() else {
             return Err(StoreError::Backend("append_batch needs at least one event".into()));
         };
         let base = self.base(session);
         let count = events.len() as u64;
-        let mut call =
-            Call::new().key(format!("{base}s")).arg(base).arg(session.to_owned()).arg(stream.to_owned()).num(self.cap);
+        let mut call = Call::new().key(format!("{base}s")).arg(base).arg(session.to_owned()).arg(stream.to_owned()).num(self.cap);
         call = if fresh && *last_kind == EventKind::Final {
             call.arg("done").num(count).arg(encode_whole(&events))
         } else {
@@ -1033,10 +1027,10 @@ mod tests {
         let blob = super::encode_whole(&events);
         assert_eq!(&blob[..], &b"00:211:{\"a\":\"1:2\"}"[..]);
         let back = super::decode_whole(blob).unwrap();
-        assert_eq!(back.iter().map(|e| (e.seq, e.kind, e.payload.clone())).collect::<Vec<_>>(), [
-            (1, Prime, Bytes::new()),
-            (2, Final, events[1].1.clone())
-        ]);
+        assert_eq!(
+            back.iter().map(|e| (e.seq, e.kind, e.payload.clone())).collect::<Vec<_>>(),
+            [(1, Prime, Bytes::new()), (2, Final, events[1].1.clone())]
+        );
         for bad in [&b"2"[..], b"25:abc", b"x1:a", b"9", b"2a:b", b"21:a2"] {
             assert!(super::decode_whole(Bytes::from_static(bad)).is_none(), "{bad:?}");
         }
