@@ -22,27 +22,31 @@ use super::{NotebookRepo, NotebookSession, RepoError, SearchHit, SessionFilter, 
 use crate::thought::{Recorded, ThoughtInput};
 
 /// Appends a thought: an operation of a batch (`tether_store::redis::BatchedOp`).
-/// keys: the session hash, its thoughts, its branches, then on a single
-/// server the principal's index and the beginning of the root's index key.
-/// args: principal, thought (JSON), branch or '', now ms, session id.
+/// Keys (`ARGV[k + 1]`…): the session hash, its thoughts, its branches, then
+/// on a single server the principal's index and the beginning of the root's
+/// index key. Arguments (`ARGV[a + 1]`…): principal, thought (JSON), branch
+/// or '', now ms, session id.
 /// Returns {thoughts, branches, root, 1 if the indexes were updated here}, or
 /// false if the session is not the principal's.
 const APPEND: &str = r#"
-local function op(keys, args, notes)
-  local owner = redis.call('HMGET', keys[1], 'principal', 'root')
-  if owner[1] ~= args[1] then return false end
-  local n = redis.call('RPUSH', keys[2], args[2])
-  if args[3] ~= '' then redis.call('SADD', keys[3], args[3]) end
-  local branches = redis.call('SMEMBERS', keys[3])
-  redis.call('HSET', keys[1], 'thoughts', n, 'branches', #branches, 'updated', args[4])
+local function op(k, a, n, notes)
+  local session, thoughts, branch_set = ARGV[k + 1], ARGV[k + 2], ARGV[k + 3]
+  local now, id = ARGV[a + 4], ARGV[a + 5]
+  local owner = redis.call('HMGET', session, 'principal', 'root')
+  if owner[1] ~= ARGV[a + 1] then return false end
+  local count = redis.call('RPUSH', thoughts, ARGV[a + 2])
+  if ARGV[a + 3] ~= '' then redis.call('SADD', branch_set, ARGV[a + 3]) end
+  local branches = redis.call('SMEMBERS', branch_set)
+  redis.call('HSET', session, 'thoughts', count, 'branches', #branches, 'updated', now)
   local root = owner[2] or ''
   -- On a single server the indexes are updated here; on a cluster they are
   -- in other slots: the caller's.
-  if keys[4] then
-    redis.call('ZADD', keys[4], args[4], args[5])
-    if root ~= '' then redis.call('ZADD', keys[5]..root, args[4], args[5]) end
+  local indexed = a - k > 3
+  if indexed then
+    redis.call('ZADD', ARGV[k + 4], now, id)
+    if root ~= '' then redis.call('ZADD', ARGV[k + 5]..root, now, id) end
   end
-  return {n, branches, root, keys[4] and 1 or 0}
+  return {count, branches, root, indexed and 1 or 0}
 end
 "#;
 

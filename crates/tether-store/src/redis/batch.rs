@@ -15,11 +15,14 @@
 //! there each call is its own script call (the same script, one operation,
 //! its keys declared), sent at once.
 //!
-//! The operation is Lua source defining `local function op(keys, args, notes)`:
-//! `keys` and `args` are its inputs (tables of strings), `notes` a table it
-//! may add announcement lines to. The batch's `ARGV` is the announcement
-//! channel (or `''`), then per call: its key count, its argument count, its
-//! keys, its arguments. The reply has one `{1, result}` or `{0, message}` per call.
+//! The operation is Lua source defining `local function op(k, a, n, notes)`:
+//! its keys are `ARGV[k + 1]`, `ARGV[k + 2]`…, its `n` arguments `ARGV[a + 1]`
+//! … `ARGV[a + n]` (read in place: building tables per call cost Redis more
+//! than the calls' own commands), and `notes` a table it may add
+//! announcement lines to. The batch's `ARGV` is the announcement channel (or
+//! `''`), then per call: its key count, its argument count, its keys, its
+//! arguments. The reply is flat: `1, result` or `0, message` per call (a
+//! nested table per call cost more too).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -43,14 +46,15 @@ const DRIVER: &str = r#"
 local out, notes, i, n = {}, {}, 2, #ARGV
 while i <= n do
   local nk, na = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
-  local keys, args = {}, {}
-  for j = 1, nk do keys[j] = ARGV[i + 1 + j] end
-  for j = 1, na do args[j] = ARGV[i + 1 + nk + j] end
-  local ok, r = pcall(op, keys, args, notes)
+  local ok, r = pcall(op, i + 1, i + 1 + nk, na, notes)
   if ok then
-    out[#out + 1] = {1, r}
+    -- false, not nil: a nil would not take its place in the reply.
+    if r == nil then r = false end
+    out[#out + 1] = 1
+    out[#out + 1] = r
   else
-    out[#out + 1] = {0, type(r) == 'table' and r.err or tostring(r)}
+    out[#out + 1] = 0
+    out[#out + 1] = type(r) == 'table' and r.err or tostring(r)
   end
   i = i + 2 + nk + na
 end
@@ -136,7 +140,7 @@ impl BatchedOp {
             invocation.arg(self.inner.channel.as_ref());
             push_call(&mut invocation, &call);
             let reply: RValue = invocation.invoke_async(&mut conn).await.map_err(unavailable)?;
-            return one_result(results(reply, 1)?.pop());
+            return results(reply, 1)?.pop().unwrap_or_else(|| Err(StoreError::Corrupt("a Redis batch lost a call".into())));
         };
         let (reply, answer) = oneshot::channel();
         queue
@@ -174,7 +178,7 @@ async fn run(conn: RedisConn, script: Script, channel: Bytes, mut queue: mpsc::R
         match outcome {
             Ok(answers) => {
                 for (job, answer) in batch.drain(..).zip(answers) {
-                    let _ = job.reply.send(one_result(Some(answer)));
+                    let _ = job.reply.send(answer);
                 }
             }
             Err(e) => {
@@ -186,7 +190,7 @@ async fn run(conn: RedisConn, script: Script, channel: Bytes, mut queue: mpsc::R
     }
 }
 
-async fn run_batch(conn: &RedisConn, script: &Script, channel: &Bytes, batch: &[Job]) -> StoreResult<Vec<RValue>> {
+async fn run_batch(conn: &RedisConn, script: &Script, channel: &Bytes, batch: &[Job]) -> StoreResult<Vec<StoreResult<RValue>>> {
     let mut conn = conn.clone();
     let mut invocation = script.prepare_invoke();
     invocation.arg(channel.as_ref());
@@ -197,23 +201,24 @@ async fn run_batch(conn: &RedisConn, script: &Script, channel: &Bytes, batch: &[
     results(reply, batch.len())
 }
 
-/// The batch's reply as one `{ok, value}` pair per call, `count` of them.
-fn results(reply: RValue, count: usize) -> StoreResult<Vec<RValue>> {
-    match reply {
-        RValue::Array(answers) if answers.len() == count => Ok(answers),
-        other => Err(StoreError::Corrupt(format!("a Redis batch of {count} calls answered {other:?}"))),
+/// The batch's flat reply (`ok, value` per call) as one answer per call,
+/// `count` of them.
+fn results(reply: RValue, count: usize) -> StoreResult<Vec<StoreResult<RValue>>> {
+    let RValue::Array(flat) = reply else {
+        return Err(StoreError::Corrupt(format!("a Redis batch of {count} calls answered {reply:?}")));
+    };
+    if flat.len() != 2 * count {
+        return Err(StoreError::Corrupt(format!("a Redis batch of {count} calls answered {} values", flat.len())));
     }
+    let mut flat = flat.into_iter();
+    Ok(std::iter::from_fn(|| Some(one_result(flat.next()?, flat.next()?))).collect())
 }
 
-/// `{1, result}` → the result; `{0, message}` → the operation's error.
-fn one_result(answer: Option<RValue>) -> StoreResult<RValue> {
-    let RValue::Array(pair) = answer.ok_or_else(|| StoreError::Corrupt("a Redis batch lost a call".into()))? else {
-        return Err(StoreError::Corrupt("a Redis batch answered a call with something else".into()));
-    };
-    let mut pair = pair.into_iter();
-    match (pair.next(), pair.next()) {
-        (Some(RValue::Int(1)), value) => Ok(value.unwrap_or(RValue::Nil)),
-        (Some(RValue::Int(0)), Some(RValue::BulkString(message))) => {
+/// `1, result` → the result; `0, message` → the operation's error.
+fn one_result(ok: RValue, value: RValue) -> StoreResult<RValue> {
+    match (ok, value) {
+        (RValue::Int(1), value) => Ok(value),
+        (RValue::Int(0), RValue::BulkString(message)) => {
             crate::observe::error();
             Err(StoreError::Backend(format!("redis: {}", String::from_utf8_lossy(&message))))
         }
@@ -227,13 +232,27 @@ mod tests {
 
     #[test]
     fn a_call_answers_its_value_or_its_error() {
-        let pair = |v: Vec<RValue>| Some(RValue::Array(v));
-        assert_eq!(one_result(pair(vec![RValue::Int(1), RValue::Int(7)])).unwrap(), RValue::Int(7));
-        assert_eq!(one_result(pair(vec![RValue::Int(1)])).unwrap(), RValue::Nil);
-        let failed = one_result(pair(vec![RValue::Int(0), RValue::BulkString(b"WRONGTYPE".to_vec())]));
-        assert!(matches!(failed, Err(StoreError::Backend(m)) if m.contains("WRONGTYPE")));
-        assert!(matches!(one_result(None), Err(StoreError::Corrupt(_))));
-        assert!(matches!(one_result(Some(RValue::Int(1))), Err(StoreError::Corrupt(_))));
-        assert!(results(RValue::Array(vec![]), 1).is_err());
+        let flat = |v: Vec<RValue>| RValue::Array(v);
+        let answers = results(
+            flat(vec![
+                RValue::Int(1),
+                RValue::Int(7),
+                RValue::Int(1),
+                RValue::Nil,
+                RValue::Int(0),
+                RValue::BulkString(b"WRONGTYPE".to_vec()),
+                RValue::Int(2),
+                RValue::Nil,
+            ]),
+            4,
+        )
+        .unwrap();
+        assert_eq!(answers[0].as_ref().unwrap(), &RValue::Int(7));
+        assert_eq!(answers[1].as_ref().unwrap(), &RValue::Nil);
+        assert!(matches!(&answers[2], Err(StoreError::Backend(m)) if m.contains("WRONGTYPE")));
+        assert!(matches!(&answers[3], Err(StoreError::Corrupt(_))));
+        assert!(results(flat(vec![RValue::Int(1)]), 1).is_err(), "a value missing");
+        assert!(results(flat(vec![]), 1).is_err());
+        assert!(results(RValue::Int(1), 1).is_err());
     }
 }

@@ -15,29 +15,28 @@
 -- session TTL, then gone on its own). Leaves the announcement
 -- "{session}\n{stream}\n{last seq}" in `notes` (published once per batch;
 -- on a cluster the caller announces it on a sharded channel).
--- keys: the session hash (`P{id}:s`; every key used is in its slot).
--- args: key base (`P{id}:`), session id, stream, cap, then either 'done',
--- the number of events and the events as records.lua reads them, or 'add'
--- and the kind and payload of each event.
+-- Keys (ARGV[k + 1]): the session hash (`P{id}:s`; every key used is in its slot).
+-- Arguments (ARGV[a + 1] … ARGV[a + n]): key base (`P{id}:`), session id,
+-- stream, cap, then either 'done', the number of events and the events as
+-- records.lua reads them, or 'add' and the kind and payload of each event.
 -- Returns the first event's seq.
-local function op(keys, args, notes)
-  local b, id, s, cap, mode = args[1], args[2], args[3], args[4], args[5]
+local function op(k, a, n, notes)
+  local b, id, s, cap, mode = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5]
   local key, whole = b..'e:'..s, b..'d:'..s
-  local e = redis.call('HGET', keys[1], 'expires')
-  local function expire(k)
-    if e then redis.call('PEXPIREAT', k, e) else redis.call('PEXPIRE', k, 3600000) end
-  end
+  local e = redis.call('HGET', ARGV[k + 1], 'expires')
   if mode == 'done' and redis.call('EXISTS', key, whole) == 0 then
-    redis.call('SET', whole, args[7])
-    expire(whole)
-    notes[#notes + 1] = id..'\n'..s..'\n'..args[6]
+    if e then redis.call('SET', whole, ARGV[a + 7], 'PXAT', e) else redis.call('SET', whole, ARGV[a + 7], 'PX', 3600000) end
+    notes[#notes + 1] = id..'\n'..s..'\n'..ARGV[a + 6]
     return 1
+  end
+  local function expire(name)
+    if e then redis.call('PEXPIREAT', name, e) else redis.call('PEXPIRE', name, 3600000) end
   end
   local events = {}
   if mode == 'done' then
-    events = records(args[7])
+    events = records(ARGV[a + 7])
   else
-    for i = 6, #args, 2 do events[#events + 1] = {args[i], args[i + 1]} end
+    for i = a + 6, a + n, 2 do events[#events + 1] = {ARGV[i], ARGV[i + 1]} end
   end
   local stored = redis.call('GET', whole)
   if stored then
