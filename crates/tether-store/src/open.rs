@@ -15,11 +15,20 @@ pub struct StoreConfig {
     /// `true`: fsync on every commit (`--durability strict`). `false`: survive
     /// a process crash (WAL written on commit), not necessarily a power loss.
     pub strict_durability: bool,
+    /// How long a finished request stream is kept for replay where the
+    /// backend expires it by itself (Redis): the session TTL, as the
+    /// server's reaper keeps them on SQLite.
+    pub finished_stream_ttl: std::time::Duration,
 }
 
 impl Default for StoreConfig {
     fn default() -> Self {
-        Self { max_events_per_stream: 100_000, redis_prefix: "tether:".into(), strict_durability: false }
+        Self {
+            max_events_per_stream: 100_000,
+            redis_prefix: "tether:".into(),
+            strict_durability: false,
+            finished_stream_ttl: std::time::Duration::from_secs(30 * 60),
+        }
     }
 }
 

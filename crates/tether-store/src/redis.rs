@@ -136,6 +136,8 @@ pub struct RedisStore {
     prefix: Arc<str>,
     url: Arc<str>,
     cap: u64,
+    /// Milliseconds a stream stored whole is kept (`StoreConfig::finished_stream_ttl`).
+    finished_ttl_ms: u64,
     scripts: Arc<Scripts>,
     /// Appends, in batches on a single server (`redis/scripts/append.lua`).
     append: BatchedOp,
@@ -162,6 +164,7 @@ impl RedisStore {
         let prefix: Arc<str> = config.redis_prefix.clone().into();
         let (remote, _) = broadcast::channel(REMOTE_BUFFER);
         let cap = config.max_events_per_stream.max(1);
+        let finished_ttl_ms = (config.finished_stream_ttl.as_millis() as u64).max(1);
         let answered_within = |what: &str| format!("redis at {} did not answer within 5s{what}", redacted(url));
         if is_cluster_url(url) {
             if prefix.contains(['{', '}']) {
@@ -206,7 +209,8 @@ impl RedisStore {
             for channel in &channels {
                 listener.ssubscribe(channel).await.map_err(unavailable)?;
             }
-            return Self::ready(url, prefix, cap, RedisConn::Cluster(conn), remote, Arc::new(Listener::Cluster(listener))).await;
+            let listener = Arc::new(Listener::Cluster(listener));
+            return Self::ready(url, prefix, (cap, finished_ttl_ms), RedisConn::Cluster(conn), remote, listener).await;
         }
         let client = redis::Client::open(url).map_err(|e| StoreError::Config(format!("bad redis URL {}: {e}", redacted(url))))?;
         let manager_config = redis::aio::ConnectionManagerConfig::new()
@@ -221,14 +225,14 @@ impl RedisStore {
                 .map_err(|e| StoreError::Unavailable(format!("cannot connect to redis at {}: {e}", redacted(url))))?;
         let alive = Arc::new(Listener::Task);
         tokio::spawn(listen(client, format!("{prefix}live"), remote.clone(), Arc::downgrade(&alive)));
-        Self::ready(url, prefix, cap, RedisConn::Single(conn), remote, alive).await
+        Self::ready(url, prefix, (cap, finished_ttl_ms), RedisConn::Single(conn), remote, alive).await
     }
 
     /// The store on a connection, its keys brought to this version's layout.
     async fn ready(
         url: &str,
         prefix: Arc<str>,
-        cap: u64,
+        (cap, finished_ttl_ms): (u64, u64),
         conn: RedisConn,
         remote: broadcast::Sender<RemoteAppend>,
         alive: Arc<Listener>,
@@ -242,6 +246,7 @@ impl RedisStore {
             url: redacted(url).into(),
             prefix,
             cap,
+            finished_ttl_ms,
             scripts: Arc::new(Scripts::new()),
             remote,
             _alive: alive,
@@ -919,7 +924,7 @@ impl RedisStore {
         let count = events.len() as u64;
         let mut call = Call::new().key(format!("{base}s")).arg(base).arg(session.to_owned()).arg(stream.to_owned()).num(self.cap);
         call = if fresh && *last_kind == EventKind::Final {
-            call.arg("done").num(count).arg(encode_whole(&events))
+            call.arg("done").num(count).arg(encode_whole(&events)).num(self.finished_ttl_ms)
         } else {
             events.into_iter().fold(call.arg("add"), |call, (kind, payload)| call.num(kind as u8).arg(payload))
         };

@@ -252,6 +252,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         max_events_per_stream: args.max_events_per_stream,
         strict_durability: matches!(args.durability, Durability::Strict),
         redis_prefix: args.store_prefix.clone(),
+        finished_stream_ttl: args.session_ttl,
     };
     let (store, notebook) = open(&url, store_config).await.with_context(|| format!("cannot open store {url}"))?;
     let config = ServerConfig {

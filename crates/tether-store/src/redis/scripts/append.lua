@@ -3,9 +3,9 @@
 -- first.
 -- A stream that starts with its final event (a quick request's answer,
 -- mode 'done') is stored whole as one string, `P{id}:d:{stream}`
--- (records.lua), unless the stream exists: a Redis Stream key costs its
--- server a 4 KiB node. Any other append goes to a Redis Stream,
--- `P{id}:e:{stream}`, each event an entry with ID 0-{seq} (`0-*`: Redis
+-- (records.lua), kept for the time given (the session TTL), unless the
+-- stream exists: a Redis Stream key costs its server a 4 KiB node. Any
+-- other append goes to a Redis Stream, `P{id}:e:{stream}`, each event an entry with ID 0-{seq} (`0-*`: Redis
 -- numbers it after the stream's last ID, which trimming keeps), capped at
 -- its newest `cap` entries; a stream stored whole that gets more events is
 -- moved there first. A stream whose last event is not final (kind 2) is
@@ -17,18 +17,19 @@
 -- on a cluster the caller announces it on a sharded channel).
 -- Keys (ARGV[k + 1]): the session hash (`P{id}:s`; every key used is in its slot).
 -- Arguments (ARGV[a + 1] … ARGV[a + n]): key base (`P{id}:`), session id,
--- stream, cap, then either 'done', the number of events and the events as
--- records.lua reads them, or 'add' and the kind and payload of each event.
+-- stream, cap, then either 'done', the number of events, the events as
+-- records.lua reads them and how long to keep them (ms), or 'add' and the
+-- kind and payload of each event.
 -- Returns the first event's seq.
 local function op(k, a, n, notes)
   local b, id, s, cap, mode = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5]
   local key, whole = b..'e:'..s, b..'d:'..s
-  local e = redis.call('HGET', ARGV[k + 1], 'expires')
-  if mode == 'done' and redis.call('EXISTS', key, whole) == 0 then
-    if e then redis.call('SET', whole, ARGV[a + 7], 'PXAT', e) else redis.call('SET', whole, ARGV[a + 7], 'PX', 3600000) end
+  if mode == 'done' and redis.call('EXISTS', key) == 0
+      and redis.call('SET', whole, ARGV[a + 7], 'PX', ARGV[a + 8], 'NX') then
     notes[#notes + 1] = id..'\n'..s..'\n'..ARGV[a + 6]
     return 1
   end
+  local e = redis.call('HGET', ARGV[k + 1], 'expires')
   local function expire(name)
     if e then redis.call('PEXPIREAT', name, e) else redis.call('PEXPIRE', name, 3600000) end
   end

@@ -1,0 +1,52 @@
+//! How the Redis store keeps event logs (layout 3): a quick answer (a stream
+//! that starts with its final event) is one string kept for the finished-stream
+//! TTL, not a Redis Stream (whose first node costs Redis about 4.7 KB); an
+//! open stream is a Redis Stream that expires with its session.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use tether_store::redis::RedisStore;
+use tether_store::{EventKind, SessionRecord, Store, StoreConfig, now_ms};
+
+#[tokio::test]
+async fn a_quick_answer_is_one_string_kept_for_the_finished_stream_ttl() {
+    let url = std::env::var("TETHER_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into());
+    let p = format!("tether-test:{}:streams:", std::process::id());
+    let config = StoreConfig { redis_prefix: p.clone(), finished_stream_ttl: Duration::from_secs(90), ..StoreConfig::default() };
+    let store = RedisStore::open(&url, config).await.unwrap_or_else(|e| {
+        panic!("Redis is needed for this test and is not reachable at {url}: {e}. Run scripts/test (it starts Redis).")
+    });
+    let expires = now_ms() + 600_000;
+    let session = SessionRecord {
+        id: "s1".into(),
+        principal: "alice".into(),
+        created_at_ms: now_ms(),
+        expires_at_ms: expires,
+        revision: 1,
+        state: serde_json::json!({}),
+    };
+    store.create_session(&session).await.unwrap();
+    store.start_stream("s1", "quick", vec![(EventKind::Final, Bytes::from_static(b"{\"result\":{}}"))]).await.unwrap();
+    store.start_stream("s1", "slow", vec![(EventKind::Prime, Bytes::new())]).await.unwrap();
+
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let q = |cmd: &str| redis::cmd(cmd);
+    let b = format!("{p}{{s1}}:");
+    let kind: String = q("TYPE").arg(format!("{b}d:quick")).query_async(&mut conn).await.unwrap();
+    assert_eq!(kind, "string", "the quick answer is stored whole");
+    let ttl: i64 = q("PTTL").arg(format!("{b}d:quick")).query_async(&mut conn).await.unwrap();
+    assert!((80_000..=90_000).contains(&ttl), "kept for the finished-stream TTL, not the session's: {ttl} ms");
+    let kind: String = q("TYPE").arg(format!("{b}e:slow")).query_async(&mut conn).await.unwrap();
+    assert_eq!(kind, "stream", "an open stream is a Redis Stream");
+    let ttl: i64 = q("PTTL").arg(format!("{b}e:slow")).query_async(&mut conn).await.unwrap();
+    assert!(ttl > 590_000, "an open stream expires with its session: {ttl} ms");
+    let open: Vec<String> = store.open_streams("s1").await.unwrap().into_iter().map(|s| s.stream).collect();
+    assert_eq!(open, ["slow"]);
+
+    let keys: Vec<String> = q("KEYS").arg(format!("{p}*")).query_async(&mut conn).await.unwrap();
+    for key in keys {
+        let _: i64 = q("DEL").arg(key).query_async(&mut conn).await.unwrap();
+    }
+}
