@@ -144,6 +144,12 @@ pub async fn session_compare_and_set(store: &Arc<dyn Store>) {
     let got = store.get_session("cas", now_ms()).await.unwrap().unwrap();
     assert_eq!((got.revision, got.state), (1, serde_json::json!({"v": 1})));
     assert_eq!(store.update_session_state("missing", 0, &serde_json::json!({})).await.unwrap(), None);
+    // The stamp is what a replica checks on every request: the revision
+    // and expiry as stored, nothing for a session gone or expired.
+    let stamp = store.session_stamp("cas", now_ms()).await.unwrap().expect("a live session has a stamp");
+    assert_eq!((stamp.revision, stamp.expires_at_ms), (1, got.expires_at_ms));
+    assert!(store.session_stamp("cas", got.expires_at_ms).await.unwrap().is_none(), "expired at its expiry");
+    assert!(store.session_stamp("missing", now_ms()).await.unwrap().is_none());
 }
 
 pub async fn session_expiry(store: &Arc<dyn Store>) {

@@ -141,6 +141,8 @@ pub struct RedisStore {
     scripts: Arc<Scripts>,
     /// Appends, in batches on a single server (`redis/scripts/append.lua`).
     append: BatchedOp,
+    /// Sessions' stamps (`HMGET`), pipelined together on a single server.
+    stamps: BatchedOp,
     remote: broadcast::Sender<RemoteAppend>,
     /// Whether this open found (and converted) keys of an earlier layout.
     upgraded: bool,
@@ -238,10 +240,13 @@ impl RedisStore {
         alive: Arc<Listener>,
     ) -> StoreResult<Self> {
         let channel = if conn.is_cluster() { String::new() } else { format!("{prefix}live") };
-        let append = BatchedOp::new(conn.clone(), &format!("{RECORDS}\n{}", include_str!("redis/scripts/append.lua")), &channel);
+        let append =
+            BatchedOp::script(conn.clone(), &format!("{RECORDS}\n{}", include_str!("redis/scripts/append.lua")), &channel);
+        let stamps = BatchedOp::commands(conn.clone());
         let mut store = Self {
             upgraded: false,
             append,
+            stamps,
             conn,
             url: redacted(url).into(),
             prefix,
@@ -603,14 +608,9 @@ impl Store for RedisStore {
     }
 
     async fn session_stamp(&self, id: &str, now_ms: i64) -> StoreResult<Option<crate::SessionStamp>> {
-        let mut conn = self.conn.clone();
-        let (revision, expires): (Option<u64>, Option<i64>) = redis::cmd("HMGET")
-            .arg(format!("{}s", self.base(id)))
-            .arg("revision")
-            .arg("expires")
-            .query_async(&mut conn)
-            .await
-            .map_err(unavailable)?;
+        let read = Call::new().arg("HMGET").arg(format!("{}s", self.base(id))).arg("revision").arg("expires");
+        let (revision, expires): (Option<u64>, Option<i64>) = redis::from_redis_value(self.stamps.call(read).await?)
+            .map_err(|e| StoreError::Corrupt(format!("session {id}: {e}")))?;
         Ok(match (revision, expires) {
             (Some(revision), Some(expires_at_ms)) if expires_at_ms > now_ms => {
                 Some(crate::SessionStamp { revision, expires_at_ms })

@@ -62,7 +62,7 @@ pub struct RedisNotebook {
 
 impl RedisNotebook {
     pub fn new(conn: RedisConn, store_prefix: &str) -> Self {
-        let append = BatchedOp::new(conn.clone(), APPEND, "");
+        let append = BatchedOp::script(conn.clone(), APPEND, "");
         Self { conn, prefix: format!("{store_prefix}nb:"), append }
     }
 

@@ -1,5 +1,6 @@
 //! Group commit on Redis: many concurrent calls of one scripted operation
-//! (an append, a thought) run as one script call.
+//! (an append, a thought) run as one script call; concurrent reads (a
+//! session's stamp) go as one pipeline.
 //!
 //! What a Redis call costs its server is mostly not the work inside it: the
 //! command is parsed, the script looked up and its `KEYS`/`ARGV` tables
@@ -99,7 +100,8 @@ struct Job {
     reply: oneshot::Sender<StoreResult<RValue>>,
 }
 
-/// One scripted operation, run in batches on a single server.
+/// Calls of one scripted operation, or of plain commands, run in batches on
+/// a single server.
 #[derive(Clone)]
 pub struct BatchedOp {
     inner: Arc<Inner>,
@@ -107,40 +109,53 @@ pub struct BatchedOp {
 
 struct Inner {
     conn: RedisConn,
-    script: Script,
-    /// Where the batch publishes its notes: `''` for nowhere.
-    channel: Bytes,
+    runner: Runner,
     /// The queue of the batching task; `None` on a cluster.
     queue: Option<mpsc::Sender<Job>>,
+}
+
+/// How a batch is sent.
+#[derive(Clone)]
+enum Runner {
+    /// One script call running the operation once per call; the batch
+    /// publishes its notes on `channel` (`''`: nowhere).
+    Script { script: Script, channel: Bytes },
+    /// One pipeline: each call is a command, its first argument the
+    /// command's name (reads such as a session's stamp, where a script would
+    /// cost Redis more than the command).
+    Commands,
 }
 
 impl BatchedOp {
     /// `op` is the operation's Lua source (see the module's doc). On a
     /// single server this starts the batching task, which ends when the last
     /// clone is dropped; `channel` receives the batch's notes (`''`: none).
-    pub fn new(conn: RedisConn, op: &str, channel: &str) -> Self {
+    pub fn script(conn: RedisConn, op: &str, channel: &str) -> Self {
         let script = Script::new(&format!("{op}\n{DRIVER}"));
-        let channel = Bytes::copy_from_slice(channel.as_bytes());
-        let queue = (!conn.is_cluster()).then(|| {
-            let (tx, rx) = mpsc::channel(QUEUE);
-            tokio::spawn(run(conn.clone(), script.clone(), channel.clone(), rx));
-            tx
-        });
-        Self { inner: Arc::new(Inner { conn, script, channel, queue }) }
+        Self::new(conn, Runner::Script { script, channel: Bytes::copy_from_slice(channel.as_bytes()) })
     }
 
-    /// Runs one call of the operation and returns its result.
+    /// Plain commands, pipelined together on a single server (the
+    /// multiplexed connection would send them together too, but each as a
+    /// request of its own, with its own bookkeeping on both sides).
+    pub fn commands(conn: RedisConn) -> Self {
+        Self::new(conn, Runner::Commands)
+    }
+
+    fn new(conn: RedisConn, runner: Runner) -> Self {
+        let queue = (!conn.is_cluster()).then(|| {
+            let (tx, rx) = mpsc::channel(QUEUE);
+            tokio::spawn(run(conn.clone(), runner.clone(), rx));
+            tx
+        });
+        Self { inner: Arc::new(Inner { conn, runner, queue }) }
+    }
+
+    /// Runs one call and returns its result.
     pub async fn call(&self, call: Call) -> StoreResult<RValue> {
         let Some(queue) = &self.inner.queue else {
-            let mut conn = self.inner.conn.clone();
-            let mut invocation = self.inner.script.prepare_invoke();
-            for key in &call.keys {
-                invocation.key(key.as_ref());
-            }
-            invocation.arg(self.inner.channel.as_ref());
-            push_call(&mut invocation, &call);
-            let reply: RValue = invocation.invoke_async(&mut conn).await.map_err(unavailable)?;
-            return results(reply, 1)?.pop().unwrap_or_else(|| Err(StoreError::Corrupt("a Redis batch lost a call".into())));
+            let answer = self.inner.runner.run(&self.inner.conn, &[&call], true).await?.pop();
+            return answer.unwrap_or_else(|| Err(StoreError::Corrupt("a Redis batch lost a call".into())));
         };
         let (reply, answer) = oneshot::channel();
         queue
@@ -151,16 +166,59 @@ impl BatchedOp {
     }
 }
 
-fn push_call(invocation: &mut redis::ScriptInvocation<'_>, call: &Call) {
-    invocation.arg(call.keys.len()).arg(call.args.len());
-    for part in call.keys.iter().chain(&call.args) {
-        invocation.arg(part.as_ref());
+impl Runner {
+    /// Sends `calls` as one batch; `declare_keys`: name the keys of the (one)
+    /// call as the script's `KEYS`, for a cluster's routing.
+    async fn run(&self, conn: &RedisConn, calls: &[&Call], declare_keys: bool) -> StoreResult<Vec<StoreResult<RValue>>> {
+        let mut conn = conn.clone();
+        match self {
+            Runner::Script { script, channel } => {
+                let mut invocation = script.prepare_invoke();
+                if declare_keys {
+                    for key in calls.iter().flat_map(|c| &c.keys) {
+                        invocation.key(key.as_ref());
+                    }
+                }
+                invocation.arg(channel.as_ref());
+                for call in calls {
+                    invocation.arg(call.keys.len()).arg(call.args.len());
+                    for part in call.keys.iter().chain(&call.args) {
+                        invocation.arg(part.as_ref());
+                    }
+                }
+                let reply: RValue = invocation.invoke_async(&mut conn).await.map_err(unavailable)?;
+                results(reply, calls.len())
+            }
+            Runner::Commands => {
+                let mut pipe = redis::pipe();
+                for call in calls {
+                    let (name, args) = call
+                        .args
+                        .split_first()
+                        .ok_or_else(|| StoreError::Backend("a Redis command call needs the command's name".into()))?;
+                    let mut cmd = redis::cmd(&String::from_utf8_lossy(name));
+                    for arg in args {
+                        cmd.arg(arg.as_ref());
+                    }
+                    pipe.add_command(cmd);
+                }
+                let replies: Vec<RValue> = pipe.query_async(&mut conn).await.map_err(unavailable)?;
+                if replies.len() != calls.len() {
+                    return Err(StoreError::Corrupt(format!(
+                        "a Redis pipeline of {} commands answered {}",
+                        calls.len(),
+                        replies.len()
+                    )));
+                }
+                Ok(replies.into_iter().map(Ok).collect())
+            }
+        }
     }
 }
 
 /// Takes what is queued (at least one call), runs it as one batch, answers
 /// each caller; until every sender is gone.
-async fn run(conn: RedisConn, script: Script, channel: Bytes, mut queue: mpsc::Receiver<Job>) {
+async fn run(conn: RedisConn, runner: Runner, mut queue: mpsc::Receiver<Job>) {
     let mut batch: Vec<Job> = Vec::with_capacity(MAX_CALLS);
     while let Some(first) = queue.recv().await {
         let mut bytes = first.call.size();
@@ -171,7 +229,9 @@ async fn run(conn: RedisConn, script: Script, channel: Bytes, mut queue: mpsc::R
             batch.push(next);
         }
         let started = Instant::now();
-        let outcome = run_batch(&conn, &script, &channel, &batch).await;
+        let calls: Vec<&Call> = batch.iter().map(|job| &job.call).collect();
+        let outcome = runner.run(&conn, &calls, false).await;
+        drop(calls);
         if let Some(observer) = crate::observe::observer() {
             observer.commit(started.elapsed(), batch.len());
         }
@@ -188,17 +248,6 @@ async fn run(conn: RedisConn, script: Script, channel: Bytes, mut queue: mpsc::R
             }
         }
     }
-}
-
-async fn run_batch(conn: &RedisConn, script: &Script, channel: &Bytes, batch: &[Job]) -> StoreResult<Vec<StoreResult<RValue>>> {
-    let mut conn = conn.clone();
-    let mut invocation = script.prepare_invoke();
-    invocation.arg(channel.as_ref());
-    for job in batch {
-        push_call(&mut invocation, &job.call);
-    }
-    let reply: RValue = invocation.invoke_async(&mut conn).await.map_err(unavailable)?;
-    results(reply, batch.len())
 }
 
 /// The batch's flat reply (`ok, value` per call) as one answer per call,
