@@ -11,14 +11,18 @@ fn redis_url() -> String {
     std::env::var("TETHER_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into())
 }
 
+async fn connect(url: &str) -> redis::aio::MultiplexedConnection {
+    let client = redis::Client::open(url).unwrap();
+    client.get_multiplexed_async_connection().await.unwrap_or_else(|e| {
+        panic!("Redis is needed for this test and is not reachable at {url}: {e}. Run scripts/test (it starts Redis).")
+    })
+}
+
 #[tokio::test]
 async fn keys_of_the_untagged_layout_are_converted_at_open() {
     let url = redis_url();
     let p = format!("tether-test:{}:layout1:", std::process::id());
-    let client = redis::Client::open(url.as_str()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap_or_else(|e| {
-        panic!("Redis is needed for this test and is not reachable at {url}: {e}. Run scripts/test (it starts Redis).")
-    });
+    let mut conn = connect(&url).await;
     let expires = now_ms() + 600_000;
     // What layout 1 wrote for one session with one stream of two events, a
     // cursor, and a lease record at revision 7 of the shared counter.
@@ -97,10 +101,7 @@ async fn keys_of_the_untagged_layout_are_converted_at_open() {
 async fn per_stream_hashes_of_layout_2_are_folded_at_open() {
     let url = redis_url();
     let p = format!("tether-test:{}:layout2:", std::process::id());
-    let client = redis::Client::open(url.as_str()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap_or_else(|e| {
-        panic!("Redis is needed for this test and is not reachable at {url}: {e}. Run scripts/test (it starts Redis).")
-    });
+    let mut conn = connect(&url).await;
     let q = |cmd: &str| redis::cmd(cmd);
     let expires = now_ms() + 600_000;
     let b = format!("{p}{{s2}}:");
