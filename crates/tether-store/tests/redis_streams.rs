@@ -50,3 +50,44 @@ async fn a_quick_answer_is_one_string_kept_for_the_finished_stream_ttl() {
         let _: i64 = q("DEL").arg(key).query_async(&mut conn).await.unwrap();
     }
 }
+
+/// Appends that arrive together share one script call on a single server;
+/// one that fails (here a key of the wrong type where its stream should
+/// be) fails alone, and the others in its batch are stored and numbered.
+#[tokio::test]
+async fn a_failing_append_fails_alone_in_its_batch() {
+    let url = std::env::var("TETHER_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into());
+    let p = format!("tether-test:{}:batch:", std::process::id());
+    let config = StoreConfig { redis_prefix: p.clone(), ..StoreConfig::default() };
+    let store = std::sync::Arc::new(RedisStore::open(&url, config).await.unwrap_or_else(|e| {
+        panic!("Redis is needed for this test and is not reachable at {url}: {e}. Run scripts/test (it starts Redis).")
+    }));
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let q = |cmd: &str| redis::cmd(cmd);
+    let _: () = q("SET").arg(format!("{p}{{bad}}:e:g")).arg("not a stream").query_async(&mut conn).await.unwrap();
+
+    let mut appends = Vec::new();
+    for i in 0..40u32 {
+        let (store, session) = (store.clone(), if i % 2 == 0 { "good" } else { "bad" });
+        appends.push(tokio::spawn(async move {
+            (session, store.append(session, "g", EventKind::Message, Bytes::from(i.to_string())).await)
+        }));
+    }
+    let mut good_seqs = Vec::new();
+    for append in appends {
+        match append.await.unwrap() {
+            ("good", Ok(seq)) => good_seqs.push(seq),
+            ("bad", Err(e)) => assert!(e.to_string().contains("WRONGTYPE"), "the failure says why: {e}"),
+            (session, outcome) => panic!("{session}: {outcome:?}"),
+        }
+    }
+    good_seqs.sort();
+    assert_eq!(good_seqs, (1..=20).collect::<Vec<u64>>(), "every append beside the failing ones is stored, once");
+    assert_eq!(store.read_after("good", "g", 0, 100).await.unwrap().len(), 20);
+
+    let keys: Vec<String> = q("KEYS").arg(format!("{p}*")).query_async(&mut conn).await.unwrap();
+    for key in keys {
+        let _: i64 = q("DEL").arg(key).query_async(&mut conn).await.unwrap();
+    }
+}
