@@ -64,7 +64,7 @@ const LAYOUT: i64 = 3;
 /// Redis's client timeouts: a connection that does not open within this...
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// ...and an answer that does not come within this are failures (503s).
-const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// `redis://user:secret@host` → `redis://user:***@host` for logs.
 pub fn redacted(url: &str) -> String {

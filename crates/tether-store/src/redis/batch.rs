@@ -32,7 +32,7 @@ use bytes::Bytes;
 use redis::{Script, Value as RValue};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{RedisConn, unavailable};
+use super::{RESPONSE_TIMEOUT, RedisConn, unavailable};
 use crate::{StoreError, StoreResult};
 
 /// Calls waiting for the next batch; beyond this, callers wait (backpressure).
@@ -151,18 +151,28 @@ impl BatchedOp {
         Self { inner: Arc::new(Inner { conn, runner, queue }) }
     }
 
-    /// Runs one call and returns its result.
+    /// Runs one call and returns its result. A call not answered within
+    /// Redis's response timeout fails as unavailable, whether it waited in
+    /// the queue (behind a batch Redis does not answer) or in its batch: one
+    /// that had not been sent yet is then never sent.
     pub async fn call(&self, call: Call) -> StoreResult<RValue> {
         let Some(queue) = &self.inner.queue else {
             let answer = self.inner.runner.run(&self.inner.conn, &[&call], true).await?.pop();
             return answer.unwrap_or_else(|| Err(StoreError::Corrupt("a Redis batch lost a call".into())));
         };
-        let (reply, answer) = oneshot::channel();
-        queue
-            .send(Job { call, reply })
-            .await
-            .map_err(|_| StoreError::Unavailable("the Redis batching task has stopped".into()))?;
-        answer.await.map_err(|_| StoreError::Unavailable("the Redis batching task has stopped".into()))?
+        let stopped = || StoreError::Unavailable("the Redis batching task has stopped".into());
+        let queued = async {
+            let (reply, answer) = oneshot::channel();
+            queue.send(Job { call, reply }).await.map_err(|_| stopped())?;
+            answer.await.map_err(|_| stopped())?
+        };
+        match tokio::time::timeout(RESPONSE_TIMEOUT, queued).await {
+            Ok(answer) => answer,
+            Err(_) => {
+                crate::observe::error();
+                Err(StoreError::Unavailable(format!("redis did not answer within {}s", RESPONSE_TIMEOUT.as_secs())))
+            }
+        }
     }
 }
 
@@ -218,6 +228,7 @@ impl Runner {
 
 /// Takes what is queued (at least one call), runs it as one batch, answers
 /// each caller; until every sender is gone.
+/// Calls whose callers gave up (timed out) are dropped unsent.
 async fn run(conn: RedisConn, runner: Runner, mut queue: mpsc::Receiver<Job>) {
     let mut batch: Vec<Job> = Vec::with_capacity(MAX_CALLS);
     while let Some(first) = queue.recv().await {
@@ -228,9 +239,16 @@ async fn run(conn: RedisConn, runner: Runner, mut queue: mpsc::Receiver<Job>) {
             bytes += next.call.size();
             batch.push(next);
         }
+        batch.retain(|job| !job.reply.is_closed());
+        if batch.is_empty() {
+            continue;
+        }
         let started = Instant::now();
         let calls: Vec<&Call> = batch.iter().map(|job| &job.call).collect();
-        let outcome = runner.run(&conn, &calls, false).await;
+        let outcome = match tokio::time::timeout(RESPONSE_TIMEOUT, runner.run(&conn, &calls, false)).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(StoreError::Unavailable(format!("redis did not answer within {}s", RESPONSE_TIMEOUT.as_secs()))),
+        };
         drop(calls);
         if let Some(observer) = crate::observe::observer() {
             observer.commit(started.elapsed(), batch.len());
