@@ -43,8 +43,10 @@ fn healthz(close: bool) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_that_sends_half_a_head_is_closed_after_the_header_timeout() {
     let addr = server(config()).await;
-    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    // The server's clock starts when it accepts, which may be before connect
+    // returns here: start ours before, so it never runs ahead of the server's.
     let started = Instant::now();
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
     tcp.write_all(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: appl").await.unwrap();
     let seen = closed_by_server(&mut tcp).await;
     assert!(started.elapsed() >= HEADER, "closed before the header timeout");
@@ -66,9 +68,11 @@ async fn an_idle_keep_alive_connection_is_closed_after_the_idle_timeout_not_the_
     assert_eq!(read_response(&mut tcp).await.expect("first answer").status, 200);
     // Idle longer than the header timeout (but not the idle one): still open.
     tokio::time::sleep(HEADER + Duration::from_millis(200)).await;
+    // The server's idle clock starts once it has written the answer, before we
+    // read it: start ours before the request, so it never runs ahead.
+    let idle_since = Instant::now();
     tcp.write_all(healthz(false).as_bytes()).await.unwrap();
     assert_eq!(read_response(&mut tcp).await.expect("second answer on the same connection").status, 200);
-    let idle_since = Instant::now();
     let seen = closed_by_server(&mut tcp).await;
     assert!(idle_since.elapsed() >= IDLE, "closed before the idle timeout");
     assert!(seen.is_empty());
