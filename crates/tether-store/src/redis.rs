@@ -36,7 +36,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script, Value as RValue};
 use tokio::sync::broadcast;
@@ -290,13 +290,9 @@ impl RedisStore {
                 > 0;
         if earlier {
             tracing::info!(prefix = %self.prefix, "converting the Redis keys of an earlier tether to the hash-tagged layout");
-            let (mut moved_sessions, mut moved_records) = (0usize, 0usize);
-            let mut start = 0;
-            loop {
-                let ids: Vec<String> = conn.zrange(&by_expiry, start, start + PAGE as isize - 1).await.map_err(unavailable)?;
-                if ids.is_empty() {
-                    break;
-                }
+            let mut moved_sessions = 0usize;
+            let mut pages = std::pin::pin!(self.session_pages());
+            while let Some(ids) = pages.try_next().await? {
                 let mut page = self.scripts.migrate_sessions.prepare_invoke();
                 page.arg(&*self.prefix);
                 for id in &ids {
@@ -304,8 +300,8 @@ impl RedisStore {
                 }
                 let _: i64 = page.invoke_async(&mut conn).await.map_err(unavailable)?;
                 moved_sessions += ids.len();
-                start += PAGE as isize;
             }
+            let mut moved_records = 0usize;
             let pattern = format!("{}kv:*", self.prefix);
             let mut cursor = 0u64;
             loop {
@@ -348,15 +344,10 @@ impl RedisStore {
     /// by-expiry index: a page per script on a single server, a session per
     /// script on a cluster (its slot). Nothing to do on a new prefix.
     async fn open_streams_only(&self) -> StoreResult<()> {
-        const PAGE: isize = 500;
         let mut conn = self.conn.clone();
-        let by_expiry = self.key(&["sx"]);
-        let (mut start, mut converted) = (0, 0i64);
-        loop {
-            let ids: Vec<String> = conn.zrange(&by_expiry, start, start + PAGE - 1).await.map_err(unavailable)?;
-            if ids.is_empty() {
-                break;
-            }
+        let mut converted = 0i64;
+        let mut pages = std::pin::pin!(self.session_pages());
+        while let Some(ids) = pages.try_next().await? {
             if self.conn.is_cluster() {
                 for id in &ids {
                     let base = self.base(id);
@@ -370,12 +361,26 @@ impl RedisStore {
                 }
                 converted += page.invoke_async::<i64>(&mut conn).await.map_err(unavailable)?;
             }
-            start += PAGE;
         }
         if converted > 0 {
             tracing::info!(sessions = converted, "Redis stream keys converted to layout 3 (open streams only)");
         }
         Ok(())
+    }
+
+    /// The ids of the by-expiry index (`sx`), a page at a time, for the
+    /// conversions of earlier layouts.
+    fn session_pages(&self) -> impl futures::Stream<Item = StoreResult<Vec<String>>> + Send + '_ {
+        const LAYOUT_PAGE: isize = 500;
+        let by_expiry = self.key(&["sx"]);
+        futures::stream::try_unfold((self.conn.clone(), 0isize), move |(mut conn, start)| {
+            let by_expiry = by_expiry.clone();
+            async move {
+                let ids: Vec<String> =
+                    conn.zrange(&by_expiry, start, start + LAYOUT_PAGE - 1).await.map_err(unavailable)?;
+                Ok((!ids.is_empty()).then(|| (ids, (conn, start + LAYOUT_PAGE))))
+            }
+        })
     }
 
     /// Whether opening found keys an earlier version wrote under this prefix
@@ -765,6 +770,9 @@ impl Store for RedisStore {
         let base = self.base(session);
         // Read as raw replies and taken apart by value: a replay reads
         // thousands of entries, and each payload is moved, not copied.
+        // Both forms in one round trip, the Redis Stream first: a stream
+        // moved from the whole form in between reads as empty (its
+        // announcement wakes the reader again), never as both forms.
         let (entries, whole): (RValue, RValue) = redis::pipe()
             .cmd("XRANGE")
             .arg(format!("{base}e:{stream}"))

@@ -202,12 +202,12 @@ impl Runner {
             Runner::Commands => {
                 let mut pipe = redis::pipe();
                 for call in calls {
-                    let (name, args) = call
-                        .args
-                        .split_first()
-                        .ok_or_else(|| StoreError::Backend("a Redis command call needs the command's name".into()))?;
-                    let mut cmd = redis::cmd(&String::from_utf8_lossy(name));
-                    for arg in args {
+                    if call.args.is_empty() {
+                        return Err(StoreError::Backend("a Redis command call needs the command's name".into()));
+                    }
+                    // The name is the first argument on the wire, as it is.
+                    let mut cmd = redis::Cmd::new();
+                    for arg in &call.args {
                         cmd.arg(arg.as_ref());
                     }
                     pipe.add_command(cmd);
