@@ -376,8 +376,7 @@ impl RedisStore {
         futures::stream::try_unfold((self.conn.clone(), 0isize), move |(mut conn, start)| {
             let by_expiry = by_expiry.clone();
             async move {
-                let ids: Vec<String> =
-                    conn.zrange(&by_expiry, start, start + LAYOUT_PAGE - 1).await.map_err(unavailable)?;
+                let ids: Vec<String> = conn.zrange(&by_expiry, start, start + LAYOUT_PAGE - 1).await.map_err(unavailable)?;
                 Ok((!ids.is_empty()).then(|| (ids, (conn, start + LAYOUT_PAGE))))
             }
         })
