@@ -234,6 +234,11 @@ async fn run(conn: RedisConn, runner: Runner, mut queue: mpsc::Receiver<Job>) {
     while let Some(first) = queue.recv().await {
         let mut bytes = first.call.size();
         batch.push(first);
+        if queue.is_empty() {
+            // Let the tasks that are ready run first: those about to queue a
+            // call join this batch instead of waiting a whole round trip.
+            tokio::task::yield_now().await;
+        }
         while batch.len() < MAX_CALLS && bytes < MAX_BYTES {
             let Ok(next) = queue.try_recv() else { break };
             bytes += next.call.size();
