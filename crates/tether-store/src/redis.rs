@@ -227,7 +227,7 @@ impl RedisStore {
                 .map_err(|e| StoreError::Unavailable(format!("cannot connect to redis at {}: {e}", redacted(url))))?;
         let alive = Arc::new(Listener::Task);
         tokio::spawn(listen(client, format!("{prefix}live"), remote.clone(), Arc::downgrade(&alive)));
-        Self::ready(url, prefix, (cap, finished_ttl_ms), RedisConn::Single(conn), remote, alive).await
+        Self::ready(url, prefix, (cap, finished_ttl_ms), RedisConn::single(conn), remote, alive).await
     }
 
     /// The store on a connection, its keys brought to this version's layout.

@@ -91,3 +91,54 @@ async fn a_failing_append_fails_alone_in_its_batch() {
         let _: i64 = q("DEL").arg(key).query_async(&mut conn).await.unwrap();
     }
 }
+
+/// The calls of every operation share one pipeline per batch. A script
+/// Redis no longer knows (`SCRIPT FLUSH`, as after a restart) did not run:
+/// it is loaded and its calls sent again, each stored once; the plain
+/// commands beside it (sessions' stamps) are answered as they were.
+#[tokio::test]
+async fn after_a_script_flush_every_call_of_a_batch_runs_once() {
+    let url = std::env::var("TETHER_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into());
+    let p = format!("tether-test:{}:noscript:", std::process::id());
+    let config = StoreConfig { redis_prefix: p.clone(), ..StoreConfig::default() };
+    let store = std::sync::Arc::new(RedisStore::open(&url, config).await.unwrap_or_else(|e| {
+        panic!("Redis is needed for this test and is not reachable at {url}: {e}. Run scripts/test (it starts Redis).")
+    }));
+    let session = SessionRecord {
+        id: "s".into(),
+        principal: "alice".into(),
+        created_at_ms: now_ms(),
+        expires_at_ms: now_ms() + 600_000,
+        revision: 1,
+        state: serde_json::json!({}),
+    };
+    store.create_session(&session).await.unwrap();
+    store.append("s", "g", EventKind::Message, Bytes::from_static(b"0")).await.unwrap();
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut conn).await.unwrap();
+
+    let mut appends = Vec::new();
+    let mut stamps = Vec::new();
+    for i in 1..=30u32 {
+        let (a, b) = (store.clone(), store.clone());
+        appends.push(tokio::spawn(async move { a.append("s", "g", EventKind::Message, Bytes::from(i.to_string())).await }));
+        stamps.push(tokio::spawn(async move { b.session_stamp("s", now_ms()).await }));
+    }
+    let mut seqs = Vec::new();
+    for append in appends {
+        seqs.push(append.await.unwrap().expect("an append after the flush is stored"));
+    }
+    for stamp in stamps {
+        let stamp = stamp.await.unwrap().expect("a stamp read beside the reloaded script");
+        assert_eq!(stamp.map(|s| s.revision), Some(1));
+    }
+    seqs.sort();
+    assert_eq!(seqs, (2..=31).collect::<Vec<u64>>(), "each append once, numbered after the first");
+    assert_eq!(store.read_after("s", "g", 0, 100).await.unwrap().len(), 31, "no append stored twice");
+
+    let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{p}*")).query_async(&mut conn).await.unwrap();
+    for key in keys {
+        let _: i64 = redis::cmd("DEL").arg(key).query_async(&mut conn).await.unwrap();
+    }
+}

@@ -1,16 +1,20 @@
-//! Group commit on Redis: many concurrent calls of one scripted operation
-//! (an append, a thought) run as one script call; concurrent reads (a
-//! session's stamp) go as one pipeline.
+//! Group commit on Redis: many concurrent calls of a scripted operation
+//! (an append, a thought) run as one script call, and the calls of every
+//! operation on a connection, with concurrent plain reads (a session's
+//! stamp), go to Redis as one pipeline.
 //!
 //! What a Redis call costs its server is mostly not the work inside it: the
 //! command is parsed, the script looked up and its `KEYS`/`ARGV` tables
 //! built, the reply encoded, and the socket read and written. Run one by
 //! one, 64 concurrent `tools/call`s spent more of Redis's CPU on that than on
-//! their writes. A [`BatchedOp`] queues calls while the previous batch is on
-//! the wire and sends what it gathered as one `EVALSHA` that runs the
-//! operation once per call, each under `pcall` (one call's failure is its
-//! own), and publishes the announcements the calls left (`notes`) as one
-//! message.
+//! their writes. A single server's connection has one batching task
+//! ([`BatchQueue`]) that every [`BatchedOp`] on it shares: while a batch is
+//! on the wire it queues calls, then sends what it gathered as one pipeline,
+//! per operation one `EVALSHA` that runs the operation once per call, each
+//! under `pcall` (one call's failure is its own), and publishes the
+//! announcements the calls left (`notes`) as one message. One pipeline for
+//! every operation, not one per operation, because the socket writes and
+//! wake-ups per batch were a large part of tether's own CPU per call.
 //!
 //! On a single server only: a Redis Cluster runs a script on one slot, so
 //! there each call is its own script call (the same script, one operation,
@@ -29,7 +33,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use redis::{Script, Value as RValue};
+use redis::{Script, ScriptInvocation, ServerErrorKind, Value as RValue};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{RESPONSE_TIMEOUT, RedisConn, unavailable};
@@ -96,8 +100,24 @@ impl Call {
 }
 
 struct Job {
+    runner: Arc<Runner>,
     call: Call,
     reply: oneshot::Sender<StoreResult<RValue>>,
+}
+
+/// The queue of a single server's batching task, which every [`BatchedOp`]
+/// on that connection shares: one pipeline per batch carries the calls of
+/// every operation, so a request's stamp, thought and answer of concurrent
+/// requests go to Redis together.
+#[derive(Clone)]
+pub struct BatchQueue(mpsc::Sender<Job>);
+
+/// Starts the batching task of a single server's connection (`conn`: one
+/// without a queue); it ends when the queue's last sender is dropped.
+pub(crate) fn start(conn: RedisConn) -> BatchQueue {
+    let (tx, rx) = mpsc::channel(QUEUE);
+    tokio::spawn(run(conn, rx));
+    BatchQueue(tx)
 }
 
 /// Calls of one scripted operation, or of plain commands, run in batches on
@@ -109,46 +129,37 @@ pub struct BatchedOp {
 
 struct Inner {
     conn: RedisConn,
-    runner: Runner,
-    /// The queue of the batching task; `None` on a cluster.
-    queue: Option<mpsc::Sender<Job>>,
+    runner: Arc<Runner>,
 }
 
-/// How a batch is sent.
-#[derive(Clone)]
+/// How a batch's calls of one operation are sent.
 enum Runner {
     /// One script call running the operation once per call; the batch
     /// publishes its notes on `channel` (`''`: nowhere).
     Script { script: Script, channel: Bytes },
-    /// One pipeline: each call is a command, its first argument the
-    /// command's name (reads such as a session's stamp, where a script would
-    /// cost Redis more than the command).
+    /// Each call is a command, its first argument the command's name (reads
+    /// such as a session's stamp, where a script would cost Redis more than
+    /// the command).
     Commands,
 }
 
 impl BatchedOp {
-    /// `op` is the operation's Lua source (see the module's doc). On a
-    /// single server this starts the batching task, which ends when the last
-    /// clone is dropped; `channel` receives the batch's notes (`''`: none).
+    /// `op` is the operation's Lua source (see the module's doc); `channel`
+    /// receives the batch's notes (`''`: none).
     pub fn script(conn: RedisConn, op: &str, channel: &str) -> Self {
         let script = Script::new(&format!("{op}\n{DRIVER}"));
         Self::new(conn, Runner::Script { script, channel: Bytes::copy_from_slice(channel.as_bytes()) })
     }
 
-    /// Plain commands, pipelined together on a single server (the
-    /// multiplexed connection would send them together too, but each as a
-    /// request of its own, with its own bookkeeping on both sides).
+    /// Plain commands, batched with the rest (the multiplexed connection
+    /// would send them together too, but each as a request of its own, with
+    /// its own bookkeeping on both sides).
     pub fn commands(conn: RedisConn) -> Self {
         Self::new(conn, Runner::Commands)
     }
 
     fn new(conn: RedisConn, runner: Runner) -> Self {
-        let queue = (!conn.is_cluster()).then(|| {
-            let (tx, rx) = mpsc::channel(QUEUE);
-            tokio::spawn(run(conn.clone(), runner.clone(), rx));
-            tx
-        });
-        Self { inner: Arc::new(Inner { conn, runner, queue }) }
+        Self { inner: Arc::new(Inner { conn, runner: Arc::new(runner) }) }
     }
 
     /// Runs one call and returns its result. A call not answered within
@@ -156,14 +167,15 @@ impl BatchedOp {
     /// the queue (behind a batch Redis does not answer) or in its batch: one
     /// that had not been sent yet is then never sent.
     pub async fn call(&self, call: Call) -> StoreResult<RValue> {
-        let Some(queue) = &self.inner.queue else {
-            let answer = self.inner.runner.run(&self.inner.conn, &[&call], true).await?.pop();
+        let Some(queue) = self.inner.conn.batch_queue() else {
+            let mut conn = self.inner.conn.clone();
+            let answer = send(&mut conn, &[(&*self.inner.runner, vec![&call])], true).await.pop();
             return answer.unwrap_or_else(|| Err(StoreError::Corrupt("a Redis batch lost a call".into())));
         };
         let stopped = || StoreError::Unavailable("the Redis batching task has stopped".into());
         let queued = async {
             let (reply, answer) = oneshot::channel();
-            queue.send(Job { call, reply }).await.map_err(|_| stopped())?;
+            queue.0.send(Job { runner: self.inner.runner.clone(), call, reply }).await.map_err(|_| stopped())?;
             answer.await.map_err(|_| stopped())?
         };
         match tokio::time::timeout(RESPONSE_TIMEOUT, queued).await {
@@ -176,60 +188,106 @@ impl BatchedOp {
     }
 }
 
-impl Runner {
-    /// Sends `calls` as one batch; `declare_keys`: name the keys of the (one)
-    /// call as the script's `KEYS`, for a cluster's routing.
-    async fn run(&self, conn: &RedisConn, calls: &[&Call], declare_keys: bool) -> StoreResult<Vec<StoreResult<RValue>>> {
-        let mut conn = conn.clone();
-        match self {
-            Runner::Script { script, channel } => {
-                let mut invocation = script.prepare_invoke();
-                if declare_keys {
-                    for key in calls.iter().flat_map(|c| &c.keys) {
-                        invocation.key(key.as_ref());
-                    }
-                }
-                invocation.arg(channel.as_ref());
-                for call in calls {
-                    invocation.arg(call.keys.len()).arg(call.args.len());
-                    for part in call.keys.iter().chain(&call.args) {
-                        invocation.arg(part.as_ref());
-                    }
-                }
-                let reply: RValue = invocation.invoke_async(&mut conn).await.map_err(unavailable)?;
-                results(reply, calls.len())
+/// Sends each operation's calls (`groups`, in order) in one pipeline: one
+/// `EVALSHA` per scripted operation, one command per plain call. Returns an
+/// answer per call, in the order of `groups` and their calls.
+/// `declare_keys`: name the keys of the (one) call as the script's `KEYS`,
+/// for a cluster's routing. A script Redis does not know (`NOSCRIPT`: it
+/// restarted or was flushed) did not run; it is loaded and its calls sent
+/// again, alone.
+async fn send(conn: &mut RedisConn, groups: &[(&Runner, Vec<&Call>)], declare_keys: bool) -> Vec<StoreResult<RValue>> {
+    let invocations: Vec<Option<ScriptInvocation<'_>>> =
+        groups.iter().map(|(runner, calls)| runner.invocation(calls, declare_keys)).collect();
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    for ((_, calls), invocation) in groups.iter().zip(&invocations) {
+        match invocation {
+            Some(invocation) => {
+                pipe.invoke_script(invocation);
             }
-            Runner::Commands => {
-                let mut pipe = redis::pipe();
+            None => {
                 for call in calls {
-                    if call.args.is_empty() {
-                        return Err(StoreError::Backend("a Redis command call needs the command's name".into()));
-                    }
-                    // The name is the first argument on the wire, as it is.
                     let mut cmd = redis::Cmd::new();
+                    // The name is the first argument on the wire, as it is.
                     for arg in &call.args {
                         cmd.arg(arg.as_ref());
                     }
                     pipe.add_command(cmd);
                 }
-                let replies: Vec<RValue> = pipe.query_async(&mut conn).await.map_err(unavailable)?;
-                if replies.len() != calls.len() {
-                    return Err(StoreError::Corrupt(format!(
-                        "a Redis pipeline of {} commands answered {}",
-                        calls.len(),
-                        replies.len()
-                    )));
-                }
-                Ok(replies.into_iter().map(Ok).collect())
             }
         }
     }
+    let calls: usize = groups.iter().map(|(_, calls)| calls.len()).sum();
+    let replies: Vec<RValue> = match pipe.query_async(conn).await {
+        Ok(replies) => replies,
+        Err(e) => {
+            let e = unavailable(e);
+            return (0..calls).map(|_| Err(e.clone())).collect();
+        }
+    };
+    let mut replies = replies.into_iter();
+    let mut answers = Vec::with_capacity(calls);
+    for ((_, group), invocation) in groups.iter().zip(&invocations) {
+        match invocation {
+            Some(invocation) => {
+                let reply = match replies.next() {
+                    Some(RValue::ServerError(e)) if e.kind() == Some(ServerErrorKind::NoScript) => {
+                        invocation.invoke_async(conn).await.map_err(unavailable)
+                    }
+                    Some(reply) => server_error(reply),
+                    None => Err(StoreError::Corrupt("a Redis pipeline answered fewer replies than it sent".into())),
+                };
+                match reply.and_then(|reply| results(reply, group.len())) {
+                    Ok(results) => answers.extend(results),
+                    Err(e) => answers.extend(group.iter().map(|_| Err(e.clone()))),
+                }
+            }
+            None => answers.extend(group.iter().map(|_| match replies.next() {
+                Some(reply) => server_error(reply),
+                None => Err(StoreError::Corrupt("a Redis pipeline answered fewer replies than it sent".into())),
+            })),
+        }
+    }
+    answers
 }
 
-/// Takes what is queued (at least one call), runs it as one batch, answers
-/// each caller; until every sender is gone.
+/// A reply, or the error Redis answered in its place.
+fn server_error(reply: RValue) -> StoreResult<RValue> {
+    match reply {
+        RValue::ServerError(e) => {
+            crate::observe::error();
+            Err(StoreError::Backend(format!("redis: {e}")))
+        }
+        reply => Ok(reply),
+    }
+}
+
+impl Runner {
+    /// The one script call of a batch of this operation's `calls`; `None`
+    /// for plain commands.
+    fn invocation(&self, calls: &[&Call], declare_keys: bool) -> Option<ScriptInvocation<'_>> {
+        let Runner::Script { script, channel } = self else { return None };
+        let mut invocation = script.prepare_invoke();
+        if declare_keys {
+            for key in calls.iter().flat_map(|c| &c.keys) {
+                invocation.key(key.as_ref());
+            }
+        }
+        invocation.arg(channel.as_ref());
+        for call in calls {
+            invocation.arg(call.keys.len()).arg(call.args.len());
+            for part in call.keys.iter().chain(&call.args) {
+                invocation.arg(part.as_ref());
+            }
+        }
+        Some(invocation)
+    }
+}
+
+/// Takes what is queued (at least one call), sends it as one pipeline,
+/// answers each caller; until every sender is gone.
 /// Calls whose callers gave up (timed out) are dropped unsent.
-async fn run(conn: RedisConn, runner: Runner, mut queue: mpsc::Receiver<Job>) {
+async fn run(mut conn: RedisConn, mut queue: mpsc::Receiver<Job>) {
     let mut batch: Vec<Job> = Vec::with_capacity(MAX_CALLS);
     while let Some(first) = queue.recv().await {
         let mut bytes = first.call.size();
@@ -248,27 +306,29 @@ async fn run(conn: RedisConn, runner: Runner, mut queue: mpsc::Receiver<Job>) {
         if batch.is_empty() {
             continue;
         }
+        // Group by operation, keeping the jobs in the order of the answers.
+        batch.sort_by_key(|job| Arc::as_ptr(&job.runner));
+        let mut groups: Vec<(&Runner, Vec<&Call>)> = Vec::new();
+        for job in &batch {
+            match groups.last_mut() {
+                Some((runner, calls)) if std::ptr::eq(*runner, &*job.runner) => calls.push(&job.call),
+                _ => groups.push((&*job.runner, vec![&job.call])),
+            }
+        }
         let started = Instant::now();
-        let calls: Vec<&Call> = batch.iter().map(|job| &job.call).collect();
-        let outcome = match tokio::time::timeout(RESPONSE_TIMEOUT, runner.run(&conn, &calls, false)).await {
-            Ok(outcome) => outcome,
-            Err(_) => Err(StoreError::Unavailable(format!("redis did not answer within {}s", RESPONSE_TIMEOUT.as_secs()))),
+        let answers = match tokio::time::timeout(RESPONSE_TIMEOUT, send(&mut conn, &groups, false)).await {
+            Ok(answers) => answers,
+            Err(_) => {
+                let e = StoreError::Unavailable(format!("redis did not answer within {}s", RESPONSE_TIMEOUT.as_secs()));
+                batch.iter().map(|_| Err(e.clone())).collect()
+            }
         };
-        drop(calls);
+        drop(groups);
         if let Some(observer) = crate::observe::observer() {
             observer.commit(started.elapsed(), batch.len());
         }
-        match outcome {
-            Ok(answers) => {
-                for (job, answer) in batch.drain(..).zip(answers) {
-                    let _ = job.reply.send(answer);
-                }
-            }
-            Err(e) => {
-                for job in batch.drain(..) {
-                    let _ = job.reply.send(Err(e.clone()));
-                }
-            }
+        for (job, answer) in batch.drain(..).zip(answers) {
+            let _ = job.reply.send(answer);
         }
     }
 }

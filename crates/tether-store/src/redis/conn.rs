@@ -12,40 +12,57 @@ use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
+use super::batch::BatchQueue;
 use crate::{StoreError, StoreResult};
 
 /// A connection to one Redis server (multiplexed, reconnecting) or to a
 /// Redis Cluster (a connection per node, commands routed by key slot).
+/// A single server's connection carries the queue of its batching task
+/// (`batch.rs`), which every batched operation on it shares; the task's own
+/// connection has none.
 #[derive(Clone)]
 pub enum RedisConn {
-    Single(ConnectionManager),
+    Single(ConnectionManager, Option<BatchQueue>),
     Cluster(ClusterConnection),
 }
 
 impl RedisConn {
+    /// A single server's connection, with its batching task started.
+    pub fn single(conn: ConnectionManager) -> Self {
+        let queue = super::batch::start(RedisConn::Single(conn.clone(), None));
+        RedisConn::Single(conn, Some(queue))
+    }
+
     pub fn is_cluster(&self) -> bool {
         matches!(self, RedisConn::Cluster(_))
+    }
+
+    pub(crate) fn batch_queue(&self) -> Option<&BatchQueue> {
+        match self {
+            RedisConn::Single(_, queue) => queue.as_ref(),
+            RedisConn::Cluster(_) => None,
+        }
     }
 }
 
 impl ConnectionLike for RedisConn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
-            RedisConn::Single(c) => c.req_packed_command(cmd),
+            RedisConn::Single(c, _) => c.req_packed_command(cmd),
             RedisConn::Cluster(c) => c.req_packed_command(cmd),
         }
     }
 
     fn req_packed_commands<'a>(&'a mut self, pipeline: &'a Pipeline, offset: usize, count: usize) -> RedisFuture<'a, Vec<Value>> {
         match self {
-            RedisConn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            RedisConn::Single(c, _) => c.req_packed_commands(pipeline, offset, count),
             RedisConn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
-            RedisConn::Single(c) => c.get_db(),
+            RedisConn::Single(c, _) => c.get_db(),
             RedisConn::Cluster(c) => c.get_db(),
         }
     }
