@@ -3,20 +3,39 @@
 //! TTL, not a Redis Stream (whose first node costs Redis about 4.7 KB); an
 //! open stream is a Redis Stream that expires with its session.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use redis::aio::MultiplexedConnection;
 use tether_store::redis::RedisStore;
 use tether_store::{EventKind, SessionRecord, Store, StoreConfig, now_ms};
 
-#[tokio::test]
-async fn a_quick_answer_is_one_string_kept_for_the_finished_stream_ttl() {
+/// A store on the test Redis under a prefix of this test's own, and a
+/// plain connection to look at its keys.
+async fn open(name: &str, config: StoreConfig) -> (Arc<RedisStore>, String, MultiplexedConnection) {
     let url = std::env::var("TETHER_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into());
-    let p = format!("tether-test:{}:streams:", std::process::id());
-    let config = StoreConfig { redis_prefix: p.clone(), finished_stream_ttl: Duration::from_secs(90), ..StoreConfig::default() };
+    let prefix = format!("tether-test:{}:{name}:", std::process::id());
+    let config = StoreConfig { redis_prefix: prefix.clone(), ..config };
     let store = RedisStore::open(&url, config).await.unwrap_or_else(|e| {
         panic!("Redis is needed for this test and is not reachable at {url}: {e}. Run scripts/test (it starts Redis).")
     });
+    let conn = redis::Client::open(url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    (Arc::new(store), prefix, conn)
+}
+
+/// Deletes the keys under the test's prefix.
+async fn clean(conn: &mut MultiplexedConnection, prefix: &str) {
+    let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{prefix}*")).query_async(conn).await.unwrap();
+    for key in keys {
+        let _: i64 = redis::cmd("DEL").arg(key).query_async(conn).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_quick_answer_is_one_string_kept_for_the_finished_stream_ttl() {
+    let config = StoreConfig { finished_stream_ttl: Duration::from_secs(90), ..StoreConfig::default() };
+    let (store, p, mut conn) = open("streams", config).await;
     let expires = now_ms() + 600_000;
     let session = SessionRecord {
         id: "s1".into(),
@@ -30,8 +49,6 @@ async fn a_quick_answer_is_one_string_kept_for_the_finished_stream_ttl() {
     store.start_stream("s1", "quick", vec![(EventKind::Final, Bytes::from_static(b"{\"result\":{}}"))]).await.unwrap();
     store.start_stream("s1", "slow", vec![(EventKind::Prime, Bytes::new())]).await.unwrap();
 
-    let client = redis::Client::open(url.as_str()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let q = |cmd: &str| redis::cmd(cmd);
     let b = format!("{p}{{s1}}:");
     let kind: String = q("TYPE").arg(format!("{b}d:quick")).query_async(&mut conn).await.unwrap();
@@ -45,10 +62,7 @@ async fn a_quick_answer_is_one_string_kept_for_the_finished_stream_ttl() {
     let open: Vec<String> = store.open_streams("s1").await.unwrap().into_iter().map(|s| s.stream).collect();
     assert_eq!(open, ["slow"]);
 
-    let keys: Vec<String> = q("KEYS").arg(format!("{p}*")).query_async(&mut conn).await.unwrap();
-    for key in keys {
-        let _: i64 = q("DEL").arg(key).query_async(&mut conn).await.unwrap();
-    }
+    clean(&mut conn, &p).await;
 }
 
 /// Appends that arrive together share one script call on a single server;
@@ -56,14 +70,7 @@ async fn a_quick_answer_is_one_string_kept_for_the_finished_stream_ttl() {
 /// be) fails alone, and the others in its batch are stored and numbered.
 #[tokio::test]
 async fn a_failing_append_fails_alone_in_its_batch() {
-    let url = std::env::var("TETHER_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into());
-    let p = format!("tether-test:{}:batch:", std::process::id());
-    let config = StoreConfig { redis_prefix: p.clone(), ..StoreConfig::default() };
-    let store = std::sync::Arc::new(RedisStore::open(&url, config).await.unwrap_or_else(|e| {
-        panic!("Redis is needed for this test and is not reachable at {url}: {e}. Run scripts/test (it starts Redis).")
-    }));
-    let client = redis::Client::open(url.as_str()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let (store, p, mut conn) = open("batch", StoreConfig::default()).await;
     let q = |cmd: &str| redis::cmd(cmd);
     let _: () = q("SET").arg(format!("{p}{{bad}}:e:g")).arg("not a stream").query_async(&mut conn).await.unwrap();
 
@@ -86,10 +93,7 @@ async fn a_failing_append_fails_alone_in_its_batch() {
     assert_eq!(good_seqs, (1..=20).collect::<Vec<u64>>(), "every append beside the failing ones is stored, once");
     assert_eq!(store.read_after("good", "g", 0, 100).await.unwrap().len(), 20);
 
-    let keys: Vec<String> = q("KEYS").arg(format!("{p}*")).query_async(&mut conn).await.unwrap();
-    for key in keys {
-        let _: i64 = q("DEL").arg(key).query_async(&mut conn).await.unwrap();
-    }
+    clean(&mut conn, &p).await;
 }
 
 /// The calls of every operation share one pipeline per batch. A script
@@ -98,12 +102,7 @@ async fn a_failing_append_fails_alone_in_its_batch() {
 /// commands beside it (sessions' stamps) are answered as they were.
 #[tokio::test]
 async fn after_a_script_flush_every_call_of_a_batch_runs_once() {
-    let url = std::env::var("TETHER_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into());
-    let p = format!("tether-test:{}:noscript:", std::process::id());
-    let config = StoreConfig { redis_prefix: p.clone(), ..StoreConfig::default() };
-    let store = std::sync::Arc::new(RedisStore::open(&url, config).await.unwrap_or_else(|e| {
-        panic!("Redis is needed for this test and is not reachable at {url}: {e}. Run scripts/test (it starts Redis).")
-    }));
+    let (store, p, mut conn) = open("noscript", StoreConfig::default()).await;
     let session = SessionRecord {
         id: "s".into(),
         principal: "alice".into(),
@@ -114,8 +113,6 @@ async fn after_a_script_flush_every_call_of_a_batch_runs_once() {
     };
     store.create_session(&session).await.unwrap();
     store.append("s", "g", EventKind::Message, Bytes::from_static(b"0")).await.unwrap();
-    let client = redis::Client::open(url.as_str()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut conn).await.unwrap();
 
     let mut appends = Vec::new();
@@ -137,8 +134,5 @@ async fn after_a_script_flush_every_call_of_a_batch_runs_once() {
     assert_eq!(seqs, (2..=31).collect::<Vec<u64>>(), "each append once, numbered after the first");
     assert_eq!(store.read_after("s", "g", 0, 100).await.unwrap().len(), 31, "no append stored twice");
 
-    let keys: Vec<String> = redis::cmd("KEYS").arg(format!("{p}*")).query_async(&mut conn).await.unwrap();
-    for key in keys {
-        let _: i64 = redis::cmd("DEL").arg(key).query_async(&mut conn).await.unwrap();
-    }
+    clean(&mut conn, &p).await;
 }
