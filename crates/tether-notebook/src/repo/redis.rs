@@ -177,10 +177,10 @@ impl NotebookRepo for RedisNotebook {
     }
 
     async fn append_thought(&self, principal: &str, session_id: &str, thought: &ThoughtInput) -> Result<Recorded, RepoError> {
-        let body = serde_json::to_string(&StoredThought { input: thought.clone(), recorded_at_ms: tether_store::now_ms() })
+        let now = tether_store::now_ms();
+        let body = serde_json::to_string(&StoredThought { input: thought.clone(), recorded_at_ms: now })
             .map_err(|e| RepoError::Storage(e.to_string()))?;
         let branch = thought.branch().map(|(b, _)| b.to_owned()).unwrap_or_default();
-        let now = tether_store::now_ms();
         let mut call = Call::new().key(self.k("s", session_id)).key(self.k("t", session_id)).key(self.k("b", session_id));
         if !self.conn.is_cluster() {
             // The batch updates the indexes too.

@@ -182,7 +182,7 @@ impl BatchedOp {
             Ok(answer) => answer,
             Err(_) => {
                 crate::observe::error();
-                Err(StoreError::Unavailable(format!("redis did not answer within {}s", RESPONSE_TIMEOUT.as_secs())))
+                Err(no_answer())
             }
         }
     }
@@ -235,7 +235,7 @@ async fn send(conn: &mut RedisConn, groups: &[(&Runner, Vec<&Call>)], declare_ke
                         invocation.invoke_async(conn).await.map_err(unavailable)
                     }
                     Some(reply) => server_error(reply),
-                    None => Err(StoreError::Corrupt("a Redis pipeline answered fewer replies than it sent".into())),
+                    None => Err(too_few_replies()),
                 };
                 match reply.and_then(|reply| results(reply, group.len())) {
                     Ok(results) => answers.extend(results),
@@ -244,11 +244,20 @@ async fn send(conn: &mut RedisConn, groups: &[(&Runner, Vec<&Call>)], declare_ke
             }
             None => answers.extend(group.iter().map(|_| match replies.next() {
                 Some(reply) => server_error(reply),
-                None => Err(StoreError::Corrupt("a Redis pipeline answered fewer replies than it sent".into())),
+                None => Err(too_few_replies()),
             })),
         }
     }
     answers
+}
+
+/// A call Redis did not answer within its response timeout.
+fn no_answer() -> StoreError {
+    StoreError::Unavailable(format!("redis did not answer within {}s", RESPONSE_TIMEOUT.as_secs()))
+}
+
+fn too_few_replies() -> StoreError {
+    StoreError::Corrupt("a Redis pipeline answered fewer replies than it sent".into())
 }
 
 /// A reply, or the error Redis answered in its place.
@@ -319,7 +328,7 @@ async fn run(mut conn: RedisConn, mut queue: mpsc::Receiver<Job>) {
         let answers = match tokio::time::timeout(RESPONSE_TIMEOUT, send(&mut conn, &groups, false)).await {
             Ok(answers) => answers,
             Err(_) => {
-                let e = StoreError::Unavailable(format!("redis did not answer within {}s", RESPONSE_TIMEOUT.as_secs()));
+                let e = no_answer();
                 batch.iter().map(|_| Err(e.clone())).collect()
             }
         };
