@@ -35,9 +35,10 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio::task::{AbortHandle, JoinSet};
 use tracing::{debug, info, warn};
 
-use crate::stdio::{Line, Outgoing};
+use crate::stdio::Outgoing;
 use crate::token_store::{ResumeTokenStore, log_lines};
 use crate::upstream::{Connector, ServerMessage, UpstreamError, UpstreamSession};
+use tether_wire::ndjson::Line;
 
 /// Limits of one bridge.
 #[derive(Debug, Clone)]
@@ -130,9 +131,22 @@ pub async fn run(
         };
         match line {
             None => break,
-            Some(Line::TooLong) => {
-                let message = format!("message longer than {} bytes", host.shared.options.max_line);
-                host.shared.send(error_response(Value::Null, RpcError::invalid_request(message))).await;
+            Some(Line::TooLong { len, head, tail }) => {
+                // A request is answered under its id when that can be read; a
+                // notification has nobody to answer.
+                let salvaged = tether_wire::ndjson::salvage_id(&head, &tail);
+                if salvaged.has_method && salvaged.id.is_none() {
+                    tracing::warn!(
+                        len,
+                        "dropping a notification from the host longer than {} bytes",
+                        host.shared.options.max_line
+                    );
+                    continue;
+                }
+                let message =
+                    format!("message of {len} bytes, longer than {} bytes (--max-message-bytes)", host.shared.options.max_line);
+                let id = salvaged.id.unwrap_or(Value::Null);
+                host.shared.send(error_response(id, RpcError::invalid_request(message))).await;
             }
             Some(Line::Text(bytes)) => host.line(&bytes).await,
         }

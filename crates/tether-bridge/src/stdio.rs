@@ -1,8 +1,9 @@
 //! stdio framing: newline-delimited JSON-RPC messages, one per line, with a
 //! bounded line length.
 //!
-//! Reading never buffers more than the limit: an over-long line is skipped to
-//! its end and reported as such. Writing puts one compact JSON message per
+//! Reading is `tether_wire::ndjson`'s, which never buffers more than the
+//! limit: an over-long line is skipped to its end and reported as such, with
+//! its head and tail to answer it by its id. Writing puts one compact JSON message per
 //! line (serde_json escapes every newline inside strings) and flushes, so
 //! nothing but JSON-RPC reaches stdout.
 //!
@@ -14,6 +15,7 @@
 use std::io::{BufRead, Write};
 
 use serde_json::Value;
+use tether_wire::ndjson::{Line, LineDecoder, read_line_blocking};
 use tokio::sync::{mpsc, oneshot};
 
 /// Default bound on one incoming line (the same as the server's body limit).
@@ -22,78 +24,6 @@ pub const DEFAULT_MAX_LINE: usize = 4 * 1024 * 1024;
 const READ_AHEAD: usize = 16;
 /// Messages queued for the host at most.
 const WRITE_QUEUE: usize = 256;
-
-/// One line read from the host.
-#[derive(Debug, PartialEq)]
-pub enum Line {
-    /// The line's bytes without the trailing `\n` (or `\r\n`).
-    Text(Vec<u8>),
-    /// A line longer than the limit; its bytes were discarded.
-    TooLong,
-}
-
-/// Reads lines of at most `max` bytes.
-pub struct LineReader<R> {
-    reader: R,
-    max: usize,
-    buf: Vec<u8>,
-    discarding: bool,
-}
-
-impl<R: BufRead> LineReader<R> {
-    pub fn new(reader: R, max: usize) -> Self {
-        Self { reader, max, buf: Vec::new(), discarding: false }
-    }
-
-    /// The next non-blank line, `None` at the end of input. A last line
-    /// without `\n` still counts.
-    pub fn next_line(&mut self) -> std::io::Result<Option<Line>> {
-        loop {
-            let available = match self.reader.fill_buf() {
-                Ok(available) => available,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
-            };
-            if available.is_empty() {
-                let rest = std::mem::take(&mut self.buf);
-                if std::mem::take(&mut self.discarding) {
-                    return Ok(Some(Line::TooLong));
-                }
-                return Ok(finish(rest));
-            }
-            let (chunk, complete) = match available.iter().position(|b| *b == b'\n') {
-                Some(i) => (&available[..i], Some(i + 1)),
-                None => (available, None),
-            };
-            if !self.discarding {
-                if self.buf.len() + chunk.len() > self.max {
-                    self.discarding = true;
-                    self.buf = Vec::new();
-                } else {
-                    self.buf.extend_from_slice(chunk);
-                }
-            }
-            let used = complete.unwrap_or(available.len());
-            self.reader.consume(used);
-            if complete.is_some() {
-                if std::mem::take(&mut self.discarding) {
-                    return Ok(Some(Line::TooLong));
-                }
-                let line = std::mem::take(&mut self.buf);
-                if let Some(line) = finish(line) {
-                    return Ok(Some(line));
-                }
-            }
-        }
-    }
-}
-
-fn finish(mut line: Vec<u8>) -> Option<Line> {
-    if line.last() == Some(&b'\r') {
-        line.pop();
-    }
-    if line.iter().all(u8::is_ascii_whitespace) { None } else { Some(Line::Text(line)) }
-}
 
 /// Writes one message as one line and flushes.
 pub fn write_message<W: Write>(out: &mut W, message: &Value) -> std::io::Result<()> {
@@ -108,9 +38,9 @@ pub fn write_message<W: Write>(out: &mut W, message: &Value) -> std::io::Result<
 pub fn spawn_reader<R: BufRead + Send + 'static>(input: R, max: usize) -> mpsc::Receiver<Line> {
     let (tx, rx) = mpsc::channel(READ_AHEAD);
     let spawned = std::thread::Builder::new().name("bridge-stdin".into()).spawn(move || {
-        let mut lines = LineReader::new(input, max);
+        let (mut input, mut decoder) = (input, LineDecoder::new(max));
         loop {
-            match lines.next_line() {
+            match read_line_blocking(&mut input, &mut decoder) {
                 Ok(Some(line)) => {
                     if tx.blocking_send(line).is_err() {
                         return;
@@ -165,42 +95,8 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn lines(input: &[u8], max: usize, buffer: usize) -> Vec<Line> {
-        let reader = std::io::BufReader::with_capacity(buffer, input);
-        let mut lines = LineReader::new(reader, max);
-        let mut out = Vec::new();
-        while let Some(line) = lines.next_line().unwrap() {
-            out.push(line);
-        }
-        out
-    }
-
     fn text(s: &str) -> Line {
         Line::Text(s.as_bytes().to_vec())
-    }
-
-    #[test]
-    fn splits_lines_across_any_buffer_size() {
-        let input = b"{\"a\":1}\n\n  \r\n{\"b\":2}\r\n{\"c\":3}";
-        for buffer in [1, 2, 3, 7, 64] {
-            assert_eq!(lines(input, 100, buffer), vec![text("{\"a\":1}"), text("{\"b\":2}"), text("{\"c\":3}")], "{buffer}");
-        }
-    }
-
-    #[test]
-    fn over_long_lines_are_skipped_whole_and_reading_goes_on() {
-        let mut input = Vec::new();
-        input.extend_from_slice(b"short\n");
-        input.extend(std::iter::repeat_n(b'x', 50));
-        input.extend_from_slice(b"\nexact-ten!\nafter\n");
-        input.extend(std::iter::repeat_n(b'y', 11));
-        for buffer in [1, 4, 16, 1024] {
-            assert_eq!(
-                lines(&input, 10, buffer),
-                vec![text("short"), Line::TooLong, text("exact-ten!"), text("after"), Line::TooLong],
-                "{buffer}"
-            );
-        }
     }
 
     #[test]

@@ -9,10 +9,11 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use tether_bridge::bridge::{self, BridgeOptions};
-use tether_bridge::stdio::{Line, Outgoing};
+use tether_bridge::stdio::Outgoing;
 use tether_bridge::upstream::{Connector, ServerMessage, UpstreamError, UpstreamSession};
 use tether_bridge::{ResumeOptions, ResumeTokenStore};
 use tether_wire::meta::{RESUME_REFUSED as REFUSED_META, RESUMED as RESUMED_META, SESSION_RESUME_TOKEN as TOKEN_META};
+use tether_wire::ndjson::Line;
 use tether_wire::{RpcError, code};
 use tokio::sync::{mpsc, oneshot};
 
@@ -369,8 +370,13 @@ async fn bad_host_input_gets_json_rpc_errors_and_the_bridge_goes_on() {
         host.recv().await,
         json!({"jsonrpc": "2.0", "id": 8, "error": {"code": code::INVALID_PARAMS, "message": "`params` must be an object"}})
     );
-    host.input.as_ref().unwrap().send(Line::TooLong).await.unwrap();
-    assert!(host.recv().await["error"]["message"].as_str().unwrap().contains("longer than"));
+    // An over-long request is answered under its id, read from its head.
+    let head = br#"{"jsonrpc":"2.0","id":41,"method":"tools/call","params":{"name":"x","arguments":{"text":"aaaa"#.to_vec();
+    let too_long = Line::TooLong { len: 9_000_000, head, tail: b"aaaa\"}}}".to_vec() };
+    host.input.as_ref().unwrap().send(too_long).await.unwrap();
+    let refused = host.recv().await;
+    assert_eq!(refused["id"], 41, "{refused}");
+    assert!(refused["error"]["message"].as_str().unwrap().contains("message of 9000000 bytes, longer than"), "{refused}");
     host.initialize().await;
     host.send(json!({"jsonrpc": "2.0", "id": 5, "method": "initialize", "params": {}})).await;
     assert_eq!(host.recv().await["error"]["message"], "already initialized");

@@ -48,11 +48,16 @@ pub struct CommandSpec {
     pub cwd: Option<PathBuf>,
     /// A child with nothing in flight is stopped after this long.
     pub idle_timeout: Duration,
-    /// Children of this upstream per tether process; beyond it the least
-    /// recently used idle one stops.
+    /// Live children of this upstream per tether process, a hard cap
+    /// (sessions' children and the sessionless pool together): beyond it
+    /// the least recently used idle one stops, else a request that needs a
+    /// new child waits up to `process_queue_timeout`, then is refused.
     pub max_processes: usize,
+    /// The share of `max_processes` one principal may hold.
+    pub max_processes_per_principal: usize,
+    pub process_queue_timeout: Duration,
     /// Longest line the child may write on stdout (one JSON-RPC message).
-    pub max_line_bytes: usize,
+    pub max_message_bytes: usize,
 }
 
 /// A Streamable HTTP (or HTTP+SSE) server.
@@ -69,7 +74,11 @@ pub struct UrlSpec {
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 pub const DEFAULT_MAX_PROCESSES: usize = 64;
 pub const DEFAULT_INIT_TIMEOUT: Duration = Duration::from_secs(30);
-pub const DEFAULT_MAX_LINE_BYTES: usize = 4 * 1024 * 1024;
+pub const DEFAULT_PROCESS_QUEUE_TIMEOUT: Duration = Duration::from_secs(5);
+/// `max_message_bytes` is never set below this (an `initialize` result must fit).
+pub const MIN_MESSAGE_BYTES: usize = 64 * 1024;
+/// Large enough for a big legitimate tool result (a file, an image).
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 
 /// Parses `NAME=URL` or `NAME=stdio:COMMAND ARGS…` (split like a shell
 /// would, without running one).
@@ -110,7 +119,9 @@ impl CommandSpec {
             cwd: None,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             max_processes: DEFAULT_MAX_PROCESSES,
-            max_line_bytes: DEFAULT_MAX_LINE_BYTES,
+            max_processes_per_principal: DEFAULT_MAX_PROCESSES,
+            process_queue_timeout: DEFAULT_PROCESS_QUEUE_TIMEOUT,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
         }
     }
 
@@ -138,6 +149,10 @@ pub struct UpstreamTable {
     #[serde(default, with = "humantime_serde_opt")]
     pub idle_timeout: Option<Duration>,
     pub max_processes: Option<usize>,
+    pub max_processes_per_principal: Option<usize>,
+    #[serde(default, with = "humantime_serde_opt")]
+    pub process_queue_timeout: Option<Duration>,
+    pub max_message_bytes: Option<usize>,
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
     pub auth_env: Option<String>,
@@ -167,9 +182,23 @@ impl UpstreamTable {
                 spec.cwd = self.cwd;
                 spec.idle_timeout = self.idle_timeout.unwrap_or(DEFAULT_IDLE_TIMEOUT);
                 spec.max_processes = self.max_processes.unwrap_or(DEFAULT_MAX_PROCESSES).max(1);
+                spec.max_processes_per_principal =
+                    self.max_processes_per_principal.unwrap_or(spec.max_processes).clamp(1, spec.max_processes);
+                spec.process_queue_timeout = self.process_queue_timeout.unwrap_or(DEFAULT_PROCESS_QUEUE_TIMEOUT);
+                if let Some(max) = self.max_message_bytes {
+                    spec.max_message_bytes = max.max(MIN_MESSAGE_BYTES);
+                }
                 Target::Command(spec)
             }
             (None, Some(url)) => {
+                if self.max_processes.is_some()
+                    || self.max_processes_per_principal.is_some()
+                    || self.process_queue_timeout.is_some()
+                {
+                    return Err(format!(
+                        "[upstreams.{name}] max_processes, max_processes_per_principal and process_queue_timeout are for a command upstream"
+                    ));
+                }
                 let mut spec = UrlSpec::new(url);
                 spec.headers = self.headers;
                 spec.auth_env = self.auth_env;

@@ -20,6 +20,7 @@
 //!   session) and [`http`] (an upstream HTTP session per session) implement it.
 
 mod app;
+mod burst;
 pub mod config;
 pub mod http;
 mod link;

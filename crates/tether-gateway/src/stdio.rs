@@ -8,12 +8,19 @@
 //!
 //! - the writer owns the child's stdin and writes queued lines (a bounded
 //!   queue, so a child that stops reading back-pressures its callers);
-//! - the reader reads stdout with a bound per line, hands answers to the
-//!   request waiting for them (by the connection's own ids, a counter) and
-//!   everything else to the [`Inbound`] channel; a line that is not JSON-RPC,
-//!   too long, or an answer nobody waits for is logged and skipped;
-//! - the stderr reader logs each line (truncated), tagged with the upstream
-//!   and the session, and keeps the last one for error messages;
+//! - the reader reads stdout with a bound per line (`max_message_bytes`),
+//!   hands answers to the request waiting for them (by the connection's own
+//!   ids, a counter) and everything else to the [`Inbound`] channel. A line
+//!   too long or unreadable that still names a request waiting (its `id`,
+//!   read from what can be read; or, for an answer without a readable `id`,
+//!   the only request waiting) ends that request with a `-32603` naming the
+//!   upstream and the reason: no call waits forever on an answer that came.
+//!   Anything else unreadable, and answers nobody waits for, are counted
+//!   and logged (a bounded number per minute);
+//! - the stderr reader logs each line (truncated, at most
+//!   [`STDERR_LINES_PER_WINDOW`] per 10 s, then a summary of what was left
+//!   out), tagged with the upstream and the session, and keeps the last one
+//!   for error messages;
 //! - the supervisor owns the child: it waits for its exit (or kills it when
 //!   asked: `close`, the upstream dropped, stdout closed), lets the readers
 //!   finish what the child wrote before it exited (bounded), then ends every
@@ -32,12 +39,14 @@ use serde::Deserialize;
 use serde::de::IgnoredAny;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
+use tether_wire::ndjson::{self, Line, LineDecoder};
 use tether_wire::{Inbound as Message, RpcError, envelope};
-use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
 use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
+use crate::burst::{Admit, Burst};
 use crate::config::CommandSpec;
 use crate::upstream::{FromUpstream, Started, UPSTREAM_RESTARTED, Upstream};
 
@@ -55,6 +64,12 @@ const MAX_PENDING: usize = 1024;
 const RECENTLY_GIVEN_UP: usize = 64;
 /// Bytes of one stderr line logged (and read) at most.
 const STDERR_LINE_MAX: usize = 2048;
+/// Stderr lines logged per [`LOG_WINDOW`] at most.
+const STDERR_LINES_PER_WINDOW: u32 = 100;
+/// Warnings about unreadable stdout lines per [`UNREADABLE_WINDOW`] at most.
+const UNREADABLE_PER_WINDOW: u32 = 5;
+const LOG_WINDOW: Duration = Duration::from_secs(10);
+const UNREADABLE_WINDOW: Duration = Duration::from_secs(60);
 /// Characters of the last stderr line quoted in error messages.
 const LAST_STDERR_MAX: usize = 300;
 /// How long the readers may go on after the child exited (what it wrote
@@ -108,6 +123,7 @@ pub async fn start(
         pending: Mutex::new(Pending::default()),
         last_stderr: Mutex::new(None),
         inbound_sent: std::sync::atomic::AtomicU64::new(0),
+        unreadable: Mutex::new(Burst::new(UNREADABLE_PER_WINDOW, UNREADABLE_WINDOW)),
     });
     let kill = Arc::new(Notify::new());
     let (writer, write_rx) = mpsc::channel(WRITE_QUEUE);
@@ -115,7 +131,7 @@ pub async fn start(
     let (exited_tx, exited) = watch::channel(None);
     let tasks = Tasks {
         writer: tokio::spawn(write_stdin(stdin, write_rx, shared.clone())),
-        reader: tokio::spawn(read_stdout(stdout, spec.max_line_bytes, inbound_tx, shared.clone())),
+        reader: tokio::spawn(read_stdout(stdout, spec.max_message_bytes, inbound_tx, shared.clone())),
         stderr: tokio::spawn(read_stderr(stderr, shared.clone())),
     };
     tether_server::metrics::upstream_processes(upstream_name, 1);
@@ -169,6 +185,8 @@ struct Shared {
     last_stderr: Mutex<Option<String>>,
     /// Messages put on the inbound channel (see `Upstream::inbound_sent`).
     inbound_sent: std::sync::atomic::AtomicU64,
+    /// Warnings about unreadable lines (bounded per window).
+    unreadable: Mutex<Burst>,
 }
 
 type Answer = Result<Box<RawValue>, RpcError>;
@@ -222,8 +240,7 @@ impl Shared {
     }
 
     fn answered(&self, id: &Value, answer: Answer) {
-        // Our ids are numbers; a child that echoes them as strings is forgiven.
-        let n = id.as_u64().or_else(|| id.as_str().and_then(|s| s.parse().ok()));
+        let n = our_id(id);
         let (waiter, given_up) = {
             let mut pending = lock(&self.pending);
             let waiter = n.and_then(|n| pending.waiting.remove(&n));
@@ -235,11 +252,43 @@ impl Shared {
             None if given_up => {
                 tracing::debug!(upstream = %self.upstream, session = %self.session, "late answer to cancelled request {id}")
             }
-            None => tracing::warn!(
-                upstream = %self.upstream,
-                session = %self.session,
-                "skipping an answer to id {id}, which no request of ours is waiting for"
-            ),
+            None => self.skipped(format_args!("an answer to id {id}, which no request of ours is waiting for")),
+        }
+    }
+
+    /// A line that cannot be read as a message (`why`), of which `head` and
+    /// `tail` are the start and the end. If it names a request waiting, or
+    /// is an answer while only one request waits, that request ends with an
+    /// error saying so; otherwise it is counted and skipped.
+    fn unreadable(&self, head: &[u8], tail: &[u8], why: &str) {
+        let salvaged = ndjson::salvage_id(head, tail);
+        let waiter = {
+            let mut pending = lock(&self.pending);
+            let id = match salvaged.id.as_ref().and_then(our_id) {
+                Some(id) => Some(id),
+                None if salvaged.is_answer && !salvaged.has_method && pending.waiting.len() == 1 => {
+                    pending.waiting.keys().next().copied()
+                }
+                None => None,
+            };
+            id.and_then(|id| pending.waiting.remove(&id).map(|tx| (id, tx)))
+        };
+        match waiter {
+            Some((id, tx)) => {
+                tracing::warn!(upstream = %self.upstream, session = %self.session, "ending request {id}: the upstream answered it with {why}");
+                let _ = tx.send(Err(RpcError::internal(format!("upstream {} answered with {why}", self.upstream))));
+            }
+            None => self.skipped(format_args!("{why}: {}", preview(head, 120))),
+        }
+    }
+
+    /// Counts and (boundedly) logs a line that reached no request.
+    fn skipped(&self, what: std::fmt::Arguments<'_>) {
+        tether_server::metrics::upstream_dropped(&self.upstream, tether_server::metrics::Dropped::Unreadable);
+        if let Admit::Log { left_out } = lock(&self.unreadable).admit() {
+            let also =
+                if left_out > 0 { format!(" ({left_out} more such lines were skipped without a word)") } else { String::new() };
+            tracing::warn!(upstream = %self.upstream, session = %self.session, "skipping {what}{also}");
         }
     }
 
@@ -309,15 +358,14 @@ impl Shared {
             Ok(Message::Request { id, method, params }) => {
                 self.deliver(inbound, FromUpstream::Request { id, method, params: params.map(Value::Object) }).await;
             }
-            Err(e) => tracing::warn!(
-                upstream = %self.upstream,
-                session = %self.session,
-                "skipping a line on stdout that is not a JSON-RPC message ({}): {}",
-                e.message,
-                preview(line, 120)
-            ),
+            Err(e) => self.unreadable(line, line, &format!("a line on stdout that is not a JSON-RPC message ({})", e.message)),
         }
     }
+}
+
+/// Our ids are numbers; a child that echoes them as strings is forgiven.
+fn our_id(id: &Value) -> Option<u64> {
+    id.as_u64().or_else(|| id.as_str().and_then(|s| s.parse().ok()))
 }
 
 /// An answer with a result, read without parsing the result.
@@ -548,16 +596,18 @@ async fn write_stdin(stdin: ChildStdin, mut lines: mpsc::Receiver<Bytes>, shared
 }
 
 async fn read_stdout(stdout: ChildStdout, max: usize, inbound: mpsc::Sender<FromUpstream>, shared: Arc<Shared>) {
-    let mut lines = LineReader::new(BufReader::new(stdout), max, false);
+    let mut reader = BufReader::new(stdout);
+    let mut decoder = LineDecoder::new(max);
     loop {
-        match lines.next_line().await {
+        match ndjson::read_line(&mut reader, &mut decoder).await {
             Ok(Some(Line::Text(line))) => shared.dispatch(&line, &inbound).await,
-            Ok(Some(Line::TooLong { len, .. })) => tracing::warn!(
-                upstream = %shared.upstream,
-                session = %shared.session,
-                len,
-                "skipping a line of {len} bytes on stdout, longer than max_line_bytes ({max})"
-            ),
+            Ok(Some(Line::TooLong { len, head, tail })) => {
+                let why = format!(
+                    "a message of {len} bytes on stdout, over its max_message_bytes ({max}); raise max_message_bytes in [upstreams.{}] if its messages are this large",
+                    shared.upstream
+                );
+                shared.unreadable(&head, &tail, &why);
+            }
             Ok(None) => break,
             Err(e) => {
                 tracing::warn!(upstream = %shared.upstream, session = %shared.session, "reading the child's stdout failed: {e}");
@@ -569,137 +619,34 @@ async fn read_stdout(stdout: ChildStdout, max: usize, inbound: mpsc::Sender<From
 }
 
 async fn read_stderr(stderr: ChildStderr, shared: Arc<Shared>) {
-    let mut lines = LineReader::new(BufReader::new(stderr), STDERR_LINE_MAX, true);
-    while let Ok(Some(line)) = lines.next_line().await {
+    let mut reader = BufReader::new(stderr);
+    let mut decoder = LineDecoder::new(STDERR_LINE_MAX);
+    let mut burst = Burst::new(STDERR_LINES_PER_WINDOW, LOG_WINDOW);
+    while let Ok(Some(line)) = ndjson::read_line(&mut reader, &mut decoder).await {
         let text = match line {
             Line::Text(text) => preview(&text, STDERR_LINE_MAX),
-            Line::TooLong { len, head } => format!("{} ({len} bytes)", preview(&head, STDERR_LINE_MAX)),
+            Line::TooLong { len, head, .. } => format!("{} ({len} bytes)", preview(&head, STDERR_LINE_MAX)),
         };
-        tracing::info!(upstream = %shared.upstream, session = %shared.session, "stderr: {text}");
+        match burst.admit() {
+            Admit::Log { left_out: 0 } => {
+                tracing::info!(upstream = %shared.upstream, session = %shared.session, "stderr: {text}");
+            }
+            Admit::Log { left_out } => tracing::info!(
+                upstream = %shared.upstream,
+                session = %shared.session,
+                "stderr: {text} (after {left_out} lines left out of this log: more than {STDERR_LINES_PER_WINDOW} in {} s)",
+                LOG_WINDOW.as_secs()
+            ),
+            Admit::Drop => {}
+        }
         let last: String = text.chars().take(LAST_STDERR_MAX).collect();
         *lock(&shared.last_stderr) = Some(last);
-    }
-}
-
-/// One line read with a bound.
-#[derive(Debug, PartialEq)]
-enum Line {
-    /// Without its `\n` (or `\r\n`).
-    Text(Vec<u8>),
-    /// Longer than the bound: its length, and its first bytes if asked for.
-    TooLong { len: usize, head: Vec<u8> },
-}
-
-/// Reads lines without ever buffering more than `max` bytes of one.
-struct LineReader<R> {
-    reader: R,
-    max: usize,
-    keep_head: bool,
-}
-
-impl<R: AsyncBufRead + Unpin> LineReader<R> {
-    fn new(reader: R, max: usize, keep_head: bool) -> Self {
-        Self { reader, max, keep_head }
-    }
-
-    /// The next non-blank line; `None` at the end of input. A last line
-    /// without `\n` still counts.
-    async fn next_line(&mut self) -> std::io::Result<Option<Line>> {
-        let mut buf = Vec::new();
-        let mut len = 0usize;
-        let mut too_long = false;
-        loop {
-            let available = self.reader.fill_buf().await?;
-            let at_end = available.is_empty();
-            let (used, complete) = match available.iter().position(|b| *b == b'\n') {
-                Some(i) => (i + 1, true),
-                None => (available.len(), at_end),
-            };
-            let chunk = &available[..if complete && !at_end { used - 1 } else { used }];
-            len += chunk.len();
-            if !too_long {
-                if buf.len() + chunk.len() > self.max {
-                    too_long = true;
-                    if self.keep_head {
-                        let room = self.max - buf.len();
-                        buf.extend_from_slice(&chunk[..room]);
-                    } else {
-                        buf = Vec::new();
-                    }
-                } else {
-                    buf.extend_from_slice(chunk);
-                }
-            }
-            self.reader.consume(used);
-            if !complete {
-                continue;
-            }
-            if too_long {
-                return Ok(Some(Line::TooLong { len, head: buf }));
-            }
-            if buf.last() == Some(&b'\r') {
-                buf.pop();
-            }
-            if !buf.iter().all(u8::is_ascii_whitespace) {
-                return Ok(Some(Line::Text(buf)));
-            }
-            if at_end {
-                return Ok(None);
-            }
-            buf.clear();
-            len = 0;
-        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    async fn lines(input: &[u8], max: usize, keep_head: bool, buffer: usize) -> Vec<Line> {
-        let reader = BufReader::with_capacity(buffer, input);
-        let mut lines = LineReader::new(reader, max, keep_head);
-        let mut out = Vec::new();
-        while let Some(line) = lines.next_line().await.unwrap() {
-            out.push(line);
-        }
-        out
-    }
-
-    fn text(s: &str) -> Line {
-        Line::Text(s.as_bytes().to_vec())
-    }
-
-    #[tokio::test]
-    async fn lines_split_across_any_buffer_size_and_over_long_ones_are_skipped_whole() {
-        let input = b"{\"a\":1}\n\n  \r\n{\"b\":2}\r\n{\"c\":3}";
-        for buffer in [1, 2, 3, 7, 64] {
-            assert_eq!(lines(input, 100, false, buffer).await, vec![text("{\"a\":1}"), text("{\"b\":2}"), text("{\"c\":3}")]);
-        }
-        let mut input = b"short\n".to_vec();
-        input.extend(std::iter::repeat_n(b'x', 50));
-        input.extend_from_slice(b"\nexact-ten!\n");
-        input.extend(std::iter::repeat_n(b'y', 11));
-        for buffer in [1, 4, 16, 1024] {
-            assert_eq!(
-                lines(&input, 10, false, buffer).await,
-                vec![
-                    text("short"),
-                    Line::TooLong { len: 50, head: Vec::new() },
-                    text("exact-ten!"),
-                    Line::TooLong { len: 11, head: Vec::new() }
-                ],
-                "{buffer}"
-            );
-            assert_eq!(
-                lines(&input, 10, true, buffer).await[1],
-                Line::TooLong { len: 50, head: b"xxxxxxxxxx".to_vec() },
-                "{buffer}"
-            );
-        }
-        assert!(lines(b"", 10, false, 8).await.is_empty());
-        assert!(lines(b"\n \n", 10, false, 8).await.is_empty());
-    }
 
     #[test]
     fn answers_are_read_without_parsing_their_result() {

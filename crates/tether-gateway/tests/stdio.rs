@@ -222,9 +222,14 @@ async fn kill_9_of_the_child_mid_call_ends_the_call_with_upstream_restarted() {
 async fn lines_that_are_not_json_too_long_or_answers_nobody_waits_for_are_skipped_with_a_warning() {
     let logs = Logs::default();
     let _capture = logs.capture();
-    let Started { upstream, .. } = start(&spec(None)).await;
-    for tool in ["non_json", "huge_line", "unknown_id"] {
-        let result = call(&upstream, tool, json!({})).await.unwrap_or_else(|e| panic!("{tool}: {e}"));
+    let mut spec = spec(None);
+    spec.max_message_bytes = 1024 * 1024;
+    let Started { upstream, .. } = start(&spec).await;
+    // None of these lines is an answer: the call they come before still answers.
+    for (tool, arguments) in
+        [("non_json", json!({})), ("huge_line", json!({"bytes": 3 * 1024 * 1024})), ("unknown_id", json!({}))]
+    {
+        let result = call(&upstream, tool, arguments).await.unwrap_or_else(|e| panic!("{tool}: {e}"));
         assert_eq!(result["structuredContent"]["after"], tool);
         assert!(upstream.is_alive(), "{tool}");
     }
@@ -233,10 +238,72 @@ async fn lines_that_are_not_json_too_long_or_answers_nobody_waits_for_are_skippe
     assert_eq!(warnings.len(), 3, "{logs}");
     assert!(warnings.iter().all(|l| l.contains("upstream=fix") && l.contains("session=s-1")), "{warnings:?}");
     assert!(warnings[0].contains("not a JSON-RPC message") && warnings[0].contains("this line is not JSON"), "{warnings:?}");
-    assert!(warnings[1].contains("len=10485760"), "{warnings:?}");
+    assert!(
+        warnings[1].contains("a message of 3145728 bytes") && warnings[1].contains("max_message_bytes (1048576)"),
+        "{warnings:?}"
+    );
     assert!(warnings[2].contains("987654321"), "{warnings:?}");
     // stderr goes to the log, tagged.
     assert!(logs.lines().any(|l| l.contains("INFO") && l.contains("fixture pid") && l.contains("upstream=fix")), "{logs}");
+}
+
+#[tokio::test]
+async fn a_large_result_under_the_limit_arrives_whole() {
+    // The default limit takes a 5 MB tool result.
+    let Started { upstream, .. } = start(&spec(None)).await;
+    let result = call(&upstream, "big_result", json!({"bytes": 5_000_000})).await.expect("a 5 MB result");
+    assert_eq!(result["content"][0]["text"].as_str().map(str::len), Some(5_000_000));
+    upstream.close(true).await;
+}
+
+#[tokio::test]
+async fn an_answer_over_the_limit_or_unreadable_ends_its_call_with_a_clear_error() {
+    let mut spec = spec(None);
+    spec.max_message_bytes = 1024 * 1024;
+    let Started { upstream, .. } = start(&spec).await;
+    // A slow call of another request waits meanwhile, untouched.
+    let up = upstream.clone();
+    let slow = tokio::spawn(async move { call(&up, "slow", json!({"ms": 1500})).await });
+
+    let over = call(&upstream, "big_result", json!({"bytes": 2_000_000})).await.unwrap_err();
+    assert_eq!(over.code, code::INTERNAL_ERROR);
+    for part in ["upstream fix answered with a message of", "over its max_message_bytes (1048576)", "[upstreams.fix]"] {
+        assert!(over.message.contains(part), "{part:?} in {over:?}");
+    }
+    for how in ["truncated", "utf8"] {
+        let broken = call(&upstream, "broken_answer", json!({"how": how})).await.unwrap_err();
+        assert_eq!(broken.code, code::INTERNAL_ERROR, "{how}");
+        assert!(
+            broken.message.contains("upstream fix answered with a line on stdout that is not a JSON-RPC message"),
+            "{how}: {broken:?}"
+        );
+    }
+    // The connection lives on: the slow call answers, new calls work.
+    let slept = within("the slow call", slow).await.unwrap().expect("the slow call answers");
+    assert_eq!(slept["structuredContent"]["slept"], 1500);
+    assert_eq!(call(&upstream, "echo", json!({"ok": 1})).await.unwrap()["structuredContent"]["ok"], 1);
+    assert!(upstream.is_alive());
+    upstream.close(true).await;
+}
+
+#[tokio::test]
+async fn a_flood_on_stderr_is_logged_in_part_with_a_summary() {
+    let logs = Logs::default();
+    let _capture = logs.capture();
+    let Started { upstream, .. } = start(&spec(None)).await;
+    call(&upstream, "many_stderr", json!({"n": 1000})).await.expect("answers");
+    let logged = || logs.text().lines().filter(|l| l.contains("stderr: noise line")).count();
+    within("the start of the flood is logged", async {
+        while logged() < 50 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    // The child's last words are still kept for error messages.
+    call(&upstream, "stderr", json!({"text": "after the flood"})).await.expect("answers");
+    upstream.close(true).await;
+    // 100 lines per 10 s: the rest of the 1,000 never reach the log.
+    assert!(logged() <= 200, "at most a window's budget of the flood is logged: {}", logged());
 }
 
 #[tokio::test]

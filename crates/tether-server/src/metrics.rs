@@ -12,7 +12,11 @@
 //! `tether_store_commit_batch_size`, `tether_store_errors_total`,
 //! `tether_auth_failures_total`, `tether_upstream_processes{upstream}`,
 //! `tether_upstream_restarts_total{upstream}`,
-//! `tether_upstream_request_duration_seconds{upstream}`.
+//! `tether_upstream_request_duration_seconds{upstream}`,
+//! `tether_upstream_dropped_messages_total{upstream,reason}` (`unreadable`:
+//! a line that could not be read or matched to a request; `foreign`: a
+//! message on a resumed stream that does not belong to the call),
+//! `tether_upstream_process_refusals_total{upstream}`.
 //! Every label value comes from a closed set (HTTP methods and statuses, the
 //! MCP method names, configured upstream names), never from a peer's text.
 
@@ -43,6 +47,19 @@ struct UpstreamLabel {
     upstream: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DroppedLabels {
+    upstream: String,
+    reason: &'static str,
+}
+
+/// Why a message of an upstream was dropped (see the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dropped {
+    Unreadable,
+    Foreign,
+}
+
 fn latency_histogram() -> Histogram {
     // 100 µs .. ~105 s
     Histogram::new(exponential_buckets(0.0001, 2.0, 21))
@@ -64,6 +81,8 @@ struct Metrics {
     upstream_processes: Family<UpstreamLabel, Gauge>,
     upstream_restarts: Family<UpstreamLabel, Counter>,
     upstream_request_duration: Family<UpstreamLabel, Histogram, fn() -> Histogram>,
+    upstream_dropped: Family<DroppedLabels, Counter>,
+    upstream_process_refusals: Family<UpstreamLabel, Counter>,
 }
 
 static ENABLED: AtomicBool = AtomicBool::new(true);
@@ -86,6 +105,8 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         upstream_processes: Family::default(),
         upstream_restarts: Family::default(),
         upstream_request_duration: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+        upstream_dropped: Family::default(),
+        upstream_process_refusals: Family::default(),
     };
     // Counters get their `_total` suffix from the encoder.
     registry.register("tether_sessions_live", "Sessions held in this process's memory", m.sessions_live.clone());
@@ -125,6 +146,16 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         "tether_upstream_request_duration_seconds",
         "Requests forwarded to an upstream, until its answer",
         m.upstream_request_duration.clone(),
+    );
+    registry.register(
+        "tether_upstream_dropped_messages",
+        "Messages of an upstream dropped: unreadable or unmatched lines, foreign messages on a resumed stream",
+        m.upstream_dropped.clone(),
+    );
+    registry.register(
+        "tether_upstream_process_refusals",
+        "Requests refused because the upstream was at max_processes (or a principal at its share)",
+        m.upstream_process_refusals.clone(),
     );
     Metrics { registry, ..m }
 });
@@ -307,6 +338,22 @@ impl Drop for SseConnection {
 pub fn upstream_processes(upstream: &str, delta: i64) {
     if let Some(m) = on() {
         m.upstream_processes.get_or_create(&UpstreamLabel { upstream: upstream.to_owned() }).inc_by(delta);
+    }
+}
+
+pub fn upstream_dropped(upstream: &str, why: Dropped) {
+    if let Some(m) = on() {
+        let reason = match why {
+            Dropped::Unreadable => "unreadable",
+            Dropped::Foreign => "foreign",
+        };
+        m.upstream_dropped.get_or_create(&DroppedLabels { upstream: upstream.to_owned(), reason }).inc();
+    }
+}
+
+pub fn upstream_process_refused(upstream: &str) {
+    if let Some(m) = on() {
+        m.upstream_process_refusals.get_or_create(&UpstreamLabel { upstream: upstream.to_owned() }).inc();
     }
 }
 

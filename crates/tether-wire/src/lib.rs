@@ -7,6 +7,8 @@
 //!   of a JSON-RPC answer.
 //! - [`headers`]: the Streamable HTTP header names.
 //! - [`meta`]: the `_meta` keys tether reads and writes.
+//! - [`ndjson`]: the one bounded reader of newline-delimited JSON (stdio).
+//! - [`peer`]: [`PeerMessage`], what a peer sends that is not an answer.
 //! - [`revision`]: the protocol revisions served.
 //! - [`sse`]: the one SSE decoder (on `sse-stream`), with a size limit per
 //!   event and the last event ID a reader resumes from.
@@ -15,8 +17,11 @@ pub mod envelope;
 pub mod error;
 pub mod headers;
 pub mod meta;
+pub mod ndjson;
+pub mod peer;
 pub mod revision;
 pub mod sse;
 
 pub use envelope::{EnvelopeError, Inbound, parse_message};
 pub use error::{RpcError, code};
+pub use peer::PeerMessage;
