@@ -17,6 +17,7 @@ use tether_wire::meta;
 use crate::config::{Target, UpstreamConfig};
 use crate::link::{self, Connection, Link};
 use crate::modern::{self, Pool};
+use crate::processes::{Limit, Processes};
 use crate::upstream::Started;
 
 /// Key of the gateway's part of a session's durable app state.
@@ -36,6 +37,8 @@ pub struct Gateway {
     health: Mutex<Health>,
     /// Upstream connections of sessionless (2026-07-28) clients.
     pool: Arc<Pool>,
+    /// The cap on live children (a command upstream only).
+    processes: Option<Arc<Processes>>,
     /// This gateway as the runner of its tasks' work.
     me: Weak<Gateway>,
 }
@@ -57,8 +60,23 @@ impl Gateway {
             Target::Url(_) => (crate::config::DEFAULT_MAX_PROCESSES, modern::DEFAULT_POOL_IDLE),
         };
         let pool = Pool::new(max, idle);
-        let gateway =
-            Arc::new_cyclic(|me| Self { config, links: Arc::default(), health: Mutex::default(), pool, me: me.clone() });
+        let processes = match &config.target {
+            Target::Command(spec) => Some(Processes::new(
+                &config.name,
+                spec.max_processes,
+                spec.max_processes_per_principal,
+                spec.process_queue_timeout,
+            )),
+            Target::Url(_) => None,
+        };
+        let gateway = Arc::new_cyclic(|me| Self {
+            config,
+            links: Arc::default(),
+            health: Mutex::default(),
+            pool,
+            processes,
+            me: me.clone(),
+        });
         if let Target::Command(spec) = &gateway.config.target {
             let (links, idle) = (Arc::downgrade(&gateway.links), spec.idle_timeout);
             tokio::spawn(sweep_idle(links, idle));
@@ -70,23 +88,25 @@ impl Gateway {
         &self.config.name
     }
 
-    /// Starts a connection and initializes it with the client's params.
+    /// Starts a connection for `principal` and initializes it with the
+    /// client's params. A child starts only with a place under the cap
+    /// (see [`Processes`]).
     async fn connect(
         &self,
         session: &str,
+        principal: &str,
         params: Value,
         authorization: Option<String>,
         making: Option<&Arc<Link>>,
     ) -> Result<Started, RpcError> {
         self.check_backoff()?;
-        if let Target::Command(spec) = &self.config.target {
-            self.make_room(spec.max_processes, making).await;
-        }
-        let started = match &self.config.target {
-            Target::Command(spec) => {
-                crate::stdio::start(spec, &self.config.name, session, params, self.config.init_timeout).await
+        let started = match (&self.config.target, &self.processes) {
+            (Target::Command(spec), Some(processes)) => {
+                let permit = processes.take(principal, |limit| self.make_room(limit, principal, making)).await?;
+                crate::stdio::start(spec, &self.config.name, session, params, self.config.init_timeout, permit).await
             }
-            Target::Url(spec) => {
+            (Target::Command(_), None) => return Err(RpcError::internal("a command upstream without its process cap")),
+            (Target::Url(spec), _) => {
                 crate::http::start(spec, &self.config.name, session, params, self.config.init_timeout, authorization).await
             }
         };
@@ -130,48 +150,38 @@ impl Gateway {
         }
     }
 
-    /// Keeps this upstream's children under `max`: the least recently used
-    /// idle ones stop (their sessions live on and start a new one later).
+    /// Stops the least recently used idle child that frees a place for
+    /// `principal` under `limit` (its session lives on and starts a new one
+    /// later): a session's, else one pooled for sessionless clients.
     /// `making` is the link a new connection is being made for (its lock is
     /// held by the caller).
-    async fn make_room(&self, max: usize, making: Option<&Arc<Link>>) {
-        let links: Vec<Arc<Link>> = match self.links.lock() {
+    async fn make_room(&self, limit: Limit, principal: &str, making: Option<&Arc<Link>>) {
+        let counts = |link: &Arc<Link>| limit == Limit::Total || link.principal().as_deref() == Some(principal);
+        let oldest = self
+            .live_links()
+            .into_iter()
+            .filter(|link| making.is_none_or(|m| !Arc::ptr_eq(m, link)) && counts(link) && link.has_live())
+            .filter_map(|link| link.idle_for().map(|idle_for| (idle_for, link)))
+            .max_by_key(|(idle_for, _)| *idle_for);
+        if let Some((_, link)) = oldest {
+            let taken = link.live.try_lock().ok().and_then(|mut connection| connection.take());
+            if let Some(connection) = taken {
+                tracing::info!(upstream = %self.config.name, "stopping the least recently used idle child to make room (max_processes)");
+                connection.upstream.close(false).await;
+                return;
+            }
+        }
+        let only = (limit == Limit::Principal).then_some(principal);
+        self.pool.close_oldest_idle(only).await;
+    }
+
+    fn live_links(&self) -> Vec<Arc<Link>> {
+        match self.links.lock() {
             Ok(mut links) => {
                 links.retain(|l| l.strong_count() > 0);
                 links.iter().filter_map(Weak::upgrade).collect()
             }
-            Err(_) => return,
-        };
-        let mut live = 0;
-        let mut idle: Vec<(Duration, Arc<Link>)> = Vec::new();
-        for link in links {
-            if making.is_some_and(|m| Arc::ptr_eq(m, &link)) {
-                continue;
-            }
-            match link.live.try_lock() {
-                Ok(connection) if connection.is_some() => {
-                    live += 1;
-                    if let Some(for_how_long) = link.idle_for() {
-                        idle.push((for_how_long, link.clone()));
-                    }
-                }
-                Ok(_) => {}
-                // Someone is making or using its connection right now: busy.
-                Err(_) => live += 1,
-            }
-        }
-        // Children held for sessionless clients count too.
-        live += self.pool.open_count();
-        if live < max {
-            return;
-        }
-        idle.sort_by_key(|(idle_for, _)| std::cmp::Reverse(*idle_for));
-        for (_, link) in idle.into_iter().take(live + 1 - max) {
-            let taken = link.live.try_lock().ok().and_then(|mut connection| connection.take());
-            if let Some(connection) = taken {
-                tracing::info!(upstream = %self.config.name, "stopping the least recently used idle child (max_processes)");
-                connection.upstream.close(false).await;
-            }
+            Err(_) => Vec::new(),
         }
     }
 
@@ -221,7 +231,7 @@ impl Gateway {
         }
         let params = stored.get("initialize").cloned().unwrap_or_else(|| json!({}));
         let Started { upstream, inbound, carry_on, .. } =
-            self.connect(session.session_id(), params, authorization, Some(link)).await?;
+            self.connect(session.session_id(), session.principal(), params, authorization, Some(link)).await?;
         let carry_on = carry_on.unwrap_or(Value::Null);
         session
             .update_app_state(|app| {
@@ -258,6 +268,8 @@ impl Gateway {
         upstream: Arc<dyn crate::upstream::Upstream>,
         inbound: crate::upstream::Inbound,
     ) -> Connection {
+        link.set_principal(session.principal());
+        link.touch();
         self.register(link);
         let connection = Connection::new(upstream);
         session.spawn(link::pump(session.clone(), link.clone(), connection.clone(), inbound));
@@ -327,7 +339,7 @@ impl Gateway {
             _ => {}
         }
         let authorization = self.sessionless_authorization(ctx.client_authorization());
-        let connect = self.connect("(sessionless)", modern::initialize_params(), authorization, None);
+        let connect = self.connect("(sessionless)", ctx.principal(), modern::initialize_params(), authorization, None);
         let held = self.pool.hold_for_request(&ctx, connect).await?;
         let level = ctx.request_meta().and_then(|m| m.get(meta::LOG_LEVEL)).and_then(Value::as_str);
         held.want_log_level(level).await;
@@ -358,7 +370,7 @@ impl OperationRunner for Gateway {
     /// principal; its result is the task's.
     async fn run_operation(&self, ctx: OperationCtx, tool: &str, arguments: Map<String, Value>) -> Result<(), RpcError> {
         let ctx = Arc::new(ctx);
-        let connect = self.connect("(task)", modern::initialize_params(), None, None);
+        let connect = self.connect("(task)", ctx.principal(), modern::initialize_params(), None, None);
         let held = self.pool.hold_for_task(ctx.clone(), connect).await?;
         let params = json!({"name": tool, "arguments": arguments, "_meta": {"progressToken": "tether-task"}});
         let timer = tether_server::metrics::upstream_request_started();
@@ -495,14 +507,17 @@ impl McpApp for Gateway {
         tether_server::trace::record_upstream(&self.config.name);
         let params = upstream_params(init.params);
         let link = Arc::new(Link::default());
+        link.set_principal(init.caller.principal.as_str());
         let authorization = self.forwarded(&link, init.client_authorization());
         let Started { upstream, inbound, initialize_result, carry_on } =
-            self.connect("(initializing)", params.clone(), authorization, None).await?;
+            self.connect("(initializing)", &init.caller.principal, params.clone(), authorization, Some(&link)).await?;
         let result: Map<String, Value> = serde_json::from_str(initialize_result.get()).map_err(|e| {
             RpcError::internal(format!("upstream `{}` answered initialize with no object: {e}", self.config.name))
         })?;
         init.set_app_state(STATE, json!({"initialize": without_trace_context(params), "carryOn": carry_on}));
         *link.live.lock().await = Some(Connection::new(upstream));
+        // Idle from now on until a request uses it (so it can make room).
+        link.touch();
         if let Ok(mut parked) = link.parked_inbound.lock() {
             *parked = Some(inbound);
         }
@@ -598,7 +613,7 @@ impl McpApp for Gateway {
     /// the engine keeps the answer). `None` while the upstream cannot be
     /// reached, so the next `server/discover` asks again.
     async fn discover(&self) -> Option<Map<String, Value>> {
-        let started = self.connect("(discover)", modern::initialize_params(), None, None).await;
+        let started = self.connect("(discover)", "(discover)", modern::initialize_params(), None, None).await;
         let Started { upstream, initialize_result, .. } = match started {
             Ok(started) => started,
             Err(e) => {

@@ -26,6 +26,7 @@ pub mod http;
 mod link;
 mod modern;
 mod modern_url;
+pub mod processes;
 pub mod stdio;
 pub mod upstream;
 

@@ -78,6 +78,8 @@ pub struct Link {
     last_used: Mutex<Option<Instant>>,
     /// The client's latest `Authorization` (for `forward_auth`; in memory only).
     authorization: Mutex<Option<ClientAuthorization>>,
+    /// Whose session this is (known once it connected).
+    principal: Mutex<Option<String>>,
 }
 
 /// A client request being served through the link.
@@ -121,6 +123,23 @@ impl Link {
         }
         self.touch();
         InFlightGuard { link: self, key }
+    }
+
+    pub(crate) fn set_principal(&self, principal: &str) {
+        if let Ok(mut p) = self.principal.lock()
+            && p.as_deref() != Some(principal)
+        {
+            *p = Some(principal.to_owned());
+        }
+    }
+
+    pub(crate) fn principal(&self) -> Option<String> {
+        self.principal.lock().ok().and_then(|p| p.clone())
+    }
+
+    /// Whether a connection is live now (false while one is being made).
+    pub(crate) fn has_live(&self) -> bool {
+        self.live.try_lock().is_ok_and(|connection| connection.is_some())
     }
 
     pub(crate) fn touch(&self) {

@@ -209,32 +209,32 @@ impl Pool {
         if let Ok(permit) = self.open.clone().try_acquire_owned() {
             return Ok(permit);
         }
+        if self.close_oldest_idle(None).await {
+            return self.open.clone().try_acquire_owned().map_err(|_| self.busy());
+        }
+        Err(self.busy())
+    }
+
+    /// Closes the least recently used idle connection (of `principal` only,
+    /// if given); false if there was none.
+    pub(crate) async fn close_oldest_idle(&self, principal: Option<&str>) -> bool {
         let oldest = self.idle.lock().ok().and_then(|mut idle| {
-            let (principal, index) = idle
+            let (owner, index) = idle
                 .iter()
+                .filter(|(p, _)| principal.is_none_or(|only| only == p.as_str()))
                 .flat_map(|(p, list)| list.iter().enumerate().map(move |(i, c)| (p.clone(), i, c.idle_for())))
                 .max_by_key(|(_, _, idle_for)| *idle_for)
                 .map(|(p, i, _)| (p, i))?;
-            let list = idle.get_mut(&principal)?;
+            let list = idle.get_mut(&owner)?;
             let pooled = list.remove(index);
             if list.is_empty() {
-                idle.remove(&principal);
+                idle.remove(&owner);
             }
             Some(pooled)
         });
-        match oldest {
-            Some(pooled) => {
-                pooled.connection.upstream.close(true).await;
-                drop(pooled);
-                self.open.clone().try_acquire_owned().map_err(|_| self.busy())
-            }
-            None => Err(self.busy()),
-        }
-    }
-
-    /// Connections open now (idle or held).
-    pub(crate) fn open_count(&self) -> usize {
-        self.max - self.open.available_permits()
+        let Some(pooled) = oldest else { return false };
+        pooled.connection.upstream.close(true).await;
+        true
     }
 
     fn busy(&self) -> RpcError {

@@ -48,6 +48,7 @@ use tokio::task::JoinHandle;
 
 use crate::burst::{Admit, Burst};
 use crate::config::CommandSpec;
+use crate::processes::ProcessPermit;
 use crate::upstream::{FromUpstream, Started, UPSTREAM_RESTARTED, Upstream};
 
 /// Lines queued for the child's stdin.
@@ -82,13 +83,15 @@ const CLOSE_WAIT: Duration = Duration::from_secs(5);
 /// Starts the command, sends `initialize` with `initialize_params` as given
 /// and waits at most `init_timeout` for its answer. Does not send
 /// `notifications/initialized`: the gateway forwards the client's (or sends
-/// it when it replays a stored `initialize`).
+/// it when it replays a stored `initialize`). The child holds `permit` (its
+/// place under `max_processes`) until it has been reaped.
 pub async fn start(
     spec: &CommandSpec,
     upstream_name: &str,
     session: &str,
     initialize_params: Value,
     init_timeout: Duration,
+    permit: ProcessPermit,
 ) -> Result<Started, RpcError> {
     let command = spec.display();
     let Some((program, args)) = spec.command.split_first() else {
@@ -135,7 +138,7 @@ pub async fn start(
         stderr: tokio::spawn(read_stderr(stderr, shared.clone())),
     };
     tether_server::metrics::upstream_processes(upstream_name, 1);
-    tokio::spawn(supervise(child, tasks, shared.clone(), kill.clone(), exited_tx));
+    tokio::spawn(supervise(child, tasks, shared.clone(), kill.clone(), exited_tx, permit));
     let upstream = Arc::new(StdioUpstream { shared, writer, next_id: AtomicU64::new(0), kill, exited });
 
     let who = format!("upstream {upstream_name} (`{}`)", upstream.shared.command);
@@ -500,6 +503,7 @@ async fn supervise(
     shared: Arc<Shared>,
     kill: Arc<Notify>,
     exited: watch::Sender<Option<String>>,
+    permit: ProcessPermit,
 ) {
     let pid = child.id();
     let Tasks { writer, mut reader, mut stderr } = tasks;
@@ -537,6 +541,8 @@ async fn supervise(
     }
     writer.abort();
     tracing::info!(upstream = %shared.upstream, session = %shared.session, "upstream `{}` {description}", shared.command);
+    // Reaped: its place is free before anyone hears it has gone.
+    drop(permit);
     exited.send_replace(Some(description));
     tether_server::metrics::upstream_processes(&shared.upstream, -1);
     shared.end();

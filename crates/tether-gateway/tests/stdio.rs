@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use tether_gateway::config::CommandSpec;
+use tether_gateway::processes::{ProcessPermit, Processes};
 use tether_gateway::stdio;
 use tether_gateway::upstream::{FromUpstream, Started, UPSTREAM_RESTARTED, Upstream};
 use tether_wire::code;
@@ -28,6 +29,11 @@ fn spec(mode: Option<&str>) -> CommandSpec {
     CommandSpec::new(command)
 }
 
+/// A place under a roomy process cap of its own.
+fn permit() -> ProcessPermit {
+    Processes::new("fix", 64, 64, Duration::from_secs(5)).try_take("tester").expect("room")
+}
+
 fn initialize_params() -> Value {
     json!({
         "protocolVersion": "2025-06-18",
@@ -37,7 +43,9 @@ fn initialize_params() -> Value {
 }
 
 async fn start(spec: &CommandSpec) -> Started {
-    within("start", stdio::start(spec, "fix", "s-1", initialize_params(), INIT_TIMEOUT)).await.expect("the fixture starts")
+    within("start", stdio::start(spec, "fix", "s-1", initialize_params(), INIT_TIMEOUT, permit()))
+        .await
+        .expect("the fixture starts")
 }
 
 async fn call(upstream: &Arc<dyn Upstream>, tool: &str, arguments: Value) -> Result<Value, tether_wire::RpcError> {
@@ -308,10 +316,11 @@ async fn a_flood_on_stderr_is_logged_in_part_with_a_summary() {
 
 #[tokio::test]
 async fn a_child_that_exits_at_once_fails_start_with_its_status_and_last_stderr_line() {
-    let error = within("start", stdio::start(&spec(Some("--exit-at-once")), "fix", "s-1", initialize_params(), INIT_TIMEOUT))
-        .await
-        .err()
-        .expect("start fails");
+    let error =
+        within("start", stdio::start(&spec(Some("--exit-at-once")), "fix", "s-1", initialize_params(), INIT_TIMEOUT, permit()))
+            .await
+            .err()
+            .expect("start fails");
     assert_eq!(error.code, code::INTERNAL_ERROR);
     for part in ["upstream fix", "stdio_server.py", "exited (exit status: 3) during initialize", "fixture exits at once as asked"]
     {
@@ -322,10 +331,11 @@ async fn a_child_that_exits_at_once_fails_start_with_its_status_and_last_stderr_
 #[tokio::test]
 async fn a_child_that_never_answers_initialize_is_stopped_after_the_init_timeout() {
     let limit = Duration::from_millis(500);
-    let error = within("start", stdio::start(&spec(Some("--never-initialize")), "fix", "s-1", initialize_params(), limit))
-        .await
-        .err()
-        .expect("start fails");
+    let error =
+        within("start", stdio::start(&spec(Some("--never-initialize")), "fix", "s-1", initialize_params(), limit, permit()))
+            .await
+            .err()
+            .expect("start fails");
     assert!(error.message.contains("did not answer initialize within 500ms"), "{error:?}");
     assert!(error.message.contains("is ignoring initialize"), "the last stderr line: {error:?}");
     let pid: u32 = error.message.split("fixture pid ").nth(1).and_then(|r| r.split(' ').next()).unwrap().parse().unwrap();
@@ -335,10 +345,24 @@ async fn a_child_that_never_answers_initialize_is_stopped_after_the_init_timeout
 #[tokio::test]
 async fn a_command_that_cannot_start_is_named_in_the_error() {
     let spec = CommandSpec::new(vec!["/nonexistent/tether-test-server".into(), "--flag".into()]);
-    let error = stdio::start(&spec, "fix", "s-1", initialize_params(), INIT_TIMEOUT).await.err().expect("spawn fails");
+    let error = stdio::start(&spec, "fix", "s-1", initialize_params(), INIT_TIMEOUT, permit()).await.err().expect("spawn fails");
     assert_eq!(error.code, code::INTERNAL_ERROR);
     assert!(error.message.contains("/nonexistent/tether-test-server --flag"), "{error:?}");
     assert!(error.message.contains("No such file or directory"), "{error:?}");
+}
+
+#[tokio::test]
+async fn a_childs_place_under_the_cap_is_freed_once_it_has_been_reaped() {
+    let processes = Processes::new("fix", 1, 1, Duration::from_secs(5));
+    let permit = processes.try_take("tester").expect("room");
+    let Started { upstream, .. } =
+        within("start", stdio::start(&spec(None), "fix", "s-1", initialize_params(), INIT_TIMEOUT, permit)).await.unwrap();
+    let pid = pid(&upstream).await;
+    assert_eq!(processes.live(), 1);
+    assert!(processes.try_take("tester").is_err(), "no second child while the first lives");
+    within("close", upstream.close(true)).await;
+    assert!(!process_exists(pid));
+    assert_eq!(processes.live(), 0, "freed once the child is gone");
 }
 
 #[tokio::test]

@@ -673,3 +673,113 @@ async fn a_session_era_client_uses_a_modern_only_upstream_its_asks_and_tasks_bri
     }
     assert_eq!(calls[2]["params"]["_meta"][tether_wire::meta::LOG_LEVEL], "debug", "{}", calls[2]);
 }
+
+/// The fixture children of process `parent` alive now, from `/proc`.
+fn fixture_children(parent: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // "pid (comm) state ppid …": the fields after the last ')'.
+            let mut after = stat.rsplit(')').next().unwrap_or_default().split_whitespace();
+            let (state, ppid) = (after.next(), after.next().and_then(|p| p.parse::<u32>().ok()));
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            ppid == Some(parent) && state != Some("Z") && String::from_utf8_lossy(&cmdline).contains("stdio_server.py")
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn max_processes_is_a_hard_cap_and_a_request_beyond_it_gets_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tether, url) =
+        start_configured(&dir, "echo", &[], "max_processes = 3\nprocess_queue_timeout = \"1s\"\nidle_timeout = \"10m\"");
+    let pid = tether.0.id();
+    let c = Client::new(&format!("{url}/echo"));
+    let mut sessions = Vec::new();
+    for n in 0..12 {
+        sessions.push(initialized(&c, &format!("client-{n}")).await.0);
+    }
+    // Children are counted from /proc the whole time the calls run.
+    let counting = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sampler = {
+        let counting = counting.clone();
+        std::thread::spawn(move || {
+            let mut most = 0;
+            while counting.load(std::sync::atomic::Ordering::Relaxed) {
+                most = most.max(fixture_children(pid).len());
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            most
+        })
+    };
+    let calls: Vec<_> = sessions
+        .iter()
+        .map(|sid| {
+            let (c, sid) = (c.clone(), sid.clone());
+            tokio::spawn(
+                async move { c.request(&sid, 1, "tools/call", json!({"name": "slow", "arguments": {"ms": 3000}})).await },
+            )
+        })
+        .collect();
+    let (mut ran, mut refused) = (0, 0);
+    for call in calls {
+        let events = call.await.unwrap();
+        let answers: Vec<Value> = events.iter().map(|e| e.json()).filter(|m| m.get("id") == Some(&json!(1))).collect();
+        assert_eq!(answers.len(), 1, "every call ends once: {answers:?}");
+        if structured(&answers[0])["slept"] == 3000 {
+            ran += 1;
+        } else {
+            let error = &answers[0]["error"];
+            assert_eq!(error["code"], -32000, "{error}");
+            let message = error["message"].as_str().unwrap();
+            assert!(message.contains("upstream echo is at its max_processes limit (3 live children"), "{message}");
+            assert_eq!(error["data"]["limit"], "max_processes");
+            refused += 1;
+        }
+    }
+    counting.store(false, std::sync::atomic::Ordering::Relaxed);
+    let most = sampler.join().unwrap();
+    println!("max_processes = 3, 12 sessions: {ran} calls ran, {refused} refused, at most {most} live children");
+    assert!(most <= 3, "never more than max_processes live children: saw {most}");
+    assert!(ran >= 3 && refused >= 1, "ran {ran}, refused {refused}");
+    // Refused sessions are not broken: with room again, they call on.
+    let echoed = c.call(&sessions[11], 2, "echo", json!({"after": "refusal"})).await;
+    assert_eq!(structured(&echoed), &json!({"after": "refusal"}), "{echoed}");
+    assert!(fixture_children(pid).len() <= 3);
+}
+
+#[tokio::test]
+async fn an_upstream_answer_over_the_limit_or_unreadable_ends_its_call_and_other_sessions_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_tether, url) = start_configured(&dir, "echo", &[], "max_message_bytes = 1048576");
+    let c = Client::new(&format!("{url}/echo"));
+    let (sid, _) = initialized(&c, "bad").await;
+    let (other, _) = initialized(&c, "good").await;
+    let slow = {
+        let (c, other) = (c.clone(), other.clone());
+        tokio::spawn(async move { c.call(&other, 1, "slow", json!({"ms": 2000})).await })
+    };
+    let cases = [
+        ("big_result", json!({"bytes": 2_000_000}), "answered with a message of"),
+        ("broken_answer", json!({"how": "truncated"}), "answered with a line on stdout that is not a JSON-RPC message"),
+        ("broken_answer", json!({"how": "utf8"}), "answered with a line on stdout that is not a JSON-RPC message"),
+    ];
+    for (n, (tool, arguments, expected)) in cases.into_iter().enumerate() {
+        let started = std::time::Instant::now();
+        let answer = c.call(&sid, 10 + n as u64, tool, arguments).await;
+        // Not a speed check: before, such a call never ended at all.
+        println!("{tool}: ended after {:?}", started.elapsed());
+        assert_eq!(answer["error"]["code"], -32603, "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(message.contains("upstream echo") && message.contains(expected), "{message}");
+    }
+    // The session goes on, and so does the other one's call.
+    let echoed = c.call(&sid, 20, "echo", json!({"still": "here"})).await;
+    assert_eq!(structured(&echoed), &json!({"still": "here"}), "{echoed}");
+    assert_eq!(structured(&slow.await.unwrap())["slept"], 2000);
+    // A large result under the limit goes through whole.
+    let big = c.call(&other, 2, "big_result", json!({"bytes": 900_000})).await;
+    assert_eq!(big["result"]["content"][0]["text"].as_str().map(str::len), Some(900_000));
+}
