@@ -109,6 +109,12 @@ struct Inner {
     /// A POST's headers once the session ID and protocol version are known
     /// (they do not change after): built once instead of per request.
     session_post_headers: OnceLock<HeaderMap>,
+    /// Request IDs are `{id_prefix}{n}`: the prefix is random per session
+    /// object, so no two sessions (of this process or any other, before or
+    /// after a restart) send the same ID. A server that keys its streams by
+    /// request ID (as the official SDKs' example event stores do) then
+    /// cannot hand one session's stream to another.
+    id_prefix: String,
     next_id: AtomicI64,
     incoming_tx: mpsc::Sender<ServerMessage>,
     incoming_rx: Mutex<Option<mpsc::Receiver<ServerMessage>>>,
@@ -431,8 +437,8 @@ impl Session {
         let _ = session.inner.session_id.set(session_id.to_owned());
         let _ = session.inner.protocol_version.set(protocol_version.to_owned());
         // Requests of an earlier holder of this session may still run on the
-        // server (see `resume_request`): start where their IDs are unlikely.
-        session.inner.next_id.store(attached_first_id(), Ordering::Relaxed);
+        // server (see `resume_request`): this holder's IDs have a prefix of
+        // their own, so they never meet those.
         session.open_standalone().await;
         Ok(session)
     }
@@ -452,6 +458,7 @@ impl Session {
                 session_id: OnceLock::new(),
                 protocol_version: OnceLock::new(),
                 session_post_headers: OnceLock::new(),
+                id_prefix: new_id_prefix(),
                 next_id: AtomicI64::new(0),
                 incoming_tx,
                 incoming_rx: Mutex::new(Some(incoming_rx)),
@@ -572,7 +579,7 @@ impl Session {
 
     async fn request_with(&self, method: &str, params: Option<Value>, extras: Extras<'_>) -> Result<Box<RawValue>, ReqError> {
         let Extras { accepted, track } = extras;
-        let id = json!(self.inner.next_id.fetch_add(1, Ordering::Relaxed));
+        let id = Value::String(format!("{}{}", self.inner.id_prefix, self.inner.next_id.fetch_add(1, Ordering::Relaxed)));
         if let Some(track) = track {
             track.begin(&id);
         }
@@ -835,12 +842,10 @@ impl Inner {
 /// Sends `notifications/cancelled` for a request when dropped with a
 /// reason (the request was given up before its answer). `initialize` has
 /// none: the protocol forbids cancelling it.
-/// The first request ID of an attached session: a number from the clock's
-/// microseconds, far above the IDs the session's earlier holder used
-/// (counted from 0), below 2^53 so every JSON peer reads it exactly.
-fn attached_first_id() -> i64 {
-    let micros = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros());
-    (micros % (1 << 52)) as i64 + (1 << 40)
+/// A request ID prefix no other session object has: `t`, 64 random bits
+/// in hex, `-` (the counter follows).
+fn new_id_prefix() -> String {
+    format!("t{}-", hex::encode(rand::random::<[u8; 8]>()))
 }
 
 /// What a request may carry besides its method and params.

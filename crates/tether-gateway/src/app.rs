@@ -15,7 +15,7 @@ use tether_server::{
 use tether_wire::meta;
 
 use crate::config::{Target, UpstreamConfig};
-use crate::link::{self, Connection, Link};
+use crate::link::{self, Connection, Link, Progress};
 use crate::modern::{self, Pool};
 use crate::processes::{Limit, Processes};
 use crate::upstream::Started;
@@ -195,7 +195,7 @@ impl Gateway {
         let mut live = link.live.lock().await;
         if let Some(connection) = live.as_ref().filter(|c| c.upstream.is_alive()) {
             if let Some(parked) = link.parked_inbound.lock().ok().and_then(|mut p| p.take()) {
-                session.spawn(link::pump(session.clone(), link.clone(), connection.clone(), parked));
+                session.spawn(link::pump(session.clone(), link.clone(), connection.clone(), parked, self.config.name.clone()));
             }
             return Ok(connection.clone());
         }
@@ -272,7 +272,7 @@ impl Gateway {
         link.touch();
         self.register(link);
         let connection = Connection::new(upstream);
-        session.spawn(link::pump(session.clone(), link.clone(), connection.clone(), inbound));
+        session.spawn(link::pump(session.clone(), link.clone(), connection.clone(), inbound, self.config.name.clone()));
         *live = Some(connection.clone());
         connection
     }
@@ -386,10 +386,12 @@ impl OperationRunner for Gateway {
 /// How long a request runs before it leaves a recovery note (quick ones,
 /// most of them, never write one).
 const NOTE_AFTER: Duration = Duration::from_millis(100);
-/// The recovery note's fields: the upstream's ID of the request, and the
-/// first event ID of its answer stream there.
+/// The recovery note's fields: the upstream's ID of the request, the
+/// first event ID of its answer stream there, and the progress token the
+/// upstream was given for it (if any).
 const NOTE_REQUEST_ID: &str = "upstreamRequestId";
 const NOTE_AFTER_EVENT: &str = "after";
+const NOTE_PROGRESS_TOKEN: &str = "progressToken";
 
 /// Sends a request upstream; once it has run for [`NOTE_AFTER`] and the
 /// upstream named a point of its answer stream, leaves a recovery note
@@ -399,6 +401,7 @@ async fn request_with_note(
     connection: &Connection,
     method: &str,
     params: Option<Value>,
+    issued_progress_token: Option<Value>,
 ) -> Result<tether_server::RawResult, RpcError> {
     let track = tether_client::RequestTrack::new();
     let request = connection.upstream.request_tracked(method, params, &track);
@@ -413,7 +416,10 @@ async fn request_with_note(
             () = &mut check, if !noted => {
                 if let Some((request_id, after)) = track.point() {
                     noted = true;
-                    let note = json!({NOTE_REQUEST_ID: request_id, NOTE_AFTER_EVENT: after});
+                    let mut note = json!({NOTE_REQUEST_ID: request_id, NOTE_AFTER_EVENT: after});
+                    if let Some(token) = &issued_progress_token {
+                        note[NOTE_PROGRESS_TOKEN] = token.clone();
+                    }
                     if let Err(e) = ctx.leave_recovery_note(note).await {
                         tracing::warn!(error = %e.message, "could not store a request's recovery note; a crash now ends it as interrupted");
                     }
@@ -539,11 +545,13 @@ impl McpApp for Gateway {
         };
         let connection = self.upstream(&session, ctx.client_authorization()).await?;
         let link = session.local::<Link>();
-        let progress_token = params.as_ref().and_then(|p| p.get("_meta")).and_then(|m| m.get("progressToken")).cloned();
-        let _in_flight = link.enter(&ctx, progress_token);
+        let mut params = params;
+        let progress = Progress::issue(params.as_mut());
+        let issued = progress.as_ref().map(|p| p.issued.clone());
+        let _in_flight = link.enter(&ctx, progress);
         let replayed = Replayed::of(method, params.as_ref());
         let timer = tether_server::metrics::upstream_request_started();
-        let result = request_with_note(&ctx, &connection, method, params.map(Value::Object)).await;
+        let result = request_with_note(&ctx, &connection, method, params.map(Value::Object), issued).await;
         timer.done(&self.config.name);
         // What the upstream sent before its answer reaches the client first
         // (on this request's stream, while it is still in flight).
@@ -569,25 +577,30 @@ impl McpApp for Gateway {
         };
         let connection = self.upstream(&session, None).await?;
         let link = session.local::<Link>();
-        let _in_flight = link.enter(&ctx, ctx.progress_token().cloned());
+        // Only what carries the token the upstream was given for this very
+        // request (or none) is this request's.
+        let progress = match (note.get(NOTE_PROGRESS_TOKEN), ctx.progress_token()) {
+            (Some(issued), Some(client)) => Some(Progress { issued: issued.clone(), client: client.clone() }),
+            _ => None,
+        };
+        let _in_flight = link.enter(&ctx, progress.clone());
         let (tx, mut rx) = tokio::sync::mpsc::channel(link::RESUMED_BUFFER);
         let resumed = connection.upstream.resume(request_id.clone(), after, tx);
         let mut resumed = std::pin::pin!(resumed);
         let mut already = link::AlreadySent::new(cut_off.sent);
         tracing::info!(upstream = %self.config.name, session = session.session_id(), "picking up a request cut off by a restart from its upstream");
+        let deliver = async |message, already: &mut link::AlreadySent| match Progress::translate(progress.as_ref(), message) {
+            Ok(message) if !already.contains(&message) => link::deliver_to_request(&ctx, &connection.upstream, message).await,
+            Ok(_) => {}
+            Err(foreign) => link::drop_foreign(&self.config.name, session.session_id(), &foreign),
+        };
         loop {
             tokio::select! {
                 biased;
-                Some(message) = rx.recv() => {
-                    if !already.contains(&message) {
-                        link::deliver_to_request(&ctx, &connection.upstream, message).await;
-                    }
-                }
+                Some(message) = rx.recv() => deliver(message, &mut already).await,
                 result = &mut resumed => {
                     while let Ok(message) = rx.try_recv() {
-                        if !already.contains(&message) {
-                            link::deliver_to_request(&ctx, &connection.upstream, message).await;
-                        }
+                        deliver(message, &mut already).await;
                     }
                     return result;
                 }

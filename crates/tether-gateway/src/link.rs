@@ -3,6 +3,13 @@
 //! log messages and requests reach the client on the right stream), and the
 //! pump that delivers what the upstream sends on its own.
 //!
+//! Progress tokens: a client's `progressToken` never goes upstream as it is.
+//! Each request gets a token of tether's own ([`Progress::issue`], random),
+//! and what the upstream sends under it reaches the client under the
+//! client's token again. A progress notification under any other token is
+//! not this session's (an upstream that mixed its streams up): it is
+//! dropped and counted, never relayed.
+//!
 //! A link lives in the session's in-memory local state; the durable part
 //! (the client's `initialize`, its log level and subscriptions) lives in the
 //! session's app state, so a new connection can be initialized the same way
@@ -85,7 +92,47 @@ pub struct Link {
 /// A client request being served through the link.
 struct InFlight {
     ctx: RequestCtx,
-    progress_token: Option<Value>,
+    progress: Option<Progress>,
+}
+
+/// A request's progress token upstream, and the client's it stands for.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Progress {
+    pub issued: Value,
+    pub client: Value,
+}
+
+impl Progress {
+    /// Puts a token of tether's own in place of the client's in `params`
+    /// (`_meta.progressToken`), if the client gave one.
+    pub(crate) fn issue(params: Option<&mut serde_json::Map<String, Value>>) -> Option<Self> {
+        let token = params?.get_mut("_meta")?.get_mut("progressToken")?;
+        let issued = Value::String(format!("tether-{}", hex::encode(rand::random::<[u8; 12]>())));
+        let client = std::mem::replace(token, issued.clone());
+        Some(Self { issued, client })
+    }
+
+    /// `message` as the client must see it: the issued token back to the
+    /// client's. `Err` (the message handed back) if it carries a progress
+    /// token that is not the issued one: it belongs to no request of ours.
+    pub(crate) fn translate(this: Option<&Self>, mut message: FromUpstream) -> Result<FromUpstream, FromUpstream> {
+        let Some(token) = message_params(&mut message).and_then(|p| p.get_mut("progressToken")) else {
+            return Ok(message);
+        };
+        match this.filter(|p| &p.issued == token) {
+            Some(progress) => {
+                *token = progress.client.clone();
+                Ok(message)
+            }
+            None => Err(message),
+        }
+    }
+}
+
+fn message_params(message: &mut FromUpstream) -> Option<&mut Value> {
+    match message {
+        FromUpstream::Notification { params, .. } | FromUpstream::Request { params, .. } => params.as_mut(),
+    }
 }
 
 /// Removes an in-flight entry however the request ends.
@@ -116,10 +163,10 @@ impl Link {
     }
 
     /// Notes a client request going through the link (until the guard drops).
-    pub(crate) fn enter(&self, ctx: &RequestCtx, progress_token: Option<Value>) -> InFlightGuard<'_> {
+    pub(crate) fn enter(&self, ctx: &RequestCtx, progress: Option<Progress>) -> InFlightGuard<'_> {
         let key = self.next.fetch_add(1, Ordering::Relaxed);
         if let Ok(mut map) = self.in_flight.lock() {
-            map.insert(key, InFlight { ctx: ctx.clone(), progress_token });
+            map.insert(key, InFlight { ctx: ctx.clone(), progress });
         }
         self.touch();
         InFlightGuard { link: self, key }
@@ -157,15 +204,26 @@ impl Link {
         self.last_used.lock().ok().and_then(|at| *at).map(|at| at.elapsed())
     }
 
-    /// The request a message of the upstream belongs to: the one whose
-    /// progress token it carries, else the only request in flight (stdio
-    /// has no other way to say), else none (the session's standalone stream).
-    fn related(&self, progress_token: Option<&Value>) -> Option<RequestCtx> {
-        let map = self.in_flight.lock().ok()?;
-        if let Some(token) = progress_token {
-            return map.values().find(|f| f.progress_token.as_ref() == Some(token)).map(|f| f.ctx.clone());
+    /// Where a message of the upstream goes: to the request whose issued
+    /// progress token it carries (translated back to the client's), else,
+    /// without a token, to the only request in flight (stdio has no other
+    /// way to say) or the session's standalone stream (`None` context). A
+    /// message under a token no request here was issued is foreign: `Err`.
+    fn route(&self, message: FromUpstream) -> Result<(Option<RequestCtx>, FromUpstream), FromUpstream> {
+        let Ok(map) = self.in_flight.lock() else { return Ok((None, message)) };
+        let token = match &message {
+            FromUpstream::Notification { params, .. } | FromUpstream::Request { params, .. } => {
+                params.as_ref().and_then(|p| p.get("progressToken")).cloned()
+            }
+        };
+        if let Some(token) = token {
+            let owner = map.values().find(|f| f.progress.as_ref().is_some_and(|p| p.issued == token));
+            let Some(owner) = owner else { return Err(message) };
+            let translated = Progress::translate(owner.progress.as_ref(), message)?;
+            return Ok((Some(owner.ctx.clone()), translated));
         }
-        if map.len() == 1 { map.values().next().map(|f| f.ctx.clone()) } else { None }
+        let only = if map.len() == 1 { map.values().next().map(|f| f.ctx.clone()) } else { None };
+        Ok((only, message))
     }
 }
 
@@ -229,11 +287,50 @@ pub(crate) async fn deliver_to_request(ctx: &RequestCtx, upstream: &Arc<dyn Upst
     }
 }
 
+/// Delivers one message the upstream sent on its own, not about any one
+/// request, to the session's standalone stream; its requests are answered
+/// concurrently.
+async fn deliver_to_session(session: &SessionCtx, upstream: &Arc<dyn Upstream>, message: FromUpstream) {
+    match message {
+        FromUpstream::Notification { method, params } => {
+            if let Err(e) = session.notify(&method, params).await {
+                tracing::warn!(session = session.session_id(), %method, error = %e.message, "could not deliver an upstream notification");
+            }
+        }
+        FromUpstream::Request { id, method, params } => {
+            let (task_session, upstream) = (session.clone(), upstream.clone());
+            session.spawn(async move {
+                let answer = task_session.request_client(&method, params, CLIENT_ANSWER_WAIT).await;
+                if let Err(e) = upstream.answer(id, answer).await {
+                    tracing::warn!(session = task_session.session_id(), %method, error = %e.message, "could not return the client's answer upstream");
+                }
+            });
+        }
+    }
+}
+
+/// Counts and logs a message of the upstream that belongs to no request of
+/// this session (see the module doc); it is not relayed.
+pub(crate) fn drop_foreign(upstream: &str, session: &str, message: &FromUpstream) {
+    tether_server::metrics::upstream_dropped(upstream, tether_server::metrics::Dropped::Foreign);
+    let method = match message {
+        FromUpstream::Notification { method, .. } | FromUpstream::Request { method, .. } => method,
+    };
+    tracing::debug!(upstream, session, %method, "dropping a message of the upstream under a progress token no request of this session was given");
+}
+
 /// Delivers what the upstream sends on its own to the client, until the
-/// connection or the session ends. Its requests are answered concurrently
-/// (a sampling request may wait on a person) but bounded by the engine's
-/// limit on requests waiting for the client.
-pub(crate) async fn pump(session: SessionCtx, link: Arc<Link>, connection: Connection, mut inbound: Inbound) {
+/// connection or the session ends: to the request it belongs to, else to
+/// the session's standalone stream (see [`Link::route`]). Its requests are
+/// answered concurrently (a sampling request may wait on a person) but
+/// bounded by the engine's limit on requests waiting for the client.
+pub(crate) async fn pump(
+    session: SessionCtx,
+    link: Arc<Link>,
+    connection: Connection,
+    mut inbound: Inbound,
+    upstream_name: String,
+) {
     let upstream = connection.upstream.clone();
     loop {
         let message = tokio::select! {
@@ -241,33 +338,17 @@ pub(crate) async fn pump(session: SessionCtx, link: Arc<Link>, connection: Conne
             _ = session.closed() => None,
         };
         let Some(message) = message else { return };
-        match message {
-            FromUpstream::Notification { method, params } => {
-                let token = params.as_ref().and_then(|p| p.get("progressToken"));
-                let sent = match link.related(token).filter(|_| !is_session_level(&method)) {
-                    Some(ctx) => ctx.notify(&method, params.clone()).await,
-                    None => session.notify(&method, params.clone()).await,
-                };
-                if let Err(e) = sent {
-                    tracing::warn!(session = session.session_id(), %method, error = %e.message, "could not deliver an upstream notification");
-                }
-                connection.mark_delivered();
-            }
-            FromUpstream::Request { id, method, params } => {
-                let related = link.related(None);
-                let (session, upstream) = (session.clone(), upstream.clone());
-                session.clone().spawn(async move {
-                    let answer = match related {
-                        Some(ctx) => ctx.request_client(&method, params, CLIENT_ANSWER_WAIT).await,
-                        None => session.request_client(&method, params, CLIENT_ANSWER_WAIT).await,
-                    };
-                    if let Err(e) = upstream.answer(id, answer).await {
-                        tracing::warn!(session = session.session_id(), %method, error = %e.message, "could not return the client's answer upstream");
-                    }
-                });
-                connection.mark_delivered();
+        let session_level = matches!(&message, FromUpstream::Notification { method, .. } if is_session_level(method));
+        if session_level {
+            deliver_to_session(&session, &upstream, message).await;
+        } else {
+            match link.route(message) {
+                Ok((Some(ctx), message)) => deliver_to_request(&ctx, &upstream, message).await,
+                Ok((None, message)) => deliver_to_session(&session, &upstream, message).await,
+                Err(foreign) => drop_foreign(&upstream_name, session.session_id(), &foreign),
             }
         }
+        connection.mark_delivered();
     }
 }
 
@@ -290,6 +371,42 @@ mod tests {
                 json!({"jsonrpc": "2.0", "id": "tether-7", "method": method, "params": params})
             }
         }
+    }
+
+    #[test]
+    fn a_progress_token_of_our_own_goes_upstream_and_only_it_comes_back_as_the_clients() {
+        let mut params = json!({"name": "slow", "_meta": {"progressToken": 7}});
+        let progress = Progress::issue(params.as_object_mut()).expect("the client gave a token");
+        assert_eq!(progress.client, json!(7));
+        assert_eq!(params["_meta"]["progressToken"], progress.issued, "upstream sees tether's token");
+        let again = Progress::issue(json!({"_meta": {"progressToken": 7}}).as_object_mut()).unwrap();
+        assert_ne!(again.issued, progress.issued, "every request gets its own");
+        assert!(Progress::issue(json!({"name": "x"}).as_object_mut()).is_none());
+
+        let ours = FromUpstream::Notification {
+            method: "notifications/progress".into(),
+            params: Some(json!({"progressToken": progress.issued.clone(), "progress": 1})),
+        };
+        let seen = Progress::translate(Some(&progress), ours).expect("ours");
+        assert_eq!(
+            seen,
+            FromUpstream::Notification {
+                method: "notifications/progress".into(),
+                params: Some(json!({"progressToken": 7, "progress": 1}))
+            }
+        );
+        // Another request's token (even the client's own value) is foreign.
+        for token in [again.issued.clone(), json!(7)] {
+            let foreign = FromUpstream::Notification {
+                method: "notifications/progress".into(),
+                params: Some(json!({"progressToken": token, "progress": 1})),
+            };
+            assert!(Progress::translate(Some(&progress), foreign.clone()).is_err());
+            assert!(Progress::translate(None, foreign).is_err());
+        }
+        // A message without a token passes as it is.
+        let log = FromUpstream::Notification { method: "notifications/message".into(), params: Some(json!({"data": "x"})) };
+        assert_eq!(Progress::translate(Some(&progress), log.clone()), Ok(log));
     }
 
     #[test]
