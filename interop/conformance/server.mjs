@@ -558,9 +558,5 @@ const http = createServer(async (req, res) => {
     }
 });
 http.listen(port, '127.0.0.1', () => console.log(`READY http://127.0.0.1:${port}/mcp`));
-for (const sig of ['SIGINT', 'SIGTERM']) {
-    process.on(sig, () => {
-        http.closeAllConnections();
-        http.close(() => process.exit(0));
-    });
-}
+// Nothing to flush: stop at once, open streams and all.
+for (const sig of ['SIGINT', 'SIGTERM']) process.on(sig, () => process.exit(0));

@@ -9,11 +9,17 @@ usage: py_server.py SHAPE PORT
          legacy          the 2024-11-05 HTTP+SSE transport: GET /sse, POST /messages/
          modern-only     Streamable HTTP, sessionless revision 2026-07-28 only: an
                          ``initialize`` is refused (400, -32022 naming 2026-07-28)
+         shared-store    ``stateful`` with resumable streams kept in ONE event store
+                         for every session, keyed by request ID alone (the pattern of
+                         the SDK's example store): sessions that reuse request IDs
+                         get each other's events replayed
   PORT   TCP port on 127.0.0.1 (the test picks a free one, so a restart reuses it)
 
 Tools: ``echo(text)`` (text back), ``add(a, b)`` (structured ``{"sum": ...}``),
 ``fail(message)`` (a tool error: ``isError``), ``roots()`` (asks the client
 ``roots/list`` and returns the URIs), ``slow(ms)`` (sleeps, reports progress).
+
+With ``PY_SERVER_TRACE`` set, the shared store says on stderr what it stores and replays.
 
 Every HTTP request is counted by a small ASGI wrapper; ``GET /stats`` answers
 ``{"initialize": N, "posts": N, "deletes": N, "gets": N, "sessionless_rejected": N}``
@@ -27,11 +33,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 
 import anyio
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.streamable_http import EventMessage, EventStore
 
 MODERN_ONLY = False
 STATS = {"initialize": 0, "initialize_rejected": 0, "posts": 0, "deletes": 0, "gets": 0, "sessionless_rejected": 0}
@@ -67,6 +75,38 @@ async def slow(ms: int, ctx: Context) -> str:
         await anyio.sleep(ms / 1000 / steps)
         await ctx.report_progress(i + 1, steps)
     return f"slept {ms} ms"
+
+
+class SharedEventStore(EventStore):
+    """Every session's streams in one place, a stream named by its request ID alone."""
+
+    def __init__(self):
+        self.streams = {}  # stream ID (the request ID) -> [(event ID, message)]
+        self.stream_of = {}  # event ID -> stream ID
+        self.counter = 0
+
+    async def store_event(self, stream_id, message):
+        self.counter += 1
+        event_id = str(self.counter)
+        self.streams.setdefault(stream_id, []).append((event_id, message))
+        self.stream_of[event_id] = stream_id
+        if os.environ.get("PY_SERVER_TRACE"):
+            kind = "priming" if message is None else type(getattr(message, "root", message)).__name__
+            print(f"store {event_id} stream={stream_id} {kind}", file=sys.stderr, flush=True)
+        return event_id
+
+    async def replay_events_after(self, last_event_id, send_callback):
+        stream_id = self.stream_of.get(last_event_id)
+        if os.environ.get("PY_SERVER_TRACE"):
+            print(f"replay after {last_event_id} stream={stream_id}", file=sys.stderr, flush=True)
+        if stream_id is None:
+            return None
+        after = False
+        for event_id, message in list(self.streams.get(stream_id, [])):
+            if after and message is not None:
+                await send_callback(EventMessage(message, event_id))
+            after = after or event_id == last_event_id
+        return stream_id
 
 
 def counting(app):
@@ -149,12 +189,14 @@ def main() -> None:
         app = server.streamable_http_app(stateless_http=True, json_response=True)
     elif shape == "legacy":
         app = server.sse_app()
+    elif shape == "shared-store":
+        app = server.streamable_http_app(event_store=SharedEventStore())
     elif shape == "modern-only":
         global MODERN_ONLY
         MODERN_ONLY = True
         app = server.streamable_http_app(stateless_http=True, json_response=True)
     else:
-        sys.exit(f"unknown shape {shape!r}: stateful | stateless-json | legacy")
+        sys.exit(f"unknown shape {shape!r}: stateful | stateless-json | legacy | modern-only | shared-store")
     config = uvicorn.Config(counting(app), host="127.0.0.1", port=port, log_level="warning",
                             lifespan="on")
     uv = uvicorn.Server(config)

@@ -783,3 +783,123 @@ async fn an_upstream_answer_over_the_limit_or_unreadable_ends_its_call_and_other
     let big = c.call(&other, 2, "big_result", json!({"bytes": 900_000})).await;
     assert_eq!(big["result"]["content"][0]["text"].as_str().map(str::len), Some(900_000));
 }
+
+/// A fixture server of `interop/servers/py_server.py` (the official Python
+/// SDK) in `shape` on a free port; killed when dropped.
+struct PyServer(std::process::Child);
+
+impl Drop for PyServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_py_server(shape: &str) -> (PyServer, String) {
+    use std::io::BufRead;
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let ensure = std::process::Command::new("bash").arg(root.join("interop/servers/ensure.sh")).output().unwrap();
+    assert!(
+        ensure.status.success(),
+        "interop/servers/ensure.sh failed (this test needs python3 >= 3.10 with venv): {}",
+        String::from_utf8_lossy(&ensure.stderr)
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = std::process::Command::new(root.join("interop/py/.venv/bin/python"))
+        .arg(root.join("interop/servers/py_server.py"))
+        .args([shape, &port.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(match std::env::var_os("PY_SERVER_TRACE") {
+            Some(_) => std::process::Stdio::inherit(),
+            None => std::process::Stdio::null(),
+        })
+        .spawn()
+        .expect("the Python SDK fixture starts");
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = std::io::BufReader::new(stdout).lines();
+    let ready = lines.next().and_then(Result::ok);
+    assert_eq!(ready.as_deref(), Some("READY"), "py_server.py {shape} did not start");
+    std::thread::spawn(move || for _ in lines {});
+    (PyServer(child), format!("http://127.0.0.1:{port}/mcp"))
+}
+
+/// One client's call in a round of the crash test: what it must end with.
+struct CrashCall {
+    sid: String,
+    token: String,
+    ms: u64,
+    last_event: Option<String>,
+    seen: Vec<Value>,
+}
+
+#[tokio::test]
+async fn calls_through_an_upstream_that_keys_its_streams_by_request_id_each_end_once_with_their_own_result_across_crashes() {
+    // The official Python SDK with one event store for every session, keyed
+    // by request ID: an upstream request ID that two sessions share mixes
+    // their streams up when they are resumed.
+    let (_upstream, upstream_url) = start_py_server("shared-store");
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("g.db");
+    let flag = format!("shared={upstream_url}");
+    let (mut tether, mut url) = Tether::start(&db, &["--upstream", &flag]);
+    let c = Client::new(&format!("{url}/shared"));
+    let mut sessions = Vec::new();
+    for n in 0..12 {
+        sessions.push(initialized(&c, &format!("client-{n}")).await.0);
+    }
+    let (mut calls, mut foreign) = (0, 0);
+    for round in 0..5u64 {
+        let c = Client::new(&format!("{url}/shared"));
+        // Every client starts a slow call (its own duration, so its own result).
+        let mut started = Vec::new();
+        for (n, sid) in sessions.iter().enumerate() {
+            let ms = 2400 + 20 * n as u64 + round;
+            let token = format!("c{n}-r{round}");
+            let body = json!({"jsonrpc": "2.0", "id": round, "method": "tools/call",
+                "params": {"name": "slow", "arguments": {"ms": ms}, "_meta": {"progressToken": token}}});
+            let response = c.post(Some(sid), &body).send().await.unwrap();
+            assert_eq!(response.status(), 200);
+            started
+                .push((CrashCall { sid: sid.clone(), token, ms, last_event: None, seen: Vec::new() }, SseReader::new(response)));
+        }
+        // Each call is running upstream once its second progress arrived
+        // (the gateway left its recovery note long before).
+        for (call, stream) in started.iter_mut() {
+            let mut progress = 0;
+            while progress < 2 {
+                let event = stream.next_event().await.expect("the call's stream goes on until its second progress");
+                if event.id.is_some() {
+                    call.last_event = event.id.clone();
+                }
+                if event.data.is_empty() {
+                    continue;
+                }
+                let message = event.json();
+                if message["method"] == "notifications/progress" {
+                    progress += 1;
+                }
+                call.seen.push(message);
+            }
+        }
+        let mut cut: Vec<CrashCall> = started.into_iter().map(|(call, _)| call).collect();
+        tether.crash();
+        (tether, url) = Tether::start(&db, &["--upstream", &flag]);
+        let c = Client::new(&format!("{url}/shared"));
+        for call in cut.iter_mut() {
+            let replay = SseReader::new(c.get(&call.sid, call.last_event.as_deref()).send().await.unwrap()).all_events().await;
+            call.seen.extend(replay.iter().filter(|e| !e.data.is_empty()).map(|e| e.json()));
+            let answers: Vec<&Value> = call.seen.iter().filter(|m| m.get("id") == Some(&json!(round))).collect();
+            assert_eq!(answers.len(), 1, "round {round}: the call ends exactly once: {:?}", call.seen);
+            let text = answers[0]["result"]["content"][0]["text"].as_str().unwrap_or_default();
+            assert_eq!(text, format!("slept {} ms", call.ms), "round {round}: its own result: {}", answers[0]);
+            for message in call.seen.iter().filter(|m| m["method"] == "notifications/progress") {
+                if message["params"]["progressToken"] != json!(call.token) {
+                    foreign += 1;
+                }
+            }
+            calls += 1;
+        }
+    }
+    println!("{calls} calls across 5 kill -9s: each ended once with its own result; {foreign} foreign progress notifications");
+    assert_eq!(foreign, 0, "no progress of another call reached any call");
+}

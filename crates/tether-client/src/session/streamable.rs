@@ -6,6 +6,15 @@
 //! the server's `retry` (priming IDs count). A background task keeps the
 //! standalone GET stream open (reconnecting with `Last-Event-ID`, capped
 //! backoff). Closing sends DELETE.
+//!
+//! A resumed stream (`GET` + `Last-Event-ID`) that stays silent is asked
+//! again from its last event after [`RESUMED_SILENCE`] (doubling, capped):
+//! a server may store a response just after it replayed what it had and
+//! before it follows the request live (the official Python SDK has such a
+//! window), and then never sends it on that GET. Asking again replays it,
+//! from the last event that carried a message: a GET's own priming event
+//! may be numbered after a response the server stored meanwhile, and
+//! resuming after it would skip that response.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -31,6 +40,11 @@ const DEFAULT_RETRY: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// Attempts to resume one response stream before giving up.
 const MAX_RESUME_ATTEMPTS: u32 = 8;
+/// The first wait for an event on a resumed stream before asking again
+/// from its last event (doubled after each silent one, up to
+/// [`MAX_RESUMED_SILENCE`]); silence does not count as a failure.
+const RESUMED_SILENCE: Duration = Duration::from_secs(2);
+const MAX_RESUMED_SILENCE: Duration = Duration::from_secs(60);
 /// How long `connect` waits for the standalone stream to open.
 const STANDALONE_READY_WAIT: Duration = Duration::from_secs(1);
 
@@ -172,9 +186,25 @@ impl Inner {
     async fn read_response_stream(&self, mut events: Events, reading: Reading<'_>) -> Result<Box<RawValue>, ReqError> {
         let Reading { method, id, mut track, sink, resume_at_once } = reading;
         let mut failures = 0u32;
+        // A resumed reading goes on from the last event with a message.
+        let mut message_cursor = resume_at_once.then(|| events.decoder().last_id().map(str::to_owned)).flatten();
+        // Only a stream this reading resumed is watched for silence.
+        let mut silence = resume_at_once.then_some(RESUMED_SILENCE);
+        let mut resumed = false;
         loop {
-            let mut broke = None;
-            while let Some(item) = events.next().await {
+            let (mut broke, mut silent, mut got_message) = (None, false, false);
+            loop {
+                let item = match silence.filter(|_| resumed) {
+                    Some(limit) => match tokio::time::timeout(limit, events.next()).await {
+                        Ok(item) => item,
+                        Err(_) => {
+                            silent = true;
+                            break;
+                        }
+                    },
+                    None => events.next().await,
+                };
+                let Some(item) = item else { break };
                 let event = match item {
                     Ok(e) => e,
                     Err(e) => {
@@ -189,8 +219,14 @@ impl Inner {
                     noting.saw_event_id(event_id);
                     track = None;
                 }
-                if event.kind() != "message" {
+                if event.kind() != "message" || event.data.is_empty() {
                     continue;
+                }
+                got_message = true;
+                if let Some(cursor) = message_cursor.as_mut()
+                    && let Some(event_id) = events.decoder().last_id()
+                {
+                    event_id.clone_into(cursor);
                 }
                 match read_event(&self.url, &event.data) {
                     Some(Incoming::Response { id: rid, outcome }) if same_id(&rid, id) => return outcome_to_result(outcome),
@@ -208,14 +244,22 @@ impl Inner {
             if events.decoder().received_any() {
                 failures = 0;
             }
+            if got_message {
+                silence = silence.map(|_| RESUMED_SILENCE);
+            }
             let why = broke.map(|e| format!(" ({e})")).unwrap_or_default();
-            let Some(last) = events.decoder().last_id().map(str::to_owned) else {
+            let Some(last) = message_cursor.clone().or_else(|| events.decoder().last_id().map(str::to_owned)) else {
                 return Err(ClientError::Transport(format!(
                     "the server at {} closed the stream of {method} before answering{why}, and gave no event ID to resume from",
                     self.url
                 ))
                 .into());
             };
+            if silent {
+                // Not a failure: the answer may be stored and not sent live.
+                silence = silence.map(|s| (s * 2).min(MAX_RESUMED_SILENCE));
+                failures = failures.saturating_sub(1);
+            }
             failures += 1;
             if failures > MAX_RESUME_ATTEMPTS {
                 return Err(ClientError::Transport(format!(
@@ -225,7 +269,8 @@ impl Inner {
                 .into());
             }
             let retry = events.decoder().retry();
-            let delay = if resume_at_once && failures == 1 { Duration::ZERO } else { backoff(retry, failures) };
+            let delay = if (resume_at_once && failures == 1) || silent { Duration::ZERO } else { backoff(retry, failures) };
+            resumed = true;
             tracing::debug!(url = %self.url, "the stream of {method} dropped{why}; resuming after event {last} in {delay:?}");
             tokio::time::sleep(delay).await;
             let request = self.http.get(&self.url).headers(self.headers(false)).header(headers::LAST_EVENT_ID, last.as_str());

@@ -489,7 +489,7 @@ pub fn start_binary(db: &std::path::Path, extra: &[&str]) -> (std::process::Chil
         .args(["serve", "--listen", "127.0.0.1:0", "--store"])
         .arg(format!("sqlite:{}", db.display()))
         .args(extra)
-        .env("RUST_LOG", "info")
+        .env("RUST_LOG", std::env::var("TETHER_TEST_RUST_LOG").unwrap_or_else(|_| "info".into()))
         .env_remove("TETHER_JSON_RESPONSE")
         .env_remove("TETHER_AUTH_TOKENS")
         .stdout(std::process::Stdio::null())
@@ -504,8 +504,16 @@ pub fn start_binary(db: &std::path::Path, extra: &[&str]) -> (std::process::Chil
             break line[i..].split_whitespace().next().unwrap().to_owned();
         }
     };
-    // Keep draining stderr so the server never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
+    // Keep draining stderr so the server never blocks on a full pipe
+    // (shown with TETHER_TEST_SHOW_LOG=1, for a test being debugged).
+    let show = std::env::var_os("TETHER_TEST_SHOW_LOG").is_some();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            if show {
+                eprintln!("tether: {line}");
+            }
+        }
+    });
     (child, url)
 }
 
