@@ -41,6 +41,21 @@ pub struct Gateway {
     processes: Option<Arc<Processes>>,
     /// This gateway as the runner of its tasks' work.
     me: Weak<Gateway>,
+    /// Background sweeps (idle children), stopped at shutdown or drop.
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        for task in lock(&self.tasks).drain(..) {
+            task.abort();
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Nothing panics while holding these locks; a poisoned one is still consistent.
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Recent failures of the upstream to start (or to stay up), for the backoff.
@@ -76,10 +91,11 @@ impl Gateway {
             pool,
             processes,
             me: me.clone(),
+            tasks: Mutex::default(),
         });
         if let Target::Command(spec) = &gateway.config.target {
             let (links, idle) = (Arc::downgrade(&gateway.links), spec.idle_timeout);
-            tokio::spawn(sweep_idle(links, idle));
+            lock(&gateway.tasks).push(tokio::spawn(sweep_idle(links, idle)));
         }
         gateway
     }
@@ -642,8 +658,29 @@ impl McpApp for Gateway {
     async fn on_session_end(&self, ended: SessionEnd) {
         let Some(link) = ended.local::<Link>() else { return };
         if let Some(connection) = link.live.lock().await.take() {
-            let end_upstream_session = ended.reason != EndReason::Evicted;
+            // Only a session that is gone for good ends its upstream session;
+            // one that merely left this process is carried on elsewhere.
+            let end_upstream_session = matches!(ended.reason, EndReason::Deleted | EndReason::Expired);
             connection.upstream.close(end_upstream_session).await;
+        }
+    }
+
+    /// Stops every child and lets go of every upstream connection this
+    /// process holds (sessions' and the sessionless pool's), in parallel,
+    /// and the background sweeps. Upstream sessions are not ended: the
+    /// tether sessions carry on after a restart or on another replica.
+    async fn shutdown(&self) {
+        for task in lock(&self.tasks).drain(..) {
+            task.abort();
+        }
+        let closing = self.live_links().into_iter().map(|link| async move {
+            if let Some(connection) = link.live.lock().await.take() {
+                connection.upstream.close(false).await;
+            }
+        });
+        futures::future::join(futures::future::join_all(closing), self.pool.close_all()).await;
+        if let Some(processes) = &self.processes {
+            tracing::info!(upstream = %self.config.name, left = processes.live(), "upstream stopped for shutdown");
         }
     }
 }

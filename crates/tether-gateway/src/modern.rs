@@ -215,6 +215,13 @@ impl Pool {
         Err(self.busy())
     }
 
+    /// Closes every idle connection (at shutdown), in parallel.
+    pub(crate) async fn close_all(&self) {
+        let idle: Vec<Arc<Pooled>> =
+            self.idle.lock().map(|mut idle| idle.drain().flat_map(|(_, list)| list).collect()).unwrap_or_default();
+        futures::future::join_all(idle.iter().map(|pooled| pooled.connection.upstream.close(false))).await;
+    }
+
     /// Closes the least recently used idle connection (of `principal` only,
     /// if given); false if there was none.
     pub(crate) async fn close_oldest_idle(&self, principal: Option<&str>) -> bool {

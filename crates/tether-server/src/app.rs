@@ -181,6 +181,9 @@ pub enum EndReason {
     Deleted,
     /// Its TTL passed: the session and its stored data are gone.
     Expired,
+    /// This process is shutting down; the session lives on in the store and
+    /// another process (or this one, restarted) carries it on.
+    Shutdown,
     /// Dropped from memory to stay under `--session-cache`, or because
     /// another replica ended it; its durable state is still in the store,
     /// and a later request loads it again (with fresh local state).
@@ -254,6 +257,12 @@ pub trait McpApp: Send + Sync + 'static {
 
     /// A session left this process (see [`EndReason`]).
     async fn on_session_end(&self, _ended: SessionEnd) {}
+
+    /// The process is shutting down: release what the application holds
+    /// for the whole process (children, pooled connections, background
+    /// tasks). Called once, after every request has drained and every held
+    /// session has ended with [`EndReason::Shutdown`]; bounded by the engine.
+    async fn shutdown(&self) {}
 
     /// What the application says of itself to sessionless (2026-07-28)
     /// clients' `server/discover`: `capabilities`, `serverInfo` and

@@ -903,3 +903,56 @@ async fn calls_through_an_upstream_that_keys_its_streams_by_request_id_each_end_
     println!("{calls} calls across 5 kill -9s: each ended once with its own result; {foreign} foreign progress notifications");
     assert_eq!(foreign, 0, "no progress of another call reached any call");
 }
+
+#[tokio::test]
+async fn shutdown_stops_every_child_within_the_drain_timeout_and_the_sessions_carry_on_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("t.db");
+    // Each child leaves a process of its own behind, as `npx` does.
+    let left_behind = dir.path().join("grandchildren");
+    let flag = format!("echo=stdio:sh -c 'sleep 1000 & echo $! >> {}; exec python3 {}'", left_behind.display(), fixture());
+    let (tether, url) = Tether::start(&db, &["--upstream", &flag, "--drain-timeout", "5s"]);
+    let pid = tether.0.id();
+    let c = Client::new(&format!("{url}/echo"));
+    let mut sessions = Vec::new();
+    for n in 0..3 {
+        let (sid, _) = initialized(&c, &format!("client-{n}")).await;
+        sessions.push(sid);
+    }
+    // A sessionless client's pooled child too.
+    let answers = modern_messages(&c, &modern_call(1, "echo", json!({"x": 1}), modern_meta())).await;
+    assert_eq!(structured(answers.last().unwrap()), &json!({"x": 1}), "{answers:?}");
+    let children = fixture_children(pid);
+    assert_eq!(children.len(), 4, "three sessions' children and one pooled: {children:?}");
+
+    let started = std::time::Instant::now();
+    std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status().unwrap();
+    let mut tether = tether;
+    let status = tokio::task::spawn_blocking(move || {
+        let status = tether.0.wait();
+        (tether, status)
+    })
+    .await
+    .unwrap()
+    .1
+    .unwrap();
+    println!("SIGTERM with 4 live children: exited {status} after {:?}", started.elapsed());
+    assert!(status.success(), "a clean exit: {status}");
+    let grandchildren: Vec<u32> =
+        std::fs::read_to_string(&left_behind).unwrap().lines().map(|l| l.trim().parse().unwrap()).collect();
+    assert_eq!(grandchildren.len(), 5, "four live children and the one server/discover started and stopped");
+    let running: Vec<u32> = children.iter().chain(&grandchildren).copied().filter(|p| process_running(*p)).collect();
+    assert!(running.is_empty(), "no child (nor what it started) left running: {running:?}");
+
+    // The sessions were left, not ended: they carry on with new children.
+    let (_tether, url) = Tether::start(&db, &["--upstream", &flag]);
+    let c = Client::new(&format!("{url}/echo"));
+    let echoed = c.call(&sessions[0], 5, "echo", json!({"after": "shutdown"})).await;
+    assert_eq!(structured(&echoed), &json!({"after": "shutdown"}), "{echoed}");
+}
+
+/// Whether `pid` runs (a zombie waiting to be reaped does not count).
+fn process_running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|stat| stat.rsplit(')').next().is_some_and(|rest| !rest.trim_start().starts_with('Z')))
+}

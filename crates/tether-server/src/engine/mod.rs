@@ -639,6 +639,9 @@ fn truncate(s: &str, n: usize) -> String {
 
 /// After the interruption: how long the interrupted work gets to store its answers.
 const INTERRUPT_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+/// How long the applications may take to let go of what they hold at
+/// shutdown (a gateway stops its children: a few seconds each, in parallel).
+const APPS_SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Inner {
     /// Runs `task` tracked, so shutdown can wait for it.
@@ -723,12 +726,44 @@ impl Inner {
                 );
             }
         }
+        if tokio::time::timeout(APPS_SHUTDOWN_WAIT, self.shut_down_apps()).await.is_err() {
+            tracing::warn!("the applications did not finish shutting down in time; exiting anyway");
+        }
         if self.store.is_shared() {
             replicas::release_lease(self).await;
         }
         if let Err(e) = self.store.flush().await {
             tracing::error!(error = %e, "store flush on shutdown failed");
         }
+    }
+
+    /// Every session held here leaves this process ([`EndReason::Shutdown`];
+    /// it lives on in the store), then every application shuts down. Runs
+    /// after the requests drained, so nothing uses what they let go of.
+    async fn shut_down_apps(&self) {
+        let held: Vec<Arc<Session>> = self.sessions.lock().map(|m| m.values().cloned().collect()).unwrap_or_default();
+        let ends = held.into_iter().map(|s| {
+            let end = SessionEnd {
+                session_id: s.id.clone(),
+                principal: s.principal.clone(),
+                reason: EndReason::Shutdown,
+                local: s.take_local(),
+            };
+            let app = self.app_of(&s);
+            async move {
+                let id = end.session_id.clone();
+                if std::panic::AssertUnwindSafe(app.on_session_end(end)).catch_unwind().await.is_err() {
+                    tracing::error!(session = %id, "the application panicked hearing that a session ended");
+                }
+            }
+        });
+        futures::future::join_all(ends).await;
+        let apps = self.apps.all().map(|app| async move {
+            if std::panic::AssertUnwindSafe(app.shutdown()).catch_unwind().await.is_err() {
+                tracing::error!("an application panicked shutting down");
+            }
+        });
+        futures::future::join_all(apps).await;
     }
 
     /// Appends the first events of a stream this process just named, in one
