@@ -48,6 +48,9 @@ impl From<ClientError> for ReqError {
 impl ReqError {
     pub(crate) fn into_client(self) -> ClientError {
         match self {
+            // A refusal that is a JSON-RPC error (a 2026-07-28 server answers
+            // e.g. -32021 with 400 and -32601 with 404) is that error.
+            ReqError::Status { status: 400..=499, rpc: Some(error), .. } => ClientError::Rpc(error),
             ReqError::Status { status, message, url, .. } => {
                 ClientError::Transport(format!("the server at {url} answered HTTP {status}: {message}"))
             }

@@ -538,7 +538,21 @@ impl Session {
         params: Option<Value>,
         track: &RequestTrack,
     ) -> Result<Box<RawValue>, ClientError> {
-        let extras = Extras { accepted: None, track: Some(track) };
+        let extras = Extras { track: Some(track), ..Extras::default() };
+        self.request_with(method, params, extras).await.map_err(ReqError::into_client)
+    }
+
+    /// [`Session::request_json`], with what the server sends on this
+    /// request's own stream (its progress, log messages) going to `sink`, in
+    /// order, before the answer is returned, instead of the session's
+    /// incoming channel: one request's messages, with no guessing whose.
+    pub async fn request_json_with_sink(
+        &self,
+        method: &str,
+        params: Option<Value>,
+        sink: &mpsc::Sender<ServerMessage>,
+    ) -> Result<Box<RawValue>, ClientError> {
+        let extras = Extras { sink: Some(sink), ..Extras::default() };
         self.request_with(method, params, extras).await.map_err(ReqError::into_client)
     }
 
@@ -571,14 +585,14 @@ impl Session {
         params: Option<Value>,
         accepted: Option<Box<dyn FnOnce() + Send>>,
     ) -> Result<Value, ReqError> {
-        let raw = self.request_with(method, params, Extras { accepted, track: None }).await?;
+        let raw = self.request_with(method, params, Extras { accepted, ..Extras::default() }).await?;
         serde_json::from_str(raw.get()).map_err(|e| {
             ClientError::Transport(format!("the server at {} sent an unreadable result: {e}", self.inner.url)).into()
         })
     }
 
     async fn request_with(&self, method: &str, params: Option<Value>, extras: Extras<'_>) -> Result<Box<RawValue>, ReqError> {
-        let Extras { accepted, track } = extras;
+        let Extras { accepted, track, sink } = extras;
         let id = Value::String(format!("{}{}", self.inner.id_prefix, self.inner.next_id.fetch_add(1, Ordering::Relaxed)));
         if let Some(track) = track {
             track.begin(&id);
@@ -600,7 +614,7 @@ impl Session {
         }
         let work = async {
             match &self.inner.kind {
-                Kind::Streamable => self.inner.streamable_request(&message, &id, accepted, track).await,
+                Kind::Streamable => self.inner.streamable_request(&message, &id, accepted, track, sink).await,
                 Kind::Legacy(channel) => self.inner.legacy_request(channel, &message, &id, accepted).await,
             }
         };
@@ -854,6 +868,9 @@ struct Extras<'a> {
     /// Runs once the server accepted the request (2xx), before its answer.
     accepted: Option<Box<dyn FnOnce() + Send>>,
     track: Option<&'a RequestTrack>,
+    /// Where the server's messages on this request's own stream go (default:
+    /// the session's incoming channel). Streamable HTTP only.
+    sink: Option<&'a mpsc::Sender<ServerMessage>>,
 }
 
 /// Where a request in flight stands on its server: its JSON-RPC ID and the

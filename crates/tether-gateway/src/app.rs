@@ -17,6 +17,7 @@ use tether_wire::meta;
 use crate::config::{Target, UpstreamConfig};
 use crate::link::{self, Connection, Link, Progress};
 use crate::modern::{self, Pool};
+use crate::passthrough::Passthrough;
 use crate::processes::{Limit, Processes};
 use crate::upstream::Started;
 
@@ -41,6 +42,9 @@ pub struct Gateway {
     processes: Option<Arc<Processes>>,
     /// This gateway as the runner of its tasks' work.
     me: Weak<Gateway>,
+    /// The upstream as a 2026-07-28 server for sessionless clients, once
+    /// `server/discover` found it speaks that revision.
+    passthrough: std::sync::OnceLock<Passthrough>,
     /// Background sweeps (idle children), stopped at shutdown or drop.
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
@@ -91,6 +95,7 @@ impl Gateway {
             pool,
             processes,
             me: me.clone(),
+            passthrough: std::sync::OnceLock::new(),
             tasks: Mutex::default(),
         });
         if let Target::Command(spec) = &gateway.config.target {
@@ -353,6 +358,9 @@ impl Gateway {
                 }
             }
             _ => {}
+        }
+        if let Some(passthrough) = self.passthrough.get() {
+            return passthrough.request(&ctx, method, params).await;
         }
         let authorization = self.sessionless_authorization(ctx.client_authorization());
         let connect = self.connect("(sessionless)", ctx.principal(), modern::initialize_params(), authorization, None);
@@ -642,6 +650,13 @@ impl McpApp for Gateway {
     /// the engine keeps the answer). `None` while the upstream cannot be
     /// reached, so the next `server/discover` asks again.
     async fn discover(&self) -> Option<Map<String, Value>> {
+        let has_task_tools = !self.config.task_tools.is_empty();
+        if let Target::Url(spec) = &self.config.target
+            && let Some((passthrough, described)) = Passthrough::discover(spec, &self.config.name, self.config.init_timeout).await
+        {
+            let _ = self.passthrough.set(passthrough);
+            return Some(modern::describe(&described, has_task_tools));
+        }
         let started = self.connect("(discover)", "(discover)", modern::initialize_params(), None, None).await;
         let Started { upstream, initialize_result, .. } = match started {
             Ok(started) => started,
@@ -652,7 +667,11 @@ impl McpApp for Gateway {
         };
         upstream.close(true).await;
         let result: Map<String, Value> = serde_json::from_str(initialize_result.get()).ok()?;
-        Some(modern::describe(&result, !self.config.task_tools.is_empty()))
+        Some(modern::describe(&result, has_task_tools))
+    }
+
+    fn passes_input_through(&self) -> bool {
+        self.passthrough.get().is_some()
     }
 
     async fn on_session_end(&self, ended: SessionEnd) {

@@ -144,7 +144,7 @@ pub async fn connect(
 /// and at most one `Authorization`: tether's bearer token from the
 /// environment variable `auth_env`, else the client's header when
 /// `forward_auth`, else none (the client's is never forwarded by default).
-fn client_options(
+pub(crate) fn client_options(
     spec: &UrlSpec,
     client_authorization: Option<String>,
     env: impl Fn(&str) -> Option<String>,

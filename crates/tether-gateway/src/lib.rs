@@ -15,6 +15,10 @@
 //!   `task_tools` as durable tasks.
 //! - `modern_url`: the reverse, a URL upstream that speaks only the
 //!   sessionless revision, for session-era clients.
+//! - `passthrough`: a sessionless client of a URL upstream that speaks
+//!   2026-07-28 too: its requests forwarded as sent, rounds and tasks the
+//!   upstream's.
+//! - [`processes`]: the hard cap on a command upstream's live children.
 //! - [`config`]: what an upstream is (flags and TOML).
 //! - [`upstream`]: the seam to a transport; [`stdio`] (a child process per
 //!   session) and [`http`] (an upstream HTTP session per session) implement it.
@@ -26,6 +30,7 @@ pub mod http;
 mod link;
 mod modern;
 mod modern_url;
+mod passthrough;
 pub mod processes;
 pub mod stdio;
 pub mod upstream;

@@ -49,22 +49,7 @@ pub(crate) async fn start(
     }
     capabilities["extensions"][meta::TASKS_EXTENSION] = json!({});
     let session = Session::modern(&spec.url, options, client_info, capabilities).ok()?;
-    let discovered = tokio::time::timeout(init_timeout, session.request("server/discover", None)).await.ok()?.ok()?;
-    let speaks_modern = discovered
-        .get("supportedVersions")
-        .and_then(Value::as_array)
-        .is_some_and(|v| v.iter().filter_map(Value::as_str).any(revision::is_modern));
-    if !speaks_modern {
-        return None;
-    }
-    let mut result = serde_json::Map::new();
-    result.insert("capabilities".into(), discovered.get("capabilities").cloned().unwrap_or_else(|| json!({})));
-    if let Some(info) = discovered.get("_meta").and_then(|m| m.get(meta::SERVER_INFO)) {
-        result.insert("serverInfo".into(), info.clone());
-    }
-    if let Some(instructions) = discovered.get("instructions") {
-        result.insert("instructions".into(), instructions.clone());
-    }
+    let result = discover(&session, init_timeout).await?;
     let initialize_result = serde_json::value::to_raw_value(&result).ok()?;
     let (inbound_tx, inbound) = mpsc::channel(INBOUND_BUFFER);
     if let Some(from_client) = session.take_incoming() {
@@ -81,6 +66,29 @@ pub(crate) async fn start(
         log_level: Mutex::new(None),
     });
     Some(Started { upstream, inbound, initialize_result, carry_on: None })
+}
+
+/// Asks a sessionless client's `server/discover` of the upstream: what it
+/// says of itself in the shape of an `initialize` result (`capabilities`,
+/// `serverInfo`, `instructions`), if it names a sessionless revision.
+pub(crate) async fn discover(session: &Session, timeout: Duration) -> Option<serde_json::Map<String, Value>> {
+    let discovered = tokio::time::timeout(timeout, session.request("server/discover", None)).await.ok()?.ok()?;
+    let speaks_modern = discovered
+        .get("supportedVersions")
+        .and_then(Value::as_array)
+        .is_some_and(|v| v.iter().filter_map(Value::as_str).any(revision::is_modern));
+    if !speaks_modern {
+        return None;
+    }
+    let mut result = serde_json::Map::new();
+    result.insert("capabilities".into(), discovered.get("capabilities").cloned().unwrap_or_else(|| json!({})));
+    if let Some(info) = discovered.get("_meta").and_then(|m| m.get(meta::SERVER_INFO)) {
+        result.insert("serverInfo".into(), info.clone());
+    }
+    if let Some(instructions) = discovered.get("instructions") {
+        result.insert("instructions".into(), instructions.clone());
+    }
+    Some(result)
 }
 
 /// A sessionless upstream, as the gateway's [`Upstream`] of one session.

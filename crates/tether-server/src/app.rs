@@ -273,6 +273,16 @@ pub trait McpApp: Send + Sync + 'static {
         None
     }
 
+    /// Whether this application takes a sessionless request's rounds itself
+    /// (it passes them through to a server of its own): then the engine
+    /// leaves `inputResponses` and `requestState` in the params and its own
+    /// round-taking ([`RequestCtx::request_client`] as `input_required`)
+    /// is not used. Asked for every sessionless request, after
+    /// [`McpApp::discover`]. Default: no.
+    fn passes_input_through(&self) -> bool {
+        false
+    }
+
     /// Carries on a request whose process died while it ran (a crash, or a
     /// replica whose lease lapsed), for which the application left a note
     /// with [`RequestCtx::leave_recovery_note`]: `ctx` is the request's

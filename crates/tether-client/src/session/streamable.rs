@@ -106,6 +106,7 @@ impl Inner {
         id: &Value,
         accepted: Option<Box<dyn FnOnce() + Send>>,
         track: Option<&RequestTrack>,
+        sink: Option<&mpsc::Sender<ServerMessage>>,
     ) -> Result<Box<RawValue>, ReqError> {
         let initializing = message.get("method").and_then(Value::as_str) == Some("initialize");
         let response = self.post(&self.url, message).await?;
@@ -129,7 +130,7 @@ impl Inner {
         let ct = content_type(&response);
         if ct.starts_with(headers::EVENT_STREAM) {
             let method = message.get("method").and_then(Value::as_str).unwrap_or("request");
-            let reading = Reading { method, id, track, sink: None, resume_at_once: false };
+            let reading = Reading { method, id, track, sink, resume_at_once: false };
             self.read_response_stream(sse::events(response, Decoder::new()), reading).await
         } else if ct.starts_with("application/json") {
             let body = read_body(response, MAX_MESSAGE_BYTES).await.map_err(ClientError::Transport)?;

@@ -121,7 +121,9 @@ impl Engine {
         let SessionlessRequest { caller, id, method, mut params, authorization, log_level, .. } = request;
         let span = crate::trace::rpc_span(&method, None, params.as_ref());
         let principal = caller.principal.clone();
-        let repeated = params.as_ref().is_some_and(|p| p.contains_key("inputResponses") || p.contains_key("requestState"));
+        // An application that passes the rounds through gets them as sent.
+        let repeated = !app.passes_input_through()
+            && params.as_ref().is_some_and(|p| p.contains_key("inputResponses") || p.contains_key("requestState"));
         let rounds = match params.as_mut() {
             Some(p) if repeated => {
                 let key = inner.key.get(inner.store.as_ref()).await.map_err(EngineError::Unavailable)?;

@@ -1,0 +1,119 @@
+//! The 2026-07-28 era passed through: a sessionless client of an upstream
+//! that speaks that revision too (found with `server/discover`, remembered
+//! per upstream) has each request forwarded as it sent it. The upstream
+//! sees the real client: its own `_meta` (declared capabilities, client
+//! info, log level, progress token), never widened; an `input_required`
+//! result (`inputRequests`, `requestState`) goes back to the client as the
+//! upstream wrote it, and the client's `inputResponses` up again; Tasks are
+//! the upstream's. Only tether's own `_meta` keys stay behind.
+//!
+//! What the upstream sends on a request's own stream (progress, log
+//! messages) goes to that request's client alone, in order, before its
+//! answer ([`Session::request_json_with_sink`]). A sessionless server asks
+//! through results, not requests: a request of the upstream is refused.
+//!
+//! Only a URL upstream is passed through; a stdio server, and a URL server
+//! of the session era, are bridged (see `modern`).
+
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+use tether_client::{ClientError, ServerMessage, Session};
+use tether_server::{RawResult, RequestCtx, RpcError};
+use tether_wire::{code, meta};
+use tokio::sync::mpsc;
+
+use crate::config::UrlSpec;
+
+/// Messages of one request's stream waiting to be relayed.
+const STREAM_BUFFER: usize = 64;
+
+/// A 2026-07-28 URL upstream, for sessionless clients.
+pub(crate) struct Passthrough {
+    name: String,
+    spec: UrlSpec,
+    /// Requests without the client's own credentials share this client.
+    shared: Session,
+}
+
+impl Passthrough {
+    /// The upstream, if its `server/discover` names the sessionless
+    /// revision; with what it says of itself (as an `initialize` result).
+    pub(crate) async fn discover(spec: &UrlSpec, name: &str, timeout: Duration) -> Option<(Self, Map<String, Value>)> {
+        let shared = session(spec, None).ok()?;
+        let described = crate::modern_url::discover(&shared, timeout).await?;
+        tracing::info!(upstream = %name, url = %spec.url, "the upstream speaks 2026-07-28: its sessionless clients are passed through");
+        Some((Self { name: name.to_owned(), spec: spec.clone(), shared }, described))
+    }
+
+    /// Forwards one request of a sessionless client as it sent it.
+    pub(crate) async fn request(
+        &self,
+        ctx: &RequestCtx,
+        method: &str,
+        mut params: Map<String, Value>,
+    ) -> Result<RawResult, RpcError> {
+        if let Some(Value::Object(m)) = params.get_mut("_meta") {
+            m.retain(|k, _| !k.starts_with(meta::TETHER_PREFIX));
+        }
+        let forwarded = self.spec.forward_auth.then(|| ctx.client_authorization().map(|a| a.header_value().to_owned())).flatten();
+        let client = match forwarded {
+            Some(authorization) => session(&self.spec, Some(authorization)).map_err(|e| self.failed(e))?,
+            None => self.shared.clone(),
+        };
+        let mut params = Some(Value::Object(params));
+        tether_server::trace::inject_meta(&mut params);
+        let (tx, mut rx) = mpsc::channel(STREAM_BUFFER);
+        let timer = tether_server::metrics::upstream_request_started();
+        // Dropping this future closes the request's HTTP response: how a
+        // sessionless server hears of a cancellation.
+        let call = client.request_json_with_sink(method, params, &tx);
+        let mut call = std::pin::pin!(call);
+        let result = loop {
+            tokio::select! {
+                biased;
+                Some(message) = rx.recv() => self.relay(ctx, &client, message).await,
+                result = &mut call => break result,
+            }
+        };
+        while let Ok(message) = rx.try_recv() {
+            self.relay(ctx, &client, message).await;
+        }
+        timer.done(&self.name);
+        result.map_err(|e| self.failed(e))
+    }
+
+    /// One message of the upstream on a request's stream, to its client.
+    async fn relay(&self, ctx: &RequestCtx, client: &Session, message: ServerMessage) {
+        match message {
+            ServerMessage::Notification { method, params } => {
+                if let Err(e) = ctx.notify(&method, params).await {
+                    tracing::debug!(upstream = %self.name, %method, error = %e.message, "an upstream notification did not reach its client");
+                }
+            }
+            ServerMessage::Request { id, method, .. } => {
+                let refused = json!({"code": code::METHOD_NOT_FOUND,
+                    "message": format!("{method}: a 2026-07-28 server asks its client through an input_required result")});
+                if let Err(e) = client.respond(id, Err(refused)).await {
+                    tracing::debug!(upstream = %self.name, %method, error = %e, "could not refuse the upstream's request");
+                }
+            }
+        }
+    }
+
+    fn failed(&self, e: ClientError) -> RpcError {
+        match e {
+            ClientError::Rpc(error) => error,
+            other => RpcError::internal(format!("upstream {} at {}: {other}", self.name, self.spec.url)),
+        }
+    }
+}
+
+/// A sessionless client of the upstream that declares nothing of its own:
+/// every request carries its client's declarations in `_meta`.
+fn session(spec: &UrlSpec, client_authorization: Option<String>) -> Result<Session, ClientError> {
+    let options =
+        crate::http::client_options(spec, client_authorization, |var| std::env::var(var).ok()).map_err(ClientError::Transport)?;
+    let client_info = json!({"name": "tether-gateway", "version": env!("CARGO_PKG_VERSION")});
+    Session::modern(&spec.url, options, client_info, json!({}))
+}
