@@ -37,7 +37,7 @@ use tracing::{debug, info, warn};
 
 use crate::stdio::Outgoing;
 use crate::token_store::{ResumeTokenStore, log_lines};
-use crate::upstream::{Connector, ServerMessage, UpstreamError, UpstreamSession};
+use crate::upstream::{Connector, PeerMessage, UpstreamError, UpstreamSession};
 use tether_wire::ndjson::Line;
 
 /// Limits of one bridge.
@@ -402,13 +402,11 @@ impl Shared {
     }
 
     /// The remote's own messages to the host, in order.
-    async fn pump(self: Arc<Self>, generation: u64, mut incoming: mpsc::Receiver<ServerMessage>) {
+    async fn pump(self: Arc<Self>, generation: u64, mut incoming: mpsc::Receiver<PeerMessage>) {
         while let Some(message) = incoming.recv().await {
             let message = match message {
-                ServerMessage::Notification { method, params } => {
-                    with_params(json!({"jsonrpc": "2.0", "method": method}), params)
-                }
-                ServerMessage::Request { id, method, params } => match self.remote_request(generation, id, &method).await {
+                PeerMessage::Notification { method, params } => with_params(json!({"jsonrpc": "2.0", "method": method}), params),
+                PeerMessage::Request { id, method, params } => match self.remote_request(generation, id, &method).await {
                     Some(bridge_id) => with_params(json!({"jsonrpc": "2.0", "id": bridge_id, "method": method}), params),
                     None => continue,
                 },

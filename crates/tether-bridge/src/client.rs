@@ -9,10 +9,7 @@ use serde_json::Value;
 use tether_client::{ClientError, ClientOptions, Session};
 use tokio::sync::mpsc;
 
-use crate::upstream::{Connector, ServerMessage, UpstreamError, UpstreamSession};
-
-/// Server-initiated messages buffered between the client runtime and the bridge.
-const INCOMING_BUFFER: usize = 64;
+use crate::upstream::{Connector, PeerMessage, UpstreamError, UpstreamSession};
 
 /// A connector to the Streamable HTTP MCP endpoint at `url`.
 pub fn connector(url: &str, bearer_token: Option<String>, request_timeout: Duration) -> Arc<dyn Connector> {
@@ -67,24 +64,7 @@ impl UpstreamSession for ClientSession {
         self.session.respond(id, result).await.map_err(convert)
     }
 
-    fn take_incoming(&self) -> Option<mpsc::Receiver<ServerMessage>> {
-        let mut from_client = self.session.take_incoming()?;
-        let (tx, rx) = mpsc::channel(INCOMING_BUFFER);
-        // Relays until either side is gone (the client's stream ended, or the
-        // bridge moved on to another session and dropped its receiver).
-        tokio::spawn(async move {
-            while let Some(message) = from_client.recv().await {
-                let message = match message {
-                    tether_client::ServerMessage::Request { id, method, params } => ServerMessage::Request { id, method, params },
-                    tether_client::ServerMessage::Notification { method, params } => {
-                        ServerMessage::Notification { method, params }
-                    }
-                };
-                if tx.send(message).await.is_err() {
-                    return;
-                }
-            }
-        });
-        Some(rx)
+    fn take_incoming(&self) -> Option<mpsc::Receiver<PeerMessage>> {
+        self.session.take_incoming()
     }
 }

@@ -38,11 +38,7 @@ impl UpstreamError {
 }
 
 /// A message the remote sent on its own (not a response).
-#[derive(Debug, Clone, PartialEq)]
-pub enum ServerMessage {
-    Request { id: Value, method: String, params: Option<Value> },
-    Notification { method: String, params: Option<Value> },
-}
+pub use tether_wire::PeerMessage;
 
 /// One live remote session.
 #[async_trait::async_trait]
@@ -53,7 +49,7 @@ pub trait UpstreamSession: Send + Sync + 'static {
     /// Answers a request the remote sent (`Err` carries a JSON-RPC error object).
     async fn respond(&self, id: Value, result: Result<Value, Value>) -> Result<(), UpstreamError>;
     /// Server-initiated messages; `Some` once.
-    fn take_incoming(&self) -> Option<mpsc::Receiver<ServerMessage>>;
+    fn take_incoming(&self) -> Option<mpsc::Receiver<PeerMessage>>;
 }
 
 /// Opens remote sessions.

@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tether_bridge::bridge::{self, BridgeOptions};
 use tether_bridge::stdio::Outgoing;
-use tether_bridge::upstream::{Connector, ServerMessage, UpstreamError, UpstreamSession};
+use tether_bridge::upstream::{Connector, PeerMessage, UpstreamError, UpstreamSession};
 use tether_bridge::{ResumeOptions, ResumeTokenStore};
 use tether_wire::meta::{RESUME_REFUSED as REFUSED_META, RESUMED as RESUMED_META, SESSION_RESUME_TOKEN as TOKEN_META};
 use tether_wire::ndjson::Line;
@@ -29,7 +29,7 @@ struct RemoteState {
     calls: Vec<(u64, String, Option<Value>)>,
     answers: Vec<(Value, Result<Value, Value>)>,
     waiting: HashMap<String, oneshot::Sender<Result<Value, Value>>>,
-    incoming: HashMap<u64, mpsc::Sender<ServerMessage>>,
+    incoming: HashMap<u64, mpsc::Sender<PeerMessage>>,
 }
 
 #[derive(Clone, Default)]
@@ -55,7 +55,7 @@ impl FakeRemote {
         s.tokens.clear();
     }
 
-    async fn push(&self, session: u64, message: ServerMessage) {
+    async fn push(&self, session: u64, message: PeerMessage) {
         let tx = self.state().incoming.get(&session).cloned().unwrap();
         tx.send(message).await.unwrap();
     }
@@ -64,7 +64,7 @@ impl FakeRemote {
 struct FakeSession {
     id: u64,
     remote: FakeRemote,
-    incoming: Mutex<Option<mpsc::Receiver<ServerMessage>>>,
+    incoming: Mutex<Option<mpsc::Receiver<PeerMessage>>>,
 }
 
 #[async_trait::async_trait]
@@ -111,7 +111,7 @@ impl UpstreamSession for FakeSession {
         Ok(())
     }
 
-    fn take_incoming(&self) -> Option<mpsc::Receiver<ServerMessage>> {
+    fn take_incoming(&self) -> Option<mpsc::Receiver<PeerMessage>> {
         self.incoming.lock().unwrap().take()
     }
 }
@@ -287,13 +287,13 @@ async fn requests_keep_the_hosts_ids_and_remote_requests_get_bridge_ids() {
     );
 
     // The remote asks the host; the answer goes back under the remote's id.
-    remote.push(1, ServerMessage::Request { id: json!("srv-9"), method: "roots/list".into(), params: None }).await;
+    remote.push(1, PeerMessage::Request { id: json!("srv-9"), method: "roots/list".into(), params: None }).await;
     let ask = host.recv().await;
     assert_eq!(ask["method"], "roots/list");
     assert!(ask["id"].is_u64());
     host.send(json!({"jsonrpc": "2.0", "id": ask["id"], "result": {"roots": [{"uri": "file:///p"}]}})).await;
     remote
-        .push(1, ServerMessage::Request { id: json!(12), method: "sampling/createMessage".into(), params: Some(json!({"a": 1})) })
+        .push(1, PeerMessage::Request { id: json!(12), method: "sampling/createMessage".into(), params: Some(json!({"a": 1})) })
         .await;
     let ask2 = host.recv().await;
     assert_ne!(ask2["id"], ask["id"]);
@@ -301,7 +301,7 @@ async fn requests_keep_the_hosts_ids_and_remote_requests_get_bridge_ids() {
     host.send(json!({"jsonrpc": "2.0", "id": ask2["id"], "error": {"code": -1, "message": "no"}})).await;
     // Notifications both ways.
     remote
-        .push(1, ServerMessage::Notification { method: "notifications/message".into(), params: Some(json!({"level": "info"})) })
+        .push(1, PeerMessage::Notification { method: "notifications/message".into(), params: Some(json!({"level": "info"})) })
         .await;
     assert_eq!(host.recv().await, json!({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info"}}));
     host.send(json!({"jsonrpc": "2.0", "method": "notifications/roots/list_changed"})).await;
@@ -439,7 +439,7 @@ async fn requests_beyond_the_in_flight_limit_are_refused_without_blocking_answer
     assert_eq!(refused["id"], 3);
     assert!(refused["error"]["message"].as_str().unwrap().contains("too many requests in flight"));
     // The host can still answer the remote while both slots are taken.
-    remote.push(1, ServerMessage::Request { id: json!("r"), method: "roots/list".into(), params: None }).await;
+    remote.push(1, PeerMessage::Request { id: json!("r"), method: "roots/list".into(), params: None }).await;
     let ask = recv().await;
     send(json!({"jsonrpc": "2.0", "id": ask["id"], "result": {"roots": []}})).await;
     for _ in 0..100 {
@@ -479,7 +479,7 @@ async fn a_hosts_answer_to_a_request_of_an_earlier_remote_session_is_dropped() {
 
     // Session 1 asks the host; before the host answers, the remote forgets
     // the session and the bridge moves to a fresh one.
-    remote.push(1, ServerMessage::Request { id: json!("old-1"), method: "roots/list".into(), params: None }).await;
+    remote.push(1, PeerMessage::Request { id: json!("old-1"), method: "roots/list".into(), params: None }).await;
     let stale = host.recv().await;
     assert_eq!(stale["method"], "roots/list");
     remote.forget_all();
@@ -489,7 +489,7 @@ async fn a_hosts_answer_to_a_request_of_an_earlier_remote_session_is_dropped() {
     host.send(json!({"jsonrpc": "2.0", "id": stale["id"], "result": {"roots": []}})).await;
 
     // The new session asks too; only its own request gets an answer.
-    remote.push(second, ServerMessage::Request { id: json!("new-1"), method: "roots/list".into(), params: None }).await;
+    remote.push(second, PeerMessage::Request { id: json!("new-1"), method: "roots/list".into(), params: None }).await;
     let fresh = host.recv().await;
     host.send(json!({"jsonrpc": "2.0", "id": fresh["id"], "result": {"roots": [{"uri": "file:///new"}]}})).await;
     let answers = answers_after(&remote, 1).await;
@@ -501,7 +501,7 @@ async fn a_hosts_answer_to_a_request_of_an_earlier_remote_session_is_dropped() {
 
     // The bridge has not noticed yet that the second session is gone when the host
     // answers: that answer is not re-sent to the session opened next.
-    remote.push(second, ServerMessage::Request { id: json!("new-2"), method: "roots/list".into(), params: None }).await;
+    remote.push(second, PeerMessage::Request { id: json!("new-2"), method: "roots/list".into(), params: None }).await;
     let lost = host.recv().await;
     remote.forget_all();
     host.send(json!({"jsonrpc": "2.0", "id": lost["id"], "result": {"roots": []}})).await;
@@ -534,13 +534,13 @@ async fn requests_of_an_earlier_remote_session_do_not_count_against_the_pending_
     send(json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {}})).await;
     recv().await;
     // Session 1 asks and the host never answers; then session 1 is lost.
-    remote.push(1, ServerMessage::Request { id: json!("old"), method: "roots/list".into(), params: None }).await;
+    remote.push(1, PeerMessage::Request { id: json!("old"), method: "roots/list".into(), params: None }).await;
     assert_eq!(recv().await["method"], "roots/list");
     remote.forget_all();
     send(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})).await;
     let second = recv().await["result"]["session"].as_u64().unwrap();
     // The new session's request reaches the host: the unanswerable one is not in the way.
-    remote.push(second, ServerMessage::Request { id: json!("new"), method: "roots/list".into(), params: None }).await;
+    remote.push(second, PeerMessage::Request { id: json!("new"), method: "roots/list".into(), params: None }).await;
     let ask = recv().await;
     assert_eq!(ask["method"], "roots/list", "{ask}");
     assert!(remote.state().answers.is_empty(), "nothing refused: {:?}", remote.state().answers);

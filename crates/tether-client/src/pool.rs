@@ -33,7 +33,7 @@ use tokio::task::JoinHandle;
 use crate::config::{Protocol, RequiresSession, ServerSpec};
 use crate::error::ReqError;
 use crate::resume::{self, Round};
-use crate::session::{ServerMessage, Session};
+use crate::session::{PeerMessage, Session};
 use crate::{ClientError, DEFAULT_PROTOCOL_VERSION};
 
 /// The client's roots, asked for each time a server sends `roots/list`:
@@ -456,7 +456,7 @@ impl Pool {
         tokio::spawn(async move {
             while let Some(message) = rx.recv().await {
                 match message {
-                    ServerMessage::Request { id, method, .. } => {
+                    PeerMessage::Request { id, method, .. } => {
                         let answer = match method.as_str() {
                             "ping" => Ok(json!({})),
                             "roots/list" => Ok(json!({"roots": roots()})),
@@ -476,7 +476,7 @@ impl Pool {
                             }
                         });
                     }
-                    ServerMessage::Notification { method, params } => {
+                    PeerMessage::Notification { method, params } => {
                         if method == "notifications/progress" {
                             route_progress(&progress, params.as_ref());
                         }

@@ -22,6 +22,7 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
+pub use tether_wire::PeerMessage;
 use tether_wire::{Inbound, RpcError, code, envelope, headers, meta};
 
 use crate::error::{ClientError, ReqError};
@@ -63,13 +64,6 @@ impl std::fmt::Debug for ClientOptions {
             .field("request_timeout", &self.request_timeout)
             .finish()
     }
-}
-
-/// A message the server sent to the client.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ServerMessage {
-    Request { id: Value, method: String, params: Option<Value> },
-    Notification { method: String, params: Option<Value> },
 }
 
 /// One MCP session over Streamable HTTP (or the 2024-11-05 HTTP+SSE fallback).
@@ -116,8 +110,8 @@ struct Inner {
     /// cannot hand one session's stream to another.
     id_prefix: String,
     next_id: AtomicI64,
-    incoming_tx: mpsc::Sender<ServerMessage>,
-    incoming_rx: Mutex<Option<mpsc::Receiver<ServerMessage>>>,
+    incoming_tx: mpsc::Sender<PeerMessage>,
+    incoming_rx: Mutex<Option<mpsc::Receiver<PeerMessage>>>,
     /// Messages put on `incoming_tx` so far ([`Session::incoming_handed`]).
     incoming_handed: AtomicU64,
     closed: watch::Sender<bool>,
@@ -142,17 +136,17 @@ impl Drop for Inner {
 /// a gateway passes it on as it came, without building it as a tree.
 enum Incoming {
     Response { id: Value, outcome: Result<Box<RawValue>, Value> },
-    Server(ServerMessage),
+    Server(PeerMessage),
 }
 
 impl From<Inbound> for Incoming {
     fn from(message: Inbound) -> Self {
         match message {
             Inbound::Request { id, method, params } => {
-                Incoming::Server(ServerMessage::Request { id, method, params: params.map(Value::Object) })
+                Incoming::Server(PeerMessage::Request { id, method, params: params.map(Value::Object) })
             }
             Inbound::Notification { method, params } => {
-                Incoming::Server(ServerMessage::Notification { method, params: params.map(Value::Object) })
+                Incoming::Server(PeerMessage::Notification { method, params: params.map(Value::Object) })
             }
             Inbound::Response { id, outcome } => {
                 let outcome = match outcome {
@@ -550,7 +544,7 @@ impl Session {
         &self,
         method: &str,
         params: Option<Value>,
-        sink: &mpsc::Sender<ServerMessage>,
+        sink: &mpsc::Sender<PeerMessage>,
     ) -> Result<Box<RawValue>, ClientError> {
         let extras = Extras { sink: Some(sink), ..Extras::default() };
         self.request_with(method, params, extras).await.map_err(ReqError::into_client)
@@ -566,7 +560,7 @@ impl Session {
         &self,
         request_id: Value,
         after_event_id: &str,
-        messages: mpsc::Sender<ServerMessage>,
+        messages: mpsc::Sender<PeerMessage>,
     ) -> Result<Box<RawValue>, ClientError> {
         if !matches!(self.inner.kind, Kind::Streamable) {
             return Err(ClientError::Transport("only a Streamable HTTP request can be resumed from its stream".into()));
@@ -665,7 +659,7 @@ impl Session {
     }
 
     /// Server messages (from any stream). Can be taken once.
-    pub fn take_incoming(&self) -> Option<mpsc::Receiver<ServerMessage>> {
+    pub fn take_incoming(&self) -> Option<mpsc::Receiver<PeerMessage>> {
         self.inner.incoming_rx.lock().ok()?.take()
     }
 
@@ -837,7 +831,7 @@ impl Inner {
     /// Hands a server message to `take_incoming`'s receiver. Before the
     /// receiver is taken, messages wait in the bounded buffer (dropped
     /// when it is full); after, the stream waits for room.
-    async fn deliver(&self, message: ServerMessage) {
+    async fn deliver(&self, message: PeerMessage) {
         let taken = self.incoming_rx.lock().map(|r| r.is_none()).unwrap_or(true);
         let handed = if taken {
             self.incoming_tx.send(message).await.is_ok()
@@ -870,7 +864,7 @@ struct Extras<'a> {
     track: Option<&'a RequestTrack>,
     /// Where the server's messages on this request's own stream go (default:
     /// the session's incoming channel). Streamable HTTP only.
-    sink: Option<&'a mpsc::Sender<ServerMessage>>,
+    sink: Option<&'a mpsc::Sender<PeerMessage>>,
 }
 
 /// Where a request in flight stands on its server: its JSON-RPC ID and the
@@ -980,7 +974,7 @@ mod tests {
         }
         assert!(matches!(
             read_event("http://test", r#"{"jsonrpc":"2.0","id":1,"method":"roots/list"}"#),
-            Some(Incoming::Server(ServerMessage::Request { .. }))
+            Some(Incoming::Server(PeerMessage::Request { .. }))
         ));
     }
 
@@ -997,11 +991,11 @@ mod tests {
         ));
         assert!(matches!(
             sort(json!({"jsonrpc": "2.0", "id": "a", "method": "roots/list"})),
-            Some(Incoming::Server(ServerMessage::Request { params: None, .. }))
+            Some(Incoming::Server(PeerMessage::Request { params: None, .. }))
         ));
         assert!(matches!(
             read_event("http://test", r#"{"jsonrpc": "2.0", "method": "notifications/progress", "params": {"p": 1}}"#),
-            Some(Incoming::Server(ServerMessage::Notification { params: Some(_), .. }))
+            Some(Incoming::Server(PeerMessage::Notification { params: Some(_), .. }))
         ));
         assert!(sort(json!([1, 2])).is_none());
         assert!(read_event("http://test", "{not json").is_none());

@@ -213,7 +213,7 @@ async fn a_session_used_directly_delivers_server_requests_and_answers_them() {
         let answering = session.clone();
         let handler = tokio::spawn(async move {
             while let Some(m) = incoming.recv().await {
-                if let tether_client::ServerMessage::Request { id, method, .. } = m {
+                if let tether_client::PeerMessage::Request { id, method, .. } = m {
                     assert_eq!(method, "roots/list");
                     answering.respond(id, Ok(json!({"roots": [{"uri": "file:///direct"}]}))).await.unwrap();
                 }

@@ -18,16 +18,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::Value;
 use serde_json::value::RawValue;
-use tether_client::{ClientError, ClientOptions, RequestTrack, ServerMessage, Session};
+use tether_client::{ClientError, ClientOptions, PeerMessage, RequestTrack, Session};
 use tether_wire::RpcError;
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 
 use crate::config::UrlSpec;
-use crate::upstream::{FromUpstream, Inbound, Started, UPSTREAM_RESTARTED, Upstream};
+use crate::upstream::{Inbound, Started, UPSTREAM_RESTARTED, Upstream};
 
-/// Messages from the upstream waiting for the gateway.
-const INBOUND_BUFFER: usize = 256;
 /// The longest one upstream request may take. The client decides when to
 /// give up (and cancels); this only bounds a request nobody cancels.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(3600);
@@ -82,8 +79,7 @@ pub async fn attach(
         client.close().await;
         return None;
     }
-    let (inbound_tx, inbound) = mpsc::channel(INBOUND_BUFFER);
-    let relay = client.take_incoming().map(|from_client| tokio::spawn(relay(from_client, inbound_tx)));
+    let inbound = incoming(&client);
     let upstream = Arc::new(HttpUpstream {
         name: upstream_name.to_owned(),
         session: session.to_owned(),
@@ -91,7 +87,6 @@ pub async fn attach(
         upstream_session_id: Some(session_id.to_owned()),
         client: Mutex::new(Some(client)),
         alive: AtomicBool::new(true),
-        relay: Mutex::new(relay),
     });
     tracing::info!(upstream = %upstream_name, %session, "carrying on the stored upstream session");
     Some((upstream, inbound))
@@ -126,8 +121,7 @@ pub async fn connect(
     };
     let initialize_result = serde_json::value::to_raw_value(&result)
         .map_err(|e| RpcError::internal(format!("{who}: unreadable initialize result: {e}")))?;
-    let (inbound_tx, inbound) = mpsc::channel(INBOUND_BUFFER);
-    let relay = client.take_incoming().map(|from_client| tokio::spawn(relay(from_client, inbound_tx)));
+    let inbound = incoming(&client);
     let upstream = Arc::new(HttpUpstream {
         name: upstream_name.to_owned(),
         session: session.to_owned(),
@@ -135,7 +129,6 @@ pub async fn connect(
         upstream_session_id: client.session_id(),
         client: Mutex::new(Some(client)),
         alive: AtomicBool::new(true),
-        relay: Mutex::new(relay),
     });
     Ok((upstream, inbound, initialize_result))
 }
@@ -165,21 +158,11 @@ pub(crate) fn client_options(
     Ok(ClientOptions { bearer_token, headers, request_timeout: REQUEST_TIMEOUT })
 }
 
-/// Hands the upstream's own messages to the gateway, in order, until
-/// either side is gone.
-pub(crate) async fn relay(mut from_client: mpsc::Receiver<ServerMessage>, inbound: mpsc::Sender<FromUpstream>) {
-    while let Some(message) = from_client.recv().await {
-        if inbound.send(from_server(message)).await.is_err() {
-            return;
-        }
-    }
-}
-
-fn from_server(message: ServerMessage) -> FromUpstream {
-    match message {
-        ServerMessage::Request { id, method, params } => FromUpstream::Request { id, method, params },
-        ServerMessage::Notification { method, params } => FromUpstream::Notification { method, params },
-    }
+/// What the upstream sends on its own, in order: the client runtime's
+/// channel itself. It closes once the connection is let go of (the last
+/// handle of its client runtime session dropped).
+fn incoming(client: &Session) -> Inbound {
+    client.take_incoming().unwrap_or_else(|| mpsc::channel(1).1)
 }
 
 impl HttpUpstream {
@@ -198,10 +181,10 @@ pub struct HttpUpstream {
     session: String,
     url: String,
     upstream_session_id: Option<String>,
-    /// Taken on close (requests then find no session).
+    /// Taken when the connection dies or closes (requests then find no
+    /// session; its incoming channel closes once the last one ends).
     client: Mutex<Option<Session>>,
     alive: AtomicBool,
-    relay: Mutex<Option<JoinHandle<()>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -245,13 +228,11 @@ impl HttpUpstream {
         }
     }
 
-    /// The connection is gone: the gateway starts a new one.
-    fn die(&self) {
+    /// The connection is gone: the gateway starts a new one. Lets go of
+    /// the client runtime session (returned, for a `close` that ends it).
+    fn die(&self) -> Option<Session> {
         self.alive.store(false, Ordering::Release);
-        if let Some(relay) = lock(&self.relay).take() {
-            // Closes the inbound channel.
-            relay.abort();
-        }
+        lock(&self.client).take()
     }
 
     /// Maps a failure; a 404 (the upstream forgot the session) ends this connection.
@@ -271,14 +252,6 @@ impl HttpUpstream {
                 RpcError::internal(format!("upstream {} at {}: {}", self.name, self.url, describe(&e)))
             }
             other => RpcError::internal(format!("upstream {} at {}: {}", self.name, self.url, describe(&other))),
-        }
-    }
-}
-
-impl Drop for HttpUpstream {
-    fn drop(&mut self) {
-        if let Some(relay) = lock(&self.relay).take() {
-            relay.abort();
         }
     }
 }
@@ -309,30 +282,10 @@ impl Upstream for HttpUpstream {
         &self,
         request_id: Value,
         after: &str,
-        messages: mpsc::Sender<FromUpstream>,
+        messages: mpsc::Sender<PeerMessage>,
     ) -> Result<Box<RawValue>, RpcError> {
         let client = self.client()?;
-        let (tx, mut rx) = mpsc::channel(INBOUND_BUFFER);
-        let resumed = client.resume_request(request_id, after, tx);
-        let mut resumed = std::pin::pin!(resumed);
-        loop {
-            tokio::select! {
-                biased;
-                message = rx.recv() => {
-                    if let Some(message) = message
-                        && messages.send(from_server(message)).await.is_err()
-                    {
-                        return Err(RpcError::internal("the resumed request's reader went away"));
-                    }
-                }
-                result = &mut resumed => {
-                    while let Ok(message) = rx.try_recv() {
-                        let _ = messages.send(from_server(message)).await;
-                    }
-                    return result.map_err(|e| self.failed(e));
-                }
-            }
-        }
+        client.resume_request(request_id, after, messages).await.map_err(|e| self.failed(e))
     }
 
     /// `notifications/initialized` is not sent again: the client runtime
@@ -353,8 +306,7 @@ impl Upstream for HttpUpstream {
         self.alive.load(Ordering::Acquire)
     }
 
-    /// The relay hands every message the client runtime received on to the
-    /// gateway, one for one.
+    /// The client runtime's own count of what it put on the channel.
     fn inbound_sent(&self) -> u64 {
         lock(&self.client).as_ref().map_or(0, Session::incoming_handed)
     }
@@ -362,8 +314,7 @@ impl Upstream for HttpUpstream {
     /// With `end_session`, DELETEs the upstream session; else only lets go
     /// of it (another replica, or a restart, may use its ID).
     async fn close(&self, end_session: bool) {
-        self.die();
-        let Some(client) = lock(&self.client).take() else { return };
+        let Some(client) = self.die() else { return };
         if end_session {
             client.close().await;
         }

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tether_server::{ClientAuthorization, RequestCtx, SessionCtx};
 
-use crate::upstream::{FromUpstream, Inbound, Upstream};
+use crate::upstream::{Inbound, PeerMessage, Upstream};
 
 /// How long the client may take to answer a request of the upstream
 /// (sampling, elicitation: a person may be answering).
@@ -115,7 +115,7 @@ impl Progress {
     /// `message` as the client must see it: the issued token back to the
     /// client's. `Err` (the message handed back) if it carries a progress
     /// token that is not the issued one: it belongs to no request of ours.
-    pub(crate) fn translate(this: Option<&Self>, mut message: FromUpstream) -> Result<FromUpstream, FromUpstream> {
+    pub(crate) fn translate(this: Option<&Self>, mut message: PeerMessage) -> Result<PeerMessage, PeerMessage> {
         let Some(token) = message_params(&mut message).and_then(|p| p.get_mut("progressToken")) else {
             return Ok(message);
         };
@@ -129,9 +129,9 @@ impl Progress {
     }
 }
 
-fn message_params(message: &mut FromUpstream) -> Option<&mut Value> {
+fn message_params(message: &mut PeerMessage) -> Option<&mut Value> {
     match message {
-        FromUpstream::Notification { params, .. } | FromUpstream::Request { params, .. } => params.as_mut(),
+        PeerMessage::Notification { params, .. } | PeerMessage::Request { params, .. } => params.as_mut(),
     }
 }
 
@@ -209,10 +209,10 @@ impl Link {
     /// without a token, to the only request in flight (stdio has no other
     /// way to say) or the session's standalone stream (`None` context). A
     /// message under a token no request here was issued is foreign: `Err`.
-    fn route(&self, message: FromUpstream) -> Result<(Option<RequestCtx>, FromUpstream), FromUpstream> {
+    fn route(&self, message: PeerMessage) -> Result<(Option<RequestCtx>, PeerMessage), PeerMessage> {
         let Ok(map) = self.in_flight.lock() else { return Ok((None, message)) };
         let token = match &message {
-            FromUpstream::Notification { params, .. } | FromUpstream::Request { params, .. } => {
+            PeerMessage::Notification { params, .. } | PeerMessage::Request { params, .. } => {
                 params.as_ref().and_then(|p| p.get("progressToken")).cloned()
             }
         };
@@ -247,9 +247,9 @@ impl AlreadySent {
 
     /// Whether `message` is the next one (or a later one) of those stored;
     /// if so it counts as delivered.
-    pub fn contains(&mut self, message: &FromUpstream) -> bool {
+    pub fn contains(&mut self, message: &PeerMessage) -> bool {
         let (method, params) = match message {
-            FromUpstream::Notification { method, params } | FromUpstream::Request { method, params, .. } => (method, params),
+            PeerMessage::Notification { method, params } | PeerMessage::Request { method, params, .. } => (method, params),
         };
         let found = self.sent[self.next..].iter().position(|stored| {
             stored.get("method").and_then(Value::as_str) == Some(method.as_str()) && stored.get("params") == params.as_ref()
@@ -267,14 +267,14 @@ impl AlreadySent {
 /// Delivers one message the upstream sent on a request's own stream to
 /// that request's client stream; its requests (sampling, elicitation) are
 /// answered concurrently.
-pub(crate) async fn deliver_to_request(ctx: &RequestCtx, upstream: &Arc<dyn Upstream>, message: FromUpstream) {
+pub(crate) async fn deliver_to_request(ctx: &RequestCtx, upstream: &Arc<dyn Upstream>, message: PeerMessage) {
     match message {
-        FromUpstream::Notification { method, params } => {
+        PeerMessage::Notification { method, params } => {
             if let Err(e) = ctx.notify(&method, params).await {
                 tracing::warn!(%method, error = %e.message, "could not deliver an upstream notification");
             }
         }
-        FromUpstream::Request { id, method, params } => {
+        PeerMessage::Request { id, method, params } => {
             let Some(session) = ctx.session() else { return };
             let (ctx, upstream) = (ctx.clone(), upstream.clone());
             session.spawn(async move {
@@ -290,14 +290,14 @@ pub(crate) async fn deliver_to_request(ctx: &RequestCtx, upstream: &Arc<dyn Upst
 /// Delivers one message the upstream sent on its own, not about any one
 /// request, to the session's standalone stream; its requests are answered
 /// concurrently.
-async fn deliver_to_session(session: &SessionCtx, upstream: &Arc<dyn Upstream>, message: FromUpstream) {
+async fn deliver_to_session(session: &SessionCtx, upstream: &Arc<dyn Upstream>, message: PeerMessage) {
     match message {
-        FromUpstream::Notification { method, params } => {
+        PeerMessage::Notification { method, params } => {
             if let Err(e) = session.notify(&method, params).await {
                 tracing::warn!(session = session.session_id(), %method, error = %e.message, "could not deliver an upstream notification");
             }
         }
-        FromUpstream::Request { id, method, params } => {
+        PeerMessage::Request { id, method, params } => {
             let (task_session, upstream) = (session.clone(), upstream.clone());
             session.spawn(async move {
                 let answer = task_session.request_client(&method, params, CLIENT_ANSWER_WAIT).await;
@@ -311,10 +311,10 @@ async fn deliver_to_session(session: &SessionCtx, upstream: &Arc<dyn Upstream>, 
 
 /// Counts and logs a message of the upstream that belongs to no request of
 /// this session (see the module doc); it is not relayed.
-pub(crate) fn drop_foreign(upstream: &str, session: &str, message: &FromUpstream) {
+pub(crate) fn drop_foreign(upstream: &str, session: &str, message: &PeerMessage) {
     tether_server::metrics::upstream_dropped(upstream, tether_server::metrics::Dropped::Foreign);
     let method = match message {
-        FromUpstream::Notification { method, .. } | FromUpstream::Request { method, .. } => method,
+        PeerMessage::Notification { method, .. } | PeerMessage::Request { method, .. } => method,
     };
     tracing::debug!(upstream, session, %method, "dropping a message of the upstream under a progress token no request of this session was given");
 }
@@ -338,7 +338,7 @@ pub(crate) async fn pump(
             _ = session.closed() => None,
         };
         let Some(message) = message else { return };
-        let session_level = matches!(&message, FromUpstream::Notification { method, .. } if is_session_level(method));
+        let session_level = matches!(&message, PeerMessage::Notification { method, .. } if is_session_level(method));
         if session_level {
             deliver_to_session(&session, &upstream, message).await;
         } else {
@@ -357,17 +357,17 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn progress(n: u64) -> FromUpstream {
-        FromUpstream::Notification {
+    fn progress(n: u64) -> PeerMessage {
+        PeerMessage::Notification {
             method: "notifications/progress".into(),
             params: Some(json!({"progressToken": "p", "progress": n})),
         }
     }
 
-    fn stored(message: &FromUpstream) -> Value {
+    fn stored(message: &PeerMessage) -> Value {
         match message {
-            FromUpstream::Notification { method, params } => json!({"jsonrpc": "2.0", "method": method, "params": params}),
-            FromUpstream::Request { method, params, .. } => {
+            PeerMessage::Notification { method, params } => json!({"jsonrpc": "2.0", "method": method, "params": params}),
+            PeerMessage::Request { method, params, .. } => {
                 json!({"jsonrpc": "2.0", "id": "tether-7", "method": method, "params": params})
             }
         }
@@ -383,21 +383,21 @@ mod tests {
         assert_ne!(again.issued, progress.issued, "every request gets its own");
         assert!(Progress::issue(json!({"name": "x"}).as_object_mut()).is_none());
 
-        let ours = FromUpstream::Notification {
+        let ours = PeerMessage::Notification {
             method: "notifications/progress".into(),
             params: Some(json!({"progressToken": progress.issued.clone(), "progress": 1})),
         };
         let seen = Progress::translate(Some(&progress), ours).expect("ours");
         assert_eq!(
             seen,
-            FromUpstream::Notification {
+            PeerMessage::Notification {
                 method: "notifications/progress".into(),
                 params: Some(json!({"progressToken": 7, "progress": 1}))
             }
         );
         // Another request's token (even the client's own value) is foreign.
         for token in [again.issued.clone(), json!(7)] {
-            let foreign = FromUpstream::Notification {
+            let foreign = PeerMessage::Notification {
                 method: "notifications/progress".into(),
                 params: Some(json!({"progressToken": token, "progress": 1})),
             };
@@ -405,13 +405,13 @@ mod tests {
             assert!(Progress::translate(None, foreign).is_err());
         }
         // A message without a token passes as it is.
-        let log = FromUpstream::Notification { method: "notifications/message".into(), params: Some(json!({"data": "x"})) };
+        let log = PeerMessage::Notification { method: "notifications/message".into(), params: Some(json!({"data": "x"})) };
         assert_eq!(Progress::translate(Some(&progress), log.clone()), Ok(log));
     }
 
     #[test]
     fn a_resumed_stream_sends_on_only_what_the_client_did_not_have() {
-        let log = FromUpstream::Notification {
+        let log = PeerMessage::Notification {
             method: "notifications/message".into(),
             params: Some(json!({"level": "info", "data": "from the standalone stream"})),
         };
@@ -425,7 +425,7 @@ mod tests {
         // Once past them, an equal message is new.
         assert!(!already.contains(&progress(1)));
         // A request matches by method and params, whatever its ID.
-        let ask = FromUpstream::Request { id: json!(5), method: "elicitation/create".into(), params: Some(json!({"m": 1})) };
+        let ask = PeerMessage::Request { id: json!(5), method: "elicitation/create".into(), params: Some(json!({"m": 1})) };
         assert!(AlreadySent::new(vec![stored(&ask)]).contains(&ask));
     }
 }

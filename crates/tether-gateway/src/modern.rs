@@ -31,7 +31,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::link::{self, Connection};
-use crate::upstream::{FromUpstream, Inbound, Started};
+use crate::upstream::{Inbound, PeerMessage, Started};
 
 /// How long a pooled connection may sit unused before it is closed.
 pub(crate) const DEFAULT_POOL_IDLE: Duration = Duration::from_secs(300);
@@ -303,7 +303,7 @@ async fn pump(pooled: Weak<Pooled>, mut inbound: Inbound) {
     while let Some(message) = inbound.recv().await {
         let Some(pooled) = pooled.upgrade() else { return };
         match message {
-            FromUpstream::Notification { method, params } => {
+            PeerMessage::Notification { method, params } => {
                 match pooled.holder() {
                     Some(Holder::Request { ctx, .. }) if !link::is_session_level(&method) => {
                         if let Err(e) = ctx.notify(&method, params).await {
@@ -319,7 +319,7 @@ async fn pump(pooled: Weak<Pooled>, mut inbound: Inbound) {
                 }
                 pooled.connection.mark_delivered();
             }
-            FromUpstream::Request { id, method, params } => {
+            PeerMessage::Request { id, method, params } => {
                 let upstream = pooled.connection.upstream.clone();
                 match pooled.holder() {
                     Some(Holder::Request { ctx, asked }) => {

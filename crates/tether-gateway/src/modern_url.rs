@@ -25,7 +25,7 @@ use tether_wire::{RpcError, meta, revision};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::UrlSpec;
-use crate::upstream::{FromUpstream, Started, Upstream};
+use crate::upstream::{PeerMessage, Started, Upstream};
 
 /// Messages for the gateway (the upstream's notifications, its asks).
 const INBOUND_BUFFER: usize = 256;
@@ -54,7 +54,7 @@ pub(crate) async fn start(
     let (inbound_tx, inbound) = mpsc::channel(INBOUND_BUFFER);
     if let Some(from_client) = session.take_incoming() {
         // A sessionless server asks through results: only its notifications come this way.
-        tokio::spawn(crate::http::relay(from_client, inbound_tx.clone()));
+        tokio::spawn(merge(from_client, inbound_tx.clone()));
     }
     tracing::info!(upstream = %upstream_name, url = %spec.url, "the upstream speaks only the sessionless revision; bridging");
     let upstream = Arc::new(ModernUrlUpstream {
@@ -91,11 +91,21 @@ pub(crate) async fn discover(session: &Session, timeout: Duration) -> Option<ser
     Some(result)
 }
 
+/// Puts the upstream's notifications on the channel its asks go on too, in
+/// order, until either side is gone.
+async fn merge(mut from_client: mpsc::Receiver<PeerMessage>, inbound: mpsc::Sender<PeerMessage>) {
+    while let Some(message) = from_client.recv().await {
+        if inbound.send(message).await.is_err() {
+            return;
+        }
+    }
+}
+
 /// A sessionless upstream, as the gateway's [`Upstream`] of one session.
 struct ModernUrlUpstream {
     name: String,
     session: Session,
-    asks_to: mpsc::Sender<FromUpstream>,
+    asks_to: mpsc::Sender<PeerMessage>,
     /// Asks of the upstream waiting for the session's client, by our ID.
     asks: Mutex<HashMap<u64, oneshot::Sender<Result<Value, RpcError>>>>,
     next_ask: AtomicU64,
@@ -113,7 +123,7 @@ impl ModernUrlUpstream {
         let (tx, rx) = oneshot::channel();
         self.asks.lock().map_err(|_| ClientError::Transport("asks unusable".into()))?.insert(id, tx);
         let forget = Forget { asks: &self.asks, id };
-        let sent = self.asks_to.send(FromUpstream::Request { id: json!(id), method: method.clone(), params }).await;
+        let sent = self.asks_to.send(PeerMessage::Request { id: json!(id), method: method.clone(), params }).await;
         if sent.is_err() {
             return Err(ClientError::Transport("the session is gone".into()));
         }

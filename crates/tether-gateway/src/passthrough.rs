@@ -18,7 +18,7 @@
 use std::time::Duration;
 
 use serde_json::{Map, Value, json};
-use tether_client::{ClientError, ServerMessage, Session};
+use tether_client::{ClientError, PeerMessage, Session};
 use tether_server::{RawResult, RequestCtx, RpcError};
 use tether_wire::{code, meta};
 use tokio::sync::mpsc;
@@ -84,14 +84,14 @@ impl Passthrough {
     }
 
     /// One message of the upstream on a request's stream, to its client.
-    async fn relay(&self, ctx: &RequestCtx, client: &Session, message: ServerMessage) {
+    async fn relay(&self, ctx: &RequestCtx, client: &Session, message: PeerMessage) {
         match message {
-            ServerMessage::Notification { method, params } => {
+            PeerMessage::Notification { method, params } => {
                 if let Err(e) = ctx.notify(&method, params).await {
                     tracing::debug!(upstream = %self.name, %method, error = %e.message, "an upstream notification did not reach its client");
                 }
             }
-            ServerMessage::Request { id, method, .. } => {
+            PeerMessage::Request { id, method, .. } => {
                 let refused = json!({"code": code::METHOD_NOT_FOUND,
                     "message": format!("{method}: a 2026-07-28 server asks its client through an input_required result")});
                 if let Err(e) = client.respond(id, Err(refused)).await {

@@ -49,7 +49,7 @@ use tokio::task::JoinHandle;
 use crate::burst::{Admit, Burst};
 use crate::config::CommandSpec;
 use crate::processes::ProcessPermit;
-use crate::upstream::{FromUpstream, Started, UPSTREAM_RESTARTED, Upstream};
+use crate::upstream::{PeerMessage, Started, UPSTREAM_RESTARTED, Upstream};
 
 /// Lines queued for the child's stdin.
 const WRITE_QUEUE: usize = 256;
@@ -325,7 +325,7 @@ impl Shared {
         }
     }
 
-    async fn deliver(&self, inbound: &mpsc::Sender<FromUpstream>, message: FromUpstream) {
+    async fn deliver(&self, inbound: &mpsc::Sender<PeerMessage>, message: PeerMessage) {
         // Waiting for room back-pressures the child (it blocks on a full
         // stdout pipe); a gateway that dropped the receiver hears nothing more.
         if inbound.send(message).await.is_err() {
@@ -337,7 +337,7 @@ impl Shared {
     }
 
     /// One line the child wrote on stdout.
-    async fn dispatch(&self, line: &[u8], inbound: &mpsc::Sender<FromUpstream>) {
+    async fn dispatch(&self, line: &[u8], inbound: &mpsc::Sender<PeerMessage>) {
         // The common case, an answer to one of our requests, is read once
         // and its result kept as the child wrote it (no field reordered).
         if let Ok(response) = serde_json::from_slice::<ResponseLine<'_>>(line)
@@ -356,10 +356,10 @@ impl Shared {
             }
             Ok(Message::Response { id, outcome: Err(error) }) => self.answered(&id, Err(RpcError::from_object(&error))),
             Ok(Message::Notification { method, params }) => {
-                self.deliver(inbound, FromUpstream::Notification { method, params: params.map(Value::Object) }).await;
+                self.deliver(inbound, PeerMessage::Notification { method, params: params.map(Value::Object) }).await;
             }
             Ok(Message::Request { id, method, params }) => {
-                self.deliver(inbound, FromUpstream::Request { id, method, params: params.map(Value::Object) }).await;
+                self.deliver(inbound, PeerMessage::Request { id, method, params: params.map(Value::Object) }).await;
             }
             Err(e) => self.unreadable(line, line, &format!("a line on stdout that is not a JSON-RPC message ({})", e.message)),
         }
@@ -601,7 +601,7 @@ async fn write_stdin(stdin: ChildStdin, mut lines: mpsc::Receiver<Bytes>, shared
     }
 }
 
-async fn read_stdout(stdout: ChildStdout, max: usize, inbound: mpsc::Sender<FromUpstream>, shared: Arc<Shared>) {
+async fn read_stdout(stdout: ChildStdout, max: usize, inbound: mpsc::Sender<PeerMessage>, shared: Arc<Shared>) {
     let mut reader = BufReader::new(stdout);
     let mut decoder = LineDecoder::new(max);
     loop {

@@ -20,22 +20,11 @@ pub const UPSTREAM_RESTARTED: &str = "upstream restarted; the request may or may
 
 /// Messages the upstream sent on its own, in order. Bounded: an upstream
 /// that floods while nobody reads is back-pressured (stdio) or dropped.
-pub type Inbound = mpsc::Receiver<FromUpstream>;
+pub type Inbound = mpsc::Receiver<PeerMessage>;
 
-/// A message the upstream sent that is not an answer to one of ours.
-#[derive(Debug, Clone, PartialEq)]
-pub enum FromUpstream {
-    Notification {
-        method: String,
-        params: Option<Value>,
-    },
-    /// `id` is the upstream's own; pass it back to [`Upstream::answer`].
-    Request {
-        id: Value,
-        method: String,
-        params: Option<Value>,
-    },
-}
+/// A message the upstream sent that is not an answer to one of ours (a
+/// request's `id` is the upstream's own: pass it back to [`Upstream::answer`]).
+pub use tether_wire::PeerMessage;
 
 /// What an upstream start gives back.
 pub struct Started {
@@ -79,7 +68,7 @@ pub trait Upstream: Send + Sync + 'static {
         &self,
         _request_id: Value,
         _after: &str,
-        _messages: mpsc::Sender<FromUpstream>,
+        _messages: mpsc::Sender<PeerMessage>,
     ) -> Result<Box<RawValue>, RpcError> {
         Err(RpcError::internal(UPSTREAM_RESTARTED))
     }

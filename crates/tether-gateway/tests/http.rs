@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use tether_gateway::config::UrlSpec;
 use tether_gateway::http;
-use tether_gateway::upstream::{FromUpstream, UPSTREAM_RESTARTED, Upstream};
+use tether_gateway::upstream::{PeerMessage, UPSTREAM_RESTARTED, Upstream};
 use tether_server::http::{ANONYMOUS, Auth};
 use tether_server::rmcp_model::{CallToolResult, Implementation, Tool};
 use tether_server::{Engine, RequestCtx, RpcError, ServerConfig, ToolApp, ToolRouter};
@@ -132,14 +132,14 @@ async fn the_upstreams_notifications_and_requests_arrive_on_inbound_and_answers_
     // What the upstream sent before its answer is counted when the answer
     // arrives (the gateway waits for that many before it answers the client).
     assert_eq!(upstream.inbound_sent(), 1, "the notification sent before the answer is counted with it");
-    let Some(FromUpstream::Notification { method, params }) = within("notification", inbound.recv()).await else {
+    let Some(PeerMessage::Notification { method, params }) = within("notification", inbound.recv()).await else {
         panic!("a notification")
     };
     assert_eq!((method.as_str(), params.unwrap()["data"].clone()), ("notifications/message", json!("working")));
 
     let up = upstream.clone();
     let asking = tokio::spawn(async move { call(up.as_ref(), "ask", json!({})).await });
-    let Some(FromUpstream::Request { id, method, .. }) = within("server request", inbound.recv()).await else {
+    let Some(PeerMessage::Request { id, method, .. }) = within("server request", inbound.recv()).await else {
         panic!("a request")
     };
     assert_eq!(method, "roots/list");

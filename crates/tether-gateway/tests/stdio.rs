@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use tether_gateway::config::CommandSpec;
 use tether_gateway::processes::{ProcessPermit, Processes};
 use tether_gateway::stdio;
-use tether_gateway::upstream::{FromUpstream, Started, UPSTREAM_RESTARTED, Upstream};
+use tether_gateway::upstream::{PeerMessage, Started, UPSTREAM_RESTARTED, Upstream};
 use tether_wire::code;
 
 const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/stdio_server.py");
@@ -148,7 +148,7 @@ async fn progress_notifications_arrive_on_inbound_and_the_call_still_answers() {
     let up = upstream.clone();
     let call = tokio::spawn(async move { up.request("tools/call", Some(params)).await });
     let progress = within("progress", inbound.recv()).await.expect("a notification");
-    let FromUpstream::Notification { method, params } = progress else { panic!("a notification: {progress:?}") };
+    let PeerMessage::Notification { method, params } = progress else { panic!("a notification: {progress:?}") };
     assert_eq!(method, "notifications/progress");
     assert_eq!(params.unwrap()["progressToken"], "p-1");
     let result = within("slow call", call).await.unwrap().expect("the slow call answers");
@@ -162,7 +162,7 @@ async fn a_request_of_the_child_arrives_on_inbound_and_the_answer_gets_back_to_i
     let up = upstream.clone();
     let sampled = tokio::spawn(async move { call(&up, "sample", json!({"prompt": "say hi"})).await });
     let asked = within("sampling request", inbound.recv()).await.expect("a request");
-    let FromUpstream::Request { id, method, params } = asked else { panic!("a request: {asked:?}") };
+    let PeerMessage::Request { id, method, params } = asked else { panic!("a request: {asked:?}") };
     assert_eq!(method, "sampling/createMessage");
     assert_eq!(params.unwrap()["messages"][0]["content"]["text"], "say hi");
     let answer = json!({"role": "assistant", "content": {"type": "text", "text": "hi"}, "model": "test"});
@@ -173,7 +173,7 @@ async fn a_request_of_the_child_arrives_on_inbound_and_the_answer_gets_back_to_i
     // A refusal goes back as an error object.
     let up = upstream.clone();
     let refused_call = tokio::spawn(async move { call(&up, "sample", json!({})).await });
-    let Some(FromUpstream::Request { id, .. }) = within("second sampling request", inbound.recv()).await else {
+    let Some(PeerMessage::Request { id, .. }) = within("second sampling request", inbound.recv()).await else {
         panic!("a request")
     };
     upstream.answer(id, Err(tether_wire::RpcError::invalid_request("the user declined"))).await.unwrap();

@@ -13,7 +13,7 @@ use std::time::Duration;
 use client_support::*;
 use serde_json::{Value, json};
 use tether_client::{
-    CallProgress, ClientError, ClientOptions, Pool, Protocol, RequiresSession, ServerMessage, ServerSpec, Session,
+    CallProgress, ClientError, ClientOptions, PeerMessage, Pool, Protocol, RequiresSession, ServerSpec, Session,
 };
 use tether_wire::{RpcError, code};
 
@@ -41,7 +41,7 @@ async fn a_session_initializes_answers_server_requests_resumes_by_token_and_dele
     // The notebook asks for roots on the standalone stream after `initialized`.
     let mut incoming = session.take_incoming().unwrap();
     let asked = tokio::time::timeout(Duration::from_secs(10), incoming.recv()).await.expect("roots/list arrives").unwrap();
-    let ServerMessage::Request { id, method, .. } = asked else { panic!("expected a request, got {asked:?}") };
+    let PeerMessage::Request { id, method, .. } = asked else { panic!("expected a request, got {asked:?}") };
     assert_eq!(method, "roots/list");
     session.respond(id, Ok(json!({"roots": [{"uri": "file:///proj", "name": "proj"}]}))).await.unwrap();
     let mut roots = Value::Null;

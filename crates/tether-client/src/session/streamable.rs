@@ -28,7 +28,7 @@ use tether_wire::headers;
 use tether_wire::sse::Decoder;
 
 use super::{
-    Incoming, Inner, RequestTrack, ServerMessage, Session, content_type, error_message, outcome_to_result, read_event,
+    Incoming, Inner, PeerMessage, RequestTrack, Session, content_type, error_message, outcome_to_result, read_event,
     read_response, read_value, same_id, transport_error,
 };
 use crate::error::{ClientError, ReqError};
@@ -64,7 +64,7 @@ struct Reading<'a> {
     track: Option<&'a RequestTrack>,
     /// Where the server's messages on the stream go (default: the session's
     /// incoming channel).
-    sink: Option<&'a mpsc::Sender<ServerMessage>>,
+    sink: Option<&'a mpsc::Sender<PeerMessage>>,
     /// The first (empty) attempt is a resume: no pause before it.
     resume_at_once: bool,
 }
@@ -106,7 +106,7 @@ impl Inner {
         id: &Value,
         accepted: Option<Box<dyn FnOnce() + Send>>,
         track: Option<&RequestTrack>,
-        sink: Option<&mpsc::Sender<ServerMessage>>,
+        sink: Option<&mpsc::Sender<PeerMessage>>,
     ) -> Result<Box<RawValue>, ReqError> {
         let initializing = message.get("method").and_then(Value::as_str) == Some("initialize");
         let response = self.post(&self.url, message).await?;
@@ -175,7 +175,7 @@ impl Inner {
         &self,
         id: &Value,
         after_event_id: &str,
-        sink: &mpsc::Sender<ServerMessage>,
+        sink: &mpsc::Sender<PeerMessage>,
     ) -> Result<Box<RawValue>, ReqError> {
         let events = sse::no_events(Decoder::new().resuming(Some(after_event_id.to_owned()), None));
         let reading = Reading { method: "the resumed request", id, track: None, sink: Some(sink), resume_at_once: true };
