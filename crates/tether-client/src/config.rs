@@ -288,6 +288,7 @@ fn entry_spec(name: Option<&String>, entry: &ServerEntry, url: &str, env: &dyn F
         bearer_token: token,
         headers: entry.headers.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
         request_timeout: timeout,
+        ..ClientOptions::default()
     };
     Resolved {
         name: name.cloned(),

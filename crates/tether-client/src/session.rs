@@ -48,11 +48,19 @@ pub struct ClientOptions {
     pub headers: Vec<(String, String)>,
     /// Limit for one request, from sending it to its response (default 60s).
     pub request_timeout: Duration,
+    /// Longest message (a JSON body, one SSE event) taken from the server
+    /// (default 32 MiB); a longer one ends its request with an error.
+    pub max_message_bytes: usize,
 }
 
 impl Default for ClientOptions {
     fn default() -> Self {
-        Self { bearer_token: None, headers: Vec::new(), request_timeout: Duration::from_secs(60) }
+        Self {
+            bearer_token: None,
+            headers: Vec::new(),
+            request_timeout: Duration::from_secs(60),
+            max_message_bytes: tether_wire::sse::DEFAULT_MAX_EVENT_BYTES,
+        }
     }
 }
 

@@ -4,10 +4,7 @@
 
 use bytes::Bytes;
 use futures::stream::{BoxStream, StreamExt};
-use tether_wire::sse::{DEFAULT_MAX_EVENT_BYTES, Decoder, EventStream};
-
-/// Largest SSE event (or JSON body) accepted from a server.
-pub(crate) const MAX_MESSAGE_BYTES: usize = DEFAULT_MAX_EVENT_BYTES;
+use tether_wire::sse::{Decoder, EventStream};
 
 /// The events of one SSE response.
 pub(crate) type Events = EventStream<BoxStream<'static, reqwest::Result<Bytes>>>;

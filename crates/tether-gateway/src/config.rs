@@ -69,6 +69,8 @@ pub struct UrlSpec {
     pub auth_env: Option<String>,
     /// Forward the client's `Authorization` header instead (off by default).
     pub forward_auth: bool,
+    /// Longest message (a JSON body, one SSE event) the upstream may send.
+    pub max_message_bytes: usize,
 }
 
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
@@ -133,7 +135,7 @@ impl CommandSpec {
 
 impl UrlSpec {
     pub fn new(url: String) -> Self {
-        Self { url, headers: BTreeMap::new(), auth_env: None, forward_auth: false }
+        Self { url, headers: BTreeMap::new(), auth_env: None, forward_auth: false, max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES }
     }
 }
 
@@ -203,6 +205,9 @@ impl UpstreamTable {
                 spec.headers = self.headers;
                 spec.auth_env = self.auth_env;
                 spec.forward_auth = self.forward_auth;
+                if let Some(max) = self.max_message_bytes {
+                    spec.max_message_bytes = max.max(MIN_MESSAGE_BYTES);
+                }
                 Target::Url(spec)
             }
             _ => return Err(format!("[upstreams.{name}] needs exactly one of `command` or `url`")),

@@ -155,7 +155,7 @@ pub(crate) fn client_options(
         headers.retain(|(name, _)| !name.eq_ignore_ascii_case("authorization"));
         headers.push(("Authorization".to_owned(), authorization));
     }
-    Ok(ClientOptions { bearer_token, headers, request_timeout: REQUEST_TIMEOUT })
+    Ok(ClientOptions { bearer_token, headers, request_timeout: REQUEST_TIMEOUT, max_message_bytes: spec.max_message_bytes })
 }
 
 /// What the upstream sends on its own, in order: the client runtime's

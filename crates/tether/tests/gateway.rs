@@ -956,3 +956,23 @@ fn process_running(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .is_ok_and(|stat| stat.rsplit(')').next().is_some_and(|rest| !rest.trim_start().starts_with('Z')))
 }
+
+#[tokio::test]
+async fn a_url_upstreams_answer_over_the_limit_ends_its_call_at_once_with_a_clear_error() {
+    // The URL upstream: another tether in front of the stdio fixture.
+    let dir = tempfile::tempdir().unwrap();
+    let (_upstream, upstream_url) = Tether::start(&dir.path().join("u.db"), &["--upstream", &upstream_flag("fixture", "")]);
+    let config = dir.path().join("gateway.toml");
+    std::fs::write(&config, format!("[upstreams.remote]\nurl = \"{upstream_url}/fixture\"\nmax_message_bytes = 65536\n"))
+        .unwrap();
+    let (_gateway, url) = Tether::start(&dir.path().join("g.db"), &["--config", config.to_str().unwrap()]);
+    let c = Client::new(&format!("{url}/remote"));
+    let (sid, _) = initialized(&c, "limits").await;
+    let answer = c.call(&sid, 1, "big_result", json!({"bytes": 200_000})).await;
+    assert_eq!(answer["error"]["code"], -32603, "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(message.contains("upstream remote at") && message.contains("larger than 65536 bytes"), "{message}");
+    // Under the limit, and afterwards, calls go through.
+    let small = c.call(&sid, 2, "big_result", json!({"bytes": 30_000})).await;
+    assert_eq!(small["result"]["content"][0]["text"].as_str().map(str::len), Some(30_000), "{small}");
+}

@@ -45,7 +45,7 @@ impl Session {
         if !status.is_success() || !content_type(&response).starts_with(EVENT_STREAM) {
             return Err(ClientError::Transport(format!("GET {url} answered HTTP {status} without an event stream")));
         }
-        let mut events = sse::events(response, Decoder::new());
+        let mut events = sse::events(response, Decoder::with_limit(options.max_message_bytes));
         let endpoint = tokio::time::timeout(options.request_timeout, async {
             while let Some(event) = events.next().await {
                 match event {

@@ -25,14 +25,14 @@ use serde_json::value::RawValue;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use tether_wire::headers;
-use tether_wire::sse::Decoder;
+use tether_wire::sse::{Decoder, SseError};
 
 use super::{
     Incoming, Inner, PeerMessage, RequestTrack, Session, content_type, error_message, outcome_to_result, read_event,
     read_response, read_value, same_id, transport_error,
 };
 use crate::error::{ClientError, ReqError};
-use crate::sse::{self, Events, MAX_MESSAGE_BYTES, read_body};
+use crate::sse::{self, Events, read_body};
 
 /// Reconnect delay when the server named none.
 const DEFAULT_RETRY: Duration = Duration::from_secs(1);
@@ -100,6 +100,11 @@ impl Session {
 }
 
 impl Inner {
+    /// An SSE decoder bounded by `max_message_bytes`.
+    fn decoder(&self) -> Decoder {
+        Decoder::with_limit(self.options.max_message_bytes)
+    }
+
     pub(super) async fn streamable_request(
         &self,
         message: &Value,
@@ -131,9 +136,9 @@ impl Inner {
         if ct.starts_with(headers::EVENT_STREAM) {
             let method = message.get("method").and_then(Value::as_str).unwrap_or("request");
             let reading = Reading { method, id, track, sink, resume_at_once: false };
-            self.read_response_stream(sse::events(response, Decoder::new()), reading).await
+            self.read_response_stream(sse::events(response, self.decoder()), reading).await
         } else if ct.starts_with("application/json") {
-            let body = read_body(response, MAX_MESSAGE_BYTES).await.map_err(ClientError::Transport)?;
+            let body = read_body(response, self.options.max_message_bytes).await.map_err(ClientError::Transport)?;
             if let Some(Incoming::Response { id: rid, outcome }) = read_response(&body)
                 && same_id(&rid, id)
             {
@@ -177,7 +182,7 @@ impl Inner {
         after_event_id: &str,
         sink: &mpsc::Sender<PeerMessage>,
     ) -> Result<Box<RawValue>, ReqError> {
-        let events = sse::no_events(Decoder::new().resuming(Some(after_event_id.to_owned()), None));
+        let events = sse::no_events(self.decoder().resuming(Some(after_event_id.to_owned()), None));
         let reading = Reading { method: "the resumed request", id, track: None, sink: Some(sink), resume_at_once: true };
         self.read_response_stream(events, reading).await
     }
@@ -208,6 +213,10 @@ impl Inner {
                 let Some(item) = item else { break };
                 let event = match item {
                     Ok(e) => e,
+                    // Reading it again would meet the same bytes: the request ends here.
+                    Err(e @ (SseError::TooLarge { .. } | SseError::Malformed(_))) => {
+                        return Err(ClientError::Transport(format!("the stream of {method} from {}: {e}", self.url)).into());
+                    }
                     Err(e) => {
                         broke = Some(e);
                         break;
@@ -280,7 +289,7 @@ impl Inner {
                 Err(e) => {
                     tracing::debug!(url = %self.url, "resuming: {}", transport_error(&self.url, e));
                     // Try again from the same event.
-                    events = sse::no_events(Decoder::new().resuming(Some(last), retry));
+                    events = sse::no_events(self.decoder().resuming(Some(last), retry));
                     continue;
                 }
             };
@@ -293,7 +302,7 @@ impl Inner {
                 ))
                 .into());
             }
-            events = sse::events(response, Decoder::new().resuming(Some(last), retry));
+            events = sse::events(response, self.decoder().resuming(Some(last), retry));
         }
     }
 
@@ -330,6 +339,7 @@ async fn standalone_stream(weak: Weak<Inner>, mut closed: watch::Receiver<bool>,
     loop {
         let Some(inner) = weak.upgrade() else { return };
         let url = inner.url.clone();
+        let decoder = inner.decoder();
         let mut request = inner.http.get(&inner.url).headers(inner.headers(false));
         if let Some(id) = &last_id {
             request = request.header(headers::LAST_EVENT_ID, id.as_str());
@@ -344,7 +354,7 @@ async fn standalone_stream(weak: Weak<Inner>, mut closed: watch::Receiver<bool>,
         }
         match response {
             Ok(r) if r.status().is_success() && content_type(&r).starts_with(headers::EVENT_STREAM) => {
-                let mut events = sse::events(r, Decoder::new().resuming(last_id.clone(), None));
+                let mut events = sse::events(r, decoder.resuming(last_id.clone(), None));
                 loop {
                     let item = tokio::select! {
                         item = events.next() => item,
