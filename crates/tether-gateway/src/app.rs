@@ -14,7 +14,8 @@ use tether_server::{
 };
 use tether_wire::meta;
 
-use crate::config::{Target, UpstreamConfig};
+use crate::config::UpstreamConfig;
+use crate::connector::{Connector, StartRequest};
 use crate::link::{self, Connection, Link, Progress};
 use crate::modern::{self, Pool};
 use crate::passthrough::Passthrough;
@@ -40,6 +41,8 @@ pub struct Gateway {
     pool: Arc<Pool>,
     /// The cap on live children (a command upstream only).
     processes: Option<Arc<Processes>>,
+    /// The upstream's transport.
+    connector: Arc<dyn Connector>,
     /// This gateway as the runner of its tasks' work.
     me: Weak<Gateway>,
     /// The upstream as a 2026-07-28 server for sessionless clients, once
@@ -74,32 +77,22 @@ struct Health {
 impl Gateway {
     /// Needs a Tokio runtime (a sweep stops idle children).
     pub fn new(config: UpstreamConfig) -> Arc<Self> {
-        let (max, idle) = match &config.target {
-            Target::Command(spec) => (spec.max_processes, spec.idle_timeout.min(modern::DEFAULT_POOL_IDLE)),
-            Target::Url(_) => (crate::config::DEFAULT_MAX_PROCESSES, modern::DEFAULT_POOL_IDLE),
-        };
-        let pool = Pool::new(max, idle);
-        let processes = match &config.target {
-            Target::Command(spec) => Some(Processes::new(
-                &config.name,
-                spec.max_processes,
-                spec.max_processes_per_principal,
-                spec.process_queue_timeout,
-            )),
-            Target::Url(_) => None,
-        };
+        let connector = crate::connector::for_config(&config);
+        let capacity = connector.capacity();
+        let pool = Pool::new(capacity.pool_max, capacity.pool_idle);
         let gateway = Arc::new_cyclic(|me| Self {
             config,
+            connector,
             links: Arc::default(),
             health: Mutex::default(),
             pool,
-            processes,
+            processes: capacity.processes,
             me: me.clone(),
             passthrough: std::sync::OnceLock::new(),
             tasks: Mutex::default(),
         });
-        if let Target::Command(spec) = &gateway.config.target {
-            let (links, idle) = (Arc::downgrade(&gateway.links), spec.idle_timeout);
+        if let Some(idle) = capacity.idle_timeout {
+            let links = Arc::downgrade(&gateway.links);
             lock(&gateway.tasks).push(tokio::spawn(sweep_idle(links, idle)));
         }
         gateway
@@ -121,16 +114,11 @@ impl Gateway {
         making: Option<&Arc<Link>>,
     ) -> Result<Started, RpcError> {
         self.check_backoff()?;
-        let started = match (&self.config.target, &self.processes) {
-            (Target::Command(spec), Some(processes)) => {
-                let permit = processes.take(principal, |limit| self.make_room(limit, principal, making)).await?;
-                crate::stdio::start(spec, &self.config.name, session, params, self.config.init_timeout, permit).await
-            }
-            (Target::Command(_), None) => return Err(RpcError::internal("a command upstream without its process cap")),
-            (Target::Url(spec), _) => {
-                crate::http::start(spec, &self.config.name, session, params, self.config.init_timeout, authorization).await
-            }
+        let permit = match &self.processes {
+            Some(processes) => Some(processes.take(principal, |limit| self.make_room(limit, principal, making)).await?),
+            None => None,
         };
+        let started = self.connector.start(StartRequest { session, params, authorization, permit }).await;
         match &started {
             Ok(_) => self.record_success(),
             Err(e) => self.record_failure(&e.message),
@@ -243,9 +231,8 @@ impl Gateway {
         let stored = session.app_state().await.get(STATE).cloned().unwrap_or(Value::Null);
         // An HTTP upstream session opened by another replica (or before a
         // restart) is carried on as it is: the upstream keeps its state.
-        if let (Target::Url(spec), Some(carry_on)) = (&self.config.target, stored.get("carryOn")) {
-            let attached =
-                crate::http::attach(spec, &self.config.name, session.session_id(), carry_on, authorization.clone()).await;
+        if let Some(carry_on) = stored.get("carryOn").filter(|c| !c.is_null()) {
+            let attached = self.connector.attach(session.session_id(), carry_on, authorization.clone()).await;
             if let Some((upstream, inbound)) = attached {
                 return Ok(self.go_live(session, link, live, upstream, inbound));
             }
@@ -274,7 +261,7 @@ impl Gateway {
     /// `forward_auth`, this request's (remembered in memory for connections
     /// a notification opens), else none.
     fn forwarded(&self, link: &Link, authorization: Option<&ClientAuthorization>) -> Option<String> {
-        if !matches!(&self.config.target, Target::Url(spec) if spec.forward_auth) {
+        if !self.connector.forwards_auth() {
             return None;
         }
         link.authorization(authorization).map(|a| a.header_value().to_owned())
@@ -376,8 +363,8 @@ impl Gateway {
     /// The client's `Authorization` for a sessionless request's upstream
     /// connection (only with `forward_auth`).
     fn sessionless_authorization(&self, presented: Option<&ClientAuthorization>) -> Option<String> {
-        match &self.config.target {
-            Target::Url(spec) if spec.forward_auth => presented.map(|a| a.header_value().to_owned()),
+        match presented {
+            Some(presented) if self.connector.forwards_auth() => Some(presented.header_value().to_owned()),
             _ => None,
         }
     }
@@ -651,9 +638,7 @@ impl McpApp for Gateway {
     /// reached, so the next `server/discover` asks again.
     async fn discover(&self) -> Option<Map<String, Value>> {
         let has_task_tools = !self.config.task_tools.is_empty();
-        if let Target::Url(spec) = &self.config.target
-            && let Some((passthrough, described)) = Passthrough::discover(spec, &self.config.name, self.config.init_timeout).await
-        {
+        if let Some((passthrough, described)) = self.connector.passthrough().await {
             let _ = self.passthrough.set(passthrough);
             return Some(modern::describe(&described, has_task_tools));
         }

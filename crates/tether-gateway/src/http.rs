@@ -23,11 +23,60 @@ use tether_wire::RpcError;
 use tokio::sync::mpsc;
 
 use crate::config::UrlSpec;
+use crate::connector::{Capacity, Connector, StartRequest};
+use crate::passthrough::Passthrough;
 use crate::upstream::{Inbound, Started, UPSTREAM_RESTARTED, Upstream};
 
 /// The longest one upstream request may take. The client decides when to
 /// give up (and cancels); this only bounds a request nobody cancels.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// A URL upstream's transport: an upstream session per connection, carried
+/// on across processes; a 2026-07-28 upstream is passed through.
+pub(crate) struct UrlConnector {
+    spec: UrlSpec,
+    name: String,
+    init_timeout: Duration,
+}
+
+impl UrlConnector {
+    pub(crate) fn new(spec: UrlSpec, name: &str, init_timeout: Duration) -> Self {
+        Self { spec, name: name.to_owned(), init_timeout }
+    }
+}
+
+#[async_trait]
+impl Connector for UrlConnector {
+    fn capacity(&self) -> Capacity {
+        Capacity {
+            processes: None,
+            idle_timeout: None,
+            pool_max: crate::config::DEFAULT_MAX_PROCESSES,
+            pool_idle: crate::modern::DEFAULT_POOL_IDLE,
+        }
+    }
+
+    async fn start(&self, request: StartRequest<'_>) -> Result<Started, RpcError> {
+        start(&self.spec, &self.name, request.session, request.params, self.init_timeout, request.authorization).await
+    }
+
+    async fn attach(
+        &self,
+        session: &str,
+        carry_on: &Value,
+        authorization: Option<String>,
+    ) -> Option<(Arc<dyn Upstream>, Inbound)> {
+        attach(&self.spec, &self.name, session, carry_on, authorization).await
+    }
+
+    fn forwards_auth(&self) -> bool {
+        self.spec.forward_auth
+    }
+
+    async fn passthrough(&self) -> Option<(Passthrough, serde_json::Map<String, Value>)> {
+        Passthrough::discover(&self.spec, &self.name, self.init_timeout).await
+    }
+}
 
 /// Opens an upstream session: `initialize` with `initialize_params` as
 /// given (then `notifications/initialized`, which the client runtime sends

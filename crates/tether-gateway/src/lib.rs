@@ -20,12 +20,15 @@
 //!   upstream's.
 //! - [`processes`]: the hard cap on a command upstream's live children.
 //! - [`config`]: what an upstream is (flags and TOML).
-//! - [`upstream`]: the seam to a transport; [`stdio`] (a child process per
-//!   session) and [`http`] (an upstream HTTP session per session) implement it.
+//! - `connector`: the seam to a transport, one per upstream: starting and
+//!   carrying on connections, capacity, passthrough; [`stdio`] (a child
+//!   process per session) and [`http`] (an upstream HTTP session per
+//!   session) implement it and [`upstream`], one live connection.
 
 mod app;
 mod burst;
 pub mod config;
+mod connector;
 pub mod http;
 mod link;
 mod modern;

@@ -48,7 +48,8 @@ use tokio::task::JoinHandle;
 
 use crate::burst::{Admit, Burst};
 use crate::config::CommandSpec;
-use crate::processes::ProcessPermit;
+use crate::connector::{Capacity, Connector, StartRequest};
+use crate::processes::{ProcessPermit, Processes};
 use crate::upstream::{PeerMessage, Started, UPSTREAM_RESTARTED, Upstream};
 
 /// Lines queued for the child's stdin.
@@ -79,6 +80,45 @@ const LAST_STDERR_MAX: usize = 300;
 const EXIT_GRACE: Duration = Duration::from_secs(1);
 /// How long `close` (and a failed start) waits for the child to be gone.
 const CLOSE_WAIT: Duration = Duration::from_secs(5);
+
+/// A command upstream's transport: a child per connection, under the
+/// upstream's `max_processes`.
+pub(crate) struct StdioConnector {
+    spec: CommandSpec,
+    name: String,
+    init_timeout: Duration,
+    processes: Arc<Processes>,
+}
+
+impl StdioConnector {
+    pub(crate) fn new(spec: CommandSpec, name: &str, init_timeout: Duration) -> Self {
+        let processes = Processes::new(name, spec.max_processes, spec.max_processes_per_principal, spec.process_queue_timeout);
+        Self { spec, name: name.to_owned(), init_timeout, processes }
+    }
+}
+
+#[async_trait]
+impl Connector for StdioConnector {
+    fn capacity(&self) -> Capacity {
+        Capacity {
+            processes: Some(self.processes.clone()),
+            idle_timeout: Some(self.spec.idle_timeout),
+            pool_max: self.spec.max_processes,
+            pool_idle: self.spec.idle_timeout.min(crate::modern::DEFAULT_POOL_IDLE),
+        }
+    }
+
+    async fn start(&self, request: StartRequest<'_>) -> Result<Started, RpcError> {
+        // The gateway takes the place (it knows whose, and what to stop for it).
+        let Some(permit) = request.permit else {
+            return Err(RpcError::internal(format!(
+                "upstream {}: a child starts only with a place under max_processes",
+                self.name
+            )));
+        };
+        start(&self.spec, &self.name, request.session, request.params, self.init_timeout, permit).await
+    }
+}
 
 /// Starts the command, sends `initialize` with `initialize_params` as given
 /// and waits at most `init_timeout` for its answer. Does not send
