@@ -204,6 +204,8 @@ impl Gateway {
         let mut live = link.live.lock().await;
         if let Some(connection) = live.as_ref().filter(|c| c.upstream.is_alive()) {
             if let Some(parked) = link.parked_inbound.lock().ok().and_then(|mut p| p.take()) {
+                // The session's first request: the one the connection was started for.
+                connection.upstream.tag_session(session.session_id());
                 session.spawn(link::pump(session.clone(), link.clone(), connection.clone(), parked, self.config.name.clone()));
             }
             return Ok(connection.clone());
@@ -527,7 +529,7 @@ impl McpApp for Gateway {
         link.set_principal(init.caller.principal.as_str());
         let authorization = self.forwarded(&link, init.client_authorization());
         let Started { upstream, inbound, initialize_result, carry_on } =
-            self.connect("(initializing)", &init.caller.principal, params.clone(), authorization, Some(&link)).await?;
+            self.connect(init.session_id(), &init.caller.principal, params.clone(), authorization, Some(&link)).await?;
         let result: Map<String, Value> = serde_json::from_str(initialize_result.get()).map_err(|e| {
             RpcError::internal(format!("upstream `{}` answered initialize with no object: {e}", self.config.name))
         })?;

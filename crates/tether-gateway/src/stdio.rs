@@ -160,7 +160,7 @@ pub async fn start(
 
     let shared = Arc::new(Shared {
         upstream: upstream_name.to_owned(),
-        session: session.to_owned(),
+        session: SessionTag(std::sync::RwLock::new(session.to_owned())),
         command,
         alive: AtomicBool::new(true),
         pending: Mutex::new(Pending::default()),
@@ -220,7 +220,7 @@ pub struct StdioUpstream {
 /// drop is what stops the child).
 struct Shared {
     upstream: String,
-    session: String,
+    session: SessionTag,
     /// The command as typed, for messages.
     command: String,
     alive: AtomicBool,
@@ -230,6 +230,17 @@ struct Shared {
     inbound_sent: std::sync::atomic::AtomicU64,
     /// Warnings about unreadable lines (bounded per window).
     unreadable: Mutex<Burst>,
+}
+
+/// The tether session a child serves, as its log lines name it: the one it
+/// started for, renamed if that turns out to be another (a client that
+/// resumed an existing session in its `initialize`).
+struct SessionTag(std::sync::RwLock<String>);
+
+impl std::fmt::Display for SessionTag {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0.read().unwrap_or_else(|e| e.into_inner()))
+    }
 }
 
 type Answer = Result<Box<RawValue>, RpcError>;
@@ -527,6 +538,13 @@ impl Upstream for StdioUpstream {
 
     fn inbound_sent(&self) -> u64 {
         self.shared.inbound_sent.load(Ordering::Acquire)
+    }
+
+    fn tag_session(&self, session: &str) {
+        let mut tag = self.shared.session.0.write().unwrap_or_else(|e| e.into_inner());
+        if *tag != session {
+            session.clone_into(&mut tag);
+        }
     }
 
     /// Kills the child (and its process group) and waits for it, bounded.

@@ -88,6 +88,10 @@ pub trait Upstream: Send + Sync + 'static {
         0
     }
 
+    /// The tether session this connection serves, for its logs, when it
+    /// turns out to be another than the one it was started for.
+    fn tag_session(&self, _session: &str) {}
+
     /// False once the connection is gone (the child exited, the HTTP session
     /// was refused with 404): the gateway starts a new one.
     fn is_alive(&self) -> bool;

@@ -94,6 +94,7 @@ pub struct Initialize<'a> {
     pub caller: &'a Caller,
     pub params: &'a Map<String, Value>,
     pub(crate) authorization: Option<&'a ClientAuthorization>,
+    pub(crate) session_id: &'a str,
     pub(crate) app_state: Map<String, Value>,
     pub(crate) local: Option<Arc<dyn Any + Send + Sync>>,
 }
@@ -103,8 +104,16 @@ impl<'a> Initialize<'a> {
         caller: &'a Caller,
         params: &'a Map<String, Value>,
         authorization: Option<&'a ClientAuthorization>,
+        session_id: &'a str,
     ) -> Self {
-        Self { caller, params, authorization, app_state: Map::new(), local: None }
+        Self { caller, params, authorization, session_id, app_state: Map::new(), local: None }
+    }
+
+    /// The ID of the session this `initialize` makes. A client that presents
+    /// a resume token may carry on an existing session instead; the
+    /// application then learns that session's ID on its first request.
+    pub fn session_id(&self) -> &str {
+        self.session_id
     }
 
     /// The client's `Authorization` header of this `initialize`, if it sent one.

@@ -976,3 +976,22 @@ async fn a_url_upstreams_answer_over_the_limit_ends_its_call_at_once_with_a_clea
     let small = c.call(&sid, 2, "big_result", json!({"bytes": 30_000})).await;
     assert_eq!(small["result"]["content"][0]["text"].as_str().map(str::len), Some(30_000), "{small}");
 }
+
+#[tokio::test]
+async fn a_childs_log_lines_name_its_session_from_the_first_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("t.db");
+    let (_tether, url) = Tether::start(&db, &["--upstream", &upstream_flag("echo", "")]);
+    let c = Client::new(&format!("{url}/echo"));
+    let (sid, _) = initialized(&c, "tagged").await;
+    // The fixture's first stderr line is written as it starts, during `initialize`.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let first = loop {
+        if let Some(line) = log_of(&db).lines().find(|l| l.contains("stderr: fixture pid")) {
+            break line.to_owned();
+        }
+        assert!(std::time::Instant::now() < deadline, "the child's first stderr line was logged");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(first.contains(&format!("session={sid}")), "tagged with the session it serves: {first}");
+}

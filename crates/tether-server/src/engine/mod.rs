@@ -282,7 +282,10 @@ impl Engine {
                 client_capabilities: params.get("capabilities").cloned().unwrap_or_else(|| json!({})),
             }),
         };
-        let mut init = Initialize::new(&caller, &params, authorization.as_ref());
+        // The ID a new session gets, known to the application from the start
+        // (its logs carry it); a resumed session keeps its own.
+        let new_id = ids::new_session_id();
+        let mut init = Initialize::new(&caller, &params, authorization.as_ref(), &new_id);
         let answered = std::panic::AssertUnwindSafe(app.initialize(&mut init)).catch_unwind().await;
         let (initial_app_state, initial_local) = (std::mem::take(&mut init.app_state), init.local.take());
         let mut result = match answered {
@@ -338,7 +341,7 @@ impl Engine {
                 session
             }
             None => {
-                let session = self.create_session(endpoint, &caller, &version, initial_app_state).await?;
+                let session = self.create_session(new_id, endpoint, &caller, &version, initial_app_state).await?;
                 if presented.is_some() {
                     result_meta.insert(meta::RESUMED.into(), json!(false));
                 }
@@ -392,6 +395,7 @@ impl Engine {
 
     async fn create_session(
         &self,
+        id: String,
         endpoint: &str,
         caller: &Caller,
         version: &str,
@@ -408,7 +412,7 @@ impl Engine {
         };
         let now = now_ms();
         let record = SessionRecord {
-            id: ids::new_session_id(),
+            id,
             principal: caller.principal.clone(),
             created_at_ms: now,
             expires_at_ms: self.inner.expiry_from(now),

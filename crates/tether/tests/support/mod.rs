@@ -481,6 +481,11 @@ pub fn binary() -> String {
     std::env::var("TETHER_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_tether").to_owned())
 }
 
+/// What the binaries started on the SQLite file `db` have logged so far.
+pub fn log_of(db: &std::path::Path) -> String {
+    std::fs::read_to_string(db.with_extension("log")).unwrap_or_default()
+}
+
 /// Starts `tether serve` on a free port with a SQLite file; returns the
 /// child and its /mcp URL.
 pub fn start_binary(db: &std::path::Path, extra: &[&str]) -> (std::process::Child, String) {
@@ -506,11 +511,17 @@ pub fn start_binary(db: &std::path::Path, extra: &[&str]) -> (std::process::Chil
     };
     // Keep draining stderr so the server never blocks on a full pipe
     // (shown with TETHER_TEST_SHOW_LOG=1, for a test being debugged).
+    // Its log also goes to `<db>.log`, for tests that read it (`log_of`).
     let show = std::env::var_os("TETHER_TEST_SHOW_LOG").is_some();
+    let mut file = std::fs::OpenOptions::new().create(true).append(true).open(db.with_extension("log")).ok();
     std::thread::spawn(move || {
+        use std::io::Write;
         for line in lines.map_while(Result::ok) {
             if show {
                 eprintln!("tether: {line}");
+            }
+            if let Some(file) = file.as_mut() {
+                let _ = writeln!(file, "{line}");
             }
         }
     });
