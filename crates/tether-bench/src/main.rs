@@ -74,6 +74,10 @@ struct Args {
     /// Redis Cluster for tether-redis-cluster (skipped when its nodes do not answer; `scripts/redis-cluster start`).
     #[arg(long, default_value = "redis+cluster://127.0.0.1:7301,127.0.0.1:7302,127.0.0.1:7303/")]
     redis_cluster: String,
+    /// Runs every server on these CPUs (`taskset -c` list, e.g. `1`), with
+    /// what it starts; pin the bench itself elsewhere (`scripts/bench --pin`).
+    #[arg(long, value_name = "CPUS")]
+    pin_servers: Option<String>,
     /// Systems to run, comma-separated, in this order. Each scenario runs
     /// those of its systems that are listed: gateway_http tether-gateway and
     /// rmcp-direct, gateway_stdio tether-gateway, supergateway and mcp-proxy,
@@ -216,6 +220,7 @@ async fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
         stdio_echo: args.stdio_echo.clone().unwrap_or_else(|| sibling("stdio_echo")),
         supergateway: args.supergateway.clone(),
         mcp_proxy: args.mcp_proxy.clone(),
+        pin_servers: args.pin_servers.clone(),
     };
     let wants = |s: Scenario| args.scenarios.contains(&s);
     let load_before = load_average();

@@ -191,6 +191,10 @@ pub struct Programs {
     pub supergateway: PathBuf,
     /// mcp-proxy's command (`bench/mcp-proxy/.venv/bin/mcp-proxy`).
     pub mcp_proxy: PathBuf,
+    /// `--pin-servers CPUS`: every server runs on these CPUs (with what it
+    /// starts, such as a gateway's upstream), so each system is charged its
+    /// own CPU while the load generator runs elsewhere (`scripts/bench --pin`).
+    pub pin_servers: Option<String>,
 }
 
 impl Programs {
@@ -209,6 +213,23 @@ impl Programs {
             _ => None,
         }
     }
+}
+
+/// `cmd` run by `taskset -c CPUS` (which execs it: the PID stays the server's).
+fn pinned(cmd: &Command, cpus: &str) -> Command {
+    let std = cmd.as_std();
+    let mut pinned = Command::new("taskset");
+    pinned.args(["-c", cpus]).arg(std.get_program()).args(std.get_args());
+    if let Some(dir) = std.get_current_dir() {
+        pinned.current_dir(dir);
+    }
+    for (key, value) in std.get_envs() {
+        match value {
+            Some(value) => pinned.env(key, value),
+            None => pinned.env_remove(key),
+        };
+    }
+    pinned
 }
 
 /// Whether `PROGRAM --version` runs and exits 0.
@@ -498,6 +519,9 @@ impl Launch {
                 cmd
             }
         };
+        if let Some(cpus) = &programs.pin_servers {
+            cmd = pinned(&cmd, cpus);
+        }
         cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).kill_on_drop(true);
         Ok((cmd, known_url))
     }
