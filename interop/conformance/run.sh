@@ -28,10 +28,9 @@
 # CONFORMANCE_RESULTS=DIR keeps the suite's checks.json files and the logs there.
 set -uo pipefail
 
-# Measured via tether (see README.md): 2025-11-25 33/33; 2026-07-28 39/40 (the
-# one left: tether does not forward Mcp-Param-* headers upstream yet).
+# Measured via tether (see README.md): 2025-11-25 33/33; 2026-07-28 40/40.
 MIN_2025="${CONFORMANCE_MIN_2025:-33}"
-MIN_2026="${CONFORMANCE_MIN_2026:-39}"
+MIN_2026="${CONFORMANCE_MIN_2026:-40}"
 REVISIONS=(2025-11-25 2026-07-28)
 
 if [ $# -ne 1 ]; then

@@ -548,13 +548,16 @@ impl Session {
     /// request's own stream (its progress, log messages) going to `sink`, in
     /// order, before the answer is returned, instead of the session's
     /// incoming channel: one request's messages, with no guessing whose.
+    /// `headers` go with this request alone (a 2026-07-28 client's
+    /// `Mcp-Param-*` headers).
     pub async fn request_json_with_sink(
         &self,
         method: &str,
         params: Option<Value>,
         sink: &mpsc::Sender<PeerMessage>,
+        headers: &[(String, String)],
     ) -> Result<Box<RawValue>, ClientError> {
-        let extras = Extras { sink: Some(sink), ..Extras::default() };
+        let extras = Extras { sink: Some(sink), headers, ..Extras::default() };
         self.request_with(method, params, extras).await.map_err(ReqError::into_client)
     }
 
@@ -594,7 +597,7 @@ impl Session {
     }
 
     async fn request_with(&self, method: &str, params: Option<Value>, extras: Extras<'_>) -> Result<Box<RawValue>, ReqError> {
-        let Extras { accepted, track, sink } = extras;
+        let Extras { accepted, track, sink, headers } = extras;
         let id = Value::String(format!("{}{}", self.inner.id_prefix, self.inner.next_id.fetch_add(1, Ordering::Relaxed)));
         if let Some(track) = track {
             track.begin(&id);
@@ -616,7 +619,7 @@ impl Session {
         }
         let work = async {
             match &self.inner.kind {
-                Kind::Streamable => self.inner.streamable_request(&message, &id, accepted, track, sink).await,
+                Kind::Streamable => self.inner.streamable_request(&message, &id, accepted, track, sink, headers).await,
                 Kind::Legacy(channel) => self.inner.legacy_request(channel, &message, &id, accepted).await,
             }
         };
@@ -765,11 +768,25 @@ impl Inner {
     /// POSTs one message; refusals become errors (401/403: `Auth`, 404 on a
     /// session: `SessionNotFound`, others: `Status`).
     async fn post(&self, url: &str, message: &Value) -> Result<reqwest::Response, ReqError> {
+        self.post_with(url, message, &[]).await
+    }
+
+    /// [`Self::post`] with headers of this request's own (`Mcp-Param-*`).
+    async fn post_with(&self, url: &str, message: &Value, extra: &[(String, String)]) -> Result<reqwest::Response, ReqError> {
+        let headers = || {
+            let mut headers = self.post_headers(message);
+            for (name, value) in extra {
+                if let (Ok(name), Ok(value)) = (HeaderName::try_from(name.as_str()), HeaderValue::try_from(value.as_str())) {
+                    headers.insert(name, value);
+                }
+            }
+            headers
+        };
         let body = serde_json::to_vec(message).map_err(|e| ClientError::Transport(format!("cannot encode the message: {e}")))?;
         let body = bytes::Bytes::from(body);
         let plain = self.plain.as_ref().filter(|_| url == self.url);
         let response = match plain {
-            Some(plain) => match plain.post(self.post_headers(message), body.clone()).await {
+            Some(plain) => match plain.post(headers(), body.clone()).await {
                 // reqwest follows redirects; this path does not.
                 Ok(response) if response.status().is_redirection() => None,
                 Ok(response) => Some(response),
@@ -788,14 +805,7 @@ impl Inner {
         };
         let response = match response {
             Some(response) => response,
-            None => self
-                .http
-                .post(url)
-                .headers(self.post_headers(message))
-                .body(body)
-                .send()
-                .await
-                .map_err(|e| transport_error(&self.url, e))?,
+            None => self.http.post(url).headers(headers()).body(body).send().await.map_err(|e| transport_error(&self.url, e))?,
         };
         self.check_status(response).await
     }
@@ -873,6 +883,8 @@ struct Extras<'a> {
     /// Where the server's messages on this request's own stream go (default:
     /// the session's incoming channel). Streamable HTTP only.
     sink: Option<&'a mpsc::Sender<PeerMessage>>,
+    /// Headers of this request's own. Streamable HTTP only.
+    headers: &'a [(String, String)],
 }
 
 /// Where a request in flight stands on its server: its JSON-RPC ID and the

@@ -5,7 +5,9 @@
 //! info, log level, progress token), never widened; an `input_required`
 //! result (`inputRequests`, `requestState`) goes back to the client as the
 //! upstream wrote it, and the client's `inputResponses` up again; Tasks are
-//! the upstream's. Only tether's own `_meta` keys stay behind.
+//! the upstream's; the client's `Mcp-Param-*` headers go along (the
+//! upstream checks them against the body). Only tether's own `_meta` keys
+//! stay behind.
 //!
 //! What the upstream sends on a request's own stream (progress, log
 //! messages) goes to that request's client alone, in order, before its
@@ -67,7 +69,7 @@ impl Passthrough {
         let timer = tether_server::metrics::upstream_request_started();
         // Dropping this future closes the request's HTTP response: how a
         // sessionless server hears of a cancellation.
-        let call = client.request_json_with_sink(method, params, &tx);
+        let call = client.request_json_with_sink(method, params, &tx, ctx.param_headers());
         let mut call = std::pin::pin!(call);
         let result = loop {
             tokio::select! {

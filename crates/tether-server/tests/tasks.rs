@@ -82,6 +82,7 @@ async fn ask(engine: &Engine, caller: Caller, method: &str, params: Value) -> Va
         params: params.as_object().cloned(),
         authorization: None,
         log_level: None,
+        param_headers: Vec::new(),
     };
     let mut reply = engine.call_sessionless(request).await.expect("taken");
     loop {

@@ -11,6 +11,9 @@ pub const LAST_EVENT_ID: &str = "last-event-id";
 pub const MCP_METHOD: &str = "mcp-method";
 /// 2026-07-28: `params.name` (or `params.uri`, or a task's id) of the methods that name something.
 pub const MCP_NAME: &str = "mcp-name";
+/// 2026-07-28: the prefix of the headers that mirror a request's parameters
+/// for intermediaries (`Mcp-Param-Region`, as a tool's schema declares).
+pub const MCP_PARAM_PREFIX: &str = "mcp-param-";
 
 /// The params field a 2026-07-28 request's `Mcp-Name` repeats, for the
 /// methods that name something.

@@ -112,9 +112,10 @@ impl Inner {
         accepted: Option<Box<dyn FnOnce() + Send>>,
         track: Option<&RequestTrack>,
         sink: Option<&mpsc::Sender<PeerMessage>>,
+        headers: &[(String, String)],
     ) -> Result<Box<RawValue>, ReqError> {
         let initializing = message.get("method").and_then(Value::as_str) == Some("initialize");
-        let response = self.post(&self.url, message).await?;
+        let response = self.post_with(&self.url, message, headers).await?;
         if let Some(sid) = response.headers().get(headers::SESSION_ID).filter(|_| initializing) {
             let sid =
                 sid.to_str().ok().filter(|s| !s.is_empty() && s.bytes().all(|b| (0x21..=0x7e).contains(&b))).ok_or_else(

@@ -258,6 +258,13 @@ impl RequestCtx {
         self.sink.as_ref().filter(|_| self.session.is_none()).map(|s| s.request_meta.as_ref())
     }
 
+    /// A sessionless request's `Mcp-Param-*` headers as the client sent
+    /// them (names lowercased): parameters it mirrored for intermediaries,
+    /// for an application that passes the request on. Empty otherwise.
+    pub fn param_headers(&self) -> &[(String, String)] {
+        self.sink.as_ref().filter(|_| self.session.is_none()).map_or(&[], |s| s.param_headers.as_slice())
+    }
+
     /// Whether this sessionless request has asked its client something it
     /// must answer in another round (MRTR): the work should stop, and the
     /// round ends `input_required` whatever it returns.

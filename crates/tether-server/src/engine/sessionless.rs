@@ -39,6 +39,9 @@ pub struct SessionlessRequest {
     pub authorization: Option<ClientAuthorization>,
     /// `_meta`'s log level: `notifications/message` at or above it go out; none without it.
     pub log_level: Option<String>,
+    /// The request's `Mcp-Param-*` headers as sent (names lowercased), for
+    /// an application that passes the request on.
+    pub param_headers: Vec<(String, String)>,
 }
 
 /// What a sessionless request sends its response.
@@ -66,6 +69,8 @@ pub(crate) struct Sink {
     log_level: Option<u8>,
     /// The request's `_meta`: in this revision it carries what a session held.
     pub(crate) request_meta: Arc<Map<String, Value>>,
+    /// Its `Mcp-Param-*` headers ([`SessionlessRequest::param_headers`]).
+    pub(crate) param_headers: Arc<Vec<(String, String)>>,
     /// What this round of the request asked its client, and the answers it has.
     pub(crate) rounds: Arc<super::mrtr::Rounds>,
 }
@@ -118,7 +123,7 @@ impl Engine {
             ))
         })?;
         let server_info = self.discover(&request.endpoint).await?.and_then(|d| d.get("serverInfo").cloned());
-        let SessionlessRequest { caller, id, method, mut params, authorization, log_level, .. } = request;
+        let SessionlessRequest { caller, id, method, mut params, authorization, log_level, param_headers, .. } = request;
         let span = crate::trace::rpc_span(&method, None, params.as_ref());
         let principal = caller.principal.clone();
         // An application that passes the rounds through gets them as sent.
@@ -144,6 +149,7 @@ impl Engine {
             tx: tx.clone(),
             log_level: log_level.as_deref().and_then(severity),
             request_meta: Arc::new(request_meta),
+            param_headers: Arc::new(param_headers),
             rounds: rounds.clone(),
         };
         let cancel = CancellationToken::new();

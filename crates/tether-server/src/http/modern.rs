@@ -185,8 +185,21 @@ pub(super) async fn post(
     let caller = caller_of(principal, version, request_meta, capabilities);
     let log_level = request_meta.and_then(|m| m.get(meta::LOG_LEVEL)).and_then(Value::as_str).map(str::to_owned);
     let authorization = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).map(ClientAuthorization::new);
-    let request =
-        SessionlessRequest { endpoint: endpoint.to_owned(), caller, id, method, params: Some(params), authorization, log_level };
+    let param_headers = headers
+        .iter()
+        .filter(|(name, _)| name.as_str().starts_with(headers::MCP_PARAM_PREFIX))
+        .filter_map(|(name, value)| Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned())))
+        .collect();
+    let request = SessionlessRequest {
+        endpoint: endpoint.to_owned(),
+        caller,
+        id,
+        method,
+        params: Some(params),
+        authorization,
+        log_level,
+        param_headers,
+    };
     answer(engine.call_sessionless(request).await?).await
 }
 
