@@ -11,7 +11,7 @@ mod legacy_sse;
 mod plain_http;
 mod streamable;
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
@@ -22,8 +22,8 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-pub use tether_wire::PeerMessage;
 use tether_wire::{Inbound, RpcError, code, envelope, headers, meta};
+pub use tether_wire::{PeerMessage, PeerSink};
 
 use crate::error::{ClientError, ReqError};
 use crate::sse::read_body;
@@ -120,8 +120,8 @@ struct Inner {
     next_id: AtomicI64,
     incoming_tx: mpsc::Sender<PeerMessage>,
     incoming_rx: Mutex<Option<mpsc::Receiver<PeerMessage>>>,
-    /// Messages put on `incoming_tx` so far ([`Session::incoming_handed`]).
-    incoming_handed: AtomicU64,
+    /// Where server messages go instead of the channel ([`Session::deliver_to`]).
+    sink: std::sync::RwLock<Option<Arc<dyn PeerSink>>>,
     closed: watch::Sender<bool>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     /// A sessionless (2026-07-28) session: what every request's `_meta`
@@ -464,7 +464,7 @@ impl Session {
                 next_id: AtomicI64::new(0),
                 incoming_tx,
                 incoming_rx: Mutex::new(Some(incoming_rx)),
-                incoming_handed: AtomicU64::new(0),
+                sink: std::sync::RwLock::new(None),
                 closed,
                 tasks: Mutex::new(Vec::new()),
                 modern: None,
@@ -661,12 +661,20 @@ impl Session {
         self.inner.send_one_way(&message).await.map_err(ReqError::into_client)
     }
 
-    /// How many server messages have been put on the [`Session::take_incoming`]
-    /// channel so far. Read right after a request's answer arrived, it
-    /// counts everything the server sent before that answer on the
-    /// request's stream: a reader that has taken that many has them all.
-    pub fn incoming_handed(&self) -> u64 {
-        self.inner.incoming_handed.load(Ordering::Acquire)
+    /// From now on, server messages (from any stream) go to `sink`, each
+    /// delivered before the stream is read on: what the server sent on a
+    /// request's stream before its answer is delivered before the request
+    /// returns. Messages that were waiting on the channel go first.
+    pub async fn deliver_to(&self, sink: Arc<dyn PeerSink>) {
+        let waiting = self.take_incoming();
+        if let Ok(mut slot) = self.inner.sink.write() {
+            *slot = Some(sink.clone());
+        }
+        if let Some(mut waiting) = waiting {
+            while let Ok(message) = waiting.try_recv() {
+                sink.deliver(message).await;
+            }
+        }
     }
 
     /// Server messages (from any stream). Can be taken once.
@@ -846,21 +854,20 @@ impl Inner {
         Ok(())
     }
 
-    /// Hands a server message to `take_incoming`'s receiver. Before the
-    /// receiver is taken, messages wait in the bounded buffer (dropped
-    /// when it is full); after, the stream waits for room.
+    /// Hands a server message to the sink ([`Session::deliver_to`]), else
+    /// to `take_incoming`'s receiver. Before the receiver is taken, messages
+    /// wait in the bounded buffer (dropped when it is full); after, the
+    /// stream waits for room.
     async fn deliver(&self, message: PeerMessage) {
+        let sink = self.sink.read().ok().and_then(|s| s.clone());
+        if let Some(sink) = sink {
+            return sink.deliver(message).await;
+        }
         let taken = self.incoming_rx.lock().map(|r| r.is_none()).unwrap_or(true);
-        let handed = if taken {
-            self.incoming_tx.send(message).await.is_ok()
+        if taken {
+            let _ = self.incoming_tx.send(message).await;
         } else if self.incoming_tx.try_send(message).is_err() {
             tracing::debug!(url = %self.url, "no one reads this session's server messages; dropping one");
-            false
-        } else {
-            true
-        };
-        if handed {
-            self.incoming_handed.fetch_add(1, Ordering::Release);
         }
     }
 }

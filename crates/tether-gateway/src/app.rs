@@ -16,11 +16,11 @@ use tether_wire::meta;
 
 use crate::config::UpstreamConfig;
 use crate::connector::{Connector, StartRequest};
-use crate::link::{self, Connection, Link, Progress};
+use crate::link::{self, Connection, Link, LinkSink, Progress};
 use crate::modern::{self, Pool};
 use crate::passthrough::Passthrough;
 use crate::processes::{Limit, Processes};
-use crate::upstream::Started;
+use crate::upstream::{PeerMessage, PeerSink, Started};
 
 /// Key of the gateway's part of a session's durable app state.
 const STATE: &str = "gateway";
@@ -112,13 +112,14 @@ impl Gateway {
         params: Value,
         authorization: Option<String>,
         making: Option<&Arc<Link>>,
+        sink: Arc<dyn PeerSink>,
     ) -> Result<Started, RpcError> {
         self.check_backoff()?;
         let permit = match &self.processes {
             Some(processes) => Some(processes.take(principal, |limit| self.make_room(limit, principal, making)).await?),
             None => None,
         };
-        let started = self.connector.start(StartRequest { session, params, authorization, permit }).await;
+        let started = self.connector.start(StartRequest { session, params, authorization, permit, sink }).await;
         match &started {
             Ok(_) => self.record_success(),
             Err(e) => self.record_failure(&e.message),
@@ -203,10 +204,10 @@ impl Gateway {
         let authorization = self.forwarded(&link, authorization);
         let mut live = link.live.lock().await;
         if let Some(connection) = live.as_ref().filter(|c| c.upstream.is_alive()) {
-            if let Some(parked) = link.parked_inbound.lock().ok().and_then(|mut p| p.take()) {
-                // The session's first request: the one the connection was started for.
+            // The first request of the session `initialize` made the
+            // connection for: what the upstream sent meanwhile goes out now.
+            if connection.sink.attach(session).await {
                 connection.upstream.tag_session(session.session_id());
-                session.spawn(link::pump(session.clone(), link.clone(), connection.clone(), parked, self.config.name.clone()));
             }
             return Ok(connection.clone());
         }
@@ -233,15 +234,20 @@ impl Gateway {
         let stored = session.app_state().await.get(STATE).cloned().unwrap_or(Value::Null);
         // An HTTP upstream session opened by another replica (or before a
         // restart) is carried on as it is: the upstream keeps its state.
+        let sink = LinkSink::new(link, &self.config.name);
+        sink.attach(session).await;
         if let Some(carry_on) = stored.get("carryOn").filter(|c| !c.is_null()) {
-            let attached = self.connector.attach(session.session_id(), carry_on, authorization.clone()).await;
-            if let Some((upstream, inbound)) = attached {
-                return Ok(self.go_live(session, link, live, upstream, inbound));
+            let attached = self.connector.attach(session.session_id(), carry_on, authorization.clone(), sink.clone()).await;
+            if let Some(upstream) = attached {
+                return Ok(self.go_live(session, link, live, Connection::new(upstream, sink)));
             }
         }
         let params = stored.get("initialize").cloned().unwrap_or_else(|| json!({}));
-        let Started { upstream, inbound, carry_on, .. } =
-            self.connect(session.session_id(), session.principal(), params, authorization, Some(link)).await?;
+        let started =
+            self.connect(session.session_id(), session.principal(), params, authorization, Some(link), sink.clone()).await?;
+        let Started { upstream, carry_on, .. } = started;
+        // From here the upstream's requests can be answered (the replays below may bring some).
+        let connection = Connection::new(upstream.clone(), sink);
         let carry_on = carry_on.unwrap_or(Value::Null);
         session
             .update_app_state(|app| {
@@ -256,7 +262,7 @@ impl Gateway {
         for uri in stored.get("subscriptions").and_then(Value::as_array).into_iter().flatten() {
             upstream.request("resources/subscribe", Some(json!({"uri": uri}))).await?;
         }
-        Ok(self.go_live(session, link, live, upstream, inbound))
+        Ok(self.go_live(session, link, live, connection))
     }
 
     /// The `Authorization` to open an upstream connection with: with
@@ -269,20 +275,17 @@ impl Gateway {
         link.authorization(authorization).map(|a| a.header_value().to_owned())
     }
 
-    /// A new connection becomes the session's live one, its pump running.
+    /// A new connection becomes the session's live one.
     fn go_live(
         &self,
         session: &SessionCtx,
         link: &Arc<Link>,
         live: &mut Option<Connection>,
-        upstream: Arc<dyn crate::upstream::Upstream>,
-        inbound: crate::upstream::Inbound,
+        connection: Connection,
     ) -> Connection {
         link.set_principal(session.principal());
         link.touch();
         self.register(link);
-        let connection = Connection::new(upstream);
-        session.spawn(link::pump(session.clone(), link.clone(), connection.clone(), inbound, self.config.name.clone()));
         *live = Some(connection.clone());
         connection
     }
@@ -352,7 +355,8 @@ impl Gateway {
             return passthrough.request(&ctx, method, params).await;
         }
         let authorization = self.sessionless_authorization(ctx.client_authorization());
-        let connect = self.connect("(sessionless)", ctx.principal(), modern::initialize_params(), authorization, None);
+        let principal = ctx.principal();
+        let connect = |sink| self.connect("(sessionless)", principal, modern::initialize_params(), authorization, None, sink);
         let held = self.pool.hold_for_request(&ctx, connect).await?;
         let level = ctx.request_meta().and_then(|m| m.get(meta::LOG_LEVEL)).and_then(Value::as_str);
         held.want_log_level(level).await;
@@ -383,7 +387,8 @@ impl OperationRunner for Gateway {
     /// principal; its result is the task's.
     async fn run_operation(&self, ctx: OperationCtx, tool: &str, arguments: Map<String, Value>) -> Result<(), RpcError> {
         let ctx = Arc::new(ctx);
-        let connect = self.connect("(task)", ctx.principal(), modern::initialize_params(), None, None);
+        let principal = ctx.principal().to_owned();
+        let connect = |sink| self.connect("(task)", &principal, modern::initialize_params(), None, None, sink);
         let held = self.pool.hold_for_task(ctx.clone(), connect).await?;
         let params = json!({"name": tool, "arguments": arguments, "_meta": {"progressToken": "tether-task"}});
         let timer = tether_server::metrics::upstream_request_started();
@@ -528,18 +533,19 @@ impl McpApp for Gateway {
         let link = Arc::new(Link::default());
         link.set_principal(init.caller.principal.as_str());
         let authorization = self.forwarded(&link, init.client_authorization());
-        let Started { upstream, inbound, initialize_result, carry_on } =
-            self.connect(init.session_id(), &init.caller.principal, params.clone(), authorization, Some(&link)).await?;
+        // What the upstream sends before the session exists waits in the sink.
+        let sink = LinkSink::new(&link, &self.config.name);
+        let started = self
+            .connect(init.session_id(), &init.caller.principal, params.clone(), authorization, Some(&link), sink.clone())
+            .await?;
+        let Started { upstream, initialize_result, carry_on } = started;
         let result: Map<String, Value> = serde_json::from_str(initialize_result.get()).map_err(|e| {
             RpcError::internal(format!("upstream `{}` answered initialize with no object: {e}", self.config.name))
         })?;
         init.set_app_state(STATE, json!({"initialize": without_trace_context(params), "carryOn": carry_on}));
-        *link.live.lock().await = Some(Connection::new(upstream));
+        *link.live.lock().await = Some(Connection::new(upstream, sink));
         // Idle from now on until a request uses it (so it can make room).
         link.touch();
-        if let Ok(mut parked) = link.parked_inbound.lock() {
-            *parked = Some(inbound);
-        }
         self.register(&link);
         init.set_local(link);
         Ok(result)
@@ -566,9 +572,8 @@ impl McpApp for Gateway {
         let timer = tether_server::metrics::upstream_request_started();
         let result = request_with_note(&ctx, &connection, method, params.map(Value::Object), issued).await;
         timer.done(&self.config.name);
-        // What the upstream sent before its answer reaches the client first
-        // (on this request's stream, while it is still in flight).
-        connection.delivered_before_answer().await;
+        // What the upstream sent before its answer was delivered before the
+        // answer came back (the transport hands it to the sink first).
         let result = result?;
         self.remember(&session, replayed).await?;
         Ok(result)
@@ -603,7 +608,9 @@ impl McpApp for Gateway {
         let mut already = link::AlreadySent::new(cut_off.sent);
         tracing::info!(upstream = %self.config.name, session = session.session_id(), "picking up a request cut off by a restart from its upstream");
         let deliver = async |message, already: &mut link::AlreadySent| match Progress::translate(progress.as_ref(), message) {
-            Ok(message) if !already.contains(&message) => link::deliver_to_request(&ctx, &connection.upstream, message).await,
+            Ok(message) if !already.contains(&message) => {
+                link::deliver_to_request(&ctx, Some(&connection.upstream), message).await
+            }
             Ok(_) => {}
             Err(foreign) => link::drop_foreign(&self.config.name, session.session_id(), &foreign),
         };
@@ -644,7 +651,9 @@ impl McpApp for Gateway {
             let _ = self.passthrough.set(passthrough);
             return Some(modern::describe(&described, has_task_tools));
         }
-        let started = self.connect("(discover)", "(discover)", modern::initialize_params(), None, None).await;
+        // Nobody to tell what the upstream says meanwhile: a closed channel drops it.
+        let nowhere: Arc<dyn PeerSink> = Arc::new(tokio::sync::mpsc::channel::<PeerMessage>(1).0);
+        let started = self.connect("(discover)", "(discover)", modern::initialize_params(), None, None, nowhere).await;
         let Started { upstream, initialize_result, .. } = match started {
             Ok(started) => started,
             Err(e) => {

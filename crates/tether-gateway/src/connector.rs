@@ -15,7 +15,7 @@ use tether_wire::RpcError;
 use crate::config::{Target, UpstreamConfig};
 use crate::passthrough::Passthrough;
 use crate::processes::{ProcessPermit, Processes};
-use crate::upstream::{Inbound, Started, Upstream};
+use crate::upstream::{PeerSink, Started, Upstream};
 
 /// How many connections of an upstream may live, and for how long idle.
 #[derive(Clone)]
@@ -40,6 +40,8 @@ pub(crate) struct StartRequest<'a> {
     pub authorization: Option<String>,
     /// Its place under [`Capacity::processes`], if the upstream has a cap.
     pub permit: Option<ProcessPermit>,
+    /// Where the upstream's own messages go, in order.
+    pub sink: Arc<dyn PeerSink>,
 }
 
 /// One upstream's transport.
@@ -58,7 +60,8 @@ pub(crate) trait Connector: Send + Sync + 'static {
         _session: &str,
         _carry_on: &Value,
         _authorization: Option<String>,
-    ) -> Option<(Arc<dyn Upstream>, Inbound)> {
+        _sink: Arc<dyn PeerSink>,
+    ) -> Option<Arc<dyn Upstream>> {
         None
     }
 

@@ -8,7 +8,8 @@
 //! module adds what a gateway needs on top: the upstream's credentials
 //! (tether's own from `auth_env`, or the client's `Authorization` only when
 //! `forward_auth` opts in), results as raw JSON, the upstream's own
-//! messages on the [`Inbound`] channel, and a 404 (the upstream forgot its
+//! messages to the caller's [`PeerSink`] (each delivered before the client
+//! runtime reads on), and a 404 (the upstream forgot its
 //! session) turning the connection dead so the gateway starts a new one.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,7 +26,7 @@ use tokio::sync::mpsc;
 use crate::config::UrlSpec;
 use crate::connector::{Capacity, Connector, StartRequest};
 use crate::passthrough::Passthrough;
-use crate::upstream::{Inbound, Started, UPSTREAM_RESTARTED, Upstream};
+use crate::upstream::{PeerSink, Started, UPSTREAM_RESTARTED, Upstream};
 
 /// The longest one upstream request may take. The client decides when to
 /// give up (and cancels); this only bounds a request nobody cancels.
@@ -57,7 +58,8 @@ impl Connector for UrlConnector {
     }
 
     async fn start(&self, request: StartRequest<'_>) -> Result<Started, RpcError> {
-        start(&self.spec, &self.name, request.session, request.params, self.init_timeout, request.authorization).await
+        let StartRequest { session, params, authorization, sink, .. } = request;
+        start(&self.spec, &self.name, session, params, self.init_timeout, authorization, sink).await
     }
 
     async fn attach(
@@ -65,8 +67,9 @@ impl Connector for UrlConnector {
         session: &str,
         carry_on: &Value,
         authorization: Option<String>,
-    ) -> Option<(Arc<dyn Upstream>, Inbound)> {
-        attach(&self.spec, &self.name, session, carry_on, authorization).await
+        sink: Arc<dyn PeerSink>,
+    ) -> Option<Arc<dyn Upstream>> {
+        attach(&self.spec, &self.name, session, carry_on, authorization, sink).await
     }
 
     fn forwards_auth(&self) -> bool {
@@ -90,19 +93,28 @@ pub async fn start(
     initialize_params: Value,
     init_timeout: Duration,
     client_authorization: Option<String>,
+    sink: Arc<dyn PeerSink>,
 ) -> Result<Started, RpcError> {
-    let connected =
-        connect(spec, upstream_name, session, initialize_params.clone(), init_timeout, client_authorization.clone()).await;
+    let connected = connect(
+        spec,
+        upstream_name,
+        session,
+        initialize_params.clone(),
+        init_timeout,
+        client_authorization.clone(),
+        sink.clone(),
+    )
+    .await;
     let refused = match connected {
-        Ok((upstream, inbound, initialize_result)) => {
+        Ok((upstream, initialize_result)) => {
             let carry_on = upstream.carry_on();
-            return Ok(Started { upstream, inbound, initialize_result, carry_on });
+            return Ok(Started { upstream, initialize_result, carry_on });
         }
         Err(refused) => refused,
     };
     // An upstream that refuses `initialize` may speak only the sessionless revision.
     let options = client_options(spec, client_authorization, |var| std::env::var(var).ok()).map_err(|_| refused.clone())?;
-    match crate::modern_url::start(spec, upstream_name, &initialize_params, options, init_timeout).await {
+    match crate::modern_url::start(spec, upstream_name, &initialize_params, options, init_timeout, sink).await {
         Some(started) => Ok(started),
         None => Err(refused),
     }
@@ -118,7 +130,8 @@ pub async fn attach(
     session: &str,
     carry_on: &Value,
     client_authorization: Option<String>,
-) -> Option<(Arc<dyn Upstream>, Inbound)> {
+    sink: Arc<dyn PeerSink>,
+) -> Option<Arc<dyn Upstream>> {
     let session_id = carry_on.get("sessionId").and_then(Value::as_str)?;
     let protocol_version = carry_on.get("protocolVersion").and_then(Value::as_str)?;
     let options = client_options(spec, client_authorization, |var| std::env::var(var).ok()).ok()?;
@@ -128,7 +141,7 @@ pub async fn attach(
         client.close().await;
         return None;
     }
-    let inbound = incoming(&client);
+    client.deliver_to(sink).await;
     let upstream = Arc::new(HttpUpstream {
         name: upstream_name.to_owned(),
         session: session.to_owned(),
@@ -138,7 +151,7 @@ pub async fn attach(
         alive: AtomicBool::new(true),
     });
     tracing::info!(upstream = %upstream_name, %session, "carrying on the stored upstream session");
-    Some((upstream, inbound))
+    Some(upstream)
 }
 
 /// [`start`], keeping the concrete type (for
@@ -150,7 +163,8 @@ pub async fn connect(
     initialize_params: Value,
     init_timeout: Duration,
     client_authorization: Option<String>,
-) -> Result<(Arc<HttpUpstream>, Inbound, Box<RawValue>), RpcError> {
+    sink: Arc<dyn PeerSink>,
+) -> Result<(Arc<HttpUpstream>, Box<RawValue>), RpcError> {
     let who = format!("upstream {upstream_name} at {}", spec.url);
     let options = client_options(spec, client_authorization, |var| std::env::var(var).ok())
         .map_err(|e| RpcError::internal(format!("{who}: {e}")))?;
@@ -170,7 +184,7 @@ pub async fn connect(
     };
     let initialize_result = serde_json::value::to_raw_value(&result)
         .map_err(|e| RpcError::internal(format!("{who}: unreadable initialize result: {e}")))?;
-    let inbound = incoming(&client);
+    client.deliver_to(sink).await;
     let upstream = Arc::new(HttpUpstream {
         name: upstream_name.to_owned(),
         session: session.to_owned(),
@@ -179,7 +193,7 @@ pub async fn connect(
         client: Mutex::new(Some(client)),
         alive: AtomicBool::new(true),
     });
-    Ok((upstream, inbound, initialize_result))
+    Ok((upstream, initialize_result))
 }
 
 /// The client runtime's options for this upstream: the configured headers,
@@ -205,13 +219,6 @@ pub(crate) fn client_options(
         headers.push(("Authorization".to_owned(), authorization));
     }
     Ok(ClientOptions { bearer_token, headers, request_timeout: REQUEST_TIMEOUT, max_message_bytes: spec.max_message_bytes })
-}
-
-/// What the upstream sends on its own, in order: the client runtime's
-/// channel itself. It closes once the connection is let go of (the last
-/// handle of its client runtime session dropped).
-fn incoming(client: &Session) -> Inbound {
-    client.take_incoming().unwrap_or_else(|| mpsc::channel(1).1)
 }
 
 impl HttpUpstream {
@@ -353,11 +360,6 @@ impl Upstream for HttpUpstream {
 
     fn is_alive(&self) -> bool {
         self.alive.load(Ordering::Acquire)
-    }
-
-    /// The client runtime's own count of what it put on the channel.
-    fn inbound_sent(&self) -> u64 {
-        lock(&self.client).as_ref().map_or(0, Session::incoming_handed)
     }
 
     /// With `end_session`, DELETEs the upstream session; else only lets go

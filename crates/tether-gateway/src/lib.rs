@@ -8,7 +8,7 @@
 //!
 //! - `app`: [`Gateway`], the application: forwarding both ways, rebuilding
 //!   a connection from the stored `initialize`, backoff, idle children.
-//! - `link`: one session's link to its upstream and the pump of what the
+//! - `link`: one session's link to its upstream and the sink of what the
 //!   upstream sends on its own.
 //! - `modern`: sessionless (2026-07-28) clients of a session-era upstream:
 //!   a pool of upstream connections per principal, asks as MRTR rounds,

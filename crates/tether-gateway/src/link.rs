@@ -1,7 +1,7 @@
 //! One tether session's link to its upstream: the live connection (if any),
 //! the client requests in flight through it (so the upstream's progress,
 //! log messages and requests reach the client on the right stream), and the
-//! pump that delivers what the upstream sends on its own.
+//! sink that delivers what the upstream sends on its own.
 //!
 //! Progress tokens: a client's `progressToken` never goes upstream as it is.
 //! Each request gets a token of tether's own ([`Progress::issue`], random),
@@ -16,53 +16,34 @@
 //! at any time: after a tether restart, on another replica, after the child
 //! died.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tether_server::{ClientAuthorization, RequestCtx, SessionCtx};
 
-use crate::upstream::{Inbound, PeerMessage, Upstream};
+use futures::future::BoxFuture;
+
+use crate::upstream::{PeerMessage, PeerSink, Upstream};
 
 /// How long the client may take to answer a request of the upstream
 /// (sampling, elicitation: a person may be answering).
 pub(crate) const CLIENT_ANSWER_WAIT: Duration = Duration::from_secs(600);
 
-/// A live connection and how far its pump got.
+/// A live connection, and the sink its upstream's own messages go to.
 #[derive(Clone)]
 pub(crate) struct Connection {
     pub upstream: Arc<dyn Upstream>,
-    /// Messages of this connection the pump has delivered (or given up on).
-    delivered: Arc<tokio::sync::watch::Sender<u64>>,
+    pub sink: Arc<LinkSink>,
 }
 
-/// How long an answer waits for the messages the upstream sent before it.
-const ORDER_WAIT: Duration = Duration::from_secs(5);
-
 impl Connection {
-    pub fn new(upstream: Arc<dyn Upstream>) -> Self {
-        Self { upstream, delivered: Arc::new(tokio::sync::watch::channel(0).0) }
-    }
-
-    /// One more message of the upstream delivered (or given up on) by its pump.
-    pub fn mark_delivered(&self) {
-        self.delivered.send_modify(|n| *n += 1);
-    }
-
-    /// Waits (bounded) until the pump delivered everything the upstream sent
-    /// before the answer that just arrived, so the client sees them first.
-    pub async fn delivered_before_answer(&self) {
-        let target = self.upstream.inbound_sent();
-        // Mostly nothing came before the answer: no timer then.
-        if *self.delivered.borrow() >= target {
-            return;
-        }
-        let mut delivered = self.delivered.subscribe();
-        if tokio::time::timeout(ORDER_WAIT, delivered.wait_for(|n| *n >= target)).await.is_err() {
-            tracing::warn!("an answer waited too long for the upstream's earlier messages; sending it now");
-        }
+    /// `upstream`, started with `sink` as the place for its own messages.
+    pub fn new(upstream: Arc<dyn Upstream>, sink: Arc<LinkSink>) -> Self {
+        sink.answers_through(&upstream);
+        Self { upstream, sink }
     }
 }
 
@@ -77,9 +58,6 @@ pub(crate) fn is_session_level(method: &str) -> bool {
 pub struct Link {
     /// The live connection; a new one is made under this lock.
     pub(crate) live: tokio::sync::Mutex<Option<Connection>>,
-    /// Messages of a connection made before the session existed (in
-    /// `initialize`), waiting for a session context to deliver them.
-    pub(crate) parked_inbound: Mutex<Option<Inbound>>,
     in_flight: Mutex<BTreeMap<u64, InFlight>>,
     next: AtomicU64,
     last_used: Mutex<Option<Instant>>,
@@ -267,7 +245,7 @@ impl AlreadySent {
 /// Delivers one message the upstream sent on a request's own stream to
 /// that request's client stream; its requests (sampling, elicitation) are
 /// answered concurrently.
-pub(crate) async fn deliver_to_request(ctx: &RequestCtx, upstream: &Arc<dyn Upstream>, message: PeerMessage) {
+pub(crate) async fn deliver_to_request(ctx: &RequestCtx, upstream: Option<&Arc<dyn Upstream>>, message: PeerMessage) {
     match message {
         PeerMessage::Notification { method, params } => {
             if let Err(e) = ctx.notify(&method, params).await {
@@ -275,7 +253,7 @@ pub(crate) async fn deliver_to_request(ctx: &RequestCtx, upstream: &Arc<dyn Upst
             }
         }
         PeerMessage::Request { id, method, params } => {
-            let Some(session) = ctx.session() else { return };
+            let (Some(session), Some(upstream)) = (ctx.session(), upstream) else { return unanswerable(&method) };
             let (ctx, upstream) = (ctx.clone(), upstream.clone());
             session.spawn(async move {
                 let answer = ctx.request_client(&method, params, CLIENT_ANSWER_WAIT).await;
@@ -290,7 +268,7 @@ pub(crate) async fn deliver_to_request(ctx: &RequestCtx, upstream: &Arc<dyn Upst
 /// Delivers one message the upstream sent on its own, not about any one
 /// request, to the session's standalone stream; its requests are answered
 /// concurrently.
-async fn deliver_to_session(session: &SessionCtx, upstream: &Arc<dyn Upstream>, message: PeerMessage) {
+async fn deliver_to_session(session: &SessionCtx, upstream: Option<&Arc<dyn Upstream>>, message: PeerMessage) {
     match message {
         PeerMessage::Notification { method, params } => {
             if let Err(e) = session.notify(&method, params).await {
@@ -298,6 +276,7 @@ async fn deliver_to_session(session: &SessionCtx, upstream: &Arc<dyn Upstream>, 
             }
         }
         PeerMessage::Request { id, method, params } => {
+            let Some(upstream) = upstream else { return unanswerable(&method) };
             let (task_session, upstream) = (session.clone(), upstream.clone());
             session.spawn(async move {
                 let answer = task_session.request_client(&method, params, CLIENT_ANSWER_WAIT).await;
@@ -307,6 +286,12 @@ async fn deliver_to_session(session: &SessionCtx, upstream: &Arc<dyn Upstream>, 
             });
         }
     }
+}
+
+/// A request of the upstream made while its connection was still being
+/// started: there is nothing to answer it through yet.
+fn unanswerable(method: &str) {
+    tracing::debug!(%method, "dropping a request of the upstream made before its connection was up");
 }
 
 /// Counts and logs a message of the upstream that belongs to no request of
@@ -319,36 +304,92 @@ pub(crate) fn drop_foreign(upstream: &str, session: &str, message: &PeerMessage)
     tracing::debug!(upstream, session, %method, "dropping a message of the upstream under a progress token no request of this session was given");
 }
 
-/// Delivers what the upstream sends on its own to the client, until the
-/// connection or the session ends: to the request it belongs to, else to
-/// the session's standalone stream (see [`Link::route`]). Its requests are
-/// answered concurrently (a sampling request may wait on a person) but
-/// bounded by the engine's limit on requests waiting for the client.
-pub(crate) async fn pump(
-    session: SessionCtx,
-    link: Arc<Link>,
-    connection: Connection,
-    mut inbound: Inbound,
+/// Messages a connection made before its session existed may park.
+const PARKED_MAX: usize = 256;
+
+/// Where one connection of a session's link hands what the upstream sends
+/// on its own, in order, each delivered before the transport reads on: to
+/// the request it belongs to, else to the session's standalone stream (see
+/// [`Link::route`]); its requests are answered concurrently (a sampling
+/// request may wait on a person), bounded by the engine's limit on requests
+/// waiting for the client. A connection made before its session exists (in
+/// `initialize`) parks what comes meanwhile, at most [`PARKED_MAX`], until
+/// the session's first request attaches it.
+pub(crate) struct LinkSink {
+    link: Weak<Link>,
     upstream_name: String,
-) {
-    let upstream = connection.upstream.clone();
-    loop {
-        let message = tokio::select! {
-            m = inbound.recv() => m,
-            _ = session.closed() => None,
-        };
-        let Some(message) = message else { return };
-        let session_level = matches!(&message, PeerMessage::Notification { method, .. } if is_session_level(method));
-        if session_level {
-            deliver_to_session(&session, &upstream, message).await;
-        } else {
-            match link.route(message) {
-                Ok((Some(ctx), message)) => deliver_to_request(&ctx, &upstream, message).await,
-                Ok((None, message)) => deliver_to_session(&session, &upstream, message).await,
-                Err(foreign) => drop_foreign(&upstream_name, session.session_id(), &foreign),
-            }
+    session: OnceLock<SessionCtx>,
+    /// The connection the upstream's requests are answered through.
+    upstream: OnceLock<Weak<dyn Upstream>>,
+    parked: Mutex<VecDeque<PeerMessage>>,
+    /// One delivery at a time, so parked messages keep their place.
+    order: tokio::sync::Mutex<()>,
+}
+
+impl LinkSink {
+    pub(crate) fn new(link: &Arc<Link>, upstream_name: &str) -> Arc<Self> {
+        Arc::new(Self {
+            link: Arc::downgrade(link),
+            upstream_name: upstream_name.to_owned(),
+            session: OnceLock::new(),
+            upstream: OnceLock::new(),
+            parked: Mutex::default(),
+            order: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    pub(crate) fn answers_through(&self, upstream: &Arc<dyn Upstream>) {
+        let _ = self.upstream.set(Arc::downgrade(upstream));
+    }
+
+    /// The session is known: what was parked is delivered now, the rest as
+    /// it comes. True the first time.
+    pub(crate) async fn attach(&self, session: &SessionCtx) -> bool {
+        if self.session.get().is_some() {
+            return false;
         }
-        connection.mark_delivered();
+        let _order = self.order.lock().await;
+        if self.session.set(session.clone()).is_err() {
+            return false;
+        }
+        let parked = self.parked.lock().map(|mut p| std::mem::take(&mut *p)).unwrap_or_default();
+        for message in parked {
+            self.dispatch(session, message).await;
+        }
+        true
+    }
+
+    async fn dispatch(&self, session: &SessionCtx, message: PeerMessage) {
+        let upstream = self.upstream.get().and_then(Weak::upgrade);
+        let upstream = upstream.as_ref();
+        let session_level = matches!(&message, PeerMessage::Notification { method, .. } if is_session_level(method));
+        let Some(link) = self.link.upgrade().filter(|_| !session_level) else {
+            return deliver_to_session(session, upstream, message).await;
+        };
+        match link.route(message) {
+            Ok((Some(ctx), message)) => deliver_to_request(&ctx, upstream, message).await,
+            Ok((None, message)) => deliver_to_session(session, upstream, message).await,
+            Err(foreign) => drop_foreign(&self.upstream_name, session.session_id(), &foreign),
+        }
+    }
+}
+
+impl PeerSink for LinkSink {
+    fn deliver(&self, message: PeerMessage) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let _order = self.order.lock().await;
+            match self.session.get() {
+                Some(session) => self.dispatch(session, message).await,
+                None => {
+                    let Ok(mut parked) = self.parked.lock() else { return };
+                    if parked.len() >= PARKED_MAX {
+                        tracing::debug!(upstream = %self.upstream_name, "too many messages before the session's first request; dropping the oldest");
+                        parked.pop_front();
+                    }
+                    parked.push_back(message);
+                }
+            }
+        })
     }
 }
 

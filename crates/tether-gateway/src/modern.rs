@@ -21,7 +21,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
@@ -30,8 +30,10 @@ use tether_wire::{meta, revision};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use crate::link::{self, Connection};
-use crate::upstream::{Inbound, PeerMessage, Started};
+use crate::link;
+use futures::future::BoxFuture;
+
+use crate::upstream::{PeerMessage, PeerSink, Started, Upstream};
 
 /// How long a pooled connection may sit unused before it is closed.
 pub(crate) const DEFAULT_POOL_IDLE: Duration = Duration::from_secs(300);
@@ -101,7 +103,7 @@ pub(crate) struct Pool {
 
 /// One upstream connection of the pool.
 pub(crate) struct Pooled {
-    pub(crate) connection: Connection,
+    pub(crate) upstream: Arc<dyn Upstream>,
     holder: Mutex<Option<Holder>>,
     /// The log level last set upstream on this connection.
     log_level: Mutex<Option<String>>,
@@ -132,7 +134,7 @@ impl Drop for Held {
         if let Ok(mut holder) = self.pooled.holder.lock() {
             *holder = None;
         }
-        if !self.pooled.connection.upstream.is_alive() {
+        if !self.pooled.upstream.is_alive() {
             return;
         }
         if let Ok(mut at) = self.pooled.idle_since.lock() {
@@ -157,7 +159,7 @@ impl Held {
             }
             *current = Some(level.to_owned());
         }
-        let set = self.pooled.connection.upstream.request("logging/setLevel", Some(json!({"level": level}))).await;
+        let set = self.pooled.upstream.request("logging/setLevel", Some(json!({"level": level}))).await;
         if let Err(e) = set {
             tracing::debug!(level, error = %e.message, "the upstream did not take a log level");
         }
@@ -172,14 +174,11 @@ impl Held {
             Some(Holder::Request { asked, .. }) => asked,
             _ => CancellationToken::new(),
         };
-        let connection = &self.pooled.connection;
-        let result = tokio::select! {
-            result = connection.upstream.request(method, params) => result,
+        tokio::select! {
+            result = self.pooled.upstream.request(method, params) => result,
             // The round ends here; the engine answers `input_required`.
-            () = asked.cancelled() => return Err(RpcError::internal("input required from the client")),
-        };
-        connection.delivered_before_answer().await;
-        result
+            () = asked.cancelled() => Err(RpcError::internal("input required from the client")),
+        }
     }
 }
 
@@ -195,7 +194,7 @@ impl Pool {
         let mut idle = self.idle.lock().ok()?;
         let list = idle.get_mut(principal)?;
         while let Some(pooled) = list.pop() {
-            if pooled.connection.upstream.is_alive() {
+            if pooled.upstream.is_alive() {
                 return Some(pooled);
             }
         }
@@ -219,7 +218,7 @@ impl Pool {
     pub(crate) async fn close_all(&self) {
         let idle: Vec<Arc<Pooled>> =
             self.idle.lock().map(|mut idle| idle.drain().flat_map(|(_, list)| list).collect()).unwrap_or_default();
-        futures::future::join_all(idle.iter().map(|pooled| pooled.connection.upstream.close(false))).await;
+        futures::future::join_all(idle.iter().map(|pooled| pooled.upstream.close(false))).await;
     }
 
     /// Closes the least recently used idle connection (of `principal` only,
@@ -240,7 +239,7 @@ impl Pool {
             Some(pooled)
         });
         let Some(pooled) = oldest else { return false };
-        pooled.connection.upstream.close(true).await;
+        pooled.upstream.close(true).await;
         true
     }
 
@@ -252,41 +251,45 @@ impl Pool {
 impl Pool {
     /// A connection of `principal` held by `ctx` until the returned guard
     /// drops: an idle one, else a new one (`connect` makes it).
-    pub(crate) async fn hold_for_request<F>(self: &Arc<Self>, ctx: &RequestCtx, connect: F) -> Result<Held, RpcError>
+    pub(crate) async fn hold_for_request<F, Fut>(self: &Arc<Self>, ctx: &RequestCtx, connect: F) -> Result<Held, RpcError>
     where
-        F: Future<Output = Result<Started, RpcError>>,
+        F: FnOnce(Arc<dyn PeerSink>) -> Fut,
+        Fut: Future<Output = Result<Started, RpcError>>,
     {
         let holder = Holder::Request { ctx: ctx.clone(), asked: CancellationToken::new() };
         self.hold(ctx.principal(), holder, connect).await
     }
 
     /// The same for a task's work.
-    pub(crate) async fn hold_for_task<F>(self: &Arc<Self>, op: Arc<OperationCtx>, connect: F) -> Result<Held, RpcError>
+    pub(crate) async fn hold_for_task<F, Fut>(self: &Arc<Self>, op: Arc<OperationCtx>, connect: F) -> Result<Held, RpcError>
     where
-        F: Future<Output = Result<Started, RpcError>>,
+        F: FnOnce(Arc<dyn PeerSink>) -> Fut,
+        Fut: Future<Output = Result<Started, RpcError>>,
     {
         let principal = op.principal().to_owned();
         self.hold(&principal, Holder::Task(op), connect).await
     }
 
-    async fn hold<F>(self: &Arc<Self>, principal: &str, holder: Holder, connect: F) -> Result<Held, RpcError>
+    async fn hold<F, Fut>(self: &Arc<Self>, principal: &str, holder: Holder, connect: F) -> Result<Held, RpcError>
     where
-        F: Future<Output = Result<Started, RpcError>>,
+        F: FnOnce(Arc<dyn PeerSink>) -> Fut,
+        Fut: Future<Output = Result<Started, RpcError>>,
     {
         let pooled = match self.take_idle(principal) {
             Some(pooled) => pooled,
             None => {
                 let permit = self.room().await?;
-                let Started { upstream, inbound, .. } = connect.await?;
+                let sink = Arc::new(PoolSink::default());
+                let Started { upstream, .. } = connect(sink.clone()).await?;
                 upstream.notify("notifications/initialized", None).await?;
                 let pooled = Arc::new(Pooled {
-                    connection: Connection::new(upstream),
+                    upstream,
                     holder: Mutex::new(None),
                     log_level: Mutex::new(None),
                     idle_since: Mutex::new(Instant::now()),
                     _open: permit,
                 });
-                tokio::spawn(pump(Arc::downgrade(&pooled), inbound));
+                let _ = sink.pooled.set(Arc::downgrade(&pooled));
                 pooled
             }
         };
@@ -297,31 +300,42 @@ impl Pool {
     }
 }
 
-/// Delivers what a pooled connection's upstream sends on its own to the
-/// request or task holding the connection, until the connection is gone.
-async fn pump(pooled: Weak<Pooled>, mut inbound: Inbound) {
-    while let Some(message) = inbound.recv().await {
-        let Some(pooled) = pooled.upgrade() else { return };
+/// Where a pooled connection's upstream hands what it sends on its own:
+/// to the request or task holding the connection, each delivered before
+/// the transport reads on (so before the answer that follows it).
+#[derive(Default)]
+pub(crate) struct PoolSink {
+    pooled: OnceLock<Weak<Pooled>>,
+}
+
+impl PeerSink for PoolSink {
+    fn deliver(&self, message: PeerMessage) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let Some(pooled) = self.pooled.get().and_then(Weak::upgrade) else { return };
+            pooled.dispatch(message).await;
+        })
+    }
+}
+
+impl Pooled {
+    async fn dispatch(&self, message: PeerMessage) {
         match message {
-            PeerMessage::Notification { method, params } => {
-                match pooled.holder() {
-                    Some(Holder::Request { ctx, .. }) if !link::is_session_level(&method) => {
-                        if let Err(e) = ctx.notify(&method, params).await {
-                            tracing::debug!(%method, error = %e.message, "an upstream notification did not reach its sessionless client");
-                        }
+            PeerMessage::Notification { method, params } => match self.holder() {
+                Some(Holder::Request { ctx, .. }) if !link::is_session_level(&method) => {
+                    if let Err(e) = ctx.notify(&method, params).await {
+                        tracing::debug!(%method, error = %e.message, "an upstream notification did not reach its sessionless client");
                     }
-                    Some(Holder::Task(op)) if method == "notifications/progress" => {
-                        let field = |k: &str| params.as_ref().and_then(|p| p.get(k));
-                        let done = field("progress").and_then(Value::as_f64).unwrap_or(0.0);
-                        op.progress(done, field("total").and_then(Value::as_f64), field("message").and_then(Value::as_str));
-                    }
-                    _ => tracing::debug!(%method, "an upstream notification with no sessionless client to go to"),
                 }
-                pooled.connection.mark_delivered();
-            }
+                Some(Holder::Task(op)) if method == "notifications/progress" => {
+                    let field = |k: &str| params.as_ref().and_then(|p| p.get(k));
+                    let done = field("progress").and_then(Value::as_f64).unwrap_or(0.0);
+                    op.progress(done, field("total").and_then(Value::as_f64), field("message").and_then(Value::as_str));
+                }
+                _ => tracing::debug!(%method, "an upstream notification with no sessionless client to go to"),
+            },
             PeerMessage::Request { id, method, params } => {
-                let upstream = pooled.connection.upstream.clone();
-                match pooled.holder() {
+                let upstream = &self.upstream;
+                match self.holder() {
                     Some(Holder::Request { ctx, asked }) => {
                         // Answered at once: the engine holds no request open
                         // for a sessionless client; an unanswered ask ends the round.
@@ -344,7 +358,6 @@ async fn pump(pooled: Weak<Pooled>, mut inbound: Inbound) {
                         }
                     }
                 }
-                pooled.connection.mark_delivered();
             }
         }
     }
@@ -381,7 +394,7 @@ async fn sweep_idle(pool: Weak<Pool>, idle: Duration) {
         };
         for pooled in stale {
             tracing::info!("closing an idle upstream connection of sessionless clients");
-            pooled.connection.upstream.close(true).await;
+            pooled.upstream.close(true).await;
         }
     }
 }

@@ -6,7 +6,7 @@
 //! Found when the upstream refuses `initialize` and answers
 //! `server/discover` naming a sessionless revision. Its `input_required`
 //! rounds become server-to-client requests to the session's client (on the
-//! [`Inbound`] channel, answered through [`Upstream::answer`]); a task it
+//! gateway's [`PeerSink`], answered through [`Upstream::answer`]); a task it
 //! answers with (the gateway declares the Tasks extension for its client) is
 //! followed to its end, so the session-era client gets a plain result.
 //! Nothing upstream is stateful: any replica, or a restart, just makes a new
@@ -22,13 +22,11 @@ use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use tether_client::{ClientError, Session};
 use tether_wire::{RpcError, meta, revision};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use crate::config::UrlSpec;
-use crate::upstream::{PeerMessage, Started, Upstream};
+use crate::upstream::{PeerMessage, PeerSink, Started, Upstream};
 
-/// Messages for the gateway (the upstream's notifications, its asks).
-const INBOUND_BUFFER: usize = 256;
 /// How long the session's client may take to answer an ask.
 const ASK_WAIT: Duration = Duration::from_secs(600);
 
@@ -40,6 +38,7 @@ pub(crate) async fn start(
     initialize_params: &Value,
     options: tether_client::ClientOptions,
     init_timeout: Duration,
+    sink: Arc<dyn PeerSink>,
 ) -> Option<Started> {
     let client_info = initialize_params.get("clientInfo").cloned().unwrap_or_else(|| json!({}));
     let mut capabilities = initialize_params.get("capabilities").cloned().filter(Value::is_object).unwrap_or_else(|| json!({}));
@@ -51,21 +50,19 @@ pub(crate) async fn start(
     let session = Session::modern(&spec.url, options, client_info, capabilities).ok()?;
     let result = discover(&session, init_timeout).await?;
     let initialize_result = serde_json::value::to_raw_value(&result).ok()?;
-    let (inbound_tx, inbound) = mpsc::channel(INBOUND_BUFFER);
-    if let Some(from_client) = session.take_incoming() {
-        // A sessionless server asks through results: only its notifications come this way.
-        tokio::spawn(merge(from_client, inbound_tx.clone()));
-    }
+    // A sessionless server asks through results: only its notifications
+    // come from the client runtime; its asks are put to the sink here.
+    session.deliver_to(sink.clone()).await;
     tracing::info!(upstream = %upstream_name, url = %spec.url, "the upstream speaks only the sessionless revision; bridging");
     let upstream = Arc::new(ModernUrlUpstream {
         name: upstream_name.to_owned(),
         session,
-        asks_to: inbound_tx,
+        asks_to: sink,
         asks: Mutex::new(HashMap::new()),
         next_ask: AtomicU64::new(1),
         log_level: Mutex::new(None),
     });
-    Some(Started { upstream, inbound, initialize_result, carry_on: None })
+    Some(Started { upstream, initialize_result, carry_on: None })
 }
 
 /// Asks a sessionless client's `server/discover` of the upstream: what it
@@ -91,21 +88,11 @@ pub(crate) async fn discover(session: &Session, timeout: Duration) -> Option<ser
     Some(result)
 }
 
-/// Puts the upstream's notifications on the channel its asks go on too, in
-/// order, until either side is gone.
-async fn merge(mut from_client: mpsc::Receiver<PeerMessage>, inbound: mpsc::Sender<PeerMessage>) {
-    while let Some(message) = from_client.recv().await {
-        if inbound.send(message).await.is_err() {
-            return;
-        }
-    }
-}
-
 /// A sessionless upstream, as the gateway's [`Upstream`] of one session.
 struct ModernUrlUpstream {
     name: String,
     session: Session,
-    asks_to: mpsc::Sender<PeerMessage>,
+    asks_to: Arc<dyn PeerSink>,
     /// Asks of the upstream waiting for the session's client, by our ID.
     asks: Mutex<HashMap<u64, oneshot::Sender<Result<Value, RpcError>>>>,
     next_ask: AtomicU64,
@@ -123,10 +110,7 @@ impl ModernUrlUpstream {
         let (tx, rx) = oneshot::channel();
         self.asks.lock().map_err(|_| ClientError::Transport("asks unusable".into()))?.insert(id, tx);
         let forget = Forget { asks: &self.asks, id };
-        let sent = self.asks_to.send(PeerMessage::Request { id: json!(id), method: method.clone(), params }).await;
-        if sent.is_err() {
-            return Err(ClientError::Transport("the session is gone".into()));
-        }
+        self.asks_to.deliver(PeerMessage::Request { id: json!(id), method: method.clone(), params }).await;
         let answer = tokio::time::timeout(ASK_WAIT, rx).await;
         drop(forget);
         match answer {

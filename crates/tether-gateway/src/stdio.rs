@@ -10,7 +10,9 @@
 //!   queue, so a child that stops reading back-pressures its callers);
 //! - the reader reads stdout with a bound per line (`max_message_bytes`),
 //!   hands answers to the request waiting for them (by the connection's own
-//!   ids, a counter) and everything else to the [`Inbound`] channel. A line
+//!   ids, a counter) and everything else to the caller's [`PeerSink`],
+//!   reading on only once it was delivered (so what the child wrote before
+//!   an answer reaches the client before the answer). A line
 //!   too long or unreadable that still names a request waiting (its `id`,
 //!   read from what can be read; or, for an answer without a readable `id`,
 //!   the only request waiting) ends that request with a `-32603` naming the
@@ -24,8 +26,7 @@
 //! - the supervisor owns the child: it waits for its exit (or kills it when
 //!   asked: `close`, the upstream dropped, stdout closed), lets the readers
 //!   finish what the child wrote before it exited (bounded), then ends every
-//!   request in flight with [`UPSTREAM_RESTARTED`] and closes the inbound
-//!   channel.
+//!   request in flight with [`UPSTREAM_RESTARTED`].
 
 use std::collections::{HashMap, VecDeque};
 use std::process::Stdio;
@@ -50,14 +51,12 @@ use crate::burst::{Admit, Burst};
 use crate::config::CommandSpec;
 use crate::connector::{Capacity, Connector, StartRequest};
 use crate::processes::{ProcessPermit, Processes};
-use crate::upstream::{PeerMessage, Started, UPSTREAM_RESTARTED, Upstream};
+use crate::upstream::{PeerMessage, PeerSink, Started, UPSTREAM_RESTARTED, Upstream};
 
 /// Lines queued for the child's stdin.
 const WRITE_QUEUE: usize = 256;
 /// Lines written before one flush, at most.
 const WRITE_BATCH: usize = 64;
-/// Messages from the child waiting for the gateway.
-const INBOUND_BUFFER: usize = 256;
 /// Requests waiting for the child's answer, at most (the engine bounds
 /// requests per session far lower; this only keeps a broken caller bounded).
 const MAX_PENDING: usize = 1024;
@@ -116,7 +115,7 @@ impl Connector for StdioConnector {
                 self.name
             )));
         };
-        start(&self.spec, &self.name, request.session, request.params, self.init_timeout, permit).await
+        start(&self.spec, &self.name, request.session, request.params, self.init_timeout, permit, request.sink).await
     }
 }
 
@@ -124,7 +123,8 @@ impl Connector for StdioConnector {
 /// and waits at most `init_timeout` for its answer. Does not send
 /// `notifications/initialized`: the gateway forwards the client's (or sends
 /// it when it replays a stored `initialize`). The child holds `permit` (its
-/// place under `max_processes`) until it has been reaped.
+/// place under `max_processes`) until it has been reaped; its own messages
+/// go to `sink`.
 pub async fn start(
     spec: &CommandSpec,
     upstream_name: &str,
@@ -132,6 +132,7 @@ pub async fn start(
     initialize_params: Value,
     init_timeout: Duration,
     permit: ProcessPermit,
+    sink: Arc<dyn PeerSink>,
 ) -> Result<Started, RpcError> {
     let command = spec.display();
     let Some((program, args)) = spec.command.split_first() else {
@@ -165,16 +166,14 @@ pub async fn start(
         alive: AtomicBool::new(true),
         pending: Mutex::new(Pending::default()),
         last_stderr: Mutex::new(None),
-        inbound_sent: std::sync::atomic::AtomicU64::new(0),
         unreadable: Mutex::new(Burst::new(UNREADABLE_PER_WINDOW, UNREADABLE_WINDOW)),
     });
     let kill = Arc::new(Notify::new());
     let (writer, write_rx) = mpsc::channel(WRITE_QUEUE);
-    let (inbound_tx, inbound) = mpsc::channel(INBOUND_BUFFER);
     let (exited_tx, exited) = watch::channel(None);
     let tasks = Tasks {
         writer: tokio::spawn(write_stdin(stdin, write_rx, shared.clone())),
-        reader: tokio::spawn(read_stdout(stdout, spec.max_message_bytes, inbound_tx, shared.clone())),
+        reader: tokio::spawn(read_stdout(stdout, spec.max_message_bytes, sink, shared.clone())),
         stderr: tokio::spawn(read_stderr(stderr, shared.clone())),
     };
     tether_server::metrics::upstream_processes(upstream_name, 1);
@@ -183,7 +182,7 @@ pub async fn start(
 
     let who = format!("upstream {upstream_name} (`{}`)", upstream.shared.command);
     match tokio::time::timeout(init_timeout, upstream.request("initialize", Some(initialize_params))).await {
-        Ok(Ok(initialize_result)) => Ok(Started { upstream, inbound, initialize_result, carry_on: None }),
+        Ok(Ok(initialize_result)) => Ok(Started { upstream, initialize_result, carry_on: None }),
         Ok(Err(e)) if !upstream.is_alive() => {
             let exit = upstream.wait_exit(CLOSE_WAIT).await;
             // Ours (the connection ended) or the child's own refusal, which it exited after.
@@ -226,8 +225,6 @@ struct Shared {
     alive: AtomicBool,
     pending: Mutex<Pending>,
     last_stderr: Mutex<Option<String>>,
-    /// Messages put on the inbound channel (see `Upstream::inbound_sent`).
-    inbound_sent: std::sync::atomic::AtomicU64,
     /// Warnings about unreadable lines (bounded per window).
     unreadable: Mutex<Burst>,
 }
@@ -376,19 +373,10 @@ impl Shared {
         }
     }
 
-    async fn deliver(&self, inbound: &mpsc::Sender<PeerMessage>, message: PeerMessage) {
-        // Waiting for room back-pressures the child (it blocks on a full
-        // stdout pipe); a gateway that dropped the receiver hears nothing more.
-        if inbound.send(message).await.is_err() {
-            tracing::debug!(upstream = %self.upstream, session = %self.session, "nobody reads this upstream's messages; dropping one");
-        }
-        // Counted before the reader goes on to the next line, so an answer
-        // read after this message sees it counted.
-        self.inbound_sent.fetch_add(1, Ordering::Release);
-    }
-
-    /// One line the child wrote on stdout.
-    async fn dispatch(&self, line: &[u8], inbound: &mpsc::Sender<PeerMessage>) {
+    /// One line the child wrote on stdout. A message of the child's own is
+    /// delivered before the next line is read (a slow delivery
+    /// back-pressures the child: it blocks on a full stdout pipe).
+    async fn dispatch(&self, line: &[u8], sink: &dyn PeerSink) {
         // The common case, an answer to one of our requests, is read once
         // and its result kept as the child wrote it (no field reordered).
         if let Ok(response) = serde_json::from_slice::<ResponseLine<'_>>(line)
@@ -407,10 +395,10 @@ impl Shared {
             }
             Ok(Message::Response { id, outcome: Err(error) }) => self.answered(&id, Err(RpcError::from_object(&error))),
             Ok(Message::Notification { method, params }) => {
-                self.deliver(inbound, PeerMessage::Notification { method, params: params.map(Value::Object) }).await;
+                sink.deliver(PeerMessage::Notification { method, params: params.map(Value::Object) }).await;
             }
             Ok(Message::Request { id, method, params }) => {
-                self.deliver(inbound, PeerMessage::Request { id, method, params: params.map(Value::Object) }).await;
+                sink.deliver(PeerMessage::Request { id, method, params: params.map(Value::Object) }).await;
             }
             Err(e) => self.unreadable(line, line, &format!("a line on stdout that is not a JSON-RPC message ({})", e.message)),
         }
@@ -536,10 +524,6 @@ impl Upstream for StdioUpstream {
         self.shared.alive.load(Ordering::Acquire)
     }
 
-    fn inbound_sent(&self) -> u64 {
-        self.shared.inbound_sent.load(Ordering::Acquire)
-    }
-
     fn tag_session(&self, session: &str) {
         let mut tag = self.shared.session.0.write().unwrap_or_else(|e| e.into_inner());
         if *tag != session {
@@ -659,12 +643,12 @@ async fn write_stdin(stdin: ChildStdin, mut lines: mpsc::Receiver<Bytes>, shared
     }
 }
 
-async fn read_stdout(stdout: ChildStdout, max: usize, inbound: mpsc::Sender<PeerMessage>, shared: Arc<Shared>) {
+async fn read_stdout(stdout: ChildStdout, max: usize, sink: Arc<dyn PeerSink>, shared: Arc<Shared>) {
     let mut reader = BufReader::new(stdout);
     let mut decoder = LineDecoder::new(max);
     loop {
         match ndjson::read_line(&mut reader, &mut decoder).await {
-            Ok(Some(Line::Text(line))) => shared.dispatch(&line, &inbound).await,
+            Ok(Some(Line::Text(line))) => shared.dispatch(&line, sink.as_ref()).await,
             Ok(Some(Line::TooLong { len, head, tail })) => {
                 let why = format!(
                     "a message of {len} bytes on stdout, over its max_message_bytes ({max}); raise max_message_bytes in [upstreams.{}] if its messages are this large",

@@ -5,8 +5,10 @@
 //! An upstream is started already initialized (the caller passes the
 //! client's `initialize` params and gets the upstream's result). Messages the
 //! upstream sends on its own (notifications, its requests such as
-//! `sampling/createMessage`) arrive on the [`Inbound`] channel in order; the
-//! gateway answers the requests with [`Upstream::answer`].
+//! `sampling/createMessage`) go to the [`PeerSink`] the caller gives the
+//! transport, one at a time, in order, each delivered before the transport
+//! reads on: what came before an answer reaches the client before it. The
+//! gateway answers the upstream's requests with [`Upstream::answer`].
 
 use async_trait::async_trait;
 use serde_json::Value;
@@ -18,18 +20,14 @@ use tokio::sync::mpsc;
 /// The error text of a request that was in flight when its upstream died.
 pub const UPSTREAM_RESTARTED: &str = "upstream restarted; the request may or may not have taken effect";
 
-/// Messages the upstream sent on its own, in order. Bounded: an upstream
-/// that floods while nobody reads is back-pressured (stdio) or dropped.
-pub type Inbound = mpsc::Receiver<PeerMessage>;
-
 /// A message the upstream sent that is not an answer to one of ours (a
-/// request's `id` is the upstream's own: pass it back to [`Upstream::answer`]).
-pub use tether_wire::PeerMessage;
+/// request's `id` is the upstream's own: pass it back to [`Upstream::answer`]),
+/// and where a transport hands them.
+pub use tether_wire::{PeerMessage, PeerSink};
 
 /// What an upstream start gives back.
 pub struct Started {
     pub upstream: std::sync::Arc<dyn Upstream>,
-    pub inbound: Inbound,
     /// The upstream's `initialize` result, unparsed.
     pub initialize_result: Box<RawValue>,
     /// What another process needs to carry on this connection without a new
@@ -78,15 +76,6 @@ pub trait Upstream: Send + Sync + 'static {
 
     /// Answers one of the upstream's requests.
     async fn answer(&self, id: Value, outcome: Result<Value, RpcError>) -> Result<(), RpcError>;
-
-    /// How many messages this connection has put on its [`Inbound`] channel
-    /// so far. Read right after an answer arrived, it says what the gateway
-    /// must deliver before that answer: an upstream that writes a progress
-    /// notification and then its answer expects the client to see them in
-    /// that order. A transport that cannot say returns 0 (no ordering).
-    fn inbound_sent(&self) -> u64 {
-        0
-    }
 
     /// The tether session this connection serves, for its logs, when it
     /// turns out to be another than the one it was started for.

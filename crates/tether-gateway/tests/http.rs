@@ -10,13 +10,14 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use tether_gateway::config::UrlSpec;
 use tether_gateway::http;
-use tether_gateway::upstream::{PeerMessage, UPSTREAM_RESTARTED, Upstream};
+use tether_gateway::upstream::{PeerMessage, PeerSink, UPSTREAM_RESTARTED, Upstream};
 use tether_server::http::{ANONYMOUS, Auth};
 use tether_server::rmcp_model::{CallToolResult, Implementation, Tool};
 use tether_server::{Engine, RequestCtx, RpcError, ServerConfig, ToolApp, ToolRouter};
 use tether_store::StoreConfig;
 use tether_store::memory::MemoryStore;
 use tether_wire::code;
+use tokio::sync::mpsc;
 
 const INIT_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -92,6 +93,12 @@ fn initialize_params() -> Value {
     })
 }
 
+/// A sink that keeps what the upstream sends for the test to read.
+fn channel() -> (Arc<dyn PeerSink>, mpsc::Receiver<PeerMessage>) {
+    let (tx, rx) = mpsc::channel(256);
+    (Arc::new(tx), rx)
+}
+
 async fn call(upstream: &dyn Upstream, tool: &str, arguments: Value) -> Result<Value, RpcError> {
     let raw = within(tool, upstream.request("tools/call", Some(json!({"name": tool, "arguments": arguments})))).await?;
     Ok(serde_json::from_str(raw.get()).expect("JSON"))
@@ -100,8 +107,10 @@ async fn call(upstream: &dyn Upstream, tool: &str, arguments: Value) -> Result<V
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn initialize_and_a_call_go_through_and_the_upstream_session_id_is_exposed() {
     let (spec, engine) = serve(Auth::disabled()).await;
-    let (upstream, _inbound, result) =
-        within("connect", http::connect(&spec, "remote", "s-1", initialize_params(), INIT_TIMEOUT, None)).await.unwrap();
+    let (upstream, result) =
+        within("connect", http::connect(&spec, "remote", "s-1", initialize_params(), INIT_TIMEOUT, None, channel().0))
+            .await
+            .unwrap();
     let result: Value = serde_json::from_str(result.get()).unwrap();
     assert_eq!(result["serverInfo"]["name"], "http-upstream");
     let sid = upstream.upstream_session_id().expect("a Streamable HTTP session ID");
@@ -116,7 +125,8 @@ async fn initialize_and_a_call_go_through_and_the_upstream_session_id_is_exposed
     assert!(upstream.is_alive());
 
     // `start` is the same, behind the seam.
-    let started = within("start", http::start(&spec, "remote", "s-2", initialize_params(), INIT_TIMEOUT, None)).await.unwrap();
+    let started =
+        within("start", http::start(&spec, "remote", "s-2", initialize_params(), INIT_TIMEOUT, None, channel().0)).await.unwrap();
     let echoed = call(started.upstream.as_ref(), "echo", json!({"b": 2})).await.unwrap();
     assert_eq!(echoed["structuredContent"], json!({"b": 2}));
 }
@@ -124,17 +134,16 @@ async fn initialize_and_a_call_go_through_and_the_upstream_session_id_is_exposed
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_upstreams_notifications_and_requests_arrive_on_inbound_and_answers_get_back() {
     let (spec, _engine) = serve(Auth::disabled()).await;
-    let started = within("start", http::start(&spec, "remote", "s-1", initialize_params(), INIT_TIMEOUT, None)).await.unwrap();
-    let (upstream, mut inbound) = (started.upstream, started.inbound);
+    let (sink, mut inbound) = channel();
+    let started =
+        within("start", http::start(&spec, "remote", "s-1", initialize_params(), INIT_TIMEOUT, None, sink)).await.unwrap();
+    let upstream = started.upstream;
 
     let done = call(upstream.as_ref(), "chatty", json!({})).await.unwrap();
     assert_eq!(done["structuredContent"]["done"], true);
-    // What the upstream sent before its answer is counted when the answer
-    // arrives (the gateway waits for that many before it answers the client).
-    assert_eq!(upstream.inbound_sent(), 1, "the notification sent before the answer is counted with it");
-    let Some(PeerMessage::Notification { method, params }) = within("notification", inbound.recv()).await else {
-        panic!("a notification")
-    };
+    // What the upstream sent before its answer was delivered before the
+    // answer came back: it is waiting already.
+    let Ok(PeerMessage::Notification { method, params }) = inbound.try_recv() else { panic!("a notification") };
     assert_eq!((method.as_str(), params.unwrap()["data"].clone()), ("notifications/message", json!("working")));
 
     let up = upstream.clone();
@@ -152,8 +161,10 @@ async fn the_upstreams_notifications_and_requests_arrive_on_inbound_and_answers_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_dropped_before_its_answer_is_cancelled_upstream() {
     let (spec, _engine) = serve(Auth::disabled()).await;
-    let started = within("start", http::start(&spec, "remote", "s-1", initialize_params(), INIT_TIMEOUT, None)).await.unwrap();
-    let (upstream, mut inbound) = (started.upstream, started.inbound);
+    let (sink, mut inbound) = channel();
+    let started =
+        within("start", http::start(&spec, "remote", "s-1", initialize_params(), INIT_TIMEOUT, None, sink)).await.unwrap();
+    let upstream = started.upstream;
     {
         let hang = upstream.request("tools/call", Some(json!({"name": "hang", "arguments": {}})));
         tokio::pin!(hang);
@@ -174,8 +185,9 @@ async fn a_request_dropped_before_its_answer_is_cancelled_upstream() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_404_makes_the_upstream_dead_and_its_request_fails_with_upstream_restarted() {
     let (spec, engine) = serve(Auth::disabled()).await;
-    let (upstream, mut inbound, _) =
-        within("connect", http::connect(&spec, "remote", "s-1", initialize_params(), INIT_TIMEOUT, None)).await.unwrap();
+    let (sink, mut inbound) = channel();
+    let (upstream, _) =
+        within("connect", http::connect(&spec, "remote", "s-1", initialize_params(), INIT_TIMEOUT, None, sink)).await.unwrap();
     let sid = upstream.upstream_session_id().unwrap();
     // The upstream forgets the session (as a restarted in-memory server would).
     let session = within("session", engine.session("", &sid, ANONYMOUS)).await.unwrap();
@@ -192,10 +204,14 @@ async fn a_404_makes_the_upstream_dead_and_its_request_fails_with_upstream_resta
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn close_with_end_session_deletes_the_upstream_session_and_without_it_keeps_it() {
     let (spec, engine) = serve(Auth::disabled()).await;
-    let (ended, _, _) =
-        within("connect", http::connect(&spec, "remote", "s-1", initialize_params(), INIT_TIMEOUT, None)).await.unwrap();
-    let (kept, _, _) =
-        within("connect", http::connect(&spec, "remote", "s-2", initialize_params(), INIT_TIMEOUT, None)).await.unwrap();
+    let (ended, _) =
+        within("connect", http::connect(&spec, "remote", "s-1", initialize_params(), INIT_TIMEOUT, None, channel().0))
+            .await
+            .unwrap();
+    let (kept, _) =
+        within("connect", http::connect(&spec, "remote", "s-2", initialize_params(), INIT_TIMEOUT, None, channel().0))
+            .await
+            .unwrap();
     within("close", ended.close(true)).await;
     within("close", kept.close(false)).await;
     assert!(!ended.is_alive() && !kept.is_alive());
@@ -213,15 +229,18 @@ async fn the_clients_authorization_reaches_the_upstream_only_with_forward_auth()
     let (mut spec, _engine) = serve(Auth::from_file(&tokens).unwrap()).await;
     let client = Some("Bearer client-token-0123456789".to_owned());
 
-    let refused = within("start", http::start(&spec, "remote", "s-1", initialize_params(), INIT_TIMEOUT, client.clone()))
-        .await
-        .err()
-        .expect("the client's token is not forwarded by default");
+    let refused =
+        within("start", http::start(&spec, "remote", "s-1", initialize_params(), INIT_TIMEOUT, client.clone(), channel().0))
+            .await
+            .err()
+            .expect("the client's token is not forwarded by default");
     assert!(refused.message.contains("HTTP 401"), "{refused:?}");
     assert!(refused.message.contains("upstream remote at http://127.0.0.1"), "{refused:?}");
 
     spec.forward_auth = true;
-    let started = within("start", http::start(&spec, "remote", "s-1", initialize_params(), INIT_TIMEOUT, client)).await.unwrap();
+    let started = within("start", http::start(&spec, "remote", "s-1", initialize_params(), INIT_TIMEOUT, client, channel().0))
+        .await
+        .unwrap();
     assert!(call(started.upstream.as_ref(), "echo", json!({})).await.is_ok());
 }
 
@@ -230,7 +249,7 @@ async fn an_upstream_that_is_down_fails_start_with_a_clear_error() {
     // A port that was just free: nothing listens there.
     let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let spec = UrlSpec::new(format!("http://{addr}/mcp"));
-    let error = within("start", http::start(&spec, "remote", "s-1", initialize_params(), INIT_TIMEOUT, None))
+    let error = within("start", http::start(&spec, "remote", "s-1", initialize_params(), INIT_TIMEOUT, None, channel().0))
         .await
         .err()
         .expect("nothing answers");

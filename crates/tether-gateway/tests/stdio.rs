@@ -12,8 +12,9 @@ use serde_json::{Value, json};
 use tether_gateway::config::CommandSpec;
 use tether_gateway::processes::{ProcessPermit, Processes};
 use tether_gateway::stdio;
-use tether_gateway::upstream::{PeerMessage, Started, UPSTREAM_RESTARTED, Upstream};
+use tether_gateway::upstream::{PeerMessage, PeerSink, Started, UPSTREAM_RESTARTED, Upstream};
 use tether_wire::code;
+use tokio::sync::mpsc;
 
 const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/stdio_server.py");
 const INIT_TIMEOUT: Duration = Duration::from_secs(20);
@@ -42,10 +43,26 @@ fn initialize_params() -> Value {
     })
 }
 
-async fn start(spec: &CommandSpec) -> Started {
-    within("start", stdio::start(spec, "fix", "s-1", initialize_params(), INIT_TIMEOUT, permit()))
-        .await
-        .expect("the fixture starts")
+/// A started child, with what it sent on its own (its sink is a channel).
+struct Child {
+    upstream: Arc<dyn Upstream>,
+    inbound: mpsc::Receiver<PeerMessage>,
+    initialize_result: Box<serde_json::value::RawValue>,
+}
+
+/// A sink that keeps what it gets for the test to read.
+fn channel() -> (Arc<dyn PeerSink>, mpsc::Receiver<PeerMessage>) {
+    let (tx, rx) = mpsc::channel(256);
+    (Arc::new(tx), rx)
+}
+
+async fn start(spec: &CommandSpec) -> Child {
+    let (sink, inbound) = channel();
+    let Started { upstream, initialize_result, .. } =
+        within("start", stdio::start(spec, "fix", "s-1", initialize_params(), INIT_TIMEOUT, permit(), sink))
+            .await
+            .expect("the fixture starts");
+    Child { upstream, inbound, initialize_result }
 }
 
 async fn call(upstream: &Arc<dyn Upstream>, tool: &str, arguments: Value) -> Result<Value, tether_wire::RpcError> {
@@ -107,7 +124,7 @@ async fn initialize_and_a_call_go_through_and_the_child_gets_only_its_environmen
     let mut spec = spec(None);
     spec.env.insert("FIXTURE_FLAVOUR".into(), "salty".into());
     spec.cwd = Some(dir.path().to_path_buf());
-    let Started { upstream, initialize_result, .. } = start(&spec).await;
+    let Child { upstream, initialize_result, .. } = start(&spec).await;
 
     // The raw result is the child's, and the child saw the client's params as given.
     let result: Value = serde_json::from_str(initialize_result.get()).unwrap();
@@ -143,7 +160,7 @@ async fn initialize_and_a_call_go_through_and_the_child_gets_only_its_environmen
 
 #[tokio::test]
 async fn progress_notifications_arrive_on_inbound_and_the_call_still_answers() {
-    let Started { upstream, mut inbound, .. } = start(&spec(None)).await;
+    let Child { upstream, mut inbound, .. } = start(&spec(None)).await;
     let params = json!({"name": "slow", "arguments": {"ms": 200}, "_meta": {"progressToken": "p-1"}});
     let up = upstream.clone();
     let call = tokio::spawn(async move { up.request("tools/call", Some(params)).await });
@@ -158,7 +175,7 @@ async fn progress_notifications_arrive_on_inbound_and_the_call_still_answers() {
 
 #[tokio::test]
 async fn a_request_of_the_child_arrives_on_inbound_and_the_answer_gets_back_to_it() {
-    let Started { upstream, mut inbound, .. } = start(&spec(None)).await;
+    let Child { upstream, mut inbound, .. } = start(&spec(None)).await;
     let up = upstream.clone();
     let sampled = tokio::spawn(async move { call(&up, "sample", json!({"prompt": "say hi"})).await });
     let asked = within("sampling request", inbound.recv()).await.expect("a request");
@@ -183,7 +200,7 @@ async fn a_request_of_the_child_arrives_on_inbound_and_the_answer_gets_back_to_i
 
 #[tokio::test]
 async fn a_request_dropped_before_its_answer_is_cancelled_at_the_child() {
-    let Started { upstream, mut inbound, .. } = start(&spec(None)).await;
+    let Child { upstream, mut inbound, .. } = start(&spec(None)).await;
     let params = json!({"name": "slow", "arguments": {"ms": 30_000}, "_meta": {"progressToken": "p-drop"}});
     {
         let call = upstream.request("tools/call", Some(params));
@@ -206,7 +223,7 @@ async fn a_request_dropped_before_its_answer_is_cancelled_at_the_child() {
 
 #[tokio::test]
 async fn kill_9_of_the_child_mid_call_ends_the_call_with_upstream_restarted() {
-    let Started { upstream, mut inbound, .. } = start(&spec(None)).await;
+    let Child { upstream, mut inbound, .. } = start(&spec(None)).await;
     let pid = pid(&upstream).await;
     let up = upstream.clone();
     let params = json!({"name": "slow", "arguments": {"ms": 30_000}, "_meta": {"progressToken": 1}});
@@ -232,7 +249,7 @@ async fn lines_that_are_not_json_too_long_or_answers_nobody_waits_for_are_skippe
     let _capture = logs.capture();
     let mut spec = spec(None);
     spec.max_message_bytes = 1024 * 1024;
-    let Started { upstream, .. } = start(&spec).await;
+    let Child { upstream, .. } = start(&spec).await;
     // None of these lines is an answer: the call they come before still answers.
     for (tool, arguments) in
         [("non_json", json!({})), ("huge_line", json!({"bytes": 3 * 1024 * 1024})), ("unknown_id", json!({}))]
@@ -258,7 +275,7 @@ async fn lines_that_are_not_json_too_long_or_answers_nobody_waits_for_are_skippe
 #[tokio::test]
 async fn a_large_result_under_the_limit_arrives_whole() {
     // The default limit takes a 5 MB tool result.
-    let Started { upstream, .. } = start(&spec(None)).await;
+    let Child { upstream, .. } = start(&spec(None)).await;
     let result = call(&upstream, "big_result", json!({"bytes": 5_000_000})).await.expect("a 5 MB result");
     assert_eq!(result["content"][0]["text"].as_str().map(str::len), Some(5_000_000));
     upstream.close(true).await;
@@ -268,7 +285,7 @@ async fn a_large_result_under_the_limit_arrives_whole() {
 async fn an_answer_over_the_limit_or_unreadable_ends_its_call_with_a_clear_error() {
     let mut spec = spec(None);
     spec.max_message_bytes = 1024 * 1024;
-    let Started { upstream, .. } = start(&spec).await;
+    let Child { upstream, .. } = start(&spec).await;
     // A slow call of another request waits meanwhile, untouched.
     let up = upstream.clone();
     let slow = tokio::spawn(async move { call(&up, "slow", json!({"ms": 1500})).await });
@@ -298,7 +315,7 @@ async fn an_answer_over_the_limit_or_unreadable_ends_its_call_with_a_clear_error
 async fn a_flood_on_stderr_is_logged_in_part_with_a_summary() {
     let logs = Logs::default();
     let _capture = logs.capture();
-    let Started { upstream, .. } = start(&spec(None)).await;
+    let Child { upstream, .. } = start(&spec(None)).await;
     call(&upstream, "many_stderr", json!({"n": 1000})).await.expect("answers");
     let logged = || logs.text().lines().filter(|l| l.contains("stderr: noise line")).count();
     within("the start of the flood is logged", async {
@@ -316,11 +333,13 @@ async fn a_flood_on_stderr_is_logged_in_part_with_a_summary() {
 
 #[tokio::test]
 async fn a_child_that_exits_at_once_fails_start_with_its_status_and_last_stderr_line() {
-    let error =
-        within("start", stdio::start(&spec(Some("--exit-at-once")), "fix", "s-1", initialize_params(), INIT_TIMEOUT, permit()))
-            .await
-            .err()
-            .expect("start fails");
+    let error = within(
+        "start",
+        stdio::start(&spec(Some("--exit-at-once")), "fix", "s-1", initialize_params(), INIT_TIMEOUT, permit(), channel().0),
+    )
+    .await
+    .err()
+    .expect("start fails");
     assert_eq!(error.code, code::INTERNAL_ERROR);
     for part in ["upstream fix", "stdio_server.py", "exited (exit status: 3) during initialize", "fixture exits at once as asked"]
     {
@@ -331,11 +350,13 @@ async fn a_child_that_exits_at_once_fails_start_with_its_status_and_last_stderr_
 #[tokio::test]
 async fn a_child_that_never_answers_initialize_is_stopped_after_the_init_timeout() {
     let limit = Duration::from_millis(500);
-    let error =
-        within("start", stdio::start(&spec(Some("--never-initialize")), "fix", "s-1", initialize_params(), limit, permit()))
-            .await
-            .err()
-            .expect("start fails");
+    let error = within(
+        "start",
+        stdio::start(&spec(Some("--never-initialize")), "fix", "s-1", initialize_params(), limit, permit(), channel().0),
+    )
+    .await
+    .err()
+    .expect("start fails");
     assert!(error.message.contains("did not answer initialize within 500ms"), "{error:?}");
     assert!(error.message.contains("is ignoring initialize"), "the last stderr line: {error:?}");
     let pid: u32 = error.message.split("fixture pid ").nth(1).and_then(|r| r.split(' ').next()).unwrap().parse().unwrap();
@@ -345,7 +366,10 @@ async fn a_child_that_never_answers_initialize_is_stopped_after_the_init_timeout
 #[tokio::test]
 async fn a_command_that_cannot_start_is_named_in_the_error() {
     let spec = CommandSpec::new(vec!["/nonexistent/tether-test-server".into(), "--flag".into()]);
-    let error = stdio::start(&spec, "fix", "s-1", initialize_params(), INIT_TIMEOUT, permit()).await.err().expect("spawn fails");
+    let error = stdio::start(&spec, "fix", "s-1", initialize_params(), INIT_TIMEOUT, permit(), channel().0)
+        .await
+        .err()
+        .expect("spawn fails");
     assert_eq!(error.code, code::INTERNAL_ERROR);
     assert!(error.message.contains("/nonexistent/tether-test-server --flag"), "{error:?}");
     assert!(error.message.contains("No such file or directory"), "{error:?}");
@@ -356,7 +380,9 @@ async fn a_childs_place_under_the_cap_is_freed_once_it_has_been_reaped() {
     let processes = Processes::new("fix", 1, 1, Duration::from_secs(5));
     let permit = processes.try_take("tester").expect("room");
     let Started { upstream, .. } =
-        within("start", stdio::start(&spec(None), "fix", "s-1", initialize_params(), INIT_TIMEOUT, permit)).await.unwrap();
+        within("start", stdio::start(&spec(None), "fix", "s-1", initialize_params(), INIT_TIMEOUT, permit, channel().0))
+            .await
+            .unwrap();
     let pid = pid(&upstream).await;
     assert_eq!(processes.live(), 1);
     assert!(processes.try_take("tester").is_err(), "no second child while the first lives");
@@ -367,7 +393,7 @@ async fn a_childs_place_under_the_cap_is_freed_once_it_has_been_reaped() {
 
 #[tokio::test]
 async fn close_stops_the_child_and_later_requests_fail_clearly() {
-    let Started { upstream, mut inbound, .. } = start(&spec(None)).await;
+    let Child { upstream, mut inbound, .. } = start(&spec(None)).await;
     let first = pid(&upstream).await;
     within("close", upstream.close(true)).await;
     assert!(!upstream.is_alive());
@@ -377,7 +403,7 @@ async fn close_stops_the_child_and_later_requests_fail_clearly() {
     assert!(error.message.contains("is not running"), "{error:?}");
 
     // Dropping the last handle stops a child as well.
-    let Started { upstream, mut inbound, .. } = start(&spec(None)).await;
+    let Child { upstream, mut inbound, .. } = start(&spec(None)).await;
     let second = pid(&upstream).await;
     drop(upstream);
     assert!(within("inbound closes on drop", inbound.recv()).await.is_none());
@@ -395,7 +421,7 @@ async fn stopping_a_child_stops_what_it_started() {
     let file = dir.path().join("grandchild");
     // A launcher such as `npx` leaves a process of its own behind the server.
     let script = format!("sleep 1000 & echo $! > '{}'; exec python3 -u '{FIXTURE}'", file.display());
-    let Started { upstream, .. } = start(&CommandSpec::new(vec!["sh".into(), "-c".into(), script])).await;
+    let Child { upstream, .. } = start(&CommandSpec::new(vec!["sh".into(), "-c".into(), script])).await;
     let grandchild: u32 = std::fs::read_to_string(&file).unwrap().trim().parse().unwrap();
     assert!(process_exists(grandchild));
     within("close", upstream.close(true)).await;
@@ -410,4 +436,16 @@ async fn stopping_a_child_stops_what_it_started() {
         }
     })
     .await;
+}
+
+#[tokio::test]
+async fn what_the_child_wrote_before_an_answer_is_delivered_before_the_answer_returns() {
+    let Child { upstream, mut inbound, .. } = start(&spec(None)).await;
+    for n in 0..20 {
+        let params = json!({"name": "progress_then_answer", "arguments": {}, "_meta": {"progressToken": n}});
+        within("call", upstream.request("tools/call", Some(params))).await.expect("answers");
+        // Not waited for: it was delivered before the answer came back.
+        let progress = inbound.try_recv().expect("the progress written before the answer is already delivered");
+        assert_eq!(progress.progress_token(), Some(&json!(n)));
+    }
 }

@@ -8,7 +8,8 @@
 //! - [`headers`]: the Streamable HTTP header names.
 //! - [`meta`]: the `_meta` keys tether reads and writes.
 //! - [`ndjson`]: the one bounded reader of newline-delimited JSON (stdio).
-//! - [`peer`]: [`PeerMessage`], what a peer sends that is not an answer.
+//! - [`peer`]: [`PeerMessage`], what a peer sends that is not an answer,
+//!   and [`PeerSink`], where a transport hands such messages in order.
 //! - [`revision`]: the protocol revisions served.
 //! - [`sse`]: the one SSE decoder (on `sse-stream`), with a size limit per
 //!   event and the last event ID a reader resumes from.
@@ -24,4 +25,4 @@ pub mod sse;
 
 pub use envelope::{EnvelopeError, Inbound, parse_message};
 pub use error::{RpcError, code};
-pub use peer::PeerMessage;
+pub use peer::{PeerMessage, PeerSink};

@@ -3,6 +3,7 @@
 //! upstream's to the gateway). The one type every tether crate hands such
 //! messages on with.
 
+use futures::future::BoxFuture;
 use serde_json::Value;
 
 use crate::envelope::Inbound;
@@ -47,5 +48,23 @@ impl PeerMessage {
             Inbound::Notification { method, params } => Some(Self::Notification { method, params: params.map(Value::Object) }),
             Inbound::Response { .. } => None,
         }
+    }
+}
+
+/// Where a transport hands the peer's messages, one at a time, in the
+/// order the peer wrote them: the transport reads on (and so completes a
+/// later answer) only once `deliver` returned. What a peer sent before an
+/// answer is therefore delivered before the answer, by construction.
+pub trait PeerSink: Send + Sync + 'static {
+    fn deliver(&self, message: PeerMessage) -> BoxFuture<'_, ()>;
+}
+
+/// A channel is a sink: `deliver` waits for room (back-pressure); a message
+/// for a receiver that is gone is dropped.
+impl PeerSink for tokio::sync::mpsc::Sender<PeerMessage> {
+    fn deliver(&self, message: PeerMessage) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let _ = self.send(message).await;
+        })
     }
 }
