@@ -145,12 +145,15 @@ impl Inner {
             {
                 return outcome_to_result(outcome);
             }
-            let parsed: Value = serde_json::from_slice(&body)
-                .map_err(|e| ClientError::Transport(format!("the server at {} sent invalid JSON: {e}", self.url)))?;
-            let messages = match parsed {
-                Value::Array(items) => items,
-                single => vec![single],
-            };
+            // One message, a batch, or (as some servers write a streamed
+            // answer into a JSON body) several messages one after another.
+            let mut messages = Vec::new();
+            for parsed in serde_json::Deserializer::from_slice(&body).into_iter::<Value>() {
+                match parsed.map_err(|e| ClientError::Transport(format!("the server at {} sent invalid JSON: {e}", self.url)))? {
+                    Value::Array(items) => messages.extend(items),
+                    single => messages.push(single),
+                }
+            }
             let mut answer = None;
             for m in messages {
                 match read_value(&self.url, m) {
