@@ -99,6 +99,16 @@ pub(crate) struct Pool {
     /// One permit per open pooled connection (idle or held).
     open: Arc<Semaphore>,
     max: usize,
+    /// The sweep of idle connections, stopped by [`Pool::close_all`] or drop.
+    sweeper: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        if let Some(sweeper) = self.sweeper.lock().ok().and_then(|mut s| s.take()) {
+            sweeper.abort();
+        }
+    }
 }
 
 /// One upstream connection of the pool.
@@ -184,8 +194,16 @@ impl Held {
 
 impl Pool {
     pub(crate) fn new(max: usize, idle_timeout: Duration) -> Arc<Self> {
-        let pool = Arc::new(Self { idle: Mutex::default(), open: Arc::new(Semaphore::new(max.max(1))), max: max.max(1) });
-        tokio::spawn(sweep_idle(Arc::downgrade(&pool), idle_timeout));
+        let pool = Arc::new(Self {
+            idle: Mutex::default(),
+            open: Arc::new(Semaphore::new(max.max(1))),
+            max: max.max(1),
+            sweeper: Mutex::default(),
+        });
+        let sweeper = tokio::spawn(sweep_idle(Arc::downgrade(&pool), idle_timeout));
+        if let Ok(mut slot) = pool.sweeper.lock() {
+            *slot = Some(sweeper);
+        }
         pool
     }
 
@@ -214,8 +232,12 @@ impl Pool {
         Err(self.busy())
     }
 
-    /// Closes every idle connection (at shutdown), in parallel.
+    /// Closes every idle connection (at shutdown), in parallel, and stops
+    /// the sweep.
     pub(crate) async fn close_all(&self) {
+        if let Some(sweeper) = self.sweeper.lock().ok().and_then(|mut s| s.take()) {
+            sweeper.abort();
+        }
         let idle: Vec<Arc<Pooled>> =
             self.idle.lock().map(|mut idle| idle.drain().flat_map(|(_, list)| list).collect()).unwrap_or_default();
         futures::future::join_all(idle.iter().map(|pooled| pooled.upstream.close(false))).await;
