@@ -17,6 +17,7 @@ use tether_wire::meta;
 use crate::config::UpstreamConfig;
 use crate::connector::{Connector, StartRequest};
 use crate::link::{self, Connection, Link, LinkSink, Progress};
+use crate::lock;
 use crate::modern::{self, Pool};
 use crate::passthrough::Passthrough;
 use crate::processes::{Limit, Processes};
@@ -58,11 +59,6 @@ impl Drop for Gateway {
             task.abort();
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Nothing panics while holding these locks; a poisoned one is still consistent.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Recent failures of the upstream to start (or to stay up), for the backoff.

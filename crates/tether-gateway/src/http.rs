@@ -25,6 +25,7 @@ use tokio::sync::mpsc;
 
 use crate::config::UrlSpec;
 use crate::connector::{Capacity, Connector, StartRequest};
+use crate::lock;
 use crate::passthrough::Passthrough;
 use crate::upstream::{PeerSink, Started, UPSTREAM_RESTARTED, Upstream};
 
@@ -241,11 +242,6 @@ pub struct HttpUpstream {
     /// session; its incoming channel closes once the last one ends).
     client: Mutex<Option<Session>>,
     alive: AtomicBool,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Nothing panics while holding these locks; a poisoned one is still consistent.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A client runtime error as a JSON-RPC error: the upstream's own answer

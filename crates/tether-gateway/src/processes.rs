@@ -18,6 +18,8 @@ use serde_json::json;
 use tether_wire::{RpcError, code};
 use tokio::sync::Notify;
 
+use crate::lock;
+
 /// Which limit a request met.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Limit {
@@ -65,11 +67,6 @@ impl Drop for ProcessPermit {
         }
         self.processes.released.notify_waiters();
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Nothing panics while holding this lock; a poisoned one is still consistent.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Processes {

@@ -50,6 +50,7 @@ use tokio::task::JoinHandle;
 use crate::burst::{Admit, Burst};
 use crate::config::CommandSpec;
 use crate::connector::{Capacity, Connector, StartRequest};
+use crate::lock;
 use crate::processes::{ProcessPermit, Processes};
 use crate::upstream::{PeerMessage, PeerSink, Started, UPSTREAM_RESTARTED, Upstream};
 
@@ -254,11 +255,6 @@ struct Tasks {
     writer: JoinHandle<()>,
     reader: JoinHandle<()>,
     stderr: JoinHandle<()>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Nothing panics while holding these locks; a poisoned one is still consistent.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Shared {
