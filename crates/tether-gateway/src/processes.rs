@@ -7,7 +7,7 @@
 //! more than `max_processes_per_principal`. A request that finds no room
 //! asks the gateway to stop an idle child (once), then waits for a permit
 //! up to `process_queue_timeout`, then is refused with
-//! [`code::SERVER_ERROR`] naming the limit.
+//! [`RpcError::limit_reached`] naming the limit.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
-use tether_wire::{RpcError, code};
+use tether_wire::RpcError;
 use tokio::sync::Notify;
 
 use crate::lock;
@@ -137,20 +137,19 @@ impl Processes {
             Limit::Principal => ("max_processes_per_principal", self.per_principal, "children held by this principal, none idle"),
         };
         let wait = humantime::format_duration(self.queue_timeout);
-        RpcError::new(
-            code::SERVER_ERROR,
-            format!(
-                "upstream {} is at its {name} limit ({max} {what}) and none was freed within {wait}; try again when a call has finished, or raise {name} in [upstreams.{}]",
-                self.upstream, self.upstream
-            ),
-        )
-        .with_data(json!({"limit": name, "max": max, "upstream": self.upstream}))
+        let message = format!(
+            "upstream {} is at its {name} limit ({max} {what}) and none was freed within {wait}; try again when a call has finished, or raise {name} in [upstreams.{}]",
+            self.upstream, self.upstream
+        );
+        let data = serde_json::Map::from_iter([("max".into(), json!(max)), ("upstream".into(), json!(self.upstream))]);
+        RpcError::limit_reached(name, message, data)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tether_wire::code;
 
     #[tokio::test]
     async fn permits_never_pass_the_caps_and_a_freed_one_goes_to_a_waiter() {

@@ -144,7 +144,7 @@ async fn messages(outcome: PostOutcome) -> (Option<String>, Vec<Value>) {
             }
             all
         }
-        PostOutcome::Sessionless { body } => return (None, vec![serde_json::from_slice(&body).expect("JSON body")]),
+        PostOutcome::Sessionless { body, .. } => return (None, vec![serde_json::from_slice(&body).expect("JSON body")]),
         _ => panic!("unexpected outcome"),
     };
     let mut stream = None;

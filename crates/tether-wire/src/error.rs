@@ -61,6 +61,19 @@ impl RpcError {
         Self::new(code::REQUEST_CANCELLED, "request cancelled")
     }
 
+    /// A refusal because a bound was reached: `-32000` with `data.limit`
+    /// naming the bound (a config key such as `max_processes`) beside what
+    /// else `data` says. The client may retry later; over HTTP it is a 503.
+    pub fn limit_reached(limit: &str, message: impl Into<String>, mut data: serde_json::Map<String, Value>) -> Self {
+        data.insert("limit".into(), Value::String(limit.to_owned()));
+        Self::new(code::SERVER_ERROR, message).with_data(Value::Object(data))
+    }
+
+    /// Whether this is a [`RpcError::limit_reached`] refusal.
+    pub fn is_limit_reached(&self) -> bool {
+        self.code == code::SERVER_ERROR && self.data.as_ref().and_then(|d| d.get("limit")).is_some_and(Value::is_string)
+    }
+
     /// Reads an error object a peer sent; what is missing or malformed is
     /// filled in (`-32603`, "(no message)") rather than refused, because the
     /// caller still has to answer someone.

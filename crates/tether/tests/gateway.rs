@@ -751,6 +751,42 @@ async fn max_processes_is_a_hard_cap_and_a_request_beyond_it_gets_a_clear_error(
 }
 
 #[tokio::test]
+async fn an_initialize_refused_at_max_processes_is_a_503_naming_the_limit_and_a_retry_gets_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_tether, url) =
+        start_configured(&dir, "echo", &[], "max_processes = 1\nprocess_queue_timeout = \"500ms\"\nidle_timeout = \"10m\"");
+    let c = Client::new(&format!("{url}/echo"));
+    let (sid, _) = initialized(&c, "busy").await;
+    let slow = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "slow", "arguments": {"ms": 600_000}, "_meta": {"progressToken": "p"}}});
+    let mut call = c.post(Some(&sid), &slow).send().await.unwrap();
+    // The only child is busy once its progress arrives.
+    let mut seen = String::new();
+    while !seen.contains("notifications/progress") {
+        let chunk = tokio::time::timeout(Duration::from_secs(30), call.chunk()).await.expect("progress in time").unwrap();
+        seen.push_str(&String::from_utf8_lossy(&chunk.expect("the call's stream is open")));
+    }
+    let refused = post_initialize(&c).await;
+    assert_eq!(refused.status(), 503, "a reached bound is a 503");
+    assert_eq!(refused.headers()["retry-after"], "1");
+    assert!(refused.headers().get("mcp-session-id").is_none(), "no session was made");
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["id"], 0);
+    assert_eq!(body["error"]["code"], -32000, "{body}");
+    assert_eq!(body["error"]["data"]["limit"], "max_processes", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("upstream echo is at its max_processes limit (1 live children"), "{message}");
+    // With the call cancelled its child is idle, and the retry makes room.
+    let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1}});
+    assert_eq!(c.post(Some(&sid), &cancel).send().await.unwrap().status(), 202);
+    while tokio::time::timeout(Duration::from_secs(30), call.chunk()).await.expect("the stream ends in time").unwrap().is_some() {
+    }
+    let (retried, _) = initialized(&c, "retry").await;
+    let echoed = c.call(&retried, 2, "echo", json!({"after": "retry"})).await;
+    assert_eq!(structured(&echoed), &json!({"after": "retry"}), "{echoed}");
+}
+
+#[tokio::test]
 async fn an_upstream_answer_over_the_limit_or_unreadable_ends_its_call_and_other_sessions_go_on() {
     let dir = tempfile::tempdir().unwrap();
     let (_tether, url) = start_configured(&dir, "echo", &[], "max_message_bytes = 1048576");

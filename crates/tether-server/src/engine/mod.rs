@@ -114,7 +114,22 @@ pub enum PostOutcome {
     /// A request answered with one JSON body (`--json-response`).
     Json { body: oneshot::Receiver<Bytes>, session_id: String },
     /// An answer outside any session (a refused `initialize`): one JSON body.
-    Sessionless { body: Bytes },
+    Sessionless { body: Bytes, refusal: Refusal },
+}
+
+/// What an error answer tells a transport about it, to pick a status by:
+/// its code and whether a bound was reached ([`RpcError::limit_reached`],
+/// a refusal the client may retry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refusal {
+    pub code: i64,
+    pub limit_reached: bool,
+}
+
+impl From<&RpcError> for Refusal {
+    fn from(error: &RpcError) -> Self {
+        Self { code: error.code, limit_reached: error.is_limit_reached() }
+    }
 }
 
 /// The message that closes a request cut off by a crash (design brief,
@@ -292,12 +307,14 @@ impl Engine {
             Ok(Ok(result)) => result,
             Ok(Err(refused)) => {
                 tracing::info!(code = refused.code, message = %refused.message, "the application refused initialize");
-                return Ok(PostOutcome::Sessionless { body: envelope::error_message(Some(&id), &refused) });
+                let body = envelope::error_message(Some(&id), &refused);
+                return Ok(PostOutcome::Sessionless { body, refusal: Refusal::from(&refused) });
             }
             Err(_) => {
                 tracing::error!("the application panicked answering initialize");
                 let error = RpcError::internal(request::PANICKED_MESSAGE);
-                return Ok(PostOutcome::Sessionless { body: envelope::error_message(Some(&id), &error) });
+                let body = envelope::error_message(Some(&id), &error);
+                return Ok(PostOutcome::Sessionless { body, refusal: Refusal::from(&error) });
             }
         };
         // The application may answer with another revision it speaks; the

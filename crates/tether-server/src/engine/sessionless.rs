@@ -49,8 +49,8 @@ pub struct SessionlessRequest {
 pub enum Outbound {
     /// A notification of the request (progress, a log message).
     Notification(Bytes),
-    /// The answer, the last message; `error` is its JSON-RPC error code, if any.
-    Answer { body: Bytes, error: Option<i64> },
+    /// The answer, the last message; `error` says what it refused, if it did.
+    Answer { body: Bytes, error: Option<super::Refusal> },
     /// Nothing to say for a while (a listen stream): an SSE comment.
     KeepAlive,
 }
@@ -182,7 +182,7 @@ impl Engine {
             }
             let answer = match outcome.and_then(|raw| shape_result(&raw, server_info.as_ref(), cacheable)) {
                 Ok(raw) => Outbound::Answer { body: envelope::raw_result_message(&id, &raw), error: None },
-                Err(e) => Outbound::Answer { body: envelope::error_message(Some(&id), &e), error: Some(e.code) },
+                Err(e) => Outbound::Answer { body: envelope::error_message(Some(&id), &e), error: Some((&e).into()) },
             };
             timer.done();
             let _ = tx.send(answer).await;
@@ -201,7 +201,7 @@ impl SessionlessReply {
     pub(crate) fn answered(id: &Value, error: RpcError) -> Self {
         let (tx, messages) = mpsc::channel(1);
         let body = envelope::error_message(Some(id), &error);
-        let _ = tx.try_send(Outbound::Answer { body, error: Some(error.code) });
+        let _ = tx.try_send(Outbound::Answer { body, error: Some((&error).into()) });
         Self { messages, _cancel_on_drop: CancellationToken::new().drop_guard() }
     }
 }

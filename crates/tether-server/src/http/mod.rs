@@ -28,10 +28,10 @@ pub use auth::{ANONYMOUS, Auth, TokenTable};
 pub use error::HttpError;
 pub use ops::metrics_router;
 
-use tether_wire::{Inbound, headers};
+use tether_wire::{Inbound, code, headers};
 
 use crate::app::ClientAuthorization;
-use crate::engine::{Engine, PostOutcome, Reply, Session};
+use crate::engine::{Engine, PostOutcome, Refusal, Reply, Session};
 use extract::{AcceptsAnswers, AcceptsStream, Endpoint, Message, OriginAllowed, Principal};
 
 #[derive(Clone)]
@@ -149,7 +149,7 @@ async fn post_mcp(
         PostOutcome::Accepted => StatusCode::ACCEPTED.into_response(),
         PostOutcome::Stream { frames, session_id } => sse::response(frames, retry, Some(&session_id)),
         PostOutcome::Complete { frames, session_id } => sse::complete(&frames, retry, &session_id),
-        PostOutcome::Sessionless { body } => json_response(body, None),
+        PostOutcome::Sessionless { body, refusal } => answer_response(body, Some(refusal), None),
         PostOutcome::Json { body, session_id } => match body.await {
             Ok(body) => json_response(body, Some(&session_id)),
             Err(_) => return Err(HttpError::internal("the request's task ended without an answer")),
@@ -158,7 +158,30 @@ async fn post_mcp(
 }
 
 fn json_response(body: bytes::Bytes, session_id: Option<&str>) -> Response {
-    let mut response = (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], body).into_response();
+    answer_response(body, None, session_id)
+}
+
+/// `Retry-After` of a 503 for a reached bound: a call elsewhere may end any
+/// moment, and the client's retry waits in the queue again.
+const LIMIT_RETRY_AFTER_SECS: u32 = 1;
+
+/// One JSON-RPC answer as a JSON body, its status by what it refused: 503
+/// with `Retry-After` for a reached bound, 404 for an unknown method, 400
+/// for a request the 2026-07-28 rules refuse, else 200.
+fn answer_response(body: bytes::Bytes, refusal: Option<Refusal>, session_id: Option<&str>) -> Response {
+    let status = match refusal {
+        Some(Refusal { limit_reached: true, .. }) => StatusCode::SERVICE_UNAVAILABLE,
+        Some(Refusal { code: code::METHOD_NOT_FOUND, .. }) => StatusCode::NOT_FOUND,
+        Some(Refusal {
+            code: code::HEADER_MISMATCH | code::MISSING_REQUIRED_CLIENT_CAPABILITY | code::UNSUPPORTED_PROTOCOL_VERSION,
+            ..
+        }) => StatusCode::BAD_REQUEST,
+        _ => StatusCode::OK,
+    };
+    let mut response = (status, [(header::CONTENT_TYPE, "application/json")], body).into_response();
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(LIMIT_RETRY_AFTER_SECS));
+    }
     if let Some(id) = session_id.and_then(|id| HeaderValue::from_str(id).ok()) {
         response.headers_mut().insert(headers::SESSION_ID, id);
     }

@@ -222,16 +222,7 @@ async fn answer(mut reply: crate::engine::SessionlessReply) -> Result<Response, 
         first = reply.messages.recv().await;
     }
     match first {
-        Some(Outbound::Answer { body, error }) => {
-            let status = match error {
-                Some(code::METHOD_NOT_FOUND) => StatusCode::NOT_FOUND,
-                Some(code::HEADER_MISMATCH | code::MISSING_REQUIRED_CLIENT_CAPABILITY | code::UNSUPPORTED_PROTOCOL_VERSION) => {
-                    StatusCode::BAD_REQUEST
-                }
-                _ => StatusCode::OK,
-            };
-            Ok((status, [(header::CONTENT_TYPE, "application/json")], body).into_response())
-        }
+        Some(Outbound::Answer { body, error }) => Ok(super::answer_response(body, error, None)),
         Some(Outbound::Notification(first)) => Ok(super::sse::unnumbered(first, reply)),
         Some(Outbound::KeepAlive) | None => Err(HttpError::internal("the request's task ended without an answer")),
     }
