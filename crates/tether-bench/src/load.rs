@@ -336,7 +336,7 @@ pub async fn call_thought(http: &reqwest::Client, url: &str, session: &str, n: u
 pub async fn call_thought_modern(http: &reqwest::Client, url: &str, pin: &mut String, n: u64) -> Result<(), String> {
     let mut body = thought_call(n);
     let mut request_meta = json!({
-        (meta::PROTOCOL_VERSION): revision::FIRST_MODERN,
+        (meta::PROTOCOL_VERSION): revision::FIRST_SESSIONLESS,
         (meta::CLIENT_CAPABILITIES): {},
         (meta::CLIENT_INFO): {"name": "tether-bench", "version": env!("CARGO_PKG_VERSION")},
     });
@@ -348,7 +348,7 @@ pub async fn call_thought_modern(http: &reqwest::Client, url: &str, pin: &mut St
         .post(url)
         .header("content-type", "application/json")
         .header("accept", headers::ACCEPT_POST)
-        .header(headers::PROTOCOL_VERSION, revision::FIRST_MODERN)
+        .header(headers::PROTOCOL_VERSION, revision::FIRST_SESSIONLESS)
         .header(headers::MCP_METHOD, "tools/call")
         .header(headers::MCP_NAME, "thought")
         .body(body.to_string())

@@ -81,10 +81,10 @@ pub enum Protocol {
     /// if the server offers it, else `initialize` and sessions.
     #[default]
     Auto,
-    /// Sessions (2025-11-25 and earlier), never `server/discover`.
-    Legacy,
+    /// The session era (2025-11-25 and earlier), never `server/discover`.
+    Session,
     /// The sessionless revision only.
-    Modern,
+    Sessionless,
 }
 
 impl std::str::FromStr for Protocol {
@@ -92,9 +92,10 @@ impl std::str::FromStr for Protocol {
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "auto" => Ok(Protocol::Auto),
-            "legacy" => Ok(Protocol::Legacy),
-            "modern" => Ok(Protocol::Modern),
-            other => Err(format!("protocol must be auto, legacy or modern, not {other:?}")),
+            // `legacy` and `modern` are the earlier spellings, still understood.
+            "session" | "legacy" => Ok(Protocol::Session),
+            "sessionless" | "modern" => Ok(Protocol::Sessionless),
+            other => Err(format!("protocol must be auto, session or sessionless, not {other:?}")),
         }
     }
 }

@@ -115,7 +115,7 @@ enum Mode {
     /// `auto` before the first answer.
     #[default]
     Unknown,
-    Sessionless,
+    Stateless,
     Session,
 }
 
@@ -123,15 +123,15 @@ enum Mode {
 struct State {
     mode: Mode,
     session: Option<Session>,
-    sessionless: Option<Session>,
+    stateless: Option<Session>,
     /// The server answered over the 2024-11-05 HTTP+SSE transport: its next
     /// session goes there directly, without a Streamable HTTP probe first.
     legacy: bool,
     /// Whether the server speaks the sessionless revision (known after the
     /// `server/discover` of `auto`).
-    modern: Option<bool>,
+    speaks_sessionless: Option<bool>,
     /// The client of the sessionless revision, once one is needed.
-    modern_session: Option<Session>,
+    sessionless_client: Option<Session>,
 }
 
 /// One (URL, principal).
@@ -237,13 +237,13 @@ impl Pool {
     pub async fn request(&self, server: &ServerSpec, method: &str, params: Option<Value>) -> Result<Value, ClientError> {
         let entry = self.entry(server);
         let _busy = entry.busy();
-        if let Some(modern) = self.modern_session(&entry, server).await? {
-            return self.modern_request(&modern, method, params).await;
+        if let Some(sessionless) = self.sessionless_client(&entry, server).await? {
+            return self.sessionless_request(&sessionless, method, params).await;
         }
         match server.requires_session {
             RequiresSession::Always => self.with_session(&entry, server, method, params).await,
             RequiresSession::Never => {
-                let s = self.sessionless(&entry, server).await?;
+                let s = self.stateless(&entry, server).await?;
                 match s.request_raw(method, params, None).await {
                     Err(e) if e.says_session_required() => Err(ClientError::Config(format!(
                         "the server at {} requires a session ({}), but requires_session = false for it; \
@@ -271,9 +271,9 @@ impl Pool {
                 drop(guard);
                 self.with_session(entry, server, method, params).await
             }
-            Mode::Sessionless => {
+            Mode::Stateless => {
                 drop(guard);
-                let s = self.sessionless(entry, server).await?;
+                let s = self.stateless(entry, server).await?;
                 match s.request_raw(method, params.clone(), None).await {
                     Err(e) if e.says_session_required() => {
                         tracing::debug!(url = %server.url, "the server now wants a session: {}", e.into_client());
@@ -288,11 +288,11 @@ impl Pool {
                 // server accepted the request (no session needed) or a
                 // session exists.
                 let mut guard = guard;
-                let s = match &guard.sessionless {
+                let s = match &guard.stateless {
                     Some(s) => s.clone(),
                     None => {
-                        let s = Session::sessionless(&server.url, server.options.clone(), &self.inner.options.protocol_version)?;
-                        guard.sessionless = Some(s.clone());
+                        let s = Session::stateless(&server.url, server.options.clone(), &self.inner.options.protocol_version)?;
+                        guard.stateless = Some(s.clone());
                         s
                     }
                 };
@@ -300,7 +300,7 @@ impl Pool {
                 let on_accept = slot.clone();
                 let accepted: Box<dyn FnOnce() + Send> = Box::new(move || {
                     if let Some(mut g) = on_accept.lock().ok().and_then(|mut s| s.take()) {
-                        g.mode = Mode::Sessionless;
+                        g.mode = Mode::Stateless;
                     }
                 });
                 let outcome = s.request_raw(method, params.clone(), Some(accepted)).await;
@@ -329,48 +329,48 @@ impl Pool {
 
     /// The sessionless-revision client for `server`, if the pool speaks
     /// that revision to it (`protocol`; `auto` asks `server/discover` once).
-    async fn modern_session(&self, entry: &Entry, server: &ServerSpec) -> Result<Option<Session>, ClientError> {
-        if server.protocol == Protocol::Legacy {
+    async fn sessionless_client(&self, entry: &Entry, server: &ServerSpec) -> Result<Option<Session>, ClientError> {
+        if server.protocol == Protocol::Session {
             return Ok(None);
         }
         let mut g = entry.state.lock().await;
-        if g.modern == Some(false) {
+        if g.speaks_sessionless == Some(false) {
             return Ok(None);
         }
-        let session = match &g.modern_session {
+        let session = match &g.sessionless_client {
             Some(s) => s.clone(),
             None => {
                 let o = &self.inner.options;
                 let capabilities = json!({"roots": {}, "extensions": {(tether_wire::meta::TASKS_EXTENSION): {}}});
                 let info = json!({"name": o.client_name, "version": o.client_version});
-                let s = Session::modern(&server.url, server.options.clone(), info, capabilities)?;
+                let s = Session::sessionless(&server.url, server.options.clone(), info, capabilities)?;
                 self.attach_handlers(&s);
-                g.modern_session = Some(s.clone());
+                g.sessionless_client = Some(s.clone());
                 s
             }
         };
-        if g.modern.is_none() {
+        if g.speaks_sessionless.is_none() {
             let offered = match server.protocol {
-                Protocol::Modern => true,
+                Protocol::Sessionless => true,
                 _ => match session.request("server/discover", None).await {
                     Ok(found) => found
                         .get("supportedVersions")
                         .and_then(Value::as_array)
-                        .is_some_and(|v| v.iter().any(|v| v.as_str() == Some(crate::session::MODERN_VERSION))),
+                        .is_some_and(|v| v.iter().any(|v| v.as_str() == Some(crate::session::SESSIONLESS_VERSION))),
                     Err(e) => {
                         tracing::debug!(url = %server.url, "no server/discover ({e}); speaking the session era");
                         false
                     }
                 },
             };
-            g.modern = Some(offered);
+            g.speaks_sessionless = Some(offered);
         }
-        Ok((g.modern == Some(true)).then_some(session))
+        Ok((g.speaks_sessionless == Some(true)).then_some(session))
     }
 
     /// A request of the sessionless revision: its `input_required` rounds
     /// answered by the pool's handlers, a task followed to its end.
-    async fn modern_request(&self, session: &Session, method: &str, params: Option<Value>) -> Result<Value, ClientError> {
+    async fn sessionless_request(&self, session: &Session, method: &str, params: Option<Value>) -> Result<Value, ClientError> {
         crate::rounds::request_to_end(session, method, params, |request| std::future::ready(self.answer_input(&request))).await
     }
 
@@ -387,13 +387,13 @@ impl Pool {
         }
     }
 
-    async fn sessionless(&self, entry: &Entry, server: &ServerSpec) -> Result<Session, ClientError> {
+    async fn stateless(&self, entry: &Entry, server: &ServerSpec) -> Result<Session, ClientError> {
         let mut g = entry.state.lock().await;
-        if let Some(s) = &g.sessionless {
+        if let Some(s) = &g.stateless {
             return Ok(s.clone());
         }
-        let s = Session::sessionless(&server.url, server.options.clone(), &self.inner.options.protocol_version)?;
-        g.sessionless = Some(s.clone());
+        let s = Session::stateless(&server.url, server.options.clone(), &self.inner.options.protocol_version)?;
+        g.stateless = Some(s.clone());
         Ok(s)
     }
 
@@ -544,7 +544,7 @@ impl Pool {
     }
 
     /// The current session ID for `server` (none before the first call,
-    /// for sessionless servers, or after the session was dropped).
+    /// for stateless servers, or after the session was dropped).
     pub async fn session_id(&self, server: &ServerSpec) -> Option<String> {
         let entry = self.entry(server);
         let g = entry.state.lock().await;
@@ -560,7 +560,7 @@ impl Pool {
         for entry in entries {
             let taken = {
                 let mut g = entry.state.lock().await;
-                g.sessionless = None;
+                g.stateless = None;
                 g.session.take()
             };
             if let Some(s) = taken {

@@ -32,8 +32,8 @@ use plain_http::PlainHttp;
 
 /// Server messages buffered for `take_incoming`.
 const INCOMING_BUFFER: usize = 256;
-/// The sessionless revision a modern session speaks.
-pub const MODERN_VERSION: &str = tether_wire::revision::FIRST_MODERN;
+/// The sessionless revision a sessionless session speaks.
+pub const SESSIONLESS_VERSION: &str = tether_wire::revision::FIRST_SESSIONLESS;
 /// Error bodies are read up to this size for their message.
 const MAX_ERROR_BODY: usize = 64 * 1024;
 /// Connection establishment limit (the request itself has `request_timeout`).
@@ -126,7 +126,7 @@ struct Inner {
     tasks: Mutex<Vec<JoinHandle<()>>>,
     /// A sessionless (2026-07-28) session: what every request's `_meta`
     /// declares (protocol version, capabilities, client info).
-    modern: Option<serde_json::Map<String, Value>>,
+    sessionless: Option<serde_json::Map<String, Value>>,
 }
 
 impl Drop for Inner {
@@ -304,7 +304,7 @@ pub(crate) fn http_client() -> Result<reqwest::Client, ClientError> {
 /// The headers of a sessionless request that mirror its body: `Mcp-Method`,
 /// and `Mcp-Name` for the methods that name something (base64-wrapped when
 /// the value is not plain visible ASCII, as the revision says).
-fn modern_headers(headers: &mut HeaderMap, message: &Value) {
+fn sessionless_headers(headers: &mut HeaderMap, message: &Value) {
     let Some(method) = message.get("method").and_then(Value::as_str) else { return };
     if let Ok(v) = HeaderValue::from_str(method) {
         headers.insert(HeaderName::from_static(tether_wire::headers::MCP_METHOD), v);
@@ -417,7 +417,7 @@ impl Session {
     /// A session without `initialize` for servers that need none
     /// (stateless Streamable HTTP): requests carry no `Mcp-Session-Id` and
     /// announce `protocol_version`.
-    pub fn sessionless(url: &str, options: ClientOptions, protocol_version: &str) -> Result<Session, ClientError> {
+    pub fn stateless(url: &str, options: ClientOptions, protocol_version: &str) -> Result<Session, ClientError> {
         check_url(url)?;
         let session = Session::build(http_client()?, url, options, Kind::Streamable)?;
         let _ = session.inner.protocol_version.set(protocol_version.to_owned());
@@ -467,7 +467,7 @@ impl Session {
                 sink: std::sync::RwLock::new(None),
                 closed,
                 tasks: Mutex::new(Vec::new()),
-                modern: None,
+                sessionless: None,
             }),
         })
     }
@@ -475,23 +475,28 @@ impl Session {
     /// A client of the sessionless revision (2026-07-28): no `initialize`;
     /// every request declares `client_info` and `capabilities` in its
     /// `_meta` and names itself in `Mcp-Method` / `Mcp-Name`.
-    pub fn modern(url: &str, options: ClientOptions, client_info: Value, capabilities: Value) -> Result<Session, ClientError> {
+    pub fn sessionless(
+        url: &str,
+        options: ClientOptions,
+        client_info: Value,
+        capabilities: Value,
+    ) -> Result<Session, ClientError> {
         check_url(url)?;
         let mut session = Session::build(http_client()?, url, options, Kind::Streamable)?;
-        let _ = session.inner.protocol_version.set(MODERN_VERSION.to_owned());
+        let _ = session.inner.protocol_version.set(SESSIONLESS_VERSION.to_owned());
         let mut declared = serde_json::Map::new();
-        declared.insert(meta::PROTOCOL_VERSION.into(), json!(MODERN_VERSION));
+        declared.insert(meta::PROTOCOL_VERSION.into(), json!(SESSIONLESS_VERSION));
         declared.insert(meta::CLIENT_CAPABILITIES.into(), capabilities);
         declared.insert(meta::CLIENT_INFO.into(), client_info);
         if let Some(inner) = Arc::get_mut(&mut session.inner) {
-            inner.modern = Some(declared);
+            inner.sessionless = Some(declared);
         }
         Ok(session)
     }
 
     /// Whether this is a client of the sessionless revision.
-    pub fn is_modern(&self) -> bool {
-        self.inner.modern.is_some()
+    pub fn is_sessionless(&self) -> bool {
+        self.inner.sessionless.is_some()
     }
 
     pub fn session_id(&self) -> Option<String> {
@@ -606,7 +611,7 @@ impl Session {
         if let Some(p) = params {
             message["params"] = p;
         }
-        if let Some(declared) = &self.inner.modern {
+        if let Some(declared) = &self.inner.sessionless {
             let params = message.as_object_mut().and_then(|m| m.entry("params").or_insert_with(|| json!({})).as_object_mut());
             if let Some(params) = params {
                 let request_meta = params.entry("_meta").or_insert_with(|| json!({}));
@@ -762,8 +767,8 @@ impl Inner {
     /// The headers of a POST carrying `message`.
     fn post_headers(&self, message: &Value) -> HeaderMap {
         let mut headers = self.headers(true);
-        if self.modern.is_some() {
-            modern_headers(&mut headers, message);
+        if self.sessionless.is_some() {
+            sessionless_headers(&mut headers, message);
         }
         trace_headers(&mut headers, message);
         headers

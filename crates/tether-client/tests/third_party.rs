@@ -28,7 +28,7 @@ async fn every_server_shape_lists_and_calls_tools_through_the_pool() {
     for shape in ALL_SHAPES {
         let server = Fixture::start(shape);
         let pool = roots_pool();
-        let spec = ServerSpec::new(server.url()).protocol(Protocol::Legacy);
+        let spec = ServerSpec::new(server.url()).protocol(Protocol::Session);
         let tools = pool.list_tools(&spec).await.unwrap_or_else(|e| panic!("{shape:?}: tools/list: {e}"));
         let names: Vec<&str> = tools.iter().filter_map(|t| t["name"].as_str()).collect();
         for wanted in ["echo", "add", "fail"] {
@@ -70,7 +70,7 @@ async fn requires_session_auto_true_and_false_behave_as_configured() {
 
     // auto: one call without a session, refused; then initialize; then the session is kept.
     let pool = Pool::default();
-    let spec = ServerSpec::new(server.url()).protocol(Protocol::Legacy);
+    let spec = ServerSpec::new(server.url()).protocol(Protocol::Session);
     for i in 0..5 {
         let r = pool.call_tool(&spec, "echo", json!({"text": format!("n{i}")}), None).await.unwrap();
         assert_eq!(text(&r), format!("n{i}"));
@@ -81,7 +81,7 @@ async fn requires_session_auto_true_and_false_behave_as_configured() {
 
     // true: initialize first, no probe.
     let pool = Pool::default();
-    let spec = ServerSpec::new(server.url()).protocol(Protocol::Legacy).requires_session(RequiresSession::Always);
+    let spec = ServerSpec::new(server.url()).protocol(Protocol::Session).requires_session(RequiresSession::Always);
     pool.call_tool(&spec, "echo", json!({"text": "x"}), None).await.unwrap();
     assert_eq!(server.stat("sessionless_rejected").await, 1, "no new probe");
     assert_eq!(server.stat("initialize").await, 2);
@@ -89,7 +89,7 @@ async fn requires_session_auto_true_and_false_behave_as_configured() {
 
     // false: a server that insists is an error naming the setting.
     let pool = Pool::default();
-    let spec = ServerSpec::new(server.url()).protocol(Protocol::Legacy).requires_session(RequiresSession::Never);
+    let spec = ServerSpec::new(server.url()).protocol(Protocol::Session).requires_session(RequiresSession::Never);
     let err = pool.call_tool(&spec, "echo", json!({"text": "x"}), None).await.unwrap_err();
     assert!(matches!(err, ClientError::Config(_)), "{err:?}");
     assert!(err.to_string().contains("requires_session"), "{err}");
@@ -97,7 +97,7 @@ async fn requires_session_auto_true_and_false_behave_as_configured() {
 
     // false against a stateless server just works, without initialize.
     let stateless = Fixture::start(Shape::PyStatelessJson);
-    let spec = ServerSpec::new(stateless.url()).protocol(Protocol::Legacy).requires_session(RequiresSession::Never);
+    let spec = ServerSpec::new(stateless.url()).protocol(Protocol::Session).requires_session(RequiresSession::Never);
     let r = pool.call_tool(&spec, "add", json!({"a": 1, "b": 1}), None).await.unwrap();
     assert_eq!(sum_of(&r), 2);
     assert_eq!(stateless.stat("initialize").await, 0);
@@ -110,7 +110,7 @@ async fn a_hundred_parallel_first_calls_make_exactly_one_initialize() {
     {
         let server = Fixture::start(shape);
         let pool = Pool::default();
-        let spec = ServerSpec::new(server.url()).protocol(Protocol::Legacy).requires_session(mode);
+        let spec = ServerSpec::new(server.url()).protocol(Protocol::Session).requires_session(mode);
         let calls = (0..100).map(|i| {
             let pool = pool.clone();
             let spec = spec.clone();
@@ -134,7 +134,7 @@ async fn the_pool_recovers_through_a_new_initialize_after_a_server_restart() {
     for shape in [Shape::PyStateful, Shape::Ts, Shape::PyLegacy] {
         let mut server = Fixture::start(shape);
         let pool = Pool::default();
-        let spec = ServerSpec::new(server.url()).protocol(Protocol::Legacy);
+        let spec = ServerSpec::new(server.url()).protocol(Protocol::Session);
         let r = pool.call_tool(&spec, "echo", json!({"text": "before"}), None).await.unwrap();
         assert_eq!(text(&r), "before");
         let before = pool.session_id(&spec).await;
@@ -169,7 +169,7 @@ async fn idle_sessions_and_shutdown_send_delete() {
     for shape in [Shape::PyStateful, Shape::Ts] {
         let server = Fixture::start(shape);
         let pool = Pool::new(PoolOptions { idle_timeout: Duration::from_millis(300), ..PoolOptions::default() });
-        let spec = ServerSpec::new(server.url()).protocol(Protocol::Legacy).requires_session(RequiresSession::Always);
+        let spec = ServerSpec::new(server.url()).protocol(Protocol::Session).requires_session(RequiresSession::Always);
         pool.call_tool(&spec, "echo", json!({"text": "x"}), None).await.unwrap();
         assert!(pool.session_id(&spec).await.is_some());
         let mut waited = Duration::ZERO;
@@ -192,7 +192,7 @@ async fn idle_sessions_and_shutdown_send_delete() {
 async fn termination_errors_are_logged_not_raised() {
     let mut server = Fixture::start(Shape::PyStateful);
     let pool = Pool::default();
-    let spec = ServerSpec::new(server.url()).protocol(Protocol::Legacy).requires_session(RequiresSession::Always);
+    let spec = ServerSpec::new(server.url()).protocol(Protocol::Session).requires_session(RequiresSession::Always);
     pool.call_tool(&spec, "echo", json!({"text": "x"}), None).await.unwrap();
     server.restart();
     // The new process does not know the session (404) — shutdown still completes quietly.
@@ -235,7 +235,7 @@ async fn a_session_used_directly_delivers_server_requests_and_answers_them() {
 async fn connection_failures_say_what_to_check() {
     let port = free_port();
     let pool = Pool::default();
-    let spec = ServerSpec::new(format!("http://127.0.0.1:{port}/mcp")).protocol(Protocol::Legacy);
+    let spec = ServerSpec::new(format!("http://127.0.0.1:{port}/mcp")).protocol(Protocol::Session);
     let err = pool.call_tool(&spec, "echo", json!({}), None).await.unwrap_err();
     assert!(matches!(err, ClientError::Transport(_)), "{err:?}");
     assert!(err.to_string().contains("cannot connect"), "{err}");

@@ -18,9 +18,9 @@ use crate::config::UpstreamConfig;
 use crate::connector::{Connector, StartRequest};
 use crate::link::{self, Connection, Link, LinkSink, Progress};
 use crate::lock;
-use crate::modern::{self, Pool};
 use crate::passthrough::Passthrough;
 use crate::processes::{Limit, Processes};
+use crate::sessionless::{self, Pool};
 use crate::upstream::{PeerMessage, PeerSink, Started};
 
 /// Key of the gateway's part of a session's durable app state.
@@ -324,7 +324,7 @@ impl Gateway {
 
 impl Gateway {
     /// A sessionless (2026-07-28) client's request: served on a pooled
-    /// upstream connection of its principal (see `modern`).
+    /// upstream connection of its principal (see `sessionless`).
     async fn sessionless_request(
         &self,
         ctx: RequestCtx,
@@ -352,12 +352,13 @@ impl Gateway {
         }
         let authorization = self.sessionless_authorization(ctx.client_authorization());
         let principal = ctx.principal();
-        let connect = |sink| self.connect("(sessionless)", principal, modern::initialize_params(), authorization, None, sink);
+        let connect =
+            |sink| self.connect("(sessionless)", principal, sessionless::initialize_params(), authorization, None, sink);
         let held = self.pool.hold_for_request(&ctx, connect).await?;
         let level = ctx.request_meta().and_then(|m| m.get(meta::LOG_LEVEL)).and_then(Value::as_str);
         held.want_log_level(level).await;
         let timer = tether_server::metrics::upstream_request_started();
-        let result = held.request(method, Some(Value::Object(modern::upstream_params(params)))).await;
+        let result = held.request(method, Some(Value::Object(sessionless::upstream_params(params)))).await;
         timer.done(&self.config.name);
         result
     }
@@ -384,7 +385,7 @@ impl OperationRunner for Gateway {
     async fn run_operation(&self, ctx: OperationCtx, tool: &str, arguments: Map<String, Value>) -> Result<(), RpcError> {
         let ctx = Arc::new(ctx);
         let principal = ctx.principal().to_owned();
-        let connect = |sink| self.connect("(task)", &principal, modern::initialize_params(), None, None, sink);
+        let connect = |sink| self.connect("(task)", &principal, sessionless::initialize_params(), None, None, sink);
         let held = self.pool.hold_for_task(ctx.clone(), connect).await?;
         let params = json!({"name": tool, "arguments": arguments, "_meta": {"progressToken": "tether-task"}});
         let timer = tether_server::metrics::upstream_request_started();
@@ -645,11 +646,11 @@ impl McpApp for Gateway {
         let has_task_tools = !self.config.task_tools.is_empty();
         if let Some((passthrough, described)) = self.connector.passthrough().await {
             let _ = self.passthrough.set(passthrough);
-            return Some(modern::describe(&described, has_task_tools));
+            return Some(sessionless::describe(&described, has_task_tools));
         }
         // Nobody to tell what the upstream says meanwhile: a closed channel drops it.
         let nowhere: Arc<dyn PeerSink> = Arc::new(tokio::sync::mpsc::channel::<PeerMessage>(1).0);
-        let started = self.connect("(discover)", "(discover)", modern::initialize_params(), None, None, nowhere).await;
+        let started = self.connect("(discover)", "(discover)", sessionless::initialize_params(), None, None, nowhere).await;
         let Started { upstream, initialize_result, .. } = match started {
             Ok(started) => started,
             Err(e) => {
@@ -659,7 +660,7 @@ impl McpApp for Gateway {
         };
         upstream.close(true).await;
         let result: Map<String, Value> = serde_json::from_str(initialize_result.get()).ok()?;
-        Some(modern::describe(&result, has_task_tools))
+        Some(sessionless::describe(&result, has_task_tools))
     }
 
     fn passes_input_through(&self) -> bool {

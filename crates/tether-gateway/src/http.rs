@@ -54,7 +54,7 @@ impl Connector for UrlConnector {
             processes: None,
             idle_timeout: None,
             pool_max: crate::config::DEFAULT_MAX_PROCESSES,
-            pool_idle: crate::modern::DEFAULT_POOL_IDLE,
+            pool_idle: crate::sessionless::DEFAULT_POOL_IDLE,
         }
     }
 
@@ -115,7 +115,7 @@ pub async fn start(
     };
     // An upstream that refuses `initialize` may speak only the sessionless revision.
     let options = client_options(spec, client_authorization, |var| std::env::var(var).ok()).map_err(|_| refused.clone())?;
-    match crate::modern_url::start(spec, upstream_name, &initialize_params, options, init_timeout, sink).await {
+    match crate::sessionless_url::start(spec, upstream_name, &initialize_params, options, init_timeout, sink).await {
         Some(started) => Ok(started),
         None => Err(refused),
     }

@@ -10,10 +10,10 @@
 //!   a connection from the stored `initialize`, backoff, idle children.
 //! - `link`: one session's link to its upstream and the sink of what the
 //!   upstream sends on its own.
-//! - `modern`: sessionless (2026-07-28) clients of a session-era upstream:
+//! - `sessionless`: sessionless (2026-07-28) clients of a session-era upstream:
 //!   a pool of upstream connections per principal, asks as MRTR rounds,
 //!   `task_tools` as durable tasks.
-//! - `modern_url`: the reverse, a URL upstream that speaks only the
+//! - `sessionless_url`: the reverse, a URL upstream that speaks only the
 //!   sessionless revision, for session-era clients.
 //! - `passthrough`: a sessionless client of a URL upstream that speaks
 //!   2026-07-28 too: its requests forwarded as sent, rounds and tasks the
@@ -31,10 +31,10 @@ pub mod config;
 mod connector;
 pub mod http;
 mod link;
-mod modern;
-mod modern_url;
 mod passthrough;
 pub mod processes;
+mod sessionless;
+mod sessionless_url;
 pub mod stdio;
 pub mod upstream;
 

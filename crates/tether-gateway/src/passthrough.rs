@@ -15,7 +15,7 @@
 //! through results, not requests: a request of the upstream is refused.
 //!
 //! Only a URL upstream is passed through; a stdio server, and a URL server
-//! of the session era, are bridged (see `modern`).
+//! of the session era, are bridged (see `sessionless`).
 
 use std::time::Duration;
 
@@ -43,7 +43,7 @@ impl Passthrough {
     /// revision; with what it says of itself (as an `initialize` result).
     pub(crate) async fn discover(spec: &UrlSpec, name: &str, timeout: Duration) -> Option<(Self, Map<String, Value>)> {
         let shared = session(spec, None).ok()?;
-        let described = crate::modern_url::discover(&shared, timeout).await?;
+        let described = crate::sessionless_url::discover(&shared, timeout).await?;
         tracing::info!(upstream = %name, url = %spec.url, "the upstream speaks 2026-07-28: its sessionless clients are passed through");
         Some((Self { name: name.to_owned(), spec: spec.clone(), shared }, described))
     }
@@ -117,5 +117,5 @@ fn session(spec: &UrlSpec, client_authorization: Option<String>) -> Result<Sessi
     let options =
         crate::http::client_options(spec, client_authorization, |var| std::env::var(var).ok()).map_err(ClientError::Transport)?;
     let client_info = json!({"name": "tether-gateway", "version": env!("CARGO_PKG_VERSION")});
-    Session::modern(&spec.url, options, client_info, json!({}))
+    Session::sessionless(&spec.url, options, client_info, json!({}))
 }

@@ -104,7 +104,7 @@ impl Connector for StdioConnector {
             processes: Some(self.processes.clone()),
             idle_timeout: Some(self.spec.idle_timeout),
             pool_max: self.spec.max_processes,
-            pool_idle: self.spec.idle_timeout.min(crate::modern::DEFAULT_POOL_IDLE),
+            pool_idle: self.spec.idle_timeout.min(crate::sessionless::DEFAULT_POOL_IDLE),
         }
     }
 

@@ -36,7 +36,7 @@ pub const TRACEPARENT: &str = "traceparent";
 pub const TRACESTATE: &str = "tracestate";
 
 /// 2026-07-28, in every request's `_meta`: the revision it speaks (the claim
-/// that makes a request modern).
+/// that makes a request sessionless).
 pub const PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
 /// 2026-07-28, in every request's `_meta`: the client's capabilities (`{}`: none).
 pub const CLIENT_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";

@@ -1,5 +1,5 @@
-//! The protocol revisions tether serves: with sessions (the "legacy era",
-//! [`SUPPORTED`]) and without (the "modern era" from 2026-07-28, [`MODERN`]).
+//! The protocol revisions tether serves: with sessions (the session era,
+//! [`SUPPORTED`]) and without (the sessionless era, from 2026-07-28, [`SESSIONLESS`]).
 
 /// Served, newest first.
 pub const SUPPORTED: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26"];
@@ -9,14 +9,14 @@ pub const LATEST: &str = "2025-11-25";
 pub const ASSUMED: &str = "2025-03-26";
 
 /// The sessionless revisions served, newest first.
-pub const MODERN: &[&str] = &["2026-07-28"];
-/// The first sessionless revision: a version at or after it is modern.
-pub const FIRST_MODERN: &str = "2026-07-28";
+pub const SESSIONLESS: &[&str] = &["2026-07-28"];
+/// The first sessionless revision: a version at or after it is sessionless.
+pub const FIRST_SESSIONLESS: &str = "2026-07-28";
 
 /// Whether `v` names a revision of the sessionless era (served or not):
 /// revision names are dates, so they order as strings.
-pub fn is_modern(v: &str) -> bool {
-    v >= FIRST_MODERN
+pub fn is_sessionless(v: &str) -> bool {
+    v >= FIRST_SESSIONLESS
 }
 
 pub fn is_supported(v: &str) -> bool {
@@ -40,8 +40,8 @@ mod tests {
     }
 
     #[test]
-    fn modern_revisions_are_those_from_2026_07_28_on() {
-        assert!(is_modern("2026-07-28") && is_modern("2027-01-01"));
-        assert!(!is_modern("2025-11-25") && !is_modern("2025-03-26"));
+    fn sessionless_revisions_are_those_from_2026_07_28_on() {
+        assert!(is_sessionless("2026-07-28") && is_sessionless("2027-01-01"));
+        assert!(!is_sessionless("2025-11-25") && !is_sessionless("2025-03-26"));
     }
 }

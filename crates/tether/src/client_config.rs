@@ -22,9 +22,9 @@ pub struct CommonArgs {
     #[arg(long, value_name = "auto|true|false", value_parser = parse_requires_session)]
     pub requires_session: Option<RequiresSession>,
     /// The protocol era: auto (ask server/discover and speak 2026-07-28
-    /// where it is offered, else initialize a session), legacy (sessions,
-    /// 2025-11-25), modern (2026-07-28 only).
-    #[arg(long, value_name = "auto|legacy|modern", default_value = "auto", value_parser = parse_protocol)]
+    /// where it is offered, else initialize a session), session (the
+    /// session era, 2025-11-25), sessionless (2026-07-28 only).
+    #[arg(long, value_name = "auto|session|sessionless", default_value = "auto", value_parser = parse_protocol)]
     pub protocol: Protocol,
 }
 

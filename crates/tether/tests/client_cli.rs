@@ -87,13 +87,13 @@ fn call_prints_the_result_and_exits_by_outcome() {
         vec!["call", &url, "thought", "--json", "[1, 2]"],
         vec!["call", &url, "thought", "--arg", "no-equals-sign"],
         vec!["call", "no-such-server", "thought"],
-        vec!["call", &url, "thought", "--arg", "thought=x", "--requires-session", "false", "--protocol", "legacy"],
+        vec!["call", &url, "thought", "--arg", "thought=x", "--requires-session", "false", "--protocol", "session"],
     ] {
         let out = tether(&args, &[], home.path());
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
         one_line_reason(&out);
     }
-    let out = tether(&["call", &url, "thought", "--requires-session", "false", "--protocol", "legacy"], &[], home.path());
+    let out = tether(&["call", &url, "thought", "--requires-session", "false", "--protocol", "session"], &[], home.path());
     assert!(stderr(&out).contains("requires_session"), "the setting is named: {}", stderr(&out));
     let out = tether(&["call", "--json", "{}"], &[], home.path());
     assert_eq!(out.status.code(), Some(2), "clap usage error");

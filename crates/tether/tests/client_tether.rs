@@ -105,7 +105,7 @@ async fn a_response_stream_cut_by_a_crash_is_resumed_with_last_event_id() {
 async fn the_pool_detects_that_tether_needs_a_session_and_recovers_a_forgotten_one() {
     let server = Server::start(&[]);
     let pool = Pool::default();
-    let spec = ServerSpec::new(server.url()).protocol(Protocol::Legacy);
+    let spec = ServerSpec::new(server.url()).protocol(Protocol::Session);
     let tools = pool.list_tools(&spec).await.unwrap();
     assert!(tools.iter().any(|t| t["name"] == "thought"));
     let sid = pool.session_id(&spec).await.expect("auto initialized after tether's 400");
@@ -119,7 +119,7 @@ async fn the_pool_detects_that_tether_needs_a_session_and_recovers_a_forgotten_o
     let new_sid = pool.session_id(&spec).await.unwrap();
     assert_ne!(new_sid, sid);
 
-    let never = ServerSpec::new(server.url()).protocol(Protocol::Legacy).requires_session(RequiresSession::Never);
+    let never = ServerSpec::new(server.url()).protocol(Protocol::Session).requires_session(RequiresSession::Never);
     let err = pool.list_tools(&never).await.unwrap_err();
     assert!(matches!(err, ClientError::Config(ref m) if m.contains("requires_session")), "{err:?}");
     pool.shutdown().await;
@@ -140,7 +140,7 @@ async fn the_pool_detects_that_tether_needs_a_session_and_recovers_a_forgotten_o
 async fn the_resume_loop_joins_a_paged_export_into_exactly_the_unpaged_document() {
     let mut server = Server::start(&["--result-chunk-bytes", "2KiB", "--resume-wait", "100ms"]);
     let pool = Pool::default();
-    let spec = ServerSpec::new(server.url()).protocol(Protocol::Legacy).requires_session(RequiresSession::Always);
+    let spec = ServerSpec::new(server.url()).protocol(Protocol::Session).requires_session(RequiresSession::Always);
     let mut thoughts = Vec::new();
     for n in 1..=40u64 {
         let t = format!("{n:03} ") + &"é∑x".repeat(80) + " end";
@@ -233,6 +233,6 @@ async fn the_pool_speaks_2026_07_28_where_offered_answering_roots_rounds_and_fol
     // `session` runs as a task here (--resume-wait 0s): followed to its result.
     let listed = pool.call_tool(&spec, "session", json!({"operation": "list"}), None).await.unwrap();
     assert!(text(&listed).contains("file:///pool/project"), "{listed}");
-    let legacy = pool.call_tool(&spec.clone().protocol(Protocol::Legacy), "session", json!({"operation": "list"}), None).await;
+    let legacy = pool.call_tool(&spec.clone().protocol(Protocol::Session), "session", json!({"operation": "list"}), None).await;
     assert!(legacy.is_ok(), "the same pool still speaks the session era when told to: {legacy:?}");
 }

@@ -460,23 +460,23 @@ async fn forward_auth_sends_the_clients_token_upstream_also_after_a_tether_crash
 
 /// `_meta` of a sessionless request whose client declares `capabilities`.
 fn declaring(capabilities: Value) -> Value {
-    let mut m = modern_meta();
+    let mut m = sessionless_meta();
     m[tether_wire::meta::CLIENT_CAPABILITIES] = capabilities;
     m
 }
 
-fn modern_call(id: u64, tool: &str, arguments: Value, meta: Value) -> Value {
-    modern_request(id, "tools/call", json!({"name": tool, "arguments": arguments, "_meta": meta}))
+fn sessionless_call(id: u64, tool: &str, arguments: Value, meta: Value) -> Value {
+    sessionless_request(id, "tools/call", json!({"name": tool, "arguments": arguments, "_meta": meta}))
 }
 
 /// Every JSON-RPC message of a sessionless request's response, in order.
-async fn modern_messages(c: &Client, body: &Value) -> Vec<Value> {
+async fn sessionless_messages(c: &Client, body: &Value) -> Vec<Value> {
     let method = body["method"].as_str().unwrap_or_default();
     let name = body["params"]["name"].as_str().unwrap_or_default();
     let headers = [
         ("content-type", "application/json"),
         ("accept", "application/json, text/event-stream"),
-        ("mcp-protocol-version", MODERN),
+        ("mcp-protocol-version", SESSIONLESS),
         ("mcp-method", method),
         ("mcp-name", name),
     ];
@@ -494,22 +494,23 @@ async fn a_sessionless_client_uses_a_stdio_server_discover_call_progress_and_sam
     let (_tether, url) = start_gateway(&dir, "echo", "");
     let c = Client::new(&format!("{url}/echo"));
 
-    let (status, discovered) = send_modern(&c, &modern_request(1, "server/discover", json!({})), None, &[]).await;
+    let (status, discovered) = send_sessionless(&c, &sessionless_request(1, "server/discover", json!({})), None, &[]).await;
     assert_eq!(status, 200, "{discovered}");
     let result = &discovered["result"];
     assert_eq!(result["_meta"][tether_wire::meta::SERVER_INFO]["name"], "fixture", "the upstream describes itself: {result}");
     assert!(result["capabilities"]["tools"].is_object(), "{result}");
-    assert_eq!(result["supportedVersions"], json!([MODERN]));
+    assert_eq!(result["supportedVersions"], json!([SESSIONLESS]));
 
-    let (_, echoed) = send_modern(&c, &modern_call(2, "echo", json!({"x": 1}), modern_meta()), Some("echo"), &[]).await;
+    let (_, echoed) =
+        send_sessionless(&c, &sessionless_call(2, "echo", json!({"x": 1}), sessionless_meta()), Some("echo"), &[]).await;
     assert_eq!(echoed["result"]["structuredContent"], json!({"x": 1}), "{echoed}");
     assert_eq!(echoed["result"]["resultType"], "complete");
     assert_eq!(echoed["result"]["_meta"][tether_wire::meta::SERVER_INFO]["name"], "fixture");
 
     // Progress of the upstream reaches the request's own response, before its answer.
-    let mut meta = modern_meta();
+    let mut meta = sessionless_meta();
     meta["progressToken"] = json!("p-1");
-    let messages = modern_messages(&c, &modern_call(3, "slow", json!({"ms": 50}), meta)).await;
+    let messages = sessionless_messages(&c, &sessionless_call(3, "slow", json!({"ms": 50}), meta)).await;
     let methods: Vec<&str> = messages.iter().map(|m| m["method"].as_str().unwrap_or("answer")).collect();
     assert_eq!(methods, ["notifications/progress", "answer"], "{messages:?}");
     assert_eq!(messages[0]["params"]["progressToken"], "p-1");
@@ -519,21 +520,23 @@ async fn a_sessionless_client_uses_a_stdio_server_discover_call_progress_and_sam
     // the repeated request carries the answer, the upstream gets it.
     let sampling = declaring(json!({"sampling": {}}));
     let (_, round) =
-        send_modern(&c, &modern_call(4, "sample", json!({"prompt": "hi"}), sampling.clone()), Some("sample"), &[]).await;
+        send_sessionless(&c, &sessionless_call(4, "sample", json!({"prompt": "hi"}), sampling.clone()), Some("sample"), &[])
+            .await;
     let round = &round["result"];
     assert_eq!(round["resultType"], "input_required", "{round}");
     let key = "sampling/createMessage#0";
     assert_eq!(round["inputRequests"][key]["method"], "sampling/createMessage", "{round}");
     assert_eq!(round["inputRequests"][key]["params"]["messages"][0]["content"]["text"], "hi");
     let answer = json!({"role": "assistant", "content": {"type": "text", "text": "sampled!"}, "model": "m"});
-    let mut again = modern_call(5, "sample", json!({"prompt": "hi"}), sampling);
+    let mut again = sessionless_call(5, "sample", json!({"prompt": "hi"}), sampling);
     again["params"]["inputResponses"] = json!({(key): answer});
     again["params"]["requestState"] = round["requestState"].clone();
-    let (_, done) = send_modern(&c, &again, Some("sample"), &[]).await;
+    let (_, done) = send_sessionless(&c, &again, Some("sample"), &[]).await;
     assert_eq!(done["result"]["structuredContent"]["sampled"]["content"]["text"], "sampled!", "{done}");
 
     // A client that cannot sample: the upstream hears -32021 and says so.
-    let (_, refused) = send_modern(&c, &modern_call(6, "sample", json!({}), modern_meta()), Some("sample"), &[]).await;
+    let (_, refused) =
+        send_sessionless(&c, &sessionless_call(6, "sample", json!({}), sessionless_meta()), Some("sample"), &[]).await;
     let message = refused["error"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("-32021"), "the upstream was told the client lacks sampling: {refused}");
 
@@ -544,7 +547,7 @@ async fn a_sessionless_client_uses_a_stdio_server_discover_call_progress_and_sam
     // ends, beside its answer: read until it has arrived (bounded).
     let mut seen = Vec::new();
     for n in 0..50 {
-        let (_, got) = send_modern(&c, &modern_request(100 + n, "debug/seen", json!({})), None, &[]).await;
+        let (_, got) = send_sessionless(&c, &sessionless_request(100 + n, "debug/seen", json!({})), None, &[]).await;
         seen = got["result"]["seen"].as_array().cloned().unwrap_or_default();
         if seen.iter().any(|m| m["method"] == "notifications/cancelled") {
             break;
@@ -558,11 +561,11 @@ async fn a_sessionless_client_uses_a_stdio_server_discover_call_progress_and_sam
     assert!(calls.len() >= 5, "one connection served the calls in turn: {seen:?}");
     for call in calls {
         let meta = call["params"]["_meta"].as_object().cloned().unwrap_or_default();
-        assert!(meta.keys().all(|k| !k.starts_with("io.modelcontextprotocol/")), "no modern _meta upstream: {call}");
+        assert!(meta.keys().all(|k| !k.starts_with("io.modelcontextprotocol/")), "no sessionless _meta upstream: {call}");
     }
     assert!(seen.iter().any(|m| m["method"] == "notifications/cancelled"), "the round that asked was cancelled upstream");
 
-    // A legacy session goes on beside, on its own child.
+    // A session-era session goes on beside, on its own child.
     let (sid, _) = initialized(&c, "legacy").await;
     assert_eq!(structured(&c.call(&sid, 1, "echo", json!({"y": 2})).await), &json!({"y": 2}));
 }
@@ -580,21 +583,23 @@ async fn a_task_tool_of_an_upstream_runs_as_a_durable_task_and_one_cut_off_by_a_
     let c = Client::new(&format!("{url}/echo"));
     let tasks = declaring(json!({"extensions": {(tether_wire::meta::TASKS_EXTENSION): {}}}));
 
-    let (_, discovered) = send_modern(&c, &modern_request(1, "server/discover", json!({})), None, &[]).await;
+    let (_, discovered) = send_sessionless(&c, &sessionless_request(1, "server/discover", json!({})), None, &[]).await;
     assert!(discovered["result"]["capabilities"]["extensions"][tether_wire::meta::TASKS_EXTENSION].is_object(), "{discovered}");
-    let (_, undeclared) = send_modern(&c, &modern_call(2, "slow", json!({"ms": 10}), modern_meta()), Some("slow"), &[]).await;
+    let (_, undeclared) =
+        send_sessionless(&c, &sessionless_call(2, "slow", json!({"ms": 10}), sessionless_meta()), Some("slow"), &[]).await;
     assert_eq!(undeclared["error"]["code"], -32021, "{undeclared}");
     // Other tools are plain calls.
-    let (_, echoed) = send_modern(&c, &modern_call(3, "echo", json!({"z": 3}), tasks.clone()), Some("echo"), &[]).await;
+    let (_, echoed) = send_sessionless(&c, &sessionless_call(3, "echo", json!({"z": 3}), tasks.clone()), Some("echo"), &[]).await;
     assert_eq!(echoed["result"]["structuredContent"], json!({"z": 3}), "{echoed}");
 
-    let (_, created) = send_modern(&c, &modern_call(4, "slow", json!({"ms": 300}), tasks.clone()), Some("slow"), &[]).await;
+    let (_, created) =
+        send_sessionless(&c, &sessionless_call(4, "slow", json!({"ms": 300}), tasks.clone()), Some("slow"), &[]).await;
     assert_eq!(created["result"]["resultType"], "task", "{created}");
     let id = created["result"]["taskId"].as_str().expect("a task id").to_owned();
-    let get = |n: u64, id: String| modern_request(n, "tasks/get", json!({"taskId": id, "_meta": tasks.clone()}));
+    let get = |n: u64, id: String| sessionless_request(n, "tasks/get", json!({"taskId": id, "_meta": tasks.clone()}));
     let mut done = Value::Null;
     for n in 0..100 {
-        let (_, got) = send_modern(&c, &get(10 + n, id.clone()), Some(&id), &[]).await;
+        let (_, got) = send_sessionless(&c, &get(10 + n, id.clone()), Some(&id), &[]).await;
         if got["result"]["status"] != "working" {
             done = got;
             break;
@@ -605,27 +610,28 @@ async fn a_task_tool_of_an_upstream_runs_as_a_durable_task_and_one_cut_off_by_a_
     assert_eq!(done["result"]["result"]["structuredContent"]["slept"], 300, "the upstream's result is the task's: {done}");
 
     // A task cut off by kill -9: answered after the restart, failed "interrupted".
-    let (_, created) = send_modern(&c, &modern_call(5, "slow", json!({"ms": 60000}), tasks.clone()), Some("slow"), &[]).await;
+    let (_, created) =
+        send_sessionless(&c, &sessionless_call(5, "slow", json!({"ms": 60000}), tasks.clone()), Some("slow"), &[]).await;
     let id = created["result"]["taskId"].as_str().expect("a task id").to_owned();
     tether.crash();
     let (_tether, url) = Tether::start(&db, &args);
     let c = Client::new(&format!("{url}/echo"));
-    let (_, after) = send_modern(&c, &get(200, id.clone()), Some(&id), &[]).await;
+    let (_, after) = send_sessionless(&c, &get(200, id.clone()), Some(&id), &[]).await;
     assert_eq!(after["result"]["status"], "failed", "{after}");
     assert!(after["result"]["error"]["message"].as_str().unwrap_or_default().contains("interrupted"), "{after}");
 }
 
 // Session-era clients of an upstream that speaks only the sessionless revision.
 
-/// The modern-only fixture of crates/tether-gateway on a free port: (child, its base URL).
-fn start_modern_fixture() -> (Tether, String) {
+/// The sessionless-only fixture of crates/tether-gateway on a free port: (child, its base URL).
+fn start_sessionless_fixture() -> (Tether, String) {
     use std::io::BufRead;
-    let script = format!("{}/../tether-gateway/tests/fixtures/modern_server.py", env!("CARGO_MANIFEST_DIR"));
+    let script = format!("{}/../tether-gateway/tests/fixtures/sessionless_server.py", env!("CARGO_MANIFEST_DIR"));
     let mut child = std::process::Command::new("python3")
         .arg(script)
         .stdout(std::process::Stdio::piped())
         .spawn()
-        .expect("python3 runs the modern fixture");
+        .expect("python3 runs the sessionless fixture");
     let stdout = child.stdout.take().expect("its stdout");
     let mut line = String::new();
     std::io::BufReader::new(stdout).read_line(&mut line).expect("the fixture prints its port");
@@ -634,16 +640,16 @@ fn start_modern_fixture() -> (Tether, String) {
 }
 
 #[tokio::test]
-async fn a_session_era_client_uses_a_modern_only_upstream_its_asks_and_tasks_bridged() {
+async fn a_session_era_client_uses_a_sessionless_only_upstream_its_asks_and_tasks_bridged() {
     let dir = tempfile::tempdir().unwrap();
-    let (_fixture, upstream) = start_modern_fixture();
+    let (_fixture, upstream) = start_sessionless_fixture();
     let flag = format!("bridge={upstream}/mcp");
     let (_tether, url) = Tether::start(&dir.path().join("t.db"), &["--upstream", &flag]);
     let c = Client::new(&format!("{url}/bridge"));
 
     let params = json!({"protocolVersion": "2025-11-25", "capabilities": {"roots": {}}, "clientInfo": {"name": "old-client", "version": "9"}});
     let (sid, result) = c.initialize_params(params).await;
-    assert_eq!(result["serverInfo"]["name"], "modern-fixture", "initialize is answered from server/discover: {result}");
+    assert_eq!(result["serverInfo"]["name"], "sessionless-fixture", "initialize is answered from server/discover: {result}");
     assert_eq!(result["protocolVersion"], "2025-11-25");
     let r = c.post(Some(&sid), &json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).send().await.unwrap();
     assert_eq!(r.status(), 202);
@@ -956,7 +962,7 @@ async fn shutdown_stops_every_child_within_the_drain_timeout_and_the_sessions_ca
         sessions.push(sid);
     }
     // A sessionless client's pooled child too.
-    let answers = modern_messages(&c, &modern_call(1, "echo", json!({"x": 1}), modern_meta())).await;
+    let answers = sessionless_messages(&c, &sessionless_call(1, "echo", json!({"x": 1}), sessionless_meta())).await;
     assert_eq!(structured(answers.last().unwrap()), &json!({"x": 1}), "{answers:?}");
     let children = fixture_children(pid);
     assert_eq!(children.len(), 4, "three sessions' children and one pooled: {children:?}");

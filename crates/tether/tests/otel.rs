@@ -226,7 +226,7 @@ async fn one_trace_runs_from_the_client_through_the_gateway_to_its_upstreams() {
     // Trace C: a 2026-07-28 request to the gateway's own notebook, its
     // context in `_meta` only (no header).
     let root = Client::new(&gateway_url);
-    let modern = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/list", "params": {"_meta": {
+    let sessionless = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/list", "params": {"_meta": {
         "io.modelcontextprotocol/protocolVersion": "2026-07-28",
         "io.modelcontextprotocol/clientCapabilities": {},
         "traceparent": traceparent(TRACE_C, CLIENT_SPAN_C)}}});
@@ -236,7 +236,7 @@ async fn one_trace_runs_from_the_client_through_the_gateway_to_its_upstreams() {
         ("mcp-protocol-version", "2026-07-28"),
         ("mcp-method", "tools/list"),
     ];
-    let resp = root.post_raw(&headers, modern.to_string()).send().await.unwrap();
+    let resp = root.post_raw(&headers, sessionless.to_string()).send().await.unwrap();
     assert_eq!(resp.status(), 200);
     let _ = resp.text().await.unwrap();
 
@@ -306,12 +306,12 @@ async fn one_trace_runs_from_the_client_through_the_gateway_to_its_upstreams() {
     assert_eq!(child_saw, traceparent(TRACE_B, &echo_rpc.span_id), "the child's _meta.traceparent");
 
     // Trace C: `_meta.traceparent` parents a 2026-07-28 request's span.
-    let modern_rpc = all
+    let sessionless_rpc = all
         .iter()
         .find(|s| s.trace_id == TRACE_C && s.attr("rpc.method") == Some(&json!("tools/list")))
         .unwrap_or_else(|| panic!("the 2026-07-28 tools/list span in trace C: {}", dump()));
-    assert_eq!(modern_rpc.parent_span_id, CLIENT_SPAN_C);
-    assert!(modern_rpc.attr("mcp.session").is_none() && modern_rpc.attr("mcp.upstream").is_none());
+    assert_eq!(sessionless_rpc.parent_span_id, CLIENT_SPAN_C);
+    assert!(sessionless_rpc.attr("mcp.session").is_none() && sessionless_rpc.attr("mcp.upstream").is_none());
 }
 
 #[tokio::test]

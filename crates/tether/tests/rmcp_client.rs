@@ -35,7 +35,7 @@ use serde_json::{Map, Value, json};
 use sse_stream::Sse;
 use support::start_binary;
 
-const MODERN: &str = "2026-07-28";
+const SESSIONLESS: &str = "2026-07-28";
 const NOTEBOOK_SESSION: &str = "dev.tether/notebookSession";
 
 /// One HTTP request rmcp's transport made.
@@ -150,7 +150,7 @@ fn thought_args(n: u64) -> Map<String, Value> {
     json!({"thought": "x", "thoughtNumber": n, "totalThoughts": 2, "nextThoughtNeeded": true}).as_object().cloned().unwrap()
 }
 
-/// What a modern client must (not) send: checked on every recorded request.
+/// What a sessionless client must (not) send: checked on every recorded request.
 fn assert_sessionless(sent: &[Sent]) {
     assert!(!sent.is_empty());
     // What went over the wire (shown with --no-capture).
@@ -161,7 +161,7 @@ fn assert_sessionless(sent: &[Sent]) {
         assert_ne!(s.rpc.as_deref(), Some("initialize"), "{sent:#?}");
         assert_eq!((&s.session_sent, &s.session_answered), (&None, &None), "no Mcp-Session-Id either way: {s:#?}");
         let header = |name: &str| s.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
-        assert_eq!(header("mcp-protocol-version"), Some(MODERN), "{s:#?}");
+        assert_eq!(header("mcp-protocol-version"), Some(SESSIONLESS), "{s:#?}");
         if let Some(rpc) = &s.rpc {
             assert_eq!(header("mcp-method"), Some(rpc.as_str()), "{s:#?}");
         }

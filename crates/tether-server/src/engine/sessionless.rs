@@ -230,7 +230,7 @@ pub fn discover_result(described: &Map<String, Value>) -> Value {
     let mut result = described.clone();
     let server_info = result.remove("serverInfo");
     result.insert("resultType".into(), json!("complete"));
-    result.insert("supportedVersions".into(), json!(revision::MODERN));
+    result.insert("supportedVersions".into(), json!(revision::SESSIONLESS));
     result.entry("capabilities").or_insert_with(|| json!({}));
     // What an application describes does not change while it runs, and it
     // is the same for everyone: cacheable by anyone for a minute.

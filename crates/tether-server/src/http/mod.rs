@@ -7,8 +7,8 @@ mod auth;
 mod conn;
 mod error;
 mod extract;
-pub mod modern;
 mod ops;
+pub mod sessionless;
 mod sse;
 mod validate;
 
@@ -130,8 +130,8 @@ async fn post_mcp(
     _: AcceptsAnswers,
     Message(message, headers): Message,
 ) -> Result<Response, HttpError> {
-    if modern::is_modern(&message, &headers) {
-        return modern::post(&state, &endpoint, principal, &headers, message).await;
+    if sessionless::is_sessionless(&message, &headers) {
+        return sessionless::post(&state, &endpoint, principal, &headers, message).await;
     }
     let engine = &state.engine;
     let reply = if engine.config().json_response { Reply::Json } else { Reply::Stream };
@@ -212,8 +212,8 @@ async fn get_mcp(
     _: AcceptsStream,
     headers: HeaderMap,
 ) -> Result<Response, HttpError> {
-    if modern::header_is_modern(&headers) {
-        return Ok(modern::method_not_allowed());
+    if sessionless::header_is_sessionless(&headers) {
+        return Ok(sessionless::method_not_allowed());
     }
     let engine = &state.engine;
     let session = existing_session(&state, &endpoint, &headers, &principal).await?;
@@ -231,8 +231,8 @@ async fn delete_mcp(
     Principal(principal): Principal,
     headers: HeaderMap,
 ) -> Result<Response, HttpError> {
-    if modern::header_is_modern(&headers) {
-        return Ok(modern::method_not_allowed());
+    if sessionless::header_is_sessionless(&headers) {
+        return Ok(sessionless::method_not_allowed());
     }
     let session = existing_session(&state, &endpoint, &headers, &principal).await?;
     state.engine.delete(session).await?;

@@ -617,30 +617,30 @@ pub fn joined_text(responses: &[Value]) -> String {
 
 // The sessionless revision (2026-07-28).
 
-pub const MODERN: &str = "2026-07-28";
+pub const SESSIONLESS: &str = "2026-07-28";
 
-pub fn modern_meta() -> Value {
+pub fn sessionless_meta() -> Value {
     json!({
-        (tether_wire::meta::PROTOCOL_VERSION): MODERN,
+        (tether_wire::meta::PROTOCOL_VERSION): SESSIONLESS,
         (tether_wire::meta::CLIENT_CAPABILITIES): {},
-        (tether_wire::meta::CLIENT_INFO): {"name": "modern-test", "version": "1.0.0"},
+        (tether_wire::meta::CLIENT_INFO): {"name": "sessionless-test", "version": "1.0.0"},
     })
 }
 
-pub fn modern_request(id: u64, method: &str, mut params: Value) -> Value {
+pub fn sessionless_request(id: u64, method: &str, mut params: Value) -> Value {
     if params.get("_meta").is_none() {
-        params["_meta"] = modern_meta();
+        params["_meta"] = sessionless_meta();
     }
     json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
 }
 
-/// POSTs `body` (a 2026-07-28 request) with the headers a modern client sends (`name`: Mcp-Name), plus `extra`.
-pub async fn send_modern(c: &Client, body: &Value, name: Option<&str>, extra: &[(&str, &str)]) -> (u16, Value) {
+/// POSTs `body` (a 2026-07-28 request) with the headers a sessionless client sends (`name`: Mcp-Name), plus `extra`.
+pub async fn send_sessionless(c: &Client, body: &Value, name: Option<&str>, extra: &[(&str, &str)]) -> (u16, Value) {
     let method = body["method"].as_str().unwrap_or("");
     let mut headers = vec![
         ("content-type", "application/json"),
         ("accept", "application/json, text/event-stream"),
-        ("mcp-protocol-version", MODERN),
+        ("mcp-protocol-version", SESSIONLESS),
         ("mcp-method", method),
     ];
     if let Some(name) = name {

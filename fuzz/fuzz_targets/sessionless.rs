@@ -1,13 +1,13 @@
 //! What a 2026-07-28 client controls before any application sees it: the
 //! `requestState` it echoes (sealed, but parsed before its tag is checked),
 //! `Mcp-Name` / `Mcp-Param-*` values with the base64 sentinel, and the body's
-//! `_meta` claim that makes a request modern. Any panic is a bug.
+//! `_meta` claim that makes a request sessionless. Any panic is a bug.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Map, Value, json};
 use tether_server::engine::mrtr;
-use tether_server::http::modern;
+use tether_server::http::sessionless;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(text) = std::str::from_utf8(data) {
@@ -20,10 +20,10 @@ fuzz_target!(|data: &[u8]| {
         if let Ok(value) = axum::http::HeaderValue::from_str(text) {
             headers.insert("mcp-name", value.clone());
             headers.insert("mcp-protocol-version", value);
-            let _ = modern::header_value(&headers, "mcp-name");
+            let _ = sessionless::header_value(&headers, "mcp-name");
         }
         if let Ok(message) = tether_wire::parse_message(data) {
-            let _ = modern::is_modern(&message, &headers);
+            let _ = sessionless::is_sessionless(&message, &headers);
         }
     }
 });

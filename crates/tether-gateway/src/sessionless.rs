@@ -42,7 +42,7 @@ const POOL_SWEEP: Duration = Duration::from_secs(5);
 
 /// The `_meta` namespace of the 2026-07-28 per-request declarations, which a
 /// session-era upstream got once, in `initialize`.
-const MODERN_META_PREFIX: &str = "io.modelcontextprotocol/";
+const SPEC_META_PREFIX: &str = "io.modelcontextprotocol/";
 
 /// What the gateway tells a session-era upstream about the client in the
 /// `initialize` of a pooled connection: every capability a sessionless
@@ -85,7 +85,7 @@ pub(crate) fn describe(initialize_result: &Map<String, Value>, has_task_tools: b
 /// them: without the per-request declarations and tether's own keys.
 pub(crate) fn upstream_params(mut params: Map<String, Value>) -> Map<String, Value> {
     if let Some(Value::Object(m)) = params.get_mut("_meta") {
-        m.retain(|k, _| !k.starts_with(MODERN_META_PREFIX) && !k.starts_with(meta::TETHER_PREFIX));
+        m.retain(|k, _| !k.starts_with(SPEC_META_PREFIX) && !k.starts_with(meta::TETHER_PREFIX));
         if m.is_empty() {
             params.remove("_meta");
         }

@@ -1,19 +1,19 @@
 //! The sessionless revision (2026-07-28) on the same endpoint as the session
 //! era, over real HTTP against the real binary: `server/discover`, requests
 //! that carry their caller in `_meta`, the validation order and its error
-//! codes, 405 for GET and DELETE, and legacy sessions going on beside them.
+//! codes, 405 for GET and DELETE, and session-era sessions going on beside them.
 
 mod support;
 
 use serde_json::{Value, json};
 use support::*;
-use support::{modern_request as request, send_modern as send};
+use support::{send_sessionless as send, sessionless_request as request};
 use tether_wire::meta;
 
 fn thought(n: u64, pin: Option<&str>) -> Value {
     let mut params = json!({"name": "thought", "arguments": thought_args(n)});
     if let Some(id) = pin {
-        let mut m = modern_meta();
+        let mut m = sessionless_meta();
         m[meta::NOTEBOOK_SESSION] = json!(id);
         params["_meta"] = m;
     }
@@ -21,7 +21,7 @@ fn thought(n: u64, pin: Option<&str>) -> Value {
 }
 
 #[tokio::test]
-async fn discover_list_and_call_without_a_session_and_legacy_sessions_go_on_beside() {
+async fn discover_list_and_call_without_a_session_and_session_era_sessions_go_on_beside() {
     let dir = tempfile::tempdir().unwrap();
     let (mut server, url) = start_binary(&dir.path().join("t.db"), &[]);
     let c = Client::new(&url);
@@ -30,7 +30,7 @@ async fn discover_list_and_call_without_a_session_and_legacy_sessions_go_on_besi
     assert_eq!(status, 200, "{discovered}");
     let result = &discovered["result"];
     assert_eq!(result["resultType"], "complete");
-    assert_eq!(result["supportedVersions"], json!([MODERN]));
+    assert_eq!(result["supportedVersions"], json!([SESSIONLESS]));
     assert!(result["capabilities"]["tools"].is_object(), "{result}");
     assert_eq!(result["_meta"][meta::SERVER_INFO]["name"], "tether-notebook");
     assert!(result["ttlMs"].is_u64() && result["cacheScope"].is_string(), "{result}");
@@ -55,7 +55,7 @@ async fn discover_list_and_call_without_a_session_and_legacy_sessions_go_on_besi
     let (_, second) = send(&c, &request(4, "tools/call", thought(2, Some(&pinned))), Some("thought"), &[]).await;
     assert_eq!(second["result"]["structuredContent"]["thoughtHistoryLength"], 2, "{second}");
 
-    // A legacy session on the same endpoint, unchanged.
+    // A session-era session on the same endpoint, unchanged.
     let sid = c.initialize().await;
     let legacy = c.call(&sid, 5, "thought", thought_args(1)).await;
     assert_eq!(legacy["result"]["structuredContent"]["thoughtNumber"], 1, "{legacy}");
@@ -65,14 +65,14 @@ async fn discover_list_and_call_without_a_session_and_legacy_sessions_go_on_besi
 }
 
 #[tokio::test]
-async fn a_bad_modern_request_gets_the_error_of_the_first_check_it_fails() {
+async fn a_bad_sessionless_request_gets_the_error_of_the_first_check_it_fails() {
     let dir = tempfile::tempdir().unwrap();
     let (mut server, url) = start_binary(&dir.path().join("t.db"), &[]);
     let c = Client::new(&url);
     let call = request(1, "tools/call", thought(1, None));
 
     // 1. required _meta keys
-    let no_caps = request(1, "tools/list", json!({"_meta": {(meta::PROTOCOL_VERSION): MODERN}}));
+    let no_caps = request(1, "tools/list", json!({"_meta": {(meta::PROTOCOL_VERSION): SESSIONLESS}}));
     let (status, r) = send(&c, &no_caps, None, &[]).await;
     assert_eq!((status, r["error"]["code"].as_i64()), (400, Some(-32602)), "{r}");
     // 2. the version header against _meta
@@ -83,7 +83,7 @@ async fn a_bad_modern_request_gets_the_error_of_the_first_check_it_fails() {
     let future = request(1, "tools/list", json!({"_meta": old}));
     let (status, r) = send(&c, &future, None, &[("mcp-protocol-version", "2099-01-01")]).await;
     assert_eq!((status, r["error"]["code"].as_i64()), (400, Some(-32022)), "{r}");
-    assert_eq!(r["error"]["data"]["supported"], json!([MODERN]), "{r}");
+    assert_eq!(r["error"]["data"]["supported"], json!([SESSIONLESS]), "{r}");
     assert_eq!(r["error"]["data"]["requested"], "2099-01-01");
     // 4. Mcp-Method and Mcp-Name against the body (Mcp-Name may be base64)
     let (status, r) = send(&c, &call, Some("thought"), &[("mcp-method", "tools/list")]).await;
@@ -105,7 +105,7 @@ async fn a_bad_modern_request_gets_the_error_of_the_first_check_it_fails() {
             .http
             .request(method.clone(), &url)
             .header("accept", "text/event-stream")
-            .header("mcp-protocol-version", MODERN)
+            .header("mcp-protocol-version", SESSIONLESS)
             .send()
             .await
             .unwrap();
@@ -133,7 +133,7 @@ async fn an_endpoint_that_cannot_describe_itself_names_the_session_revisions_it_
 
 fn with_tasks() -> Value {
     json!({
-        (meta::PROTOCOL_VERSION): MODERN,
+        (meta::PROTOCOL_VERSION): SESSIONLESS,
         (meta::CLIENT_CAPABILITIES): {"extensions": {(meta::TASKS_EXTENSION): {}}},
     })
 }
@@ -218,7 +218,7 @@ fn rooted_thought(n: u64, extra: Value) -> Value {
     let mut params = json!({
         "name": "thought",
         "arguments": thought_args(n),
-        "_meta": {(meta::PROTOCOL_VERSION): MODERN, (meta::CLIENT_CAPABILITIES): {"roots": {}}},
+        "_meta": {(meta::PROTOCOL_VERSION): SESSIONLESS, (meta::CLIENT_CAPABILITIES): {"roots": {}}},
     });
     if let (Some(p), Some(e)) = (params.as_object_mut(), extra.as_object()) {
         p.extend(e.clone());
@@ -283,13 +283,13 @@ async fn subscriptions_listen_acknowledges_what_it_honours_and_follows_a_task_to
 
     let listen = |filter: Value, caps: Value| {
         let params =
-            json!({"notifications": filter, "_meta": {(meta::PROTOCOL_VERSION): MODERN, (meta::CLIENT_CAPABILITIES): caps}});
+            json!({"notifications": filter, "_meta": {(meta::PROTOCOL_VERSION): SESSIONLESS, (meta::CLIENT_CAPABILITIES): caps}});
         let body = request(7, "subscriptions/listen", params);
         c.post_raw(
             &[
                 ("content-type", "application/json"),
                 ("accept", "application/json, text/event-stream"),
-                ("mcp-protocol-version", MODERN),
+                ("mcp-protocol-version", SESSIONLESS),
                 ("mcp-method", "subscriptions/listen"),
             ],
             body.to_string(),

@@ -1,14 +1,14 @@
 //! The sessionless revision (2026-07-28) on the same endpoints as the
-//! session era: telling a modern request from a legacy one, checking it in
+//! session era: telling a sessionless request from a session-era one, checking it in
 //! the order the specification's validation suite expects, and turning the
 //! engine's sessionless reply into JSON or an SSE stream.
 //!
-//! A request is modern when its `_meta` claims a protocol version, or its
-//! `MCP-Protocol-Version` header names a modern one; everything else keeps
+//! A request is sessionless when its `_meta` claims a protocol version, or its
+//! `MCP-Protocol-Version` header names a sessionless one; everything else keeps
 //! the session era's rules unchanged. Checks, in order: the required `_meta`
 //! keys (-32602), the version header against `_meta` (-32020), a version
 //! served (-32022), `Mcp-Method` / `Mcp-Name` against the body (-32020), a
-//! method that exists in the revision (404, -32601). Modern GET and DELETE: 405.
+//! method that exists in the revision (404, -32601). Sessionless GET and DELETE: 405.
 
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -24,7 +24,7 @@ use crate::engine::{Outbound, SessionlessRequest, discover_result};
 const REMOVED: &[&str] = &["initialize", "ping", "logging/setLevel", "resources/subscribe", "resources/unsubscribe"];
 
 /// Whether a POSTed message is for the sessionless revision.
-pub fn is_modern(message: &Inbound, headers: &HeaderMap) -> bool {
+pub fn is_sessionless(message: &Inbound, headers: &HeaderMap) -> bool {
     let params = match message {
         Inbound::Request { params, .. } | Inbound::Notification { params, .. } => params.as_ref(),
         Inbound::Response { .. } => None,
@@ -32,12 +32,12 @@ pub fn is_modern(message: &Inbound, headers: &HeaderMap) -> bool {
     let claims =
         params.and_then(|p| p.get("_meta")).and_then(Value::as_object).is_some_and(|m| m.contains_key(meta::PROTOCOL_VERSION));
     let initialize = matches!(message, Inbound::Request { method, .. } if method == "initialize");
-    claims || (!initialize && header_is_modern(headers))
+    claims || (!initialize && header_is_sessionless(headers))
 }
 
 /// Whether the `MCP-Protocol-Version` header names a sessionless revision.
-pub(super) fn header_is_modern(headers: &HeaderMap) -> bool {
-    headers.get(headers::PROTOCOL_VERSION).and_then(|v| v.to_str().ok()).is_some_and(revision::is_modern)
+pub(super) fn header_is_sessionless(headers: &HeaderMap) -> bool {
+    headers.get(headers::PROTOCOL_VERSION).and_then(|v| v.to_str().ok()).is_some_and(revision::is_sessionless)
 }
 
 /// 405 for a GET or DELETE of the sessionless revision, which has neither.
@@ -82,7 +82,7 @@ fn named(method: &str, params: &Map<String, Value>) -> Option<(&'static str, Opt
     Some((field, params.get(field).and_then(Value::as_str).map(str::to_owned)))
 }
 
-/// Answers one modern POST.
+/// Answers one sessionless POST.
 pub(super) async fn post(
     state: &AppState,
     endpoint: &str,
@@ -125,11 +125,11 @@ pub(super) async fn post(
         }
         Err(e) => return Ok(mismatch(&id, e)),
     }
-    if !revision::MODERN.contains(&version) {
+    if !revision::SESSIONLESS.contains(&version) {
         let error = RpcError {
             code: code::UNSUPPORTED_PROTOCOL_VERSION,
-            message: format!("protocol version `{version}` is not served; use one of {}", revision::MODERN.join(", ")),
-            data: Some(json!({"supported": revision::MODERN, "requested": version})),
+            message: format!("protocol version `{version}` is not served; use one of {}", revision::SESSIONLESS.join(", ")),
+            data: Some(json!({"supported": revision::SESSIONLESS, "requested": version})),
         };
         return Ok(refuse(StatusCode::BAD_REQUEST, &id, error));
     }
@@ -203,7 +203,7 @@ pub(super) async fn post(
     answer(engine.call_sessionless(request).await?).await
 }
 
-/// The caller a modern request declares in its `_meta`.
+/// The caller a sessionless request declares in its `_meta`.
 fn caller_of(principal: String, version: &str, request_meta: Option<&Map<String, Value>>, capabilities: &Value) -> Caller {
     Caller {
         principal,
@@ -242,19 +242,19 @@ mod tests {
     }
 
     #[test]
-    fn a_request_is_modern_by_its_meta_claim_or_a_modern_version_header() {
+    fn a_request_is_sessionless_by_its_meta_claim_or_a_sessionless_version_header() {
         let claim = Inbound::Request {
             id: json!(1),
             method: "tools/list".into(),
             params: json!({"_meta": {(meta::PROTOCOL_VERSION): "2026-07-28"}}).as_object().cloned(),
         };
-        assert!(is_modern(&claim, &HeaderMap::new()));
+        assert!(is_sessionless(&claim, &HeaderMap::new()));
         let plain = Inbound::Request { id: json!(1), method: "tools/list".into(), params: None };
-        assert!(!is_modern(&plain, &HeaderMap::new()));
-        let mut modern_header = HeaderMap::new();
-        modern_header.insert("mcp-protocol-version", "2026-07-28".parse().unwrap());
-        assert!(is_modern(&plain, &modern_header));
+        assert!(!is_sessionless(&plain, &HeaderMap::new()));
+        let mut sessionless_header = HeaderMap::new();
+        sessionless_header.insert("mcp-protocol-version", "2026-07-28".parse().unwrap());
+        assert!(is_sessionless(&plain, &sessionless_header));
         let initialize = Inbound::Request { id: json!(1), method: "initialize".into(), params: None };
-        assert!(!is_modern(&initialize, &modern_header), "initialize is the session era's");
+        assert!(!is_sessionless(&initialize, &sessionless_header), "initialize is the session era's");
     }
 }

@@ -47,14 +47,14 @@ pub(crate) async fn start(
         capabilities["extensions"] = json!({});
     }
     capabilities["extensions"][meta::TASKS_EXTENSION] = json!({});
-    let session = Session::modern(&spec.url, options, client_info, capabilities).ok()?;
+    let session = Session::sessionless(&spec.url, options, client_info, capabilities).ok()?;
     let result = discover(&session, init_timeout).await?;
     let initialize_result = serde_json::value::to_raw_value(&result).ok()?;
     // A sessionless server asks through results: only its notifications
     // come from the client runtime; its asks are put to the sink here.
     session.deliver_to(sink.clone()).await;
     tracing::info!(upstream = %upstream_name, url = %spec.url, "the upstream speaks only the sessionless revision; bridging");
-    let upstream = Arc::new(ModernUrlUpstream {
+    let upstream = Arc::new(SessionlessUrlUpstream {
         name: upstream_name.to_owned(),
         session,
         asks_to: sink,
@@ -70,11 +70,11 @@ pub(crate) async fn start(
 /// `serverInfo`, `instructions`), if it names a sessionless revision.
 pub(crate) async fn discover(session: &Session, timeout: Duration) -> Option<serde_json::Map<String, Value>> {
     let discovered = tokio::time::timeout(timeout, session.request("server/discover", None)).await.ok()?.ok()?;
-    let speaks_modern = discovered
+    let speaks_sessionless = discovered
         .get("supportedVersions")
         .and_then(Value::as_array)
-        .is_some_and(|v| v.iter().filter_map(Value::as_str).any(revision::is_modern));
-    if !speaks_modern {
+        .is_some_and(|v| v.iter().filter_map(Value::as_str).any(revision::is_sessionless));
+    if !speaks_sessionless {
         return None;
     }
     let mut result = serde_json::Map::new();
@@ -89,7 +89,7 @@ pub(crate) async fn discover(session: &Session, timeout: Duration) -> Option<ser
 }
 
 /// A sessionless upstream, as the gateway's [`Upstream`] of one session.
-struct ModernUrlUpstream {
+struct SessionlessUrlUpstream {
     name: String,
     session: Session,
     asks_to: Arc<dyn PeerSink>,
@@ -100,7 +100,7 @@ struct ModernUrlUpstream {
     log_level: Mutex<Option<Value>>,
 }
 
-impl ModernUrlUpstream {
+impl SessionlessUrlUpstream {
     /// Puts one `inputRequests` entry to the session's client as a
     /// server-to-client request and waits for its answer.
     async fn ask(&self, request: Value) -> Result<Value, ClientError> {
@@ -137,7 +137,7 @@ impl Drop for Forget<'_> {
 }
 
 #[async_trait]
-impl Upstream for ModernUrlUpstream {
+impl Upstream for SessionlessUrlUpstream {
     async fn request(&self, method: &str, mut params: Option<Value>) -> Result<Box<RawValue>, RpcError> {
         match method {
             // The session's log level goes with every request from now on.
