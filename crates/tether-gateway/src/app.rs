@@ -16,15 +16,14 @@ use tether_wire::meta;
 
 use crate::config::UpstreamConfig;
 use crate::connector::{Connector, StartRequest};
-use crate::link::{self, Connection, Link, LinkSink, Progress};
+use crate::link::{self, Connection, Link, LinkSink, ListChanges, Progress};
 use crate::lock;
 use crate::passthrough::Passthrough;
 use crate::processes::{Limit, Processes};
 use crate::sessionless::{self, Pool};
+use crate::slot::Slot;
 use crate::upstream::{PeerMessage, PeerSink, Started};
 
-/// Key of the gateway's part of a session's durable app state.
-const STATE: &str = "gateway";
 /// A command that fails this often within [`FAILURE_WINDOW`] is backed off.
 const FAILURES_BEFORE_BACKOFF: usize = 3;
 const FAILURE_WINDOW: Duration = Duration::from_secs(30);
@@ -33,11 +32,16 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// How often idle children are looked for.
 const IDLE_SWEEP: Duration = Duration::from_secs(5);
 
-/// One upstream, served to every session of its endpoint.
+/// One upstream, served to every session of its endpoint (or, as a member
+/// of a virtual server, to every session of that server's endpoint).
 pub struct Gateway {
     config: UpstreamConfig,
+    /// Where this gateway keeps its part of a session.
+    slot: Slot,
+    /// The links of every session with a connection to this upstream (shared
+    /// by the upstream's endpoint and the virtual servers it is a member of).
     links: Arc<Mutex<Vec<Weak<Link>>>>,
-    health: Mutex<Health>,
+    health: Arc<Mutex<Health>>,
     /// Upstream connections of sessionless (2026-07-28) clients.
     pool: Arc<Pool>,
     /// The cap on live children (a command upstream only).
@@ -48,9 +52,11 @@ pub struct Gateway {
     me: Weak<Gateway>,
     /// The upstream as a 2026-07-28 server for sessionless clients, once
     /// `server/discover` found it speaks that revision.
-    passthrough: std::sync::OnceLock<Passthrough>,
+    passthrough: Arc<std::sync::OnceLock<Passthrough>>,
     /// Background sweeps (idle children), stopped at shutdown or drop.
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// A member's list changes go to its virtual server (see [`ListChanges`]).
+    changes: Option<Arc<dyn ListChanges>>,
 }
 
 impl Drop for Gateway {
@@ -78,14 +84,16 @@ impl Gateway {
         let pool = Pool::new(capacity.pool_max, capacity.pool_idle);
         let gateway = Arc::new_cyclic(|me| Self {
             config,
+            slot: Slot::Alone,
             connector,
             links: Arc::default(),
-            health: Mutex::default(),
+            health: Arc::default(),
             pool,
             processes: capacity.processes,
             me: me.clone(),
-            passthrough: std::sync::OnceLock::new(),
+            passthrough: Arc::default(),
             tasks: Mutex::default(),
+            changes: None,
         });
         if let Some(idle) = capacity.idle_timeout {
             let links = Arc::downgrade(&gateway.links);
@@ -96,6 +104,26 @@ impl Gateway {
 
     pub fn name(&self) -> &str {
         &self.config.name
+    }
+
+    /// This upstream as the member `member` of a virtual server: its part
+    /// of a session lives beside the other members' (see [`Slot`]), while
+    /// its children, its cap, its backoff, its sessionless pool and its idle
+    /// sweep stay the upstream's own, shared with its endpoint.
+    pub(crate) fn member(&self, member: &str, changes: Arc<dyn ListChanges>) -> Arc<Gateway> {
+        Arc::new_cyclic(|me| Self {
+            config: self.config.clone(),
+            slot: Slot::Member(member.to_owned()),
+            connector: self.connector.clone(),
+            links: self.links.clone(),
+            health: self.health.clone(),
+            pool: self.pool.clone(),
+            processes: self.processes.clone(),
+            me: me.clone(),
+            passthrough: self.passthrough.clone(),
+            tasks: Mutex::default(),
+            changes: Some(changes),
+        })
     }
 
     /// Starts a connection for `principal` and initializes it with the
@@ -196,7 +224,7 @@ impl Gateway {
     /// `authorization` is the client's header of the request that needs it
     /// (sent upstream only with `forward_auth`).
     async fn upstream(&self, session: &SessionCtx, authorization: Option<&ClientAuthorization>) -> Result<Connection, RpcError> {
-        let link = session.local::<Link>();
+        let link = self.slot.link(session);
         let authorization = self.forwarded(&link, authorization);
         let mut live = link.live.lock().await;
         if let Some(connection) = live.as_ref().filter(|c| c.upstream.is_alive()) {
@@ -227,10 +255,10 @@ impl Gateway {
             tether_server::metrics::upstream_restart(&self.config.name);
             tracing::info!(upstream = %self.config.name, session = session.session_id(), "upstream connection gone; starting a new one");
         }
-        let stored = session.app_state().await.get(STATE).cloned().unwrap_or(Value::Null);
+        let stored = session.app_state().await.get(&self.slot.state_key()).cloned().unwrap_or(Value::Null);
         // An HTTP upstream session opened by another replica (or before a
         // restart) is carried on as it is: the upstream keeps its state.
-        let sink = LinkSink::new(link, &self.config.name);
+        let sink = LinkSink::new(link, &self.config.name, self.changes.clone());
         sink.attach(session).await;
         if let Some(carry_on) = stored.get("carryOn").filter(|c| !c.is_null()) {
             let attached = self.connector.attach(session.session_id(), carry_on, authorization.clone(), sink.clone()).await;
@@ -247,7 +275,7 @@ impl Gateway {
         let carry_on = carry_on.unwrap_or(Value::Null);
         session
             .update_app_state(|app| {
-                state_of(app).insert("carryOn".into(), carry_on.clone());
+                self.slot.state_of(app).insert("carryOn".into(), carry_on.clone());
             })
             .await?;
         // The client did all this once; the new connection must see it too.
@@ -300,14 +328,14 @@ impl Gateway {
             Replayed::LogLevel(level) => {
                 session
                     .update_app_state(|app| {
-                        state_of(app).insert("logLevel".into(), level.clone());
+                        self.slot.state_of(app).insert("logLevel".into(), level.clone());
                     })
                     .await?;
             }
             Replayed::Subscription { uri, subscribe } => {
                 session
                     .update_app_state(|app| {
-                        let list = state_of(app).entry("subscriptions").or_insert_with(|| json!([]));
+                        let list = self.slot.state_of(app).entry("subscriptions").or_insert_with(|| json!([]));
                         if let Some(list) = list.as_array_mut() {
                             list.retain(|u| u != &uri);
                             if subscribe {
@@ -319,6 +347,86 @@ impl Gateway {
             }
         }
         Ok(())
+    }
+}
+
+/// Whether a forwarded request leaves a recovery note once it runs long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Notes {
+    /// The request is the client's own: a tether crash must not end it.
+    Leave,
+    /// One of several requests made for one client request (a virtual
+    /// server's merged list): it is made again rather than picked up.
+    None,
+}
+
+impl Gateway {
+    /// Forwards a session's request to the session's upstream connection
+    /// (made if there is none) and returns the upstream's answer; what the
+    /// upstream sends meanwhile reaches the client (see [`crate::link`]).
+    pub(crate) async fn forward(
+        &self,
+        ctx: &RequestCtx,
+        session: &SessionCtx,
+        method: &str,
+        params: Option<Map<String, Value>>,
+        notes: Notes,
+    ) -> Result<RawResult, RpcError> {
+        let connection = self.upstream(session, ctx.client_authorization()).await?;
+        let link = self.slot.link(session);
+        let mut params = params;
+        let progress = Progress::issue(params.as_mut());
+        let issued = progress.as_ref().map(|p| p.issued.clone());
+        let _in_flight = link.enter(ctx, progress);
+        let replayed = Replayed::of(method, params.as_ref());
+        let timer = tether_server::metrics::upstream_request_started();
+        let params = params.map(Value::Object);
+        let result = match notes {
+            Notes::Leave => request_with_note(ctx, &connection, &self.slot, method, params, issued).await,
+            Notes::None => connection.upstream.request(method, params).await,
+        };
+        timer.done(&self.config.name);
+        // What the upstream sent before its answer was delivered before the
+        // answer came back (the transport hands it to the sink first).
+        let result = result?;
+        self.remember(session, replayed).await?;
+        Ok(result)
+    }
+
+    /// Lets go of a session's connection when the session leaves this
+    /// process; ends the upstream session only if the session is gone for good.
+    pub(crate) async fn session_ended(&self, ended: &SessionEnd) {
+        let Some(link) = self.slot.ended_link(ended) else { return };
+        if let Some(connection) = link.live.lock().await.take() {
+            // Only a session that is gone for good ends its upstream session;
+            // one that merely left this process is carried on elsewhere.
+            let end_upstream_session = matches!(ended.reason, EndReason::Deleted | EndReason::Expired);
+            connection.upstream.close(end_upstream_session).await;
+        }
+    }
+
+    /// A connection outside any session, initialized as a sessionless
+    /// client's would be, for a look at what the upstream offers (the
+    /// caller closes it); what the upstream sends on its own is dropped.
+    pub(crate) async fn probe(&self) -> Result<Arc<dyn crate::upstream::Upstream>, RpcError> {
+        let nowhere: Arc<dyn PeerSink> = Arc::new(tokio::sync::mpsc::channel::<PeerMessage>(1).0);
+        let started = self.connect("(probe)", "(probe)", sessionless::initialize_params(), None, None, nowhere).await?;
+        started.upstream.notify("notifications/initialized", None).await?;
+        Ok(started.upstream)
+    }
+
+    /// Whether the session's connection to this upstream is up.
+    pub(crate) fn is_live(&self, session: &SessionCtx) -> bool {
+        let link = self.slot.link(session);
+        link.live.try_lock().is_ok_and(|live| live.as_ref().is_some_and(|c| c.upstream.is_alive()))
+    }
+
+    /// A member's part of an `initialize` it could not answer (its upstream
+    /// is down): the client's params are kept, so the first request that
+    /// needs the member starts its connection the way the client asked.
+    pub(crate) fn initialize_later(&self, init: &mut Initialize<'_>) {
+        let params = upstream_params(init.params);
+        init.set_app_state(self.slot.state_key(), json!({"initialize": without_trace_context(params), "carryOn": null}));
     }
 }
 
@@ -407,6 +515,8 @@ const NOTE_AFTER: Duration = Duration::from_millis(100);
 const NOTE_REQUEST_ID: &str = "upstreamRequestId";
 const NOTE_AFTER_EVENT: &str = "after";
 const NOTE_PROGRESS_TOKEN: &str = "progressToken";
+/// The member of a virtual server that runs the request.
+pub(crate) const NOTE_MEMBER: &str = "member";
 
 /// Sends a request upstream; once it has run for [`NOTE_AFTER`] and the
 /// upstream named a point of its answer stream, leaves a recovery note
@@ -414,6 +524,7 @@ const NOTE_PROGRESS_TOKEN: &str = "progressToken";
 async fn request_with_note(
     ctx: &RequestCtx,
     connection: &Connection,
+    slot: &Slot,
     method: &str,
     params: Option<Value>,
     issued_progress_token: Option<Value>,
@@ -434,6 +545,9 @@ async fn request_with_note(
                     let mut note = json!({NOTE_REQUEST_ID: request_id, NOTE_AFTER_EVENT: after});
                     if let Some(token) = &issued_progress_token {
                         note[NOTE_PROGRESS_TOKEN] = token.clone();
+                    }
+                    if let Slot::Member(member) = slot {
+                        note[NOTE_MEMBER] = json!(member);
                     }
                     if let Err(e) = ctx.leave_recovery_note(note).await {
                         tracing::warn!(error = %e.message, "could not store a request's recovery note; a crash now ends it as interrupted");
@@ -465,18 +579,6 @@ impl Replayed {
             },
             _ => Self::Nothing,
         }
-    }
-}
-
-/// The gateway's object in an app state (made one if it was not).
-fn state_of(app: &mut Map<String, Value>) -> &mut Map<String, Value> {
-    let entry = app.entry(STATE).or_insert_with(|| json!({}));
-    if !entry.is_object() {
-        *entry = json!({});
-    }
-    match entry {
-        Value::Object(map) => map,
-        _ => unreachable!("made an object just above"),
     }
 }
 
@@ -527,11 +629,11 @@ impl McpApp for Gateway {
     async fn initialize(&self, init: &mut Initialize<'_>) -> Result<Map<String, Value>, RpcError> {
         tether_server::trace::record_upstream(&self.config.name);
         let params = upstream_params(init.params);
-        let link = Arc::new(Link::default());
+        let link = self.slot.link_for(init);
         link.set_principal(init.caller.principal.as_str());
         let authorization = self.forwarded(&link, init.client_authorization());
         // What the upstream sends before the session exists waits in the sink.
-        let sink = LinkSink::new(&link, &self.config.name);
+        let sink = LinkSink::new(&link, &self.config.name, self.changes.clone());
         let started = self
             .connect(init.session_id(), &init.caller.principal, params.clone(), authorization, Some(&link), sink.clone())
             .await?;
@@ -539,12 +641,11 @@ impl McpApp for Gateway {
         let result: Map<String, Value> = serde_json::from_str(initialize_result.get()).map_err(|e| {
             RpcError::internal(format!("upstream `{}` answered initialize with no object: {e}", self.config.name))
         })?;
-        init.set_app_state(STATE, json!({"initialize": without_trace_context(params), "carryOn": carry_on}));
+        init.set_app_state(self.slot.state_key(), json!({"initialize": without_trace_context(params), "carryOn": carry_on}));
         *link.live.lock().await = Some(Connection::new(upstream, sink));
         // Idle from now on until a request uses it (so it can make room).
         link.touch();
         self.register(&link);
-        init.set_local(link);
         Ok(result)
     }
 
@@ -559,21 +660,7 @@ impl McpApp for Gateway {
             // Boxed: its future is large and the session era never takes it.
             return Box::pin(self.sessionless_request(ctx, method, params)).await;
         };
-        let connection = self.upstream(&session, ctx.client_authorization()).await?;
-        let link = session.local::<Link>();
-        let mut params = params;
-        let progress = Progress::issue(params.as_mut());
-        let issued = progress.as_ref().map(|p| p.issued.clone());
-        let _in_flight = link.enter(&ctx, progress);
-        let replayed = Replayed::of(method, params.as_ref());
-        let timer = tether_server::metrics::upstream_request_started();
-        let result = request_with_note(&ctx, &connection, method, params.map(Value::Object), issued).await;
-        timer.done(&self.config.name);
-        // What the upstream sent before its answer was delivered before the
-        // answer came back (the transport hands it to the sink first).
-        let result = result?;
-        self.remember(&session, replayed).await?;
-        Ok(result)
+        self.forward(&ctx, &session, method, params, Notes::Leave).await
     }
 
     /// A request cut off by a tether crash while its upstream ran it: its
@@ -591,7 +678,7 @@ impl McpApp for Gateway {
             return Err(RpcError::internal(crate::upstream::UPSTREAM_RESTARTED));
         };
         let connection = self.upstream(&session, None).await?;
-        let link = session.local::<Link>();
+        let link = self.slot.link(&session);
         // Only what carries the token the upstream was given for this very
         // request (or none) is this request's.
         let progress = match (note.get(NOTE_PROGRESS_TOKEN), ctx.progress_token()) {
@@ -668,13 +755,7 @@ impl McpApp for Gateway {
     }
 
     async fn on_session_end(&self, ended: SessionEnd) {
-        let Some(link) = ended.local::<Link>() else { return };
-        if let Some(connection) = link.live.lock().await.take() {
-            // Only a session that is gone for good ends its upstream session;
-            // one that merely left this process is carried on elsewhere.
-            let end_upstream_session = matches!(ended.reason, EndReason::Deleted | EndReason::Expired);
-            connection.upstream.close(end_upstream_session).await;
-        }
+        self.session_ended(&ended).await;
     }
 
     /// Stops every child and lets go of every upstream connection this

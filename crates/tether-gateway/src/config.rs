@@ -1,7 +1,8 @@
 //! What an upstream is: a command (a stdio server, one child per tether
 //! session) or a URL (a Streamable HTTP or HTTP+SSE server, one upstream
 //! session per tether session), from `--upstream NAME=…` or a TOML table
-//! `[upstreams.NAME]`.
+//! `[upstreams.NAME]`; and what a virtual server is (`[servers.NAME]`):
+//! several upstreams behind one endpoint.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -269,5 +270,128 @@ mod tests {
         assert!(spec.forward_auth);
         let command: UpstreamTable = toml::from_str("command = [\"srv\"]\nforward_auth = true").unwrap();
         assert!(command.into_config("s").unwrap_err().contains("for a url upstream"));
+    }
+}
+
+/// A virtual server (`[servers.NAME]`): several upstreams behind one
+/// endpoint, their tools, prompts and resources merged under one session.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerConfig {
+    pub name: String,
+    /// The members, names of upstreams, in priority order.
+    pub upstreams: Vec<String>,
+    pub names: Naming,
+    /// Between a member's name and its tool's or prompt's under `prefix`.
+    pub separator: String,
+    pub tools: ToolRules,
+    pub on_member_down: MemberDown,
+    /// Entries per page of a merged list (`cursor` pages through the rest).
+    pub page_size: usize,
+}
+
+/// How the members' names are merged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Naming {
+    /// `MEMBER{separator}NAME`: no two members can collide.
+    #[default]
+    Prefix,
+    /// A member's own names; on a collision the member listed first wins.
+    Priority,
+    /// A member's own names; a collision refuses to start.
+    None,
+}
+
+/// What clients see of a member that cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MemberDown {
+    /// Its tools leave the lists (with `list_changed`) and its calls get an
+    /// error naming it, until it is back.
+    #[default]
+    Hide,
+    /// The whole endpoint refuses requests until it is back.
+    Fail,
+}
+
+/// `[servers.NAME.tools]`: which merged tools are offered, and as what.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolRules {
+    /// Glob patterns (`*`) over the merged names; empty: every tool.
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// Merged name → the name clients see.
+    #[serde(default)]
+    pub rename: BTreeMap<String, String>,
+    /// Name clients see → the description they see.
+    #[serde(default)]
+    pub describe: BTreeMap<String, String>,
+}
+
+pub const DEFAULT_SEPARATOR: &str = "__";
+pub const DEFAULT_PAGE_SIZE: usize = 100;
+const MAX_PAGE_SIZE: usize = 1000;
+
+/// `[servers.NAME]` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerTable {
+    pub upstreams: Vec<String>,
+    #[serde(default)]
+    pub names: Naming,
+    pub separator: Option<String>,
+    #[serde(default)]
+    pub tools: ToolRules,
+    #[serde(default)]
+    pub on_member_down: MemberDown,
+    pub page_size: Option<usize>,
+}
+
+impl ServerTable {
+    /// The virtual server `name`, its members among `upstreams` (the names
+    /// of every configured upstream).
+    pub fn into_config(self, name: &str, upstreams: &[&str]) -> Result<ServerConfig, String> {
+        let name = check_name(name).map_err(|e| format!("[servers.{name}]: {e}"))?;
+        if upstreams.contains(&name.as_str()) {
+            return Err(format!("[servers.{name}]: an upstream is named `{name}` too; /mcp/{name} can serve only one of them"));
+        }
+        if self.upstreams.is_empty() {
+            return Err(format!("[servers.{name}] upstreams must name at least one [upstreams.*] table"));
+        }
+        let mut seen = Vec::new();
+        for member in &self.upstreams {
+            if !upstreams.contains(&member.as_str()) {
+                return Err(format!(
+                    "[servers.{name}] upstreams: `{member}` is not an upstream; the upstreams are: {}",
+                    upstreams.join(", ")
+                ));
+            }
+            if seen.contains(&member) {
+                return Err(format!("[servers.{name}] upstreams: `{member}` is listed twice"));
+            }
+            seen.push(member);
+        }
+        let separator = self.separator.unwrap_or_else(|| DEFAULT_SEPARATOR.to_owned());
+        if separator.is_empty() || separator.len() > 8 || separator.chars().any(char::is_whitespace) {
+            return Err(format!("[servers.{name}] separator must be 1 to 8 characters without spaces, such as \"__\""));
+        }
+        for pattern in &self.tools.allow {
+            glob::Pattern::new(pattern)
+                .map_err(|e| format!("[servers.{name}.tools] allow: `{pattern}` is not a pattern: {e}"))?;
+        }
+        let page_size = self.page_size.unwrap_or(DEFAULT_PAGE_SIZE);
+        if !(1..=MAX_PAGE_SIZE).contains(&page_size) {
+            return Err(format!("[servers.{name}] page_size must be 1 to {MAX_PAGE_SIZE}"));
+        }
+        Ok(ServerConfig {
+            name,
+            upstreams: self.upstreams,
+            names: self.names,
+            separator,
+            tools: self.tools,
+            on_member_down: self.on_member_down,
+            page_size,
+        })
     }
 }

@@ -27,6 +27,7 @@
 
 mod app;
 mod burst;
+mod catalog;
 pub mod config;
 mod connector;
 pub mod http;
@@ -35,10 +36,13 @@ mod passthrough;
 pub mod processes;
 mod sessionless;
 mod sessionless_url;
+mod slot;
 pub mod stdio;
 pub mod upstream;
+mod virtual_server;
 
 pub use app::Gateway;
+pub use virtual_server::VirtualServer;
 
 /// The one lock helper of the gateway's std mutexes: nothing panics while
 /// holding them, so a poisoned one is still consistent.

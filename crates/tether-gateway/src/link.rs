@@ -304,6 +304,12 @@ pub(crate) fn drop_foreign(upstream: &str, session: &str, message: &PeerMessage)
     tracing::debug!(upstream, session, %method, "dropping a message of the upstream under a progress token no request of this session was given");
 }
 
+/// Where a member's `notifications/…/list_changed` go instead of straight
+/// to the client: its virtual server, which merges its members' into one.
+pub(crate) trait ListChanges: Send + Sync {
+    fn changed<'a>(&'a self, session: &'a SessionCtx, method: &'a str) -> BoxFuture<'a, ()>;
+}
+
 /// Messages a connection made before its session existed may park.
 const PARKED_MAX: usize = 256;
 
@@ -318,6 +324,8 @@ const PARKED_MAX: usize = 256;
 pub(crate) struct LinkSink {
     link: Weak<Link>,
     upstream_name: String,
+    /// A member's list changes go here (see [`ListChanges`]).
+    changes: Option<Arc<dyn ListChanges>>,
     session: OnceLock<SessionCtx>,
     /// The connection the upstream's requests are answered through.
     upstream: OnceLock<Weak<dyn Upstream>>,
@@ -327,10 +335,11 @@ pub(crate) struct LinkSink {
 }
 
 impl LinkSink {
-    pub(crate) fn new(link: &Arc<Link>, upstream_name: &str) -> Arc<Self> {
+    pub(crate) fn new(link: &Arc<Link>, upstream_name: &str, changes: Option<Arc<dyn ListChanges>>) -> Arc<Self> {
         Arc::new(Self {
             link: Arc::downgrade(link),
             upstream_name: upstream_name.to_owned(),
+            changes,
             session: OnceLock::new(),
             upstream: OnceLock::new(),
             parked: Mutex::default(),
@@ -362,6 +371,11 @@ impl LinkSink {
     async fn dispatch(&self, session: &SessionCtx, message: PeerMessage) {
         let upstream = self.upstream.get().and_then(Weak::upgrade);
         let upstream = upstream.as_ref();
+        if let (PeerMessage::Notification { method, .. }, Some(changes)) = (&message, &self.changes)
+            && method.ends_with("/list_changed")
+        {
+            return changes.changed(session, method).await;
+        }
         let session_level = matches!(&message, PeerMessage::Notification { method, .. } if is_session_level(method));
         let Some(link) = self.link.upgrade().filter(|_| !session_level) else {
             return deliver_to_session(session, upstream, message).await;

@@ -132,6 +132,18 @@ impl<'a> Initialize<'a> {
     pub fn set_local<T: Send + Sync + 'static>(&mut self, local: Arc<T>) {
         self.local = Some(local);
     }
+
+    /// The local state of type `T` this `initialize` gives the session,
+    /// made with `T::default()` (replacing any other) on first use: for an
+    /// application whose parts each put their piece in one shared value.
+    pub fn local<T: Default + Send + Sync + 'static>(&mut self) -> Arc<T> {
+        if let Some(found) = self.local.clone().and_then(|l| l.downcast::<T>().ok()) {
+            return found;
+        }
+        let fresh = Arc::new(T::default());
+        self.local = Some(fresh.clone());
+        fresh
+    }
 }
 
 /// The applications of one server by endpoint: the root one is served at

@@ -69,9 +69,18 @@ impl RpcError {
         Self::new(code::SERVER_ERROR, message).with_data(Value::Object(data))
     }
 
-    /// Whether this is a [`RpcError::limit_reached`] refusal.
-    pub fn is_limit_reached(&self) -> bool {
-        self.code == code::SERVER_ERROR && self.data.as_ref().and_then(|d| d.get("limit")).is_some_and(Value::is_string)
+    /// A refusal because something the request needs cannot be reached now
+    /// (`-32000` with `data.unavailable` naming it). The client may retry
+    /// later; over HTTP it is a 503.
+    pub fn unavailable(message: impl Into<String>, what: &str) -> Self {
+        Self::new(code::SERVER_ERROR, message).with_data(json!({"unavailable": what}))
+    }
+
+    /// Whether this is a refusal to retry later: [`RpcError::limit_reached`]
+    /// or [`RpcError::unavailable`].
+    pub fn is_retry_later(&self) -> bool {
+        let names = |key: &str| self.data.as_ref().and_then(|d| d.get(key)).is_some_and(Value::is_string);
+        self.code == code::SERVER_ERROR && (names("limit") || names("unavailable"))
     }
 
     /// Reads an error object a peer sent; what is missing or malformed is

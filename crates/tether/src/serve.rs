@@ -102,8 +102,9 @@ pub struct ServeArgs {
     /// backlog) until one closes. Keep it below the process's file limit.
     #[arg(long, env = "TETHER_MAX_CONNECTIONS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     max_connections: u64,
-    /// A TOML file with these flags as keys and `[upstreams.NAME]` tables;
-    /// typed flags and TETHER_* variables override it.
+    /// A TOML file with these flags as keys, `[upstreams.NAME]` tables and
+    /// `[servers.NAME]` tables (virtual servers); typed flags and TETHER_*
+    /// variables override it.
     #[arg(long, env = "TETHER_CONFIG")]
     config: Option<PathBuf>,
     /// Do not serve the web console at /console (it is on by default; it
@@ -271,14 +272,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
         ..ServerConfig::default()
     };
-    let mut endpoints = Endpoints::new(Arc::new(ToolRouter::new(Notebook::new(notebook))));
-    let configured = upstreams(&args.upstreams, args.config.as_deref())?;
-    for upstream in configured.clone() {
-        tracing::info!(upstream = %upstream.name, "gateway endpoint /mcp/{}", upstream.name);
-        let name = upstream.name.clone();
-        endpoints = endpoints.with(name, tether_gateway::Gateway::new(upstream));
-    }
-    reload_upstreams_on_sighup(endpoints.clone(), args.upstreams.clone(), args.config.clone(), configured);
+    let endpoints = Endpoints::new(Arc::new(ToolRouter::new(Notebook::new(notebook))));
+    let configured = Gateways::read(&args.upstreams, args.config.as_deref())?;
+    let mut gateways = Gateways::default();
+    gateways.apply(&endpoints, configured, Start::Refuse).await?;
+    reload_upstreams_on_sighup(endpoints.clone(), args.upstreams.clone(), args.config.clone(), gateways);
     let engine = Engine::with_endpoints(store, endpoints, config);
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -327,17 +325,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// On every SIGHUP, reads the upstreams again (the config file's tables and
-/// the `--upstream` flags) and applies the difference: an added one is served
-/// at once, a removed one's endpoint answers 404 (its sessions too), a
-/// changed one serves new connections with its new settings. A broken file
-/// keeps the upstreams in force and logs why.
-fn reload_upstreams_on_sighup(
-    endpoints: Endpoints,
-    flags: Vec<String>,
-    file: Option<PathBuf>,
-    mut current: Vec<tether_gateway::config::UpstreamConfig>,
-) {
+/// On every SIGHUP, reads the upstreams and virtual servers again (the
+/// config file's tables and the `--upstream` flags) and applies the
+/// difference (see [`Gateways::apply`]). A broken file keeps what is in
+/// force and logs why.
+fn reload_upstreams_on_sighup(endpoints: Endpoints, flags: Vec<String>, file: Option<PathBuf>, mut gateways: Gateways) {
     #[cfg(unix)]
     {
         let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
@@ -349,39 +341,114 @@ fn reload_upstreams_on_sighup(
         };
         tokio::spawn(async move {
             while hup.recv().await.is_some() {
-                let wanted = match upstreams(&flags, file.as_deref()) {
-                    Ok(wanted) => wanted,
-                    Err(e) => {
-                        tracing::error!(error = %format!("{e:#}"), "upstreams NOT reloaded; the previous ones stay in force");
-                        continue;
-                    }
+                let applied = match Gateways::read(&flags, file.as_deref()) {
+                    Ok(wanted) => gateways.apply(&endpoints, wanted, Start::Keep).await,
+                    Err(e) => Err(e),
                 };
-                for old in &current {
-                    if !wanted.iter().any(|u| u.name == old.name) {
-                        endpoints.remove(&old.name);
-                        tracing::info!(upstream = %old.name, "upstream removed: /mcp/{} and its sessions now answer 404", old.name);
-                    }
+                if let Err(e) = applied {
+                    tracing::error!(error = %format!("{e:#}"), "upstreams NOT reloaded; the previous ones stay in force");
                 }
-                for upstream in &wanted {
-                    match current.iter().find(|u| u.name == upstream.name) {
-                        Some(old) if old == upstream => {}
-                        Some(_) => {
-                            tracing::info!(upstream = %upstream.name, "upstream changed: new connections use the new settings")
-                        }
-                        None => {
-                            tracing::info!(upstream = %upstream.name, "upstream added: gateway endpoint /mcp/{}", upstream.name)
-                        }
-                    }
-                    if current.iter().all(|u| u != upstream) {
-                        endpoints.set(upstream.name.clone(), tether_gateway::Gateway::new(upstream.clone()));
-                    }
-                }
-                current = wanted;
             }
         });
     }
     #[cfg(not(unix))]
-    let _ = (endpoints, flags, file, current);
+    let _ = (endpoints, flags, file, gateways);
+}
+
+/// The upstreams and virtual servers as configured.
+#[derive(Clone, Default)]
+struct Configured {
+    upstreams: Vec<tether_gateway::config::UpstreamConfig>,
+    servers: Vec<tether_gateway::config::ServerConfig>,
+}
+
+/// What to do with a virtual server whose members collide.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// At start: refuse to start.
+    Refuse,
+    /// At a reload: keep what is in force.
+    Keep,
+}
+
+/// The gateway endpoints in force: a [`tether_gateway::Gateway`] per
+/// upstream and a [`tether_gateway::VirtualServer`] per `[servers.NAME]`.
+#[derive(Default)]
+struct Gateways {
+    configured: Configured,
+    upstreams: std::collections::HashMap<String, Arc<tether_gateway::Gateway>>,
+}
+
+impl Gateways {
+    fn read(flags: &[String], file: Option<&std::path::Path>) -> anyhow::Result<Configured> {
+        let upstreams = upstreams(flags, file)?;
+        let servers = match file {
+            Some(path) => {
+                let names: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
+                crate::serve_config::servers(path, &names)?
+            }
+            None => Vec::new(),
+        };
+        Ok(Configured { upstreams, servers })
+    }
+
+    /// Serves `wanted`: an added upstream or server at once, a removed one's
+    /// endpoint answers 404 (its sessions too), a changed upstream serves
+    /// new connections with its new settings, and a virtual server is made
+    /// again when it or one of its members changed (its sessions keep the
+    /// members that stay). A virtual server whose members collide is an
+    /// error (nothing is changed).
+    async fn apply(&mut self, endpoints: &Endpoints, wanted: Configured, start: Start) -> anyhow::Result<()> {
+        let mut upstreams = std::collections::HashMap::new();
+        let mut changed = std::collections::HashSet::new();
+        for upstream in &wanted.upstreams {
+            let gateway = match self.configured.upstreams.iter().find(|u| u.name == upstream.name) {
+                Some(old) if old == upstream => self.upstreams.get(&upstream.name).cloned(),
+                _ => None,
+            };
+            let gateway = gateway.unwrap_or_else(|| {
+                changed.insert(upstream.name.clone());
+                tether_gateway::Gateway::new(upstream.clone())
+            });
+            upstreams.insert(upstream.name.clone(), gateway);
+        }
+        let mut servers = Vec::new();
+        for server in &wanted.servers {
+            let unchanged = self.configured.servers.contains(server) && server.upstreams.iter().all(|m| !changed.contains(m));
+            if unchanged && start == Start::Keep {
+                continue;
+            }
+            let made = tether_gateway::VirtualServer::new(server.clone(), &upstreams).map_err(anyhow::Error::msg)?;
+            made.check().await.map_err(anyhow::Error::msg)?;
+            servers.push(made);
+        }
+        for old in &self.configured.upstreams {
+            if !upstreams.contains_key(&old.name) {
+                endpoints.remove(&old.name);
+                tracing::info!(upstream = %old.name, "upstream removed: /mcp/{} and its sessions now answer 404", old.name);
+            }
+        }
+        for old in &self.configured.servers {
+            if !wanted.servers.iter().any(|s| s.name == old.name) {
+                endpoints.remove(&old.name);
+                tracing::info!(server = %old.name, "virtual server removed: /mcp/{} and its sessions now answer 404", old.name);
+            }
+        }
+        for name in &changed {
+            let verb = if self.upstreams.contains_key(name) { "changed: new connections use the new settings" } else { "added" };
+            tracing::info!(upstream = %name, "upstream {verb}; gateway endpoint /mcp/{name}");
+            if let Some(gateway) = upstreams.get(name) {
+                endpoints.set(name.clone(), gateway.clone());
+            }
+        }
+        for server in servers {
+            tracing::info!(server = %server.name(), "virtual server endpoint /mcp/{}", server.name());
+            endpoints.set(server.name().to_owned(), server);
+        }
+        self.upstreams = upstreams;
+        self.configured = wanted;
+        Ok(())
+    }
 }
 
 /// The upstreams of `--upstream` flags and of the config file; a name used twice is an error.

@@ -1,5 +1,6 @@
 //! `tether serve --config FILE`: a TOML file with the serve flags as keys
-//! (the flag's name, `_` or `-` between words) and `[upstreams.NAME]` tables.
+//! (the flag's name, `_` or `-` between words), `[upstreams.NAME]` tables and
+//! `[servers.NAME]` tables (virtual servers).
 //!
 //! The file's flags become command-line arguments placed before the ones
 //! typed, so what is typed wins; a key whose `TETHER_*` variable is set is
@@ -11,10 +12,11 @@ use std::path::Path;
 
 use anyhow::{Context, bail};
 use clap::CommandFactory;
-use tether_gateway::config::{UpstreamConfig, UpstreamTable};
+use tether_gateway::config::{ServerConfig, ServerTable, UpstreamConfig, UpstreamTable};
 
-/// The upstreams key; everything else is a flag.
+/// The upstreams and virtual servers keys; everything else is a flag.
 const UPSTREAMS: &str = "upstreams";
+const SERVERS: &str = "servers";
 
 /// `argv` with the flags of a `serve --config FILE` file put in front of
 /// the typed ones (unchanged for anything else).
@@ -28,13 +30,13 @@ pub fn expand(argv: Vec<OsString>) -> anyhow::Result<Vec<OsString>> {
     let known = known_flags();
     let mut from_file = Vec::new();
     for (key, value) in &table {
-        if key == UPSTREAMS || key == "config" {
+        if key == UPSTREAMS || key == SERVERS || key == "config" {
             continue;
         }
         let flag = key.replace('_', "-");
         let Some(env) = known.iter().find(|(name, _)| *name == flag).map(|(_, env)| env.clone()) else {
             bail!(
-                "{path}:{}: unknown key `{key}`; the keys are the serve flags ({}) and [upstreams.NAME]",
+                "{path}:{}: unknown key `{key}`; the keys are the serve flags ({}), [upstreams.NAME] and [servers.NAME]",
                 line_of(&text, key),
                 known.iter().map(|(n, _)| n.replace('-', "_")).collect::<Vec<_>>().join(", ")
             );
@@ -62,6 +64,22 @@ pub fn upstreams(path: &Path) -> anyhow::Result<Vec<UpstreamConfig>> {
     file.upstreams
         .into_iter()
         .map(|(name, table)| table.into_config(&name).map_err(|e| anyhow::anyhow!("{}: {e}", path.display())))
+        .collect()
+}
+
+/// The virtual servers of the config file; `upstreams` are the names of
+/// every upstream (of the file and the flags), which their members must be.
+pub fn servers(path: &Path, upstreams: &[&str]) -> anyhow::Result<Vec<ServerConfig>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read the config file {}", path.display()))?;
+    #[derive(serde::Deserialize)]
+    struct File {
+        #[serde(default)]
+        servers: std::collections::BTreeMap<String, ServerTable>,
+    }
+    let file: File = toml::from_str(&text).with_context(|| format!("{}: [servers] tables", path.display()))?;
+    file.servers
+        .into_iter()
+        .map(|(name, table)| table.into_config(&name, upstreams).map_err(|e| anyhow::anyhow!("{}: {e}", path.display())))
         .collect()
 }
 

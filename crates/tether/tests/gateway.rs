@@ -11,37 +11,10 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use support::*;
 
-/// A running `tether serve`, killed (SIGKILL) when dropped, also when a test fails.
-struct Tether(std::process::Child);
-
-impl Tether {
-    fn start(db: &std::path::Path, args: &[&str]) -> (Self, String) {
-        let (child, url) = start_binary(db, args);
-        (Self(child), url)
-    }
-
-    /// `kill -9`, as a crash would.
-    fn crash(mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Drop for Tether {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// A gateway with one stdio fixture upstream `name` (started with `extra` args).
 fn start_gateway(dir: &tempfile::TempDir, name: &str, extra: &str) -> (Tether, String) {
     let flag = upstream_flag(name, extra);
     Tether::start(&dir.path().join("t.db"), &["--upstream", &flag])
-}
-
-fn fixture() -> String {
-    format!("{}/../tether-gateway/tests/fixtures/stdio_server.py", env!("CARGO_MANIFEST_DIR"))
 }
 
 fn upstream_flag(name: &str, extra: &str) -> String {
@@ -824,45 +797,6 @@ async fn an_upstream_answer_over_the_limit_or_unreadable_ends_its_call_and_other
     // A large result under the limit goes through whole.
     let big = c.call(&other, 2, "big_result", json!({"bytes": 900_000})).await;
     assert_eq!(big["result"]["content"][0]["text"].as_str().map(str::len), Some(900_000));
-}
-
-/// A fixture server of `interop/servers/py_server.py` (the official Python
-/// SDK) in `shape` on a free port; killed when dropped.
-struct PyServer(std::process::Child);
-
-impl Drop for PyServer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_py_server(shape: &str) -> (PyServer, String) {
-    use std::io::BufRead;
-    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let ensure = std::process::Command::new("bash").arg(root.join("interop/servers/ensure.sh")).output().unwrap();
-    assert!(
-        ensure.status.success(),
-        "interop/servers/ensure.sh failed (this test needs python3 >= 3.10 with venv): {}",
-        String::from_utf8_lossy(&ensure.stderr)
-    );
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mut child = std::process::Command::new(root.join("interop/py/.venv/bin/python"))
-        .arg(root.join("interop/servers/py_server.py"))
-        .args([shape, &port.to_string()])
-        .stdout(std::process::Stdio::piped())
-        .stderr(match std::env::var_os("PY_SERVER_TRACE") {
-            Some(_) => std::process::Stdio::inherit(),
-            None => std::process::Stdio::null(),
-        })
-        .spawn()
-        .expect("the Python SDK fixture starts");
-    let stdout = child.stdout.take().unwrap();
-    let mut lines = std::io::BufReader::new(stdout).lines();
-    let ready = lines.next().and_then(Result::ok);
-    assert_eq!(ready.as_deref(), Some("READY"), "py_server.py {shape} did not start");
-    std::thread::spawn(move || for _ in lines {});
-    (PyServer(child), format!("http://127.0.0.1:{port}/mcp"))
 }
 
 /// One client's call in a round of the crash test: what it must end with.

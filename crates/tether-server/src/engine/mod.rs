@@ -118,17 +118,18 @@ pub enum PostOutcome {
 }
 
 /// What an error answer tells a transport about it, to pick a status by:
-/// its code and whether a bound was reached ([`RpcError::limit_reached`],
-/// a refusal the client may retry).
+/// its code and whether the client may retry later
+/// ([`RpcError::is_retry_later`]: a bound was reached, or something the
+/// request needs cannot be reached now).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Refusal {
     pub code: i64,
-    pub limit_reached: bool,
+    pub retry_later: bool,
 }
 
 impl From<&RpcError> for Refusal {
     fn from(error: &RpcError) -> Self {
-        Self { code: error.code, limit_reached: error.is_limit_reached() }
+        Self { code: error.code, retry_later: error.is_retry_later() }
     }
 }
 

@@ -161,16 +161,16 @@ fn json_response(body: bytes::Bytes, session_id: Option<&str>) -> Response {
     answer_response(body, None, session_id)
 }
 
-/// `Retry-After` of a 503 for a reached bound: a call elsewhere may end any
-/// moment, and the client's retry waits in the queue again.
+/// `Retry-After` of a 503 to retry later: a call elsewhere may end (or an
+/// upstream come back) any moment, and a retry waits in the queue again.
 const LIMIT_RETRY_AFTER_SECS: u32 = 1;
 
 /// One JSON-RPC answer as a JSON body, its status by what it refused: 503
-/// with `Retry-After` for a reached bound, 404 for an unknown method, 400
+/// with `Retry-After` for a refusal to retry later, 404 for an unknown method, 400
 /// for a request the 2026-07-28 rules refuse, else 200.
 fn answer_response(body: bytes::Bytes, refusal: Option<Refusal>, session_id: Option<&str>) -> Response {
     let status = match refusal {
-        Some(Refusal { limit_reached: true, .. }) => StatusCode::SERVICE_UNAVAILABLE,
+        Some(Refusal { retry_later: true, .. }) => StatusCode::SERVICE_UNAVAILABLE,
         Some(Refusal { code: code::METHOD_NOT_FOUND, .. }) => StatusCode::NOT_FOUND,
         Some(Refusal {
             code: code::HEADER_MISMATCH | code::MISSING_REQUIRED_CLIENT_CAPABILITY | code::UNSUPPORTED_PROTOCOL_VERSION,

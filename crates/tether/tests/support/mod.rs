@@ -3,6 +3,10 @@
 //! small raw HTTP + SSE client that shows exactly what went over the wire.
 #![allow(dead_code)]
 
+pub mod procs;
+#[allow(unused_imports)]
+pub use procs::*;
+
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -1,0 +1,102 @@
+//! [`Slot`]: where one upstream's part of a tether session lives. An
+//! upstream served alone at `/mcp/NAME` has the session to itself: its
+//! [`Link`] is the session's local state and its durable state sits under
+//! the app-state key `gateway`. A member of a virtual server shares the
+//! session with the other members: each has its link in the session's
+//! [`Members`] and its durable state under `member:NAME`, so the members'
+//! upstream sessions are held, stored and recovered one by one.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use serde_json::{Map, Value, json};
+use tether_server::{Initialize, SessionCtx, SessionEnd};
+
+use crate::catalog::Catalog;
+use crate::link::Link;
+use crate::lock;
+
+/// Where a gateway keeps its part of a session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Slot {
+    /// The only upstream of its endpoint.
+    Alone,
+    /// The member of this name of a virtual server.
+    Member(String),
+}
+
+/// A virtual server's part of one session (its local state): the members'
+/// links, the merged lists last read, and what is waiting to be told.
+#[derive(Default)]
+pub(crate) struct Members {
+    links: Mutex<HashMap<String, Arc<Link>>>,
+    /// The merged lists last read in this session, and when; dropped when
+    /// a member says its list changed or its connection went down.
+    pub catalog: Mutex<Option<(Arc<Catalog>, Instant)>>,
+    /// The members (by index) down at the last look (`None`: no look yet),
+    /// so that one going down or coming back is told with `list_changed`.
+    pub down: Mutex<Option<Vec<usize>>>,
+    /// `list_changed` notifications waiting to go out (one per method).
+    pub pending: Mutex<HashSet<String>>,
+}
+
+impl Members {
+    fn link(&self, member: &str) -> Arc<Link> {
+        lock(&self.links).entry(member.to_owned()).or_default().clone()
+    }
+
+    fn get(&self, member: &str) -> Option<Arc<Link>> {
+        lock(&self.links).get(member).cloned()
+    }
+}
+
+impl Slot {
+    /// The app-state key of this part's durable state.
+    pub fn state_key(&self) -> String {
+        match self {
+            Slot::Alone => "gateway".to_owned(),
+            Slot::Member(name) => format!("member:{name}"),
+        }
+    }
+
+    /// The session's link of this part (a fresh one if it had none).
+    pub fn link(&self, session: &SessionCtx) -> Arc<Link> {
+        match self {
+            Slot::Alone => session.local::<Link>(),
+            Slot::Member(name) => session.local::<Members>().link(name),
+        }
+    }
+
+    /// The link of this part an `initialize` gives its new session.
+    pub fn link_for(&self, init: &mut Initialize<'_>) -> Arc<Link> {
+        match self {
+            Slot::Alone => {
+                let link = Arc::new(Link::default());
+                init.set_local(link.clone());
+                link
+            }
+            Slot::Member(name) => init.local::<Members>().link(name),
+        }
+    }
+
+    /// The link of this part of a session that left this process, if any.
+    pub fn ended_link(&self, ended: &SessionEnd) -> Option<Arc<Link>> {
+        match self {
+            Slot::Alone => ended.local::<Link>(),
+            Slot::Member(name) => ended.local::<Members>()?.get(name),
+        }
+    }
+
+    /// This part's object in an app state (made one if it was not).
+    pub fn state_of<'a>(&self, app: &'a mut Map<String, Value>) -> &'a mut Map<String, Value> {
+        let entry = app.entry(self.state_key()).or_insert_with(|| json!({}));
+        if !entry.is_object() {
+            *entry = json!({});
+        }
+        match entry {
+            Value::Object(map) => map,
+            _ => unreachable!("made an object just above"),
+        }
+    }
+}

@@ -1,0 +1,514 @@
+//! [`VirtualServer`]: the application served at `/mcp/NAME` for a
+//! `[servers.NAME]` table: several upstreams (its members) behind one
+//! endpoint and one client session.
+//!
+//! Each member is a [`Gateway`] of its own upstream in a member [`Slot`]:
+//! the client's tether session holds one upstream session per member, each
+//! stored, carried on and recovered by that member exactly as a single
+//! upstream's is (after a `kill -9`, on another replica, after its child
+//! died). This module only merges and routes: lists are read from every
+//! member and merged into a [`Catalog`] (kept per session until a member
+//! says its list changed); a call, `prompts/get`, a resource request or a
+//! completion goes to the member that owns the name or URI; `logging/setLevel`
+//! and the client's notifications go to every member. What a member sends
+//! on its own reaches the client through its link, so a sampling request
+//! is answered back to the member that asked, and progress and
+//! cancellation follow the call to its member. A member's `list_changed`
+//! becomes one notification to the client however many members change
+//! within [`DEBOUNCE`]. A member that cannot be reached is hidden (its
+//! tools leave the lists, `list_changed` tells the client, its calls get
+//! an error naming it) or, with `on_member_down = "fail"`, refuses every
+//! request until it is back.
+//!
+//! [`Slot`]: crate::slot::Slot
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use futures::future::{BoxFuture, join_all};
+use serde_json::{Map, Value, json};
+use tether_server::{CutOff, Initialize, McpApp, RawResult, RequestCtx, RpcError, SessionCtx, SessionEnd, raw_result};
+use tether_wire::code;
+
+use crate::app::{Gateway, NOTE_MEMBER, Notes};
+use crate::catalog::{self, Catalog, Listed};
+use crate::config::{MemberDown, Naming, ServerConfig};
+use crate::link::ListChanges;
+use crate::lock;
+use crate::slot::Members;
+
+/// How often the lists are read again while a member is down.
+const DOWN_RECHECK: Duration = Duration::from_secs(2);
+/// How long `list_changed` notifications of members are gathered into one.
+const DEBOUNCE: Duration = Duration::from_millis(100);
+/// Pages of one member's list read at most (a member that never stops
+/// giving a `nextCursor` is cut off there).
+const MAX_PAGES: usize = 100;
+/// The lists a client sees `list_changed` for when a member goes or comes.
+const LISTS: [&str; 3] =
+    ["notifications/tools/list_changed", "notifications/prompts/list_changed", "notifications/resources/list_changed"];
+
+/// Several upstreams behind one endpoint.
+pub struct VirtualServer {
+    config: ServerConfig,
+    /// The members, in the order of `config.upstreams`.
+    members: Vec<Arc<Gateway>>,
+}
+
+impl VirtualServer {
+    /// The virtual server of `config`, its members taken from `upstreams`
+    /// (the gateways of every configured upstream, by name).
+    pub fn new(config: ServerConfig, upstreams: &HashMap<String, Arc<Gateway>>) -> Result<Arc<Self>, String> {
+        let relay: Arc<dyn ListChanges> = Arc::new(Relay);
+        let members = config
+            .upstreams
+            .iter()
+            .map(|name| match upstreams.get(name) {
+                Some(gateway) => Ok(gateway.member(name, relay.clone())),
+                None => Err(format!("[servers.{}] upstreams: `{name}` is not an upstream", config.name)),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Arc::new(Self { config, members }))
+    }
+
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// The start-up look: every member is asked for its lists once, and a
+    /// name two members offer under `names = "none"` (or a rename onto a
+    /// taken name), or a URI two members list, refuses the start, naming
+    /// both. A member that cannot be reached is only logged: it may come up
+    /// later, and is hidden until then.
+    pub async fn check(&self) -> Result<(), String> {
+        let listed = join_all(self.members.iter().map(async |member| {
+            let upstream = match member.probe().await {
+                Ok(upstream) => upstream,
+                Err(e) => {
+                    tracing::warn!(server = %self.config.name, member = member.name(), error = %e.message, "member not reachable at start; its names are checked when it is up");
+                    return None;
+                }
+            };
+            let ask = |method: &'static str, params: Option<Map<String, Value>>| -> BoxFuture<'_, Result<Value, RpcError>> {
+                let upstream = upstream.clone();
+                Box::pin(async move {
+                    let raw = upstream.request(method, params.map(Value::Object)).await?;
+                    serde_json::from_str::<Value>(raw.get()).map_err(|e| RpcError::internal(e.to_string()))
+                })
+            };
+            let listed = read_lists(&ask).await;
+            upstream.close(true).await;
+            listed
+        }))
+        .await;
+        let catalog = Catalog::merge(&self.config, &listed);
+        match catalog.collisions.first() {
+            Some(collision) => Err(format!("[servers.{}]: {collision}", self.config.name)),
+            None => Ok(()),
+        }
+    }
+
+    /// A request of `member`, on the session's connection or (a sessionless
+    /// client) the member's pool.
+    async fn ask(
+        &self,
+        ctx: &RequestCtx,
+        member: usize,
+        method: &str,
+        params: Option<Map<String, Value>>,
+        notes: Notes,
+    ) -> Result<RawResult, RpcError> {
+        let gateway = &self.members[member];
+        match ctx.session() {
+            Some(session) => gateway.forward(ctx, &session, method, params, notes).await,
+            None => gateway.handle_request(ctx.clone(), method, params).await,
+        }
+    }
+
+    /// The merged lists for this request: the session's, or read now.
+    async fn catalog(&self, ctx: &RequestCtx) -> Arc<Catalog> {
+        let session = ctx.session();
+        let members = session.as_ref().map(|s| s.local::<Members>());
+        // Kept until a member's list changes; with a member down, looked at
+        // again after a while to see whether it came back.
+        let fresh = |(catalog, at): &(Arc<Catalog>, Instant)| catalog.down.is_empty() || at.elapsed() < DOWN_RECHECK;
+        if let Some((catalog, _)) = members.as_ref().and_then(|m| lock(&m.catalog).clone().filter(fresh)) {
+            return catalog;
+        }
+        let listed = join_all((0..self.members.len()).map(|member| async move {
+            let ask = |method: &'static str, params: Option<Map<String, Value>>| -> BoxFuture<'_, Result<Value, RpcError>> {
+                Box::pin(async move {
+                    let raw = self.ask(ctx, member, method, params, Notes::None).await?;
+                    serde_json::from_str::<Value>(raw.get()).map_err(|e| {
+                        RpcError::internal(format!(
+                            "upstream `{}` answered {method} with no object: {e}",
+                            self.members[member].name()
+                        ))
+                    })
+                })
+            };
+            read_lists(&ask).await
+        }))
+        .await;
+        let catalog = Arc::new(Catalog::merge(&self.config, &listed));
+        for collision in &catalog.collisions {
+            tracing::warn!(server = %self.config.name, "{collision}; the first keeps it");
+        }
+        if let (Some(session), Some(members)) = (session, members) {
+            let before = lock(&members.down).replace(catalog.down.clone());
+            if before.is_some_and(|before| before != catalog.down) {
+                for method in LISTS {
+                    tell(&session, &members, method);
+                }
+            }
+            *lock(&members.catalog) = Some((catalog.clone(), Instant::now()));
+        }
+        catalog
+    }
+
+    /// With `on_member_down = "fail"`: the refusal while a member is down.
+    fn refuse_if_failing(&self, catalog: &Catalog) -> Result<(), RpcError> {
+        match catalog.down.first() {
+            Some(&member) if self.config.on_member_down == MemberDown::Fail => Err(self.member_down(member)),
+            _ => Ok(()),
+        }
+    }
+
+    fn member_down(&self, member: usize) -> RpcError {
+        let name = self.members[member].name();
+        RpcError::unavailable(
+            format!(
+                "member `{name}` of virtual server `{}` cannot be reached now; try again later, or see tether's log for why",
+                self.config.name
+            ),
+            name,
+        )
+    }
+
+    /// The error for a name no member offers (or whose member is down).
+    fn unknown(&self, catalog: &Catalog, what: &str, name: &str) -> RpcError {
+        if self.config.names == Naming::Prefix
+            && let Some(&member) = catalog
+                .down
+                .iter()
+                .find(|&&m| name.starts_with(&format!("{}{}", self.config.upstreams[m], self.config.separator)))
+        {
+            return self.member_down(member);
+        }
+        RpcError::invalid_params(format!(
+            "virtual server `{}` offers no {what} `{name}`; list them with {what}s/list",
+            self.config.name
+        ))
+    }
+
+    async fn list(&self, ctx: &RequestCtx, key: &str, params: Option<&Map<String, Value>>) -> Result<RawResult, RpcError> {
+        let catalog = self.catalog(ctx).await;
+        self.refuse_if_failing(&catalog)?;
+        let items = match key {
+            "tools" => &catalog.tools,
+            "prompts" => &catalog.prompts,
+            "resources" => &catalog.resources,
+            _ => &catalog.templates,
+        };
+        let cursor = params.and_then(|p| p.get("cursor")).and_then(Value::as_str);
+        let (page, next) = catalog::page(items, cursor, self.config.page_size).map_err(RpcError::invalid_params)?;
+        raw_result(&catalog::list_result(key, page, next))
+    }
+
+    /// A request for one named thing, sent to its member under its own name.
+    async fn routed(&self, ctx: &RequestCtx, method: &str, mut params: Map<String, Value>) -> Result<RawResult, RpcError> {
+        let catalog = self.catalog(ctx).await;
+        self.refuse_if_failing(&catalog)?;
+        let text = |p: &Map<String, Value>, k: &str| p.get(k).and_then(Value::as_str).map(str::to_owned);
+        let member = match method {
+            "tools/call" | "prompts/get" => {
+                let name =
+                    text(&params, "name").ok_or_else(|| RpcError::invalid_params(format!("{method} needs params.name")))?;
+                let (what, route) = match method {
+                    "tools/call" => ("tool", catalog.tool(&name)),
+                    _ => ("prompt", catalog.prompt(&name)),
+                };
+                let route = route.ok_or_else(|| self.unknown(&catalog, what, &name))?;
+                params.insert("name".into(), Value::String(route.name.clone()));
+                route.member
+            }
+            "completion/complete" => {
+                let reference = params.get_mut("ref").and_then(Value::as_object_mut).ok_or_else(|| {
+                    RpcError::invalid_params("completion/complete needs params.ref (a ref/prompt or ref/resource)")
+                })?;
+                match (text(reference, "type").as_deref(), text(reference, "name"), text(reference, "uri")) {
+                    (Some("ref/prompt"), Some(name), _) => {
+                        let route = catalog.prompt(&name).ok_or_else(|| self.unknown(&catalog, "prompt", &name))?;
+                        reference.insert("name".into(), Value::String(route.name.clone()));
+                        route.member
+                    }
+                    (Some("ref/resource"), _, Some(uri)) => self.owner_of(&catalog, &uri)?,
+                    _ => {
+                        return Err(RpcError::invalid_params(
+                            "completion/complete: params.ref must be a ref/prompt with a name or a ref/resource with a uri",
+                        ));
+                    }
+                }
+            }
+            _ => {
+                let uri = text(&params, "uri").ok_or_else(|| RpcError::invalid_params(format!("{method} needs params.uri")))?;
+                self.owner_of(&catalog, &uri)?
+            }
+        };
+        let answer = self.ask(ctx, member, method, Some(params), Notes::Leave).await;
+        // A member whose connection died under the call may be down: the
+        // lists are read again next time (and the client told if it is).
+        if answer.is_err()
+            && let Some(session) = ctx.session()
+            && !self.members[member].is_live(&session)
+        {
+            *lock(&session.local::<Members>().catalog) = None;
+        }
+        answer
+    }
+
+    fn owner_of(&self, catalog: &Catalog, uri: &str) -> Result<usize, RpcError> {
+        catalog.resource(uri).ok_or_else(|| {
+            RpcError::invalid_params(format!(
+                "no member of virtual server `{}` serves resource `{uri}`; list them with resources/list",
+                self.config.name
+            ))
+        })
+    }
+
+    /// `logging/setLevel` for every member that is up; answered once.
+    async fn set_level(&self, ctx: &RequestCtx, params: Option<Map<String, Value>>) -> Result<RawResult, RpcError> {
+        let catalog = self.catalog(ctx).await;
+        let asked = (0..self.members.len()).filter(|m| !catalog.down.contains(m)).map(|member| {
+            let params = params.clone();
+            async move { (member, self.ask(ctx, member, "logging/setLevel", params, Notes::None).await) }
+        });
+        for (member, answer) in join_all(asked).await {
+            if let Err(e) = answer {
+                tracing::warn!(server = %self.config.name, member = self.members[member].name(), error = %e.message, "logging/setLevel not taken by a member");
+            }
+        }
+        raw_result(&json!({}))
+    }
+
+    /// The members' `initialize` results (or descriptions) as one: the
+    /// capabilities any member has (lists always `listChanged`: tether
+    /// relays them), the oldest revision a member answered, and their
+    /// instructions, each under its member's name.
+    fn merged(&self, answered: &[(usize, Map<String, Value>)], requested: &str) -> Map<String, Value> {
+        let has =
+            |capability: &str| answered.iter().any(|(_, r)| r.get("capabilities").and_then(|c| c.get(capability)).is_some());
+        let subscribe = answered.iter().any(|(_, r)| {
+            r.get("capabilities").and_then(|c| c.get("resources")).and_then(|c| c.get("subscribe")) == Some(&json!(true))
+        });
+        let mut capabilities = Map::new();
+        for list in ["tools", "prompts"] {
+            if has(list) {
+                capabilities.insert(list.into(), json!({"listChanged": true}));
+            }
+        }
+        if has("resources") {
+            capabilities.insert("resources".into(), json!({"listChanged": true, "subscribe": subscribe}));
+        }
+        for plain in ["logging", "completions"] {
+            if has(plain) {
+                capabilities.insert(plain.into(), json!({}));
+            }
+        }
+        let version = answered
+            .iter()
+            .filter_map(|(_, r)| r.get("protocolVersion").and_then(Value::as_str))
+            .min()
+            .unwrap_or(requested)
+            .to_owned();
+        let instructions: Vec<String> = answered
+            .iter()
+            .filter_map(|(m, r)| {
+                r.get("instructions").and_then(Value::as_str).map(|i| format!("## {}\n{i}", self.config.upstreams[*m]))
+            })
+            .collect();
+        let mut result = Map::new();
+        result.insert("protocolVersion".into(), Value::String(version));
+        result.insert("capabilities".into(), Value::Object(capabilities));
+        result.insert(
+            "serverInfo".into(),
+            json!({"name": self.config.name, "title": format!("tether virtual server {}", self.config.name), "version": env!("CARGO_PKG_VERSION")}),
+        );
+        if !instructions.is_empty() {
+            result.insert("instructions".into(), Value::String(instructions.join("\n\n")));
+        }
+        result
+    }
+}
+
+/// One request of a member, its answer as JSON.
+type Ask<'a> = dyn Fn(&'static str, Option<Map<String, Value>>) -> BoxFuture<'a, Result<Value, RpcError>> + Send + Sync + 'a;
+
+/// Reads a member's four lists through `ask` (every page). `None` when it
+/// cannot be reached (its tools could not be listed); a list it does not
+/// offer is empty.
+async fn read_lists(ask: &Ask<'_>) -> Option<Listed> {
+    let all = async |method: &'static str, key: &'static str| -> Result<Vec<Value>, RpcError> {
+        let mut items = Vec::new();
+        let mut cursor: Option<String> = None;
+        for _ in 0..MAX_PAGES {
+            let params = cursor.take().map(|c| Map::from_iter([("cursor".to_owned(), Value::String(c))]));
+            let answer = match ask(method, params).await {
+                Ok(answer) => answer,
+                Err(e) if e.code == code::METHOD_NOT_FOUND => return Ok(items),
+                Err(e) => return Err(e),
+            };
+            items.extend(answer.get(key).and_then(Value::as_array).cloned().unwrap_or_default());
+            match answer.get("nextCursor").and_then(Value::as_str) {
+                Some(next) => cursor = Some(next.to_owned()),
+                None => break,
+            }
+        }
+        Ok(items)
+    };
+    let (tools, prompts, resources, templates) = futures::join!(
+        all("tools/list", "tools"),
+        all("prompts/list", "prompts"),
+        all("resources/list", "resources"),
+        all("resources/templates/list", "resourceTemplates"),
+    );
+    let tools = tools.ok()?;
+    Some(Listed {
+        tools,
+        prompts: prompts.unwrap_or_default(),
+        resources: resources.unwrap_or_default(),
+        templates: templates.unwrap_or_default(),
+    })
+}
+
+/// Tells the session's client `method` (a `list_changed`) once within
+/// [`DEBOUNCE`], however often it is asked meanwhile.
+fn tell(session: &SessionCtx, members: &Arc<Members>, method: &str) {
+    if !lock(&members.pending).insert(method.to_owned()) {
+        return;
+    }
+    let (task_session, members, method) = (session.clone(), members.clone(), method.to_owned());
+    session.spawn(async move {
+        tokio::time::sleep(DEBOUNCE).await;
+        lock(&members.pending).remove(&method);
+        if let Err(e) = task_session.notify(&method, None).await {
+            tracing::debug!(session = task_session.session_id(), %method, error = %e.message, "list_changed not delivered");
+        }
+    });
+}
+
+/// Where the members' `list_changed` go: the session's merged lists are
+/// read again next time, and the client is told once.
+struct Relay;
+
+impl ListChanges for Relay {
+    fn changed<'a>(&'a self, session: &'a SessionCtx, method: &'a str) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let members = session.local::<Members>();
+            *lock(&members.catalog) = None;
+            tell(session, &members, method);
+        })
+    }
+}
+
+#[async_trait]
+impl McpApp for VirtualServer {
+    /// Every member's `initialize`, one after the other into the same
+    /// session; a member that cannot be reached is started by the first
+    /// request that needs it (or, with `on_member_down = "fail"`, refuses
+    /// the `initialize`).
+    async fn initialize(&self, init: &mut Initialize<'_>) -> Result<Map<String, Value>, RpcError> {
+        let mut answered = Vec::new();
+        let mut down = Vec::new();
+        for (member, gateway) in self.members.iter().enumerate() {
+            match gateway.initialize(init).await {
+                Ok(result) => answered.push((member, result)),
+                Err(e) if self.config.on_member_down == MemberDown::Hide => {
+                    tracing::warn!(server = %self.config.name, member = gateway.name(), error = %e.message, "member not reachable; hidden until it is");
+                    gateway.initialize_later(init);
+                    down.push(member);
+                }
+                Err(e) => {
+                    return Err(RpcError::unavailable(
+                        format!("{}: {}", self.member_down(member).message, e.message),
+                        gateway.name(),
+                    ));
+                }
+            }
+        }
+        if answered.is_empty() {
+            return Err(RpcError::unavailable(
+                format!("no member of virtual server `{}` can be reached now; try again later", self.config.name),
+                &self.config.name,
+            ));
+        }
+        *lock(&init.local::<Members>().down) = Some(down);
+        let requested = init.caller.protocol_version().to_owned();
+        Ok(self.merged(&answered, &requested))
+    }
+
+    async fn handle_request(
+        &self,
+        ctx: RequestCtx,
+        method: &str,
+        params: Option<Map<String, Value>>,
+    ) -> Result<RawResult, RpcError> {
+        match method {
+            "ping" => raw_result(&json!({})),
+            "tools/list" => self.list(&ctx, "tools", params.as_ref()).await,
+            "prompts/list" => self.list(&ctx, "prompts", params.as_ref()).await,
+            "resources/list" => self.list(&ctx, "resources", params.as_ref()).await,
+            "resources/templates/list" => self.list(&ctx, "resourceTemplates", params.as_ref()).await,
+            "tools/call"
+            | "prompts/get"
+            | "resources/read"
+            | "resources/subscribe"
+            | "resources/unsubscribe"
+            | "completion/complete" => self.routed(&ctx, method, params.unwrap_or_default()).await,
+            "logging/setLevel" => self.set_level(&ctx, params).await,
+            other => Err(RpcError::method_not_found(other)),
+        }
+    }
+
+    /// A call cut off by a crash is picked up by the member that ran it.
+    async fn recover_request(&self, ctx: RequestCtx, cut_off: CutOff) -> Result<RawResult, RpcError> {
+        let member = cut_off.note.get(NOTE_MEMBER).and_then(Value::as_str);
+        match member.and_then(|m| self.config.upstreams.iter().position(|u| u == m)) {
+            Some(member) => self.members[member].recover_request(ctx, cut_off).await,
+            None => Err(RpcError::internal(crate::upstream::UPSTREAM_RESTARTED)),
+        }
+    }
+
+    async fn on_notification(&self, ctx: SessionCtx, method: &str, params: Option<Map<String, Value>>) {
+        join_all(self.members.iter().map(|member| member.on_notification(ctx.clone(), method, params.clone()))).await;
+    }
+
+    /// One description of the server for sessionless clients: the members'
+    /// merged (those that can be reached).
+    async fn discover(&self) -> Option<Map<String, Value>> {
+        let described = join_all(self.members.iter().map(|m| m.discover())).await;
+        let answered: Vec<(usize, Map<String, Value>)> =
+            described.into_iter().enumerate().filter_map(|(m, d)| d.map(|d| (m, d))).collect();
+        if answered.is_empty() {
+            return None;
+        }
+        let mut merged = self.merged(&answered, tether_wire::revision::FIRST_SESSIONLESS);
+        merged.remove("protocolVersion");
+        // Listen streams are not told of the members' list changes (yet).
+        if let Some(Value::Object(capabilities)) = merged.get_mut("capabilities") {
+            for (_, capability) in capabilities.iter_mut() {
+                if let Value::Object(c) = capability {
+                    c.remove("listChanged");
+                    c.remove("subscribe");
+                }
+            }
+        }
+        Some(merged)
+    }
+
+    async fn on_session_end(&self, ended: SessionEnd) {
+        join_all(self.members.iter().map(|member| member.session_ended(&ended))).await;
+    }
+}

@@ -1,0 +1,72 @@
+//! The processes a gateway test runs: `tether serve` itself (killed when
+//! dropped), the stdio fixture of crates/tether-gateway, and the Python SDK
+//! fixture of interop/servers.
+
+use super::start_binary;
+
+/// A running `tether serve`, killed (SIGKILL) when dropped, also when a test fails.
+pub struct Tether(pub std::process::Child);
+
+impl Tether {
+    pub fn start(db: &std::path::Path, args: &[&str]) -> (Self, String) {
+        let (child, url) = start_binary(db, args);
+        (Self(child), url)
+    }
+
+    /// `kill -9`, as a crash would.
+    pub fn crash(mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Tether {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The stdio fixture server (run with `python3`).
+pub fn fixture() -> String {
+    format!("{}/../tether-gateway/tests/fixtures/stdio_server.py", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A fixture server of `interop/servers/py_server.py` (the official Python
+/// SDK) in `shape` on a free port; killed when dropped.
+pub struct PyServer(pub std::process::Child);
+
+impl Drop for PyServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub fn start_py_server(shape: &str) -> (PyServer, String) {
+    use std::io::BufRead;
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let ensure = std::process::Command::new("bash").arg(root.join("interop/servers/ensure.sh")).output().unwrap();
+    assert!(
+        ensure.status.success(),
+        "interop/servers/ensure.sh failed (this test needs python3 >= 3.10 with venv): {}",
+        String::from_utf8_lossy(&ensure.stderr)
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = std::process::Command::new(root.join("interop/py/.venv/bin/python"))
+        .arg(root.join("interop/servers/py_server.py"))
+        .args([shape, &port.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(match std::env::var_os("PY_SERVER_TRACE") {
+            Some(_) => std::process::Stdio::inherit(),
+            None => std::process::Stdio::null(),
+        })
+        .spawn()
+        .expect("the Python SDK fixture starts");
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = std::io::BufReader::new(stdout).lines();
+    let ready = lines.next().and_then(Result::ok);
+    assert_eq!(ready.as_deref(), Some("READY"), "py_server.py {shape} did not start");
+    std::thread::spawn(move || for _ in lines {});
+    (PyServer(child), format!("http://127.0.0.1:{port}/mcp"))
+}

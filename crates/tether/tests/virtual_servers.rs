@@ -1,0 +1,364 @@
+//! Virtual servers over real HTTP against the real binary: `[servers.NAME]`
+//! in front of stdio fixtures (crates/tether-gateway's, one per member,
+//! told apart by `FIXTURE_NAME`) and a Python SDK server over HTTP: merged
+//! lists, routing, collisions, server-to-client requests and cancellation
+//! reaching the right member, `list_changed` relayed once, a member down and
+//! back, and the members' sessions carried across a `kill -9` of tether.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::*;
+
+/// A stdio member `name`: the fixture, named `name`, with `args`.
+fn stdio_member(name: &str, args: &[&str]) -> String {
+    let command: Vec<String> = ["python3".to_owned(), fixture()].into_iter().chain(args.iter().map(|a| a.to_string())).collect();
+    format!("[upstreams.{name}]\ncommand = {command:?}\nenv = {{ FIXTURE_NAME = \"{name}\" }}\n")
+}
+
+fn write_config(dir: &Path, text: &str) -> PathBuf {
+    let path = dir.join("tether.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn start(dir: &tempfile::TempDir, config: &str) -> (Tether, Client) {
+    let path = write_config(dir.path(), config);
+    let (tether, url) = Tether::start(&dir.path().join("t.db"), &["--config", path.to_str().unwrap()]);
+    (tether, Client::new(&format!("{url}/team")))
+}
+
+fn init_params() -> Value {
+    json!({"protocolVersion": "2025-11-25", "capabilities": {"sampling": {}}, "clientInfo": {"name": "team-client", "version": "1"}})
+}
+
+async fn initialized(c: &Client) -> (String, Value) {
+    let (sid, result) = c.initialize_params(init_params()).await;
+    let r = c.post(Some(&sid), &json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).send().await.unwrap();
+    assert_eq!(r.status(), 202);
+    (sid, result)
+}
+
+/// The last message of a request's stream (its answer).
+async fn ask(c: &Client, sid: &str, id: u64, method: &str, params: Value) -> Value {
+    c.request(sid, id, method, params).await.last().expect("an answer").json()
+}
+
+/// Every name of a merged list, following `nextCursor` to the end.
+async fn all_names(c: &Client, sid: &str, method: &str, key: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut cursor: Option<String> = None;
+    for id in 100.. {
+        let params = cursor.as_ref().map_or(json!({}), |c| json!({"cursor": c}));
+        let answer = ask(c, sid, id, method, params).await;
+        let items = answer["result"][key].as_array().unwrap_or_else(|| panic!("{method}: {answer}"));
+        names.extend(items.iter().map(|t| t["name"].as_str().unwrap().to_owned()));
+        match answer["result"]["nextCursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    names
+}
+
+fn text_of(answer: &Value) -> String {
+    answer["result"]["content"][0]["text"].as_str().unwrap_or_default().to_owned()
+}
+
+#[tokio::test]
+async fn a_virtual_server_merges_its_members_and_routes_calls_prompts_resources_and_completions() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_py, py_url) = start_py_server("stateful");
+    let config = format!(
+        "{}{}[upstreams.web]\nurl = \"{py_url}\"\n[servers.team]\nupstreams = [\"a\", \"b\", \"web\"]\npage_size = 5\n",
+        stdio_member("a", &[]),
+        stdio_member("b", &[])
+    );
+    let (_tether, c) = start(&dir, &config);
+    let (sid, result) = initialized(&c).await;
+    assert_eq!(result["serverInfo"]["name"], "team", "{result}");
+    assert_eq!(result["capabilities"]["tools"]["listChanged"], true, "{result}");
+
+    // Tools of every member, prefixed, over pages of 5.
+    let tools = all_names(&c, &sid, "tools/list", "tools").await;
+    for name in ["a__echo", "a__whoami", "b__whoami", "web__echo", "web__add"] {
+        assert!(tools.contains(&name.to_owned()), "{name} in {tools:?}");
+    }
+    let mut unique = tools.clone();
+    unique.dedup();
+    assert_eq!(unique.len(), tools.len(), "no page repeats an entry");
+
+    // Calls go to the member that owns the tool, under its own name.
+    assert_eq!(structured(&c.call(&sid, 1, "a__whoami", json!({})).await)["name"], "a");
+    assert_eq!(structured(&c.call(&sid, 2, "b__whoami", json!({})).await)["name"], "b");
+    let added = c.call(&sid, 3, "web__add", json!({"a": 2, "b": 3})).await;
+    assert!(text_of(&added).contains("\"sum\": 5"), "{added}");
+    let unknown = c.call(&sid, 4, "nobody__echo", json!({})).await;
+    assert_eq!(unknown["error"]["code"], -32602, "{unknown}");
+    assert!(unknown["error"]["message"].as_str().unwrap().contains("offers no tool `nobody__echo`"), "{unknown}");
+
+    // Prompts, resources, templates and completions.
+    let prompts = all_names(&c, &sid, "prompts/list", "prompts").await;
+    assert!(prompts.contains(&"a__greet".to_owned()) && prompts.contains(&"b__greet".to_owned()), "{prompts:?}");
+    let got = ask(&c, &sid, 5, "prompts/get", json!({"name": "b__greet", "arguments": {"who": "ann"}})).await;
+    assert_eq!(got["result"]["messages"][0]["content"]["text"], "hello ann from b (greet)", "{got}");
+    let read = ask(&c, &sid, 6, "resources/read", json!({"uri": "fixture://b/info"})).await;
+    assert_eq!(read["result"]["contents"][0]["text"], "fixture://b/info read by b", "{read}");
+    let templated = ask(&c, &sid, 7, "resources/read", json!({"uri": "fixture://a/items/7"})).await;
+    assert_eq!(templated["result"]["contents"][0]["text"], "fixture://a/items/7 read by a", "{templated}");
+    let completed = ask(
+        &c,
+        &sid,
+        8,
+        "completion/complete",
+        json!({"ref": {"type": "ref/prompt", "name": "a__greet"}, "argument": {"name": "who", "value": "a"}}),
+    )
+    .await;
+    assert_eq!(completed["result"]["completion"]["values"], json!(["alpha", "beta"]), "{completed}");
+    assert_eq!(completed["result"]["completion"]["ref"]["name"], "greet", "the member saw its own name: {completed}");
+    let level = ask(&c, &sid, 9, "logging/setLevel", json!({"level": "debug"})).await;
+    assert_eq!(level["result"], json!({}), "{level}");
+}
+
+#[tokio::test]
+async fn names_follow_priority_rename_allow_and_describe() {
+    let dir = tempfile::tempdir().unwrap();
+    let members = format!("{}{}", stdio_member("a", &[]), stdio_member("b", &[]));
+    let config = format!("{members}[servers.team]\nupstreams = [\"b\", \"a\"]\nnames = \"priority\"\n");
+    let (tether, c) = start(&dir, &config);
+    let (sid, _) = initialized(&c).await;
+    let tools = all_names(&c, &sid, "tools/list", "tools").await;
+    assert!(tools.contains(&"whoami".to_owned()) && !tools.iter().any(|t| t.contains("__")), "{tools:?}");
+    assert_eq!(tools.iter().filter(|t| *t == "whoami").count(), 1, "{tools:?}");
+    assert_eq!(structured(&c.call(&sid, 1, "whoami", json!({})).await)["name"], "b", "the member listed first wins");
+    drop(tether);
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "{members}[servers.team]\nupstreams = [\"a\", \"b\"]\n[servers.team.tools]\nallow = [\"a__*\", \"b__whoami\"]\nrename = {{ \"b__whoami\" = \"who_is_b\" }}\ndescribe = {{ \"who_is_b\" = \"Says which member it is\" }}\n"
+    );
+    let (_tether, c) = start(&dir, &config);
+    let (sid, _) = initialized(&c).await;
+    let answer = ask(&c, &sid, 1, "tools/list", json!({})).await;
+    let tools = answer["result"]["tools"].as_array().unwrap();
+    let shown: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert!(shown.contains(&"who_is_b") && shown.contains(&"a__echo"), "{shown:?}");
+    assert!(!shown.iter().any(|t| t.starts_with("b__")), "only b's allowed tool, renamed: {shown:?}");
+    let renamed = tools.iter().find(|t| t["name"] == "who_is_b").unwrap();
+    assert_eq!(renamed["description"], "Says which member it is");
+    assert_eq!(structured(&c.call(&sid, 2, "who_is_b", json!({})).await)["name"], "b");
+    let hidden = c.call(&sid, 3, "b__echo", json!({})).await;
+    assert_eq!(hidden["error"]["code"], -32602, "{hidden}");
+}
+
+/// `tether serve` with `config` must refuse to start; returns its stderr.
+fn refused_start(dir: &tempfile::TempDir, config: &str) -> String {
+    let path = write_config(dir.path(), config);
+    let mut child = std::process::Command::new(binary())
+        .args(["serve", "--listen", "127.0.0.1:0", "--store"])
+        .arg(format!("sqlite:{}", dir.path().join("t.db").display()))
+        .args(["--config", path.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "tether did not refuse to start within 60 s");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(!status.success());
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    stderr
+}
+
+#[test]
+fn a_collision_under_names_none_refuses_the_start_naming_both_members() {
+    let dir = tempfile::tempdir().unwrap();
+    let members = format!("{}{}", stdio_member("a", &[]), stdio_member("b", &[]));
+    let stderr = refused_start(&dir, &format!("{members}[servers.team]\nupstreams = [\"a\", \"b\"]\nnames = \"none\"\n"));
+    assert!(stderr.contains("tool `echo` is offered by both a and b"), "{stderr}");
+    // A member that is not an upstream is named too.
+    let stderr = refused_start(&dir, &format!("{members}[servers.team]\nupstreams = [\"a\", \"c\"]\n"));
+    assert!(stderr.contains("`c` is not an upstream"), "{stderr}");
+}
+
+#[tokio::test]
+async fn a_members_sampling_request_reaches_the_client_and_a_cancel_reaches_only_the_member_running_the_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!("{}{}[servers.team]\nupstreams = [\"a\", \"b\"]\n", stdio_member("a", &[]), stdio_member("b", &[]));
+    let (_tether, c) = start(&dir, &config);
+    let (sid, _) = initialized(&c).await;
+
+    // b asks the client to sample; the answer goes back to b.
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "b__sample", "arguments": {"prompt": "hi"}}});
+    let mut stream = SseReader::new(c.post(Some(&sid), &call).send().await.unwrap());
+    let asked = stream.next_message().await.expect("the sampling request");
+    assert_eq!(asked["method"], "sampling/createMessage", "{asked}");
+    let answer = json!({"jsonrpc": "2.0", "id": asked["id"], "result": {"role": "assistant", "content": {"type": "text", "text": "sampled!"}, "model": "m"}});
+    assert_eq!(c.post(Some(&sid), &answer).send().await.unwrap().status(), 202);
+    let done = stream.next_message().await.expect("the call's answer");
+    assert_eq!(structured(&done)["sampled"]["content"]["text"], "sampled!", "{done}");
+
+    // a runs a long call; its cancel reaches a, and b sees none.
+    let slow = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "a__slow", "arguments": {"ms": 600_000}, "_meta": {"progressToken": "p"}}});
+    let mut stream = SseReader::new(c.post(Some(&sid), &slow).send().await.unwrap());
+    let progress = stream.next_message().await.expect("progress");
+    assert_eq!(progress["params"]["progressToken"], "p", "the client's own token: {progress}");
+    let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 2}});
+    assert_eq!(c.post(Some(&sid), &cancel).send().await.unwrap().status(), 202);
+    let seen_by = async |tool: &str, id: u64| -> Vec<Value> {
+        let seen = structured(&c.call(&sid, id, tool, json!({})).await)["seen"].as_array().cloned().unwrap_or_default();
+        seen.into_iter().filter(|m| m["method"] == "notifications/cancelled").collect()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut id = 10;
+    let cancelled = loop {
+        id += 1;
+        let cancelled = seen_by("a__seen", id).await;
+        if !cancelled.is_empty() || std::time::Instant::now() > deadline {
+            break cancelled;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(cancelled.len(), 1, "a saw the cancel of its call");
+    assert!(seen_by("b__seen", 99).await.is_empty(), "b saw no cancel");
+}
+
+#[tokio::test]
+async fn a_members_list_change_reaches_the_client_once_and_the_next_list_shows_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!("{}{}[servers.team]\nupstreams = [\"a\", \"b\"]\n", stdio_member("a", &[]), stdio_member("b", &[]));
+    let (_tether, c) = start(&dir, &config);
+    let (sid, _) = initialized(&c).await;
+    assert!(!all_names(&c, &sid, "tools/list", "tools").await.contains(&"b__fresh".to_owned()));
+    let standalone = c.get(&sid, None).send().await.unwrap();
+    assert_eq!(standalone.status(), 200);
+    let mut standalone = SseReader::new(standalone);
+    let added = c.call(&sid, 1, "b__add_tool", json!({"name": "fresh"})).await;
+    assert_eq!(structured(&added)["added"], "fresh", "{added}");
+    let told = standalone.next_message().await.expect("list_changed");
+    assert_eq!(told["method"], "notifications/tools/list_changed", "{told}");
+    assert!(all_names(&c, &sid, "tools/list", "tools").await.contains(&"b__fresh".to_owned()));
+    // Nothing else came: one notification for one change.
+    let more = tokio::time::timeout(Duration::from_millis(1500), standalone.next_message()).await;
+    assert!(more.is_err(), "one list_changed only: {more:?}");
+}
+
+/// The lists a member going or coming changes, as the client is told.
+const LISTS: [&str; 3] =
+    ["notifications/prompts/list_changed", "notifications/resources/list_changed", "notifications/tools/list_changed"];
+
+/// The next three notifications of the stream, sorted.
+async fn told_lists(stream: &mut SseReader) -> Vec<String> {
+    let mut told = Vec::new();
+    for _ in 0..3 {
+        let message = stream.next_message().await.expect("list_changed");
+        told.push(message["method"].as_str().unwrap_or_default().to_owned());
+    }
+    told.sort();
+    told
+}
+
+#[tokio::test]
+async fn a_member_that_stays_down_is_hidden_and_comes_back_with_list_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let flag = dir.path().join("a-is-down");
+    let config = format!(
+        "{}{}[servers.team]\nupstreams = [\"a\", \"b\"]\n",
+        stdio_member("a", &["--exit-if-exists", flag.to_str().unwrap()]),
+        stdio_member("b", &[])
+    );
+    let (_tether, c) = start(&dir, &config);
+    let (sid, _) = initialized(&c).await;
+    let mut standalone = SseReader::new(c.get(&sid, None).send().await.unwrap());
+    assert!(all_names(&c, &sid, "tools/list", "tools").await.contains(&"a__echo".to_owned()));
+    // a's child dies and cannot start again.
+    std::fs::write(&flag, "down").unwrap();
+    let exited = c.call(&sid, 1, "a__exit", json!({"code": 1})).await;
+    assert!(exited.get("error").is_some(), "{exited}");
+    let tools = all_names(&c, &sid, "tools/list", "tools").await;
+    assert!(!tools.iter().any(|t| t.starts_with("a__")), "a's tools are hidden: {tools:?}");
+    assert!(tools.contains(&"b__echo".to_owned()));
+    assert_eq!(told_lists(&mut standalone).await, LISTS, "each list told once");
+    let refused = c.call(&sid, 2, "a__echo", json!({})).await;
+    assert!(
+        refused["error"]["message"].as_str().unwrap().contains("member `a` of virtual server `team` cannot be reached"),
+        "{refused}"
+    );
+    assert_eq!(structured(&c.call(&sid, 3, "b__whoami", json!({})).await)["name"], "b", "b goes on");
+    // a can start again: it comes back, with list_changed.
+    std::fs::remove_file(&flag).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        if all_names(&c, &sid, "tools/list", "tools").await.contains(&"a__echo".to_owned()) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "a did not come back");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(told_lists(&mut standalone).await, LISTS, "each list told once");
+    assert_eq!(structured(&c.call(&sid, 4, "a__whoami", json!({})).await)["name"], "a");
+}
+
+#[tokio::test]
+async fn after_a_kill_9_the_same_session_calls_every_member_and_a_long_url_call_gets_its_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_py, py_url) = start_py_server("shared-store");
+    let config = format!(
+        "{}{}[upstreams.web]\nurl = \"{py_url}\"\n[servers.team]\nupstreams = [\"a\", \"b\", \"web\"]\n",
+        stdio_member("a", &[]),
+        stdio_member("b", &[])
+    );
+    let path = write_config(dir.path(), &config);
+    let db = dir.path().join("t.db");
+    let (tether, url) = Tether::start(&db, &["--config", path.to_str().unwrap()]);
+    let c = Client::new(&format!("{url}/team"));
+    let (sid, _) = initialized(&c).await;
+    assert_eq!(structured(&c.call(&sid, 1, "a__whoami", json!({})).await)["name"], "a");
+
+    // A long call through the URL member, cut off by a kill -9.
+    let slow = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "web__slow", "arguments": {"ms": 3000}, "_meta": {"progressToken": "p"}}});
+    let resp = c.post(Some(&sid), &slow).send().await.unwrap();
+    let mut stream = SseReader::new(resp);
+    // The call runs upstream once its second progress arrived (its
+    // recovery note was left long before).
+    let mut last_id = None;
+    let mut progress = 0;
+    while progress < 2 {
+        let event = stream.next_event().await.expect("events before the crash");
+        last_id = event.id.clone().or(last_id);
+        if event.json()["method"] == "notifications/progress" {
+            progress += 1;
+        }
+    }
+    tether.crash();
+
+    let (_tether, url2) = Tether::start(&db, &["--config", path.to_str().unwrap()]);
+    let c = Client::new(&format!("{url2}/team"));
+    // The call is carried on to its real result on the replayed stream.
+    let resumed = c.get(&sid, last_id.as_deref()).send().await.unwrap();
+    assert_eq!(resumed.status(), 200);
+    let mut resumed = SseReader::new(resumed);
+    let answer = loop {
+        let message = resumed.next_message().await.expect("the call's answer after the restart");
+        if message["id"] == 2 {
+            break message;
+        }
+    };
+    assert!(text_of(&answer).contains("3000"), "the real result: {answer}");
+    // Every member answers the same session, without initialize.
+    assert_eq!(structured(&c.call(&sid, 3, "a__whoami", json!({})).await)["name"], "a");
+    assert_eq!(structured(&c.call(&sid, 4, "b__whoami", json!({})).await)["name"], "b");
+    let echoed = c.call(&sid, 5, "web__echo", json!({"text": "after"})).await;
+    assert_eq!(text_of(&echoed), "after", "{echoed}");
+}
