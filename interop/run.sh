@@ -8,13 +8,17 @@
 # interop/.cache), starts the TypeScript SDK
 # fixture (interop/servers/ts_server.mjs) and @modelcontextprotocol/server-everything
 # in its Streamable HTTP mode on free ports, and
-# `tether serve --listen 127.0.0.1:<free port> --store sqlite:<tmp>/t.db` with
-# four gateway upstreams (third-party servers installed here too):
+# `tether serve --listen 127.0.0.1:<free port> --store sqlite:<tmp>/t.db
+# --config <tmp>/tether.toml` with five gateway upstreams (third-party servers
+# installed here too; the first three are [upstreams.NAME] tables of that file,
+# the other two --upstream flags) and one virtual server ([servers.team]):
 #   /mcp/everything       @modelcontextprotocol/server-everything (npm), a stdio command
-#   /mcp/everything-http  the same package in its Streamable HTTP mode, a URL upstream
 #   /mcp/pystdio          interop/servers/py_stdio_server.py (Python SDK), a stdio command
-#   /mcp/pymodern         interop/servers/py_server.py modern-only (Python SDK, 2026-07-28 only), a URL
 #   /mcp/tsfixture        the TypeScript SDK fixture, a URL upstream
+#   /mcp/everything-http  server-everything in its Streamable HTTP mode, a URL upstream
+#   /mcp/pymodern         interop/servers/py_server.py modern-only (Python SDK, 2026-07-28 only), a URL
+#   /mcp/team             a virtual server over everything, pystdio and tsfixture
+#                         (names = "prefix": tools and prompts as MEMBER__NAME)
 # waits for /healthz, runs every check (the gateway durability check kills
 # tether with -9 and restarts it on the same SQLite file), stops the servers,
 # prints one PASS/FAIL line per check and exits non-zero if any failed.
@@ -198,25 +202,47 @@ wait_ready "$TMP/pymodern.log" "$PYMODERN_PID" "the Python SDK modern-only fixtu
 PORT="$(free_port)"
 BASE="http://127.0.0.1:$PORT"
 URL="$BASE/mcp"
-# tether splits a command like a shell would (and runs no shell): quote paths.
-UPSTREAMS=(
-    --upstream "everything=stdio:$(printf '%q' "$EVERYTHING") stdio"
+# The config file: the virtual server's three members as [upstreams.NAME]
+# tables (a stdio command is an argv list, so no shell quoting; a JSON string
+# is a TOML basic string) and [servers.team] over them. The other two upstreams
+# stay --upstream flags (a name is defined once across flags and file).
+CONFIG="$TMP/tether.toml"
+"$VPY" - "$CONFIG" "$EVERYTHING" "$VPY" "$HERE/servers/py_stdio_server.py" "$FIXTURE/mcp" <<'EOF' || die "cannot write $CONFIG"
+import json, sys
+path, everything, vpy, pystdio, tsfixture = sys.argv[1:]
+q = lambda v: json.dumps(v, ensure_ascii=False)
+with open(path, "w", encoding="utf-8") as f:
+    f.write(f"""# written by interop/run.sh
+[upstreams.everything]
+command = [{q(everything)}, "stdio"]
+
+[upstreams.pystdio]
+command = [{q(vpy)}, {q(pystdio)}]
+
+[upstreams.tsfixture]
+url = {q(tsfixture)}
+
+[servers.team]
+upstreams = ["everything", "pystdio", "tsfixture"]
+names = "prefix"
+""")
+EOF
+SERVE_ARGS=(
+    --config "$CONFIG"
     --upstream "everything-http=$EVERYTHING_HTTP/mcp"
-    --upstream "pystdio=stdio:$(printf '%q %q' "$VPY" "$HERE/servers/py_stdio_server.py")"
-    --upstream "tsfixture=$FIXTURE/mcp"
     --upstream "pymodern=$PYMODERN/mcp"
 )
 
-# start_server: tether on $PORT with $TMP/t.db and the same flags every time;
-# sets SERVER_PID and waits for /healthz.
+# start_server: tether on $PORT with $TMP/t.db and the same flags and config
+# file every time; sets SERVER_PID and waits for /healthz.
 start_server() {
-    echo "interop: starting $BIN serve --listen 127.0.0.1:$PORT --store sqlite:$TMP/t.db ${UPSTREAMS[*]}"
+    echo "interop: starting $BIN serve --listen 127.0.0.1:$PORT --store sqlite:$TMP/t.db ${SERVE_ARGS[*]}"
     echo "==== interop: tether starting ($(date +%T)) ====" >>"$TMP/server.log"
     # Any TETHER_* settings in the caller's environment are dropped: the checks
     # expect the defaults (e.g. SSE answers, not --json-response).
     (
         for v in $(compgen -e | grep '^TETHER_'); do unset "$v"; done
-        exec "$BIN" serve --listen "127.0.0.1:$PORT" --store "sqlite:$TMP/t.db" "${UPSTREAMS[@]}"
+        exec "$BIN" serve --listen "127.0.0.1:$PORT" --store "sqlite:$TMP/t.db" "${SERVE_ARGS[@]}"
     ) >>"$TMP/server.log" 2>&1 &
     SERVER_PID=$!
 
@@ -329,6 +355,15 @@ run_check gw-legacy-to-modern 90 bash -c '
     echo "$stats" | grep -q "\"initialize\": 0" || { echo "FAIL: the modern-only upstream accepted an initialize"; exit 1; }
     echo "$stats" | grep -q "\"discover\": [1-9]" || { echo "FAIL: tether never sent server/discover upstream"; exit 1; }
 ' _ "$VPY" "$PY/client.py" "$URL/pymodern" "$PYMODERN"
+# A virtual server over three third-party upstreams at once (/mcp/team:
+# server-everything over stdio, the Python SDK stdio server, the TypeScript SDK
+# fixture as a URL upstream), with each official client: the merged lists under
+# their prefixed names, a call to each member, a resource read routed by URI, a
+# sampling request raised by server-everything answered by the client, and a
+# long pystdio__slow call cancelled by the client, which that member must have
+# seen as its own notifications/cancelled.
+run_check ts-virtual 120 node "$TS/gw_virtual.mjs" "$URL/team"
+run_check py-virtual 120 "$VPY" "$PY/gw_virtual.py" "$URL/team"
 # Durability through the gateway: a session on /mcp/everything, kill -9 of
 # tether, a restart on the same SQLite file with the same flags; the same
 # Mcp-Session-Id goes on without initialize.

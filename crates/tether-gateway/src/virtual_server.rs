@@ -22,7 +22,7 @@
 //!
 //! [`Slot`]: crate::slot::Slot
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -31,6 +31,7 @@ use futures::future::{BoxFuture, join_all};
 use serde_json::{Map, Value, json};
 use tether_server::{CutOff, Initialize, McpApp, RawResult, RequestCtx, RpcError, SessionCtx, SessionEnd, raw_result};
 use tether_wire::code;
+use tokio::sync::broadcast;
 
 use crate::app::{Gateway, NOTE_MEMBER, Notes};
 use crate::catalog::{self, Catalog, Listed};
@@ -55,13 +56,18 @@ pub struct VirtualServer {
     config: ServerConfig,
     /// The members, in the order of `config.upstreams`.
     members: Vec<Arc<Gateway>>,
+    /// List changes for `subscriptions/listen` streams.
+    changes: Arc<Changes>,
+    /// The members down at the last look of any client (`None`: no look yet).
+    down: std::sync::Mutex<Option<Vec<usize>>>,
 }
 
 impl VirtualServer {
     /// The virtual server of `config`, its members taken from `upstreams`
     /// (the gateways of every configured upstream, by name).
     pub fn new(config: ServerConfig, upstreams: &HashMap<String, Arc<Gateway>>) -> Result<Arc<Self>, String> {
-        let relay: Arc<dyn ListChanges> = Arc::new(Relay);
+        let changes = Arc::new(Changes { sender: broadcast::channel(16).0, pending: std::sync::Mutex::default() });
+        let relay: Arc<dyn ListChanges> = Arc::new(Relay { changes: changes.clone() });
         let members = config
             .upstreams
             .iter()
@@ -70,7 +76,7 @@ impl VirtualServer {
                 None => Err(format!("[servers.{}] upstreams: `{name}` is not an upstream", config.name)),
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Arc::new(Self { config, members }))
+        Ok(Arc::new(Self { config, members, changes, down: std::sync::Mutex::default() }))
     }
 
     pub fn name(&self) -> &str {
@@ -155,6 +161,12 @@ impl VirtualServer {
         let catalog = Arc::new(Catalog::merge(&self.config, &listed));
         for collision in &catalog.collisions {
             tracing::warn!(server = %self.config.name, "{collision}; the first keeps it");
+        }
+        let before = lock(&self.down).replace(catalog.down.clone());
+        if before.is_some_and(|before| before != catalog.down) {
+            for method in LISTS {
+                self.changes.publish(method);
+            }
         }
         if let (Some(session), Some(members)) = (session, members) {
             let before = lock(&members.down).replace(catalog.down.clone());
@@ -399,9 +411,34 @@ fn tell(session: &SessionCtx, members: &Arc<Members>, method: &str) {
     });
 }
 
+/// The list changes of a virtual server for its listen streams: each
+/// method goes out once within [`DEBOUNCE`], however often it comes.
+struct Changes {
+    sender: broadcast::Sender<String>,
+    pending: std::sync::Mutex<HashSet<String>>,
+}
+
+impl Changes {
+    fn publish(self: &Arc<Self>, method: &str) {
+        if self.sender.receiver_count() == 0 || !lock(&self.pending).insert(method.to_owned()) {
+            return;
+        }
+        let (changes, method) = (self.clone(), method.to_owned());
+        // At most one per list method at a time, ending after DEBOUNCE.
+        tokio::spawn(async move {
+            tokio::time::sleep(DEBOUNCE).await;
+            lock(&changes.pending).remove(&method);
+            let _ = changes.sender.send(method);
+        });
+    }
+}
+
 /// Where the members' `list_changed` go: the session's merged lists are
-/// read again next time, and the client is told once.
-struct Relay;
+/// read again next time, its client is told once, and so are the listen
+/// streams.
+struct Relay {
+    changes: Arc<Changes>,
+}
 
 impl ListChanges for Relay {
     fn changed<'a>(&'a self, session: &'a SessionCtx, method: &'a str) -> BoxFuture<'a, ()> {
@@ -409,6 +446,7 @@ impl ListChanges for Relay {
             let members = session.local::<Members>();
             *lock(&members.catalog) = None;
             tell(session, &members, method);
+            self.changes.publish(method);
         })
     }
 }
@@ -496,16 +534,16 @@ impl McpApp for VirtualServer {
         }
         let mut merged = self.merged(&answered, tether_wire::revision::FIRST_SESSIONLESS);
         merged.remove("protocolVersion");
-        // Listen streams are not told of the members' list changes (yet).
-        if let Some(Value::Object(capabilities)) = merged.get_mut("capabilities") {
-            for (_, capability) in capabilities.iter_mut() {
-                if let Value::Object(c) = capability {
-                    c.remove("listChanged");
-                    c.remove("subscribe");
-                }
-            }
+        // Sessionless clients have no subscriptions (list changes they get
+        // on listen streams).
+        if let Some(Value::Object(resources)) = merged.get_mut("capabilities").and_then(|c| c.get_mut("resources")) {
+            resources.remove("subscribe");
         }
         Some(merged)
+    }
+
+    fn list_changes(&self) -> Option<broadcast::Receiver<String>> {
+        Some(self.changes.sender.subscribe())
     }
 
     async fn on_session_end(&self, ended: SessionEnd) {

@@ -304,6 +304,15 @@ pub trait McpApp: Send + Sync + 'static {
         false
     }
 
+    /// The application's list changes, for `subscriptions/listen` streams:
+    /// each stream on the endpoint relays the methods it honours
+    /// (`notifications/tools/list_changed` and the like) as they come. The
+    /// stream honours a list only where [`McpApp::discover`] claims
+    /// `listChanged` for it. Default: none (the lists never change).
+    fn list_changes(&self) -> Option<tokio::sync::broadcast::Receiver<String>> {
+        None
+    }
+
     /// Carries on a request whose process died while it ran (a crash, or a
     /// replica whose lease lapsed), for which the application left a note
     /// with [`RequestCtx::leave_recovery_note`]: `ctx` is the request's

@@ -243,14 +243,39 @@ async fn a_members_list_change_reaches_the_client_once_and_the_next_list_shows_i
     let standalone = c.get(&sid, None).send().await.unwrap();
     assert_eq!(standalone.status(), 200);
     let mut standalone = SseReader::new(standalone);
+    // A 2026-07-28 client listens on the same endpoint.
+    let params = json!({"notifications": {"toolsListChanged": true}, "_meta": {
+        (tether_wire::meta::PROTOCOL_VERSION): SESSIONLESS, (tether_wire::meta::CLIENT_CAPABILITIES): {}}});
+    let listen = c
+        .post_raw(
+            &[
+                ("content-type", "application/json"),
+                ("accept", "application/json, text/event-stream"),
+                ("mcp-protocol-version", SESSIONLESS),
+                ("mcp-method", "subscriptions/listen"),
+            ],
+            sessionless_request(7, "subscriptions/listen", params).to_string(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(listen.status(), 200);
+    let mut listen = SseReader::new(listen);
+    let ack = listen.next_message().await.expect("the acknowledgement");
+    assert_eq!(ack["params"]["notifications"], json!({"toolsListChanged": true}), "honoured: {ack}");
+
     let added = c.call(&sid, 1, "b__add_tool", json!({"name": "fresh"})).await;
     assert_eq!(structured(&added)["added"], "fresh", "{added}");
     let told = standalone.next_message().await.expect("list_changed");
     assert_eq!(told["method"], "notifications/tools/list_changed", "{told}");
+    let heard = listen.next_message().await.expect("list_changed on the listen stream");
+    assert_eq!(heard["method"], "notifications/tools/list_changed", "{heard}");
     assert!(all_names(&c, &sid, "tools/list", "tools").await.contains(&"b__fresh".to_owned()));
-    // Nothing else came: one notification for one change.
+    // Nothing else came on either: one notification for one change.
     let more = tokio::time::timeout(Duration::from_millis(1500), standalone.next_message()).await;
     assert!(more.is_err(), "one list_changed only: {more:?}");
+    let more = tokio::time::timeout(Duration::from_millis(500), listen.next_message()).await;
+    assert!(more.is_err(), "one list_changed only on the listen stream: {more:?}");
 }
 
 /// The lists a member going or coming changes, as the client is told.

@@ -7,9 +7,10 @@
 //!
 //! Nothing a returning listener needs is lost while it is away: task
 //! notifications are the task's state, read from the store, so the first
-//! one after a reconnect is the state it missed. List-changed and resource
-//! notifications are honoured only where the application says its lists
-//! can change (tether's notebook says they cannot).
+//! one after a reconnect is the state it missed. List-changed notifications
+//! are honoured only where the application says its lists can change
+//! (tether's notebook says they cannot), and relayed as the application
+//! tells them ([`McpApp::list_changes`](crate::app::McpApp::list_changes)).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,7 +18,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 use tether_wire::{RpcError, envelope, meta};
-use tokio::sync::mpsc;
+use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -72,6 +73,7 @@ impl Engine {
             }
             honoured.insert("taskIds".into(), json!(followed));
         }
+        let changes = inner.apps.get(endpoint).and_then(|app| app.list_changes());
         let permit = inner.listeners.clone().try_acquire_owned().map_err(|_| {
             EngineError::TooMany(format!("this server already holds {} listen streams", inner.config.max_sessionless_requests))
         })?;
@@ -84,7 +86,7 @@ impl Engine {
         inner.spawn(
             async move {
                 let _permit = permit;
-                stream.run(honoured, followed, stopped).await;
+                stream.run(honoured, followed, changes, stopped).await;
             }
             .instrument(span),
         );
@@ -113,9 +115,15 @@ impl Listener {
         self.tx.send(Outbound::Notification(body)).await.is_ok()
     }
 
-    async fn run(self, honoured: Map<String, Value>, mut followed: Vec<String>, stopped: CancellationToken) {
+    async fn run(
+        self,
+        honoured: Map<String, Value>,
+        mut followed: Vec<String>,
+        mut changes: Option<broadcast::Receiver<String>>,
+        stopped: CancellationToken,
+    ) {
         let mut ack = Map::new();
-        ack.insert("notifications".into(), Value::Object(honoured));
+        ack.insert("notifications".into(), Value::Object(honoured.clone()));
         if !self.send("notifications/subscriptions/acknowledged", ack).await {
             return;
         }
@@ -145,6 +153,14 @@ impl Listener {
                     }
                     followed = still;
                 }
+                change = next_change(&mut changes) => {
+                    if let Some(method) = change
+                        && LIST_CHANGES.iter().any(|(key, m)| *m == method && honoured.get(*key) == Some(&json!(true)))
+                        && !self.send(&method, Map::new()).await
+                    {
+                        return;
+                    }
+                }
                 _ = keepalive.tick() => {
                     if self.tx.send(Outbound::KeepAlive).await.is_err() {
                         return;
@@ -162,6 +178,27 @@ impl Listener {
                     return;
                 }
             }
+        }
+    }
+}
+
+/// The listen filter's keys of the list-changed notifications, and their methods.
+const LIST_CHANGES: [(&str, &str); 3] = [
+    ("toolsListChanged", "notifications/tools/list_changed"),
+    ("promptsListChanged", "notifications/prompts/list_changed"),
+    ("resourcesListChanged", "notifications/resources/list_changed"),
+];
+
+/// The application's next list change; `None` (and no more waiting) when
+/// it has none to tell or stopped telling. A stream that fell behind goes
+/// on with the next one.
+async fn next_change(changes: &mut Option<broadcast::Receiver<String>>) -> Option<String> {
+    loop {
+        let Some(receiver) = changes.as_mut() else { return std::future::pending().await };
+        match receiver.recv().await {
+            Ok(method) => return Some(method),
+            Err(broadcast::error::RecvError::Lagged(_)) => continue,
+            Err(broadcast::error::RecvError::Closed) => *changes = None,
         }
     }
 }
