@@ -225,6 +225,8 @@ url = {q(tsfixture)}
 [servers.team]
 upstreams = ["everything", "pystdio", "tsfixture"]
 names = "prefix"
+# small pages, so that the clients follow nextCursor through every merged list
+page_size = 4
 """)
 EOF
 SERVE_ARGS=(

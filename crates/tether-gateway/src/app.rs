@@ -372,7 +372,7 @@ impl Gateway {
         params: Option<Map<String, Value>>,
         notes: Notes,
     ) -> Result<RawResult, RpcError> {
-        let connection = self.upstream(session, ctx.client_authorization()).await?;
+        let mut connection = self.upstream(session, ctx.client_authorization()).await?;
         let link = self.slot.link(session);
         let mut params = params;
         let progress = Progress::issue(params.as_mut());
@@ -381,10 +381,29 @@ impl Gateway {
         let replayed = Replayed::of(method, params.as_ref());
         let timer = tether_server::metrics::upstream_request_started();
         let params = params.map(Value::Object);
-        let result = match notes {
-            Notes::Leave => request_with_note(ctx, &connection, &self.slot, method, params, issued).await,
-            Notes::None => connection.upstream.request(method, params).await,
+        // Kept for a second try only where an upstream can forget sessions.
+        let again = self.connector.forgets_sessions().then(|| params.clone());
+        let track = tether_client::RequestTrack::new();
+        let mut result = match notes {
+            Notes::Leave => request_with_note(ctx, &connection, &self.slot, method, params, issued.clone(), &track).await,
+            Notes::None => connection.upstream.request_tracked(method, params, &track).await,
         };
+        // The upstream forgot its session: a new one, initialized as the
+        // client initialized this session, takes the request again if the
+        // upstream cannot have run it (its POST was refused) or running it
+        // twice is harmless. The client sees only the result.
+        if let (Err(e), Some(params)) = (&result, again)
+            && e.message == crate::upstream::UPSTREAM_FORGOT_SESSION
+            && (track.point().is_none() || is_repeatable(method))
+        {
+            tracing::info!(upstream = %self.config.name, session = session.session_id(), %method, "the upstream forgot its session; sending the request again on a new one");
+            connection = self.upstream(session, ctx.client_authorization()).await?;
+            let track = tether_client::RequestTrack::new();
+            result = match notes {
+                Notes::Leave => request_with_note(ctx, &connection, &self.slot, method, params, issued, &track).await,
+                Notes::None => connection.upstream.request(method, params).await,
+            };
+        }
         timer.done(&self.config.name);
         // What the upstream sent before its answer was delivered before the
         // answer came back (the transport hands it to the sink first).
@@ -528,9 +547,9 @@ async fn request_with_note(
     method: &str,
     params: Option<Value>,
     issued_progress_token: Option<Value>,
+    track: &tether_client::RequestTrack,
 ) -> Result<tether_server::RawResult, RpcError> {
-    let track = tether_client::RequestTrack::new();
-    let request = connection.upstream.request_tracked(method, params, &track);
+    let request = connection.upstream.request_tracked(method, params, track);
     let mut request = std::pin::pin!(request);
     // A `Sleep` on the stack, re-armed: no allocation for the quick requests.
     let mut check = std::pin::pin!(tokio::time::sleep(NOTE_AFTER));
@@ -558,6 +577,25 @@ async fn request_with_note(
             }
         }
     }
+}
+
+/// Whether a request may be sent twice without harm (it only reads, or
+/// sets what it sets again).
+fn is_repeatable(method: &str) -> bool {
+    matches!(
+        method,
+        "ping"
+            | "tools/list"
+            | "prompts/list"
+            | "prompts/get"
+            | "resources/list"
+            | "resources/templates/list"
+            | "resources/read"
+            | "resources/subscribe"
+            | "resources/unsubscribe"
+            | "completion/complete"
+            | "logging/setLevel"
+    )
 }
 
 /// What a request changes in what a new connection must replay, taken

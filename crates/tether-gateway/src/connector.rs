@@ -65,6 +65,12 @@ pub(crate) trait Connector: Send + Sync + 'static {
         None
     }
 
+    /// Whether the upstream may forget a session it gave (an HTTP server
+    /// restarted): then a request refused for it is sent again on a new one.
+    fn forgets_sessions(&self) -> bool {
+        false
+    }
+
     /// Whether the client's `Authorization` goes upstream (`forward_auth`).
     fn forwards_auth(&self) -> bool {
         false

@@ -27,7 +27,7 @@ use crate::config::UrlSpec;
 use crate::connector::{Capacity, Connector, StartRequest};
 use crate::lock;
 use crate::passthrough::Passthrough;
-use crate::upstream::{PeerSink, Started, UPSTREAM_RESTARTED, Upstream};
+use crate::upstream::{PeerSink, Started, UPSTREAM_FORGOT_SESSION, Upstream};
 
 /// The longest one upstream request may take. The client decides when to
 /// give up (and cancels); this only bounds a request nobody cancels.
@@ -75,6 +75,10 @@ impl Connector for UrlConnector {
 
     fn forwards_auth(&self) -> bool {
         self.spec.forward_auth
+    }
+
+    fn forgets_sessions(&self) -> bool {
+        true
     }
 
     async fn passthrough(&self) -> Option<(Passthrough, serde_json::Map<String, Value>)> {
@@ -293,7 +297,7 @@ impl HttpUpstream {
             ClientError::SessionNotFound => {
                 tracing::info!(upstream = %self.name, session = %self.session, "the upstream at {} forgot its session (HTTP 404)", self.url);
                 self.die();
-                RpcError::internal(UPSTREAM_RESTARTED)
+                RpcError::internal(UPSTREAM_FORGOT_SESSION)
             }
             ClientError::Rpc(error) => error,
             // Credentials are taken when a connection is made: the next

@@ -19,6 +19,10 @@ use tokio::sync::mpsc;
 
 /// The error text of a request that was in flight when its upstream died.
 pub const UPSTREAM_RESTARTED: &str = "upstream restarted; the request may or may not have taken effect";
+/// The error of a request whose upstream answered 404 for its session: the
+/// upstream forgot it (a restart, an expiry). The connection is dead; the
+/// gateway makes a new one and, where it is safe, sends the request again.
+pub const UPSTREAM_FORGOT_SESSION: &str = "the upstream forgot its session (HTTP 404)";
 
 /// A message the upstream sent that is not an answer to one of ours (a
 /// request's `id` is the upstream's own: pass it back to [`Upstream::answer`]),

@@ -387,3 +387,23 @@ async fn after_a_kill_9_the_same_session_calls_every_member_and_a_long_url_call_
     let echoed = c.call(&sid, 5, "web__echo", json!({"text": "after"})).await;
     assert_eq!(text_of(&echoed), "after", "{echoed}");
 }
+
+#[tokio::test]
+async fn a_member_that_forgot_its_session_is_initialized_again_and_the_call_succeeds() {
+    let dir = tempfile::tempdir().unwrap();
+    let (py, py_url) = start_py_server("stateful");
+    let config =
+        format!("{}[upstreams.web]\nurl = \"{py_url}\"\n[servers.team]\nupstreams = [\"a\", \"web\"]\n", stdio_member("a", &[]));
+    let (_tether, c) = start(&dir, &config);
+    let (sid, _) = initialized(&c).await;
+    assert_eq!(text_of(&c.call(&sid, 1, "web__echo", json!({"text": "before"})).await), "before");
+    // The upstream restarts and forgets every session (its next answer is a 404).
+    let port: u16 = py_url.trim_end_matches("/mcp").rsplit(':').next().unwrap().parse().unwrap();
+    drop(py);
+    let (_py, _) = start_py_server_on("stateful", port);
+    let echoed = c.call(&sid, 2, "web__echo", json!({"text": "after"})).await;
+    assert_eq!(text_of(&echoed), "after", "the call succeeds on a new upstream session: {echoed}");
+    let stats: Value = reqwest::get(format!("http://127.0.0.1:{port}/stats")).await.unwrap().json().await.unwrap();
+    assert_eq!(stats["initialize"], 1, "initialized again once: {stats}");
+    assert_eq!(structured(&c.call(&sid, 3, "a__whoami", json!({})).await)["name"], "a", "the other member went on");
+}

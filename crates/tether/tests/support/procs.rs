@@ -44,6 +44,12 @@ impl Drop for PyServer {
 }
 
 pub fn start_py_server(shape: &str) -> (PyServer, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    start_py_server_on(shape, port)
+}
+
+/// [`start_py_server`] on `port` (a restart of one that was there).
+pub fn start_py_server_on(shape: &str, port: u16) -> (PyServer, String) {
     use std::io::BufRead;
     let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let ensure = std::process::Command::new("bash").arg(root.join("interop/servers/ensure.sh")).output().unwrap();
@@ -52,7 +58,6 @@ pub fn start_py_server(shape: &str) -> (PyServer, String) {
         "interop/servers/ensure.sh failed (this test needs python3 >= 3.10 with venv): {}",
         String::from_utf8_lossy(&ensure.stderr)
     );
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let mut child = std::process::Command::new(root.join("interop/py/.venv/bin/python"))
         .arg(root.join("interop/servers/py_server.py"))
         .args([shape, &port.to_string()])
