@@ -255,7 +255,8 @@ impl Gateway {
             tether_server::metrics::upstream_restart(&self.config.name);
             tracing::info!(upstream = %self.config.name, session = session.session_id(), "upstream connection gone; starting a new one");
         }
-        let stored = session.app_state().await.get(&self.slot.state_key()).cloned().unwrap_or(Value::Null);
+        let app = session.app_state().await;
+        let stored = app.get(&self.slot.state_key()).cloned().unwrap_or(Value::Null);
         // An HTTP upstream session opened by another replica (or before a
         // restart) is carried on as it is: the upstream keeps its state.
         let sink = LinkSink::new(link, &self.config.name, self.changes.clone());
@@ -266,7 +267,10 @@ impl Gateway {
                 return Ok(self.go_live(session, link, live, Connection::new(upstream, sink)));
             }
         }
-        let params = stored.get("initialize").cloned().unwrap_or_else(|| json!({}));
+        // A member added to its virtual server after the session began is
+        // initialized the way the client initialized the others.
+        let params =
+            stored.get("initialize").or_else(|| self.slot.sibling_initialize(&app)).cloned().unwrap_or_else(|| json!({}));
         let started =
             self.connect(session.session_id(), session.principal(), params, authorization, Some(link), sink.clone()).await?;
         let Started { upstream, carry_on, .. } = started;

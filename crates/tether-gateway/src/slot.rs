@@ -17,6 +17,9 @@ use crate::catalog::Catalog;
 use crate::link::Link;
 use crate::lock;
 
+/// The app-state key of a member's durable state is this and its name.
+const MEMBER_KEY_PREFIX: &str = "member:";
+
 /// Where a gateway keeps its part of a session.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Slot {
@@ -32,13 +35,23 @@ pub(crate) enum Slot {
 pub(crate) struct Members {
     links: Mutex<HashMap<String, Arc<Link>>>,
     /// The merged lists last read in this session, and when; dropped when
-    /// a member says its list changed or its connection went down.
-    pub catalog: Mutex<Option<(Arc<Catalog>, Instant)>>,
+    /// a member says its list changed or its connection went down, and not
+    /// used by a virtual server made again by a reload.
+    pub catalog: Mutex<Option<Cached>>,
     /// The members (by index) down at the last look (`None`: no look yet),
     /// so that one going down or coming back is told with `list_changed`.
     pub down: Mutex<Option<Vec<usize>>>,
     /// `list_changed` notifications waiting to go out (one per method).
     pub pending: Mutex<HashSet<String>>,
+}
+
+/// A session's merged lists as read.
+#[derive(Clone)]
+pub(crate) struct Cached {
+    pub catalog: Arc<Catalog>,
+    pub at: Instant,
+    /// The virtual server that read them ([`crate::VirtualServer`]'s epoch).
+    pub epoch: u64,
 }
 
 impl Members {
@@ -56,7 +69,7 @@ impl Slot {
     pub fn state_key(&self) -> String {
         match self {
             Slot::Alone => "gateway".to_owned(),
-            Slot::Member(name) => format!("member:{name}"),
+            Slot::Member(name) => format!("{MEMBER_KEY_PREFIX}{name}"),
         }
     }
 
@@ -85,6 +98,18 @@ impl Slot {
         match self {
             Slot::Alone => ended.local::<Link>(),
             Slot::Member(name) => ended.local::<Members>()?.get(name),
+        }
+    }
+
+    /// The client's `initialize` params as another member of the same
+    /// virtual server stored them (none for an upstream alone).
+    pub fn sibling_initialize<'a>(&self, app: &'a Map<String, Value>) -> Option<&'a Value> {
+        match self {
+            Slot::Alone => None,
+            Slot::Member(_) => app
+                .iter()
+                .filter(|(key, _)| key.starts_with(MEMBER_KEY_PREFIX))
+                .find_map(|(_, state)| state.get("initialize").filter(|i| i.is_object())),
         }
     }
 

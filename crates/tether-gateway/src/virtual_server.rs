@@ -38,7 +38,7 @@ use crate::catalog::{self, Catalog, Listed};
 use crate::config::{MemberDown, Naming, ServerConfig};
 use crate::link::ListChanges;
 use crate::lock;
-use crate::slot::Members;
+use crate::slot::{Cached, Members};
 
 /// How often the lists are read again while a member is down.
 const DOWN_RECHECK: Duration = Duration::from_secs(2);
@@ -60,6 +60,8 @@ pub struct VirtualServer {
     changes: Arc<Changes>,
     /// The members down at the last look of any client (`None`: no look yet).
     down: std::sync::Mutex<Option<Vec<usize>>>,
+    /// Tells this server's cached lists from those of the one a reload replaced.
+    epoch: u64,
 }
 
 impl VirtualServer {
@@ -76,7 +78,7 @@ impl VirtualServer {
                 None => Err(format!("[servers.{}] upstreams: `{name}` is not an upstream", config.name)),
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Arc::new(Self { config, members, changes, down: std::sync::Mutex::default() }))
+        Ok(Arc::new(Self { config, members, changes, down: std::sync::Mutex::default(), epoch: rand::random() }))
     }
 
     pub fn name(&self) -> &str {
@@ -139,9 +141,11 @@ impl VirtualServer {
         let members = session.as_ref().map(|s| s.local::<Members>());
         // Kept until a member's list changes; with a member down, looked at
         // again after a while to see whether it came back.
-        let fresh = |(catalog, at): &(Arc<Catalog>, Instant)| catalog.down.is_empty() || at.elapsed() < DOWN_RECHECK;
-        if let Some((catalog, _)) = members.as_ref().and_then(|m| lock(&m.catalog).clone().filter(fresh)) {
-            return catalog;
+        let fresh = |cached: &Cached| {
+            cached.epoch == self.epoch && (cached.catalog.down.is_empty() || cached.at.elapsed() < DOWN_RECHECK)
+        };
+        if let Some(cached) = members.as_ref().and_then(|m| lock(&m.catalog).clone().filter(fresh)) {
+            return cached.catalog;
         }
         let listed = join_all((0..self.members.len()).map(|member| async move {
             let ask = |method: &'static str, params: Option<Map<String, Value>>| -> BoxFuture<'_, Result<Value, RpcError>> {
@@ -175,7 +179,7 @@ impl VirtualServer {
                     tell(&session, &members, method);
                 }
             }
-            *lock(&members.catalog) = Some((catalog.clone(), Instant::now()));
+            *lock(&members.catalog) = Some(Cached { catalog: catalog.clone(), at: Instant::now(), epoch: self.epoch });
         }
         catalog
     }

@@ -407,3 +407,77 @@ async fn a_member_that_forgot_its_session_is_initialized_again_and_the_call_succ
     assert_eq!(stats["initialize"], 1, "initialized again once: {stats}");
     assert_eq!(structured(&c.call(&sid, 3, "a__whoami", json!({})).await)["name"], "a", "the other member went on");
 }
+
+#[tokio::test]
+async fn a_reload_adds_and_removes_members_and_sessions_keep_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let members = format!("{}{}{}", stdio_member("a", &[]), stdio_member("b", &[]), stdio_member("c", &[]));
+    let path = write_config(dir.path(), &format!("{members}[servers.team]\nupstreams = [\"a\", \"b\"]\n"));
+    let (tether, url) = Tether::start(&dir.path().join("t.db"), &["--config", path.to_str().unwrap()]);
+    let c = Client::new(&format!("{url}/team"));
+    let (sid, _) = initialized(&c).await;
+    let pid_of_a = structured(&c.call(&sid, 1, "a__pid", json!({})).await)["pid"].clone();
+    assert_eq!(structured(&c.call(&sid, 2, "b__whoami", json!({})).await)["name"], "b");
+
+    write_config(dir.path(), &format!("{members}[servers.team]\nupstreams = [\"a\", \"c\"]\n"));
+    let status = std::process::Command::new("kill").args(["-HUP", &tether.0.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    // The reload is seen once the session's lists name c.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut id = 10;
+    loop {
+        id += 1;
+        let tools = all_names(&c, &sid, "tools/list", "tools").await;
+        if tools.contains(&"c__whoami".to_owned()) {
+            assert!(!tools.iter().any(|t| t.starts_with("b__")), "b left: {tools:?}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the reload did not come: {tools:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The added member answers the same session, initialized as the client
+    // initialized it; the member that stayed kept its child.
+    let who = c.call(&sid, 100, "c__env", json!({})).await;
+    assert!(structured(&who)["env"]["FIXTURE_NAME"] == "c", "{who}");
+    assert_eq!(structured(&c.call(&sid, 101, "a__pid", json!({})).await)["pid"], pid_of_a, "a kept its child");
+    let gone = c.call(&sid, 102, "b__whoami", json!({})).await;
+    assert_eq!(gone["error"]["code"], -32602, "{gone}");
+}
+
+#[tokio::test]
+async fn with_on_member_down_fail_a_member_down_refuses_initialize_with_503_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let flag = dir.path().join("a-is-down");
+    std::fs::write(&flag, "down").unwrap();
+    let config = format!(
+        "{}{}[servers.team]\nupstreams = [\"a\", \"b\"]\non_member_down = \"fail\"\n",
+        stdio_member("a", &["--exit-if-exists", flag.to_str().unwrap()]),
+        stdio_member("b", &[])
+    );
+    let (_tether, c) = start(&dir, &config);
+    let refused =
+        c.post(None, &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init_params()})).send().await.unwrap();
+    assert_eq!(refused.status(), 503);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["data"]["unavailable"], "a", "{body}");
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("member `a` of virtual server `team` cannot be reached"),
+        "{body}"
+    );
+    // Once a can start, the endpoint serves again.
+    std::fs::remove_file(&flag).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let r = c
+            .post(None, &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init_params()}))
+            .send()
+            .await
+            .unwrap();
+        if r.status() == 200 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "a did not come back");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
