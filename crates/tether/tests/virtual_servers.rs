@@ -424,9 +424,7 @@ async fn a_reload_adds_and_removes_members_and_sessions_keep_the_others() {
     assert!(status.success());
     // The reload is seen once the session's lists name c.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let mut id = 10;
     loop {
-        id += 1;
         let tools = all_names(&c, &sid, "tools/list", "tools").await;
         if tools.contains(&"c__whoami".to_owned()) {
             assert!(!tools.iter().any(|t| t.starts_with("b__")), "b left: {tools:?}");
