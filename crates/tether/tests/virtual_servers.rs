@@ -479,3 +479,33 @@ async fn with_on_member_down_fail_a_member_down_refuses_initialize_with_503_nami
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+#[tokio::test]
+async fn three_replicas_on_redis_initialize_on_one_call_a_member_on_another_replay_on_a_third() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(
+        dir.path(),
+        &format!("{}{}[servers.team]\nupstreams = [\"a\", \"b\"]\n", stdio_member("a", &[]), stdio_member("b", &[])),
+    );
+    let prefix = fresh_prefix();
+    let replica = |n: &str| {
+        let (child, url) = start_binary_on(
+            &redis_url(),
+            &dir.path().join(format!("{n}.log")),
+            &["--store-prefix", &prefix, "--config", path.to_str().unwrap()],
+        );
+        (Tether(child), Client::new(&format!("{url}/team")))
+    };
+    let ((_a, ca), (_b, cb), (_c, cc)) = (replica("a"), replica("b"), replica("c"));
+    let (sid, _) = initialized(&ca).await;
+    // B carries the session on: its member b is started there as the client initialized it.
+    let events = cb.request(&sid, 1, "tools/call", json!({"name": "b__whoami", "arguments": {}})).await;
+    let answer = events.last().unwrap().json();
+    assert_eq!(structured(&answer)["name"], "b", "{answer}");
+    // C replays B's stream.
+    let mut replay = SseReader::new(cc.get(&sid, events[0].id.as_deref()).send().await.unwrap());
+    let replayed: Vec<_> = replay.all_events().await.into_iter().filter(|e| !e.data.is_empty()).collect();
+    assert_eq!(replayed, events[1..].to_vec(), "a stream written on B replays on C");
+    // And C calls the other member of the same session.
+    assert_eq!(structured(&cc.call(&sid, 2, "a__whoami", json!({})).await)["name"], "a");
+}

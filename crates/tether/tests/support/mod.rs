@@ -493,10 +493,15 @@ pub fn log_of(db: &std::path::Path) -> String {
 /// Starts `tether serve` on a free port with a SQLite file; returns the
 /// child and its /mcp URL.
 pub fn start_binary(db: &std::path::Path, extra: &[&str]) -> (std::process::Child, String) {
+    start_binary_on(&format!("sqlite:{}", db.display()), &db.with_extension("log"), extra)
+}
+
+/// [`start_binary`] on the store `store` (e.g. a Redis URL), its log also
+/// written to `log`.
+pub fn start_binary_on(store: &str, log: &std::path::Path, extra: &[&str]) -> (std::process::Child, String) {
     use std::io::{BufRead, BufReader};
     let mut child = std::process::Command::new(binary())
-        .args(["serve", "--listen", "127.0.0.1:0", "--store"])
-        .arg(format!("sqlite:{}", db.display()))
+        .args(["serve", "--listen", "127.0.0.1:0", "--store", store])
         .args(extra)
         .env("RUST_LOG", std::env::var("TETHER_TEST_RUST_LOG").unwrap_or_else(|_| "info".into()))
         .env_remove("TETHER_JSON_RESPONSE")
@@ -517,7 +522,7 @@ pub fn start_binary(db: &std::path::Path, extra: &[&str]) -> (std::process::Chil
     // (shown with TETHER_TEST_SHOW_LOG=1, for a test being debugged).
     // Its log also goes to `<db>.log`, for tests that read it (`log_of`).
     let show = std::env::var_os("TETHER_TEST_SHOW_LOG").is_some();
-    let mut file = std::fs::OpenOptions::new().create(true).append(true).open(db.with_extension("log")).ok();
+    let mut file = std::fs::OpenOptions::new().create(true).append(true).open(log).ok();
     std::thread::spawn(move || {
         use std::io::Write;
         for line in lines.map_while(Result::ok) {
