@@ -509,3 +509,47 @@ async fn three_replicas_on_redis_initialize_on_one_call_a_member_on_another_repl
     // And C calls the other member of the same session.
     assert_eq!(structured(&cc.call(&sid, 2, "a__whoami", json!({})).await)["name"], "a");
 }
+
+/// A sessionless (2026-07-28) `tools/call` whose client declares `capabilities`.
+fn sessionless_call(id: u64, tool: &str, arguments: Value, capabilities: Value) -> Value {
+    let mut meta = sessionless_meta();
+    meta[tether_wire::meta::CLIENT_CAPABILITIES] = capabilities;
+    sessionless_request(id, "tools/call", json!({"name": tool, "arguments": arguments, "_meta": meta}))
+}
+
+#[tokio::test]
+async fn a_sessionless_client_discovers_lists_and_calls_the_members_with_their_rounds() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!("{}{}[servers.team]\nupstreams = [\"a\", \"b\"]\n", stdio_member("a", &[]), stdio_member("b", &[]));
+    let (_tether, c) = start(&dir, &config);
+
+    let (status, discovered) = send_sessionless(&c, &sessionless_request(1, "server/discover", json!({})), None, &[]).await;
+    assert_eq!(status, 200, "{discovered}");
+    let result = &discovered["result"];
+    assert_eq!(result["_meta"][tether_wire::meta::SERVER_INFO]["name"], "team", "one description: {result}");
+    assert_eq!(result["capabilities"]["tools"]["listChanged"], true, "{result}");
+    assert_eq!(result["supportedVersions"], json!([SESSIONLESS]));
+
+    let (_, listed) = send_sessionless(&c, &sessionless_request(2, "tools/list", json!({})), None, &[]).await;
+    let names: Vec<&str> = listed["result"]["tools"].as_array().unwrap().iter().filter_map(|t| t["name"].as_str()).collect();
+    assert!(names.contains(&"a__whoami") && names.contains(&"b__whoami"), "{names:?}");
+
+    let (_, who) = send_sessionless(&c, &sessionless_call(3, "b__whoami", json!({}), json!({})), Some("b__whoami"), &[]).await;
+    assert_eq!(who["result"]["structuredContent"]["name"], "b", "{who}");
+
+    // b asks the client to sample: a round ends input_required, the repeated
+    // request carries the answer back to b.
+    let sampling = json!({"sampling": {}});
+    let ask = sessionless_call(4, "b__sample", json!({"prompt": "hi"}), sampling.clone());
+    let (_, round) = send_sessionless(&c, &ask, Some("b__sample"), &[]).await;
+    let round = &round["result"];
+    assert_eq!(round["resultType"], "input_required", "{round}");
+    let key = "sampling/createMessage#0";
+    assert_eq!(round["inputRequests"][key]["method"], "sampling/createMessage", "{round}");
+    let answer = json!({"role": "assistant", "content": {"type": "text", "text": "sampled!"}, "model": "m"});
+    let mut again = sessionless_call(5, "b__sample", json!({"prompt": "hi"}), sampling);
+    again["params"]["inputResponses"] = json!({(key): answer});
+    again["params"]["requestState"] = round["requestState"].clone();
+    let (_, done) = send_sessionless(&c, &again, Some("b__sample"), &[]).await;
+    assert_eq!(done["result"]["structuredContent"]["sampled"]["content"]["text"], "sampled!", "{done}");
+}
