@@ -444,6 +444,29 @@ impl Gateway {
         link.live.try_lock().is_ok_and(|live| live.as_ref().is_some_and(|c| c.upstream.is_alive()))
     }
 
+    /// This upstream's part of a session, for operators: `connected` (this
+    /// process holds a live connection), `stored` (a later request connects,
+    /// carrying on the stored upstream session where the transport can) or
+    /// `not started`; and the upstream's session ID, for an HTTP upstream.
+    pub(crate) fn session_view(
+        &self,
+        app_state: &Map<String, Value>,
+        local: Option<&(dyn std::any::Any + Send + Sync)>,
+    ) -> Value {
+        let stored = app_state.get(&self.slot.state_key());
+        let state = match (stored, local) {
+            (None, _) => "not started",
+            (Some(_), Some(local)) if self.slot.is_connected(local) => "connected",
+            (Some(_), _) => "stored",
+        };
+        let upstream_session = stored.and_then(|s| s.get("carryOn")).and_then(|c| c.get("sessionId")).cloned();
+        let mut view = json!({"upstream": self.config.name, "state": state, "upstream_session": upstream_session});
+        if let Slot::Member(member) = &self.slot {
+            view["member"] = json!(member);
+        }
+        view
+    }
+
     /// A member's part of an `initialize` it could not answer (its upstream
     /// is down): the client's params are kept, so the first request that
     /// needs the member starts its connection the way the client asked.
@@ -794,6 +817,14 @@ impl McpApp for Gateway {
 
     fn passes_input_through(&self) -> bool {
         self.passthrough.get().is_some()
+    }
+
+    fn describe_session(
+        &self,
+        app_state: &Map<String, Value>,
+        local: Option<&(dyn std::any::Any + Send + Sync)>,
+    ) -> Option<Value> {
+        Some(json!([self.session_view(app_state, local)]))
     }
 
     async fn on_session_end(&self, ended: SessionEnd) {

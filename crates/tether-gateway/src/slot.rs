@@ -113,6 +113,14 @@ impl Slot {
         }
     }
 
+    /// Whether a session's local state holds a live connection of this part.
+    pub fn is_connected(&self, local: &(dyn std::any::Any + Send + Sync)) -> bool {
+        match self {
+            Slot::Alone => local.downcast_ref::<Link>().is_some_and(Link::has_live),
+            Slot::Member(name) => local.downcast_ref::<Members>().and_then(|m| m.get(name)).is_some_and(|l| l.has_live()),
+        }
+    }
+
     /// This part's object in an app state (made one if it was not).
     pub fn state_of<'a>(&self, app: &'a mut Map<String, Value>) -> &'a mut Map<String, Value> {
         let entry = app.entry(self.state_key()).or_insert_with(|| json!({}));

@@ -546,6 +546,22 @@ impl McpApp for VirtualServer {
         Some(merged)
     }
 
+    /// Each member's upstream session, and whether the session's client
+    /// last saw it down.
+    fn describe_session(
+        &self,
+        app_state: &Map<String, Value>,
+        local: Option<&(dyn std::any::Any + Send + Sync)>,
+    ) -> Option<Value> {
+        let down = local.and_then(|l| l.downcast_ref::<Members>()).and_then(|m| lock(&m.down).clone()).unwrap_or_default();
+        let views = self.members.iter().enumerate().map(|(i, member)| {
+            let mut view = member.session_view(app_state, local);
+            view["down"] = json!(down.contains(&i));
+            view
+        });
+        Some(Value::Array(views.collect()))
+    }
+
     fn list_changes(&self) -> Option<broadcast::Receiver<String>> {
         Some(self.changes.sender.subscribe())
     }

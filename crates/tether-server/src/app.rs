@@ -304,6 +304,15 @@ pub trait McpApp: Send + Sync + 'static {
         false
     }
 
+    /// What operators see of the application's part of one session (the
+    /// admin API's `GET /admin/sessions/ID`): for example a gateway's
+    /// upstream sessions and whether this process holds them. `app_state`
+    /// is the session's durable app state; `local` its local state where
+    /// this process holds the session. Default: nothing.
+    fn describe_session(&self, _app_state: &Map<String, Value>, _local: Option<&(dyn Any + Send + Sync)>) -> Option<Value> {
+        None
+    }
+
     /// The application's list changes, for `subscriptions/listen` streams:
     /// each stream on the endpoint relays the methods it honours
     /// (`notifications/tools/list_changed` and the like) as they come. The

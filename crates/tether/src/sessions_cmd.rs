@@ -288,6 +288,20 @@ fn print_show(out: &Value) {
     println!("client      {}", out.get("client").map(Value::to_string).unwrap_or_default());
     println!("idle        {}", duration(out.get("idle_ms").and_then(Value::as_i64).unwrap_or(0)));
     println!("expires in  {}", duration(out.get("expires_at_ms").and_then(Value::as_i64).unwrap_or(now) - now));
+    for upstream in out.get("upstreams").and_then(Value::as_array).into_iter().flatten() {
+        let mut line = format!("upstream    {}", text(upstream, "upstream"));
+        if let Some(member) = upstream.get("member").and_then(Value::as_str) {
+            line = format!("member      {member} ({})", text(upstream, "upstream"));
+        }
+        line.push_str(&format!("  {}", text(upstream, "state")));
+        if upstream.get("down") == Some(&Value::Bool(true)) {
+            line.push_str("  down");
+        }
+        if let Some(id) = upstream.get("upstream_session").and_then(Value::as_str) {
+            line.push_str(&format!("  upstream session {id}"));
+        }
+        println!("{line}");
+    }
     let streams = out.get("streams").and_then(Value::as_array).cloned().unwrap_or_default();
     println!("streams     {}", streams.len());
     for s in &streams {

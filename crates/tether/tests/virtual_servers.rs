@@ -553,3 +553,42 @@ async fn a_sessionless_client_discovers_lists_and_calls_the_members_with_their_r
     let (_, done) = send_sessionless(&c, &again, Some("b__sample"), &[]).await;
     assert_eq!(done["result"]["structuredContent"]["sampled"]["content"]["text"], "sampled!", "{done}");
 }
+
+#[tokio::test]
+async fn the_admin_api_shows_a_sessions_member_sessions_with_their_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_py, py_url) = start_py_server("stateful");
+    let path = write_config(
+        dir.path(),
+        &format!("{}[upstreams.web]\nurl = \"{py_url}\"\n[servers.team]\nupstreams = [\"a\", \"web\"]\n", stdio_member("a", &[])),
+    );
+    let db = dir.path().join("t.db");
+    let token = "admin-token-of-this-test-0123456789";
+    let (child, url) = start_binary_with_env(
+        &format!("sqlite:{}", db.display()),
+        &db.with_extension("log"),
+        &["--config", path.to_str().unwrap(), "--admin-token-env", "TETHER_TEST_ADMIN"],
+        &[("TETHER_TEST_ADMIN", token)],
+    );
+    let _tether = Tether(child);
+    let c = Client::new(&format!("{url}/team"));
+    let (sid, _) = initialized(&c).await;
+    assert_eq!(structured(&c.call(&sid, 1, "a__whoami", json!({})).await)["name"], "a");
+    let base = url.trim_end_matches("/mcp");
+    let shown: Value = reqwest::Client::new()
+        .get(format!("{base}/admin/sessions/{sid}"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let members = shown["upstreams"].as_array().unwrap_or_else(|| panic!("{shown}"));
+    let member = |name: &str| members.iter().find(|m| m["member"] == name).cloned().unwrap_or_else(|| panic!("{name}: {shown}"));
+    assert_eq!(member("a")["state"], "connected", "{shown}");
+    assert_eq!(member("a")["down"], false);
+    let web = member("web");
+    assert_eq!(web["upstream"], "web");
+    assert!(web["upstream_session"].as_str().is_some_and(|s| !s.is_empty()), "the URL member's upstream session: {web}");
+}

@@ -604,6 +604,16 @@ impl Engine {
         self.inner.cached(id).map(|s| s.last_seen())
     }
 
+    /// The application's account of a stored session, for operators (see
+    /// [`McpApp::describe_session`]).
+    pub fn describe_session(&self, record: &SessionRecord) -> Option<Value> {
+        let endpoint = record.state.get("endpoint").and_then(Value::as_str).unwrap_or("");
+        let app = self.inner.apps.get(endpoint)?;
+        let app_state = record.state.get("app").and_then(Value::as_object).cloned().unwrap_or_default();
+        let local = self.inner.cached(&record.id).and_then(|s| s.local.lock().ok().and_then(|l| l.clone()));
+        app.describe_session(&app_state, local.as_deref())
+    }
+
     /// The ids of the requests this process runs for a session.
     pub fn in_flight(&self, id: &str) -> Vec<String> {
         let Some(session) = self.inner.cached(id) else { return Vec::new() };

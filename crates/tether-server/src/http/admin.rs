@@ -219,6 +219,9 @@ async fn show(State(admin): State<Admin>, Path(id): Path<String>) -> Response {
         obj.insert("streams".into(), json!(streams));
         obj.insert("requests_in_flight".into(), json!(in_flight));
         obj.insert("operations".into(), json!(operations));
+        if let Some(upstreams) = engine.describe_session(&record) {
+            obj.insert("upstreams".into(), upstreams);
+        }
     }
     axum::Json(out).into_response()
 }

@@ -499,10 +499,21 @@ pub fn start_binary(db: &std::path::Path, extra: &[&str]) -> (std::process::Chil
 /// [`start_binary`] on the store `store` (e.g. a Redis URL), its log also
 /// written to `log`.
 pub fn start_binary_on(store: &str, log: &std::path::Path, extra: &[&str]) -> (std::process::Child, String) {
+    start_binary_with_env(store, log, extra, &[])
+}
+
+/// [`start_binary_on`] with `env` set for the server.
+pub fn start_binary_with_env(
+    store: &str,
+    log: &std::path::Path,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> (std::process::Child, String) {
     use std::io::{BufRead, BufReader};
     let mut child = std::process::Command::new(binary())
         .args(["serve", "--listen", "127.0.0.1:0", "--store", store])
         .args(extra)
+        .envs(env.iter().copied())
         .env("RUST_LOG", std::env::var("TETHER_TEST_RUST_LOG").unwrap_or_else(|_| "info".into()))
         .env_remove("TETHER_JSON_RESPONSE")
         .env_remove("TETHER_AUTH_TOKENS")
