@@ -428,17 +428,26 @@ function renderTools(tools) {
   if (tools.length === 0) list.append(el('li', { class: 'empty', text: 'No tools.' }));
   for (const tool of tools) {
     if (!tool || typeof tool.name !== 'string') continue;
-    const button = el('button', { type: 'button', class: 'tool', testid: `tool-${tool.name}`, 'aria-pressed': 'false', title: tool.description || '' }, tool.title || tool.name);
+    const member = memberOf(tool);
+    const label = member ? [tool.title || tool.name, el('span', { class: 'member', testid: `tool-member-${tool.name}`, text: member })] : [tool.title || tool.name];
+    const button = el('button', { type: 'button', class: 'tool', testid: `tool-${tool.name}`, 'aria-pressed': 'false', title: tool.description || '' }, ...label);
     button.addEventListener('click', () => selectTool(tool));
     list.append(el('li', {}, button));
   }
+}
+
+/** The member of a virtual server a tool or prompt comes from (tether names it in `_meta`). */
+function memberOf(item) {
+  const member = item && item._meta && item._meta['dev.tether/member'];
+  return typeof member === 'string' ? member : '';
 }
 
 function selectTool(tool) {
   state.selected = tool;
   for (const b of $('tools').querySelectorAll('button.tool')) b.setAttribute('aria-pressed', String(b.dataset.testid === `tool-${tool.name}`));
   $('tool-h').textContent = tool.title || tool.name;
-  $('tool-desc').textContent = tool.description || '';
+  const member = memberOf(tool);
+  $('tool-desc').textContent = (member ? `From member ${member}. ` : '') + (tool.description || '');
   $('tool-form').hidden = false;
   $('tool-form-error').hidden = true;
   state.form = buildForm($('tool-fields'), tool.inputSchema || {}, { testPrefix: 'arg-' });

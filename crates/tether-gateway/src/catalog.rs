@@ -111,6 +111,7 @@ impl Catalog {
         let mut tool = tool.clone();
         if let Some(object) = tool.as_object_mut() {
             object.insert("name".into(), Value::String(shown.clone()));
+            mark_member(object, names[member]);
             if let Some(description) = config.tools.describe.get(&shown) {
                 object.insert("description".into(), Value::String(description.clone()));
             }
@@ -124,6 +125,7 @@ impl Catalog {
         let mut item = item.clone();
         if let Some(object) = item.as_object_mut() {
             object.insert("name".into(), Value::String(shown.clone()));
+            mark_member(object, names[member]);
         }
         self.claim(config, names, kind, shown, Route { member, name: own.to_owned() }, item);
     }
@@ -197,6 +199,15 @@ impl Kind {
     }
 }
 
+/// Names the member in the item's `_meta` (`dev.tether/member`), for
+/// people looking at the list (the console shows it).
+fn mark_member(item: &mut Map<String, Value>, member: &str) {
+    let meta = item.entry("_meta").or_insert_with(|| Value::Object(Map::new()));
+    if let Value::Object(meta) = meta {
+        meta.insert(tether_wire::meta::MEMBER.into(), Value::String(member.to_owned()));
+    }
+}
+
 fn merged_name(config: &ServerConfig, member: &str, own: &str) -> String {
     match config.names {
         Naming::Prefix => format!("{member}{}{own}", config.separator),
@@ -267,6 +278,7 @@ mod tests {
             Catalog::merge(&config(Naming::Prefix, ToolRules::default()), &[tools(&["create", "list"]), tools(&["create"])]);
         assert_eq!(shown(&catalog), ["github__create", "github__list", "tickets__create"]);
         assert_eq!(catalog.tool("tickets__create"), Some(&Route { member: 1, name: "create".into() }));
+        assert_eq!(catalog.tools[2]["_meta"][tether_wire::meta::MEMBER], "tickets", "the member is named");
         assert!(catalog.collisions.is_empty());
     }
 

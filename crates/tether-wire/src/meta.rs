@@ -48,6 +48,8 @@ pub const LOG_LEVEL: &str = "io.modelcontextprotocol/logLevel";
 pub const SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
 /// In a 2026-07-28 `thought` call and result: the notebook session it goes to.
 pub const NOTEBOOK_SESSION: &str = "dev.tether/notebookSession";
+/// A virtual server's tool or prompt: the member it comes from.
+pub const MEMBER: &str = "dev.tether/member";
 /// In a partial result of a resumable operation (session era): the ID under
 /// which a 2026-07-28 client follows the same operation as a task.
 pub const TASK_ID: &str = "dev.tether/taskId";
