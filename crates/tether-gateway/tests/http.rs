@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use tether_gateway::config::UrlSpec;
 use tether_gateway::http;
-use tether_gateway::upstream::{PeerMessage, PeerSink, UPSTREAM_RESTARTED, Upstream};
+use tether_gateway::upstream::{PeerMessage, PeerSink, UPSTREAM_FORGOT_SESSION, Upstream};
 use tether_server::http::{ANONYMOUS, Auth};
 use tether_server::rmcp_model::{CallToolResult, Implementation, Tool};
 use tether_server::{Engine, RequestCtx, RpcError, ServerConfig, ToolApp, ToolRouter};
@@ -183,7 +183,7 @@ async fn a_request_dropped_before_its_answer_is_cancelled_upstream() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_404_makes_the_upstream_dead_and_its_request_fails_with_upstream_restarted() {
+async fn a_404_makes_the_upstream_dead_and_its_request_fails_saying_the_upstream_forgot_its_session() {
     let (spec, engine) = serve(Auth::disabled()).await;
     let (sink, mut inbound) = channel();
     let (upstream, _) =
@@ -194,7 +194,7 @@ async fn a_404_makes_the_upstream_dead_and_its_request_fails_with_upstream_resta
     within("delete", engine.delete(session)).await.unwrap();
 
     let error = call(upstream.as_ref(), "echo", json!({})).await.unwrap_err();
-    assert_eq!((error.code, error.message.as_str()), (code::INTERNAL_ERROR, UPSTREAM_RESTARTED));
+    assert_eq!((error.code, error.message.as_str()), (code::INTERNAL_ERROR, UPSTREAM_FORGOT_SESSION));
     assert!(!upstream.is_alive());
     assert!(within("inbound closes", inbound.recv()).await.is_none());
     let after = call(upstream.as_ref(), "echo", json!({})).await.unwrap_err();
