@@ -106,6 +106,11 @@ impl Gateway {
         &self.config.name
     }
 
+    /// Whether some of this upstream's tools run as durable tasks (`task_tools`).
+    pub(crate) fn has_task_tools(&self) -> bool {
+        !self.config.task_tools.is_empty()
+    }
+
     /// This upstream as the member `member` of a virtual server: its part
     /// of a session lives beside the other members' (see [`Slot`]), while
     /// its children, its cap, its backoff, its sessionless pool and its idle
@@ -487,7 +492,7 @@ impl Gateway {
     ) -> Result<RawResult, RpcError> {
         let params = params.unwrap_or_default();
         match method {
-            "tasks/get" | "tasks/update" | "tasks/cancel" if !self.config.task_tools.is_empty() => {
+            "tasks/get" | "tasks/update" | "tasks/cancel" if self.has_task_tools() => {
                 return raw_result(&ctx.answer_tasks_method(self.runner()?, method, &params).await?);
             }
             "tools/call" => {

@@ -333,6 +333,16 @@ impl VirtualServer {
                 capabilities.insert(plain.into(), json!({}));
             }
         }
+        // Extensions (the Tasks extension of members' task tools): the union.
+        let mut extensions = Map::new();
+        for (_, r) in answered {
+            if let Some(Value::Object(e)) = r.get("capabilities").and_then(|c| c.get("extensions")) {
+                extensions.extend(e.clone());
+            }
+        }
+        if !extensions.is_empty() {
+            capabilities.insert("extensions".into(), Value::Object(extensions));
+        }
         let version = answered
             .iter()
             .filter_map(|(_, r)| r.get("protocolVersion").and_then(Value::as_str))
@@ -510,6 +520,12 @@ impl McpApp for VirtualServer {
             | "resources/unsubscribe"
             | "completion/complete" => self.routed(&ctx, method, params.unwrap_or_default()).await,
             "logging/setLevel" => self.set_level(&ctx, params).await,
+            // A sessionless client's tasks (of members' `task_tools`) are
+            // tether's, kept in its store: any member that runs tasks answers.
+            "tasks/get" | "tasks/update" | "tasks/cancel" => match self.members.iter().position(|m| m.has_task_tools()) {
+                Some(member) => self.ask(&ctx, member, method, params, Notes::None).await,
+                None => Err(RpcError::method_not_found(method)),
+            },
             other => Err(RpcError::method_not_found(other)),
         }
     }

@@ -592,3 +592,35 @@ async fn the_admin_api_shows_a_sessions_member_sessions_with_their_state() {
     assert_eq!(web["upstream"], "web");
     assert!(web["upstream_session"].as_str().is_some_and(|s| !s.is_empty()), "the URL member's upstream session: {web}");
 }
+
+#[tokio::test]
+async fn a_members_task_tool_runs_as_a_durable_task_for_a_sessionless_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "resume_wait = \"0s\"\n{}{}task_tools = [\"slow\"]\n[servers.team]\nupstreams = [\"a\", \"b\"]\n",
+        stdio_member("a", &[]),
+        stdio_member("b", &[])
+    );
+    let (_tether, c) = start(&dir, &config);
+    let tasks = json!({"extensions": {(tether_wire::meta::TASKS_EXTENSION): {}}});
+    let (_, discovered) = send_sessionless(&c, &sessionless_request(1, "server/discover", json!({})), None, &[]).await;
+    assert!(discovered["result"]["capabilities"]["extensions"][tether_wire::meta::TASKS_EXTENSION].is_object(), "{discovered}");
+    let (_, created) =
+        send_sessionless(&c, &sessionless_call(2, "b__slow", json!({"ms": 200}), tasks.clone()), Some("b__slow"), &[]).await;
+    assert_eq!(created["result"]["resultType"], "task", "{created}");
+    let id = created["result"]["taskId"].as_str().expect("a task id").to_owned();
+    let mut meta = sessionless_meta();
+    meta[tether_wire::meta::CLIENT_CAPABILITIES] = tasks;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let done = loop {
+        let get = sessionless_request(3, "tasks/get", json!({"taskId": id, "_meta": meta}));
+        let (_, got) = send_sessionless(&c, &get, Some(&id), &[]).await;
+        if got["result"]["status"] != "working" {
+            break got;
+        }
+        assert!(std::time::Instant::now() < deadline, "the task did not end: {got}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(done["result"]["status"], "completed", "{done}");
+    assert_eq!(done["result"]["result"]["structuredContent"]["slept"], 200, "b's result is the task's: {done}");
+}
