@@ -17,7 +17,12 @@
 //   6. unknown-session: a stored session the server does not know (404) gives a
 //      visible notice and a fresh session;
 //   7. token: with --auth-tokens, a 401 brings up the token field, and the token
-//      typed is kept in sessionStorage only (not localStorage, not the URL).
+//      typed is kept in sessionStorage only (not localStorage, not the URL);
+// and one of virtual servers:
+//   8. virtual-server: a tether whose --config file serves `team`, two stdio
+//      fixture members `a` and `b`, at /mcp/team: the merged tools carry their
+//      member's badge, the selected tool's description names its member, and a
+//      call of `b__whoami` from the form is answered by member `b`.
 // usage: node console.mjs TETHER_BIN PYTHON CHROMIUM
 
 import { spawn } from 'node:child_process';
@@ -351,6 +356,56 @@ async function token(page) {
   return 'a 401 shows the token field; with the token typed the page connects; the token is only in sessionStorage';
 }
 
+async function virtualServer(page) {
+  const fixture = path.join(ROOT, 'crates', 'tether-gateway', 'tests', 'fixtures', 'stdio_server.py');
+  assert(fs.existsSync(fixture), `the stdio fixture is at ${fixture}`);
+  // JSON strings are TOML basic strings.
+  const member = (name) => `[upstreams.${name}]\ncommand = [${JSON.stringify(PYTHON)}, ${JSON.stringify(fixture)}]\nenv = { FIXTURE_NAME = "${name}" }\n`;
+  const file = path.join(TMP, 'team.toml');
+  fs.writeFileSync(file, `${member('a')}\n${member('b')}\n[servers.team]\nupstreams = ["a", "b"]\n`);
+  const teamPort = await freePort();
+  const teamBase = `http://127.0.0.1:${teamPort}`;
+  const args = ['serve', '--listen', `127.0.0.1:${teamPort}`, '--store', 'memory', '--config', file];
+  fs.appendFileSync(LOG, `==== tether ${args.join(' ')} (${new Date().toISOString()}) ====\n`);
+  const out = fs.openSync(LOG, 'a');
+  const team = spawn(BIN, args, { stdio: ['ignore', out, out] });
+  fs.closeSync(out);
+  try {
+    await waitFor('the server with [servers.team]', async () => {
+      if (team.exitCode !== null) throw new Error(`tether --config ${file} exited with ${team.exitCode}`);
+      return (await fetch(`${teamBase}/healthz`).catch(() => null))?.ok;
+    }, 30_000);
+    await page.goto(`${teamBase}/console?endpoint=/mcp/team`);
+    await connect(page, '/mcp/team');
+    // 1. both members' whoami, each with its member's badge inside its button.
+    for (const name of ['a', 'b']) {
+      const tool = page.getByTestId(`tool-${name}__whoami`);
+      await tool.waitFor({ timeout: 30_000 });
+      const badge = tool.getByTestId(`tool-member-${name}__whoami`);
+      await badge.waitFor();
+      const text = (await badge.textContent()).trim();
+      assert(text === name, `the badge of ${name}__whoami names member ${name}: ${JSON.stringify(text)}`);
+    }
+    // 2. the selected tool's description names its member.
+    await page.getByTestId('tool-b__whoami').click();
+    await waitFor('b__whoami selected', async () => (await page.getByTestId('tool-b__whoami').getAttribute('aria-pressed')) === 'true', 20_000);
+    const desc = page.locator('#tool-desc');
+    await waitFor('the description of b__whoami', async () => ((await desc.textContent()) || '').startsWith('From member b.'), 20_000)
+      .catch(async (e) => { throw new Error(`${e.message}; #tool-desc is ${JSON.stringify(await desc.textContent())}`); });
+    await shot(page, '9a-virtual-server-tools');
+    // 3. a call from the form is answered by member b.
+    const { card } = await call(page, 'b__whoami', {});
+    await card.getByTestId('error').or(card.getByTestId('result')).waitFor({ timeout: 30_000 });
+    assert((await card.getByTestId('error').count()) === 0, `the call succeeded: ${await card.textContent()}`);
+    const result = (await card.getByTestId('result').textContent()) || '';
+    assert(/"name":\s*"b"/.test(result) && !/"name":\s*"a"/.test(result), `the result names member b: ${result}`);
+    await shot(page, '9b-virtual-server-call');
+    return `session ${await sessionId(page)} on /mcp/team: a__whoami and b__whoami badged a and b; "${(await desc.textContent()).trim()}"; b__whoami answered {"name": "b"}`;
+  } finally {
+    team.kill('SIGKILL');
+  }
+}
+
 // ------------------------------------------------------------------ main
 
 async function main() {
@@ -380,6 +435,7 @@ async function main() {
     ['two-tabs', twoTabs],
     ['unknown-session', unknownSession],
     ['token', token],
+    ['virtual-server', virtualServer],
   ];
   let failed = 0;
   const summary = [];

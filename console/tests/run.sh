@@ -11,9 +11,11 @@
 # temporary SQLite store and two gateway endpoints: /mcp/slow in front of
 # console/tests/slow_server.py (a stdio server that records every tool run),
 # and /mcp/remote, a URL upstream: a second tether serving the same slow
-# server, which outlives the first's kill -9. Seven checks: connect-and-call,
+# server, which outlives the first's kill -9. Eight checks: connect-and-call,
 # reload-mid-call, kill-9-and-restart, elicitation, two-tabs, unknown-session,
-# token. Screenshots of every step go to target/console-shots/.
+# token, virtual-server (a third tether with a --config file serving /mcp/team,
+# two members of crates/tether-gateway/tests/fixtures/stdio_server.py).
+# Screenshots of every step go to target/console-shots/.
 #
 # Needs node >= 20 with npm and python3 >= 3.8. CONSOLE_VERBOSE=1 prints tether's log.
 set -uo pipefail
