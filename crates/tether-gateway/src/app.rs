@@ -472,6 +472,42 @@ impl Gateway {
         view
     }
 
+    /// The link an `initialize` gives this part of its new session.
+    pub(crate) fn link_for(&self, init: &mut Initialize<'_>) -> Arc<Link> {
+        self.slot.link_for(init)
+    }
+
+    /// A new session's connection, on `link`: started and initialized with
+    /// the client's params. Returns the upstream's `initialize` result and
+    /// this part's durable state (for [`Slot::state_key`]). Takes the
+    /// `initialize` shared, so a virtual server opens its members at once.
+    pub(crate) async fn open(&self, init: &Initialize<'_>, link: &Arc<Link>) -> Result<(Map<String, Value>, Value), RpcError> {
+        tether_server::trace::record_upstream(&self.config.name);
+        let params = upstream_params(init.params);
+        link.set_principal(init.caller.principal.as_str());
+        let authorization = self.forwarded(link, init.client_authorization());
+        // What the upstream sends before the session exists waits in the sink.
+        let sink = LinkSink::new(link, &self.config.name, self.changes.clone());
+        let started = self
+            .connect(init.session_id(), &init.caller.principal, params.clone(), authorization, Some(link), sink.clone())
+            .await?;
+        let Started { upstream, initialize_result, carry_on } = started;
+        let result: Map<String, Value> = serde_json::from_str(initialize_result.get()).map_err(|e| {
+            RpcError::internal(format!("upstream `{}` answered initialize with no object: {e}", self.config.name))
+        })?;
+        let state = json!({"initialize": without_trace_context(params), "carryOn": carry_on});
+        *link.live.lock().await = Some(Connection::new(upstream, sink));
+        // Idle from now on until a request uses it (so it can make room).
+        link.touch();
+        self.register(link);
+        Ok((result, state))
+    }
+
+    /// Keeps this part's durable state from [`Self::open`] in the new session.
+    pub(crate) fn keep(&self, init: &mut Initialize<'_>, state: Value) {
+        init.set_app_state(self.slot.state_key(), state);
+    }
+
     /// A member's part of an `initialize` it could not answer (its upstream
     /// is down): the client's params are kept, so the first request that
     /// needs the member starts its connection the way the client asked.
@@ -697,25 +733,9 @@ async fn sweep_idle(links: Weak<Mutex<Vec<Weak<Link>>>>, idle: Duration) {
 #[async_trait]
 impl McpApp for Gateway {
     async fn initialize(&self, init: &mut Initialize<'_>) -> Result<Map<String, Value>, RpcError> {
-        tether_server::trace::record_upstream(&self.config.name);
-        let params = upstream_params(init.params);
         let link = self.slot.link_for(init);
-        link.set_principal(init.caller.principal.as_str());
-        let authorization = self.forwarded(&link, init.client_authorization());
-        // What the upstream sends before the session exists waits in the sink.
-        let sink = LinkSink::new(&link, &self.config.name, self.changes.clone());
-        let started = self
-            .connect(init.session_id(), &init.caller.principal, params.clone(), authorization, Some(&link), sink.clone())
-            .await?;
-        let Started { upstream, initialize_result, carry_on } = started;
-        let result: Map<String, Value> = serde_json::from_str(initialize_result.get()).map_err(|e| {
-            RpcError::internal(format!("upstream `{}` answered initialize with no object: {e}", self.config.name))
-        })?;
-        init.set_app_state(self.slot.state_key(), json!({"initialize": without_trace_context(params), "carryOn": carry_on}));
-        *link.live.lock().await = Some(Connection::new(upstream, sink));
-        // Idle from now on until a request uses it (so it can make room).
-        link.touch();
-        self.register(&link);
+        let (result, state) = self.open(init, &link).await?;
+        init.set_app_state(self.slot.state_key(), state);
         Ok(result)
     }
 

@@ -467,16 +467,22 @@ impl ListChanges for Relay {
 
 #[async_trait]
 impl McpApp for VirtualServer {
-    /// Every member's `initialize`, one after the other into the same
-    /// session; a member that cannot be reached is started by the first
-    /// request that needs it (or, with `on_member_down = "fail"`, refuses
-    /// the `initialize`).
+    /// Every member's `initialize` at once, into the same session; a member
+    /// that cannot be reached is started by the first request that needs it
+    /// (or, with `on_member_down = "fail"`, refuses the `initialize`).
     async fn initialize(&self, init: &mut Initialize<'_>) -> Result<Map<String, Value>, RpcError> {
+        let links: Vec<_> = self.members.iter().map(|gateway| gateway.link_for(init)).collect();
+        // Every member is started at once (a child each, an HTTP session each).
+        let shared: &Initialize<'_> = init;
+        let opened = join_all(self.members.iter().zip(&links).map(|(gateway, link)| gateway.open(shared, link))).await;
         let mut answered = Vec::new();
         let mut down = Vec::new();
-        for (member, gateway) in self.members.iter().enumerate() {
-            match gateway.initialize(init).await {
-                Ok(result) => answered.push((member, result)),
+        for ((member, gateway), opened) in self.members.iter().enumerate().zip(opened) {
+            match opened {
+                Ok((result, state)) => {
+                    gateway.keep(init, state);
+                    answered.push((member, result));
+                }
                 Err(e) if self.config.on_member_down == MemberDown::Hide => {
                     tracing::warn!(server = %self.config.name, member = gateway.name(), error = %e.message, "member not reachable; hidden until it is");
                     gateway.initialize_later(init);
