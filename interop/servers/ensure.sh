@@ -2,7 +2,8 @@
 # Makes sure the fixture servers in interop/servers can run: the official
 # MCP Python SDK in interop/py/.venv and the TypeScript SDK in
 # interop/ts/node_modules, installed from the same pinned files (and with the
-# same stamps) as interop/run.sh, so both scripts share one install.
+# same stamps) as interop/run.sh, so both scripts share one install; and the
+# authorization server of the OAuth tests (interop/oauth/node_modules).
 #
 # usage: interop/servers/ensure.sh          (prints nothing on success)
 #
@@ -52,4 +53,15 @@ if [ "$(cat "$TS_STAMP" 2>/dev/null)" != "$(sha "$TS/package-lock.json")" ]; the
     echo "interop: npm ci in interop/ts" >&2
     (cd "$TS" && npm ci --cache "$CACHE/npm" --no-audit --no-fund --loglevel=error >&2) || die "npm ci failed"
     sha "$TS/package-lock.json" >"$TS_STAMP"
+fi
+
+# The authorization server of the OAuth tests (oidc-provider, interop/oauth).
+OAUTH="$HERE/oauth"
+OAUTH_STAMP="$OAUTH/node_modules/.interop-stamp"
+if [ "$(cat "$OAUTH_STAMP" 2>/dev/null)" != "$(sha "$OAUTH/package-lock.json")" ]; then
+    command -v node >/dev/null || die "node (>= 20) not found"
+    command -v npm >/dev/null || die "npm not found"
+    echo "interop: npm ci in interop/oauth" >&2
+    (cd "$OAUTH" && npm ci --cache "$CACHE/npm" --no-audit --no-fund --loglevel=error >&2) || die "npm ci in interop/oauth failed"
+    sha "$OAUTH/package-lock.json" >"$OAUTH_STAMP"
 fi

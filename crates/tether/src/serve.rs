@@ -9,6 +9,7 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use tether_notebook::{MemoryNotebook, Notebook, NotebookRepo, RedisNotebook, SqliteNotebook};
 use tether_server::http::Auth;
+use tether_server::http::oauth::{OAuthConfig, ResourceServer};
 use tether_server::{Endpoints, Engine, ServerConfig, ToolRouter};
 use tether_store::memory::MemoryStore;
 use tether_store::sqlite::SqliteStore;
@@ -64,6 +65,21 @@ pub struct ServeArgs {
     /// `Authorization: Bearer TOKEN`. Re-read on SIGHUP.
     #[arg(long, env = "TETHER_AUTH_TOKENS")]
     auth_tokens: Option<PathBuf>,
+    /// An OAuth authorization server whose JWT access tokens are accepted
+    /// (its issuer URL; repeatable). Every endpoint then is an OAuth 2.1
+    /// resource server: a request without a valid token gets 401 with a
+    /// challenge naming its protected resource metadata. Static tokens
+    /// (`--auth-tokens`) are accepted beside.
+    #[arg(long = "oauth-issuer", alias = "oauth-issuers", env = "TETHER_OAUTH_ISSUER", value_delimiter = ',')]
+    oauth_issuers: Vec<String>,
+    /// The base URL clients reach this server at (e.g. behind a proxy):
+    /// an endpoint's resource identifier is it plus `/mcp` or `/mcp/NAME`.
+    /// Default: `http://` and the listen address.
+    #[arg(long, env = "TETHER_PUBLIC_URL")]
+    public_url: Option<String>,
+    /// The scopes the endpoints advertise (comma-separated).
+    #[arg(long, env = "TETHER_OAUTH_SCOPES", value_delimiter = ',')]
+    oauth_scopes: Vec<String>,
     /// How long a resumable call waits for its result before answering with
     /// a `nextResumeToken` (e.g. 2s, 500ms).
     #[arg(long, env = "TETHER_RESUME_WAIT", default_value = "2s", value_parser = humantime::parse_duration)]
@@ -321,6 +337,16 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         );
         extra = extra.merge(tether_server::http::admin_router(engine.clone(), token));
     }
+    let auth = match args.oauth_issuers.as_slice() {
+        [] => auth,
+        issuers => {
+            let public_url = args.public_url.clone().unwrap_or_else(|| format!("http://{local}"));
+            let config = OAuthConfig { issuers: issuers.to_vec(), public_url, scopes: args.oauth_scopes.clone() };
+            let server = ResourceServer::new(config).map_err(anyhow::Error::msg)?;
+            tracing::info!(issuers = ?issuers, resource = %server.resource(""), "OAuth resource server: access tokens of these issuers accepted");
+            auth.with_oauth(server)
+        }
+    };
     tether_server::http::serve_with(listener, extra, engine, auth, shutdown_signal()).await?;
     Ok(())
 }

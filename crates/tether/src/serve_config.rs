@@ -102,9 +102,11 @@ fn known_flags() -> Vec<(String, Option<String>)> {
     let Some(serve) = command.find_subcommand("serve") else { return Vec::new() };
     serve
         .get_arguments()
-        .filter_map(|a| {
+        .flat_map(|a| {
             let env = a.get_env().and_then(|e| e.to_str()).map(str::to_owned);
-            a.get_long().map(|l| (l.to_owned(), env))
+            // A key may be the flag's name or one of its aliases (`oauth_issuers`).
+            let aliases = a.get_all_aliases().unwrap_or_default();
+            a.get_long().into_iter().chain(aliases).map(move |l| (l.to_owned(), env.clone())).collect::<Vec<_>>()
         })
         .collect()
 }

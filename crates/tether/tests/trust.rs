@@ -77,14 +77,14 @@ async fn token_file_reload_swaps_tokens_and_a_bad_file_keeps_the_old_ones() {
         h.insert("authorization", format!("Bearer {t}").parse().unwrap());
         h
     };
-    assert_eq!(auth.principal(&headers(ALICE)).unwrap(), "alice");
+    assert_eq!(auth.principal(&headers(ALICE), "").await.unwrap(), "alice");
     token_file(dir.path(), &format!("{BOB} bob\n"));
     assert_eq!(auth.reload().unwrap(), 1);
-    assert!(auth.principal(&headers(ALICE)).is_err(), "removed token stops working");
-    assert_eq!(auth.principal(&headers(BOB)).unwrap(), "bob");
+    assert!(auth.principal(&headers(ALICE), "").await.is_err(), "removed token stops working");
+    assert_eq!(auth.principal(&headers(BOB), "").await.unwrap(), "bob");
     token_file(dir.path(), "garbage-without-principal\n");
     assert!(auth.reload().unwrap_err().contains("line 1"));
-    assert_eq!(auth.principal(&headers(BOB)).unwrap(), "bob", "a bad file keeps the old tokens");
+    assert_eq!(auth.principal(&headers(BOB), "").await.unwrap(), "bob", "a bad file keeps the old tokens");
 }
 
 #[tokio::test]

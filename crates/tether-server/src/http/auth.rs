@@ -3,8 +3,12 @@
 //! `--auth-tokens FILE` holds one `TOKEN PRINCIPAL` pair per line (`#`
 //! comments, blank lines ignored). Tokens are kept only as SHA-256 digests and
 //! every lookup compares against every entry in constant time, so neither
-//! timing nor the table's order reveals a token. Without a file, every
-//! request belongs to one anonymous principal.
+//! timing nor the table's order reveals a token. With `--oauth-issuer`, the
+//! endpoints are OAuth resource servers too (see [`super::oauth`]): a token
+//! the file does not hold is checked as an access token, and a request
+//! without a usable one gets the challenge that leads a client to the
+//! authorization server. Without either, every request belongs to one
+//! anonymous principal.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -14,6 +18,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::HttpError;
+use super::oauth::{Refusal, ResourceServer};
 
 /// The principal of every request while authentication is off.
 pub const ANONYMOUS: &str = "anonymous";
@@ -81,6 +86,7 @@ impl TokenTable {
 pub struct Auth {
     table: Arc<RwLock<Option<Arc<TokenTable>>>>,
     path: Option<Arc<PathBuf>>,
+    oauth: Option<Arc<ResourceServer>>,
 }
 
 impl Auth {
@@ -91,13 +97,24 @@ impl Auth {
 
     /// Reads `path`; fails with a message naming the file and the line.
     pub fn from_file(path: &Path) -> Result<Self, String> {
-        let auth = Self { table: Arc::default(), path: Some(Arc::new(path.to_path_buf())) };
+        let auth = Self { table: Arc::default(), path: Some(Arc::new(path.to_path_buf())), oauth: None };
         auth.reload()?;
         Ok(auth)
     }
 
+    /// Access tokens of `server`'s issuers are accepted too.
+    pub fn with_oauth(mut self, server: ResourceServer) -> Self {
+        self.oauth = Some(Arc::new(server));
+        self
+    }
+
+    /// The OAuth resource server, if `--oauth-issuer` is set.
+    pub fn oauth(&self) -> Option<&ResourceServer> {
+        self.oauth.as_deref()
+    }
+
     pub fn is_enabled(&self) -> bool {
-        self.path.is_some()
+        self.path.is_some() || self.oauth.is_some()
     }
 
     /// Re-reads the token file (SIGHUP). On error the old table stays.
@@ -110,15 +127,21 @@ impl Auth {
         Ok(n)
     }
 
-    /// The principal of a request, or 401 with `WWW-Authenticate: Bearer`.
-    pub fn principal(&self, headers: &HeaderMap) -> Result<String, HttpError> {
+    /// The principal of a request to `endpoint`, or 401 with a
+    /// `WWW-Authenticate: Bearer` challenge (503 while the authorization
+    /// server's keys cannot be had).
+    pub async fn principal(&self, headers: &HeaderMap, endpoint: &str) -> Result<String, HttpError> {
         if !self.is_enabled() {
             return Ok(ANONYMOUS.to_owned());
         }
-        let unauthorized = |m: &str| {
+        let unauthorized = |m: &str, refusal: Option<&str>| {
             crate::metrics::auth_failure();
+            let challenge = match &self.oauth {
+                Some(oauth) => oauth.challenge(endpoint, refusal),
+                None => "Bearer".to_owned(),
+            };
             HttpError {
-                www_authenticate: true,
+                www_authenticate: Some(challenge),
                 ..HttpError::new(StatusCode::UNAUTHORIZED, tether_wire::code::INVALID_REQUEST, m)
             }
         };
@@ -127,14 +150,32 @@ impl Auth {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
             .map(str::trim)
-            .ok_or_else(|| unauthorized("authentication required: send `Authorization: Bearer <token>`"))?;
+            .ok_or_else(|| unauthorized("authentication required: send `Authorization: Bearer <token>`", None))?;
         let table = self.table.read().ok().and_then(|t| t.clone());
-        table
-            .as_ref()
-            .and_then(|t| t.principal(token).map(str::to_owned))
-            .ok_or_else(|| unauthorized("the Bearer token is not valid for this server: check it, or ask the operator for one"))
+        if let Some(principal) = table.as_ref().and_then(|t| t.principal(token)) {
+            return Ok(principal.to_owned());
+        }
+        let Some(oauth) = &self.oauth else {
+            return Err(unauthorized(
+                "the Bearer token is not valid for this server: check it, or ask the operator for one",
+                None,
+            ));
+        };
+        match oauth.verify(token, endpoint).await {
+            Ok(checked) => Ok(checked.principal),
+            Err(Refusal::Invalid(reason)) => {
+                Err(unauthorized(&format!("the access token is refused: {reason}; get a new one and retry"), Some(&reason)))
+            }
+            Err(Refusal::Unavailable(reason)) => Err(HttpError {
+                retry_after: Some(OAUTH_RETRY_AFTER_SECS),
+                ..HttpError::new(StatusCode::SERVICE_UNAVAILABLE, tether_wire::code::INTERNAL_ERROR, reason)
+            }),
+        }
     }
 }
+
+/// `Retry-After` while an authorization server's keys cannot be had.
+const OAUTH_RETRY_AFTER_SECS: u32 = 5;
 
 #[cfg(test)]
 mod tests {

@@ -16,7 +16,8 @@ pub struct HttpError {
     pub code: i64,
     pub message: String,
     pub id: Option<Value>,
-    pub www_authenticate: bool,
+    /// The `WWW-Authenticate` challenge of a 401.
+    pub www_authenticate: Option<String>,
     /// Seconds for a `Retry-After` header (503s the client should retry).
     pub retry_after: Option<u32>,
 }
@@ -27,7 +28,7 @@ const STORE_RETRY_AFTER_SECS: u32 = 1;
 
 impl HttpError {
     pub fn new(status: StatusCode, code: i64, message: impl Into<String>) -> Self {
-        Self { status, code, message: message.into(), id: None, www_authenticate: false, retry_after: None }
+        Self { status, code, message: message.into(), id: None, www_authenticate: None, retry_after: None }
     }
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, INVALID_REQUEST, message)
@@ -44,7 +45,7 @@ impl From<EnvelopeError> for HttpError {
             code: e.code,
             message: e.message,
             id: e.id,
-            www_authenticate: false,
+            www_authenticate: None,
             retry_after: None,
         }
     }
@@ -57,7 +58,7 @@ impl From<EngineError> for HttpError {
             EngineError::SessionNotFound => Self::new(StatusCode::NOT_FOUND, SESSION_NOT_FOUND, message),
             EngineError::UnknownEndpoint(_) => Self::new(StatusCode::NOT_FOUND, INVALID_REQUEST, message),
             EngineError::BadRequest { code, id, message } => {
-                Self { status: StatusCode::BAD_REQUEST, code, message, id, www_authenticate: false, retry_after: None }
+                Self { status: StatusCode::BAD_REQUEST, code, message, id, www_authenticate: None, retry_after: None }
             }
             EngineError::TooMany(m) => Self::new(StatusCode::TOO_MANY_REQUESTS, SERVER_ERROR, m),
             EngineError::ShuttingDown => Self::new(StatusCode::SERVICE_UNAVAILABLE, SERVER_ERROR, message),
@@ -86,8 +87,8 @@ impl IntoResponse for HttpError {
         if let Some(seconds) = self.retry_after {
             response.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from(seconds));
         }
-        if self.www_authenticate {
-            response.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+        if let Some(challenge) = self.www_authenticate.and_then(|c| header::HeaderValue::from_str(&c).ok()) {
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, challenge);
         }
         response
     }

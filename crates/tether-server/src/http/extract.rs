@@ -35,7 +35,12 @@ impl FromRequestParts<AppState> for Principal {
     type Rejection = HttpError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
-        state.auth.principal(&parts.headers).map(Principal)
+        if parts.uri.query().is_some_and(|q| q.split('&').any(|pair| pair.starts_with("access_token="))) {
+            return Err(HttpError::bad_request(
+                "an access token in the query string is refused (it would be logged); send `Authorization: Bearer <token>`",
+            ));
+        }
+        state.auth.principal(&parts.headers, endpoint_of(parts.uri.path())).await.map(Principal)
     }
 }
 
@@ -46,10 +51,13 @@ impl<S: Send + Sync> FromRequestParts<S> for Endpoint {
     type Rejection = HttpError;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        let path = parts.uri.path();
-        let name = path.strip_prefix("/mcp").map(|rest| rest.trim_start_matches('/')).unwrap_or_default();
-        Ok(Endpoint(name.to_owned()))
+        Ok(Endpoint(endpoint_of(parts.uri.path()).to_owned()))
     }
+}
+
+/// The endpoint of a request path: `""` for `/mcp`, `NAME` for `/mcp/NAME`.
+fn endpoint_of(path: &str) -> &str {
+    path.strip_prefix("/mcp").map(|rest| rest.trim_start_matches('/')).unwrap_or_default()
 }
 
 /// A POST's Accept lists both JSON and SSE (406 otherwise).

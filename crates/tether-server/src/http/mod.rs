@@ -7,6 +7,7 @@ mod auth;
 mod conn;
 mod error;
 mod extract;
+pub mod oauth;
 mod ops;
 pub mod sessionless;
 mod sse;
@@ -48,7 +49,31 @@ pub fn router(engine: Engine, auth: Auth) -> Router {
     let mcp = Router::new()
         .route("/mcp", post(post_mcp).get(get_mcp).delete(delete_mcp))
         .route("/mcp/{endpoint}", post(post_mcp).get(get_mcp).delete(delete_mcp));
-    Router::new().merge(mcp).route("/healthz", get(healthz)).route("/readyz", get(ops::readyz)).with_state(state)
+    // RFC 9728: `/mcp/NAME`'s metadata at the path-suffixed well-known URL
+    // (and `/mcp`'s also at the bare one); 404 without `--oauth-issuer`.
+    let metadata = Router::new()
+        .route("/.well-known/oauth-protected-resource", get(resource_metadata))
+        .route("/.well-known/oauth-protected-resource/{*resource}", get(resource_metadata));
+    Router::new().merge(mcp).merge(metadata).route("/healthz", get(healthz)).route("/readyz", get(ops::readyz)).with_state(state)
+}
+
+/// An endpoint's protected resource metadata (no token needed).
+async fn resource_metadata(State(state): State<AppState>, uri: axum::http::Uri) -> Response {
+    let path = uri.path().trim_start_matches("/.well-known/oauth-protected-resource");
+    let endpoint = match path {
+        "" | "/mcp" => Some(""),
+        other => other.strip_prefix("/mcp/").filter(|name| !name.is_empty() && !name.contains('/')),
+    };
+    match (state.auth.oauth(), endpoint) {
+        (Some(oauth), Some(endpoint)) if state.engine.serves(endpoint) => axum::Json(oauth.metadata(endpoint)).into_response(),
+        (None, _) => HttpError::new(
+            StatusCode::NOT_FOUND,
+            code::INVALID_REQUEST,
+            "this server is not an OAuth resource server (no --oauth-issuer)",
+        )
+        .into_response(),
+        _ => HttpError::new(StatusCode::NOT_FOUND, code::INVALID_REQUEST, format!("no endpoint at {path}")).into_response(),
+    }
 }
 
 /// Serves until `shutdown` resolves; then tells open streams to reconnect,

@@ -510,8 +510,11 @@ pub fn start_binary_with_env(
     env: &[(&str, &str)],
 ) -> (std::process::Child, String) {
     use std::io::{BufRead, BufReader};
+    let listen = if extra.contains(&"--listen") { &[][..] } else { &["--listen", "127.0.0.1:0"][..] };
     let mut child = std::process::Command::new(binary())
-        .args(["serve", "--listen", "127.0.0.1:0", "--store", store])
+        .arg("serve")
+        .args(listen)
+        .args(["--store", store])
         .args(extra)
         .envs(env.iter().copied())
         .env("RUST_LOG", std::env::var("TETHER_TEST_RUST_LOG").unwrap_or_else(|_| "info".into()))

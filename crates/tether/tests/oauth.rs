@@ -1,0 +1,282 @@
+//! tether as an OAuth 2.1 resource server, against a real authorization
+//! server (oidc-provider from npm, `interop/oauth/provider.mjs`) issuing JWT
+//! access tokens by client credentials with RFC 8707 resource indicators:
+//! the challenge and the metadata that lead a client to it, its tokens
+//! accepted for the endpoint they name, every kind of bad token refused with
+//! a 401 challenge (or 503 while an issuer's keys cannot be had), and
+//! sessions bound to the token's `sub`.
+
+mod support;
+
+use std::io::BufRead;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde_json::{Value, json};
+use support::*;
+
+/// The authorization server, killed when dropped.
+struct Provider {
+    child: std::process::Child,
+    issuer: String,
+    /// Its signing key (PEM) and kid, for tokens a test makes itself.
+    key_pem: String,
+    kid: String,
+}
+
+impl Drop for Provider {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn start_provider(dir: &std::path::Path) -> Provider {
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let ensure = std::process::Command::new("bash").arg(root.join("interop/servers/ensure.sh")).output().unwrap();
+    assert!(ensure.status.success(), "interop/servers/ensure.sh failed: {}", String::from_utf8_lossy(&ensure.stderr));
+    let port = free_port();
+    let key_file = dir.join("provider-key.pem");
+    let mut child = std::process::Command::new("node")
+        .arg(root.join("interop/oauth/provider.mjs"))
+        .args([&port.to_string(), key_file.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("node runs the authorization server");
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().and_then(Result::ok).as_deref(), Some("READY"), "the authorization server did not start");
+    std::thread::spawn(move || for _ in lines {});
+    let text = std::fs::read_to_string(&key_file).unwrap();
+    let kid = text.lines().next().and_then(|l| l.strip_prefix("# kid: ")).unwrap().to_owned();
+    let key_pem = text.lines().skip(1).collect::<Vec<_>>().join("\n");
+    Provider { child, issuer: format!("http://127.0.0.1:{port}"), key_pem, kid }
+}
+
+impl Provider {
+    /// A token by client credentials for `resource`.
+    async fn token(&self, client: &str, resource: &str, scope: &str) -> String {
+        let secret = format!("{client}-secret");
+        let form = [
+            ("grant_type", "client_credentials"),
+            ("client_id", client),
+            ("client_secret", &secret),
+            ("resource", resource),
+            ("scope", scope),
+        ];
+        let body: Vec<String> = form.iter().map(|(k, v)| format!("{k}={}", url_encoded(v))).collect();
+        let answer: Value = reqwest::Client::new()
+            .post(format!("{}/token", self.issuer))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(body.join("&"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        answer["access_token"].as_str().unwrap_or_else(|| panic!("no token: {answer}")).to_owned()
+    }
+
+    /// A token of our own making, signed with the provider's key.
+    fn sign(&self, claims: &Value, kid: &str) -> String {
+        let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::RS256);
+        header.kid = Some(kid.to_owned());
+        let key = jsonwebtoken::EncodingKey::from_rsa_pem(self.key_pem.as_bytes()).unwrap();
+        jsonwebtoken::encode(&header, claims, &key).unwrap()
+    }
+}
+
+fn url_encoded(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
+}
+
+fn b64(v: &Value) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
+}
+
+struct Protected {
+    _tether: Tether,
+    base: String,
+}
+
+fn start_protected(dir: &tempfile::TempDir, issuers: &[&str]) -> Protected {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut args = vec!["--listen", &listen, "--oauth-scopes", "tools:read,tools:write", "--upstream"];
+    let upstream = format!("fx=stdio:python3 {}", fixture());
+    args.push(&upstream);
+    for issuer in issuers {
+        args.extend(["--oauth-issuer", issuer]);
+    }
+    let db = dir.path().join("t.db");
+    let (child, _) = start_binary_with_env(&format!("sqlite:{}", db.display()), &db.with_extension("log"), &args, &[]);
+    Protected { _tether: Tether(child), base: format!("http://127.0.0.1:{port}") }
+}
+
+async fn post_initialize(url: &str, token: Option<&str>) -> reqwest::Response {
+    let mut request = reqwest::Client::new()
+        .post(url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(
+            json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "oauth-test", "version": "0"}}})
+            .to_string(),
+        );
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    request.send().await.unwrap()
+}
+
+fn challenge(response: &reqwest::Response) -> String {
+    response.headers().get("www-authenticate").map(|v| v.to_str().unwrap().to_owned()).unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_client_finds_the_authorization_server_from_the_challenge_and_its_token_opens_a_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let provider = start_provider(dir.path());
+    let tether = start_protected(&dir, &[&provider.issuer]);
+    let mcp = format!("{}/mcp", tether.base);
+
+    // No token: 401 with the challenge naming the metadata and the scopes.
+    let refused = post_initialize(&mcp, None).await;
+    assert_eq!(refused.status(), 401);
+    let metadata_url = format!("{}/.well-known/oauth-protected-resource/mcp", tether.base);
+    assert_eq!(challenge(&refused), format!("Bearer resource_metadata=\"{metadata_url}\", scope=\"tools:read tools:write\""));
+    let metadata: Value = reqwest::get(&metadata_url).await.unwrap().json().await.unwrap();
+    assert_eq!(metadata["resource"], mcp.as_str());
+    assert_eq!(metadata["authorization_servers"], json!([provider.issuer]));
+    assert_eq!(metadata["scopes_supported"], json!(["tools:read", "tools:write"]));
+    let fx: Value =
+        reqwest::get(format!("{}/.well-known/oauth-protected-resource/mcp/fx", tether.base)).await.unwrap().json().await.unwrap();
+    assert_eq!(fx["resource"], format!("{mcp}/fx"), "each endpoint is its own resource");
+    assert_eq!(
+        reqwest::get(format!("{}/.well-known/oauth-protected-resource/mcp/nope", tether.base)).await.unwrap().status(),
+        404
+    );
+
+    // A token for this resource, from the authorization server.
+    let token = provider.token("svc", &mcp, "tools:read").await;
+    let c = Client::with_token(&mcp, &token);
+    let (sid, result) = c
+        .initialize_params(
+            json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}),
+        )
+        .await;
+    assert!(result["serverInfo"].is_object(), "{result}");
+    let called = c.call(&sid, 1, "thought", thought_args(1)).await;
+    assert_eq!(called["result"]["structuredContent"]["thoughtNumber"], 1, "{called}");
+
+    // Another subject (another client of the same issuer) cannot use the session.
+    let other = Client::with_token(&mcp, &provider.token("reader", &mcp, "tools:read").await);
+    let foreign = other.post(Some(&sid), &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})).send().await.unwrap();
+    assert_eq!(foreign.status(), 404, "a session is bound to its token's subject");
+    // The same token on another endpoint is for another resource.
+    let wrong = post_initialize(&format!("{mcp}/fx"), Some(&token)).await;
+    assert_eq!(wrong.status(), 401);
+    assert!(challenge(&wrong).contains("error=\"invalid_token\""), "{}", challenge(&wrong));
+    assert!(challenge(&wrong).contains("oauth-protected-resource/mcp/fx"), "{}", challenge(&wrong));
+}
+
+#[tokio::test]
+async fn bad_tokens_get_a_401_challenge_and_no_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let provider = start_provider(dir.path());
+    let tether = start_protected(&dir, &[&provider.issuer, "http://127.0.0.1:9/never-up"]);
+    let mcp = format!("{}/mcp", tether.base);
+    let claims = |over: Value| {
+        let mut c = json!({"iss": provider.issuer, "sub": "mallory", "aud": mcp, "exp": now() + 300, "iat": now()});
+        for (k, v) in over.as_object().unwrap() {
+            c[k] = v.clone();
+        }
+        c
+    };
+    // A token of our own with the provider's key passes: the checks below are the only difference.
+    let good = provider.sign(&claims(json!({})), &provider.kid);
+    assert_eq!(post_initialize(&mcp, Some(&good)).await.status(), 200, "a well-formed token of the issuer");
+
+    let tampered = {
+        let mut t = good.clone();
+        let last = t.pop().unwrap();
+        t.push(if last == 'A' { 'B' } else { 'A' });
+        t
+    };
+    let header_none = json!({"alg": "none", "typ": "JWT"});
+    let alg_none = format!("{}.{}.", b64(&header_none), b64(&claims(json!({}))));
+    let hs256 = jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        &claims(json!({})),
+        &jsonwebtoken::EncodingKey::from_secret(provider.key_pem.as_bytes()),
+    )
+    .unwrap();
+    let cases = [
+        ("expired", provider.sign(&claims(json!({"exp": now() - 600})), &provider.kid), "expired"),
+        ("not yet valid", provider.sign(&claims(json!({"nbf": now() + 600})), &provider.kid), "not valid yet"),
+        (
+            "another endpoint's",
+            provider.sign(&claims(json!({"aud": format!("{mcp}/fx")})), &provider.kid),
+            "not for this resource",
+        ),
+        ("another issuer's", provider.sign(&claims(json!({"iss": "https://evil.example"})), &provider.kid), "not accepted"),
+        ("alg none", alg_none, "not accepted"),
+        ("HS256", hs256, "not accepted"),
+        ("tampered", tampered, "signature"),
+        ("unknown kid", provider.sign(&claims(json!({})), "no-such-kid"), "kid"),
+        ("100 KB", "x".repeat(100 * 1024), ""),
+        ("not a JWT", "this-is-no-token-at-all".to_owned(), "not a JWT"),
+    ];
+    for (what, token, reason) in cases {
+        let response = post_initialize(&mcp, Some(&token)).await;
+        let status = response.status().as_u16();
+        assert!(
+            status == 401 || (what == "100 KB" && status == 431),
+            "{what}: {status} {}",
+            response.text().await.unwrap_or_default()
+        );
+        if status == 401 {
+            let challenge = challenge(&response);
+            assert!(challenge.starts_with("Bearer resource_metadata=\""), "{what}: {challenge}");
+            assert!(challenge.contains("error=\"invalid_token\""), "{what}: {challenge}");
+            assert!(challenge.contains(reason), "{what}: {challenge}");
+        }
+        assert!(response.headers().get("mcp-session-id").is_none(), "{what}: no session");
+    }
+
+    // A token in the query string is refused outright.
+    let in_query = reqwest::Client::new()
+        .post(format!("{mcp}?access_token={good}"))
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(in_query.status(), 400);
+
+    // An issuer whose keys were never had fails closed.
+    let never_up = provider.sign(&claims(json!({"iss": "http://127.0.0.1:9/never-up"})), &provider.kid);
+    let closed = post_initialize(&mcp, Some(&never_up)).await;
+    assert_eq!(closed.status(), 503, "{}", closed.text().await.unwrap_or_default());
+
+    // The authorization server goes down: the keys tether has go on working.
+    drop(provider);
+    let again = post_initialize(&mcp, Some(&good)).await;
+    assert_eq!(again.status(), 200);
+}
