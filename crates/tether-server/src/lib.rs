@@ -19,6 +19,7 @@ pub mod engine;
 pub mod http;
 pub mod ids;
 pub mod metrics;
+pub mod policy;
 pub mod tools;
 pub mod trace;
 

@@ -10,6 +10,7 @@ use clap::{Args, ValueEnum};
 use tether_notebook::{MemoryNotebook, Notebook, NotebookRepo, RedisNotebook, SqliteNotebook};
 use tether_server::http::Auth;
 use tether_server::http::oauth::{OAuthConfig, ResourceServer};
+use tether_server::policy::{Policed, Policy};
 use tether_server::{Endpoints, Engine, ServerConfig, ToolRouter};
 use tether_store::memory::MemoryStore;
 use tether_store::sqlite::SqliteStore;
@@ -288,16 +289,38 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
         ..ServerConfig::default()
     };
-    let endpoints = Endpoints::new(Arc::new(ToolRouter::new(Notebook::new(notebook))));
-    let configured = Gateways::read(&args.upstreams, args.config.as_deref())?;
-    let mut gateways = Gateways::default();
-    gateways.apply(&endpoints, configured, Start::Refuse).await?;
-    reload_upstreams_on_sighup(endpoints.clone(), args.upstreams.clone(), args.config.clone(), gateways);
-    let engine = Engine::with_endpoints(store, endpoints, config);
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}: is another server using it? pick one with --listen", args.listen))?;
     let local = listener.local_addr()?;
+    let auth = match args.oauth_issuers.as_slice() {
+        [] => auth,
+        issuers => {
+            let public_url = args.public_url.clone().unwrap_or_else(|| format!("http://{local}"));
+            let config = OAuthConfig { issuers: issuers.to_vec(), public_url, scopes: args.oauth_scopes.clone() };
+            let server = ResourceServer::new(config).map_err(anyhow::Error::msg)?;
+            tracing::info!(issuers = ?issuers, resource = %server.resource(""), "OAuth resource server: access tokens of these issuers accepted");
+            auth.with_oauth(server)
+        }
+    };
+    let rules = match args.config.as_deref() {
+        Some(path) => crate::serve_config::policies(path)?,
+        None => Vec::new(),
+    };
+    let auth = match rules.len() {
+        0 => auth,
+        n => {
+            tracing::info!(rules = n, "tool policies in force ([[policies]])");
+            auth.with_policy(Policy::new(rules).map_err(anyhow::Error::msg)?)
+        }
+    };
+    let notebook: Arc<dyn tether_server::McpApp> = Arc::new(ToolRouter::new(Notebook::new(notebook)));
+    let endpoints = Endpoints::new(Policed::wrap(notebook, "", &auth));
+    let configured = Gateways::read(&args.upstreams, args.config.as_deref())?;
+    let mut gateways = Gateways { auth: auth.clone(), ..Gateways::default() };
+    gateways.apply(&endpoints, configured, Start::Refuse).await?;
+    reload_upstreams_on_sighup(endpoints.clone(), args.upstreams.clone(), args.config.clone(), gateways);
+    let engine = Engine::with_endpoints(store, endpoints, config);
     if !local.ip().is_loopback() {
         tracing::warn!(%local, "listening beyond loopback: put authentication in front of this server");
     }
@@ -337,16 +360,6 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         );
         extra = extra.merge(tether_server::http::admin_router(engine.clone(), token));
     }
-    let auth = match args.oauth_issuers.as_slice() {
-        [] => auth,
-        issuers => {
-            let public_url = args.public_url.clone().unwrap_or_else(|| format!("http://{local}"));
-            let config = OAuthConfig { issuers: issuers.to_vec(), public_url, scopes: args.oauth_scopes.clone() };
-            let server = ResourceServer::new(config).map_err(anyhow::Error::msg)?;
-            tracing::info!(issuers = ?issuers, resource = %server.resource(""), "OAuth resource server: access tokens of these issuers accepted");
-            auth.with_oauth(server)
-        }
-    };
     tether_server::http::serve_with(listener, extra, engine, auth, shutdown_signal()).await?;
     Ok(())
 }
@@ -403,6 +416,8 @@ enum Start {
 struct Gateways {
     configured: Configured,
     upstreams: std::collections::HashMap<String, Arc<tether_gateway::Gateway>>,
+    /// Every endpoint is served under its policy (`Policed`).
+    auth: Auth,
 }
 
 impl Gateways {
@@ -464,12 +479,13 @@ impl Gateways {
             let verb = if self.upstreams.contains_key(name) { "changed: new connections use the new settings" } else { "added" };
             tracing::info!(upstream = %name, "upstream {verb}; gateway endpoint /mcp/{name}");
             if let Some(gateway) = upstreams.get(name) {
-                endpoints.set(name.clone(), gateway.clone());
+                endpoints.set(name.clone(), Policed::wrap(gateway.clone(), name, &self.auth));
             }
         }
         for server in servers {
             tracing::info!(server = %server.name(), "virtual server endpoint /mcp/{}", server.name());
-            endpoints.set(server.name().to_owned(), server);
+            let name = server.name().to_owned();
+            endpoints.set(name.clone(), Policed::wrap(server, &name, &self.auth));
         }
         self.upstreams = upstreams;
         self.configured = wanted;

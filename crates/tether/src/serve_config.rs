@@ -17,6 +17,7 @@ use tether_gateway::config::{ServerConfig, ServerTable, UpstreamConfig, Upstream
 /// The upstreams and virtual servers keys; everything else is a flag.
 const UPSTREAMS: &str = "upstreams";
 const SERVERS: &str = "servers";
+const POLICIES: &str = "policies";
 
 /// `argv` with the flags of a `serve --config FILE` file put in front of
 /// the typed ones (unchanged for anything else).
@@ -30,13 +31,13 @@ pub fn expand(argv: Vec<OsString>) -> anyhow::Result<Vec<OsString>> {
     let known = known_flags();
     let mut from_file = Vec::new();
     for (key, value) in &table {
-        if key == UPSTREAMS || key == SERVERS || key == "config" {
+        if key == UPSTREAMS || key == SERVERS || key == POLICIES || key == "config" {
             continue;
         }
         let flag = key.replace('_', "-");
         let Some(env) = known.iter().find(|(name, _)| *name == flag).map(|(_, env)| env.clone()) else {
             bail!(
-                "{path}:{}: unknown key `{key}`; the keys are the serve flags ({}), [upstreams.NAME] and [servers.NAME]",
+                "{path}:{}: unknown key `{key}`; the keys are the serve flags ({}), [upstreams.NAME], [servers.NAME] and [[policies]]",
                 line_of(&text, key),
                 known.iter().map(|(n, _)| n.replace('-', "_")).collect::<Vec<_>>().join(", ")
             );
@@ -81,6 +82,18 @@ pub fn servers(path: &Path, upstreams: &[&str]) -> anyhow::Result<Vec<ServerConf
         .into_iter()
         .map(|(name, table)| table.into_config(&name, upstreams).map_err(|e| anyhow::anyhow!("{}: {e}", path.display())))
         .collect()
+}
+
+/// The tool policies of the config file (`[[policies]]`).
+pub fn policies(path: &Path) -> anyhow::Result<Vec<tether_server::policy::RuleConfig>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read the config file {}", path.display()))?;
+    #[derive(serde::Deserialize)]
+    struct File {
+        #[serde(default)]
+        policies: Vec<tether_server::policy::RuleConfig>,
+    }
+    let file: File = toml::from_str(&text).with_context(|| format!("{}: [[policies]] tables", path.display()))?;
+    Ok(file.policies)
 }
 
 fn config_path(args: &[OsString]) -> Option<String> {

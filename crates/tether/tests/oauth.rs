@@ -115,9 +115,17 @@ struct Protected {
 }
 
 fn start_protected(dir: &tempfile::TempDir, issuers: &[&str]) -> Protected {
+    start_protected_with(dir, issuers, "")
+}
+
+/// [`start_protected`] with `config` as its config file.
+fn start_protected_with(dir: &tempfile::TempDir, issuers: &[&str], config: &str) -> Protected {
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
-    let mut args = vec!["--listen", &listen, "--oauth-scopes", "tools:read,tools:write", "--upstream"];
+    let config_path = dir.path().join("tether.toml");
+    std::fs::write(&config_path, config).unwrap();
+    let config_path = config_path.to_str().unwrap().to_owned();
+    let mut args = vec!["--config", &config_path, "--listen", &listen, "--oauth-scopes", "tools:read,tools:write", "--upstream"];
     let upstream = format!("fx=stdio:python3 {}", fixture());
     args.push(&upstream);
     for issuer in issuers {
@@ -212,11 +220,13 @@ async fn bad_tokens_get_a_401_challenge_and_no_session() {
     let good = provider.sign(&claims(json!({})), &provider.kid);
     assert_eq!(post_initialize(&mcp, Some(&good)).await.status(), 200, "a well-formed token of the issuer");
 
+    // One character of the signature changed (not its last, whose low bits
+    // are padding): still base64, no longer the signature.
     let tampered = {
-        let mut t = good.clone();
-        let last = t.pop().unwrap();
-        t.push(if last == 'A' { 'B' } else { 'A' });
-        t
+        let mut t = good.clone().into_bytes();
+        let at = t.len() - 10;
+        t[at] = if t[at] == b'A' { b'B' } else { b'A' };
+        String::from_utf8(t).unwrap()
     };
     let header_none = json!({"alg": "none", "typ": "JWT"});
     let alg_none = format!("{}.{}.", b64(&header_none), b64(&claims(json!({}))));
@@ -279,4 +289,38 @@ async fn bad_tokens_get_a_401_challenge_and_no_session() {
     drop(provider);
     let again = post_initialize(&mcp, Some(&good)).await;
     assert_eq!(again.status(), 200);
+}
+
+#[tokio::test]
+async fn a_tool_a_policy_refuses_is_hidden_and_403_insufficient_scope_until_the_client_steps_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let provider = start_provider(dir.path());
+    let policy = "[[policies]]\ntools = [\"thought\"]\nallow = '\"tools:write\" in jwt.scope'\nscope = \"tools:write\"\n";
+    let tether = start_protected_with(&dir, &[&provider.issuer], policy);
+    let mcp = format!("{}/mcp", tether.base);
+    let params = json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}});
+
+    // A token with tools:read only: the tool is not listed, and its call is 403.
+    let reader = Client::with_token(&mcp, &provider.token("svc", &mcp, "tools:read").await);
+    let (sid, _) = reader.initialize_params(params).await;
+    let listed = reader.request(&sid, 1, "tools/list", json!({})).await.last().unwrap().json();
+    let names: Vec<&str> = listed["result"]["tools"].as_array().unwrap().iter().filter_map(|t| t["name"].as_str()).collect();
+    assert!(!names.contains(&"thought"), "hidden from a principal without the scope: {names:?}");
+    let call =
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "thought", "arguments": thought_args(1)}});
+    let refused = reader.post(Some(&sid), &call).send().await.unwrap();
+    assert_eq!(refused.status(), 403);
+    let challenge = challenge(&refused);
+    assert!(challenge.starts_with("Bearer error=\"insufficient_scope\", scope=\"tools:write\""), "{challenge}");
+    assert!(challenge.contains("resource_metadata=\""), "{challenge}");
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["id"], 2);
+    assert!(body["error"]["message"].as_str().unwrap().contains("tools:write"), "{body}");
+
+    // Stepped up (a new token of the same subject with the scope): the same session calls it.
+    let writer = Client::with_token(&mcp, &provider.token("svc", &mcp, "tools:read tools:write").await);
+    let listed = writer.request(&sid, 3, "tools/list", json!({})).await.last().unwrap().json();
+    assert!(listed["result"]["tools"].as_array().unwrap().iter().any(|t| t["name"] == "thought"), "{listed}");
+    let called = writer.call(&sid, 4, "thought", thought_args(1)).await;
+    assert_eq!(called["result"]["structuredContent"]["thoughtNumber"], 1, "{called}");
 }

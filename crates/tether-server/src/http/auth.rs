@@ -19,6 +19,7 @@ use subtle::ConstantTimeEq;
 
 use super::HttpError;
 use super::oauth::{Refusal, ResourceServer};
+use crate::policy::{Decision, Policy, Subject};
 
 /// The principal of every request while authentication is off.
 pub const ANONYMOUS: &str = "anonymous";
@@ -87,6 +88,8 @@ pub struct Auth {
     table: Arc<RwLock<Option<Arc<TokenTable>>>>,
     path: Option<Arc<PathBuf>>,
     oauth: Option<Arc<ResourceServer>>,
+    /// What principals may call (`[[policies]]`), if any rule is set.
+    policy: Option<Arc<Policy>>,
 }
 
 impl Auth {
@@ -97,7 +100,7 @@ impl Auth {
 
     /// Reads `path`; fails with a message naming the file and the line.
     pub fn from_file(path: &Path) -> Result<Self, String> {
-        let auth = Self { table: Arc::default(), path: Some(Arc::new(path.to_path_buf())), oauth: None };
+        let auth = Self { path: Some(Arc::new(path.to_path_buf())), ..Self::default() };
         auth.reload()?;
         Ok(auth)
     }
@@ -106,6 +109,49 @@ impl Auth {
     pub fn with_oauth(mut self, server: ResourceServer) -> Self {
         self.oauth = Some(Arc::new(server));
         self
+    }
+
+    /// Tools are allowed per principal by `policy`.
+    pub fn with_policy(mut self, policy: Policy) -> Self {
+        self.policy = Some(Arc::new(policy));
+        self
+    }
+
+    /// The policy, if `[[policies]]` are set.
+    pub fn policy(&self) -> Option<&Arc<Policy>> {
+        self.policy.as_ref()
+    }
+
+    /// Who is asking as policies see it: the principal and, for an access
+    /// token, its claims (its check is remembered, so this costs a hash).
+    pub async fn subject(&self, authorization: Option<&str>, endpoint: &str, principal: &str) -> Subject {
+        let token = authorization.and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer "))).map(str::trim);
+        let claims = match (&self.oauth, token) {
+            (Some(oauth), Some(token)) => {
+                oauth.verify(token, endpoint).await.map(|t| t.claims).unwrap_or(serde_json::Value::Null)
+            }
+            _ => serde_json::Value::Null,
+        };
+        Subject { principal: principal.to_owned(), claims }
+    }
+
+    /// The refusal of a call `decision` denies: 403, with the
+    /// `insufficient_scope` challenge when a rule names the scope it needs.
+    pub fn refusal(&self, endpoint: &str, principal: &str, tool: &str, decision: &Decision) -> Option<HttpError> {
+        let Decision::Deny { scopes, .. } = decision else { return None };
+        let message = format!("`{principal}` may not call `{tool}` here");
+        let challenge = match (&self.oauth, scopes.is_empty()) {
+            (Some(oauth), false) => Some(oauth.insufficient_scope(endpoint, scopes, &message)),
+            _ => None,
+        };
+        let message = match scopes.is_empty() {
+            true => format!("{message}: the endpoint's policy refuses it"),
+            false => format!("{message} without the scope {}; get a token with it and retry", scopes.join(" ")),
+        };
+        Some(HttpError {
+            www_authenticate: challenge,
+            ..HttpError::new(StatusCode::FORBIDDEN, tether_wire::code::SERVER_ERROR, message)
+        })
     }
 
     /// The OAuth resource server, if `--oauth-issuer` is set.

@@ -155,6 +155,9 @@ async fn post_mcp(
     _: AcceptsAnswers,
     Message(message, headers): Message,
 ) -> Result<Response, HttpError> {
+    if let Some(refused) = refused_call(&state.auth, &endpoint, &principal, &headers, &message).await {
+        return Err(refused);
+    }
     if sessionless::is_sessionless(&message, &headers) {
         return sessionless::post(&state, &endpoint, principal, &headers, message).await;
     }
@@ -180,6 +183,21 @@ async fn post_mcp(
             Err(_) => return Err(HttpError::internal("the request's task ended without an answer")),
         },
     })
+}
+
+/// A `tools/call` the endpoint's policy refuses this principal, refused
+/// here, before it reaches the engine (403; see [`crate::policy`]).
+async fn refused_call(auth: &Auth, endpoint: &str, principal: &str, headers: &HeaderMap, message: &Inbound) -> Option<HttpError> {
+    let policy = auth.policy().filter(|p| p.covers(endpoint))?;
+    let Inbound::Request { method, params, id } = message else { return None };
+    if method != "tools/call" {
+        return None;
+    }
+    let tool = params.as_ref().and_then(|p| p.get("name")).and_then(serde_json::Value::as_str).unwrap_or_default();
+    let authorization = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    let subject = auth.subject(authorization, endpoint, principal).await;
+    let decision = policy.decide(endpoint, method, tool, &subject);
+    auth.refusal(endpoint, principal, tool, &decision).map(|refused| HttpError { id: Some(id.clone()), ..refused })
 }
 
 fn json_response(body: bytes::Bytes, session_id: Option<&str>) -> Response {

@@ -74,6 +74,8 @@ pub struct OAuthConfig {
 pub struct Token {
     pub principal: String,
     pub scopes: Vec<String>,
+    /// Its claims, for policies.
+    pub claims: Value,
     /// Its `exp` (seconds since the epoch).
     expires: u64,
     /// The resource it was checked for.
@@ -171,6 +173,17 @@ impl ResourceServer {
         challenge
     }
 
+    /// The `WWW-Authenticate` value of a 403 on `endpoint` for a request
+    /// that needs `scopes` (all of them, so one step-up is enough).
+    pub fn insufficient_scope(&self, endpoint: &str, scopes: &[String], description: &str) -> String {
+        let description: String = description.chars().filter(|c| *c != '"' && *c != '\\' && !c.is_control()).collect();
+        format!(
+            "Bearer error=\"insufficient_scope\", scope=\"{}\", resource_metadata=\"{}\", error_description=\"{description}\"",
+            scopes.join(" "),
+            self.metadata_url(endpoint)
+        )
+    }
+
     /// Checks `token` for `endpoint`.
     pub async fn verify(&self, token: &str, endpoint: &str) -> Result<Token, Refusal> {
         if token.len() > MAX_TOKEN_BYTES {
@@ -253,7 +266,8 @@ impl ResourceServer {
             _ => Vec::new(),
         };
         let expires = claims.get("exp").and_then(Value::as_u64).unwrap_or(0);
-        Ok(Token { principal: format!("{sub}@{}", issuer.url), scopes, expires, resource: resource.to_owned() })
+        let principal = format!("{sub}@{}", issuer.url);
+        Ok(Token { principal, scopes, claims, expires, resource: resource.to_owned() })
     }
 
     /// The issuer's key `kid` (fetched if unknown, at most once per
