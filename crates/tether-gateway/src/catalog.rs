@@ -19,7 +19,7 @@ use serde_json::{Map, Value};
 use crate::config::{Naming, ServerConfig};
 
 /// One member's lists as it answered them (`None`: it could not be reached).
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default, Clone, PartialEq)]
 pub(crate) struct Listed {
     pub tools: Vec<Value>,
     pub prompts: Vec<Value>,

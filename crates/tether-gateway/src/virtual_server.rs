@@ -62,6 +62,8 @@ pub struct VirtualServer {
     down: std::sync::Mutex<Option<Vec<usize>>>,
     /// Tells this server's cached lists from those of the one a reload replaced.
     epoch: u64,
+    /// The members' lists last read and their catalog (see [`Self::shared`]).
+    last_catalog: std::sync::Mutex<Option<(Vec<Option<Listed>>, Arc<Catalog>)>>,
 }
 
 impl VirtualServer {
@@ -78,7 +80,14 @@ impl VirtualServer {
                 None => Err(format!("[servers.{}] upstreams: `{name}` is not an upstream", config.name)),
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Arc::new(Self { config, members, changes, down: std::sync::Mutex::default(), epoch: rand::random() }))
+        Ok(Arc::new(Self {
+            config,
+            members,
+            changes,
+            down: std::sync::Mutex::default(),
+            epoch: rand::random(),
+            last_catalog: std::sync::Mutex::default(),
+        }))
     }
 
     pub fn name(&self) -> &str {
@@ -162,7 +171,7 @@ impl VirtualServer {
             read_lists(&ask).await
         }))
         .await;
-        let catalog = Arc::new(Catalog::merge(&self.config, &listed));
+        let catalog = self.shared(listed);
         for collision in &catalog.collisions {
             tracing::warn!(server = %self.config.name, "{collision}; the first keeps it");
         }
@@ -181,6 +190,21 @@ impl VirtualServer {
             }
             *lock(&members.catalog) = Some(Cached { catalog: catalog.clone(), at: Instant::now(), epoch: self.epoch });
         }
+        catalog
+    }
+
+    /// The catalog of `listed`: the one last made, when the members listed
+    /// the same (as they do for most sessions), so sessions share it rather
+    /// than each holding a copy of every member's lists.
+    fn shared(&self, listed: Vec<Option<Listed>>) -> Arc<Catalog> {
+        let mut last = lock(&self.last_catalog);
+        if let Some((same, catalog)) = last.as_ref()
+            && *same == listed
+        {
+            return catalog.clone();
+        }
+        let catalog = Arc::new(Catalog::merge(&self.config, &listed));
+        *last = Some((listed, catalog.clone()));
         catalog
     }
 
