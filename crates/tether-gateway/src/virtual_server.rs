@@ -40,6 +40,9 @@ use crate::link::ListChanges;
 use crate::lock;
 use crate::slot::{Cached, Members};
 
+/// What each member listed (`None`: it could not be reached), in member order.
+type AllListed = Vec<Option<Listed>>;
+
 /// How often the lists are read again while a member is down.
 const DOWN_RECHECK: Duration = Duration::from_secs(2);
 /// How long `list_changed` notifications of members are gathered into one.
@@ -63,7 +66,7 @@ pub struct VirtualServer {
     /// Tells this server's cached lists from those of the one a reload replaced.
     epoch: u64,
     /// The members' lists last read and their catalog (see [`Self::shared`]).
-    last_catalog: std::sync::Mutex<Option<(Vec<Option<Listed>>, Arc<Catalog>)>>,
+    last_catalog: std::sync::Mutex<Option<(AllListed, Arc<Catalog>)>>,
 }
 
 impl VirtualServer {
