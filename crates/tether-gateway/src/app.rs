@@ -495,12 +495,19 @@ impl Gateway {
         let result: Map<String, Value> = serde_json::from_str(initialize_result.get()).map_err(|e| {
             RpcError::internal(format!("upstream `{}` answered initialize with no object: {e}", self.config.name))
         })?;
-        let state = json!({"initialize": without_trace_context(params), "carryOn": carry_on});
+        let capabilities = result.get("capabilities").cloned().unwrap_or(Value::Null);
+        let state = json!({"initialize": without_trace_context(params), "carryOn": carry_on, "capabilities": capabilities});
         *link.live.lock().await = Some(Connection::new(upstream, sink));
         // Idle from now on until a request uses it (so it can make room).
         link.touch();
         self.register(link);
         Ok((result, state))
+    }
+
+    /// The capabilities the upstream declared when this part of the session
+    /// was opened (none before, or for a session opened before they were kept).
+    pub(crate) fn stored_capabilities<'a>(&self, app_state: &'a Map<String, Value>) -> Option<&'a Value> {
+        app_state.get(&self.slot.state_key())?.get("capabilities").filter(|c| c.is_object())
     }
 
     /// Keeps this part's durable state from [`Self::open`] in the new session.

@@ -118,7 +118,7 @@ impl VirtualServer {
                     serde_json::from_str::<Value>(raw.get()).map_err(|e| RpcError::internal(e.to_string()))
                 })
             };
-            let listed = read_lists(&ask).await;
+            let listed = read_lists(&ask, None).await;
             upstream.close(true).await;
             listed
         }))
@@ -159,6 +159,11 @@ impl VirtualServer {
         if let Some(cached) = members.as_ref().and_then(|m| lock(&m.catalog).clone().filter(fresh)) {
             return cached.catalog;
         }
+        let app_state = match &session {
+            Some(session) => session.app_state().await,
+            None => Map::new(),
+        };
+        let app_state = &app_state;
         let listed = join_all((0..self.members.len()).map(|member| async move {
             let ask = |method: &'static str, params: Option<Map<String, Value>>| -> BoxFuture<'_, Result<Value, RpcError>> {
                 Box::pin(async move {
@@ -171,7 +176,7 @@ impl VirtualServer {
                     })
                 })
             };
-            read_lists(&ask).await
+            read_lists(&ask, self.members[member].stored_capabilities(app_state)).await
         }))
         .await;
         let catalog = self.shared(listed);
@@ -402,7 +407,11 @@ type Ask<'a> = dyn Fn(&'static str, Option<Map<String, Value>>) -> BoxFuture<'a,
 /// Reads a member's four lists through `ask` (every page). `None` when it
 /// cannot be reached (its tools could not be listed); a list it does not
 /// offer is empty.
-async fn read_lists(ask: &Ask<'_>) -> Option<Listed> {
+async fn read_lists(ask: &Ask<'_>, capabilities: Option<&Value>) -> Option<Listed> {
+    // A member whose `initialize` declared its capabilities is not asked for
+    // lists it does not have (tools are always asked: that is how a member
+    // that is down shows).
+    let offers = |capability: &str| capabilities.is_none_or(|c| c.get(capability).is_some());
     let all = async |method: &'static str, key: &'static str| -> Result<Vec<Value>, RpcError> {
         let mut items = Vec::new();
         let mut cursor: Option<String> = None;
@@ -421,11 +430,15 @@ async fn read_lists(ask: &Ask<'_>) -> Option<Listed> {
         }
         Ok(items)
     };
+    let maybe = async |offered: bool, method: &'static str, key: &'static str| match offered {
+        true => all(method, key).await,
+        false => Ok(Vec::new()),
+    };
     let (tools, prompts, resources, templates) = futures::join!(
         all("tools/list", "tools"),
-        all("prompts/list", "prompts"),
-        all("resources/list", "resources"),
-        all("resources/templates/list", "resourceTemplates"),
+        maybe(offers("prompts"), "prompts/list", "prompts"),
+        maybe(offers("resources"), "resources/list", "resources"),
+        maybe(offers("resources"), "resources/templates/list", "resourceTemplates"),
     );
     let tools = tools.ok()?;
     Some(Listed {
