@@ -34,9 +34,11 @@ pub fn comparison(rows: &[Row]) -> String {
             (format!("{} {}", current.system, scenario.name()), false)
         };
         let compared = twin.and_then(|twin| match scenario {
-            Scenario::ToolsCall | Scenario::ToolsCallModern | Scenario::GatewayHttp | Scenario::GatewayStdio => {
-                rps_ratio(current, twin)
-            }
+            Scenario::ToolsCall
+            | Scenario::ToolsCallModern
+            | Scenario::GatewayHttp
+            | Scenario::GatewayStdio
+            | Scenario::GatewayFederated => rps_ratio(current, twin),
             Scenario::Replay10k | Scenario::Restart100kSessions | Scenario::Restart1mSessions => ratio(current.ms, twin.ms, "ms"),
             Scenario::IdleSession | Scenario::GatewayMemory => ratio(current.bytes, twin.bytes, "bytes"),
             Scenario::Streams10k => ratio(current.rss_mib, twin.rss_mib, "MiB"),

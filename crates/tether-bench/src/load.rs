@@ -1,8 +1,9 @@
 //! The `tools_call` load generator and the MCP client calls every scenario
 //! shares: N clients, each with its own MCP session and its own keep-alive
 //! HTTP/1 connection, call the `thought` tool back to back (or, for the
-//! axum floor, POST the same JSON-RPC body to be echoed); every response is
-//! checked, and latencies inside the measure window go into an HDR histogram.
+//! axum floor, POST the same JSON-RPC body to be echoed; through a virtual
+//! server, each member's `thought` in turn); every response is checked, and
+//! latencies inside the measure window go into an HDR histogram.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,7 +13,7 @@ use serde_json::{Value, json};
 use tether_wire::sse::Decoder;
 use tether_wire::{Inbound, headers, meta, parse_message, revision};
 
-use crate::server::Protocol;
+use crate::server::{FEDERATED_SEPARATOR, Protocol};
 
 /// The revision the bench asks every server for.
 pub const PROTOCOL_VERSION: &str = tether_wire::revision::LATEST;
@@ -20,6 +21,9 @@ pub const PROTOCOL_VERSION: &str = tether_wire::revision::LATEST;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Error messages kept (and printed) per run; the rest are only counted.
 const KEPT_ERRORS: usize = 5;
+/// gateway_federated: the virtual server's members, each client calling
+/// their `thought` tools in this order, over and over (two stdio, one URL).
+pub const FEDERATED_MEMBERS: [&str; 3] = ["s1", "s2", "web"];
 
 /// When a run's calls start counting and when they stop.
 #[derive(Debug, Clone, Copy)]
@@ -118,7 +122,9 @@ impl Load {
                 tokio::spawn(async move {
                     let http = http_client()?;
                     let session = match protocol {
-                        Protocol::Mcp => open_session(&http, &url, false).await.map_err(|e| format!("session set-up: {e}"))?,
+                        Protocol::Mcp | Protocol::Federated => {
+                            open_session(&http, &url, false).await.map_err(|e| format!("session set-up: {e}"))?
+                        }
                         // The notebook session comes with the first result.
                         Protocol::Echo | Protocol::Modern => String::new(),
                     };
@@ -198,6 +204,15 @@ pub fn cpu_time(proc: &str) -> Option<Duration> {
     Some(Duration::from_millis(ticks * 10))
 }
 
+/// A keep-alive connection idle this long is dropped by the client, and the
+/// next call opens a new one. Below the 5 s after which Node's HTTP server
+/// (supergateway) and uvicorn (mcp-proxy) close an idle connection: with six
+/// systems in a round a client's connection waits about 5.5 s between its
+/// slices, and a server's close could cross the next slice's first request
+/// (a reset, seen with supergateway on a loaded host). The new connection is
+/// opened in the slice's lead-in, which is not counted.
+const IDLE_CONNECTION: Duration = Duration::from_secs(4);
+
 /// One HTTP client with one pooled keep-alive HTTP/1 connection (TCP_NODELAY on).
 pub fn http_client() -> Result<reqwest::Client, String> {
     reqwest::Client::builder()
@@ -205,6 +220,7 @@ pub fn http_client() -> Result<reqwest::Client, String> {
         .http1_only()
         .tcp_nodelay(true)
         .pool_max_idle_per_host(1)
+        .pool_idle_timeout(IDLE_CONNECTION)
         .timeout(REQUEST_TIMEOUT)
         .build()
         .map_err(|e| format!("cannot build an HTTP client: {e}"))
@@ -221,6 +237,10 @@ async fn calls(protocol: Protocol, url: Arc<str>, mut client: Client, window: Wi
             Protocol::Mcp => call_thought(&client.http, &url, &client.session, n).await,
             Protocol::Echo => call_echo(&client.http, &url, n).await,
             Protocol::Modern => call_thought_modern(&client.http, &url, &mut client.session, n).await,
+            Protocol::Federated => {
+                let (member, k) = federated_turn(n);
+                call_member_thought(&client.http, &url, &client.session, n, member, k).await
+            }
         };
         let done = Instant::now();
         match result {
@@ -312,9 +332,15 @@ pub async fn accepted(resp: reqwest::Response) -> Result<(), String> {
 }
 
 fn thought_call(n: u64) -> Value {
+    tool_call(n, "thought", n)
+}
+
+/// A `tools/call` with JSON-RPC id `id` of the tool `name` (a `thought`
+/// tool), as thought number `n`.
+fn tool_call(id: u64, name: &str, n: u64) -> Value {
     json!({
-        "jsonrpc": "2.0", "id": n, "method": "tools/call",
-        "params": {"name": "thought", "arguments": {
+        "jsonrpc": "2.0", "id": id, "method": "tools/call",
+        "params": {"name": name, "arguments": {
             "thought": format!("bench thought {n}: weighing the next step"),
             "thoughtNumber": n,
             "totalThoughts": n,
@@ -326,9 +352,45 @@ fn thought_call(n: u64) -> Value {
 /// One `tools/call` of `thought` number `n` (the `n`th call of this session), checked:
 /// the structuredContent must be exactly what the notebook answers.
 pub async fn call_thought(http: &reqwest::Client, url: &str, session: &str, n: u64) -> Result<(), String> {
-    let resp = post(http, url, Some(session), &thought_call(n)).send().await.map_err(|e| e.to_string())?;
+    let resp = post(http, url, Some(session), &thought_call(n)).send().await.map_err(|e| with_causes(&e))?;
     let result = response_result(resp, n).await?;
     check_thought(&result, n)
+}
+
+/// An error with its causes (reqwest's own text leaves out why a request
+/// could not be sent: a reset, a closed connection).
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    text
+}
+
+/// The `n`th call of a gateway_federated client: the member it goes to, and
+/// which call of that member's it is (each member's upstream session counts
+/// only its own calls: `rmcp_ref` answers the length of its history).
+pub fn federated_turn(n: u64) -> (&'static str, u64) {
+    let members = FEDERATED_MEMBERS.len() as u64;
+    (FEDERATED_MEMBERS[((n - 1) % members) as usize], (n - 1) / members + 1)
+}
+
+/// The `thought` tool of `member` through a virtual server (`MEMBER__thought`),
+/// as that member's call number `k`, JSON-RPC id `id`; checked as [`call_thought`].
+pub async fn call_member_thought(
+    http: &reqwest::Client,
+    url: &str,
+    session: &str,
+    id: u64,
+    member: &str,
+    k: u64,
+) -> Result<(), String> {
+    let body = tool_call(id, &format!("{member}{FEDERATED_SEPARATOR}thought"), k);
+    let resp = post(http, url, Some(session), &body).send().await.map_err(|e| with_causes(&e))?;
+    let result = response_result(resp, id).await.map_err(|e| format!("{member}: {e}"))?;
+    check_thought(&result, k).map_err(|e| format!("{member}: {e}"))
 }
 
 /// [`call_thought`] over the 2026-07-28 wire: no session, the caller in
@@ -457,6 +519,33 @@ fn result_in(body: &bytes::Bytes, sse: bool, id: u64) -> Result<Value, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_error_shows_its_causes() {
+        #[derive(Debug)]
+        struct Sending(std::io::Error);
+        impl std::fmt::Display for Sending {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("error sending request")
+            }
+        }
+        impl std::error::Error for Sending {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "connection reset by peer");
+        assert_eq!(with_causes(&Sending(reset)), "error sending request: connection reset by peer");
+    }
+
+    #[test]
+    fn a_federated_client_calls_each_member_in_turn_counting_each_members_calls() {
+        let turns: Vec<(&str, u64)> = (1..=7).map(federated_turn).collect();
+        assert_eq!(turns, [("s1", 1), ("s2", 1), ("web", 1), ("s1", 2), ("s2", 2), ("web", 2), ("s1", 3)]);
+        let call = tool_call(5, "s2__thought", 2);
+        assert_eq!((call["id"].as_u64(), call["params"]["name"].as_str()), (Some(5), Some("s2__thought")));
+        assert_eq!(call["params"]["arguments"]["thoughtNumber"], 2);
+    }
 
     #[test]
     fn the_result_of_a_quick_sse_answer_or_a_json_body_is_checked() {

@@ -5,8 +5,8 @@
 //! docs/benchmarks.md describes every scenario and system.
 //!
 //! - [`server`]: the systems, their stores, starting/stopping/killing them.
-//! - [`load`]: the `tools_call` load generator (also of `gateway_http` and
-//!   `gateway_stdio`) and the MCP calls all share.
+//! - [`load`]: the `tools_call` load generator (also of `gateway_http`,
+//!   `gateway_stdio` and `gateway_federated`) and the MCP calls all share.
 //! - [`replay`]: `replay_10k`. [`sessions`]: bulk sessions, restart timing.
 //! - [`streams`]: `streams_10k`'s open streams and the fan-out to them.
 //! - [`report`]: rows, table, budget, chart. SSE is read with
@@ -30,7 +30,7 @@ use anyhow::Context;
 use clap::Parser;
 
 use report::{Row, Scenario, round};
-use server::{BASELINE_SUFFIX, Launch, Programs, Server, Store, Subject, System, Upstream};
+use server::{BASELINE_SUFFIX, Launch, Programs, Protocol, Server, Store, Subject, System, Upstream};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -81,6 +81,7 @@ struct Args {
     /// Systems to run, comma-separated, in this order. Each scenario runs
     /// those of its systems that are listed: gateway_http tether-gateway and
     /// rmcp-direct, gateway_stdio tether-gateway, supergateway and mcp-proxy,
+    /// gateway_memory and gateway_federated tether-gateway,
     /// tools_call_modern tether-sqlite and tether-sqlite-modern,
     /// the others the first six.
     #[arg(
@@ -95,10 +96,11 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "tools_call,replay_10k,restart_100k_sessions,restart_1m_sessions,idle_session,gateway_http,gateway_stdio,gateway_memory,tools_call_modern,streams_10k"
+        default_value = "tools_call,replay_10k,restart_100k_sessions,restart_1m_sessions,idle_session,gateway_http,gateway_stdio,gateway_memory,gateway_federated,tools_call_modern,streams_10k"
     )]
     scenarios: Vec<Scenario>,
-    /// tools_call, gateway_http, gateway_stdio: concurrent clients (one session and one connection each), comma-separated.
+    /// tools_call and the gateway scenarios of rounds (gateway_http, gateway_stdio, gateway_federated): concurrent
+    /// clients (one session and one connection each), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,64")]
     clients: Vec<usize>,
     /// tools_call and the gateway scenarios: length of each system's measured slice in a round.
@@ -123,7 +125,8 @@ struct Args {
     #[arg(long, default_value_t = 1_000_000)]
     million_sessions: usize,
     /// gateway_memory: live command-upstream sessions to open (each with a
-    /// child); below the gateway's default `max_processes` of 64, so none is stopped.
+    /// child; on the virtual server of three stdio members, three children);
+    /// below the gateway's default `max_processes` of 64 (per upstream), so none is stopped.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u16).range(1..=63))]
     gateway_sessions: u16,
     /// Concurrent clients that create those sessions.
@@ -252,10 +255,19 @@ async fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
         })
         .collect();
     let of = |scenario: Scenario| -> Vec<Subject> { subjects.iter().copied().filter(|s| scenario.runs(s.system)).collect() };
-    for scenario in [Scenario::ToolsCall, Scenario::ToolsCallModern, Scenario::GatewayHttp, Scenario::GatewayStdio] {
-        let these = of(scenario);
-        if wants(scenario) && !these.is_empty() {
-            rows.extend(interleaved(args, &programs, scenario, &these).await);
+    // The gateway scenarios of rounds share their rounds: gateway_federated's
+    // budget line compares it with gateway_stdio and gateway_http round by
+    // round, so its slice comes between theirs.
+    let phases: [&[Scenario]; 3] = [
+        &[Scenario::ToolsCall],
+        &[Scenario::ToolsCallModern],
+        &[Scenario::GatewayHttp, Scenario::GatewayFederated, Scenario::GatewayStdio],
+    ];
+    for phase in phases {
+        let these: Vec<(Scenario, Subject)> =
+            phase.iter().filter(|&&s| wants(s)).flat_map(|&s| of(s).into_iter().map(move |subject| (s, subject))).collect();
+        if !these.is_empty() {
+            rows.extend(interleaved(args, &programs, &these).await);
         }
     }
     if wants(Scenario::GatewayMemory) {
@@ -366,8 +378,10 @@ struct Running {
     server: Server,
     /// Its store (removed when this is dropped).
     _store: Option<Store>,
-    /// tether-gateway in gateway_http: the `rmcp_ref` it fronts.
+    /// tether-gateway in gateway_http and gateway_federated: the `rmcp_ref` it fronts.
     upstream: Option<Server>,
+    /// tether-gateway with a virtual server: the dir of its config file.
+    _config: Option<tempfile::TempDir>,
 }
 
 impl Running {
@@ -380,20 +394,37 @@ impl Running {
     }
 }
 
+/// An `rmcp_ref` for tether-gateway to front (gateway_http, gateway_federated).
+async fn rmcp_upstream(programs: &Programs) -> anyhow::Result<Server> {
+    Server::start(&Launch::new(System::RmcpDirect.into()), programs, None)
+        .await
+        .context("the rmcp_ref upstream of tether-gateway")
+}
+
 /// Starts `subject` as `scenario` runs it: for tools_call as it is; for
 /// gateway_http tether-gateway in front of an `rmcp_ref` of its own (started
 /// first) and rmcp-direct as that `rmcp_ref`; for gateway_stdio each system
-/// serving `stdio_echo`.
+/// serving `stdio_echo`; for gateway_federated tether-gateway serving the
+/// virtual server of two `stdio_echo` members and an `rmcp_ref` of its own
+/// ([`load::FEDERATED_MEMBERS`]).
 async fn start_for(programs: &Programs, scenario: Scenario, subject: Subject) -> anyhow::Result<Running> {
     let mut launch = Launch::new(subject);
     let mut upstream = None;
     match (scenario, subject.system) {
         (Scenario::GatewayHttp, System::TetherGateway) => {
-            let rmcp = Server::start(&Launch::new(System::RmcpDirect.into()), programs, None)
-                .await
-                .context("the rmcp_ref upstream of tether-gateway")?;
+            let rmcp = rmcp_upstream(programs).await?;
             launch.upstream = Some(Upstream::Url(rmcp.mcp_url.clone()));
             upstream = Some(rmcp);
+        }
+        (Scenario::GatewayFederated, System::TetherGateway) => {
+            let rmcp = rmcp_upstream(programs).await?;
+            let [s1, s2, web] = load::FEDERATED_MEMBERS;
+            let members = [
+                (s1, Upstream::Stdio(programs.stdio_echo.clone())),
+                (s2, Upstream::Stdio(programs.stdio_echo.clone())),
+                (web, Upstream::Url(rmcp.mcp_url.clone())),
+            ];
+            return start_federated(programs, subject, &members, Some(rmcp)).await;
         }
         (Scenario::GatewayStdio | Scenario::GatewayMemory, _) => {
             launch.upstream = Some(Upstream::Stdio(programs.stdio_echo.clone()))
@@ -401,7 +432,25 @@ async fn start_for(programs: &Programs, scenario: Scenario, subject: Subject) ->
         _ => {}
     }
     let (server, store) = start(programs, &launch).await?;
-    Ok(Running { server, _store: store, upstream })
+    Ok(Running { server, _store: store, upstream, _config: None })
+}
+
+/// tether-gateway with a config file of `members` and the virtual server
+/// `fed` of them (its MCP URL `/mcp/fed`); `upstream` is stopped with it.
+async fn start_federated(
+    programs: &Programs,
+    subject: Subject,
+    members: &[(&str, Upstream)],
+    upstream: Option<Server>,
+) -> anyhow::Result<Running> {
+    let dir = tempfile::Builder::new().prefix("tether-bench-config-").tempdir().context("cannot create a temp dir")?;
+    let file = dir.path().join("tether.toml");
+    std::fs::write(&file, server::federated_config(members)?).with_context(|| format!("cannot write {}", file.display()))?;
+    let mut launch = Launch::new(subject);
+    launch.upstream = Some(Upstream::Config(file));
+    // On an error the upstream is dropped, which kills it.
+    let (server, store) = start(programs, &launch).await?;
+    Ok(Running { server, _store: store, upstream, _config: Some(dir) })
 }
 
 /// The row of one system and client count from its tools_call rounds: the
@@ -427,27 +476,37 @@ fn median_round(mut rounds: Vec<Row>) -> Option<Row> {
 /// system's threads wake up from the other systems' slices.
 const SLICE_LEAD_IN: Duration = Duration::from_millis(100);
 
-/// tools_call (and gateway_http, gateway_stdio: the same load on other
-/// systems), interleaved in short slices: every system's server runs at
-/// once (idle outside its slices), each with its clients' sessions open
-/// and warmed up; then each round gives every system one `--duration`
-/// slice in turn. The host's speed drifts by tens of percent within
-/// seconds (the load generator's own CPU per call, the same work against
-/// every system, moves with it), so figures taken minutes apart compare the
-/// host as much as the systems; slices a second apart see the same host.
-/// Peak RSS is the server's over the whole run (not its upstream's or children's).
-async fn interleaved(args: &Args, programs: &Programs, scenario: Scenario, subjects: &[Subject]) -> Vec<Row> {
-    let name = scenario.name();
-    let mut servers = Vec::with_capacity(subjects.len());
-    for &subject in subjects {
-        eprintln!("== {}: starting for {name}", subject.name());
-        servers.push((subject, start_for(programs, scenario, subject).await));
+/// tools_call (and gateway_http, gateway_stdio, gateway_federated: the same
+/// load on other systems), interleaved in short slices: every participant's
+/// server (a system as a scenario runs it) runs at once (idle outside its
+/// slices), each with its clients' sessions open and warmed up; then each
+/// round gives every participant one `--duration` slice in turn. The host's
+/// speed drifts by tens of percent within seconds (the load generator's own
+/// CPU per call, the same work against every system, moves with it), so
+/// figures taken minutes apart compare the host as much as the systems;
+/// slices a second apart see the same host. The gateway scenarios run in
+/// one set of rounds, so their rows pair up round by round across scenarios
+/// too. Peak RSS is the server's over the whole run (not its upstream's or
+/// children's).
+async fn interleaved(args: &Args, programs: &Programs, participants: &[(Scenario, Subject)]) -> Vec<Row> {
+    let names: Vec<&str> = participants.iter().fold(Vec::new(), |mut names, (scenario, _)| {
+        if !names.contains(&scenario.name()) {
+            names.push(scenario.name());
+        }
+        names
+    });
+    let name = names.join(" + ");
+    let mut servers = Vec::with_capacity(participants.len());
+    for &(scenario, subject) in participants {
+        eprintln!("== {}: starting for {}", subject.name(), scenario.name());
+        servers.push(((scenario, subject), start_for(programs, scenario, subject).await));
     }
     let mut rows = Vec::new();
     for &clients in &args.clients {
         let mut loads = Vec::new();
-        for (subject, started) in &servers {
-            let row = |error: String| Row::failed(*subject, scenario, clients, args.quick, error);
+        for ((scenario, subject), started) in &servers {
+            let (scenario, subject) = (*scenario, *subject);
+            let row = |error: String| Row::failed(subject, scenario, clients, args.quick, error);
             let server = match started {
                 Ok(running) => &running.server,
                 Err(e) => {
@@ -455,48 +514,52 @@ async fn interleaved(args: &Args, programs: &Programs, scenario: Scenario, subje
                     continue;
                 }
             };
-            eprintln!("== {}: {name}, {clients} clients, {} warm-up", subject.name(), humantime::format_duration(args.warmup));
-            let warmed = match load::Load::open(subject.system.protocol(), &server.mcp_url, clients).await {
+            eprintln!(
+                "== {}: {}, {clients} clients, {} warm-up",
+                subject.name(),
+                scenario.name(),
+                humantime::format_duration(args.warmup)
+            );
+            let protocol = if scenario == Scenario::GatewayFederated { Protocol::Federated } else { subject.system.protocol() };
+            let warmed = match load::Load::open(protocol, &server.mcp_url, clients).await {
                 Ok(mut load) => load.run(args.warmup, Duration::ZERO, None).await.map(|warm_up| (load, warm_up)),
                 Err(e) => Err(e),
             };
             match warmed {
-                Ok((load, warm_up)) if warm_up.errors == 0 => loads.push((*subject, load, Vec::with_capacity(args.rounds))),
+                Ok((load, warm_up)) if warm_up.errors == 0 => {
+                    loads.push((scenario, subject, server.pid(), load, Vec::with_capacity(args.rounds)))
+                }
                 Ok((_, warm_up)) => rows.push(row(format!("warm-up: {}", warm_up.first_errors.join("; ")))),
                 Err(e) => rows.push(row(format!("{e:#}"))),
             }
         }
         for round in 1..=args.rounds {
             eprintln!("== {name}, {clients} clients, round {round} of {}", args.rounds);
-            for (subject, load, rounds) in &mut loads {
-                let pid = servers
-                    .iter()
-                    .find(|(s, _)| s == subject)
-                    .and_then(|(_, started)| started.as_ref().ok())
-                    .map(|r| r.server.pid());
-                let outcome = load.run(SLICE_LEAD_IN, args.duration, pid).await;
-                rounds.push(measured(*subject, scenario, clients, args.quick, outcome));
+            for (scenario, subject, pid, load, rounds) in &mut loads {
+                let outcome = load.run(SLICE_LEAD_IN, args.duration, Some(*pid)).await;
+                rounds.push(measured(*subject, *scenario, clients, args.quick, outcome));
             }
         }
-        rows.extend(loads.into_iter().filter_map(|(_, _, rounds)| median_round(rounds)));
+        rows.extend(loads.into_iter().filter_map(|(_, _, _, _, rounds)| median_round(rounds)));
     }
-    for (subject, started) in servers {
+    for ((scenario, subject), started) in servers {
         let Ok(running) = started else { continue };
-        let own = |r: &Row| r.system == subject.name();
+        let label = format!("{} ({})", subject.name(), scenario.name());
+        let own = |r: &Row| r.system == subject.name() && r.scenario == scenario.name();
         match running.server.peak_rss_mib() {
             Ok(rss) => rows.iter_mut().filter(|r| own(r)).for_each(|r| r.rss_mib = Some(round(rss, 1))),
-            Err(e) => eprintln!("   {}: cannot read the peak RSS: {e:#}", subject.name()),
+            Err(e) => eprintln!("   {label}: cannot read the peak RSS: {e:#}"),
         }
         let (count, last) = running.server.problems();
         if count > 0 {
-            eprintln!("   {} logged {count} WARN/ERROR lines; the last ones:\n{}", subject.name(), last.join("\n"));
+            eprintln!("   {label} logged {count} WARN/ERROR lines; the last ones:\n{}", last.join("\n"));
             for r in rows.iter_mut().filter(|r| own(r)) {
                 let logged = format!("server log: {count} WARN/ERROR lines");
                 r.note = Some(r.note.take().map_or(logged.clone(), |n| format!("{n}; {logged}")));
             }
         }
         if rows.iter().any(|r| own(r) && r.errors > 0) {
-            eprintln!("   {} log tail:\n{}", subject.name(), running.server.log_tail());
+            eprintln!("   {label} log tail:\n{}", running.server.log_tail());
         }
         if let Err(e) = running.stop().await {
             eprintln!("   {e:#}");
@@ -521,8 +584,8 @@ fn measured(subject: Subject, scenario: Scenario, clients: usize, quick: bool, o
             row.errors = outcome.errors;
             row.error = outcome.first_errors.first().cloned();
             eprintln!(
-                "   {:<22} {:>8.0} rps, p50 {:.3} ms, p99 {:.3} ms, {} errors, CPU per call: server {:.1} µs, load generator {:.1} µs",
-                subject.name(),
+                "   {:<40} {:>8.0} rps, p50 {:.3} ms, p99 {:.3} ms, {} errors, CPU per call: server {:.1} µs, load generator {:.1} µs",
+                format!("{} {}", subject.name(), scenario.name()),
                 outcome.rps(),
                 outcome.quantile_ms(0.5),
                 outcome.quantile_ms(0.99),
@@ -855,21 +918,85 @@ async fn streams_10k(args: &Args, programs: &Programs) -> Row {
 
 /// Warm-up sessions of gateway_memory (each ended with DELETE before the first RSS reading).
 const GATEWAY_WARM_UP: usize = 5;
+/// gateway_memory's virtual server: three stdio members (`stdio_echo` each).
+const MEMORY_MEMBERS: [&str; 3] = ["s1", "s2", "s3"];
 
 /// One command-upstream session as gateway_memory opens it: `initialize`,
 /// `notifications/initialized` and one checked `tools/call` of `thought`
-/// (so its child is started and has answered); returns the session id.
-async fn live_session(http: &reqwest::Client, url: &str) -> Result<String, String> {
+/// (so its child is started and has answered), or through a virtual server
+/// one of each member's `thought` (so every member's child is); returns the
+/// session id.
+async fn live_session(http: &reqwest::Client, url: &str, members: &[&str]) -> Result<String, String> {
     let session = load::open_session(http, url, false).await?;
-    load::call_thought(http, url, &session, 1).await.map_err(|e| format!("tools/call: {e}"))?;
+    if members.is_empty() {
+        load::call_thought(http, url, &session, 1).await.map_err(|e| format!("tools/call: {e}"))?;
+    }
+    for (id, member) in (1..).zip(members) {
+        load::call_member_thought(http, url, &session, id, member, 1).await.map_err(|e| format!("tools/call: {e}"))?;
+    }
     Ok(session)
 }
 
-/// gateway_memory on one fresh tether-gateway in front of `stdio_echo`:
-/// warm-up sessions (ended again, so their children stop), RSS, `--gateway-sessions`
-/// live sessions, 2 s of rest, RSS again; `bytes` is the growth per session
-/// (tether's own RSS, not its children's), and every session must still
-/// have its child.
+/// What gateway_memory read on one server: tether's RSS before and after
+/// the live sessions, and its live children and their RSS after them.
+struct Memory {
+    before: u64,
+    after: u64,
+    children: usize,
+    children_rss: u64,
+}
+
+impl Memory {
+    /// tether's own RSS growth per live session.
+    fn per_session(&self, n: usize) -> f64 {
+        (self.after as f64 - self.before as f64) / n as f64
+    }
+    /// The live children's RSS per live session.
+    fn children_per_session(&self, n: usize) -> f64 {
+        self.children_rss as f64 / n as f64
+    }
+}
+
+/// gateway_memory's reading of one started server: warm-up sessions (ended
+/// again, so their children stop), RSS, `n` live sessions, 2 s of rest, RSS
+/// again; each session must still hold a child per member (one without
+/// members).
+async fn memory_of(running: Running, n: usize, members: &[&str]) -> anyhow::Result<Memory> {
+    let server = &running.server;
+    let result = async {
+        let http = load::http_client().map_err(anyhow::Error::msg)?;
+        let url = server.mcp_url.as_str();
+        for i in 0..GATEWAY_WARM_UP {
+            let session = live_session(&http, url, members).await.map_err(|e| anyhow::anyhow!("warm-up session {i}: {e}"))?;
+            load::delete_session(&http, url, &session).await.map_err(|e| anyhow::anyhow!("warm-up session {i}: {e}"))?;
+        }
+        let before = settled_rss(server).await?;
+        let left = server.live_children()?;
+        anyhow::ensure!(left == 0, "{left} children still live after DELETE of the warm-up sessions");
+        let mut sessions = Vec::with_capacity(n);
+        for i in 0..n {
+            sessions.push(live_session(&http, url, members).await.map_err(|e| anyhow::anyhow!("session {i}: {e}"))?);
+        }
+        let after = settled_rss(server).await?;
+        let children = server.live_children()?;
+        let children_rss = server.children_rss_bytes()?;
+        let want = n * members.len().max(1);
+        anyhow::ensure!(children == want, "{children} live children after {n} sessions, want {want}");
+        Ok::<_, anyhow::Error>(Memory { before, after, children, children_rss })
+    }
+    .await;
+    if result.is_err() {
+        eprintln!("   server log tail:\n{}", server.log_tail());
+    }
+    running.stop().await?;
+    result
+}
+
+/// gateway_memory on one fresh tether-gateway in front of `stdio_echo`
+/// ([`memory_of`]): `bytes` is tether's own RSS growth per live session,
+/// `children_bytes` its children's RSS per session; then the same on a
+/// fresh tether-gateway serving a virtual server of three `stdio_echo`
+/// members (`federated_bytes`, `federated_children_bytes`).
 async fn gateway_memory(args: &Args, programs: &Programs, subject: Subject) -> Row {
     let n = usize::from(args.gateway_sessions);
     eprintln!("== {}: gateway_memory ({n} live command-upstream sessions)", subject.name());
@@ -877,45 +1004,47 @@ async fn gateway_memory(args: &Args, programs: &Programs, subject: Subject) -> R
     row.count = Some(n as u64);
     let outcome = async {
         let running = start_for(programs, Scenario::GatewayMemory, subject).await?;
-        let server = &running.server;
-        let result = async {
-            let http = load::http_client().map_err(anyhow::Error::msg)?;
-            let url = server.mcp_url.as_str();
-            for i in 0..GATEWAY_WARM_UP {
-                let session = live_session(&http, url).await.map_err(|e| anyhow::anyhow!("warm-up session {i}: {e}"))?;
-                load::delete_session(&http, url, &session).await.map_err(|e| anyhow::anyhow!("warm-up session {i}: {e}"))?;
-            }
-            let before = settled_rss(server).await?;
-            let left = server.live_children()?;
-            anyhow::ensure!(left == 0, "{left} children still live after DELETE of the warm-up sessions");
-            let mut sessions = Vec::with_capacity(n);
-            for i in 0..n {
-                sessions.push(live_session(&http, url).await.map_err(|e| anyhow::anyhow!("session {i}: {e}"))?);
-            }
-            let after = settled_rss(server).await?;
-            let children = server.live_children()?;
-            anyhow::ensure!(children == n, "{children} live children after {n} sessions, want {n}");
-            Ok::<_, anyhow::Error>((before, after, children))
-        }
-        .await;
-        if result.is_err() {
-            eprintln!("   server log tail:\n{}", server.log_tail());
-        }
-        running.stop().await?;
-        result
+        let single = memory_of(running, n, &[]).await?;
+        eprintln!(
+            "   RSS {} KiB -> {} KiB: {:.0} bytes per live session; {} live children, {:.0} bytes of theirs per session",
+            single.before / 1024,
+            single.after / 1024,
+            single.per_session(n),
+            single.children,
+            single.children_per_session(n)
+        );
+        eprintln!("== {}: gateway_memory, a virtual server of {} stdio members", subject.name(), MEMORY_MEMBERS.len());
+        let members: Vec<(&str, Upstream)> =
+            MEMORY_MEMBERS.iter().map(|&name| (name, Upstream::Stdio(programs.stdio_echo.clone()))).collect();
+        let running = start_federated(programs, subject, &members, None).await.context("the virtual server")?;
+        let federated = memory_of(running, n, &MEMORY_MEMBERS).await.context("the virtual server")?;
+        eprintln!(
+            "   RSS {} KiB -> {} KiB: {:.0} bytes per live session; {} live children, {:.0} bytes of theirs per session",
+            federated.before / 1024,
+            federated.after / 1024,
+            federated.per_session(n),
+            federated.children,
+            federated.children_per_session(n)
+        );
+        Ok::<_, anyhow::Error>((single, federated))
     }
     .await;
     match outcome {
-        Ok((before, after, children)) => {
-            let per = (after as f64 - before as f64) / n as f64;
-            eprintln!(
-                "   RSS {} KiB -> {} KiB: {per:.0} bytes per live session; {children} live children",
-                before / 1024,
-                after / 1024
-            );
-            row.bytes = Some(round(per, 0));
-            row.rss_mib = Some(round(after as f64 / 1048576.0, 1));
-            row.note = Some(format!("{children} live children; RSS {} -> {} KiB", before / 1024, after / 1024));
+        Ok((single, federated)) => {
+            row.bytes = Some(round(single.per_session(n), 0));
+            row.children_bytes = Some(round(single.children_per_session(n), 0));
+            row.federated_bytes = Some(round(federated.per_session(n), 0));
+            row.federated_children_bytes = Some(round(federated.children_per_session(n), 0));
+            row.rss_mib = Some(round(single.after as f64 / 1048576.0, 1));
+            row.note = Some(format!(
+                "{} live children; RSS {} -> {} KiB; the virtual server: {} live children, RSS {} -> {} KiB",
+                single.children,
+                single.before / 1024,
+                single.after / 1024,
+                federated.children,
+                federated.before / 1024,
+                federated.after / 1024
+            ));
         }
         Err(e) => {
             eprintln!("   error: {e:#}");

@@ -1,7 +1,7 @@
 //! What a bench run produces: the rows (JSON), the Markdown table, the
-//! budget check of issue 9 and of the gateway's (issue 23) (ratios measured
-//! in the same run) and an SVG bar chart of `tools_call` throughput at 64
-//! clients.
+//! budget check of issue 9, of the gateway's (issue 23) and of its virtual
+//! servers' (ratios measured in the same run) and an SVG bar chart of
+//! `tools_call` throughput at 64 clients.
 
 use serde::Serialize;
 
@@ -27,9 +27,16 @@ pub enum Scenario {
     /// tools_call's load to `stdio_echo` through tether-gateway, supergateway and mcp-proxy.
     #[value(name = "gateway_stdio")]
     GatewayStdio,
-    /// tether-gateway's RSS growth per live command-upstream session (a `stdio_echo` child each).
+    /// tether-gateway's RSS growth per live command-upstream session (a
+    /// `stdio_echo` child each), and per live session of a virtual server of
+    /// three `stdio_echo` members (three children each).
     #[value(name = "gateway_memory")]
     GatewayMemory,
+    /// tools_call's load through a virtual server of tether-gateway (two
+    /// `stdio_echo` members, one `rmcp_ref`), each client calling the
+    /// members' `thought` in turn.
+    #[value(name = "gateway_federated")]
+    GatewayFederated,
     /// tools_call's load over the 2026-07-28 wire (tether-sqlite-modern) beside the session era's (tether-sqlite).
     #[value(name = "tools_call_modern")]
     ToolsCallModern,
@@ -39,7 +46,7 @@ pub enum Scenario {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 10] = [
+    pub const ALL: [Scenario; 11] = [
         Scenario::ToolsCall,
         Scenario::Replay10k,
         Scenario::Restart100kSessions,
@@ -48,6 +55,7 @@ impl Scenario {
         Scenario::GatewayHttp,
         Scenario::GatewayStdio,
         Scenario::GatewayMemory,
+        Scenario::GatewayFederated,
         Scenario::ToolsCallModern,
         Scenario::Streams10k,
     ];
@@ -62,6 +70,7 @@ impl Scenario {
             Scenario::GatewayHttp => "gateway_http",
             Scenario::GatewayStdio => "gateway_stdio",
             Scenario::GatewayMemory => "gateway_memory",
+            Scenario::GatewayFederated => "gateway_federated",
             Scenario::ToolsCallModern => "tools_call_modern",
             Scenario::Streams10k => "streams_10k",
         }
@@ -80,7 +89,7 @@ impl Scenario {
             }
             Scenario::GatewayHttp => matches!(system, System::TetherGateway | System::RmcpDirect),
             Scenario::GatewayStdio => matches!(system, System::TetherGateway | System::Supergateway | System::McpProxy),
-            Scenario::GatewayMemory => system == System::TetherGateway,
+            Scenario::GatewayMemory | Scenario::GatewayFederated => system == System::TetherGateway,
             Scenario::ToolsCallModern => matches!(system, System::TetherSqlite | System::TetherSqliteModern),
             Scenario::Streams10k => system == System::TetherSqlite,
         }
@@ -93,7 +102,14 @@ impl Scenario {
 
     /// Whether its rows come from interleaved rounds of the tools_call load.
     pub fn interleaved(self) -> bool {
-        matches!(self, Scenario::ToolsCall | Scenario::GatewayHttp | Scenario::GatewayStdio | Scenario::ToolsCallModern)
+        matches!(
+            self,
+            Scenario::ToolsCall
+                | Scenario::GatewayHttp
+                | Scenario::GatewayStdio
+                | Scenario::GatewayFederated
+                | Scenario::ToolsCallModern
+        )
     }
 }
 
@@ -148,6 +164,18 @@ pub struct Row {
     /// The server process's own CPU per call (not its upstream's or children's).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_us_per_call: Option<f64>,
+    /// gateway_memory: the live children's RSS (their `VmRSS` summed) per
+    /// live session; `bytes` is tether's own growth.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub children_bytes: Option<f64>,
+    /// gateway_memory: tether's own RSS growth per live session of the
+    /// virtual server of three stdio members (measured as `bytes`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub federated_bytes: Option<f64>,
+    /// gateway_memory: that virtual server's live children's RSS per live
+    /// session (three children each; measured as `children_bytes`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub federated_children_bytes: Option<f64>,
     /// How the system was set up for this row when it differs from its usual
     /// setup; for replay_10k also how many of the fill's notifications were
     /// sent again after a 429.
@@ -186,6 +214,9 @@ impl Row {
             rounds_rps: Vec::new(),
             client_us_per_call: None,
             server_us_per_call: None,
+            children_bytes: None,
+            federated_bytes: None,
+            federated_children_bytes: None,
             cpu_percent: None,
             fanout_ms: None,
             note: None,
@@ -255,6 +286,13 @@ fn notes(r: &Row) -> String {
     }
     if let Some(b) = r.bytes_per_session {
         parts.push(format!("bytes_per_session {b:.0} (the store)"));
+    }
+    if let Some(b) = r.children_bytes {
+        parts.push(format!("children +{b:.0} B/session"));
+    }
+    if let Some(b) = r.federated_bytes {
+        let children = r.federated_children_bytes.map_or(String::new(), |c| format!(", children +{c:.0} B/session"));
+        parts.push(format!("virtual server of 3 stdio members: tether +{b:.0} B/session{children}"));
     }
     if let Some(n) = &r.note {
         parts.push(n.clone());
@@ -433,6 +471,82 @@ fn gateway_memory_line(rows: &[Row]) -> String {
     format!("| tether-gateway gateway_memory | {text} | <= {LIMIT_MIB} MiB per session | {met} |\n")
 }
 
+/// The rate a client gets calling the gateway's single-upstream endpoints
+/// in gateway_federated's proportion (two stdio calls to one HTTP call):
+/// the weighted harmonic mean of their requests/s.
+pub fn federated_mix(stdio_rps: f64, http_rps: f64) -> f64 {
+    3.0 / (2.0 / stdio_rps + 1.0 / http_rps)
+}
+
+/// The virtual servers' throughput line: tether-gateway's gateway_federated
+/// requests/s at 64 clients >= 0.9 times the mix ([`federated_mix`]) of its
+/// gateway_stdio and gateway_http rows of the same run. Judged like the
+/// ratio lines: the median of the rounds' ratios (each round's federated
+/// slice over the mix of the same round's two single-upstream slices) when
+/// the three ran the same rounds, with the ratio of the median rounds beside it.
+fn gateway_federated_line(rows: &[Row]) -> String {
+    const TARGET: f64 = 0.9;
+    let line = "tether-gateway gateway_federated (64 clients) >= 0.9x the gateway_stdio/gateway_http mix";
+    let row = |scenario| find(rows, "tether-gateway", scenario, Some(64)).filter(|r| r.rps.is_some_and(|v| v > 0.0));
+    let judged = match (row(Scenario::GatewayFederated), row(Scenario::GatewayStdio), row(Scenario::GatewayHttp)) {
+        (Some(federated), Some(stdio), Some(http)) => {
+            let (f, s, h) = (federated.rps.unwrap_or(0.0), stdio.rps.unwrap_or(0.0), http.rps.unwrap_or(0.0));
+            let mix = federated_mix(s, h);
+            let of_medians = format!("{:.2}x ({f:.0} / {mix:.0} rps; mix = 3 / (2 / {s:.0} stdio + 1 / {h:.0} http))", f / mix);
+            let rounds = [&federated.rounds_rps, &stdio.rounds_rps, &http.rounds_rps];
+            let paired =
+                rounds.iter().all(|r| r.len() > 1 && r.len() == federated.rounds_rps.len() && r.iter().all(|&v| v > 0.0));
+            Some(if paired {
+                let mut ratios: Vec<f64> = (0..federated.rounds_rps.len())
+                    .map(|i| federated.rounds_rps[i] / federated_mix(stdio.rounds_rps[i], http.rounds_rps[i]))
+                    .collect();
+                let listed = ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", ");
+                let ratio = median(&mut ratios).unwrap_or(0.0);
+                (format!("{ratio:.2}x (median of {} paired rounds: {listed}); median rounds {of_medians}", ratios.len()), ratio)
+            } else {
+                (of_medians, f / mix)
+            })
+        }
+        _ => None,
+    };
+    let (text, met) = match judged {
+        Some((text, ratio)) => (text, if ratio >= TARGET { "yes" } else { "**no**" }),
+        None => ("not measured".to_string(), "—"),
+    };
+    format!("| {line} | {text} | >= {TARGET}x | {met} |\n")
+}
+
+/// The virtual servers' memory line: RSS per live session of a virtual
+/// server of three stdio members (tether's growth plus its children's RSS)
+/// at most 3 times that of gateway_memory's single stdio upstream, both
+/// from the gateway_memory row. tether's own ratio is shown beside it.
+fn gateway_federated_memory_line(rows: &[Row]) -> String {
+    const LIMIT: f64 = 3.0;
+    let line = "tether-gateway gateway_federated memory per session <= 3x one member's";
+    let figures = find(rows, "tether-gateway", Scenario::GatewayMemory, None)
+        .and_then(|r| Some((r.bytes?, r.children_bytes?, r.federated_bytes?, r.federated_children_bytes?)));
+    let kib = |b: f64| b / 1024.0;
+    let (text, met) = match figures {
+        Some((one, one_children, three, three_children)) if one + one_children > 0.0 => {
+            let (single, federated) = (one + one_children, three + three_children);
+            let ratio = federated / single;
+            let alone = if one > 0.0 { format!("{:.2}x", three / one) } else { "—".into() };
+            (
+                format!(
+                    "{ratio:.2}x ({:.1} / {:.1} KiB per live session, tether + its children; tether alone {alone}: {:.1} / {:.1} KiB)",
+                    kib(federated),
+                    kib(single),
+                    kib(three),
+                    kib(one)
+                ),
+                if ratio <= LIMIT { "yes" } else { "**no**" },
+            )
+        }
+        _ => ("not measured".to_string(), "—"),
+    };
+    format!("| {line} | {text} | <= {LIMIT}x | {met} |\n")
+}
+
 /// The budget of issues 9 and 23, each line with what this run measured. A
 /// ratio line is judged by the median of the paired rounds' ratios when the
 /// run had rounds, and shows the ratio of the two median rounds beside it.
@@ -472,6 +586,8 @@ pub fn budget(rows: &[Row]) -> String {
     s.push_str(&streams_lines(rows));
     s.push_str(&gateway_stdio_line(rows));
     s.push_str(&gateway_memory_line(rows));
+    s.push_str(&gateway_federated_line(rows));
+    s.push_str(&gateway_federated_memory_line(rows));
     for system in ["tether-memory", "tether-sqlite", "tether-redis"] {
         let line = |scenario: Scenario, figure: fn(&Row) -> Option<f64>, unit: &str, limit: f64| {
             let (text, met) = match find(rows, system, scenario, None).and_then(|r| Some((r.count, figure(r)?))) {
@@ -703,6 +819,104 @@ mod tests {
         assert!(budget(&[]).contains("| tether-gateway gateway_memory | not measured | <= 2 MiB per session | — |"));
         assert!(Scenario::GatewayMemory.runs(System::TetherGateway) && !Scenario::GatewayMemory.runs(System::TetherSqlite));
         assert!(!Scenario::GatewayMemory.interleaved());
+    }
+
+    #[test]
+    fn the_federated_line_judges_the_virtual_server_against_the_mix_of_the_single_upstream_endpoints() {
+        let at_64 = |scenario, rps| Row { rps: Some(rps), ..Row::new(System::TetherGateway, scenario, 64, false) };
+        // The mix of 3000 (stdio) and 1500 (http) rps, 2:1: 3 / (2/3000 + 1/1500) = 2250 rps.
+        assert_eq!(federated_mix(3000.0, 1500.0), 2250.0);
+        let rows = vec![
+            at_64(Scenario::GatewayStdio, 3000.0),
+            at_64(Scenario::GatewayHttp, 1500.0),
+            at_64(Scenario::GatewayFederated, 2100.0),
+            Row { rps: Some(100.0), ..Row::new(System::TetherGateway, Scenario::GatewayFederated, 1, false) },
+        ];
+        let b = budget(&rows);
+        assert!(
+            b.contains("| tether-gateway gateway_federated (64 clients) >= 0.9x the gateway_stdio/gateway_http mix | 0.93x (2100 / 2250 rps; mix = 3 / (2 / 3000 stdio + 1 / 1500 http)) | >= 0.9x | yes |"),
+            "{b}"
+        );
+        let slow = vec![rows[0].clone(), rows[1].clone(), at_64(Scenario::GatewayFederated, 1800.0)];
+        assert!(
+            budget(&slow).contains("| 0.80x (1800 / 2250 rps; mix = 3 / (2 / 3000 stdio + 1 / 1500 http)) | >= 0.9x | **no** |")
+        );
+        // Either single-upstream row missing (or failed): not measured.
+        let failed = Row::failed(System::TetherGateway, Scenario::GatewayHttp, 64, false, "down".into());
+        for rows in [vec![rows[0].clone(), rows[2].clone()], vec![rows[0].clone(), failed, rows[2].clone()]] {
+            assert!(
+                budget(&rows).contains(
+                    "| tether-gateway gateway_federated (64 clients) >= 0.9x the gateway_stdio/gateway_http mix | not measured | >= 0.9x | — |"
+                ),
+                "{}",
+                budget(&rows)
+            );
+        }
+        assert!(Scenario::GatewayFederated.runs(System::TetherGateway) && !Scenario::GatewayFederated.runs(System::RmcpDirect));
+        assert!(Scenario::GatewayFederated.interleaved());
+    }
+
+    #[test]
+    fn the_federated_line_over_shared_rounds_is_the_median_of_each_rounds_ratio_to_that_rounds_mix() {
+        // Round 2 was slow for everyone: its ratio is still 1.
+        let rounds = |scenario, rps: &[f64], median| Row {
+            rps: Some(median),
+            rounds_rps: rps.to_vec(),
+            ..Row::new(System::TetherGateway, scenario, 64, false)
+        };
+        let rows = vec![
+            rounds(Scenario::GatewayStdio, &[3000.0, 1500.0, 3000.0], 3000.0),
+            rounds(Scenario::GatewayHttp, &[1500.0, 750.0, 1500.0], 1500.0),
+            // Mixes 2250, 1125, 2250: ratios 0.80, 1.00, 0.96.
+            rounds(Scenario::GatewayFederated, &[1800.0, 1125.0, 2160.0], 1800.0),
+        ];
+        let b = budget(&rows);
+        assert!(
+            b.contains("| 0.96x (median of 3 paired rounds: 0.80, 1.00, 0.96); median rounds 0.80x (1800 / 2250 rps; mix = 3 / (2 / 3000 stdio + 1 / 1500 http)) | >= 0.9x | yes |"),
+            "{b}"
+        );
+        // Rounds that do not pair up fall back to the median rounds.
+        let mut unpaired = rows.clone();
+        unpaired[1].rounds_rps.pop();
+        assert!(
+            budget(&unpaired)
+                .contains("| 0.80x (1800 / 2250 rps; mix = 3 / (2 / 3000 stdio + 1 / 1500 http)) | >= 0.9x | **no** |")
+        );
+    }
+
+    #[test]
+    fn the_federated_memory_line_counts_tether_and_its_children_against_one_member() {
+        let memory = |one: f64, three: f64| Row {
+            bytes: Some(40_960.0),
+            children_bytes: Some(one),
+            federated_bytes: Some(61_440.0),
+            federated_children_bytes: Some(three),
+            count: Some(60),
+            ..Row::new(System::TetherGateway, Scenario::GatewayMemory, 1, false)
+        };
+        // (60 + 5940) / (40 + 2008) KiB: 2.93x; tether alone 60 / 40 KiB.
+        let b = budget(&[memory(2_056_192.0, 6_082_560.0)]);
+        assert!(
+            b.contains("| tether-gateway gateway_federated memory per session <= 3x one member's | 2.93x (6000.0 / 2048.0 KiB per live session, tether + its children; tether alone 1.50x: 60.0 / 40.0 KiB) | <= 3x | yes |"),
+            "{b}"
+        );
+        // The gateway_memory line still judges tether's own bytes.
+        assert!(b.contains("| tether-gateway gateway_memory | 40.0 KiB per session (40960 bytes) |"), "{b}");
+        let b = budget(&[memory(2_056_192.0, 6_500_000.0)]);
+        assert!(b.contains("| 3.13x (6407.7 / 2048.0 KiB per live session"), "{b}");
+        assert!(b.contains("| <= 3x | **no** |"), "{b}");
+        // Without the virtual server's figures (or without gateway_memory): not measured.
+        let single = Row { federated_bytes: None, federated_children_bytes: None, ..memory(2_056_192.0, 0.0) };
+        for rows in [vec![single], vec![]] {
+            assert!(budget(&rows).contains(
+                "| tether-gateway gateway_federated memory per session <= 3x one member's | not measured | <= 3x | — |"
+            ));
+        }
+        let notes = table(&[memory(2_056_192.0, 6_082_560.0)], None);
+        assert!(
+            notes.contains("60 sessions; children +2056192 B/session; virtual server of 3 stdio members: tether +61440 B/session, children +6082560 B/session"),
+            "{notes}"
+        );
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! the stores tether runs on, waiting until a server answers its health
 //! check, reading its RSS from `/proc`, and stopping it (SIGTERM) or killing
 //! it (SIGKILL). The gateway systems (`gateway_http`, `gateway_stdio`) are
-//! started in front of an upstream: a URL or the `stdio_echo` command.
+//! started in front of an upstream: a URL or the `stdio_echo` command;
+//! tether-gateway in `gateway_federated` with a config file of upstreams and
+//! a virtual server of them.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -47,7 +49,8 @@ pub enum System {
     /// A bare axum JSON echo route (`axum_floor`): the HTTP floor.
     AxumFloor,
     /// gateway_http and gateway_stdio: `tether serve --store sqlite:FILE
-    /// --upstream echo=…` in front of `rmcp_ref` or `stdio_echo`, at `/mcp/echo`.
+    /// --upstream echo=…` in front of `rmcp_ref` or `stdio_echo`, at `/mcp/echo`;
+    /// gateway_federated: `--config FILE` with the virtual server `fed`, at `/mcp/fed`.
     TetherGateway,
     /// gateway_http: `rmcp_ref` called directly (what tether-gateway fronts).
     RmcpDirect,
@@ -96,6 +99,9 @@ pub enum Protocol {
     /// MCP 2026-07-28: no session, the caller in each request's `_meta`; each
     /// client names its notebook session (from its first result) in `_meta`.
     Modern,
+    /// MCP through a virtual server: sessions, `tools/call` of each member's
+    /// `thought` in turn (`s1__thought`, `s2__thought`, `web__thought`, …).
+    Federated,
 }
 
 impl System {
@@ -380,7 +386,8 @@ pub struct Launch {
     pub channel_capacity: Option<usize>,
     /// tether only: `--max-sessions-per-principal` (the bench's clients are all one principal).
     pub max_sessions: Option<usize>,
-    /// The gateway systems: what they serve (tether-gateway as `--upstream echo=…`).
+    /// The gateway systems: what they serve (tether-gateway as `--upstream
+    /// echo=…`, or with `--config FILE`).
     pub upstream: Option<Upstream>,
     /// tether only: more flags (streams_10k: `--session-cache`, the admin API).
     pub extra_args: Vec<String>,
@@ -395,10 +402,41 @@ pub enum Upstream {
     Url(String),
     /// A stdio MCP server: this program, no arguments.
     Stdio(PathBuf),
+    /// tether-gateway only: a config file (`--config`) of upstreams and the
+    /// virtual server [`FEDERATED_SERVER`] of them ([`federated_config`]).
+    Config(PathBuf),
 }
 
 /// The upstream's name in tether-gateway's `--upstream NAME=…`, so its endpoint is `/mcp/echo`.
 pub const GATEWAY_UPSTREAM: &str = "echo";
+/// The virtual server's name in tether-gateway's config, so its endpoint is `/mcp/fed`.
+pub const FEDERATED_SERVER: &str = "fed";
+/// Between a member's name and its tool's in the virtual server's names (`names = "prefix"`).
+pub const FEDERATED_SEPARATOR: &str = "__";
+
+/// A config file's text: an `[upstreams.NAME]` table per member (`command`
+/// for a stdio program, `url` for a URL; the gateway's defaults otherwise)
+/// and `[servers.fed]` of them all, in order, named by prefix.
+pub fn federated_config(members: &[(&str, Upstream)]) -> anyhow::Result<String> {
+    // A JSON string is a TOML basic string (the same escapes).
+    let quoted = |text: &str| serde_json::Value::from(text).to_string();
+    let mut toml = String::new();
+    for (name, member) in members {
+        toml.push_str(&format!("[upstreams.{name}]\n"));
+        match member {
+            Upstream::Stdio(program) => toml.push_str(&format!("command = [{}]\n\n", quoted(&program.to_string_lossy()))),
+            Upstream::Url(url) => toml.push_str(&format!("url = {}\n\n", quoted(url))),
+            Upstream::Config(_) => bail!("a member of a virtual server is a command or a URL"),
+        }
+    }
+    let names: Vec<String> = members.iter().map(|(name, _)| quoted(name)).collect();
+    toml.push_str(&format!(
+        "[servers.{FEDERATED_SERVER}]\nupstreams = [{}]\nnames = \"prefix\"\nseparator = {}\n",
+        names.join(", "),
+        quoted(FEDERATED_SEPARATOR)
+    ));
+    Ok(toml)
+}
 
 impl Launch {
     pub fn new(subject: Subject) -> Self {
@@ -460,9 +498,15 @@ impl Launch {
                     let target = match &self.upstream {
                         Some(Upstream::Url(url)) => url.clone(),
                         Some(Upstream::Stdio(_)) => format!("stdio:{}", shell_quote(&self.stdio_upstream()?.to_string_lossy())),
+                        Some(Upstream::Config(file)) => {
+                            cmd.arg("--config").arg(existing(file, "written by the bench")?);
+                            String::new()
+                        }
                         None => bail!("tether-gateway needs an upstream"),
                     };
-                    cmd.args(["--upstream", &format!("{GATEWAY_UPSTREAM}={target}")]);
+                    if !target.is_empty() {
+                        cmd.args(["--upstream", &format!("{GATEWAY_UPSTREAM}={target}")]);
+                    }
                 }
                 cmd.args(&self.extra_args);
                 cmd.env("NO_COLOR", "1").env("RUST_LOG", "info");
@@ -528,8 +572,9 @@ impl Launch {
 
     /// What follows the URL the server prints to make its MCP endpoint.
     fn endpoint_suffix(&self) -> String {
-        match self.subject.system {
-            System::TetherGateway => format!("/{GATEWAY_UPSTREAM}"),
+        match (self.subject.system, &self.upstream) {
+            (System::TetherGateway, Some(Upstream::Config(_))) => format!("/{FEDERATED_SERVER}"),
+            (System::TetherGateway, _) => format!("/{GATEWAY_UPSTREAM}"),
             _ => String::new(),
         }
     }
@@ -657,12 +702,7 @@ impl Server {
     fn status_kib(&self, field: &str) -> anyhow::Result<u64> {
         let path = format!("/proc/{}/status", self.pid);
         let status = std::fs::read_to_string(&path).with_context(|| format!("cannot read {path}"))?;
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(field))
-            .and_then(|v| v.trim().strip_suffix("kB"))
-            .and_then(|v| v.trim().parse().ok())
-            .with_context(|| format!("no {field} line in {path}"))
+        kib_field(&status, field).with_context(|| format!("no {field} line in {path}"))
     }
 
     /// Peak resident set size of the server so far (VmHWM), in MiB.
@@ -675,10 +715,27 @@ impl Server {
         Ok(self.status_kib("VmRSS:")? * 1024)
     }
 
-    /// Its live child processes (those whose parent it is, zombies not
-    /// counted), found by reading every `/proc/PID/stat`.
+    /// How many live child processes it has (those whose parent it is,
+    /// zombies not counted).
     pub fn live_children(&self) -> anyhow::Result<usize> {
-        let mut n = 0;
+        Ok(self.children()?.len())
+    }
+
+    /// Its live children's resident set sizes (VmRSS) summed, in bytes: a
+    /// child that exits between the listing and the read counts nothing.
+    pub fn children_rss_bytes(&self) -> anyhow::Result<u64> {
+        let mut total = 0;
+        for pid in self.children()? {
+            if let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
+                total += kib_field(&status, "VmRSS:").unwrap_or(0) * 1024;
+            }
+        }
+        Ok(total)
+    }
+
+    /// The PIDs of its live child processes, found by reading every `/proc/PID/stat`.
+    fn children(&self) -> anyhow::Result<Vec<u32>> {
+        let mut pids = Vec::new();
         for entry in std::fs::read_dir("/proc").context("cannot list /proc")? {
             let entry = entry?;
             if !entry.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
@@ -689,11 +746,12 @@ impl Server {
             if let Some((state, ppid)) = state_and_parent(&stat)
                 && ppid == self.pid
                 && state != "Z"
+                && let Ok(pid) = entry.file_name().to_string_lossy().parse()
             {
-                n += 1;
+                pids.push(pid);
             }
         }
-        Ok(n)
+        Ok(pids)
     }
 
     /// kill(2) to our own child, which we have not reaped yet.
@@ -738,6 +796,15 @@ pub fn free_port() -> anyhow::Result<u16> {
     Ok(listener.local_addr()?.port())
 }
 
+/// A `FIELD:  1234 kB` line of a `/proc/PID/status` text, in KiB.
+fn kib_field(status: &str, field: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 /// A log line at WARN or ERROR level (tracing's format: `… WARN target: …`).
 fn is_problem(line: &str) -> bool {
     line.split_whitespace().take(3).any(|word| word == "WARN" || word == "ERROR")
@@ -766,13 +833,36 @@ fn mcp_url_in(line: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{mcp_url_in, origin, shell_quote, state_and_parent};
+    use super::{Upstream, federated_config, kib_field, mcp_url_in, origin, shell_quote, state_and_parent};
 
     #[test]
     fn reads_the_state_and_parent_of_a_proc_stat_line() {
         assert_eq!(state_and_parent("4242 (stdio echo) S 17 4242 17 0 -1"), Some(("S", 17)));
         assert_eq!(state_and_parent("4243 (a) b) Z 17 1"), Some(("Z", 17)));
         assert_eq!(state_and_parent("garbage"), None);
+    }
+
+    #[test]
+    fn reads_a_kib_field_of_proc_status() {
+        let status = "Name:\tstdio_echo\nVmHWM:\t    2100 kB\nVmRSS:\t    2048 kB\n";
+        assert_eq!(kib_field(status, "VmRSS:"), Some(2048));
+        assert_eq!(kib_field(status, "VmSwap:"), None);
+    }
+
+    #[test]
+    fn a_federated_config_has_a_table_per_member_and_the_virtual_server() {
+        let members = [
+            ("s1", Upstream::Stdio("/t/stdio_echo".into())),
+            ("web", Upstream::Url("http://127.0.0.1:4567/mcp".into())),
+            ("odd", Upstream::Stdio("/a \"b\"\\c".into())),
+        ];
+        assert_eq!(
+            federated_config(&members).expect("a config"),
+            "[upstreams.s1]\ncommand = [\"/t/stdio_echo\"]\n\n[upstreams.web]\nurl = \"http://127.0.0.1:4567/mcp\"\n\n\
+             [upstreams.odd]\ncommand = [\"/a \\\"b\\\"\\\\c\"]\n\n\
+             [servers.fed]\nupstreams = [\"s1\", \"web\", \"odd\"]\nnames = \"prefix\"\nseparator = \"__\"\n"
+        );
+        assert!(federated_config(&[("x", Upstream::Config("/c.toml".into()))]).is_err());
     }
 
     #[test]
