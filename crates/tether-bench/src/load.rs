@@ -357,6 +357,18 @@ pub async fn call_thought(http: &reqwest::Client, url: &str, session: &str, n: u
     check_thought(&result, n)
 }
 
+/// `tools/list` on a session (request id 0), as a client does before its
+/// calls; the answer must hold a list of tools.
+pub async fn list_tools(http: &reqwest::Client, url: &str, session: &str) -> Result<(), String> {
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": 0, "method": "tools/list"});
+    let resp = post(http, url, Some(session), &body).send().await.map_err(|e| with_causes(&e))?;
+    let result = response_result(resp, 0).await?;
+    match result.get("tools") {
+        Some(Value::Array(_)) => Ok(()),
+        _ => Err(format!("tools/list answered without tools: {result}")),
+    }
+}
+
 /// An error with its causes (reqwest's own text leaves out why a request
 /// could not be sent: a reset, a closed connection).
 fn with_causes(e: &dyn std::error::Error) -> String {

@@ -928,6 +928,9 @@ const MEMORY_MEMBERS: [&str; 3] = ["s1", "s2", "s3"];
 /// session id.
 async fn live_session(http: &reqwest::Client, url: &str, members: &[&str]) -> Result<String, String> {
     let session = load::open_session(http, url, false).await?;
+    // As a client does first (and the virtual server does for its members
+    // anyway): the same work on both sides of the memory line.
+    load::list_tools(http, url, &session).await.map_err(|e| format!("tools/list: {e}"))?;
     if members.is_empty() {
         load::call_thought(http, url, &session, 1).await.map_err(|e| format!("tools/call: {e}"))?;
     }
