@@ -61,8 +61,10 @@ pub struct VirtualServer {
     members: Vec<Arc<Gateway>>,
     /// List changes for `subscriptions/listen` streams.
     changes: Arc<Changes>,
-    /// The members down at the last look of any client (`None`: no look yet).
+    /// The members down at the last look of any client (`None`: no look
+    /// yet), and when that look was.
     down: std::sync::Mutex<Option<Vec<usize>>>,
+    looked: std::sync::Mutex<Option<Instant>>,
     /// Tells this server's cached lists from those of the one a reload replaced.
     epoch: u64,
     /// The members' lists last read and their catalog (see [`Self::shared`]).
@@ -88,6 +90,7 @@ impl VirtualServer {
             members,
             changes,
             down: std::sync::Mutex::default(),
+            looked: std::sync::Mutex::default(),
             epoch: rand::random(),
             last_catalog: std::sync::Mutex::default(),
         }))
@@ -183,6 +186,7 @@ impl VirtualServer {
         for collision in &catalog.collisions {
             tracing::warn!(server = %self.config.name, "{collision}; the first keeps it");
         }
+        *lock(&self.looked) = Some(Instant::now());
         let before = lock(&self.down).replace(catalog.down.clone());
         if before.is_some_and(|before| before != catalog.down) {
             for method in LISTS {
@@ -529,6 +533,8 @@ impl McpApp for VirtualServer {
                     down.push(member);
                 }
                 Err(e) => {
+                    *lock(&self.looked) = Some(Instant::now());
+                    *lock(&self.down) = Some(vec![member]);
                     return Err(RpcError::unavailable(
                         format!("{}: {}", self.member_down(member).message, e.message),
                         gateway.name(),
@@ -622,6 +628,18 @@ impl McpApp for VirtualServer {
             view
         });
         Some(Value::Array(views.collect()))
+    }
+
+    /// With `on_member_down = "fail"`, while a member was seen down in
+    /// the last [`DOWN_RECHECK`]: every request is refused (503). After
+    /// that a request goes through, and its look at the members decides again.
+    fn unavailable(&self) -> Option<RpcError> {
+        if self.config.on_member_down != MemberDown::Fail {
+            return None;
+        }
+        let recent = lock(&self.looked).is_some_and(|at| at.elapsed() < DOWN_RECHECK);
+        let down = lock(&self.down).as_ref().and_then(|d| d.first().copied());
+        down.filter(|_| recent).map(|member| self.member_down(member))
     }
 
     fn list_changes(&self) -> Option<broadcast::Receiver<String>> {

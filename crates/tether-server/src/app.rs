@@ -304,6 +304,14 @@ pub trait McpApp: Send + Sync + 'static {
         false
     }
 
+    /// A refusal of every request to the endpoint for now (HTTP 503 with
+    /// it), asked before each request reaches the engine: for an
+    /// application that cannot serve at all while something it needs is
+    /// down. Default: none.
+    fn unavailable(&self) -> Option<RpcError> {
+        None
+    }
+
     /// What operators see of the application's part of one session (the
     /// admin API's `GET /admin/sessions/ID`): for example a gateway's
     /// upstream sessions and whether this process holds them. `app_state`

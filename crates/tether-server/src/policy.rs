@@ -280,6 +280,10 @@ impl McpApp for Policed {
         self.inner.list_changes()
     }
 
+    fn unavailable(&self) -> Option<RpcError> {
+        self.inner.unavailable()
+    }
+
     async fn recover_request(&self, ctx: RequestCtx, cut_off: CutOff) -> Result<RawResult, RpcError> {
         self.inner.recover_request(ctx, cut_off).await
     }

@@ -443,27 +443,39 @@ async fn a_reload_adds_and_removes_members_and_sessions_keep_the_others() {
 }
 
 #[tokio::test]
-async fn with_on_member_down_fail_a_member_down_refuses_initialize_with_503_naming_it() {
+async fn with_on_member_down_fail_a_member_down_makes_the_whole_endpoint_answer_503_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let flag = dir.path().join("a-is-down");
-    std::fs::write(&flag, "down").unwrap();
     let config = format!(
         "{}{}[servers.team]\nupstreams = [\"a\", \"b\"]\non_member_down = \"fail\"\n",
         stdio_member("a", &["--exit-if-exists", flag.to_str().unwrap()]),
         stdio_member("b", &[])
     );
     let (_tether, c) = start(&dir, &config);
-    let refused =
-        c.post(None, &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init_params()})).send().await.unwrap();
+    let (sid, _) = initialized(&c).await;
+    // a's child dies and cannot start again: the next look at the members sees it.
+    std::fs::write(&flag, "down").unwrap();
+    let exited = c.call(&sid, 1, "a__exit", json!({"code": 1})).await;
+    assert!(exited.get("error").is_some(), "{exited}");
+    let looked = ask(&c, &sid, 2, "tools/list", json!({})).await;
+    assert_eq!(looked["error"]["data"]["unavailable"], "a", "{looked}");
+    // Now every request of the endpoint is 503 naming the member, a session's and an initialize.
+    let call = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "b__whoami", "arguments": {}}});
+    let refused = c.post(Some(&sid), &call).send().await.unwrap();
     assert_eq!(refused.status(), 503);
     assert_eq!(refused.headers()["retry-after"], "1");
     let body: Value = refused.json().await.unwrap();
-    assert_eq!(body["error"]["data"]["unavailable"], "a", "{body}");
+    assert_eq!(body["id"], 3);
     assert!(
         body["error"]["message"].as_str().unwrap().contains("member `a` of virtual server `team` cannot be reached"),
         "{body}"
     );
-    // Once a can start, the endpoint serves again.
+    let init =
+        c.post(None, &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init_params()})).send().await.unwrap();
+    assert_eq!(init.status(), 503);
+    let body: Value = init.json().await.unwrap();
+    assert_eq!(body["error"]["data"]["unavailable"], "a", "{body}");
+    // Once a can start, the endpoint serves again (its looks go on every 2 s).
     std::fs::remove_file(&flag).unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
@@ -478,6 +490,7 @@ async fn with_on_member_down_fail_a_member_down_refuses_initialize_with_503_nami
         assert!(std::time::Instant::now() < deadline, "a did not come back");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    assert_eq!(structured(&c.call(&sid, 4, "b__whoami", json!({})).await)["name"], "b", "the old session serves again");
 }
 
 #[tokio::test]

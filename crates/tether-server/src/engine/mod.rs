@@ -604,6 +604,12 @@ impl Engine {
         self.inner.cached(id).map(|s| s.last_seen())
     }
 
+    /// The endpoint's refusal of every request for now, if its application
+    /// has one (see [`McpApp::unavailable`]).
+    pub fn unavailable(&self, endpoint: &str) -> Option<RpcError> {
+        self.inner.apps.get(endpoint)?.unavailable()
+    }
+
     /// The application's account of a stored session, for operators (see
     /// [`McpApp::describe_session`]).
     pub fn describe_session(&self, record: &SessionRecord) -> Option<Value> {

@@ -20,6 +20,8 @@ pub struct HttpError {
     pub www_authenticate: Option<String>,
     /// Seconds for a `Retry-After` header (503s the client should retry).
     pub retry_after: Option<u32>,
+    /// The JSON-RPC error's `data`, if it has one.
+    pub data: Option<Box<Value>>,
 }
 
 /// `Retry-After` of a 503 caused by the store: a failing store is probed on
@@ -28,7 +30,7 @@ const STORE_RETRY_AFTER_SECS: u32 = 1;
 
 impl HttpError {
     pub fn new(status: StatusCode, code: i64, message: impl Into<String>) -> Self {
-        Self { status, code, message: message.into(), id: None, www_authenticate: None, retry_after: None }
+        Self { status, code, message: message.into(), id: None, www_authenticate: None, retry_after: None, data: None }
     }
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, INVALID_REQUEST, message)
@@ -47,6 +49,7 @@ impl From<EnvelopeError> for HttpError {
             id: e.id,
             www_authenticate: None,
             retry_after: None,
+            data: None,
         }
     }
 }
@@ -58,7 +61,7 @@ impl From<EngineError> for HttpError {
             EngineError::SessionNotFound => Self::new(StatusCode::NOT_FOUND, SESSION_NOT_FOUND, message),
             EngineError::UnknownEndpoint(_) => Self::new(StatusCode::NOT_FOUND, INVALID_REQUEST, message),
             EngineError::BadRequest { code, id, message } => {
-                Self { status: StatusCode::BAD_REQUEST, code, message, id, www_authenticate: None, retry_after: None }
+                Self { status: StatusCode::BAD_REQUEST, code, message, id, www_authenticate: None, retry_after: None, data: None }
             }
             EngineError::TooMany(m) => Self::new(StatusCode::TOO_MANY_REQUESTS, SERVER_ERROR, m),
             EngineError::ShuttingDown => Self::new(StatusCode::SERVICE_UNAVAILABLE, SERVER_ERROR, message),
@@ -82,7 +85,9 @@ impl IntoResponse for HttpError {
         } else {
             tracing::debug!(status = %self.status, message = %self.message, "request refused");
         }
-        let body = envelope::error_message(self.id.as_ref(), &RpcError::new(self.code, self.message));
+        let mut error = RpcError::new(self.code, self.message);
+        error.data = self.data.map(|d| *d);
+        let body = envelope::error_message(self.id.as_ref(), &error);
         let mut response = (self.status, [(header::CONTENT_TYPE, "application/json")], body).into_response();
         if let Some(seconds) = self.retry_after {
             response.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from(seconds));

@@ -158,6 +158,18 @@ async fn post_mcp(
     if let Some(refused) = refused_call(&state.auth, &endpoint, &principal, &headers, &message).await {
         return Err(refused);
     }
+    if let Some(down) = state.engine.unavailable(&endpoint) {
+        let id = match &message {
+            Inbound::Request { id, .. } => Some(id.clone()),
+            _ => None,
+        };
+        return Err(HttpError {
+            id,
+            retry_after: Some(LIMIT_RETRY_AFTER_SECS),
+            data: down.data.map(Box::new),
+            ..HttpError::new(StatusCode::SERVICE_UNAVAILABLE, down.code, down.message)
+        });
+    }
     if sessionless::is_sessionless(&message, &headers) {
         return sessionless::post(&state, &endpoint, principal, &headers, message).await;
     }
