@@ -11,6 +11,7 @@
 //
 // Clients (client_secret_post or basic):
 //   svc / svc-secret      client credentials; scopes tools:read tools:write
+//                         prompts:read files:read
 //   reader / reader-secret client credentials; scope tools:read only
 // Every access token is a JWT (RS256) whose `aud` is the requested resource
 // and whose `sub` is the client's id. Prints `READY` once it listens.
@@ -30,7 +31,8 @@ const { privateKey } = generateKeyPairSync('rsa', { modulusLength: 2048 });
 const jwk = { ...privateKey.export({ format: 'jwk' }), kid, use: 'sig', alg: 'RS256' };
 writeFileSync(keyFile, `# kid: ${kid}\n${privateKey.export({ format: 'pem', type: 'pkcs8' })}`, { mode: 0o600 });
 
-const scopes = { svc: 'tools:read tools:write', reader: 'tools:read' };
+const all = 'tools:read tools:write prompts:read files:read';
+const scopes = { svc: all, reader: 'tools:read' };
 const provider = new Provider(issuer, {
   jwks: { keys: [jwk] },
   clients: Object.keys(scopes).map((id) => ({
@@ -41,7 +43,7 @@ const provider = new Provider(issuer, {
     redirect_uris: [],
     scope: scopes[id],
   })),
-  scopes: ['tools:read', 'tools:write'],
+  scopes: all.split(' '),
   features: {
     devInteractions: { enabled: false },
     clientCredentials: { enabled: true },
@@ -50,7 +52,7 @@ const provider = new Provider(issuer, {
       defaultResource: () => undefined,
       useGrantedResource: () => true,
       getResourceServerInfo: (_ctx, resource) => ({
-        scope: 'tools:read tools:write',
+        scope: all,
         audience: resource,
         accessTokenTTL: 300,
         accessTokenFormat: 'jwt',

@@ -14,6 +14,7 @@
 //! the `tether-wire` crate's.
 
 pub mod app;
+pub mod audit;
 pub mod config;
 pub mod engine;
 pub mod http;

@@ -10,7 +10,8 @@
 //! `tether_request_duration_seconds{method}`, `tether_events_appended_total`,
 //! `tether_events_replayed_total`, `tether_store_commit_seconds`,
 //! `tether_store_commit_batch_size`, `tether_store_errors_total`,
-//! `tether_auth_failures_total`, `tether_upstream_processes{upstream}`,
+//! `tether_auth_failures_total`, `tether_audit_dropped_total`,
+//! `tether_upstream_processes{upstream}`,
 //! `tether_upstream_restarts_total{upstream}`,
 //! `tether_upstream_request_duration_seconds{upstream}`,
 //! `tether_upstream_dropped_messages_total{upstream,reason}` (`unreadable`:
@@ -78,6 +79,7 @@ struct Metrics {
     store_commit_batch_size: Histogram,
     store_errors: Counter,
     auth_failures: Counter,
+    audit_dropped: Counter,
     upstream_processes: Family<UpstreamLabel, Gauge>,
     upstream_restarts: Family<UpstreamLabel, Counter>,
     upstream_request_duration: Family<UpstreamLabel, Histogram, fn() -> Histogram>,
@@ -102,6 +104,7 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         store_commit_batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 10)),
         store_errors: Counter::default(),
         auth_failures: Counter::default(),
+        audit_dropped: Counter::default(),
         upstream_processes: Family::default(),
         upstream_restarts: Family::default(),
         upstream_request_duration: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
@@ -136,6 +139,11 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     );
     registry.register("tether_store_errors", "Failed store commits and backend calls", m.store_errors.clone());
     registry.register("tether_auth_failures", "Requests refused for a missing or wrong bearer token", m.auth_failures.clone());
+    registry.register(
+        "tether_audit_dropped",
+        "Policy decisions dropped from the audit log because its writer fell behind",
+        m.audit_dropped.clone(),
+    );
     registry.register("tether_upstream_processes", "Running stdio upstream processes", m.upstream_processes.clone());
     registry.register(
         "tether_upstream_restarts",
@@ -313,6 +321,12 @@ pub fn auth_failure() {
     }
 }
 
+pub fn audit_dropped() {
+    if let Some(m) = on() {
+        m.audit_dropped.inc();
+    }
+}
+
 /// Counts an open SSE stream while it lives.
 pub struct SseConnection(bool);
 
@@ -409,6 +423,7 @@ mod tests {
             "tether_store_commit_batch_size_bucket",
             "tether_store_errors_total",
             "tether_auth_failures_total",
+            "tether_audit_dropped_total",
             "tether_upstream_processes{upstream=\"echo\"} 1",
             "tether_upstream_restarts_total{upstream=\"echo\"} 1",
             "tether_upstream_request_duration_seconds_count{upstream=\"echo\"}",

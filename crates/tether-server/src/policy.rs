@@ -1,17 +1,25 @@
-//! [`Policy`]: which tools a principal may use on an endpoint, written as
-//! CEL expressions over its token's claims (`[[policies]]` in the config
-//! file), and [`Policed`], the application wrapper that applies it.
+//! [`Policy`]: which tools, prompts and resources a principal may use on
+//! an endpoint, written as CEL expressions over its token's claims
+//! (`[[policies]]` in the config file), and [`Policed`], the application
+//! wrapper that applies it.
 //!
-//! A rule covers the tools whose names match its globs on the endpoints
-//! whose names match its endpoint glob (`""` is `/mcp`); a tool is allowed
-//! when every rule covering it allows. An expression sees `jwt` (the access
-//! token's claims, `jwt.scope` as a list of scopes, so a rule asks
-//! `"tickets:write" in jwt.scope`; empty for a static token), `principal`,
-//! and `mcp` (`mcp.endpoint`, `mcp.method`, `mcp.tool.name`). An expression that does not evaluate to a boolean
-//! denies (and is logged). A denied tool is left out of `tools/list`; a call
-//! of it is refused before it reaches the application: with a rule that
-//! names the `scope` it needs, HTTP 403 `insufficient_scope` naming every
-//! such scope (the front does that), else a JSON-RPC error.
+//! A rule covers the tools, prompts and resources whose names (a
+//! resource's URI) match its `tools`, `prompts` and `resources` globs, on
+//! the endpoints whose names match its endpoint glob (`""` is `/mcp`); a
+//! rule that names none of the three covers every one of them. A
+//! [`Target`] is allowed when every rule covering it allows. An expression
+//! sees `jwt` (the access token's claims, `jwt.scope` as a list of scopes,
+//! so a rule asks `"tickets:write" in jwt.scope`; empty for a static
+//! token), `principal`, and `mcp` (`mcp.endpoint`, `mcp.method`, `mcp.name`,
+//! and one of `mcp.tool.name`, `mcp.prompt.name`, `mcp.resource.uri`). An
+//! expression that does not evaluate to a boolean denies (and is logged).
+//! What is denied is left out of `tools/list`, `prompts/list` and
+//! `resources/list`; a `tools/call`, `prompts/get`, `resources/read` or
+//! `resources/subscribe` of it is refused before it reaches the
+//! application: with a rule that names the `scope` it needs, HTTP 403
+//! `insufficient_scope` naming every such scope (the front does that),
+//! else a JSON-RPC error. Each decision on a use, and each item left out
+//! of a list, goes to the [`AuditLog`] when one is set.
 
 use std::sync::Arc;
 
@@ -21,6 +29,7 @@ use serde_json::{Map, Value, json};
 use tether_wire::RpcError;
 
 use crate::app::{CutOff, Initialize, McpApp, RawResult, SessionEnd, raw_result};
+pub use crate::audit::AuditLog;
 use crate::engine::{RequestCtx, SessionCtx};
 use crate::http::Auth;
 
@@ -31,9 +40,12 @@ pub struct RuleConfig {
     /// Glob over endpoint names (`""` is `/mcp`); default every endpoint.
     #[serde(default = "every")]
     pub endpoint: String,
-    /// Globs over tool names; default every tool.
-    #[serde(default = "every_tool")]
-    pub tools: Vec<String>,
+    /// Globs over tool names.
+    pub tools: Option<Vec<String>>,
+    /// Globs over prompt names.
+    pub prompts: Option<Vec<String>>,
+    /// Globs over resource URIs.
+    pub resources: Option<Vec<String>>,
     /// The CEL expression; true allows.
     pub allow: String,
     /// The scope a denial by this rule asks for (`insufficient_scope`).
@@ -44,28 +56,81 @@ fn every() -> String {
     "*".to_owned()
 }
 
-fn every_tool() -> Vec<String> {
-    vec!["*".to_owned()]
-}
-
 struct Rule {
     endpoint: glob::Pattern,
     tools: Vec<glob::Pattern>,
+    prompts: Vec<glob::Pattern>,
+    resources: Vec<glob::Pattern>,
     program: cel::Program,
     source: String,
     scope: Option<String>,
 }
 
-/// What a principal may do with one tool.
+impl Rule {
+    fn covers(&self, endpoint: &str, target: &Target<'_>) -> bool {
+        let globs = match target {
+            Target::Tool(_) => &self.tools,
+            Target::Prompt(_) => &self.prompts,
+            Target::Resource(_) => &self.resources,
+        };
+        self.endpoint.matches(endpoint) && globs.iter().any(|g| g.matches(target.name()))
+    }
+}
+
+/// What a request uses: a tool, a prompt or a resource, by name (a resource by URI).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target<'a> {
+    Tool(&'a str),
+    Prompt(&'a str),
+    Resource(&'a str),
+}
+
+impl<'a> Target<'a> {
+    /// What `method` with `params` uses, if it is one of the uses policies decide.
+    pub fn of(method: &str, params: Option<&'a Map<String, Value>>) -> Option<Self> {
+        let field = |key: &str| params.and_then(|p| p.get(key)).and_then(Value::as_str).unwrap_or_default();
+        match method {
+            "tools/call" => Some(Self::Tool(field("name"))),
+            "prompts/get" => Some(Self::Prompt(field("name"))),
+            "resources/read" | "resources/subscribe" => Some(Self::Resource(field("uri"))),
+            _ => None,
+        }
+    }
+
+    /// The name, or a resource's URI.
+    pub fn name(&self) -> &'a str {
+        match self {
+            Self::Tool(name) | Self::Prompt(name) | Self::Resource(name) => name,
+        }
+    }
+
+    /// `tool`, `prompt` or `resource`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Tool(_) => "tool",
+            Self::Prompt(_) => "prompt",
+            Self::Resource(_) => "resource",
+        }
+    }
+
+    fn mcp(&self, endpoint: &str, method: &str) -> Value {
+        let own = match self {
+            Self::Tool(name) => json!({"name": name}),
+            Self::Prompt(name) => json!({"name": name}),
+            Self::Resource(uri) => json!({"uri": uri}),
+        };
+        json!({"endpoint": endpoint, "method": method, "name": self.name(), self.kind(): own})
+    }
+}
+
+/// What a principal may do with one [`Target`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
-    Allow,
+    /// Allowed by these rules (their sources; none when no rule covers it).
+    Allow { rules: Vec<String> },
     /// Refused by these rules (their sources), asking for these scopes
     /// (none: no rule that denied names one).
-    Deny {
-        rules: Vec<String>,
-        scopes: Vec<String>,
-    },
+    Deny { rules: Vec<String>, scopes: Vec<String> },
 }
 
 /// Who is asking, as the rules see it.
@@ -76,9 +141,16 @@ pub struct Subject {
     pub claims: Value,
 }
 
-/// Every rule of the config.
+impl Decision {
+    pub fn is_allowed(&self) -> bool {
+        matches!(self, Self::Allow { .. })
+    }
+}
+
+/// Every rule of the config, and where decisions are written.
 pub struct Policy {
     rules: Vec<Rule>,
+    audit: Option<AuditLog>,
 }
 
 impl std::fmt::Debug for Policy {
@@ -96,39 +168,60 @@ impl Policy {
             .map(|(n, r)| {
                 let what = format!("[[policies]] #{}", n + 1);
                 let pattern = |g: &str| glob::Pattern::new(g).map_err(|e| format!("{what}: `{g}` is not a pattern: {e}"));
+                // Naming none of the three covers every one.
+                let every = r.tools.is_none() && r.prompts.is_none() && r.resources.is_none();
+                let globs = |list: &Option<Vec<String>>| match (list, every) {
+                    (Some(list), _) => list.iter().map(|g| pattern(g)).collect::<Result<Vec<_>, _>>(),
+                    (None, true) => pattern("*").map(|p| vec![p]),
+                    (None, false) => Ok(Vec::new()),
+                };
                 Ok(Rule {
                     endpoint: pattern(&r.endpoint)?,
-                    tools: r.tools.iter().map(|t| pattern(t)).collect::<Result<_, _>>()?,
+                    tools: globs(&r.tools)?,
+                    prompts: globs(&r.prompts)?,
+                    resources: globs(&r.resources)?,
                     program: cel::Program::compile(&r.allow).map_err(|e| format!("{what}: allow is not CEL: {e}"))?,
                     source: r.allow,
                     scope: r.scope,
                 })
             })
             .collect::<Result<_, String>>()?;
-        Ok(Self { rules })
+        Ok(Self { rules, audit: None })
     }
 
-    /// Whether `subject` may use `tool` on `endpoint` (by `method`).
-    pub fn decide(&self, endpoint: &str, method: &str, tool: &str, subject: &Subject) -> Decision {
-        let covering: Vec<&Rule> =
-            self.rules.iter().filter(|r| r.endpoint.matches(endpoint) && r.tools.iter().any(|t| t.matches(tool))).collect();
+    /// Every decision on a use, and every item left out of a list, is written to `audit`.
+    pub fn with_audit(mut self, audit: AuditLog) -> Self {
+        self.audit = Some(audit);
+        self
+    }
+
+    /// Whether `subject` may use `target` on `endpoint` (by `method`).
+    pub fn decide(&self, endpoint: &str, method: &str, target: Target<'_>, subject: &Subject) -> Decision {
+        let covering: Vec<&Rule> = self.rules.iter().filter(|r| r.covers(endpoint, &target)).collect();
         if covering.is_empty() {
-            return Decision::Allow;
+            return Decision::Allow { rules: Vec::new() };
         }
         let jwt = jwt_view(&subject.claims);
-        let mcp = json!({"endpoint": endpoint, "method": method, "tool": {"name": tool}});
-        let (mut rules, mut scopes) = (Vec::new(), Vec::new());
-        for rule in covering {
+        let mcp = target.mcp(endpoint, method);
+        let (mut denying, mut scopes) = (Vec::new(), Vec::new());
+        for rule in &covering {
             if !allows(rule, &jwt, &subject.principal, &mcp) {
-                rules.push(rule.source.clone());
+                denying.push(rule.source.clone());
                 scopes.extend(rule.scope.clone());
             }
         }
-        if rules.is_empty() {
-            Decision::Allow
+        if denying.is_empty() {
+            Decision::Allow { rules: covering.iter().map(|r| r.source.clone()).collect() }
         } else {
             scopes.dedup();
-            Decision::Deny { rules, scopes }
+            Decision::Deny { rules: denying, scopes }
+        }
+    }
+
+    /// Writes `decision` to the audit log, if one is set.
+    pub fn record(&self, endpoint: &str, method: &str, target: Target<'_>, principal: &str, decision: &Decision) {
+        if let Some(audit) = &self.audit {
+            audit.record(endpoint, method, target, principal, decision);
         }
     }
 
@@ -173,12 +266,31 @@ fn jwt_view(claims: &Value) -> Value {
     Value::Object(view)
 }
 
-/// The tools of a `tools/list` result `subject` may use (others removed).
-pub fn filter_tools(policy: &Policy, endpoint: &str, subject: &Subject, mut result: Map<String, Value>) -> Map<String, Value> {
-    if let Some(Value::Array(tools)) = result.get_mut("tools") {
-        tools.retain(|tool| {
-            let name = tool.get("name").and_then(Value::as_str).unwrap_or_default();
-            policy.decide(endpoint, "tools/list", name, subject) == Decision::Allow
+/// A `tools/list`, `prompts/list` or `resources/list` result with only what
+/// `subject` may use (what is left out is audited as `hidden`); other
+/// results as they are.
+pub fn filter_list(
+    policy: &Policy,
+    endpoint: &str,
+    method: &str,
+    subject: &Subject,
+    mut result: Map<String, Value>,
+) -> Map<String, Value> {
+    let (key, target): (&str, fn(&str) -> Target<'_>) = match method {
+        "tools/list" => ("tools", |name| Target::Tool(name)),
+        "prompts/list" => ("prompts", |name| Target::Prompt(name)),
+        "resources/list" => ("resources", |uri| Target::Resource(uri)),
+        _ => return result,
+    };
+    let field = if key == "resources" { "uri" } else { "name" };
+    if let Some(Value::Array(items)) = result.get_mut(key) {
+        items.retain(|item| {
+            let name = item.get(field).and_then(Value::as_str).unwrap_or_default();
+            let decision = policy.decide(endpoint, method, target(name), subject);
+            if !decision.is_allowed() {
+                policy.record(endpoint, method, target(name), &subject.principal, &decision);
+            }
+            decision.is_allowed()
         });
     }
     result
@@ -225,27 +337,31 @@ impl McpApp for Policed {
         params: Option<Map<String, Value>>,
     ) -> Result<RawResult, RpcError> {
         let Some(policy) = self.auth.policy() else { return self.inner.handle_request(ctx, method, params).await };
-        match method {
-            "tools/list" => {
-                let subject = self.subject(&ctx).await;
-                let raw = self.inner.handle_request(ctx, method, params).await?;
-                let result: Map<String, Value> = serde_json::from_str(raw.get())
-                    .map_err(|e| RpcError::internal(format!("tools/list answered with no object: {e}")))?;
-                raw_result(&filter_tools(policy, &self.endpoint, &subject, result))
-            }
-            "tools/call" => {
-                let tool = params.as_ref().and_then(|p| p.get("name")).and_then(Value::as_str).unwrap_or_default().to_owned();
-                let subject = self.subject(&ctx).await;
-                match policy.decide(&self.endpoint, method, &tool, &subject) {
-                    Decision::Allow => self.inner.handle_request(ctx, method, params).await,
-                    Decision::Deny { .. } => Err(RpcError::new(
-                        tether_wire::code::SERVER_ERROR,
-                        format!("`{}` may not call `{tool}` here: the endpoint's policy refuses it", subject.principal),
-                    )),
-                }
-            }
-            _ => self.inner.handle_request(ctx, method, params).await,
+        if matches!(method, "tools/list" | "prompts/list" | "resources/list") {
+            let subject = self.subject(&ctx).await;
+            let raw = self.inner.handle_request(ctx, method, params).await?;
+            let result: Map<String, Value> = serde_json::from_str(raw.get())
+                .map_err(|e| RpcError::internal(format!("{method} answered with no object: {e}")))?;
+            return raw_result(&filter_list(policy, &self.endpoint, method, &subject, result));
         }
+        let Some(target) = Target::of(method, params.as_ref()) else {
+            return self.inner.handle_request(ctx, method, params).await;
+        };
+        let subject = self.subject(&ctx).await;
+        let decision = policy.decide(&self.endpoint, method, target, &subject);
+        policy.record(&self.endpoint, method, target, &subject.principal, &decision);
+        if decision.is_allowed() {
+            return self.inner.handle_request(ctx, method, params).await;
+        }
+        Err(RpcError::new(
+            tether_wire::code::SERVER_ERROR,
+            format!(
+                "`{}` may not use the {} `{}` here: the endpoint's policy refuses it",
+                subject.principal,
+                target.kind(),
+                target.name()
+            ),
+        ))
     }
 
     async fn on_notification(&self, ctx: SessionCtx, method: &str, params: Option<Map<String, Value>>) {
@@ -296,10 +412,16 @@ mod tests {
     fn rule(endpoint: &str, tools: &[&str], allow: &str, scope: Option<&str>) -> RuleConfig {
         RuleConfig {
             endpoint: endpoint.into(),
-            tools: tools.iter().map(|t| t.to_string()).collect(),
+            tools: Some(tools.iter().map(|t| t.to_string()).collect()),
+            prompts: None,
+            resources: None,
             allow: allow.into(),
             scope: scope.map(str::to_owned),
         }
+    }
+
+    fn allowed(decision: Decision) -> bool {
+        decision.is_allowed()
     }
 
     fn subject(scope: &str) -> Subject {
@@ -314,33 +436,81 @@ mod tests {
         ])
         .unwrap();
         let reader = subject("tools:read");
-        assert_eq!(policy.decide("", "tools/call", "read_a", &reader), Decision::Allow, "no rule of /mcp covers it");
         assert_eq!(
-            policy.decide("", "tools/call", "write_a", &reader),
+            policy.decide("", "tools/call", Target::Tool("read_a"), &reader),
+            Decision::Allow { rules: vec![] },
+            "no rule of /mcp covers it"
+        );
+        assert_eq!(
+            policy.decide("", "tools/call", Target::Tool("write_a"), &reader),
             Decision::Deny { rules: vec![r#""tools:write" in jwt.scope"#.into()], scopes: vec!["tools:write".into()] }
         );
-        assert_eq!(policy.decide("", "tools/call", "write_a", &subject("tools:read tools:write")), Decision::Allow);
+        assert!(allowed(policy.decide("", "tools/call", Target::Tool("write_a"), &subject("tools:read tools:write"))));
         let nobody = subject("");
-        assert_eq!(policy.decide("fx", "tools/call", "read_x", &nobody), Decision::Allow, "the name alone allows");
-        match policy.decide("fx", "tools/call", "write_x", &nobody) {
+        assert!(allowed(policy.decide("fx", "tools/call", Target::Tool("read_x"), &nobody)), "the name alone allows");
+        assert!(
+            allowed(policy.decide("fx", "prompts/get", Target::Prompt("write_x"), &nobody)),
+            "a rule naming tools covers no prompt"
+        );
+        match policy.decide("fx", "tools/call", Target::Tool("write_x"), &nobody) {
             Decision::Deny { scopes, .. } => assert_eq!(scopes, ["tools:write", "tools:read"], "every scope asked at once"),
             other => panic!("{other:?}"),
         }
         // A static token has no claims: scope rules deny it.
         let static_token = Subject { principal: "alice".into(), claims: Value::Null };
-        assert!(matches!(policy.decide("", "tools/call", "write_a", &static_token), Decision::Deny { .. }));
+        assert!(!allowed(policy.decide("", "tools/call", Target::Tool("write_a"), &static_token)));
     }
 
     #[test]
     fn lists_keep_only_the_allowed_tools_and_bad_rules_are_named() {
         let policy = Policy::new(vec![rule("*", &["secret"], "false", None)]).unwrap();
         let listed = json!({"tools": [{"name": "open"}, {"name": "secret"}], "nextCursor": "x"});
-        let kept = filter_tools(&policy, "", &subject(""), listed.as_object().cloned().unwrap());
+        let kept = filter_list(&policy, "", "tools/list", &subject(""), listed.as_object().cloned().unwrap());
         assert_eq!(Value::Object(kept), json!({"tools": [{"name": "open"}], "nextCursor": "x"}));
         assert!(Policy::new(vec![rule("*", &["*"], "jwt.scope.exists(", None)]).unwrap_err().contains("#1"));
         assert!(Policy::new(vec![rule("[", &["*"], "true", None)]).unwrap_err().contains("not a pattern"));
         // Not a boolean: denied.
         let odd = Policy::new(vec![rule("*", &["*"], "1 + 1", None)]).unwrap();
-        assert!(matches!(odd.decide("", "tools/call", "x", &subject("")), Decision::Deny { .. }));
+        assert!(!allowed(odd.decide("", "tools/call", Target::Tool("x"), &subject(""))));
+    }
+
+    #[test]
+    fn prompts_and_resources_are_covered_by_their_globs_or_by_a_rule_naming_nothing() {
+        let mut prompts = rule("*", &[], r#"mcp.prompt.name != "secret" || "admin" in jwt.scope"#, Some("admin"));
+        prompts.tools = None;
+        prompts.prompts = Some(vec!["*".into()]);
+        let mut files = rule("*", &[], r#"mcp.resource.uri.startsWith("file:///public/")"#, None);
+        files.tools = None;
+        files.resources = Some(vec!["file://*".into()]);
+        let policy = Policy::new(vec![prompts, files]).unwrap();
+        let nobody = subject("");
+        assert!(allowed(policy.decide("", "prompts/get", Target::Prompt("greet"), &nobody)));
+        assert_eq!(
+            policy.decide("", "prompts/get", Target::Prompt("secret"), &nobody),
+            Decision::Deny {
+                rules: vec![r#"mcp.prompt.name != "secret" || "admin" in jwt.scope"#.into()],
+                scopes: vec!["admin".into()]
+            }
+        );
+        assert!(allowed(policy.decide("", "prompts/get", Target::Prompt("secret"), &subject("admin"))));
+        assert!(allowed(policy.decide("", "resources/read", Target::Resource("file:///public/a"), &nobody)));
+        assert!(!allowed(policy.decide("", "resources/read", Target::Resource("file:///etc/passwd"), &nobody)));
+        assert!(allowed(policy.decide("", "resources/read", Target::Resource("https://x/y"), &nobody)), "not covered");
+        assert!(allowed(policy.decide("", "tools/call", Target::Tool("secret"), &nobody)), "no rule names tools");
+
+        let listed = json!({"resources": [{"uri": "file:///public/a"}, {"uri": "file:///etc/passwd"}]});
+        let kept = filter_list(&policy, "", "resources/list", &nobody, listed.as_object().cloned().unwrap());
+        assert_eq!(Value::Object(kept), json!({"resources": [{"uri": "file:///public/a"}]}));
+
+        // A rule naming none of tools, prompts and resources covers all three.
+        let mut everything = rule("*", &[], r#""member" in jwt.scope"#, Some("member"));
+        everything.tools = None;
+        let policy = Policy::new(vec![everything]).unwrap();
+        for target in [Target::Tool("a"), Target::Prompt("b"), Target::Resource("c://d")] {
+            assert!(!allowed(policy.decide("", "x", target, &nobody)), "{target:?}");
+            assert!(allowed(policy.decide("", "x", target, &subject("member"))), "{target:?}");
+        }
+        assert_eq!(Target::of("resources/subscribe", json!({"uri": "u://1"}).as_object()), Some(Target::Resource("u://1")));
+        assert_eq!(Target::of("tools/list", None), None);
     }
 }

@@ -10,7 +10,7 @@ use clap::{Args, ValueEnum};
 use tether_notebook::{MemoryNotebook, Notebook, NotebookRepo, RedisNotebook, SqliteNotebook};
 use tether_server::http::Auth;
 use tether_server::http::oauth::{OAuthConfig, ResourceServer};
-use tether_server::policy::{Policed, Policy};
+use tether_server::policy::{AuditLog, Policed, Policy};
 use tether_server::{Endpoints, Engine, ServerConfig, ToolRouter};
 use tether_store::memory::MemoryStore;
 use tether_store::sqlite::SqliteStore;
@@ -81,6 +81,11 @@ pub struct ServeArgs {
     /// The scopes the endpoints advertise (comma-separated).
     #[arg(long, env = "TETHER_OAUTH_SCOPES", value_delimiter = ',')]
     oauth_scopes: Vec<String>,
+    /// Append every `[[policies]]` decision to this file as JSON lines
+    /// (created 0600): time, principal, endpoint, method, kind, name,
+    /// decision, rule.
+    #[arg(long, env = "TETHER_AUDIT_LOG")]
+    audit_log: Option<PathBuf>,
     /// How long a resumable call waits for its result before answering with
     /// a `nextResumeToken` (e.g. 2s, 500ms).
     #[arg(long, env = "TETHER_RESUME_WAIT", default_value = "2s", value_parser = humantime::parse_duration)]
@@ -307,11 +312,19 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(path) => crate::serve_config::policies(path)?,
         None => Vec::new(),
     };
-    let auth = match rules.len() {
-        0 => auth,
-        n => {
-            tracing::info!(rules = n, "tool policies in force ([[policies]])");
-            auth.with_policy(Policy::new(rules).map_err(anyhow::Error::msg)?)
+    let auth = match (rules.len(), &args.audit_log) {
+        (0, None) => auth,
+        (0, Some(path)) => {
+            anyhow::bail!("--audit-log {} is set, but the config file has no [[policies]] to audit", path.display())
+        }
+        (n, audit_log) => {
+            let mut policy = Policy::new(rules).map_err(anyhow::Error::msg)?;
+            if let Some(path) = audit_log {
+                policy = policy.with_audit(AuditLog::open(path).map_err(anyhow::Error::msg)?);
+                tracing::info!(file = %path.display(), "policy decisions audited");
+            }
+            tracing::info!(rules = n, "policies in force ([[policies]])");
+            auth.with_policy(policy)
         }
     };
     let notebook: Arc<dyn tether_server::McpApp> = Arc::new(ToolRouter::new(Notebook::new(notebook)));

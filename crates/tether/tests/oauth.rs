@@ -324,3 +324,89 @@ async fn a_tool_a_policy_refuses_is_hidden_and_403_insufficient_scope_until_the_
     let called = writer.call(&sid, 4, "thought", thought_args(1)).await;
     assert_eq!(called["result"]["structuredContent"]["thoughtNumber"], 1, "{called}");
 }
+
+#[tokio::test]
+async fn prompts_and_resources_follow_their_rules_and_every_decision_is_audited() {
+    let dir = tempfile::tempdir().unwrap();
+    let provider = start_provider(dir.path());
+    let audit = dir.path().join("audit/decisions.jsonl");
+    let config = format!(
+        "audit_log = {:?}\n\
+         [[policies]]\nendpoint = \"fx\"\nprompts = [\"greet\"]\nallow = '\"prompts:read\" in jwt.scope'\nscope = \"prompts:read\"\n\
+         [[policies]]\nendpoint = \"fx\"\nresources = [\"fixture://*\"]\nallow = '\"files:read\" in jwt.scope && mcp.resource.uri.endsWith(\"/info\")'\n",
+        audit.display().to_string()
+    );
+    let tether = start_protected_with(&dir, &[&provider.issuer], &config);
+    let fx = format!("{}/mcp/fx", tether.base);
+    let params = json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}});
+
+    // Without the scopes: the prompt and the resource are hidden, and using them is refused.
+    let reader = Client::with_token(&fx, &provider.token("svc", &fx, "tools:read").await);
+    let (sid, _) = reader.initialize_params(params).await;
+    let prompts = reader.request(&sid, 1, "prompts/list", json!({})).await.last().unwrap().json();
+    assert_eq!(prompts["result"]["prompts"], json!([]), "{prompts}");
+    let resources = reader.request(&sid, 2, "resources/list", json!({})).await.last().unwrap().json();
+    assert_eq!(resources["result"]["resources"], json!([]), "{resources}");
+    let get = json!({"jsonrpc": "2.0", "id": 3, "method": "prompts/get", "params": {"name": "greet", "arguments": {"who": "x"}}});
+    let refused = reader.post(Some(&sid), &get).send().await.unwrap();
+    assert_eq!(refused.status(), 403);
+    assert!(challenge(&refused).starts_with("Bearer error=\"insufficient_scope\", scope=\"prompts:read\""));
+    let body: Value = refused.json().await.unwrap();
+    assert!(body["error"]["message"].as_str().unwrap().contains("prompt `greet`"), "{body}");
+    let read = json!({"jsonrpc": "2.0", "id": 4, "method": "resources/read", "params": {"uri": "fixture://fixture/info"}});
+    let refused = reader.post(Some(&sid), &read).send().await.unwrap();
+    assert_eq!(refused.status(), 403, "a rule naming no scope refuses without a challenge");
+    assert!(refused.headers().get("www-authenticate").is_none());
+
+    // With them, in the same session: listed and used.
+    let all = Client::with_token(&fx, &provider.token("svc", &fx, "tools:read prompts:read files:read").await);
+    let prompts = all.request(&sid, 5, "prompts/list", json!({})).await.last().unwrap().json();
+    assert_eq!(prompts["result"]["prompts"][0]["name"], "greet", "{prompts}");
+    let got = all.request(&sid, 6, "prompts/get", json!({"name": "greet", "arguments": {"who": "x"}})).await;
+    assert!(got.last().unwrap().json()["result"]["messages"].is_array(), "{:?}", got.last().unwrap().json());
+    let read = all.request(&sid, 7, "resources/read", json!({"uri": "fixture://fixture/info"})).await.last().unwrap().json();
+    assert!(read["result"]["contents"].is_array(), "{read}");
+
+    // The audit log has each decision, with who, where, what, and the rule.
+    let lines = wait_for_lines(&audit, 6);
+    let seen: Vec<(String, String, String)> = lines
+        .iter()
+        .map(|l| {
+            let s = |k: &str| l[k].as_str().unwrap_or_default().to_owned();
+            (s("method"), s("name"), s("decision"))
+        })
+        .collect();
+    for expected in [
+        ("prompts/list", "greet", "hidden"),
+        ("resources/list", "fixture://fixture/info", "hidden"),
+        ("prompts/get", "greet", "deny"),
+        ("resources/read", "fixture://fixture/info", "deny"),
+        ("prompts/get", "greet", "allow"),
+        ("resources/read", "fixture://fixture/info", "allow"),
+    ] {
+        let expected = (expected.0.to_owned(), expected.1.to_owned(), expected.2.to_owned());
+        assert!(seen.contains(&expected), "{expected:?} missing from {seen:?}");
+    }
+    let denied = lines.iter().find(|l| l["method"] == "prompts/get" && l["decision"] == "deny").unwrap();
+    assert_eq!(denied["principal"], format!("svc@{}", provider.issuer));
+    assert_eq!(denied["endpoint"], "/mcp/fx");
+    assert_eq!(denied["rule"], "\"prompts:read\" in jwt.scope");
+    assert_eq!(denied["scopes"], json!(["prompts:read"]));
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&audit).unwrap().permissions().mode() & 0o777, 0o600);
+}
+
+/// The JSON lines of `path` once it has at least `n` (the audit writer is
+/// a thread of its own), within a generous deadline.
+fn wait_for_lines(path: &std::path::Path, n: usize) -> Vec<Value> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let lines: Vec<Value> = text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+        if lines.len() >= n {
+            return lines;
+        }
+        assert!(std::time::Instant::now() < deadline, "{} has {} lines, not {n}: {text}", path.display(), lines.len());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

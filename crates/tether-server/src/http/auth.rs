@@ -19,7 +19,7 @@ use subtle::ConstantTimeEq;
 
 use super::HttpError;
 use super::oauth::{Refusal, ResourceServer};
-use crate::policy::{Decision, Policy, Subject};
+use crate::policy::{Decision, Policy, Subject, Target};
 
 /// The principal of every request while authentication is off.
 pub const ANONYMOUS: &str = "anonymous";
@@ -135,11 +135,11 @@ impl Auth {
         Subject { principal: principal.to_owned(), claims }
     }
 
-    /// The refusal of a call `decision` denies: 403, with the
+    /// The refusal of a use `decision` denies: 403, with the
     /// `insufficient_scope` challenge when a rule names the scope it needs.
-    pub fn refusal(&self, endpoint: &str, principal: &str, tool: &str, decision: &Decision) -> Option<HttpError> {
+    pub fn refusal(&self, endpoint: &str, principal: &str, target: Target<'_>, decision: &Decision) -> Option<HttpError> {
         let Decision::Deny { scopes, .. } = decision else { return None };
-        let message = format!("`{principal}` may not call `{tool}` here");
+        let message = format!("`{principal}` may not use the {} `{}` here", target.kind(), target.name());
         let challenge = match (&self.oauth, scopes.is_empty()) {
             (Some(oauth), false) => Some(oauth.insufficient_scope(endpoint, scopes, &message)),
             _ => None,

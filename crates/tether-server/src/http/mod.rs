@@ -33,6 +33,7 @@ use tether_wire::{Inbound, code, headers};
 
 use crate::app::ClientAuthorization;
 use crate::engine::{Engine, PostOutcome, Refusal, Reply, Session};
+use crate::policy::Target;
 use extract::{AcceptsAnswers, AcceptsStream, Endpoint, Message, OriginAllowed, Principal};
 
 #[derive(Clone)]
@@ -197,19 +198,20 @@ async fn post_mcp(
     })
 }
 
-/// A `tools/call` the endpoint's policy refuses this principal, refused
-/// here, before it reaches the engine (403; see [`crate::policy`]).
+/// A `tools/call`, `prompts/get`, `resources/read` or `resources/subscribe`
+/// the endpoint's policy refuses this principal, refused here, before it
+/// reaches the engine (403; see [`crate::policy`]). The refusal is audited
+/// here; an allowed use is audited where the application is asked.
 async fn refused_call(auth: &Auth, endpoint: &str, principal: &str, headers: &HeaderMap, message: &Inbound) -> Option<HttpError> {
     let policy = auth.policy().filter(|p| p.covers(endpoint))?;
     let Inbound::Request { method, params, id } = message else { return None };
-    if method != "tools/call" {
-        return None;
-    }
-    let tool = params.as_ref().and_then(|p| p.get("name")).and_then(serde_json::Value::as_str).unwrap_or_default();
+    let target = Target::of(method, params.as_ref())?;
     let authorization = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
     let subject = auth.subject(authorization, endpoint, principal).await;
-    let decision = policy.decide(endpoint, method, tool, &subject);
-    auth.refusal(endpoint, principal, tool, &decision).map(|refused| HttpError { id: Some(id.clone()), ..refused })
+    let decision = policy.decide(endpoint, method, target, &subject);
+    let refused = auth.refusal(endpoint, principal, target, &decision)?;
+    policy.record(endpoint, method, target, principal, &decision);
+    Some(HttpError { id: Some(id.clone()), ..refused })
 }
 
 fn json_response(body: bytes::Bytes, session_id: Option<&str>) -> Response {
