@@ -13,8 +13,11 @@
 //   svc / svc-secret      client credentials; scopes tools:read tools:write
 //                         prompts:read files:read
 //   reader / reader-secret client credentials; scope tools:read only
-// Every access token is a JWT (RS256) whose `aud` is the requested resource
-// and whose `sub` is the client's id. Prints `READY` once it listens.
+//   opaque / opaque-secret client credentials, every scope; its access
+//                         tokens are opaque (checked by introspection)
+//   tether / tether-secret tether's own client, for RFC 7662 introspection
+// Every other access token is a JWT (RS256) whose `aud` is the requested
+// resource and whose `sub` is the client's id. Prints `READY` once it listens.
 
 import { generateKeyPairSync, randomBytes } from 'node:crypto';
 import { writeFileSync } from 'node:fs';
@@ -32,7 +35,7 @@ const jwk = { ...privateKey.export({ format: 'jwk' }), kid, use: 'sig', alg: 'RS
 writeFileSync(keyFile, `# kid: ${kid}\n${privateKey.export({ format: 'pem', type: 'pkcs8' })}`, { mode: 0o600 });
 
 const all = 'tools:read tools:write prompts:read files:read';
-const scopes = { svc: all, reader: 'tools:read' };
+const scopes = { svc: all, reader: 'tools:read', opaque: all, tether: '' };
 const provider = new Provider(issuer, {
   jwks: { keys: [jwk] },
   clients: Object.keys(scopes).map((id) => ({
@@ -41,21 +44,22 @@ const provider = new Provider(issuer, {
     grant_types: ['client_credentials'],
     response_types: [],
     redirect_uris: [],
-    scope: scopes[id],
+    scope: scopes[id] || undefined,
   })),
   scopes: all.split(' '),
   features: {
     devInteractions: { enabled: false },
     clientCredentials: { enabled: true },
+    introspection: { enabled: true },
     resourceIndicators: {
       enabled: true,
       defaultResource: () => undefined,
       useGrantedResource: () => true,
-      getResourceServerInfo: (_ctx, resource) => ({
+      getResourceServerInfo: (_ctx, resource, client) => ({
         scope: all,
         audience: resource,
         accessTokenTTL: 300,
-        accessTokenFormat: 'jwt',
+        accessTokenFormat: client.clientId === 'opaque' ? 'opaque' : 'jwt',
         jwt: { sign: { alg: 'RS256' } },
       }),
     },

@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use tether_notebook::{MemoryNotebook, Notebook, NotebookRepo, RedisNotebook, SqliteNotebook};
 use tether_server::http::Auth;
-use tether_server::http::oauth::{OAuthConfig, ResourceServer};
+use tether_server::http::oauth::{ClientCredentials, OAuthConfig, ResourceServer};
 use tether_server::policy::{AuditLog, Policed, Policy};
 use tether_server::{Endpoints, Engine, ServerConfig, ToolRouter};
 use tether_store::memory::MemoryStore;
@@ -81,6 +81,11 @@ pub struct ServeArgs {
     /// The scopes the endpoints advertise (comma-separated).
     #[arg(long, env = "TETHER_OAUTH_SCOPES", value_delimiter = ',')]
     oauth_scopes: Vec<String>,
+    /// tether's own client id at the authorization servers: opaque access
+    /// tokens are then checked by RFC 7662 introspection (the client's
+    /// secret is read from TETHER_OAUTH_CLIENT_SECRET, never a flag).
+    #[arg(long, env = "TETHER_OAUTH_CLIENT_ID")]
+    oauth_client_id: Option<String>,
     /// Append every `[[policies]]` decision to this file as JSON lines
     /// (created 0600): time, principal, endpoint, method, kind, name,
     /// decision, rule.
@@ -302,7 +307,16 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         [] => auth,
         issuers => {
             let public_url = args.public_url.clone().unwrap_or_else(|| format!("http://{local}"));
-            let config = OAuthConfig { issuers: issuers.to_vec(), public_url, scopes: args.oauth_scopes.clone() };
+            let introspection = match &args.oauth_client_id {
+                None => None,
+                Some(id) => {
+                    let secret = std::env::var("TETHER_OAUTH_CLIENT_SECRET").ok().filter(|s| !s.is_empty()).with_context(|| {
+                        format!("--oauth-client-id {id} is set: put its secret in the environment variable TETHER_OAUTH_CLIENT_SECRET")
+                    })?;
+                    Some(ClientCredentials { id: id.clone(), secret })
+                }
+            };
+            let config = OAuthConfig { issuers: issuers.to_vec(), public_url, scopes: args.oauth_scopes.clone(), introspection };
             let server = ResourceServer::new(config).map_err(anyhow::Error::msg)?;
             tracing::info!(issuers = ?issuers, resource = %server.resource(""), "OAuth resource server: access tokens of these issuers accepted");
             auth.with_oauth(server)

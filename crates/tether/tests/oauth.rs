@@ -120,6 +120,17 @@ fn start_protected(dir: &tempfile::TempDir, issuers: &[&str]) -> Protected {
 
 /// [`start_protected`] with `config` as its config file.
 fn start_protected_with(dir: &tempfile::TempDir, issuers: &[&str], config: &str) -> Protected {
+    start_protected_env(dir, issuers, config, &[], &[])
+}
+
+/// [`start_protected_with`] with more flags and environment variables.
+fn start_protected_env(
+    dir: &tempfile::TempDir,
+    issuers: &[&str],
+    config: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Protected {
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
     let config_path = dir.path().join("tether.toml");
@@ -131,8 +142,9 @@ fn start_protected_with(dir: &tempfile::TempDir, issuers: &[&str], config: &str)
     for issuer in issuers {
         args.extend(["--oauth-issuer", issuer]);
     }
+    args.extend(extra);
     let db = dir.path().join("t.db");
-    let (child, _) = start_binary_with_env(&format!("sqlite:{}", db.display()), &db.with_extension("log"), &args, &[]);
+    let (child, _) = start_binary_with_env(&format!("sqlite:{}", db.display()), &db.with_extension("log"), &args, env);
     Protected { _tether: Tether(child), base: format!("http://127.0.0.1:{port}") }
 }
 
@@ -409,4 +421,56 @@ fn wait_for_lines(path: &std::path::Path, n: usize) -> Vec<Value> {
         assert!(std::time::Instant::now() < deadline, "{} has {} lines, not {n}: {text}", path.display(), lines.len());
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+}
+
+#[tokio::test]
+async fn opaque_tokens_are_checked_by_introspection_at_the_issuer() {
+    let dir = tempfile::tempdir().unwrap();
+    let provider = start_provider(dir.path());
+    let tether = start_protected_env(
+        &dir,
+        &[&provider.issuer],
+        "",
+        &["--oauth-client-id", "tether"],
+        &[("TETHER_OAUTH_CLIENT_SECRET", "tether-secret")],
+    );
+    let mcp = format!("{}/mcp", tether.base);
+    let opaque = provider.token("opaque", &mcp, "tools:read").await;
+    assert_ne!(opaque.split('.').count(), 3, "the provider issues an opaque token to this client: {opaque}");
+
+    // Accepted: a session of its own principal, and a call.
+    let client = Client::with_token(&mcp, &opaque);
+    let (sid, _) = client
+        .initialize_params(
+            json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}),
+        )
+        .await;
+    let called = client.call(&sid, 1, "thought", thought_args(1)).await;
+    assert_eq!(called["result"]["structuredContent"]["thoughtNumber"], 1, "{called}");
+
+    // An opaque token for another endpoint, and one the issuer never made: 401 with the challenge.
+    let fx = format!("{}/mcp/fx", tether.base);
+    let for_fx = provider.token("opaque", &fx, "tools:read").await;
+    let refused = post_initialize(&mcp, Some(&for_fx)).await;
+    assert_eq!(refused.status(), 401);
+    assert!(challenge(&refused).contains("not for this resource"), "{}", challenge(&refused));
+    let made_up = post_initialize(&mcp, Some("QmFkVG9rZW5UaGF0SXNOb3RSZWFs")).await;
+    assert_eq!(made_up.status(), 401);
+    assert!(challenge(&made_up).contains("not active"), "{}", challenge(&made_up));
+
+    // The same opaque token on its own endpoint is still good (a session per endpoint).
+    let at_fx = post_initialize(&fx, Some(&for_fx)).await;
+    assert_eq!(at_fx.status(), 200, "{}", at_fx.text().await.unwrap_or_default());
+}
+
+#[tokio::test]
+async fn without_an_introspection_client_an_opaque_token_is_refused_saying_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let provider = start_provider(dir.path());
+    let tether = start_protected(&dir, &[&provider.issuer]);
+    let mcp = format!("{}/mcp", tether.base);
+    let opaque = provider.token("opaque", &mcp, "tools:read").await;
+    let refused = post_initialize(&mcp, Some(&opaque)).await;
+    assert_eq!(refused.status(), 401);
+    assert!(challenge(&refused).contains("--oauth-client-id"), "{}", challenge(&refused));
 }

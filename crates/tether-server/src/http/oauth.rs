@@ -5,7 +5,9 @@
 //! RFC 9728 metadata ([`ResourceServer::metadata`]), answers a request
 //! without a usable token with a `WWW-Authenticate: Bearer` challenge naming
 //! that metadata ([`ResourceServer::challenge`]), and checks JWT access
-//! tokens ([`ResourceServer::verify`]).
+//! tokens ([`ResourceServer::verify`]), and opaque ones by RFC 7662
+//! introspection at their issuer when tether has a client there
+//! (`--oauth-client-id`).
 //!
 //! A token is accepted only when it is a JWT signed by a key of one of the
 //! configured issuers (found by RFC 8414 / OpenID discovery, its JWKS cached),
@@ -18,6 +20,14 @@
 //! for [`STALE_KEEP`]. An issuer whose keys were never fetched and cannot be
 //! reached fails closed (503). A checked token is remembered by its SHA-256
 //! until it expires, so a client's later requests cost a hash.
+//!
+//! A token that is not a JWT is opaque: with an introspection client set,
+//! it is introspected at each issuer that publishes an
+//! `introspection_endpoint` until one calls it active (its `aud` must name
+//! this endpoint's resource, its `iss`, when given, that issuer); an active
+//! answer is remembered until the token's `exp`, an inactive one for
+//! [`INACTIVE_KEEP`], and at most [`INTROSPECTIONS`] run at once, so a flood
+//! of made-up tokens cannot flood the authorization server.
 //!
 //! The principal of a token is `SUB@ISS`; sessions, streams, tasks and
 //! resume tokens are bound to it like to any principal.
@@ -56,6 +66,24 @@ pub const MAX_TOKEN_BYTES: usize = 16 * 1024;
 const MAX_REMEMBERED: usize = 100_000;
 /// How long a fetch of an issuer's metadata or keys may take.
 const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
+/// An opaque token an issuer called inactive is refused without asking again this long.
+pub const INACTIVE_KEEP: Duration = Duration::from_secs(60);
+/// Introspection requests in flight at most; more wait their turn.
+pub const INTROSPECTIONS: usize = 16;
+
+/// tether's own client at the authorization servers, for introspection
+/// (`--oauth-client-id`, secret in `TETHER_OAUTH_CLIENT_SECRET`).
+#[derive(Clone, PartialEq)]
+pub struct ClientCredentials {
+    pub id: String,
+    pub secret: String,
+}
+
+impl std::fmt::Debug for ClientCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientCredentials").field("id", &self.id).field("secret", &"<redacted>").finish()
+    }
+}
 
 /// `--oauth-issuer`, `--public-url`, `--oauth-scopes`.
 #[derive(Debug, Clone, PartialEq)]
@@ -67,6 +95,9 @@ pub struct OAuthConfig {
     pub public_url: String,
     /// The scopes advertised (`scopes_supported`, and the challenge's `scope`).
     pub scopes: Vec<String>,
+    /// tether's client for RFC 7662 introspection of opaque tokens (none:
+    /// only JWT access tokens are accepted).
+    pub introspection: Option<ClientCredentials>,
 }
 
 /// A token that passed: whose it is and what it may do.
@@ -91,10 +122,11 @@ pub enum Refusal {
     Unavailable(String),
 }
 
-/// One issuer's keys.
+/// One issuer's keys, and where its metadata says they and its introspection are.
 #[derive(Default)]
 struct Keys {
     jwks_uri: Option<String>,
+    introspection_endpoint: Option<String>,
     /// By `kid`: the key, its algorithm, and when the issuer last published it.
     by_kid: HashMap<String, (DecodingKey, Algorithm, Instant)>,
     last_fetch: Option<Instant>,
@@ -111,6 +143,9 @@ pub struct ResourceServer {
     issuers: Vec<Issuer>,
     http: reqwest::Client,
     remembered: Mutex<HashMap<[u8; 32], Token>>,
+    /// Opaque tokens an issuer called inactive, by hash, until when they are refused unasked.
+    inactive: Mutex<HashMap<[u8; 32], Instant>>,
+    introspections: tokio::sync::Semaphore,
 }
 
 impl ResourceServer {
@@ -130,7 +165,14 @@ impl ResourceServer {
             .build()
             .map_err(|e| format!("cannot make the HTTP client for the authorization servers: {e}"))?;
         let issuers = config.issuers.iter().map(|url| Issuer { url: url.clone(), keys: Default::default() }).collect();
-        Ok(Self { config, issuers, http, remembered: Mutex::default() })
+        Ok(Self {
+            config,
+            issuers,
+            http,
+            remembered: Mutex::default(),
+            inactive: Mutex::default(),
+            introspections: tokio::sync::Semaphore::new(INTROSPECTIONS),
+        })
     }
 
     /// The resource identifier of `endpoint` (`""`: `/mcp`).
@@ -198,7 +240,10 @@ impl ResourceServer {
             }
             return Err(Refusal::Invalid(format!("the token is not for this resource; ask for one for {resource}")));
         }
-        let checked = self.check(token, &resource).await?;
+        let checked = match token.split('.').count() {
+            3 => self.check(token, &resource).await?,
+            _ => self.introspect(token, digest, &resource).await?,
+        };
         let mut remembered = self.remembered();
         if remembered.len() >= MAX_REMEMBERED {
             remembered.retain(|_, t| t.expires + LEEWAY.as_secs() > now);
@@ -212,6 +257,85 @@ impl ResourceServer {
 
     fn remembered(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], Token>> {
         self.remembered.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn inactive(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], Instant>> {
+        self.inactive.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Checks an opaque token by RFC 7662 introspection at the issuers.
+    async fn introspect(&self, token: &str, digest: [u8; 32], resource: &str) -> Result<Token, Refusal> {
+        let Some(client) = &self.config.introspection else {
+            return Err(Refusal::Invalid(
+                "the token is not a JWT, and this server checks opaque tokens only with an introspection client (--oauth-client-id)"
+                    .into(),
+            ));
+        };
+        let now = Instant::now();
+        if self.inactive().get(&digest).is_some_and(|until| *until > now) {
+            return Err(Refusal::Invalid("the token is not active".into()));
+        }
+        let _turn = self.introspections.acquire().await.map_err(|_| Refusal::Unavailable("shutting down".into()))?;
+        let mut unreachable = None;
+        for issuer in &self.issuers {
+            let endpoint = match self.introspection_endpoint(issuer).await {
+                Ok(Some(endpoint)) => endpoint,
+                Ok(None) => continue,
+                Err(e) => {
+                    unreachable = Some(e);
+                    continue;
+                }
+            };
+            let answer = self
+                .http
+                .post(&endpoint)
+                .basic_auth(&client.id, Some(&client.secret))
+                .form(&[("token", token), ("token_type_hint", "access_token")])
+                .send()
+                .await;
+            let claims: Value = match answer {
+                Ok(response) if response.status().is_success() => match response.json().await {
+                    Ok(claims) => claims,
+                    Err(e) => {
+                        unreachable = Some(format!("{endpoint}: {e}"));
+                        continue;
+                    }
+                },
+                Ok(response) => {
+                    tracing::warn!(issuer = %issuer.url, status = %response.status(), "introspection refused; check --oauth-client-id and TETHER_OAUTH_CLIENT_SECRET");
+                    unreachable = Some(format!("{endpoint} answered {}", response.status()));
+                    continue;
+                }
+                Err(e) => {
+                    unreachable = Some(format!("{endpoint}: {e}"));
+                    continue;
+                }
+            };
+            if claims.get("active") != Some(&Value::Bool(true)) {
+                continue;
+            }
+            return active_token(claims, &issuer.url, resource);
+        }
+        if let Some(e) = unreachable {
+            return Err(Refusal::Unavailable(format!("the token could not be introspected: {e}")));
+        }
+        let mut inactive = self.inactive();
+        if inactive.len() >= MAX_REMEMBERED {
+            inactive.retain(|_, until| *until > now);
+        }
+        if inactive.len() < MAX_REMEMBERED {
+            inactive.insert(digest, now + INACTIVE_KEEP);
+        }
+        Err(Refusal::Invalid("the token is not active".into()))
+    }
+
+    /// The issuer's `introspection_endpoint` (its metadata fetched once).
+    async fn introspection_endpoint(&self, issuer: &Issuer) -> Result<Option<String>, String> {
+        let mut keys = issuer.keys.lock().await;
+        if keys.jwks_uri.is_none() {
+            self.discover_into(&issuer.url, &mut keys).await?;
+        }
+        Ok(keys.introspection_endpoint.clone())
     }
 
     async fn check(&self, token: &str, resource: &str) -> Result<Token, Refusal> {
@@ -311,17 +435,14 @@ impl ResourceServer {
     async fn fetch(&self, issuer: &Issuer, keys: &mut Keys) -> Result<Vec<(String, (DecodingKey, Algorithm))>, String> {
         let jwks_uri = match &keys.jwks_uri {
             Some(uri) => uri.clone(),
-            None => {
-                let uri = self.discover(&issuer.url).await?;
-                keys.jwks_uri = Some(uri.clone());
-                uri
-            }
+            None => self.discover_into(&issuer.url, keys).await?,
         };
         let set: JwkSet = self.get_json(&jwks_uri).await?;
         Ok(set.keys.iter().filter_map(|jwk| Some((jwk.common.key_id.clone()?, usable(jwk)?))).collect())
     }
 
-    async fn discover(&self, issuer: &str) -> Result<String, String> {
+    /// Reads the issuer's metadata into `keys`; returns its `jwks_uri`.
+    async fn discover_into(&self, issuer: &str, keys: &mut Keys) -> Result<String, String> {
         let base = issuer.trim_end_matches('/');
         let (origin, path) = split_origin(base);
         let candidates = [
@@ -333,11 +454,11 @@ impl ResourceServer {
         for url in candidates {
             match self.get_json::<Value>(&url).await {
                 Ok(meta) if meta.get("issuer").and_then(Value::as_str) == Some(issuer) => {
-                    return meta
-                        .get("jwks_uri")
-                        .and_then(Value::as_str)
-                        .map(str::to_owned)
-                        .ok_or_else(|| format!("{url} names no jwks_uri"));
+                    let field = |name: &str| meta.get(name).and_then(Value::as_str).map(str::to_owned);
+                    let jwks_uri = field("jwks_uri").ok_or_else(|| format!("{url} names no jwks_uri"))?;
+                    keys.jwks_uri = Some(jwks_uri.clone());
+                    keys.introspection_endpoint = field("introspection_endpoint");
+                    return Ok(jwks_uri);
                 }
                 Ok(_) => last = format!("{url} describes another issuer"),
                 Err(e) => last = e,
@@ -353,6 +474,38 @@ impl ResourceServer {
         }
         response.json::<T>().await.map_err(|e| format!("{url}: {e}"))
     }
+}
+
+/// An active introspection answer as a [`Token`] for `resource`, or why not.
+fn active_token(claims: Value, issuer: &str, resource: &str) -> Result<Token, Refusal> {
+    let invalid = |m: String| Err(Refusal::Invalid(m));
+    if let Some(iss) = claims.get("iss").and_then(Value::as_str).filter(|iss| *iss != issuer) {
+        return invalid(format!("the token's issuer {iss} is not the one that introspected it"));
+    }
+    let audience = match claims.get("aud") {
+        Some(Value::String(aud)) => aud == resource,
+        Some(Value::Array(auds)) => auds.iter().any(|a| a.as_str() == Some(resource)),
+        _ => false,
+    };
+    if !audience {
+        return invalid(format!("the token is not for this resource; ask for one for {resource}"));
+    }
+    let expires = claims.get("exp").and_then(Value::as_u64).unwrap_or(0);
+    let now = unix_now();
+    if expires + LEEWAY.as_secs() <= now {
+        return invalid("the token has expired".into());
+    }
+    if claims.get("nbf").and_then(Value::as_u64).is_some_and(|nbf| nbf > now + LEEWAY.as_secs()) {
+        return invalid("the token is not valid yet".into());
+    }
+    // A token of client credentials names its client, not always a `sub`.
+    let Some(sub) = ["sub", "client_id"].iter().find_map(|k| claims.get(*k).and_then(Value::as_str).filter(|s| !s.is_empty()))
+    else {
+        return invalid("the token has no `sub`".into());
+    };
+    let principal = format!("{sub}@{issuer}");
+    let scopes = claims.get("scope").and_then(Value::as_str).map(|s| s.split_whitespace().map(str::to_owned).collect());
+    Ok(Token { principal, scopes: scopes.unwrap_or_default(), claims, expires, resource: resource.to_owned() })
 }
 
 /// A JWK's key and the one algorithm tokens signed with it may use; none
@@ -411,6 +564,7 @@ mod tests {
             issuers: vec!["http://127.0.0.1:1/oidc".into()],
             public_url: "http://127.0.0.1:8787/".into(),
             scopes: vec!["tools:read".into(), "offline_access".into()],
+            introspection: None,
         })
         .unwrap()
     }
@@ -443,6 +597,7 @@ mod tests {
             other => panic!("{other:?}"),
         };
         assert!(refused(rs.verify("not a jwt", "").await).contains("not a JWT"));
+        assert!(refused(rs.verify("a.b.c", "").await).contains("not a JWT"));
         assert!(refused(rs.verify(&"x".repeat(MAX_TOKEN_BYTES + 1), "").await).contains("longer than"));
         let b64 = |v: Value| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string());
         let none = format!("{}.{}.", b64(json!({"alg": "none"})), b64(json!({"iss": "http://127.0.0.1:1/oidc", "sub": "x"})));
@@ -453,6 +608,33 @@ mod tests {
         let foreign =
             format!("{}.{}.c2ln", b64(json!({"alg": "RS256", "kid": "k"})), b64(json!({"iss": "https://evil.example"})));
         assert!(refused(rs.verify(&foreign, "").await).contains("https://evil.example"));
+    }
+
+    #[test]
+    fn an_introspected_token_must_be_for_this_resource_of_this_issuer_and_unexpired() {
+        let resource = "http://127.0.0.1:8787/mcp";
+        let now = unix_now();
+        let good =
+            json!({"active": true, "client_id": "svc", "aud": resource, "exp": now + 60, "scope": "a b", "iss": "http://as"});
+        let token = active_token(good.clone(), "http://as", resource).unwrap();
+        assert_eq!(token.principal, "svc@http://as", "client_id when there is no sub");
+        assert_eq!(token.scopes, ["a", "b"]);
+        let with = |k: &str, v: Value| {
+            let mut c = good.clone();
+            c[k] = v;
+            active_token(c, "http://as", resource)
+        };
+        assert_eq!(with("sub", json!("alice")).unwrap().principal, "alice@http://as");
+        assert!(with("aud", json!([resource, "x"])).is_ok());
+        let refused = |r: Result<Token, Refusal>| match r {
+            Err(Refusal::Invalid(m)) => m,
+            other => panic!("{other:?}"),
+        };
+        assert!(refused(with("aud", json!("http://127.0.0.1:8787/mcp/fx"))).contains("not for this resource"));
+        assert!(refused(with("aud", Value::Null)).contains("not for this resource"));
+        assert!(refused(with("exp", json!(now - 120))).contains("expired"));
+        assert!(refused(with("iss", json!("http://other"))).contains("issuer"));
+        assert!(refused(with("client_id", Value::Null)).contains("sub"));
     }
 
     #[tokio::test]
