@@ -16,10 +16,17 @@
 //   opaque / opaque-secret client credentials, every scope; its access
 //                         tokens are opaque (checked by introspection)
 //   tether / tether-secret tether's own client, for RFC 7662 introspection
+//   tether-up / tether-up-secret
+//                          tether's own client toward its upstreams: client
+//                          credentials, and RFC 8693 token exchange (a grant
+//                          registered below: the subject token must be an
+//                          unexpired access token of this server; the new
+//                          JWT names the subject's `sub`, the requested
+//                          `resource` as `aud`, and tether-up in `act.sub`)
 // Every other access token is a JWT (RS256) whose `aud` is the requested
 // resource and whose `sub` is the client's id. Prints `READY` once it listens.
 
-import { generateKeyPairSync, randomBytes } from 'node:crypto';
+import { generateKeyPairSync, randomBytes, sign, verify } from 'node:crypto';
 import { writeFileSync } from 'node:fs';
 import Provider from 'oidc-provider';
 
@@ -30,18 +37,20 @@ if (!port || !keyFile) {
 }
 const issuer = `http://127.0.0.1:${port}`;
 const kid = randomBytes(8).toString('hex');
-const { privateKey } = generateKeyPairSync('rsa', { modulusLength: 2048 });
+const { privateKey, publicKey } = generateKeyPairSync('rsa', { modulusLength: 2048 });
 const jwk = { ...privateKey.export({ format: 'jwk' }), kid, use: 'sig', alg: 'RS256' };
 writeFileSync(keyFile, `# kid: ${kid}\n${privateKey.export({ format: 'pem', type: 'pkcs8' })}`, { mode: 0o600 });
 
 const all = 'tools:read tools:write prompts:read files:read';
-const scopes = { svc: all, reader: 'tools:read', opaque: all, tether: '' };
+const scopes = { svc: all, reader: 'tools:read', opaque: all, tether: '', 'tether-up': all };
+const TOKEN_EXCHANGE = 'urn:ietf:params:oauth:grant-type:token-exchange';
+const ACCESS_TOKEN_TYPE = 'urn:ietf:params:oauth:token-type:access_token';
 const provider = new Provider(issuer, {
   jwks: { keys: [jwk] },
   clients: Object.keys(scopes).map((id) => ({
     client_id: id,
     client_secret: `${id}-secret`,
-    grant_types: ['client_credentials'],
+    grant_types: id === 'tether-up' ? ['client_credentials', TOKEN_EXCHANGE] : ['client_credentials'],
     response_types: [],
     redirect_uris: [],
     scope: scopes[id] || undefined,
@@ -65,6 +74,40 @@ const provider = new Provider(issuer, {
     },
   },
 });
+// RFC 8693 token exchange, for tether's upstream credentials.
+const b64u = (text) => Buffer.from(text).toString('base64url');
+const signJwt = (claims) => {
+  const signing = `${b64u(JSON.stringify({ alg: 'RS256', typ: 'at+jwt', kid }))}.${b64u(JSON.stringify(claims))}`;
+  return `${signing}.${sign('sha256', Buffer.from(signing), privateKey).toString('base64url')}`;
+};
+const ownAccessToken = (token) => {
+  const [header, payload, signature] = String(token).split('.');
+  if (!signature || !verify('sha256', Buffer.from(`${header}.${payload}`), publicKey, Buffer.from(signature, 'base64url'))) {
+    return null;
+  }
+  const claims = JSON.parse(Buffer.from(payload, 'base64url').toString());
+  return claims.iss === issuer && claims.exp > Date.now() / 1000 ? claims : null;
+};
+provider.registerGrantType(TOKEN_EXCHANGE, async (ctx) => {
+  const { subject_token: subjectToken, subject_token_type: subjectType, scope } = ctx.oidc.params;
+  const resource = [].concat(ctx.oidc.params.resource ?? [])[0];
+  const refuse = (error, description) => {
+    ctx.status = 400;
+    ctx.body = { error, error_description: description };
+  };
+  if (subjectType !== ACCESS_TOKEN_TYPE) return refuse('invalid_request', 'subject_token_type must be an access token');
+  const subject = ownAccessToken(subjectToken);
+  if (!subject) return refuse('invalid_grant', 'the subject token is not a valid access token of this server');
+  if (!resource) return refuse('invalid_target', 'name the resource the token is for');
+  const now = Math.floor(Date.now() / 1000);
+  const client = ctx.oidc.client.clientId;
+  const claims = {
+    iss: issuer, sub: subject.sub, aud: resource, iat: now, exp: now + 300, scope: scope ?? '',
+    client_id: client, act: { sub: client }, jti: randomBytes(8).toString('hex'),
+  };
+  ctx.body = { access_token: signJwt(claims), issued_token_type: ACCESS_TOKEN_TYPE, token_type: 'Bearer', expires_in: 300 };
+}, ['subject_token', 'subject_token_type', 'requested_token_type', 'resource', 'scope', 'audience']);
+
 provider.proxy = false;
 provider.listen(Number(port), '127.0.0.1', () => {
   console.log('READY');

@@ -9,6 +9,10 @@ usage: py_server.py SHAPE PORT
          legacy          the 2024-11-05 HTTP+SSE transport: GET /sse, POST /messages/
          modern-only     Streamable HTTP, sessionless revision 2026-07-28 only: an
                          ``initialize`` is refused (400, -32022 naming 2026-07-28)
+         bearer          ``stateful`` behind a bearer check: every request to /mcp
+                         needs ``Authorization: Bearer JWT`` whose ``aud`` is this
+                         server's URL (read, not verified: the test verifies), else
+                         401; the distinct tokens seen are in ``/stats`` as ``tokens``
          shared-store    ``stateful`` with resumable streams kept in ONE event store
                          for every session, keyed by request ID alone (the pattern of
                          the SDK's example store): sessions that reuse request IDs
@@ -42,6 +46,9 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.streamable_http import EventMessage, EventStore
 
 MODERN_ONLY = False
+# The URL a token must name as its audience (the ``bearer`` shape), and the tokens seen.
+BEARER_AUDIENCE = None
+TOKENS_SEEN: list = []
 STATS = {"initialize": 0, "initialize_rejected": 0, "posts": 0, "deletes": 0, "gets": 0, "sessionless_rejected": 0}
 
 server = MCPServer(name="py-fixture", version="1.0")
@@ -117,10 +124,16 @@ def counting(app):
             return await app(scope, receive, send)
         method, path = scope["method"], scope["path"]
         if path == "/stats":
-            body = json.dumps(STATS).encode()
+            body = json.dumps({**STATS, "tokens": TOKENS_SEEN}).encode()
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-type", b"application/json")]})
             await send({"type": "http.response.body", "body": body})
+            return
+        if BEARER_AUDIENCE is not None and not bearer_ok(scope):
+            await send({"type": "http.response.start", "status": 401,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"www-authenticate", b'Bearer error="invalid_token"')]})
+            await send({"type": "http.response.body", "body": b'{"error": "a token for this server is needed"}'})
             return
         if method == "DELETE":
             STATS["deletes"] += 1
@@ -179,6 +192,26 @@ def counting(app):
     return wrapped
 
 
+def bearer_ok(scope) -> bool:
+    """Whether the request carries a JWT for this server (``aud``), remembering it."""
+    import base64
+    value = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+    if not value.lower().startswith("bearer "):
+        return False
+    token = value[7:].strip()
+    try:
+        payload = token.split(".")[1]
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    except (IndexError, ValueError):
+        return False
+    audience = claims.get("aud")
+    if audience != BEARER_AUDIENCE and not (isinstance(audience, list) and BEARER_AUDIENCE in audience):
+        return False
+    if token not in TOKENS_SEEN and len(TOKENS_SEEN) < 1000:
+        TOKENS_SEEN.append(token)
+    return True
+
+
 def main() -> None:
     if len(sys.argv) != 3:
         sys.exit(__doc__)
@@ -189,6 +222,10 @@ def main() -> None:
         app = server.streamable_http_app(stateless_http=True, json_response=True)
     elif shape == "legacy":
         app = server.sse_app()
+    elif shape == "bearer":
+        global BEARER_AUDIENCE
+        BEARER_AUDIENCE = f"http://127.0.0.1:{port}/mcp"
+        app = server.streamable_http_app()
     elif shape == "shared-store":
         app = server.streamable_http_app(event_store=SharedEventStore())
     elif shape == "modern-only":
@@ -196,7 +233,7 @@ def main() -> None:
         MODERN_ONLY = True
         app = server.streamable_http_app(stateless_http=True, json_response=True)
     else:
-        sys.exit(f"unknown shape {shape!r}: stateful | stateless-json | legacy | modern-only | shared-store")
+        sys.exit(f"unknown shape {shape!r}: stateful | stateless-json | legacy | modern-only | bearer | shared-store")
     config = uvicorn.Config(counting(app), host="127.0.0.1", port=port, log_level="warning",
                             lifespan="on")
     uv = uvicorn.Server(config)

@@ -23,7 +23,7 @@ mod sse;
 pub use config::{Config, Protocol, RequiresSession, Resolved, ServerSpec};
 pub use error::ClientError;
 pub use pool::{CallProgress, Pool, PoolOptions, ProgressHandler, RootsProvider};
-pub use session::{ClientOptions, PeerMessage, PeerSink, RequestTrack, Session};
+pub use session::{Bearer, ClientOptions, PeerMessage, PeerSink, RequestTrack, Session};
 
 /// The protocol revision this client asks for: the newest tether serves.
 pub const DEFAULT_PROTOCOL_VERSION: &str = tether_wire::revision::LATEST;

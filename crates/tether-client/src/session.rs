@@ -39,11 +39,34 @@ const MAX_ERROR_BODY: usize = 64 * 1024;
 /// Connection establishment limit (the request itself has `request_timeout`).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A bearer token that may change while a session lives (one its owner
+/// refreshes before it expires): each request sends the value it holds
+/// when the request is sent. Cheap to clone; clones share the value.
+#[derive(Clone, Default)]
+pub struct Bearer(Arc<std::sync::RwLock<Option<HeaderValue>>>);
+
+impl Bearer {
+    /// The token every later request sends.
+    pub fn set(&self, token: &str) -> Result<(), ClientError> {
+        let mut value = HeaderValue::from_str(&format!("Bearer {}", token.trim()))
+            .map_err(|_| ClientError::Config("the bearer token contains characters not allowed in an HTTP header".into()))?;
+        value.set_sensitive(true);
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Some(value);
+        Ok(())
+    }
+
+    fn current(&self) -> Option<HeaderValue> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
 /// How to reach a server: credentials, extra headers, the time limit of one request.
 #[derive(Clone)]
 pub struct ClientOptions {
     /// Sent as `Authorization: Bearer <token>`.
     pub bearer_token: Option<String>,
+    /// A bearer token that changes (sent instead of `bearer_token`).
+    pub bearer: Option<Bearer>,
     /// Extra HTTP headers on every request.
     pub headers: Vec<(String, String)>,
     /// Limit for one request, from sending it to its response (default 60s).
@@ -57,6 +80,7 @@ impl Default for ClientOptions {
     fn default() -> Self {
         Self {
             bearer_token: None,
+            bearer: None,
             headers: Vec::new(),
             request_timeout: Duration::from_secs(60),
             max_message_bytes: tether_wire::sse::DEFAULT_MAX_EVENT_BYTES,
@@ -68,6 +92,7 @@ impl std::fmt::Debug for ClientOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClientOptions")
             .field("bearer_token", &self.bearer_token.as_ref().map(|_| "<redacted>"))
+            .field("bearer", &self.bearer.as_ref().map(|_| "<redacted>"))
             .field("headers", &self.headers.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>())
             .field("request_timeout", &self.request_timeout)
             .finish()
@@ -740,6 +765,14 @@ impl Session {
 impl Inner {
     /// Headers for a request: auth, the caller's, and the session's.
     fn headers(&self, post: bool) -> HeaderMap {
+        let mut h = self.headers_without_bearer(post);
+        if let Some(value) = self.options.bearer.as_ref().and_then(Bearer::current) {
+            h.insert(reqwest::header::AUTHORIZATION, value);
+        }
+        h
+    }
+
+    fn headers_without_bearer(&self, post: bool) -> HeaderMap {
         if post && let Some(cached) = self.session_post_headers.get() {
             return cached.clone();
         }

@@ -233,6 +233,7 @@ impl Gateway {
         let authorization = self.forwarded(&link, authorization);
         let mut live = link.live.lock().await;
         if let Some(connection) = live.as_ref().filter(|c| c.upstream.is_alive()) {
+            connection.upstream.present(authorization.as_deref());
             // The first request of the session `initialize` made the
             // connection for: what the upstream sent meanwhile goes out now.
             if connection.sink.attach(session).await {
@@ -298,11 +299,11 @@ impl Gateway {
         Ok(self.go_live(session, link, live, connection))
     }
 
-    /// The `Authorization` to open an upstream connection with: with
-    /// `forward_auth`, this request's (remembered in memory for connections
-    /// a notification opens), else none.
+    /// The client's `Authorization` for the connector, where it needs it
+    /// (`forward_auth`, a token exchange): this request's (remembered in
+    /// memory for connections a notification opens), else none.
     fn forwarded(&self, link: &Link, authorization: Option<&ClientAuthorization>) -> Option<String> {
-        if !self.connector.forwards_auth() {
+        if !self.connector.needs_client_authorization() {
             return None;
         }
         link.authorization(authorization).map(|a| a.header_value().to_owned())
@@ -569,7 +570,7 @@ impl Gateway {
     /// connection (only with `forward_auth`).
     fn sessionless_authorization(&self, presented: Option<&ClientAuthorization>) -> Option<String> {
         match presented {
-            Some(presented) if self.connector.forwards_auth() => Some(presented.header_value().to_owned()),
+            Some(presented) if self.connector.needs_client_authorization() => Some(presented.header_value().to_owned()),
             _ => None,
         }
     }

@@ -72,6 +72,37 @@ pub struct UrlSpec {
     pub forward_auth: bool,
     /// Longest message (a JSON body, one SSE event) the upstream may send.
     pub max_message_bytes: usize,
+    /// tether's own OAuth tokens for it (`[upstreams.NAME.oauth]`).
+    pub oauth: Option<OAuthGrant>,
+}
+
+/// `[upstreams.NAME.oauth]`: how tether gets its own access token for a
+/// URL upstream (see [`crate::credentials`]).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OAuthGrant {
+    pub grant: Grant,
+    /// The authorization server's token endpoint…
+    pub token_url: Option<String>,
+    /// …or its issuer URL, whose metadata names it.
+    pub issuer: Option<String>,
+    /// tether's client at that server.
+    pub client_id: String,
+    /// The environment variable holding the client's secret.
+    pub client_secret_env: String,
+    pub scope: Option<String>,
+    /// The RFC 8707 resource asked for (default: the upstream's URL).
+    pub resource: Option<String>,
+}
+
+/// How the token is obtained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Grant {
+    /// One token of tether's own client, for every session.
+    ClientCredentials,
+    /// RFC 8693: a token on behalf of each caller, exchanged for its access token.
+    TokenExchange,
 }
 
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
@@ -136,7 +167,14 @@ impl CommandSpec {
 
 impl UrlSpec {
     pub fn new(url: String) -> Self {
-        Self { url, headers: BTreeMap::new(), auth_env: None, forward_auth: false, max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES }
+        Self {
+            url,
+            headers: BTreeMap::new(),
+            auth_env: None,
+            forward_auth: false,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            oauth: None,
+        }
     }
 }
 
@@ -165,6 +203,7 @@ pub struct UpstreamTable {
     pub upstream_init_timeout: Option<Duration>,
     #[serde(default)]
     pub task_tools: Vec<String>,
+    pub oauth: Option<OAuthGrant>,
 }
 
 impl UpstreamTable {
@@ -175,9 +214,9 @@ impl UpstreamTable {
                 if command.is_empty() {
                     return Err(format!("[upstreams.{name}] command must name a program"));
                 }
-                if !self.headers.is_empty() || self.auth_env.is_some() || self.forward_auth {
+                if !self.headers.is_empty() || self.auth_env.is_some() || self.forward_auth || self.oauth.is_some() {
                     return Err(format!(
-                        "[upstreams.{name}] headers, auth_env and forward_auth are for a url upstream; a command gets env instead"
+                        "[upstreams.{name}] headers, auth_env, forward_auth and oauth are for a url upstream; a command gets env instead"
                     ));
                 }
                 let mut spec = CommandSpec::new(command);
@@ -202,10 +241,23 @@ impl UpstreamTable {
                         "[upstreams.{name}] max_processes, max_processes_per_principal and process_queue_timeout are for a command upstream"
                     ));
                 }
+                if let Some(oauth) = &self.oauth {
+                    if self.auth_env.is_some() || self.forward_auth {
+                        return Err(format!(
+                            "[upstreams.{name}] oauth gets tether's own token: it cannot go with auth_env or forward_auth"
+                        ));
+                    }
+                    if oauth.token_url.is_none() == oauth.issuer.is_none() {
+                        return Err(format!(
+                            "[upstreams.{name}.oauth] needs exactly one of token_url (the token endpoint) or issuer (whose metadata names it)"
+                        ));
+                    }
+                }
                 let mut spec = UrlSpec::new(url);
                 spec.headers = self.headers;
                 spec.auth_env = self.auth_env;
                 spec.forward_auth = self.forward_auth;
+                spec.oauth = self.oauth;
                 if let Some(max) = self.max_message_bytes {
                     spec.max_message_bytes = max.max(MIN_MESSAGE_BYTES);
                 }
@@ -270,6 +322,24 @@ mod tests {
         assert!(spec.forward_auth);
         let command: UpstreamTable = toml::from_str("command = [\"srv\"]\nforward_auth = true").unwrap();
         assert!(command.into_config("s").unwrap_err().contains("for a url upstream"));
+    }
+
+    #[test]
+    fn an_oauth_table_names_its_grant_and_one_way_to_the_token_endpoint() {
+        let table = |text: &str| toml::from_str::<UpstreamTable>(text).map_err(|e| e.to_string());
+        let base = "url = \"http://u/mcp\"\n[oauth]\nclient_id = \"t\"\nclient_secret_env = \"S\"\n";
+        let ok = table(&format!("{base}grant = \"token_exchange\"\nissuer = \"http://as\"")).unwrap();
+        let Target::Url(spec) = ok.into_config("u").unwrap().target else { panic!("a url") };
+        let oauth = spec.oauth.unwrap();
+        assert_eq!(oauth.grant, Grant::TokenExchange);
+        assert_eq!(oauth.issuer.as_deref(), Some("http://as"));
+        let both = table(&format!("{base}grant = \"client_credentials\"\nissuer = \"http://as\"\ntoken_url = \"http://as/t\""));
+        assert!(both.unwrap().into_config("u").unwrap_err().contains("exactly one of token_url"));
+        let neither = table(&format!("{base}grant = \"client_credentials\""));
+        assert!(neither.unwrap().into_config("u").unwrap_err().contains("exactly one of token_url"));
+        let with_env = table(&format!("auth_env = \"T\"\n{base}grant = \"client_credentials\"\ntoken_url = \"http://as/t\""));
+        assert!(with_env.unwrap().into_config("u").unwrap_err().contains("cannot go with auth_env"));
+        assert!(table(&format!("{base}grant = \"password\"\ntoken_url = \"x\"")).is_err(), "an unknown grant");
     }
 }
 

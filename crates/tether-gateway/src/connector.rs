@@ -36,7 +36,7 @@ pub(crate) struct StartRequest<'a> {
     pub session: &'a str,
     /// The client's `initialize` params, as the upstream gets them.
     pub params: Value,
-    /// The client's `Authorization` header value, if the connector forwards it.
+    /// The client's `Authorization` header value, if the connector needs it.
     pub authorization: Option<String>,
     /// Its place under [`Capacity::processes`], if the upstream has a cap.
     pub permit: Option<ProcessPermit>,
@@ -71,8 +71,10 @@ pub(crate) trait Connector: Send + Sync + 'static {
         false
     }
 
-    /// Whether the client's `Authorization` goes upstream (`forward_auth`).
-    fn forwards_auth(&self) -> bool {
+    /// Whether the connector needs the client's `Authorization`: to send it
+    /// upstream (`forward_auth`), or to trade it for tether's own token (an
+    /// `oauth` token exchange).
+    fn needs_client_authorization(&self) -> bool {
         false
     }
 

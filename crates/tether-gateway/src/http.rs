@@ -6,8 +6,9 @@
 //! headers, SSE answers, resuming dropped streams, the standalone stream,
 //! `notifications/cancelled` for a request dropped before its answer). This
 //! module adds what a gateway needs on top: the upstream's credentials
-//! (tether's own from `auth_env`, or the client's `Authorization` only when
-//! `forward_auth` opts in), results as raw JSON, the upstream's own
+//! (tether's own: a token from `auth_env`, or OAuth tokens from
+//! [`crate::credentials`] refreshed before each request; the client's
+//! `Authorization` only when `forward_auth` opts in), results as raw JSON, the upstream's own
 //! messages to the caller's [`PeerSink`] (each delivered before the client
 //! runtime reads on), and a 404 (the upstream forgot its
 //! session) turning the connection dead so the gateway starts a new one.
@@ -25,6 +26,7 @@ use tokio::sync::mpsc;
 
 use crate::config::UrlSpec;
 use crate::connector::{Capacity, Connector, StartRequest};
+use crate::credentials::{Credentials, TokenSource};
 use crate::lock;
 use crate::passthrough::Passthrough;
 use crate::upstream::{PeerSink, Started, UPSTREAM_FORGOT_SESSION, Upstream};
@@ -39,11 +41,20 @@ pub(crate) struct UrlConnector {
     spec: UrlSpec,
     name: String,
     init_timeout: Duration,
+    /// tether's own OAuth tokens for the upstream (`[upstreams.NAME.oauth]`).
+    tokens: Option<Arc<TokenSource>>,
 }
 
 impl UrlConnector {
     pub(crate) fn new(spec: UrlSpec, name: &str, init_timeout: Duration) -> Self {
-        Self { spec, name: name.to_owned(), init_timeout }
+        let tokens = spec.oauth.clone().and_then(|grant| match TokenSource::new(grant, name, &spec.url) {
+            Ok(tokens) => Some(Arc::new(tokens)),
+            Err(e) => {
+                tracing::error!(upstream = %name, error = %e, "the upstream's OAuth tokens cannot be had; its requests go without");
+                None
+            }
+        });
+        Self { spec, name: name.to_owned(), init_timeout, tokens }
     }
 }
 
@@ -60,7 +71,8 @@ impl Connector for UrlConnector {
 
     async fn start(&self, request: StartRequest<'_>) -> Result<Started, RpcError> {
         let StartRequest { session, params, authorization, sink, .. } = request;
-        start(&self.spec, &self.name, session, params, self.init_timeout, authorization, sink).await
+        let tokens = self.tokens.as_ref();
+        start(&self.spec, &self.name, session, params, self.init_timeout, authorization, tokens, sink).await
     }
 
     async fn attach(
@@ -70,11 +82,11 @@ impl Connector for UrlConnector {
         authorization: Option<String>,
         sink: Arc<dyn PeerSink>,
     ) -> Option<Arc<dyn Upstream>> {
-        attach(&self.spec, &self.name, session, carry_on, authorization, sink).await
+        attach(&self.spec, &self.name, session, carry_on, authorization, self.tokens.as_ref(), sink).await
     }
 
-    fn forwards_auth(&self) -> bool {
-        self.spec.forward_auth
+    fn needs_client_authorization(&self) -> bool {
+        self.spec.forward_auth || self.tokens.as_ref().is_some_and(|t| t.per_caller())
     }
 
     fn forgets_sessions(&self) -> bool {
@@ -82,7 +94,7 @@ impl Connector for UrlConnector {
     }
 
     async fn passthrough(&self) -> Option<(Passthrough, serde_json::Map<String, Value>)> {
-        Passthrough::discover(&self.spec, &self.name, self.init_timeout).await
+        Passthrough::discover(&self.spec, &self.name, self.tokens.clone(), self.init_timeout).await
     }
 }
 
@@ -90,7 +102,9 @@ impl Connector for UrlConnector {
 /// given (then `notifications/initialized`, which the client runtime sends
 /// itself; see [`HttpUpstream::notify`]), waiting at most `init_timeout`.
 /// `client_authorization` is the client's `Authorization` header value,
-/// forwarded only when the upstream has `forward_auth`.
+/// forwarded only when the upstream has `forward_auth` (and traded for
+/// tether's own token when its `oauth` is a token exchange).
+#[allow(clippy::too_many_arguments)]
 pub async fn start(
     spec: &UrlSpec,
     upstream_name: &str,
@@ -98,6 +112,7 @@ pub async fn start(
     initialize_params: Value,
     init_timeout: Duration,
     client_authorization: Option<String>,
+    tokens: Option<&Arc<TokenSource>>,
     sink: Arc<dyn PeerSink>,
 ) -> Result<Started, RpcError> {
     let connected = connect(
@@ -107,6 +122,7 @@ pub async fn start(
         initialize_params.clone(),
         init_timeout,
         client_authorization.clone(),
+        tokens,
         sink.clone(),
     )
     .await;
@@ -118,8 +134,10 @@ pub async fn start(
         Err(refused) => refused,
     };
     // An upstream that refuses `initialize` may speak only the sessionless revision.
-    let options = client_options(spec, client_authorization, |var| std::env::var(var).ok()).map_err(|_| refused.clone())?;
-    match crate::sessionless_url::start(spec, upstream_name, &initialize_params, options, init_timeout, sink).await {
+    let credentials = credentials(tokens, &client_authorization).await?;
+    let mut options = client_options(spec, client_authorization, |var| std::env::var(var).ok()).map_err(|_| refused.clone())?;
+    options.bearer = credentials.as_ref().map(Credentials::bearer);
+    match crate::sessionless_url::start(spec, upstream_name, &initialize_params, options, credentials, init_timeout, sink).await {
         Some(started) => Ok(started),
         None => Err(refused),
     }
@@ -135,11 +153,14 @@ pub async fn attach(
     session: &str,
     carry_on: &Value,
     client_authorization: Option<String>,
+    tokens: Option<&Arc<TokenSource>>,
     sink: Arc<dyn PeerSink>,
 ) -> Option<Arc<dyn Upstream>> {
     let session_id = carry_on.get("sessionId").and_then(Value::as_str)?;
     let protocol_version = carry_on.get("protocolVersion").and_then(Value::as_str)?;
-    let options = client_options(spec, client_authorization, |var| std::env::var(var).ok()).ok()?;
+    let credentials = credentials(tokens, &client_authorization).await.ok()?;
+    let mut options = client_options(spec, client_authorization, |var| std::env::var(var).ok()).ok()?;
+    options.bearer = credentials.as_ref().map(Credentials::bearer);
     let client = Session::attach(&spec.url, options, session_id, protocol_version).await.ok()?;
     if let Err(e) = client.request("ping", None).await {
         tracing::info!(upstream = %upstream_name, %session, error = %e, "the upstream session cannot be carried on; starting a new one");
@@ -154,6 +175,7 @@ pub async fn attach(
         upstream_session_id: Some(session_id.to_owned()),
         client: Mutex::new(Some(client)),
         alive: AtomicBool::new(true),
+        credentials,
     });
     tracing::info!(upstream = %upstream_name, %session, "carrying on the stored upstream session");
     Some(upstream)
@@ -161,6 +183,7 @@ pub async fn attach(
 
 /// [`start`], keeping the concrete type (for
 /// [`HttpUpstream::upstream_session_id`], stored with the tether session).
+#[allow(clippy::too_many_arguments)]
 pub async fn connect(
     spec: &UrlSpec,
     upstream_name: &str,
@@ -168,11 +191,14 @@ pub async fn connect(
     initialize_params: Value,
     init_timeout: Duration,
     client_authorization: Option<String>,
+    tokens: Option<&Arc<TokenSource>>,
     sink: Arc<dyn PeerSink>,
 ) -> Result<(Arc<HttpUpstream>, Box<RawValue>), RpcError> {
     let who = format!("upstream {upstream_name} at {}", spec.url);
-    let options = client_options(spec, client_authorization, |var| std::env::var(var).ok())
+    let credentials = credentials(tokens, &client_authorization).await?;
+    let mut options = client_options(spec, client_authorization, |var| std::env::var(var).ok())
         .map_err(|e| RpcError::internal(format!("{who}: {e}")))?;
+    options.bearer = credentials.as_ref().map(Credentials::bearer);
     let mut initialize_params = Some(initialize_params);
     tether_server::trace::inject_meta(&mut initialize_params);
     let initialize_params = initialize_params.unwrap_or_default();
@@ -197,8 +223,21 @@ pub async fn connect(
         upstream_session_id: client.session_id(),
         client: Mutex::new(Some(client)),
         alive: AtomicBool::new(true),
+        credentials,
     });
     Ok((upstream, initialize_result))
+}
+
+/// A connection's credentials from the upstream's token source, with a
+/// current token already in them.
+async fn credentials(
+    tokens: Option<&Arc<TokenSource>>,
+    client_authorization: &Option<String>,
+) -> Result<Option<Credentials>, RpcError> {
+    let Some(tokens) = tokens else { return Ok(None) };
+    let credentials = Credentials::new(tokens.clone(), client_authorization.clone());
+    credentials.refresh().await?;
+    Ok(Some(credentials))
 }
 
 /// The client runtime's options for this upstream: the configured headers,
@@ -223,7 +262,13 @@ pub(crate) fn client_options(
         headers.retain(|(name, _)| !name.eq_ignore_ascii_case("authorization"));
         headers.push(("Authorization".to_owned(), authorization));
     }
-    Ok(ClientOptions { bearer_token, headers, request_timeout: REQUEST_TIMEOUT, max_message_bytes: spec.max_message_bytes })
+    Ok(ClientOptions {
+        bearer_token,
+        bearer: None,
+        headers,
+        request_timeout: REQUEST_TIMEOUT,
+        max_message_bytes: spec.max_message_bytes,
+    })
 }
 
 impl HttpUpstream {
@@ -246,6 +291,8 @@ pub struct HttpUpstream {
     /// session; its incoming channel closes once the last one ends).
     client: Mutex<Option<Session>>,
     alive: AtomicBool,
+    /// tether's own OAuth token for the upstream, refreshed before each request.
+    credentials: Option<Credentials>,
 }
 
 /// A client runtime error as a JSON-RPC error: the upstream's own answer
@@ -272,6 +319,14 @@ impl HttpUpstream {
     /// 2024-11-05 transport).
     pub fn upstream_session_id(&self) -> Option<String> {
         self.upstream_session_id.clone()
+    }
+
+    /// The client runtime session, with a current token in its credentials.
+    async fn ready(&self) -> Result<Session, RpcError> {
+        if let Some(credentials) = &self.credentials {
+            credentials.refresh().await?;
+        }
+        self.client()
     }
 
     fn client(&self) -> Result<Session, RpcError> {
@@ -321,7 +376,7 @@ impl Upstream for HttpUpstream {
         tether_server::trace::inject_meta(&mut params);
         // Dropping this future drops the client runtime's request, which
         // sends `notifications/cancelled` under the id it used upstream.
-        self.client()?.request_json(method, params).await.map_err(|e| self.failed(e))
+        self.ready().await?.request_json(method, params).await.map_err(|e| self.failed(e))
     }
 
     async fn request_tracked(
@@ -331,7 +386,7 @@ impl Upstream for HttpUpstream {
         track: &RequestTrack,
     ) -> Result<Box<RawValue>, RpcError> {
         tether_server::trace::inject_meta(&mut params);
-        self.client()?.request_json_tracked(method, params, track).await.map_err(|e| self.failed(e))
+        self.ready().await?.request_json_tracked(method, params, track).await.map_err(|e| self.failed(e))
     }
 
     async fn resume(
@@ -340,7 +395,7 @@ impl Upstream for HttpUpstream {
         after: &str,
         messages: mpsc::Sender<PeerMessage>,
     ) -> Result<Box<RawValue>, RpcError> {
-        let client = self.client()?;
+        let client = self.ready().await?;
         client.resume_request(request_id, after, messages).await.map_err(|e| self.failed(e))
     }
 
@@ -350,16 +405,22 @@ impl Upstream for HttpUpstream {
         if method == "notifications/initialized" {
             return Ok(());
         }
-        self.client()?.notify(method, params).await.map_err(|e| self.failed(e))
+        self.ready().await?.notify(method, params).await.map_err(|e| self.failed(e))
     }
 
     async fn answer(&self, id: Value, outcome: Result<Value, RpcError>) -> Result<(), RpcError> {
         let outcome = outcome.map_err(|e| e.to_object());
-        self.client()?.respond(id, outcome).await.map_err(|e| self.failed(e))
+        self.ready().await?.respond(id, outcome).await.map_err(|e| self.failed(e))
     }
 
     fn is_alive(&self) -> bool {
         self.alive.load(Ordering::Acquire)
+    }
+
+    fn present(&self, client_authorization: Option<&str>) {
+        if let Some(credentials) = &self.credentials {
+            credentials.present(client_authorization);
+        }
     }
 
     /// With `end_session`, DELETEs the upstream session; else only lets go

@@ -20,6 +20,8 @@
 //!   upstream's.
 //! - [`processes`]: the hard cap on a command upstream's live children.
 //! - [`config`]: what an upstream is (flags and TOML).
+//! - [`credentials`]: tether's own OAuth tokens for a URL upstream (client
+//!   credentials, token exchange), so the client's token never goes upstream.
 //! - `connector`: the seam to a transport, one per upstream: starting and
 //!   carrying on connections, capacity, passthrough; [`stdio`] (a child
 //!   process per session) and [`http`] (an upstream HTTP session per
@@ -30,6 +32,7 @@ mod burst;
 mod catalog;
 pub mod config;
 mod connector;
+pub mod credentials;
 pub mod http;
 mod link;
 mod passthrough;

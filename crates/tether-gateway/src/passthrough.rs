@@ -25,7 +25,10 @@ use tether_server::{RawResult, RequestCtx, RpcError};
 use tether_wire::{code, meta};
 use tokio::sync::mpsc;
 
+use std::sync::Arc;
+
 use crate::config::UrlSpec;
+use crate::credentials::TokenSource;
 
 /// Messages of one request's stream waiting to be relayed.
 const STREAM_BUFFER: usize = 64;
@@ -34,6 +37,8 @@ const STREAM_BUFFER: usize = 64;
 pub(crate) struct Passthrough {
     name: String,
     spec: UrlSpec,
+    /// tether's own OAuth tokens for the upstream, if it has `oauth`.
+    tokens: Option<Arc<TokenSource>>,
     /// Requests without the client's own credentials share this client.
     shared: Session,
 }
@@ -41,11 +46,20 @@ pub(crate) struct Passthrough {
 impl Passthrough {
     /// The upstream, if its `server/discover` names the sessionless
     /// revision; with what it says of itself (as an `initialize` result).
-    pub(crate) async fn discover(spec: &UrlSpec, name: &str, timeout: Duration) -> Option<(Self, Map<String, Value>)> {
-        let shared = session(spec, None).ok()?;
+    pub(crate) async fn discover(
+        spec: &UrlSpec,
+        name: &str,
+        tokens: Option<Arc<TokenSource>>,
+        timeout: Duration,
+    ) -> Option<(Self, Map<String, Value>)> {
+        let token = match &tokens {
+            Some(tokens) if !tokens.per_caller() => Some(tokens.token(None).await.ok()?),
+            _ => None,
+        };
+        let shared = session(spec, None, token).ok()?;
         let described = crate::sessionless_url::discover(&shared, timeout).await?;
         tracing::info!(upstream = %name, url = %spec.url, "the upstream speaks 2026-07-28: its sessionless clients are passed through");
-        Some((Self { name: name.to_owned(), spec: spec.clone(), shared }, described))
+        Some((Self { name: name.to_owned(), spec: spec.clone(), tokens, shared }, described))
     }
 
     /// Forwards one request of a sessionless client as it sent it.
@@ -58,10 +72,15 @@ impl Passthrough {
         if let Some(Value::Object(m)) = params.get_mut("_meta") {
             m.retain(|k, _| !k.starts_with(meta::TETHER_PREFIX));
         }
-        let forwarded = self.spec.forward_auth.then(|| ctx.client_authorization().map(|a| a.header_value().to_owned())).flatten();
-        let client = match forwarded {
-            Some(authorization) => session(&self.spec, Some(authorization)).map_err(|e| self.failed(e))?,
-            None => self.shared.clone(),
+        let presented = ctx.client_authorization().map(|a| a.header_value().to_owned());
+        let client = match (&self.tokens, self.spec.forward_auth) {
+            // tether's own token, current for this caller (a cache hit while good).
+            (Some(tokens), _) => {
+                let token = tokens.token(presented.as_deref()).await?;
+                session(&self.spec, None, Some(token)).map_err(|e| self.failed(e))?
+            }
+            (None, true) if presented.is_some() => session(&self.spec, presented, None).map_err(|e| self.failed(e))?,
+            _ => self.shared.clone(),
         };
         let mut params = Some(Value::Object(params));
         tether_server::trace::inject_meta(&mut params);
@@ -112,10 +131,14 @@ impl Passthrough {
 }
 
 /// A sessionless client of the upstream that declares nothing of its own:
-/// every request carries its client's declarations in `_meta`.
-fn session(spec: &UrlSpec, client_authorization: Option<String>) -> Result<Session, ClientError> {
-    let options =
+/// every request carries its client's declarations in `_meta`. `token`:
+/// tether's own OAuth access token for it.
+fn session(spec: &UrlSpec, client_authorization: Option<String>, token: Option<String>) -> Result<Session, ClientError> {
+    let mut options =
         crate::http::client_options(spec, client_authorization, |var| std::env::var(var).ok()).map_err(ClientError::Transport)?;
+    if token.is_some() {
+        options.bearer_token = token;
+    }
     let client_info = json!({"name": "tether-gateway", "version": env!("CARGO_PKG_VERSION")});
     Session::sessionless(&spec.url, options, client_info, json!({}))
 }

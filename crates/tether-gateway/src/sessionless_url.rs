@@ -25,6 +25,7 @@ use tether_wire::{RpcError, meta, revision};
 use tokio::sync::oneshot;
 
 use crate::config::UrlSpec;
+use crate::credentials::Credentials;
 use crate::upstream::{PeerMessage, PeerSink, Started, Upstream};
 
 /// How long the session's client may take to answer an ask.
@@ -37,6 +38,7 @@ pub(crate) async fn start(
     upstream_name: &str,
     initialize_params: &Value,
     options: tether_client::ClientOptions,
+    credentials: Option<Credentials>,
     init_timeout: Duration,
     sink: Arc<dyn PeerSink>,
 ) -> Option<Started> {
@@ -61,6 +63,7 @@ pub(crate) async fn start(
         asks: Mutex::new(HashMap::new()),
         next_ask: AtomicU64::new(1),
         log_level: Mutex::new(None),
+        credentials,
     });
     Some(Started { upstream, initialize_result, carry_on: None })
 }
@@ -98,6 +101,8 @@ struct SessionlessUrlUpstream {
     next_ask: AtomicU64,
     /// The level the session's client set (`logging/setLevel`).
     log_level: Mutex<Option<Value>>,
+    /// tether's own OAuth token for the upstream, refreshed before each request.
+    credentials: Option<Credentials>,
 }
 
 impl SessionlessUrlUpstream {
@@ -165,6 +170,9 @@ impl Upstream for SessionlessUrlUpstream {
             p["_meta"][meta::LOG_LEVEL] = level;
         }
         tether_server::trace::inject_meta(&mut params);
+        if let Some(credentials) = &self.credentials {
+            credentials.refresh().await?;
+        }
         // Dropping this future closes the request's HTTP response, which is
         // how a sessionless server hears of a cancellation.
         let result = tether_client::rounds::request_to_end(&self.session, method, params, |request| self.ask(request)).await;
@@ -202,4 +210,10 @@ impl Upstream for SessionlessUrlUpstream {
     }
 
     async fn close(&self, _end_session: bool) {}
+
+    fn present(&self, client_authorization: Option<&str>) {
+        if let Some(credentials) = &self.credentials {
+            credentials.present(client_authorization);
+        }
+    }
 }

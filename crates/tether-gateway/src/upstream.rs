@@ -85,6 +85,11 @@ pub trait Upstream: Send + Sync + 'static {
     /// turns out to be another than the one it was started for.
     fn tag_session(&self, _session: &str) {}
 
+    /// The caller's `Authorization` on a request about to use this
+    /// connection (given only where the connector needs it: a token
+    /// exchange trades the newest one when the upstream's token is due).
+    fn present(&self, _client_authorization: Option<&str>) {}
+
     /// False once the connection is gone (the child exited, the HTTP session
     /// was refused with 404): the gateway starts a new one.
     fn is_alive(&self) -> bool;

@@ -108,7 +108,7 @@ async fn call(upstream: &dyn Upstream, tool: &str, arguments: Value) -> Result<V
 async fn initialize_and_a_call_go_through_and_the_upstream_session_id_is_exposed() {
     let (spec, engine) = serve(Auth::disabled()).await;
     let (upstream, result) =
-        within("connect", http::connect(&spec, "remote", "s-1", initialize_params(), INIT_TIMEOUT, None, channel().0))
+        within("connect", http::connect(&spec, "remote", "s-1", initialize_params(), INIT_TIMEOUT, None, None, channel().0))
             .await
             .unwrap();
     let result: Value = serde_json::from_str(result.get()).unwrap();
@@ -126,7 +126,9 @@ async fn initialize_and_a_call_go_through_and_the_upstream_session_id_is_exposed
 
     // `start` is the same, behind the seam.
     let started =
-        within("start", http::start(&spec, "remote", "s-2", initialize_params(), INIT_TIMEOUT, None, channel().0)).await.unwrap();
+        within("start", http::start(&spec, "remote", "s-2", initialize_params(), INIT_TIMEOUT, None, None, channel().0))
+            .await
+            .unwrap();
     let echoed = call(started.upstream.as_ref(), "echo", json!({"b": 2})).await.unwrap();
     assert_eq!(echoed["structuredContent"], json!({"b": 2}));
 }
@@ -136,7 +138,7 @@ async fn the_upstreams_notifications_and_requests_arrive_on_inbound_and_answers_
     let (spec, _engine) = serve(Auth::disabled()).await;
     let (sink, mut inbound) = channel();
     let started =
-        within("start", http::start(&spec, "remote", "s-1", initialize_params(), INIT_TIMEOUT, None, sink)).await.unwrap();
+        within("start", http::start(&spec, "remote", "s-1", initialize_params(), INIT_TIMEOUT, None, None, sink)).await.unwrap();
     let upstream = started.upstream;
 
     let done = call(upstream.as_ref(), "chatty", json!({})).await.unwrap();
@@ -163,7 +165,7 @@ async fn a_request_dropped_before_its_answer_is_cancelled_upstream() {
     let (spec, _engine) = serve(Auth::disabled()).await;
     let (sink, mut inbound) = channel();
     let started =
-        within("start", http::start(&spec, "remote", "s-1", initialize_params(), INIT_TIMEOUT, None, sink)).await.unwrap();
+        within("start", http::start(&spec, "remote", "s-1", initialize_params(), INIT_TIMEOUT, None, None, sink)).await.unwrap();
     let upstream = started.upstream;
     {
         let hang = upstream.request("tools/call", Some(json!({"name": "hang", "arguments": {}})));
@@ -187,7 +189,9 @@ async fn a_404_makes_the_upstream_dead_and_its_request_fails_saying_the_upstream
     let (spec, engine) = serve(Auth::disabled()).await;
     let (sink, mut inbound) = channel();
     let (upstream, _) =
-        within("connect", http::connect(&spec, "remote", "s-1", initialize_params(), INIT_TIMEOUT, None, sink)).await.unwrap();
+        within("connect", http::connect(&spec, "remote", "s-1", initialize_params(), INIT_TIMEOUT, None, None, sink))
+            .await
+            .unwrap();
     let sid = upstream.upstream_session_id().unwrap();
     // The upstream forgets the session (as a restarted in-memory server would).
     let session = within("session", engine.session("", &sid, ANONYMOUS)).await.unwrap();
@@ -205,11 +209,11 @@ async fn a_404_makes_the_upstream_dead_and_its_request_fails_saying_the_upstream
 async fn close_with_end_session_deletes_the_upstream_session_and_without_it_keeps_it() {
     let (spec, engine) = serve(Auth::disabled()).await;
     let (ended, _) =
-        within("connect", http::connect(&spec, "remote", "s-1", initialize_params(), INIT_TIMEOUT, None, channel().0))
+        within("connect", http::connect(&spec, "remote", "s-1", initialize_params(), INIT_TIMEOUT, None, None, channel().0))
             .await
             .unwrap();
     let (kept, _) =
-        within("connect", http::connect(&spec, "remote", "s-2", initialize_params(), INIT_TIMEOUT, None, channel().0))
+        within("connect", http::connect(&spec, "remote", "s-2", initialize_params(), INIT_TIMEOUT, None, None, channel().0))
             .await
             .unwrap();
     within("close", ended.close(true)).await;
@@ -229,18 +233,21 @@ async fn the_clients_authorization_reaches_the_upstream_only_with_forward_auth()
     let (mut spec, _engine) = serve(Auth::from_file(&tokens).unwrap()).await;
     let client = Some("Bearer client-token-0123456789".to_owned());
 
-    let refused =
-        within("start", http::start(&spec, "remote", "s-1", initialize_params(), INIT_TIMEOUT, client.clone(), channel().0))
-            .await
-            .err()
-            .expect("the client's token is not forwarded by default");
+    let refused = within(
+        "start",
+        http::start(&spec, "remote", "s-1", initialize_params(), INIT_TIMEOUT, client.clone(), None, channel().0),
+    )
+    .await
+    .err()
+    .expect("the client's token is not forwarded by default");
     assert!(refused.message.contains("HTTP 401"), "{refused:?}");
     assert!(refused.message.contains("upstream remote at http://127.0.0.1"), "{refused:?}");
 
     spec.forward_auth = true;
-    let started = within("start", http::start(&spec, "remote", "s-1", initialize_params(), INIT_TIMEOUT, client, channel().0))
-        .await
-        .unwrap();
+    let started =
+        within("start", http::start(&spec, "remote", "s-1", initialize_params(), INIT_TIMEOUT, client, None, channel().0))
+            .await
+            .unwrap();
     assert!(call(started.upstream.as_ref(), "echo", json!({})).await.is_ok());
 }
 
@@ -249,7 +256,7 @@ async fn an_upstream_that_is_down_fails_start_with_a_clear_error() {
     // A port that was just free: nothing listens there.
     let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let spec = UrlSpec::new(format!("http://{addr}/mcp"));
-    let error = within("start", http::start(&spec, "remote", "s-1", initialize_params(), INIT_TIMEOUT, None, channel().0))
+    let error = within("start", http::start(&spec, "remote", "s-1", initialize_params(), INIT_TIMEOUT, None, None, channel().0))
         .await
         .err()
         .expect("nothing answers");

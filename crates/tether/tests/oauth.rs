@@ -474,3 +474,67 @@ async fn without_an_introspection_client_an_opaque_token_is_refused_saying_why()
     assert_eq!(refused.status(), 401);
     assert!(challenge(&refused).contains("--oauth-client-id"), "{}", challenge(&refused));
 }
+
+#[tokio::test]
+async fn an_upstream_gets_tethers_own_token_by_client_credentials_or_token_exchange_never_the_clients() {
+    let dir = tempfile::tempdir().unwrap();
+    let provider = start_provider(dir.path());
+    let (_upstream, upstream_url) = start_py_server("bearer");
+    let issuer = &provider.issuer;
+    let config = format!(
+        "[upstreams.cc]\nurl = \"{upstream_url}\"\n\
+         [upstreams.cc.oauth]\ngrant = \"client_credentials\"\nissuer = \"{issuer}\"\nclient_id = \"tether-up\"\n\
+         client_secret_env = \"UPSTREAM_CLIENT_SECRET\"\nscope = \"tools:read\"\n\
+         [upstreams.ex]\nurl = \"{upstream_url}\"\n\
+         [upstreams.ex.oauth]\ngrant = \"token_exchange\"\ntoken_url = \"{issuer}/token\"\nclient_id = \"tether-up\"\n\
+         client_secret_env = \"UPSTREAM_CLIENT_SECRET\"\n"
+    );
+    let tether = start_protected_env(&dir, &[issuer], &config, &[], &[("UPSTREAM_CLIENT_SECRET", "tether-up-secret")]);
+    let params = json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}});
+
+    // The upstream refuses any token not made for it, so a call that answers
+    // went with a token of tether's own.
+    let mut client_tokens = Vec::new();
+    for name in ["cc", "ex"] {
+        let endpoint = format!("{}/mcp/{name}", tether.base);
+        let client_token = provider.token("svc", &endpoint, "tools:read").await;
+        let client = Client::with_token(&endpoint, &client_token);
+        let (sid, _) = client.initialize_params(params.clone()).await;
+        for id in 1..=3 {
+            let called = client.call(&sid, id, "echo", json!({"text": format!("{name} {id}")})).await;
+            assert_eq!(called["result"]["content"][0]["text"], format!("{name} {id}"), "{called}");
+        }
+        client_tokens.push(client_token);
+    }
+
+    // What the upstream saw: tokens for its own audience from the
+    // authorization server, one of tether's client, one on behalf of the
+    // caller, and never a token the client sent.
+    let stats: Value = reqwest::get(upstream_url.replace("/mcp", "/stats")).await.unwrap().json().await.unwrap();
+    let seen: Vec<&str> = stats["tokens"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert!(!seen.is_empty(), "{stats}");
+    for client_token in &client_tokens {
+        assert!(!seen.contains(&client_token.as_str()), "the client's token reached the upstream");
+    }
+    let claims: Vec<Value> = seen
+        .iter()
+        .map(|t| {
+            use base64::Engine as _;
+            let payload = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(t.split('.').nth(1).unwrap()).unwrap();
+            serde_json::from_slice(&payload).unwrap()
+        })
+        .collect();
+    for c in &claims {
+        assert_eq!(c["aud"], upstream_url, "{c}");
+        assert_eq!(c["iss"], *issuer, "{c}");
+    }
+    assert!(
+        claims.iter().any(|c| c["sub"] == "tether-up" && c.get("act").is_none()),
+        "a client-credentials token of tether's own client: {claims:?}"
+    );
+    assert!(
+        claims.iter().any(|c| c["sub"] == "svc" && c["act"]["sub"] == "tether-up"),
+        "a token exchanged on behalf of the caller (svc): {claims:?}"
+    );
+    assert!(claims.len() <= 3, "tokens are reused while good, not fetched per call: {claims:?}");
+}

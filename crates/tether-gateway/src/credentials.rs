@@ -1,0 +1,273 @@
+//! [`TokenSource`]: tether's own OAuth access tokens for a URL upstream
+//! (`[upstreams.NAME.oauth]`), so that the client's token never goes
+//! upstream (the MCP authorization spec forbids passing it through).
+//!
+//! Two grants, tether authenticating as its own client at the upstream's
+//! authorization server (HTTP Basic, the secret read from the environment
+//! variable `client_secret_env` at each fetch, never logged or stored):
+//! - `client_credentials`: one token per upstream, shared by every session;
+//! - `token_exchange` (RFC 8693): a token obtained on behalf of the caller,
+//!   its access token as the `subject_token`, one per caller's token.
+//!
+//! Both ask for the upstream's `resource` (RFC 8707; default its URL) and
+//! the configured `scope`. Invariant: a token is reused until shortly
+//! before it expires ([`refresh_at`]) and never after; the cache holds at
+//! most [`MAX_CACHED`] tokens (expired ones go first), and one fetch per
+//! upstream runs at a time, so a burst of new sessions asks once.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use tether_client::Bearer;
+use tether_wire::RpcError;
+
+use crate::config::{Grant, OAuthGrant};
+
+/// Tokens cached at most per upstream.
+const MAX_CACHED: usize = 10_000;
+/// How long a token request may take.
+const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
+/// The lifetime assumed when the server does not say (`expires_in`).
+const DEFAULT_LIFETIME: Duration = Duration::from_secs(300);
+
+const TOKEN_EXCHANGE: &str = "urn:ietf:params:oauth:grant-type:token-exchange";
+const ACCESS_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:access_token";
+
+/// One upstream's tokens.
+pub struct TokenSource {
+    grant: OAuthGrant,
+    /// The upstream's resource identifier (its URL unless configured).
+    resource: String,
+    upstream: String,
+    http: reqwest::Client,
+    /// The token endpoint, once known (configured, or from the issuer's metadata).
+    token_url: tokio::sync::OnceCell<String>,
+    /// By the caller's token hash (`token_exchange`) or `[0; 32]` (`client_credentials`).
+    cached: Mutex<HashMap<[u8; 32], Cached>>,
+    fetching: tokio::sync::Mutex<()>,
+}
+
+#[derive(Clone)]
+struct Cached {
+    token: String,
+    refresh_at: Instant,
+}
+
+impl TokenSource {
+    pub fn new(grant: OAuthGrant, upstream: &str, url: &str) -> Result<Self, String> {
+        let http = reqwest::Client::builder()
+            .timeout(FETCH_TIMEOUT)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| format!("cannot make the HTTP client for upstream {upstream}'s authorization server: {e}"))?;
+        let token_url = tokio::sync::OnceCell::new_with(grant.token_url.clone());
+        Ok(Self {
+            resource: grant.resource.clone().unwrap_or_else(|| url.to_owned()),
+            grant,
+            upstream: upstream.to_owned(),
+            http,
+            token_url,
+            cached: Mutex::default(),
+            fetching: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// Whether a token is obtained for each caller (it then needs the
+    /// caller's `Authorization`).
+    pub fn per_caller(&self) -> bool {
+        self.grant.grant == Grant::TokenExchange
+    }
+
+    /// A current access token for the upstream; `client_authorization` is
+    /// the caller's `Authorization` value (the subject of a token exchange).
+    pub async fn token(&self, client_authorization: Option<&str>) -> Result<String, RpcError> {
+        let subject = match self.grant.grant {
+            Grant::ClientCredentials => None,
+            Grant::TokenExchange => {
+                let token = client_authorization
+                    .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+                    .map(str::trim)
+                    .filter(|t| !t.is_empty())
+                    .ok_or_else(|| {
+                        self.error("its token is exchanged for the caller's access token, and this request carries none")
+                    })?;
+                Some(token)
+            }
+        };
+        let key: [u8; 32] = subject.map_or([0; 32], |t| Sha256::digest(t.as_bytes()).into());
+        if let Some(token) = self.fresh(&key) {
+            return Ok(token);
+        }
+        let _one_at_a_time = self.fetching.lock().await;
+        if let Some(token) = self.fresh(&key) {
+            return Ok(token);
+        }
+        let (token, lifetime) = self.fetch(subject).await.map_err(|e| self.error(&e))?;
+        let now = Instant::now();
+        let mut cached = crate::lock(&self.cached);
+        if cached.len() >= MAX_CACHED {
+            cached.retain(|_, c| c.refresh_at > now);
+            if cached.len() >= MAX_CACHED {
+                cached.clear();
+            }
+        }
+        cached.insert(key, Cached { token: token.clone(), refresh_at: now + refresh_at(lifetime) });
+        Ok(token)
+    }
+
+    fn fresh(&self, key: &[u8; 32]) -> Option<String> {
+        let cached = crate::lock(&self.cached);
+        cached.get(key).filter(|c| c.refresh_at > Instant::now()).map(|c| c.token.clone())
+    }
+
+    fn error(&self, what: &str) -> RpcError {
+        RpcError::internal(format!("upstream {}: cannot get its access token: {what}", self.upstream))
+    }
+
+    /// Asks the authorization server; the token and how long it lives.
+    async fn fetch(&self, subject: Option<&str>) -> Result<(String, Duration), String> {
+        let secret = std::env::var(&self.grant.client_secret_env)
+            .ok()
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| format!("the environment variable {} (client_secret_env) is not set", self.grant.client_secret_env))?;
+        let token_url = self.token_url.get_or_try_init(|| self.discover()).await?;
+        let mut form: Vec<(&str, &str)> = vec![("resource", &self.resource)];
+        if let Some(scope) = &self.grant.scope {
+            form.push(("scope", scope));
+        }
+        match subject {
+            None => form.push(("grant_type", "client_credentials")),
+            Some(subject) => form.extend([
+                ("grant_type", TOKEN_EXCHANGE),
+                ("subject_token", subject),
+                ("subject_token_type", ACCESS_TOKEN_TYPE),
+                ("requested_token_type", ACCESS_TOKEN_TYPE),
+            ]),
+        }
+        let response = self
+            .http
+            .post(token_url)
+            .basic_auth(&self.grant.client_id, Some(&secret))
+            .form(&form)
+            .send()
+            .await
+            .map_err(|e| format!("{token_url}: {e}"))?;
+        let status = response.status();
+        let body: Value = response.json().await.map_err(|e| format!("{token_url} answered {status} with no JSON: {e}"))?;
+        if !status.is_success() {
+            let error = body.get("error").and_then(Value::as_str).unwrap_or("no error code");
+            let description = body.get("error_description").and_then(Value::as_str).unwrap_or_default();
+            return Err(format!("{token_url} refused ({status}, {error}): {description}"));
+        }
+        let token = body
+            .get("access_token")
+            .and_then(Value::as_str)
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| format!("{token_url} answered without an access_token"))?;
+        let lifetime = body.get("expires_in").and_then(Value::as_u64).map_or(DEFAULT_LIFETIME, Duration::from_secs);
+        tracing::debug!(upstream = %self.upstream, lifetime = ?lifetime, exchanged = subject.is_some(), "got an access token for the upstream");
+        Ok((token.to_owned(), lifetime))
+    }
+
+    /// The token endpoint from the issuer's metadata (RFC 8414, else OpenID discovery).
+    async fn discover(&self) -> Result<String, String> {
+        let issuer = self.grant.issuer.as_deref().ok_or("neither token_url nor issuer is set")?;
+        let base = issuer.trim_end_matches('/');
+        let mut last = String::new();
+        for url in [format!("{base}/.well-known/oauth-authorization-server"), format!("{base}/.well-known/openid-configuration")]
+        {
+            let answer = match self.http.get(&url).send().await {
+                Ok(response) if response.status().is_success() => response.json::<Value>().await.map_err(|e| e.to_string()),
+                Ok(response) => Err(format!("{url} answered {}", response.status())),
+                Err(e) => Err(format!("{url}: {e}")),
+            };
+            match answer {
+                Ok(meta) => match meta.get("token_endpoint").and_then(Value::as_str) {
+                    Some(endpoint) => return Ok(endpoint.to_owned()),
+                    None => last = format!("{url} names no token_endpoint"),
+                },
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+}
+
+/// The changing bearer token of one upstream connection: refreshed from
+/// its [`TokenSource`] before each request (a cache hit while the token is
+/// good), for the caller whose `Authorization` it last saw.
+pub(crate) struct Credentials {
+    tokens: Arc<TokenSource>,
+    bearer: Bearer,
+    caller: Mutex<Option<String>>,
+}
+
+impl Credentials {
+    /// Credentials for a connection opened for a caller with `client_authorization`.
+    pub(crate) fn new(tokens: Arc<TokenSource>, client_authorization: Option<String>) -> Self {
+        Self { tokens, bearer: Bearer::default(), caller: Mutex::new(client_authorization) }
+    }
+
+    /// The cell the connection's client runtime sends from.
+    pub(crate) fn bearer(&self) -> Bearer {
+        self.bearer.clone()
+    }
+
+    /// The caller's newest `Authorization` (a token exchange trades it the
+    /// next time the upstream's token is due).
+    pub(crate) fn present(&self, client_authorization: Option<&str>) {
+        if let Some(authorization) = client_authorization {
+            let mut caller = crate::lock(&self.caller);
+            if caller.as_deref() != Some(authorization) {
+                *caller = Some(authorization.to_owned());
+            }
+        }
+    }
+
+    /// Makes sure the cell holds a current token.
+    pub(crate) async fn refresh(&self) -> Result<(), RpcError> {
+        let caller = crate::lock(&self.caller).clone();
+        let token = self.tokens.token(caller.as_deref()).await?;
+        self.bearer.set(&token).map_err(|e| self.tokens.error(&e.to_string()))
+    }
+}
+
+/// When a token of `lifetime` is replaced: a minute before it expires, or
+/// halfway for a short-lived one.
+fn refresh_at(lifetime: Duration) -> Duration {
+    lifetime.saturating_sub(Duration::from_secs(60)).max(lifetime / 2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_is_replaced_before_it_expires() {
+        assert_eq!(refresh_at(Duration::from_secs(3600)), Duration::from_secs(3540));
+        assert_eq!(refresh_at(Duration::from_secs(60)), Duration::from_secs(30));
+        assert_eq!(refresh_at(Duration::ZERO), Duration::ZERO);
+    }
+
+    #[tokio::test]
+    async fn a_token_exchange_needs_the_callers_token() {
+        let grant = OAuthGrant {
+            grant: Grant::TokenExchange,
+            token_url: Some("http://127.0.0.1:9/token".into()),
+            issuer: None,
+            client_id: "tether".into(),
+            client_secret_env: "TETHER_TEST_NEVER_SET".into(),
+            scope: None,
+            resource: None,
+        };
+        let source = TokenSource::new(grant, "up", "http://127.0.0.1:9/mcp").unwrap();
+        assert!(source.per_caller());
+        let e = source.token(None).await.unwrap_err();
+        assert!(e.message.contains("carries none"), "{}", e.message);
+        let e = source.token(Some("Bearer abc")).await.unwrap_err();
+        assert!(e.message.contains("TETHER_TEST_NEVER_SET"), "{}", e.message);
+    }
+}
