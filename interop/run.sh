@@ -3,9 +3,10 @@
 #
 # usage: interop/run.sh path/to/tether        (e.g. target/release/tether)
 #
-# Installs what is missing (npm ci into interop/ts/node_modules and
-# interop/ts2/node_modules, a venv in interop/py/.venv; npm/pip caches in
-# interop/.cache), starts the TypeScript SDK
+# Installs what is missing (npm ci into interop/ts/node_modules,
+# interop/ts2/node_modules and interop/oauth/node_modules, a venv in
+# interop/py/.venv; npm/pip caches in interop/.cache; Debian's chromium when
+# /usr/bin/chromium is absent and we are root), starts the TypeScript SDK
 # fixture (interop/servers/ts_server.mjs) and @modelcontextprotocol/server-everything
 # in its Streamable HTTP mode on free ports, and
 # `tether serve --listen 127.0.0.1:<free port> --store sqlite:<tmp>/t.db
@@ -20,10 +21,16 @@
 #   /mcp/team             a virtual server over everything, pystdio and tsfixture
 #                         (names = "prefix": tools and prompts as MEMBER__NAME)
 # waits for /healthz, runs every check (the gateway durability check kills
-# tether with -9 and restarts it on the same SQLite file), stops the servers,
-# prints one PASS/FAIL line per check and exits non-zero if any failed.
+# tether with -9 and restarts it on the same SQLite file); then starts an
+# authorization server (interop/oauth/provider.mjs, oidc-provider) and a second
+# tether that is an OAuth 2.1 resource server of it (--oauth-issuer), and runs
+# the TypeScript SDK client's own authorization against it (interop/ts/oauth.mjs:
+# client credentials, and authorization code with PKCE, the login and consent
+# pages in headless Chromium); stops the servers, prints one PASS/FAIL line per
+# check and exits non-zero if any failed.
 #
-# Needs only node >= 20 with npm, and python3.11 (or $PYTHON) on the machine.
+# Needs only node >= 20 with npm, and python3.11 (or $PYTHON) on the machine
+# (and /usr/bin/chromium, installed with apt-get if missing when run as root).
 # INTEROP_VERBOSE=1 prints every check's output, not only failing ones.
 set -uo pipefail
 
@@ -88,6 +95,35 @@ fi
 EVERYTHING="$TS/node_modules/.bin/mcp-server-everything"
 [ -x "$EVERYTHING" ] || die "$EVERYTHING is missing after npm ci"
 
+# The authorization server of the OAuth checks (oidc-provider) and
+# playwright-core. The same folder and stamp as interop/servers/ensure.sh (which
+# the Rust tests run), under its lock.
+OAUTH="$HERE/oauth"
+OAUTH_STAMP="$OAUTH/node_modules/.interop-stamp"
+(
+    flock 9
+    if [ "$(cat "$OAUTH_STAMP" 2>/dev/null)" != "$(sha "$OAUTH/package-lock.json")" ]; then
+        echo "interop: npm ci in interop/oauth"
+        (cd "$OAUTH" && npm ci --cache "$CACHE/npm" --no-audit --no-fund --loglevel=error) || exit 1
+        sha "$OAUTH/package-lock.json" >"$OAUTH_STAMP"
+    fi
+) 9>"$CACHE/ensure.lock" || die "npm ci failed in interop/oauth"
+
+# Headless Chromium for the authorization code check (the user's login and
+# consent pages); installed as console/tests/run.sh does when it is missing.
+# Without it that check fails (saying so); the others run.
+CHROMIUM=/usr/bin/chromium
+if [ ! -x "$CHROMIUM" ]; then
+    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+        echo "interop: $CHROMIUM is missing; apt-get update && apt-get install -y chromium"
+        { DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null \
+            && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; } \
+            || echo "interop: installing chromium failed; ts-oauth-authorization-code will fail" >&2
+    else
+        echo "interop: $CHROMIUM is missing (as root: apt-get install -y chromium); ts-oauth-authorization-code will fail" >&2
+    fi
+fi
+
 PY_STAMP="$PY/.venv/.interop-stamp"
 if [ "$(cat "$PY_STAMP" 2>/dev/null)" != "$(sha "$PY/requirements.txt")" ]; then
     echo "interop: creating venv interop/py/.venv with $PYTHON"
@@ -105,6 +141,8 @@ SERVER_PID=""
 FIXTURE_PID=""
 EVERYTHING_HTTP_PID=""
 PYMODERN_PID=""
+OAUTH_AS_PID=""
+OAUTH_SERVER_PID=""
 stop_pid() {
     local pid="$1"
     if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
@@ -119,6 +157,8 @@ cleanup() {
     stop_pid "$FIXTURE_PID"
     stop_pid "$EVERYTHING_HTTP_PID"
     stop_pid "$PYMODERN_PID"
+    stop_pid "$OAUTH_SERVER_PID"
+    stop_pid "$OAUTH_AS_PID"
     rm -rf "$TMP"
 }
 trap cleanup EXIT
@@ -134,14 +174,21 @@ server_log() {
     echo "------------------------------------"
 }
 
-# wait_ready LOG PID WHAT: waits (15 s at most) until the fixture PID prints
-# READY to LOG; dies with its log otherwise.
-wait_ready() {
-    for _ in $(seq 150); do
+# is_ready LOG PID SECONDS: waits (SECONDS at most) until process PID prints
+# READY to LOG; fails if it does not (or exits first).
+is_ready() {
+    for _ in $(seq $(($3 * 10))); do
         grep -q '^READY' "$1" 2>/dev/null && return 0
         kill -0 "$2" 2>/dev/null || break
         sleep 0.1
     done
+    grep -q '^READY' "$1" 2>/dev/null
+}
+
+# wait_ready LOG PID WHAT: waits (15 s at most) until the fixture PID prints
+# READY to LOG; dies with its log otherwise.
+wait_ready() {
+    is_ready "$1" "$2" 15 && return 0
     cat "$1"
     die "$3 did not start"
 }
@@ -386,6 +433,79 @@ else
     FAILED=$((FAILED + 1))
     SUMMARY+=("FAIL gw-durable-resume (skipped: gw-durable-call failed)")
     echo "FAIL gw-durable-resume (skipped: gw-durable-call failed)"
+fi
+
+# ---------------------------------------------------------------- OAuth
+# The official TypeScript SDK client authorizing itself against tether as an
+# OAuth 2.1 resource server. A real authorization server (oidc-provider,
+# interop/oauth/provider.mjs: clients by client credentials, dynamic client
+# registration, the authorization code grant with PKCE and its development
+# login and consent pages) and a second tether of the same binary protecting
+# its /mcp with it. The SDK is given the endpoint URL and an
+# OAuthClientProvider (no token, and no authorization server URL but the
+# issuer the client-credentials secret is bound to, as the SDK asks): it must
+# get the 401, follow the challenge to the protected resource metadata, then
+# to the authorization server's metadata, get a token for the endpoint as
+# resource (RFC 8707), and call `thought` with it.
+#   ts-oauth-client-credentials  the SDK's ClientCredentialsProvider (client svc)
+#   ts-oauth-authorization-code  a public client registered by the SDK (RFC
+#                                7591); the login and consent pages in headless
+#                                Chromium, the redirect to the check's own
+#                                callback server, transport.finishAuth(code)
+OAUTH_CHECKS=(ts-oauth-client-credentials ts-oauth-authorization-code)
+oauth_logs() {
+    echo "---- authorization server log (last 40 lines) ----"
+    tail -n 40 "$TMP/oauth-provider.log"
+    echo "---- OAuth tether log (last 40 lines) ----"
+    tail -n 40 "$TMP/oauth-server.log"
+    echo "------------------------------------------"
+}
+oauth_skip() {
+    local name
+    for name in "${OAUTH_CHECKS[@]}"; do
+        FAILED=$((FAILED + 1))
+        SUMMARY+=("FAIL $name (skipped: $1)")
+        echo "FAIL $name (skipped: $1)"
+    done
+    oauth_logs
+}
+: >"$TMP/oauth-server.log"
+OAUTH_AS_PORT="$(free_port)"
+OAUTH_ISSUER="http://127.0.0.1:$OAUTH_AS_PORT"
+echo "interop: starting the authorization server (interop/oauth/provider.mjs) at $OAUTH_ISSUER"
+node "$HERE/oauth/provider.mjs" "$OAUTH_AS_PORT" "$TMP/oauth-key.pem" >"$TMP/oauth-provider.log" 2>&1 &
+OAUTH_AS_PID=$!
+if ! is_ready "$TMP/oauth-provider.log" "$OAUTH_AS_PID" 60; then
+    oauth_skip "the authorization server did not start within 60 s"
+else
+    OAUTH_PORT="$(free_port)"
+    OAUTH_BASE="http://127.0.0.1:$OAUTH_PORT"
+    OAUTH_ARGS=(serve --listen "127.0.0.1:$OAUTH_PORT" --store "sqlite:$TMP/oauth.db"
+        --oauth-issuer "$OAUTH_ISSUER" --oauth-scopes tools:read,tools:write)
+    echo "interop: starting $BIN ${OAUTH_ARGS[*]}"
+    (
+        for v in $(compgen -e | grep '^TETHER_'); do unset "$v"; done
+        exec "$BIN" "${OAUTH_ARGS[@]}"
+    ) >>"$TMP/oauth-server.log" 2>&1 &
+    OAUTH_SERVER_PID=$!
+    if ! wait_http "$OAUTH_BASE/healthz" "$OAUTH_SERVER_PID" 200; then
+        oauth_skip "the OAuth tether did not become healthy"
+    else
+        oauth_failed=0
+        run_check ts-oauth-client-credentials 90 \
+            node "$TS/oauth.mjs" client-credentials "$OAUTH_BASE/mcp" "$OAUTH_ISSUER" || oauth_failed=1
+        run_check ts-oauth-authorization-code 120 \
+            node "$TS/oauth.mjs" authorization-code "$OAUTH_BASE/mcp" "$OAUTH_ISSUER" "$CHROMIUM" || oauth_failed=1
+        for what in "OAuth tether:$OAUTH_SERVER_PID" "authorization server:$OAUTH_AS_PID"; do
+            if ! kill -0 "${what##*:}" 2>/dev/null; then
+                FAILED=$((FAILED + 1))
+                SUMMARY+=("FAIL ${what%%:*} (exited during the checks)")
+                echo "FAIL ${what%%:*} (exited during the checks)"
+                oauth_failed=1
+            fi
+        done
+        [ $oauth_failed -eq 1 ] && oauth_logs
+    fi
 fi
 
 if ! kill -0 "$SERVER_PID" 2>/dev/null; then

@@ -24,7 +24,19 @@
 //                          JWT names the subject's `sub`, the requested
 //                          `resource` as `aud`, and tether-up in `act.sub`)
 // Every other access token is a JWT (RS256) whose `aud` is the requested
-// resource and whose `sub` is the client's id. Prints `READY` once it listens.
+// resource and whose `sub` is the client's id (by client credentials) or the
+// user's login (by authorization code).
+//
+// For the interop checks of MCP clients that authorize on their own
+// (interop/ts/oauth.mjs), beside those clients:
+//   - dynamic client registration (RFC 7591) at /reg, open (no initial access
+//     token): an MCP client registers itself, e.g. as a public client
+//     (token_endpoint_auth_method none) with a loopback redirect URI;
+//   - the authorization code grant with PKCE at /auth, the user's steps on
+//     oidc-provider's development pages (devInteractions): a login form (any
+//     login, any password; the login becomes the token's `sub`) and a consent
+//     form.
+// Prints `READY` once it listens.
 
 import { generateKeyPairSync, randomBytes, sign, verify } from 'node:crypto';
 import { writeFileSync } from 'node:fs';
@@ -57,7 +69,10 @@ const provider = new Provider(issuer, {
   })),
   scopes: all.split(' '),
   features: {
-    devInteractions: { enabled: false },
+    // The login and consent pages of the authorization code flow.
+    devInteractions: { enabled: true },
+    // RFC 7591: MCP clients register themselves.
+    registration: { enabled: true },
     clientCredentials: { enabled: true },
     introspection: { enabled: true },
     resourceIndicators: {
