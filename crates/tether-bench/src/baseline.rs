@@ -36,6 +36,7 @@ pub fn comparison(rows: &[Row]) -> String {
         let compared = twin.and_then(|twin| match scenario {
             Scenario::ToolsCall
             | Scenario::ToolsCallModern
+            | Scenario::ToolsCallOauth
             | Scenario::GatewayHttp
             | Scenario::GatewayStdio
             | Scenario::GatewayFederated => rps_ratio(current, twin),

@@ -114,13 +114,19 @@ pub struct Load {
 impl Load {
     /// Opens `clients` sessions on `mcp_url` at once (connections for the
     /// axum floor); fails if any cannot be opened.
-    pub async fn open(protocol: Protocol, mcp_url: &str, clients: usize) -> anyhow::Result<Self> {
+    /// With `tokens`, client `i` sends `tokens[i % tokens.len()]` as its
+    /// bearer token on every request.
+    pub async fn open(protocol: Protocol, mcp_url: &str, clients: usize, tokens: &[String]) -> anyhow::Result<Self> {
         let url: Arc<str> = mcp_url.into();
         let opening: Vec<_> = (0..clients)
-            .map(|_| {
+            .map(|i| {
                 let url = url.clone();
+                let token = (!tokens.is_empty()).then(|| tokens[i % tokens.len()].clone());
                 tokio::spawn(async move {
-                    let http = http_client()?;
+                    let http = match token {
+                        Some(token) => http_client_with_bearer(&token)?,
+                        None => http_client()?,
+                    };
                     let session = match protocol {
                         Protocol::Mcp | Protocol::Federated => {
                             open_session(&http, &url, false).await.map_err(|e| format!("session set-up: {e}"))?
@@ -215,6 +221,18 @@ const IDLE_CONNECTION: Duration = Duration::from_secs(4);
 
 /// One HTTP client with one pooled keep-alive HTTP/1 connection (TCP_NODELAY on).
 pub fn http_client() -> Result<reqwest::Client, String> {
+    client_builder().build().map_err(|e| format!("cannot build an HTTP client: {e}"))
+}
+
+/// [`http_client`] sending `Authorization: Bearer TOKEN` on every request.
+fn http_client_with_bearer(token: &str) -> Result<reqwest::Client, String> {
+    let mut headers = reqwest::header::HeaderMap::new();
+    let value = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}")).map_err(|e| format!("a bad token: {e}"))?;
+    headers.insert(reqwest::header::AUTHORIZATION, value);
+    client_builder().default_headers(headers).build().map_err(|e| format!("cannot build an HTTP client: {e}"))
+}
+
+fn client_builder() -> reqwest::ClientBuilder {
     reqwest::Client::builder()
         .no_proxy()
         .http1_only()
@@ -222,8 +240,6 @@ pub fn http_client() -> Result<reqwest::Client, String> {
         .pool_max_idle_per_host(1)
         .pool_idle_timeout(IDLE_CONNECTION)
         .timeout(REQUEST_TIMEOUT)
-        .build()
-        .map_err(|e| format!("cannot build an HTTP client: {e}"))
 }
 
 /// One client's calls until the window ends.

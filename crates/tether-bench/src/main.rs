@@ -14,6 +14,7 @@
 //! - [`baseline`]: with `--baseline`, each tether figure against its twin's
 //!   from an earlier build.
 
+mod auth;
 mod baseline;
 mod load;
 mod replay;
@@ -68,6 +69,10 @@ struct Args {
     /// gateway_stdio: mcp-proxy's command (skipped when missing).
     #[arg(long, default_value = "bench/mcp-proxy/.venv/bin/mcp-proxy")]
     mcp_proxy: PathBuf,
+    /// tools_call_oauth: the authorization server's script, run with --node
+    /// (oidc-provider; its node_modules next to it).
+    #[arg(long, default_value = "interop/oauth/provider.mjs")]
+    oauth_provider: PathBuf,
     /// Redis for tether-redis (the system is skipped when `redis-cli -h 127.0.0.1 ping` does not answer).
     #[arg(long, default_value = "redis://127.0.0.1:6379/")]
     redis: String,
@@ -83,12 +88,13 @@ struct Args {
     /// rmcp-direct, gateway_stdio tether-gateway, supergateway and mcp-proxy,
     /// gateway_memory and gateway_federated tether-gateway,
     /// tools_call_modern tether-sqlite and tether-sqlite-modern,
+    /// tools_call_oauth tether-sqlite-token and tether-sqlite-oauth,
     /// the others the first six.
     #[arg(
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "tether-memory,tether-sqlite,tether-redis,rmcp,ts-sdk,axum-floor,tether-gateway,rmcp-direct,supergateway,mcp-proxy,tether-sqlite-modern"
+        default_value = "tether-memory,tether-sqlite,tether-redis,rmcp,ts-sdk,axum-floor,tether-gateway,rmcp-direct,supergateway,mcp-proxy,tether-sqlite-modern,tether-sqlite-token,tether-sqlite-oauth"
     )]
     systems: Vec<System>,
     /// Scenarios to run, comma-separated.
@@ -96,7 +102,7 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "tools_call,replay_10k,restart_100k_sessions,restart_1m_sessions,idle_session,gateway_http,gateway_stdio,gateway_memory,gateway_federated,tools_call_modern,streams_10k"
+        default_value = "tools_call,replay_10k,restart_100k_sessions,restart_1m_sessions,idle_session,gateway_http,gateway_stdio,gateway_memory,gateway_federated,tools_call_modern,streams_10k,tools_call_oauth"
     )]
     scenarios: Vec<Scenario>,
     /// tools_call and the gateway scenarios of rounds (gateway_http, gateway_stdio, gateway_federated): concurrent
@@ -223,6 +229,7 @@ async fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
         stdio_echo: args.stdio_echo.clone().unwrap_or_else(|| sibling("stdio_echo")),
         supergateway: args.supergateway.clone(),
         mcp_proxy: args.mcp_proxy.clone(),
+        oauth_provider: args.oauth_provider.clone(),
         pin_servers: args.pin_servers.clone(),
     };
     let wants = |s: Scenario| args.scenarios.contains(&s);
@@ -237,13 +244,16 @@ async fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
             systems.retain(|&s| s != system);
         }
     }
-    if wants(Scenario::GatewayStdio) {
-        for system in [System::Supergateway, System::McpProxy] {
-            if let Some(why) = systems.contains(&system).then(|| programs.missing(system)).flatten() {
-                eprintln!("== {}: skipped, {why}", system.name());
-                skipped.push(why);
-                systems.retain(|&s| s != system);
-            }
+    let needing_tools = [
+        (Scenario::GatewayStdio, System::Supergateway),
+        (Scenario::GatewayStdio, System::McpProxy),
+        (Scenario::ToolsCallOauth, System::TetherSqliteOauth),
+    ];
+    for (scenario, system) in needing_tools {
+        if let Some(why) = (wants(scenario) && systems.contains(&system)).then(|| programs.missing(system)).flatten() {
+            eprintln!("== {}: skipped, {why}", system.name());
+            skipped.push(why);
+            systems.retain(|&s| s != system);
         }
     }
     // With --baseline, each tether system is followed by its baseline twin.
@@ -258,9 +268,10 @@ async fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
     // The gateway scenarios of rounds share their rounds: gateway_federated's
     // budget line compares it with gateway_stdio and gateway_http round by
     // round, so its slice comes between theirs.
-    let phases: [&[Scenario]; 3] = [
+    let phases: [&[Scenario]; 4] = [
         &[Scenario::ToolsCall],
         &[Scenario::ToolsCallModern],
+        &[Scenario::ToolsCallOauth],
         &[Scenario::GatewayHttp, Scenario::GatewayFederated, Scenario::GatewayStdio],
     ];
     for phase in phases {
@@ -281,7 +292,7 @@ async fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
     for &subject in &subjects {
         // The floor has no MCP, no streams and no sessions: only tools_call applies;
         // the gateway systems have scenarios of their own.
-        if subject.system == System::AxumFloor || subject.system.gateway() {
+        if subject.system == System::AxumFloor || subject.system.gateway() || subject.system.variant() {
             continue;
         }
         if wants(Scenario::Replay10k) {
@@ -380,8 +391,13 @@ struct Running {
     _store: Option<Store>,
     /// tether-gateway in gateway_http and gateway_federated: the `rmcp_ref` it fronts.
     upstream: Option<Server>,
-    /// tether-gateway with a virtual server: the dir of its config file.
+    /// tether-gateway with a virtual server: the dir of its config file
+    /// (tether-sqlite-token: of its token file).
     _config: Option<tempfile::TempDir>,
+    /// tools_call_oauth: the bearer tokens its clients send.
+    tokens: Vec<String>,
+    /// tether-sqlite-oauth: the authorization server (stopped with it).
+    _issuer: Option<auth::Issuer>,
 }
 
 impl Running {
@@ -429,11 +445,31 @@ async fn start_for(programs: &Programs, scenario: Scenario, subject: Subject) ->
         (Scenario::GatewayStdio | Scenario::GatewayMemory, _) => {
             launch.upstream = Some(Upstream::Stdio(programs.stdio_echo.clone()))
         }
+        (Scenario::ToolsCallOauth, System::TetherSqliteToken) => {
+            let dir = tempfile::Builder::new().prefix("tether-bench-tokens-").tempdir().context("cannot create a temp dir")?;
+            let file = dir.path().join("tokens");
+            let tokens: Vec<String> = (0..BEARER_TOKENS).map(|_| format!("{:032x}", rand::random::<u128>())).collect();
+            let lines: String = tokens.iter().map(|t| format!("{t} bench\n")).collect();
+            std::fs::write(&file, lines).with_context(|| format!("cannot write {}", file.display()))?;
+            launch.extra_args = vec!["--auth-tokens".into(), file.display().to_string()];
+            let (server, store) = start(programs, &launch).await?;
+            return Ok(Running { server, _store: store, upstream, _config: Some(dir), tokens, _issuer: None });
+        }
+        (Scenario::ToolsCallOauth, System::TetherSqliteOauth) => {
+            let issuer = auth::Issuer::start(&programs.oauth_provider).await?;
+            launch.extra_args = vec!["--oauth-issuer".into(), issuer.url.clone()];
+            let (server, store) = start(programs, &launch).await?;
+            let tokens = issuer.tokens(&server.mcp_url, BEARER_TOKENS).await?;
+            return Ok(Running { server, _store: store, upstream, _config: None, tokens, _issuer: Some(issuer) });
+        }
         _ => {}
     }
     let (server, store) = start(programs, &launch).await?;
-    Ok(Running { server, _store: store, upstream, _config: None })
+    Ok(Running { server, _store: store, upstream, _config: None, tokens: Vec::new(), _issuer: None })
 }
+
+/// Distinct bearer tokens of tools_call_oauth's systems (client `i` sends token `i % BEARER_TOKENS`).
+const BEARER_TOKENS: usize = 64;
 
 /// tether-gateway with a config file of `members` and the virtual server
 /// `fed` of them (its MCP URL `/mcp/fed`); `upstream` is stopped with it.
@@ -450,7 +486,7 @@ async fn start_federated(
     launch.upstream = Some(Upstream::Config(file));
     // On an error the upstream is dropped, which kills it.
     let (server, store) = start(programs, &launch).await?;
-    Ok(Running { server, _store: store, upstream, _config: Some(dir) })
+    Ok(Running { server, _store: store, upstream, _config: Some(dir), tokens: Vec::new(), _issuer: None })
 }
 
 /// The row of one system and client count from its tools_call rounds: the
@@ -521,7 +557,8 @@ async fn interleaved(args: &Args, programs: &Programs, participants: &[(Scenario
                 humantime::format_duration(args.warmup)
             );
             let protocol = if scenario == Scenario::GatewayFederated { Protocol::Federated } else { subject.system.protocol() };
-            let warmed = match load::Load::open(protocol, &server.mcp_url, clients).await {
+            let tokens = started.as_ref().map(|r| r.tokens.as_slice()).unwrap_or_default();
+            let warmed = match load::Load::open(protocol, &server.mcp_url, clients, tokens).await {
                 Ok(mut load) => load.run(args.warmup, Duration::ZERO, None).await.map(|warm_up| (load, warm_up)),
                 Err(e) => Err(e),
             };

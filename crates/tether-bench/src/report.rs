@@ -43,10 +43,15 @@ pub enum Scenario {
     /// 10,000 sessions with an open standalone stream each on one tether-sqlite: RSS, idle CPU, fan-out time.
     #[value(name = "streams_10k")]
     Streams10k,
+    /// tools_call's load with a bearer token per client: static tokens
+    /// (tether-sqlite-token) beside JWT access tokens of a real
+    /// authorization server (tether-sqlite-oauth).
+    #[value(name = "tools_call_oauth")]
+    ToolsCallOauth,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 11] = [
+    pub const ALL: [Scenario; 12] = [
         Scenario::ToolsCall,
         Scenario::Replay10k,
         Scenario::Restart100kSessions,
@@ -58,6 +63,7 @@ impl Scenario {
         Scenario::GatewayFederated,
         Scenario::ToolsCallModern,
         Scenario::Streams10k,
+        Scenario::ToolsCallOauth,
     ];
 
     pub fn name(self) -> &'static str {
@@ -73,16 +79,15 @@ impl Scenario {
             Scenario::GatewayFederated => "gateway_federated",
             Scenario::ToolsCallModern => "tools_call_modern",
             Scenario::Streams10k => "streams_10k",
+            Scenario::ToolsCallOauth => "tools_call_oauth",
         }
     }
 
     /// Whether `system` is one of this scenario's systems.
     pub fn runs(self, system: System) -> bool {
         match self {
-            Scenario::ToolsCall => !system.gateway() && system != System::TetherSqliteModern,
-            Scenario::Replay10k | Scenario::IdleSession => {
-                !system.gateway() && !matches!(system, System::AxumFloor | System::TetherSqliteModern)
-            }
+            Scenario::ToolsCall => !system.gateway() && !system.variant(),
+            Scenario::Replay10k | Scenario::IdleSession => !system.gateway() && !system.variant() && system != System::AxumFloor,
             Scenario::Restart100kSessions => system.durable_sessions(),
             Scenario::Restart1mSessions => {
                 matches!(system, System::TetherSqlite | System::TetherRedis | System::TetherRedisCluster)
@@ -92,6 +97,7 @@ impl Scenario {
             Scenario::GatewayMemory | Scenario::GatewayFederated => system == System::TetherGateway,
             Scenario::ToolsCallModern => matches!(system, System::TetherSqlite | System::TetherSqliteModern),
             Scenario::Streams10k => system == System::TetherSqlite,
+            Scenario::ToolsCallOauth => matches!(system, System::TetherSqliteToken | System::TetherSqliteOauth),
         }
     }
 
@@ -109,6 +115,7 @@ impl Scenario {
                 | Scenario::GatewayStdio
                 | Scenario::GatewayFederated
                 | Scenario::ToolsCallModern
+                | Scenario::ToolsCallOauth
         )
     }
 }
@@ -575,6 +582,13 @@ pub fn budget(rows: &[Row]) -> String {
         modern("tether-sqlite-modern"),
         modern("tether-sqlite"),
         0.9,
+    ));
+    let oauth = |system: &str| find(rows, system, Scenario::ToolsCallOauth, Some(64));
+    s.push_str(&ratio_line(
+        "tether-sqlite-oauth tools_call_oauth (64 clients) >= 0.95x tether-sqlite-token (same rounds)",
+        oauth("tether-sqlite-oauth"),
+        oauth("tether-sqlite-token"),
+        0.95,
     ));
     let tools_call = |system: &str| find(rows, system, Scenario::ToolsCall, Some(64));
     s.push_str(&ratio_line(

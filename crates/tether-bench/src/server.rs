@@ -62,6 +62,11 @@ pub enum System {
     McpProxy,
     /// tools_call_modern: tether-sqlite called over the sessionless 2026-07-28 wire.
     TetherSqliteModern,
+    /// tools_call_oauth: tether-sqlite with `--auth-tokens`, a static token per client.
+    TetherSqliteToken,
+    /// tools_call_oauth: tether-sqlite with `--oauth-issuer` (oidc-provider,
+    /// `interop/oauth/provider.mjs`), a JWT access token per client.
+    TetherSqliteOauth,
 }
 
 /// What a tether system's baseline twin adds to its name (`tether-sqlite@baseline`).
@@ -105,7 +110,7 @@ pub enum Protocol {
 }
 
 impl System {
-    pub const ALL: [System; 13] = [
+    pub const ALL: [System; 15] = [
         System::TetherMemory,
         System::TetherSqlite,
         System::TetherSqliteNometrics,
@@ -119,6 +124,8 @@ impl System {
         System::Supergateway,
         System::McpProxy,
         System::TetherSqliteModern,
+        System::TetherSqliteToken,
+        System::TetherSqliteOauth,
     ];
 
     pub fn name(self) -> &'static str {
@@ -136,7 +143,14 @@ impl System {
             System::Supergateway => "supergateway",
             System::McpProxy => "mcp-proxy",
             System::TetherSqliteModern => "tether-sqlite-modern",
+            System::TetherSqliteToken => "tether-sqlite-token",
+            System::TetherSqliteOauth => "tether-sqlite-oauth",
         }
+    }
+
+    /// A tether-sqlite of one scenario of its own (tools_call_modern, tools_call_oauth).
+    pub fn variant(self) -> bool {
+        matches!(self, System::TetherSqliteModern | System::TetherSqliteToken | System::TetherSqliteOauth)
     }
 
     /// A system of the gateway scenarios (and of no other).
@@ -170,6 +184,8 @@ impl System {
                 | System::TetherRedisCluster
                 | System::TetherGateway
                 | System::TetherSqliteModern
+                | System::TetherSqliteToken
+                | System::TetherSqliteOauth
         )
     }
 
@@ -197,6 +213,8 @@ pub struct Programs {
     pub supergateway: PathBuf,
     /// mcp-proxy's command (`bench/mcp-proxy/.venv/bin/mcp-proxy`).
     pub mcp_proxy: PathBuf,
+    /// tools_call_oauth's authorization server (`interop/oauth/provider.mjs`), run with `node`.
+    pub oauth_provider: PathBuf,
     /// `--pin-servers CPUS`: every server runs on these CPUs (with what it
     /// starts, such as a gateway's upstream), so each system is charged its
     /// own CPU while the load generator runs elsewhere (`scripts/bench --pin`).
@@ -213,6 +231,10 @@ impl Programs {
             System::Supergateway if !self.supergateway.is_file() => {
                 Some(format!("supergateway (no {}: run scripts/bench, which installs it)", self.supergateway.display()))
             }
+            System::TetherSqliteOauth if !self.oauth_provider.with_file_name("node_modules").is_dir() => Some(format!(
+                "tether-sqlite-oauth (no {}: run scripts/bench, which installs it)",
+                self.oauth_provider.with_file_name("node_modules").display()
+            )),
             System::McpProxy if !self.mcp_proxy.is_file() => {
                 Some(format!("mcp-proxy (no {}: run scripts/bench, which installs it)", self.mcp_proxy.display()))
             }
@@ -262,7 +284,12 @@ impl Store {
     pub fn fresh(system: System, programs: &Programs) -> anyhow::Result<Option<Store>> {
         Ok(match system {
             System::TetherMemory => Some(Store::Memory),
-            System::TetherSqlite | System::TetherSqliteNometrics | System::TetherGateway | System::TetherSqliteModern => {
+            System::TetherSqlite
+            | System::TetherSqliteNometrics
+            | System::TetherGateway
+            | System::TetherSqliteModern
+            | System::TetherSqliteToken
+            | System::TetherSqliteOauth => {
                 let dir = tempfile::Builder::new().prefix("tether-bench-").tempdir().context("cannot create a temp dir")?;
                 let file = dir.path().join("bench.db");
                 Some(Store::Sqlite { dir, file })
@@ -479,7 +506,9 @@ impl Launch {
             | System::TetherRedis
             | System::TetherRedisCluster
             | System::TetherGateway
-            | System::TetherSqliteModern => {
+            | System::TetherSqliteModern
+            | System::TetherSqliteToken
+            | System::TetherSqliteOauth => {
                 let store = store.context("a tether system needs a store")?;
                 let tether = match (self.subject.baseline, &programs.baseline) {
                     (false, _) => existing(&programs.tether, "cargo build --release -p tether, or pass --tether")?,
