@@ -23,6 +23,7 @@ mod server;
 mod sessions;
 mod streams;
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -450,7 +451,13 @@ async fn start_for(programs: &Programs, scenario: Scenario, subject: Subject) ->
             let file = dir.path().join("tokens");
             let tokens: Vec<String> = (0..BEARER_TOKENS).map(|_| format!("{:032x}", rand::random::<u128>())).collect();
             let lines: String = tokens.iter().map(|t| format!("{t} bench\n")).collect();
-            std::fs::write(&file, lines).with_context(|| format!("cannot write {}", file.display()))?;
+            let written = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&file)
+                .and_then(|mut f| std::io::Write::write_all(&mut f, lines.as_bytes()));
+            written.with_context(|| format!("cannot write {}", file.display()))?;
             launch.extra_args = vec!["--auth-tokens".into(), file.display().to_string()];
             let (server, store) = start(programs, &launch).await?;
             return Ok(Running { server, _store: store, upstream, _config: Some(dir), tokens, _issuer: None });
