@@ -23,7 +23,22 @@
 //      fixture members `a` and `b`, at /mcp/team: the merged tools carry their
 //      member's badge, the selected tool's description names its member, and a
 //      call of `b__whoami` from the form is answered by member `b`.
+// and one of signing in:
+//   9. oauth-sign-in: a tether with --oauth-issuer in front of a real
+//      authorization server (interop/oauth/provider.mjs, oidc-provider):
+//      Connect takes the tab to the provider's login page (the console read
+//      tether's resource metadata, registered itself and asked for a code
+//      with PKCE); after the login and consent forms the tab is back in the
+//      console, connected and signed in as the login; a call of `thought`
+//      works; the access token (aud = the endpoint, sub = the login) is in
+//      sessionStorage only; after a reload the session, the call's result
+//      and a new call work with no sign-in; an expired token, then a refused
+//      one, bring back the Sign in button, and signing in again goes on in
+//      the same session; in Chromium, the console page cannot reach the
+//      provider (connect-src 'self'), the sign-in page can only when its URL
+//      names the provider's origin.
 // usage: node console.mjs TETHER_BIN PYTHON CHROMIUM
+// CONSOLE_CHECKS=name,name runs only those checks.
 
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
@@ -406,6 +421,199 @@ async function virtualServer(page) {
   }
 }
 
+async function oauthSignIn(page) {
+  const login = 'console-user';
+  const provider = path.join(ROOT, 'interop', 'oauth', 'provider.mjs');
+  assert(fs.existsSync(path.join(ROOT, 'interop', 'oauth', 'node_modules', 'oidc-provider')), 'oidc-provider is installed in interop/oauth (run.sh does it)');
+  const asPort = await freePort();
+  const issuer = `http://127.0.0.1:${asPort}`;
+  const asLog = path.join(TMP, 'oauth-provider.log');
+  let out = fs.openSync(asLog, 'a');
+  const as = spawn(process.execPath, [provider, String(asPort), path.join(TMP, 'oauth-key.pem')], { stdio: ['ignore', out, out] });
+  fs.closeSync(out);
+  const guardedPort = await freePort();
+  const guardedBase = `http://127.0.0.1:${guardedPort}`;
+  const resource = `${guardedBase}/mcp`;
+  let guarded = null;
+  const context = page.context();
+  // Nothing leaves the machine (the provider's dev pages import a web font).
+  const local = (route) => (new URL(route.request().url()).hostname === '127.0.0.1' ? route.continue() : route.abort());
+  await context.route('**/*', local);
+  const toProvider = [];
+  const onRequest = (r) => { if (r.url().startsWith(issuer)) toProvider.push(`${r.method()} ${r.url()}`); };
+  try {
+    await waitFor('the authorization server to print READY', async () => {
+      if (as.exitCode !== null) throw new Error(`provider.mjs exited with ${as.exitCode}: ${fs.readFileSync(asLog, 'utf8')}`);
+      return fs.readFileSync(asLog, 'utf8').includes('READY');
+    }, 60_000);
+    const args = ['serve', '--listen', `127.0.0.1:${guardedPort}`, '--store', `sqlite:${path.join(TMP, 'oauth.db')}`,
+      '--oauth-issuer', issuer, '--oauth-scopes', 'tools:read,tools:write'];
+    fs.appendFileSync(LOG, `==== tether ${args.join(' ')} (${new Date().toISOString()}) ====\n`);
+    out = fs.openSync(LOG, 'a');
+    guarded = spawn(BIN, args, { stdio: ['ignore', out, out] });
+    fs.closeSync(out);
+    await waitFor('the tether with --oauth-issuer', async () => {
+      if (guarded.exitCode !== null) throw new Error(`tether --oauth-issuer exited with ${guarded.exitCode}`);
+      return (await fetch(`${guardedBase}/healthz`).catch(() => null))?.ok;
+    }, 30_000);
+
+    // 1. Connect: the 401 names the resource metadata; the tab goes to the provider.
+    await page.goto(`${guardedBase}/console`);
+    assert(!(await page.getByTestId('sign-in').isVisible()), 'no Sign in button before the server asks');
+    const authorizing = page.waitForRequest((r) => r.url().startsWith(`${issuer}/auth?`), { timeout: 30_000 });
+    await page.getByTestId('connect').click();
+    const authorize = new URL((await authorizing).url());
+    await page.waitForURL((u) => u.origin === issuer, { timeout: 30_000 });
+    await page.locator('input[name="login"]').waitFor({ timeout: 30_000 });
+    await shot(page, '10a-provider-login');
+    await page.fill('input[name="login"]', login);
+    await page.fill('input[name="password"]', 'any-password');
+    await page.click('button[type="submit"]');
+    await page.locator('input[name="prompt"][value="consent"]').waitFor({ state: 'attached', timeout: 30_000 });
+    await page.click('button[type="submit"]');
+
+    // 2. Back in the console, connected and signed in.
+    await page.waitForURL((u) => u.origin === guardedBase && u.pathname === '/console/', { timeout: 30_000 });
+    await page.waitForFunction(() => /^[0-9a-f]{48}$/.test(document.querySelector('[data-testid=session-id]').textContent.trim()), null, { timeout: 30_000 });
+    const who = page.getByTestId('signed-in-as');
+    await who.waitFor();
+    assert((await who.textContent()).includes(login), `signed in as ${login}: ${await who.textContent()}`);
+    await page.getByTestId('tool-thought').waitFor({ timeout: 30_000 });
+    const first = await call(page, 'thought', { thought: 'Signed in through the provider', thoughtNumber: 1, totalThoughts: 2, nextThoughtNeeded: true });
+    await first.card.getByTestId('result').waitFor({ timeout: 30_000 });
+    assert((await first.card.getByTestId('result').textContent()).includes('thoughtHistoryLength'), 'the thought call answered');
+    await page.evaluate(() => window.scrollTo(0, 0));
+    await shot(page, '10b-signed-in');
+    const session = await sessionId(page);
+
+    // What went to the provider: the code flow with PKCE for the endpoint.
+    const q = authorize.searchParams;
+    for (const [k, v] of Object.entries({ response_type: 'code', code_challenge_method: 'S256', resource, scope: 'tools:read tools:write', redirect_uri: `${guardedBase}/console/sign-in` })) {
+      assert(q.get(k) === v, `the authorization request's ${k} is ${q.get(k)}, want ${v}`);
+    }
+    assert(q.get('code_challenge') && q.get('state') && q.get('client_id'), `PKCE challenge, state and client_id sent: ${authorize.href}`);
+    // The token: in this tab's sessionStorage only, for the endpoint, of the login.
+    const where = await page.evaluate(() => {
+      const t = JSON.parse(sessionStorage.getItem('tether-console:oauth-token:/mcp') || 'null');
+      const token = t?.accessToken || '';
+      return {
+        token,
+        local: !!token && Object.keys(localStorage).some((k) => (localStorage.getItem(k) || '').includes(token)),
+        url: !!token && location.href.includes(token),
+      };
+    });
+    assert(where.token && !where.local && !where.url, `the access token is in sessionStorage only: ${JSON.stringify({ ...where, token: !!where.token })}`);
+    const claims = JSON.parse(Buffer.from(where.token.split('.')[1], 'base64url').toString());
+    assert([].concat(claims.aud).includes(resource) && claims.iss === issuer && claims.sub === login, `the token's claims: ${JSON.stringify(claims)}`);
+
+    // 3. A reload: the same session, the result still shown, a new call, no sign-in.
+    page.on('request', onRequest);
+    const initializes = [];
+    const onInit = (r) => { if (r.method() === 'POST' && (r.postData() || '').includes('"method":"initialize"')) initializes.push(r.url()); };
+    page.on('request', onInit);
+    await page.reload();
+    await waitFor('the same session after the reload', async () => (await sessionId(page)) === session);
+    await page.getByTestId('tool-thought').waitFor({ timeout: 30_000 });
+    const kept = page.locator(`li.call[data-call="${first.key}"]`);
+    await kept.getByTestId('result').waitFor();
+    assert((await who.textContent()).includes(login), 'still signed in after the reload');
+    const second = await call(page, 'thought', { thought: 'After the reload', thoughtNumber: 2, totalThoughts: 2, nextThoughtNeeded: false });
+    await second.card.getByTestId('result').waitFor({ timeout: 30_000 });
+    assert((await second.card.getByTestId('error').count()) === 0, 'the call after the reload succeeded');
+    await page.locator('#thoughts li', { hasText: 'After the reload' }).waitFor();
+    page.off('request', onInit);
+    assert(toProvider.length === 0, `no trip to the provider on reload: ${toProvider}`);
+    assert(initializes.length === 0, `no initialize after the reload: ${initializes}`);
+    await shot(page, '10c-after-reload');
+
+    // 4. An expired token, then a refused one (its signature spoilt), bring
+    //    the sign-in back; signing in again goes on in the same session.
+    await page.evaluate(() => {
+      const key = 'tether-console:oauth-token:/mcp';
+      sessionStorage.setItem(key, JSON.stringify({ ...JSON.parse(sessionStorage.getItem(key)), expiresAt: Date.now() - 1000 }));
+    });
+    await page.reload();
+    await page.getByTestId('sign-in').waitFor({ timeout: 30_000 });
+    assert(!(await who.isVisible()), 'not shown as signed in with an expired token');
+    assert(/expired/.test(await page.getByTestId('notice').textContent()), `the notice says the sign-in expired: ${await page.getByTestId('notice').textContent()}`);
+    assert(await page.evaluate(() => sessionStorage.getItem('tether-console:oauth-token:/mcp') === null), 'the expired token is forgotten');
+    await page.evaluate((token) => {
+      sessionStorage.setItem('tether-console:oauth-token:/mcp', JSON.stringify({ accessToken: token, expiresAt: Date.now() + 600_000, subject: 'console-user' }));
+    }, where.token);
+    await page.evaluate(() => {
+      const key = 'tether-console:oauth-token:/mcp';
+      const t = JSON.parse(sessionStorage.getItem(key));
+      const [h, p] = t.accessToken.split('.');
+      sessionStorage.setItem(key, JSON.stringify({ ...t, accessToken: `${h}.${p}.AAAA` }));
+    });
+    await page.reload();
+    await page.getByTestId('sign-in').waitFor({ timeout: 30_000 });
+    assert(!(await who.isVisible()), 'not shown as signed in with a refused token');
+    assert(/refused/.test(await page.getByTestId('notice').textContent()), `the notice says the token was refused: ${await page.getByTestId('notice').textContent()}`);
+    await shot(page, '10d-token-refused');
+    await page.getByTestId('sign-in').click();
+    // The provider may remember the login and the consent: then the tab comes straight back.
+    const forms = [];
+    await waitFor('the console after signing in again', async () => {
+      try {
+        const u = new URL(page.url());
+        if (u.origin === issuer) {
+          if (await page.locator('input[name="login"]').isVisible()) {
+            forms.push('login');
+            await page.fill('input[name="login"]', login);
+            await page.fill('input[name="password"]', 'any-password');
+            await page.click('button[type="submit"]');
+          } else if ((await page.locator('input[name="prompt"][value="consent"]').count()) > 0) {
+            forms.push('consent');
+            await page.click('button[type="submit"]');
+          }
+          return false;
+        }
+        return u.origin === guardedBase && u.pathname === '/console/' && (await sessionId(page)) === session && (await who.isVisible());
+      } catch {
+        return false; // the page navigated while being looked at: look again
+      }
+    }, 60_000);
+    const third = await call(page, 'thought', { thought: 'Signed in again', thoughtNumber: 3, totalThoughts: 3, nextThoughtNeeded: false });
+    await third.card.getByTestId('result').waitFor({ timeout: 30_000 });
+    assert((await third.card.getByTestId('error').count()) === 0, 'the call after signing in again succeeded');
+    await page.evaluate(() => window.scrollTo(0, 0));
+    await shot(page, '10e-signed-in-again');
+
+    // 5. The policies in Chromium: the console page cannot reach the provider;
+    //    the sign-in page can, only when its URL names the provider's origin.
+    const probe = await context.newPage();
+    try {
+      const reach = async (url) => {
+        await probe.goto(url);
+        return probe.evaluate(async (target) => {
+          const violation = new Promise((resolve) => document.addEventListener('securitypolicyviolation', (e) => resolve(e.effectiveDirective), { once: true }));
+          try {
+            return `HTTP ${(await fetch(target, { cache: 'no-store' })).status}`;
+          } catch {
+            const deadline = new Promise((resolve) => setTimeout(() => resolve('failed without a policy violation'), 10_000));
+            return Promise.race([violation.then((directive) => `blocked by ${directive}`), deadline]);
+          }
+        }, `${issuer}/.well-known/oauth-authorization-server`);
+      };
+      const fromConsole = await reach(`${guardedBase}/console/`);
+      const fromSignIn = await reach(`${guardedBase}/console/sign-in?connect=${encodeURIComponent(issuer)}`);
+      const fromBareSignIn = await reach(`${guardedBase}/console/sign-in`);
+      assert(fromConsole === 'blocked by connect-src', `the console page and the provider: ${fromConsole}`);
+      assert(fromSignIn === 'HTTP 200', `the sign-in page naming the provider could not reach it: ${fromSignIn}`);
+      assert(fromBareSignIn === 'blocked by connect-src', `the sign-in page naming nothing and the provider: ${fromBareSignIn}`);
+    } finally {
+      await probe.close();
+    }
+    return `Connect -> ${issuer} login + consent -> back signed in as ${login} (aud ${resource}); session ${session} kept across a reload with no sign-in; an expired and a refused token brought Sign in back, signing in again (${forms.length ? `forms: ${forms.join(', ')}` : 'the provider remembered the login and consent'}) went on in the same session; connect-src: the console page blocked, the sign-in page allowed only when it names the provider`;
+  } finally {
+    page.off('request', onRequest);
+    await context.unroute('**/*', local).catch(() => {});
+    guarded?.kill('SIGKILL');
+    as.kill('SIGKILL');
+  }
+}
+
 // ------------------------------------------------------------------ main
 
 async function main() {
@@ -436,7 +644,8 @@ async function main() {
     ['unknown-session', unknownSession],
     ['token', token],
     ['virtual-server', virtualServer],
-  ];
+    ['oauth-sign-in', oauthSignIn],
+  ].filter(([name]) => !process.env.CONSOLE_CHECKS || process.env.CONSOLE_CHECKS.split(',').includes(name));
   let failed = 0;
   const summary = [];
   for (const [name, check] of checks) {

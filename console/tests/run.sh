@@ -7,15 +7,21 @@
 # Installs what is missing:
 #   - Debian's chromium (apt-get install -y chromium) when /usr/bin/chromium is absent,
 #   - playwright-core (npm ci into console/tests/node_modules; npm cache in console/.cache),
+#   - oidc-provider for oauth-sign-in (npm ci into interop/oauth/node_modules, as
+#     interop/run.sh does: same stamp, same lock, npm cache in interop/.cache),
 # then runs console/tests/console.mjs: tether on a free loopback port with a
 # temporary SQLite store and two gateway endpoints: /mcp/slow in front of
 # console/tests/slow_server.py (a stdio server that records every tool run),
 # and /mcp/remote, a URL upstream: a second tether serving the same slow
-# server, which outlives the first's kill -9. Eight checks: connect-and-call,
+# server, which outlives the first's kill -9. Nine checks: connect-and-call,
 # reload-mid-call, kill-9-and-restart, elicitation, two-tabs, unknown-session,
 # token, virtual-server (a third tether with a --config file serving /mcp/team,
-# two members of crates/tether-gateway/tests/fixtures/stdio_server.py).
+# two members of crates/tether-gateway/tests/fixtures/stdio_server.py),
+# oauth-sign-in (a fourth tether with --oauth-issuer in front of
+# interop/oauth/provider.mjs, oidc-provider: the console signs in through the
+# provider's login and consent pages).
 # Screenshots of every step go to target/console-shots/.
+# CONSOLE_CHECKS=name,name runs only those checks.
 #
 # Needs node >= 20 with npm and python3 >= 3.8. CONSOLE_VERBOSE=1 prints tether's log.
 set -uo pipefail
@@ -63,6 +69,21 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$(sha "$HERE/package-lock.json")" ]; then
     (cd "$HERE" && npm ci --cache "$HERE/../.cache/npm" --no-audit --no-fund --loglevel=error) || die "npm ci failed"
     sha "$HERE/package-lock.json" >"$STAMP"
 fi
+
+# The authorization server of oauth-sign-in: interop/oauth (oidc-provider),
+# installed as interop/run.sh and interop/servers/ensure.sh do, under their lock.
+OAUTH="$HERE/../../interop/oauth"
+OAUTH_CACHE="$HERE/../../interop/.cache"
+OAUTH_STAMP="$OAUTH/node_modules/.interop-stamp"
+mkdir -p "$OAUTH_CACHE"
+(
+    flock 9
+    if [ "$(cat "$OAUTH_STAMP" 2>/dev/null)" != "$(sha "$OAUTH/package-lock.json")" ]; then
+        echo "console tests: npm ci in interop/oauth"
+        (cd "$OAUTH" && npm ci --cache "$OAUTH_CACHE/npm" --no-audit --no-fund --loglevel=error) || exit 1
+        sha "$OAUTH/package-lock.json" >"$OAUTH_STAMP"
+    fi
+) 9>"$OAUTH_CACHE/ensure.lock" || die "npm ci failed in interop/oauth"
 
 # Any TETHER_* settings of the caller are dropped: the checks expect the defaults.
 for v in $(compgen -e | grep '^TETHER_'); do unset "$v"; done

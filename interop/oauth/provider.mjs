@@ -36,6 +36,17 @@
 //     oidc-provider's development pages (devInteractions): a login form (any
 //     login, any password; the login becomes the token's `sub`) and a consent
 //     form.
+//
+// For tether's web console (console/tests), a page that signs in from the
+// browser: cross-origin requests (CORS) are answered
+//   - at /reg, from any origin (registration is open to anyone anyway; no
+//     credentials are involved), so the page can register itself;
+//   - at the token endpoint, for a public client (token_endpoint_auth_method
+//     none) from the origin of one of its redirect URIs (clientBasedCORS,
+//     spelled out below: oidc-provider's default rule, unchanged);
+//   - discovery and the JWKS are open to every origin (oidc-provider's own).
+// Requests without an Origin header (every other client here) are not
+// affected.
 // Prints `READY` once it listens.
 
 import { generateKeyPairSync, randomBytes, sign, verify } from 'node:crypto';
@@ -68,6 +79,17 @@ const provider = new Provider(issuer, {
     scope: scopes[id] || undefined,
   })),
   scopes: all.split(' '),
+  // CORS at the token endpoint (and introspection, revocation, userinfo)
+  // for browser clients: oidc-provider's default rule, written out (the
+  // default warns that it should be): a public client from the origin of one
+  // of its redirect URIs; userinfo likewise for any client.
+  clientBasedCORS(ctx, origin, client) {
+    if (origin === 'null') return false;
+    if (ctx.oidc.route === 'userinfo' || client.clientAuthMethod === 'none') {
+      return client.redirectUris.some((uri) => URL.parse(uri)?.origin === origin);
+    }
+    return false;
+  },
   features: {
     // The login and consent pages of the authorization code flow.
     devInteractions: { enabled: true },
@@ -122,6 +144,26 @@ provider.registerGrantType(TOKEN_EXCHANGE, async (ctx) => {
   };
   ctx.body = { access_token: signJwt(claims), issued_token_type: ACCESS_TOKEN_TYPE, token_type: 'Bearer', expires_in: 300 };
 }, ['subject_token', 'subject_token_type', 'requested_token_type', 'resource', 'scope', 'audience']);
+
+// CORS at the registration endpoint (oidc-provider has none there): the
+// preflight of a browser's JSON POST, and the header on the answer.
+provider.use(async (ctx, next) => {
+  const origin = ctx.get('Origin');
+  if (ctx.path !== '/reg' || !origin) return next();
+  ctx.vary('Origin');
+  if (ctx.method === 'OPTIONS') {
+    if (!ctx.get('Access-Control-Request-Method')) return next();
+    ctx.set('Access-Control-Allow-Origin', origin);
+    ctx.set('Access-Control-Allow-Methods', 'POST');
+    ctx.set('Access-Control-Allow-Headers', 'Content-Type, Accept');
+    ctx.set('Access-Control-Max-Age', '600');
+    ctx.status = 204;
+    return undefined;
+  }
+  await next();
+  if (ctx.method === 'POST') ctx.set('Access-Control-Allow-Origin', origin);
+  return undefined;
+});
 
 provider.proxy = false;
 provider.listen(Number(port), '127.0.0.1', () => {

@@ -1,5 +1,6 @@
 //! The console's router: every file with its content type, the strict
-//! Content-Security-Policy on every answer, 404 for anything else.
+//! Content-Security-Policy on every answer, 404 for anything else; the
+//! sign-in page's policy adds exactly the valid origins its URL names.
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
@@ -8,7 +9,8 @@ use tower::ServiceExt;
 
 async fn get(path: &str) -> (StatusCode, axum::http::HeaderMap, String) {
     let app: axum::Router = tether_console::router();
-    let response = app.oneshot(Request::get(path).body(Body::empty()).unwrap()).await.unwrap();
+    let request = Request::get(path).body(Body::empty()).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let response = app.oneshot(request).await.unwrap();
     let status = response.status();
     let headers = response.headers().clone();
     let body = response.into_body().collect().await.unwrap().to_bytes();
@@ -42,6 +44,8 @@ async fn the_page_and_its_files_are_served_with_their_types_and_a_strict_policy(
         ("/console/sse.js", "text/javascript"),
         ("/console/form.js", "text/javascript"),
         ("/console/store.js", "text/javascript"),
+        ("/console/oauth.js", "text/javascript"),
+        ("/console/sign-in.js", "text/javascript"),
         ("/console/console.css", "text/css"),
         ("/console/favicon.svg", "image/svg+xml"),
     ] {
@@ -66,8 +70,109 @@ async fn the_page_has_no_inline_script_or_style_and_loads_only_its_own_files() {
 }
 
 #[tokio::test]
+async fn the_console_page_keeps_connect_src_self_whatever_its_url_says() {
+    for path in ["/console?connect=https://as.example", "/console/?connect=https%3A%2F%2Fas.example"] {
+        let (status, headers, _) = get(path).await;
+        assert_eq!(status, StatusCode::OK, "{path}");
+        assert_eq!(
+            headers.get(header::CONTENT_SECURITY_POLICY).unwrap().to_str().unwrap(),
+            tether_console::CONTENT_SECURITY_POLICY,
+            "{path}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_sign_in_page_may_connect_to_the_origins_its_url_names_and_no_others() {
+    let (status, headers, html) = get("/console/sign-in").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_secured("/console/sign-in", &headers);
+    assert_eq!(headers.get(header::CONTENT_SECURITY_POLICY).unwrap().to_str().unwrap(), tether_console::CONTENT_SECURITY_POLICY);
+    assert_eq!(headers.get(header::CACHE_CONTROL).map(|v| v.as_bytes()), Some(&b"no-store"[..]), "it carries the code");
+    assert_eq!(headers.get(header::REFERRER_POLICY).map(|v| v.as_bytes()), Some(&b"no-referrer"[..]));
+    assert!(html.contains(r#"<script type="module" src="/console/sign-in.js"></script>"#), "{html}");
+    assert_eq!(html.matches("<script").count(), 1);
+    assert!(!html.contains("<style") && !html.contains(" style=") && !html.contains(" onclick="), "inline code in sign-in.html");
+
+    let path = concat!(
+        "/console/sign-in?connect=http%3A%2F%2F127.0.0.1%3A9000&code=abc&state=xyz",
+        "&connect=https%3A%2F%2FToken.Example.com&connect=http%3A%2F%2F127.0.0.1%3A9000&iss=http%3A%2F%2F127.0.0.1%3A9000",
+    );
+    let (status, headers, _) = get(path).await;
+    assert_eq!(status, StatusCode::OK);
+    let csp = headers.get(header::CONTENT_SECURITY_POLICY).unwrap().to_str().unwrap();
+    assert!(csp.contains("connect-src 'self' http://127.0.0.1:9000 https://token.example.com;"), "{csp}");
+    assert_eq!(csp.matches("connect-src").count(), 1, "{csp}");
+    // Everything else is the console's policy, word for word.
+    assert_eq!(
+        csp.replace(" http://127.0.0.1:9000 https://token.example.com", ""),
+        tether_console::CONTENT_SECURITY_POLICY,
+        "only connect-src changes"
+    );
+
+    // What is not one plain http(s) origin adds nothing.
+    for bad in [
+        "*",
+        "https://*.example.com",
+        "https%3A%2F%2Fa.example%20https%3A%2F%2Fb.example",
+        "https%3A%2F%2Fa.example%3B%20script-src%20*",
+        "https%3A%2F%2Fa.example%2Fpath",
+        "%27unsafe-inline%27",
+        "data%3A",
+        "javascript%3Aalert(1)",
+        "https%3A%2F%2Fa_b.example",
+        "https%3A%2F%2Fa.example%3A99999",
+        "https%3A%2F%2Fuser%40a.example",
+        "https%3A",
+        "%ZZ",
+    ] {
+        let (status, headers, _) = get(&format!("/console/sign-in?connect={bad}")).await;
+        assert_eq!(status, StatusCode::OK, "{bad}");
+        assert_eq!(
+            headers.get(header::CONTENT_SECURITY_POLICY).unwrap().to_str().unwrap(),
+            tether_console::CONTENT_SECURITY_POLICY,
+            "connect={bad} must add nothing"
+        );
+    }
+
+    // At most four.
+    let many: Vec<String> = (1..=6).map(|i| format!("connect=https%3A%2F%2Fa{i}.example")).collect();
+    let (_, headers, _) = get(&format!("/console/sign-in?{}", many.join("&"))).await;
+    let csp = headers.get(header::CONTENT_SECURITY_POLICY).unwrap().to_str().unwrap();
+    assert!(csp.contains("https://a4.example;") && !csp.contains("a5.example"), "{csp}");
+}
+
+#[test]
+fn origins_are_checked_strictly() {
+    use tether_console::origin;
+    for (input, want) in [
+        ("http://127.0.0.1:9000", Some("http://127.0.0.1:9000")),
+        ("https://AS.Example.COM", Some("https://as.example.com")),
+        ("https://xn--bcher-kva.example:8443", Some("https://xn--bcher-kva.example:8443")),
+        ("http://[::1]:8080", Some("http://[::1]:8080")),
+        ("http://[::1]", Some("http://[::1]")),
+        ("http://localhost", Some("http://localhost")),
+        ("https://as.example/", None),
+        ("https://as.example:0", None),
+        ("https://as.example:080", None),
+        ("https://as.example:", None),
+        ("https://-as.example", None),
+        ("https://as..example", None),
+        ("https://as.example.", None),
+        ("https://[::1]x", None),
+        ("https://[]", None),
+        ("ftp://as.example", None),
+        ("https://as.example'", None),
+        ("https://as.example;", None),
+        ("", None),
+    ] {
+        assert_eq!(origin(input).as_deref(), want, "{input:?}");
+    }
+}
+
+#[tokio::test]
 async fn unknown_files_are_404_with_the_same_policy() {
-    for path in ["/console/nope.js", "/console/..%2fCargo.toml", "/console/app.js.map"] {
+    for path in ["/console/nope.js", "/console/..%2fCargo.toml", "/console/app.js.map", "/console/sign-in.html"] {
         let (status, headers, _) = get(path).await;
         assert_eq!(status, StatusCode::NOT_FOUND, "{path}");
         assert_secured(path, &headers);

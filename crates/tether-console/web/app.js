@@ -1,9 +1,11 @@
 // The console page: connect to an endpoint of this server, list what it
 // offers, call tools, and keep every call across a reload (see store.js for
-// what is kept where, mcp.js for how a stream is re-attached).
+// what is kept where, mcp.js for how a stream is re-attached, oauth.js for
+// the sign-in at an OAuth authorization server).
 
 import { Client, SessionGone, AuthNeeded, RpcError, newRequestId } from './mcp.js';
 import { buildForm, el } from './form.js';
+import * as oauth from './oauth.js';
 import * as store from './store.js';
 
 const $ = (id) => document.getElementById(id);
@@ -22,6 +24,7 @@ const state = {
   calls: [], // this tab's calls on this endpoint (store.calls)
   cards: new Map(), // call key -> DOM parts
   recovering: false,
+  signIn: null, // {endpoint, challenge, granted} while the server wants a sign-in
 };
 
 // ------------------------------------------------------------------ status
@@ -168,7 +171,14 @@ async function runCall(call, generation) {
       return;
     }
     if (e instanceof AuthNeeded) {
-      askForToken(e.message);
+      if (call.lastEventId === null && call.resumeToken === null) {
+        // The POST itself was refused: the call never started.
+        call.state = 'error';
+        call.error = { message: `refused (${e.message}); it did not run` };
+        saveCalls();
+        renderCall(call);
+      }
+      authNeeded(e);
       return;
     }
     call.state = 'error';
@@ -548,6 +558,75 @@ function askForToken(message) {
   $('token').focus();
 }
 
+/** The bearer token for `endpoint`: the one signed in with, else the one typed. */
+function tokenFor(endpoint) {
+  return store.oauthToken.get(endpoint)?.accessToken || store.token.get();
+}
+
+/**
+ * 401 (or a 403 asking for more scopes). A server without OAuth gets the
+ * Token field, as before; an OAuth resource server (its challenge names its
+ * resource metadata) gets the sign-in: at once when the person pressed
+ * Connect, else through the Sign in button.
+ */
+function authNeeded(error, interactive = false) {
+  const challenge = error.challenge;
+  if (!challenge?.resourceMetadata) return askForToken(error.message);
+  const endpoint = state.endpoint;
+  const had = store.oauthToken.peek(endpoint);
+  const stepUp = challenge.error === 'insufficient_scope';
+  if (had && !stepUp) store.oauthToken.clear(endpoint); // refused or expired
+  state.signIn = { endpoint, challenge, granted: had?.scope || '' };
+  showSignedIn(endpoint);
+  $('sign-in').hidden = false;
+  const why = stepUp
+    ? `This needs more scopes (${challenge.scope || 'unnamed'})${challenge.errorDescription ? `: ${challenge.errorDescription}` : ''}`
+    : had?.expired
+      ? `The sign-in of ${endpoint} expired`
+      : had
+        ? `The server refused the sign-in's token${challenge.errorDescription ? ` (${challenge.errorDescription})` : ''}`
+        : `${error.message}: ${endpoint} needs you to sign in`;
+  notice(`${why}. Sign in takes this tab to the server's sign-in page and back; the token stays in this tab only.`);
+  setStatus('sign-in needed', 'error');
+  if (interactive) signIn();
+  else $('sign-in').focus();
+}
+
+async function signIn() {
+  const wanted = state.signIn;
+  if (!wanted) return;
+  $('sign-in').disabled = true;
+  setStatus('signing in', 'busy');
+  try {
+    await oauth.startSignIn(wanted); // leaves the page
+  } catch (e) {
+    notice(`Cannot sign in: ${e.message}`);
+    setStatus('not signed in', 'error');
+  } finally {
+    $('sign-in').disabled = false;
+  }
+}
+
+function showSignedIn(endpoint) {
+  const t = store.oauthToken.get(endpoint);
+  $('signed-in').hidden = !t;
+  if (t) {
+    $('signed-in-as').textContent = t.subject ? `Signed in as ${t.subject}` : 'Signed in';
+    $('signed-in-as').title = `at ${t.issuer}, for ${t.resource}${t.scope ? `, scope ${t.scope}` : ''}${t.expiresAt ? `, until ${new Date(t.expiresAt).toLocaleTimeString()}` : ''}`;
+    $('sign-in').hidden = true;
+  }
+}
+
+function signOut() {
+  store.oauthToken.clear(state.endpoint);
+  state.generation++;
+  state.client?.close();
+  state.client = null;
+  showSignedIn(state.endpoint);
+  showSession(null);
+  setStatus('signed out (the session is kept for the next sign-in)', '');
+}
+
 /** 404 on the session: forget it, say so, start a fresh one. */
 function sessionGone(error) {
   if (state.recovering) return;
@@ -566,7 +645,7 @@ function sessionGone(error) {
   connect(state.endpoint).finally(() => { state.recovering = false; });
 }
 
-async function connect(endpoint) {
+async function connect(endpoint, interactive = false) {
   const generation = ++state.generation;
   state.client?.close();
   if (state.endpoint !== endpoint) {
@@ -584,8 +663,9 @@ async function connect(endpoint) {
   state.calls = store.calls.all(endpoint);
   for (const call of state.calls) renderCall(call);
 
+  showSignedIn(endpoint);
   const stored = store.session.get(endpoint);
-  const client = new Client({ endpoint, token: store.token.get(), session: stored && typeof stored.id === 'string' ? stored : null, onStatus: setStatus });
+  const client = new Client({ endpoint, token: tokenFor(endpoint), session: stored && typeof stored.id === 'string' ? stored : null, onStatus: setStatus });
   state.client = client;
   try {
     if (!client.session) {
@@ -598,6 +678,8 @@ async function connect(endpoint) {
       setStatus('re-attaching to the stored session', 'busy');
     }
     showSession(client.session);
+    $('sign-in').hidden = true;
+    state.signIn = null;
     for (const call of state.calls) {
       if (call.state !== 'running') continue;
       if (call.sessionId !== client.session.id) {
@@ -618,7 +700,7 @@ async function connect(endpoint) {
   } catch (e) {
     if (generation !== state.generation) return;
     if (e instanceof SessionGone) return sessionGone(e);
-    if (e instanceof AuthNeeded) return askForToken(e.message);
+    if (e instanceof AuthNeeded) return authNeeded(e, interactive);
     setStatus(`not connected: ${e.message}`, 'error');
     if (client.session && stored) showSession(client.session);
   }
@@ -682,9 +764,11 @@ function init() {
       return;
     }
     store.token.set($('token').value.trim());
-    connect(value);
+    connect(value, true);
   });
   $('disconnect').addEventListener('click', endSession);
+  $('sign-in').addEventListener('click', signIn);
+  $('sign-out').addEventListener('click', signOut);
   $('tool-form').addEventListener('submit', (ev) => {
     ev.preventDefault();
     if (!state.selected || !state.client?.session) return;
@@ -709,8 +793,19 @@ function init() {
   });
   $('notebook-refresh').addEventListener('click', refreshNotebook);
 
-  // Reload or a link with ?endpoint=: pick up a stored session or this tab's calls at once.
-  if (store.session.get(endpoint) || store.calls.all(endpoint).some((c) => c.state === 'running')) connect(endpoint);
+  // A sign-in left half-way (the tab came back here without finishing it):
+  // forget it, and the client it used, which the authorization server may no
+  // longer know (the next sign-in registers again).
+  const unfinished = store.signIn.get();
+  if (unfinished) {
+    if (unfinished.phase === 'authorize' && unfinished.issuer) store.oauthClient.clear(unfinished.metadata?.issuer || unfinished.issuer);
+    store.signIn.clear();
+  }
+  showSignedIn(endpoint);
+  const signedIn = store.signedIn.take();
+
+  // Back from a sign-in, a reload or a link with ?endpoint=: pick up a stored session or this tab's calls at once.
+  if (signedIn?.endpoint === endpoint || store.session.get(endpoint) || store.calls.all(endpoint).some((c) => c.state === 'running')) connect(endpoint);
   else for (const call of (state.calls = store.calls.all(endpoint))) renderCall(call);
   state.endpoint = endpoint;
 }

@@ -4,6 +4,7 @@
 // Last-Event-ID, retried with backoff while the server is down.
 
 import { readSse } from './sse.js';
+import { parseChallenge } from './oauth.js';
 
 export const PROTOCOL_VERSION = '2025-11-25';
 const CLIENT_INFO = { name: 'tether-console', title: 'tether web console', version: '0.1.0' };
@@ -22,8 +23,18 @@ export class RpcError extends Error {
 /** The server does not know the session (404): it expired, was deleted, or the store was reset. */
 export class SessionGone extends Error {}
 
-/** 401: the server wants a bearer token (or another one). */
-export class AuthNeeded extends Error {}
+/**
+ * 401: the server wants a bearer token (or another one); or 403 with an
+ * `insufficient_scope` challenge: it wants a token with more scopes.
+ * `challenge` is the parsed Bearer challenge (see oauth.js), or null; an
+ * OAuth server names its `resourceMetadata` there.
+ */
+export class AuthNeeded extends Error {
+  constructor(message, challenge = null) {
+    super(message);
+    this.challenge = challenge;
+  }
+}
 
 /** Any other refusal, with the server's own sentence when it gave one. */
 export class HttpError extends Error {
@@ -58,7 +69,9 @@ async function refusal(response) {
   } catch {
     // not JSON: the status says enough
   }
-  if (response.status === 401) return new AuthNeeded(message);
+  const challenge = parseChallenge(response.headers.get('WWW-Authenticate'));
+  if (response.status === 401) return new AuthNeeded(message, challenge);
+  if (response.status === 403 && challenge?.error === 'insufficient_scope' && challenge.resourceMetadata) return new AuthNeeded(message, challenge);
   if (response.status === 404) return new SessionGone(message);
   return new HttpError(response.status, message);
 }
