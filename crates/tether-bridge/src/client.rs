@@ -6,19 +6,30 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
+use tether_client::oauth::{OAuthClient, TokenCache, authorize};
 use tether_client::{ClientError, ClientOptions, Session};
 use tokio::sync::mpsc;
 
 use crate::upstream::{Connector, PeerMessage, UpstreamError, UpstreamSession};
 
-/// A connector to the Streamable HTTP MCP endpoint at `url`.
-pub fn connector(url: &str, bearer_token: Option<String>, request_timeout: Duration) -> Arc<dyn Connector> {
-    Arc::new(ClientConnector { url: url.to_owned(), bearer_token, request_timeout })
+/// A connector to the Streamable HTTP MCP endpoint at `url`. Without a
+/// `bearer_token`, `oauth` (client credentials) follows the server's 401
+/// challenge for one at each connection (a cached token while it is good).
+pub fn connector(
+    url: &str,
+    bearer_token: Option<String>,
+    oauth: Option<OAuthClient>,
+    request_timeout: Duration,
+) -> Arc<dyn Connector> {
+    let cache = TokenCache::default_location(&|name| std::env::var(name).ok());
+    Arc::new(ClientConnector { url: url.to_owned(), bearer_token, oauth, cache, request_timeout })
 }
 
 struct ClientConnector {
     url: String,
     bearer_token: Option<String>,
+    oauth: Option<OAuthClient>,
+    cache: Option<TokenCache>,
     request_timeout: Duration,
 }
 
@@ -36,11 +47,11 @@ fn convert(e: ClientError) -> UpstreamError {
 #[async_trait::async_trait]
 impl Connector for ClientConnector {
     async fn connect(&self, initialize_params: Value) -> Result<(Box<dyn UpstreamSession>, Value), UpstreamError> {
-        let options = ClientOptions {
-            bearer_token: self.bearer_token.clone(),
-            request_timeout: self.request_timeout,
-            ..ClientOptions::default()
+        let bearer_token = match (&self.bearer_token, &self.oauth) {
+            (None, Some(client)) => authorize(&self.url, client, self.cache.as_ref()).await.map_err(convert)?,
+            (token, _) => token.clone(),
         };
+        let options = ClientOptions { bearer_token, request_timeout: self.request_timeout, ..ClientOptions::default() };
         let (session, result) = Session::connect(&self.url, options, initialize_params).await.map_err(convert)?;
         Ok((Box::new(ClientSession { session }), result))
     }

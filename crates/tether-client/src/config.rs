@@ -21,6 +21,10 @@ use crate::{ClientError, ClientOptions};
 pub const SERVER_URL_ENV: &str = "MCP_SERVER_URL";
 /// The generic bearer token.
 pub const AUTH_TOKEN_ENV: &str = "MCP_AUTH_TOKEN";
+/// The OAuth client (id and secret) a server's 401 challenge is followed
+/// with, for a URL that has no `oauth_client_id` of its own in the config.
+pub const OAUTH_CLIENT_ID_ENV: &str = "MCP_OAUTH_CLIENT_ID";
+pub const OAUTH_CLIENT_SECRET_ENV: &str = "MCP_OAUTH_CLIENT_SECRET";
 
 /// Whether a server needs `initialize` and a session before other requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -159,6 +163,11 @@ pub struct ServerEntry {
     pub headers: BTreeMap<String, String>,
     /// Time limit of one request, e.g. "60s", "5m".
     pub timeout: Option<String>,
+    /// The OAuth client this server's 401 challenge is followed with
+    /// (client credentials) …
+    pub oauth_client_id: Option<String>,
+    /// … and the environment variable holding its secret.
+    pub oauth_client_secret_env: Option<String>,
 }
 
 /// A resolved target: the spec plus what to tell the user about it.
@@ -169,6 +178,8 @@ pub struct Resolved {
     pub spec: ServerSpec,
     /// The environment variable the token comes from (or would).
     pub token_env: String,
+    /// The OAuth client to follow a 401 challenge with, if one is configured.
+    pub oauth: Option<crate::oauth::OAuthClient>,
 }
 
 impl Resolved {
@@ -183,7 +194,8 @@ impl Resolved {
                 format!("the token in {env} (auth_env of server `{name}`) was refused: check it")
             }
             (_, _, false) => format!(
-                "pass a token with {AUTH_TOKEN_ENV}=<token>, or name a variable with auth_env = \"VAR\" for this server in the config"
+                "pass a token with {AUTH_TOKEN_ENV}=<token>, or name a variable with auth_env = \"VAR\" for this server in the config, \
+                 or, for an OAuth server, set {OAUTH_CLIENT_ID_ENV} and {OAUTH_CLIENT_SECRET_ENV} (client credentials)"
             ),
             (_, _, true) => {
                 format!("the token in {AUTH_TOKEN_ENV} was refused: check it, or set auth_env for this server in the config")
@@ -266,6 +278,7 @@ impl Config {
                 name: None,
                 spec: ServerSpec::new(target).bearer_token(token),
                 token_env: AUTH_TOKEN_ENV.to_owned(),
+                oauth: oauth_client(env(OAUTH_CLIENT_ID_ENV), OAUTH_CLIENT_SECRET_ENV, env),
             });
         }
         match self.servers.get(&target) {
@@ -291,11 +304,25 @@ fn entry_spec(name: Option<&String>, entry: &ServerEntry, url: &str, env: &dyn F
         request_timeout: timeout,
         ..ClientOptions::default()
     };
+    let oauth = match &entry.oauth_client_id {
+        Some(id) => {
+            oauth_client(Some(id.clone()), entry.oauth_client_secret_env.as_deref().unwrap_or(OAUTH_CLIENT_SECRET_ENV), env)
+        }
+        None => oauth_client(env(OAUTH_CLIENT_ID_ENV), OAUTH_CLIENT_SECRET_ENV, env),
+    };
     Resolved {
         name: name.cloned(),
         spec: ServerSpec { url: url.to_owned(), requires_session: entry.requires_session, protocol: Protocol::Auto, options },
         token_env,
+        oauth,
     }
+}
+
+/// The client `id` with its secret from `secret_env` (none without both).
+fn oauth_client(id: Option<String>, secret_env: &str, env: &dyn Fn(&str) -> Option<String>) -> Option<crate::oauth::OAuthClient> {
+    let client_id = id.filter(|i| !i.trim().is_empty())?;
+    let client_secret = env(secret_env).filter(|s| !s.is_empty())?;
+    Some(crate::oauth::OAuthClient { client_id, client_secret })
 }
 
 #[cfg(test)]

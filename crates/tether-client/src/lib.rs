@@ -14,6 +14,7 @@
 
 pub mod config;
 mod error;
+pub mod oauth;
 pub mod pool;
 pub mod resume;
 pub mod rounds;

@@ -11,6 +11,7 @@ use clap::Args;
 use tether_bridge::bridge::{self, BridgeOptions};
 use tether_bridge::stdio::{self, Outgoing};
 use tether_bridge::{ResumeOptions, ResumeTokenStore};
+use tether_client::config::{OAUTH_CLIENT_ID_ENV, OAUTH_CLIENT_SECRET_ENV};
 
 /// The variable read for the remote's bearer token unless `--auth-token-env` names another.
 const DEFAULT_AUTH_TOKEN_ENV: &str = "MCP_AUTH_TOKEN";
@@ -60,7 +61,13 @@ pub async fn run(args: BridgeArgs) -> anyhow::Result<()> {
     let bearer = bearer_token(args.auth_token_env.as_deref())?;
     let resume = ResumeOptions { token_dir: args.token_dir, host_pid: args.host_pid };
     let tokens = tokio::task::spawn_blocking(move || ResumeTokenStore::init(&resume)).await?;
-    let connector = tether_bridge::client::connector(&args.url, bearer, args.request_timeout);
+    let oauth = match (std::env::var(OAUTH_CLIENT_ID_ENV), std::env::var(OAUTH_CLIENT_SECRET_ENV)) {
+        (Ok(client_id), Ok(client_secret)) if !client_id.is_empty() && !client_secret.is_empty() => {
+            Some(tether_client::oauth::OAuthClient { client_id, client_secret })
+        }
+        _ => None,
+    };
+    let connector = tether_bridge::client::connector(&args.url, bearer, oauth, args.request_timeout);
 
     let input = stdio::spawn_reader(std::io::BufReader::new(std::io::stdin()), args.max_message_bytes);
     let (out, written) = stdio::spawn_writer(std::io::stdout());

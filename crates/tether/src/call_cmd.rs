@@ -44,7 +44,7 @@ pub async fn run(args: CallArgs) -> ExitCode {
         Ok(a) => a,
         Err(f) => return f.exit(),
     };
-    let resolved = match resolve(target, &args.common) {
+    let resolved = match resolve(target, &args.common).await {
         Ok(r) => r,
         Err(f) => return f.exit(),
     };

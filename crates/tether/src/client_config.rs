@@ -61,14 +61,25 @@ fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-/// The server a command talks to.
-pub fn resolve(target: Option<&str>, common: &CommonArgs) -> Result<Resolved, Failure> {
+/// The server a command talks to. With an OAuth client configured and no
+/// static token, a server that answers 401 with a `resource_metadata`
+/// challenge is followed to its authorization server for a token
+/// ([`tether_client::oauth`]; cached as a 0600 file).
+pub async fn resolve(target: Option<&str>, common: &CommonArgs) -> Result<Resolved, Failure> {
     let (config, _path) = Config::load_or_default(common.config.as_deref()).map_err(|e| Failure::Usage(e.to_string()))?;
-    let mut resolved = config.resolve(target, &|name| std::env::var(name).ok()).map_err(|e| Failure::Usage(e.to_string()))?;
+    let env = |name: &str| std::env::var(name).ok();
+    let mut resolved = config.resolve(target, &env).map_err(|e| Failure::Usage(e.to_string()))?;
     if let Some(r) = common.requires_session {
         resolved.spec.requires_session = r;
     }
     resolved.spec.protocol = common.protocol;
+    if let (Some(client), None) = (&resolved.oauth, &resolved.spec.options.bearer_token) {
+        let cache = tether_client::oauth::TokenCache::default_location(&env);
+        let token = tether_client::oauth::authorize(&resolved.spec.url, client, cache.as_ref())
+            .await
+            .map_err(|e| Failure::Connection(format!("{}: cannot get an access token: {e}", resolved.spec.url)))?;
+        resolved.spec.options.bearer_token = token;
+    }
     Ok(resolved)
 }
 

@@ -23,7 +23,7 @@ pub struct ToolsArgs {
 }
 
 pub async fn run(args: ToolsArgs) -> ExitCode {
-    let resolved = match resolve(args.target.as_deref(), &args.common) {
+    let resolved = match resolve(args.target.as_deref(), &args.common).await {
         Ok(r) => r,
         Err(f) => return f.exit(),
     };

@@ -538,3 +538,68 @@ async fn an_upstream_gets_tethers_own_token_by_client_credentials_or_token_excha
     );
     assert!(claims.len() <= 3, "tokens are reused while good, not fetched per call: {claims:?}");
 }
+
+/// `tether ARGS` as a person runs it, with only `env` of the OAuth client
+/// variables, its token cache in `cache`.
+fn tether_cli(args: &[&str], env: &[(&str, &str)], home: &std::path::Path) -> std::process::Output {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_tether"));
+    cmd.args(args)
+        .env("HOME", home)
+        .env("XDG_CONFIG_HOME", home.join("config"))
+        .env("TETHER_OAUTH_CACHE", home.join("oauth-cache"))
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null());
+    for k in ["MCP_AUTH_TOKEN", "MCP_SERVER_URL", "MCP_OAUTH_CLIENT_ID", "MCP_OAUTH_CLIENT_SECRET", "XDG_CACHE_HOME"] {
+        cmd.env_remove(k);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("the tether binary runs")
+}
+
+#[tokio::test]
+async fn tether_call_and_tools_follow_the_challenge_with_client_credentials_and_keep_the_token_private() {
+    let dir = tempfile::tempdir().unwrap();
+    let provider = start_provider(dir.path());
+    let tether = start_protected(&dir, &[&provider.issuer]);
+    let mcp = format!("{}/mcp", tether.base);
+    let home = dir.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let text = |o: &std::process::Output| format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+
+    // No credentials: refused, saying what to set.
+    let out = tether_cli(&["tools", &mcp], &[], &home);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(text(&out).contains("MCP_OAUTH_CLIENT_ID"), "{}", text(&out));
+
+    // A wrong secret: the authorization server's refusal, named.
+    let wrong = [("MCP_OAUTH_CLIENT_ID", "svc"), ("MCP_OAUTH_CLIENT_SECRET", "not-the-secret")];
+    let out = tether_cli(&["tools", &mcp], &wrong, &home);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(text(&out).contains("refused client svc"), "{}", text(&out));
+
+    // Client credentials: 401 -> metadata -> token -> the call.
+    let creds = [("MCP_OAUTH_CLIENT_ID", "svc"), ("MCP_OAUTH_CLIENT_SECRET", "svc-secret")];
+    let args = r#"{"thought":"t","thoughtNumber":1,"totalThoughts":1,"nextThoughtNeeded":false}"#;
+    let out = tether_cli(&["call", &mcp, "thought", "--json", args], &creds, &home);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(result["structuredContent"]["thoughtNumber"], 1, "{result}");
+
+    // The token is kept in a private file, never the secret.
+    use std::os::unix::fs::PermissionsExt;
+    let cache = home.join("oauth-cache");
+    let files: Vec<_> = std::fs::read_dir(&cache).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert_eq!(std::fs::metadata(&cache).unwrap().permissions().mode() & 0o777, 0o700);
+    assert_eq!(std::fs::metadata(&files[0]).unwrap().permissions().mode() & 0o777, 0o600);
+    let kept = std::fs::read_to_string(&files[0]).unwrap();
+    assert!(!kept.contains("svc-secret"), "the secret is never written");
+
+    // The authorization server goes away: the cached token goes on working.
+    drop(provider);
+    let out = tether_cli(&["tools", &mcp, "--json"], &creds, &home);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("thought"), "{}", text(&out));
+}

@@ -120,7 +120,7 @@ impl Drop for Server {
 pub fn tether(args: &[&str], env: &[(&str, &str)], config_home: &Path) -> Output {
     let mut cmd = Command::new(binary());
     cmd.args(args).env("XDG_CONFIG_HOME", config_home).env_remove("RUST_LOG").stdin(Stdio::null());
-    for k in ["MCP_AUTH_TOKEN", "MCP_SERVER_URL"] {
+    for k in ["MCP_AUTH_TOKEN", "MCP_SERVER_URL", "MCP_OAUTH_CLIENT_ID", "MCP_OAUTH_CLIENT_SECRET", "TETHER_OAUTH_CACHE"] {
         cmd.env_remove(k);
     }
     for (k, v) in env {
