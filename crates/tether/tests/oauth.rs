@@ -603,3 +603,37 @@ async fn tether_call_and_tools_follow_the_challenge_with_client_credentials_and_
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("thought"), "{}", text(&out));
 }
+
+#[tokio::test]
+async fn another_subject_gets_neither_the_replay_of_a_session_nor_its_tasks() {
+    let dir = tempfile::tempdir().unwrap();
+    let provider = start_provider(dir.path());
+    // Every resumable call is a task at once.
+    let tether = start_protected_env(&dir, &[&provider.issuer], "", &["--resume-wait", "0s"], &[]);
+    let mcp = format!("{}/mcp", tether.base);
+    let owner = Client::with_token(&mcp, &provider.token("svc", &mcp, "tools:read").await);
+    let other = Client::with_token(&mcp, &provider.token("reader", &mcp, "tools:read").await);
+
+    // Replay of the owner's stream: 404 for another subject.
+    let params = json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}});
+    let (sid, _) = owner.initialize_params(params).await;
+    let events = owner.request(&sid, 1, "tools/call", json!({"name": "thought", "arguments": thought_args(1)})).await;
+    let last = events.iter().rev().find_map(|e| e.id.clone()).expect("the answer has an event ID");
+    assert_eq!(other.get(&sid, Some(&last)).send().await.unwrap().status(), 404, "replay is the session's principal's");
+    assert_eq!(owner.get(&sid, Some(&last)).send().await.unwrap().status(), 200, "and the owner's replay works");
+
+    // A task: only its principal sees it.
+    let tasks = json!({
+        (tether_wire::meta::PROTOCOL_VERSION): SESSIONLESS,
+        (tether_wire::meta::CLIENT_CAPABILITIES): {"extensions": {(tether_wire::meta::TASKS_EXTENSION): {}}},
+    });
+    let call = json!({"name": "session", "arguments": {"operation": "export", "format": "json"}, "_meta": tasks});
+    let (status, created) = send_sessionless(&owner, &sessionless_request(2, "tools/call", call), Some("session"), &[]).await;
+    assert_eq!(status, 200, "{created}");
+    let task = created["result"]["taskId"].as_str().unwrap_or_else(|| panic!("a task: {created}")).to_owned();
+    let get = sessionless_request(3, "tasks/get", json!({"taskId": task, "_meta": tasks}));
+    let (_, theirs) = send_sessionless(&other, &get, Some(&task), &[]).await;
+    assert!(theirs["result"].is_null() && theirs["error"].is_object(), "another subject's tasks/get: {theirs}");
+    let (_, own) = send_sessionless(&owner, &get, Some(&task), &[]).await;
+    assert!(own["result"]["status"].is_string(), "the owner's tasks/get: {own}");
+}
