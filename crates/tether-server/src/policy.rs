@@ -20,7 +20,13 @@
 //! `insufficient_scope` naming every such scope (the front does that),
 //! else a JSON-RPC error. Each decision on a use, and each item left out
 //! of a list, goes to the [`AuditLog`] when one is set.
+//!
+//! `[scope_implies]` says which scopes a broader one brings along
+//! (`"tools:write" = ["tools:read"]`, followed transitively): a token's
+//! `jwt.scope` holds them too, and a challenge names only the broadest of
+//! the scopes a request needs.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -32,6 +38,16 @@ use crate::app::{CutOff, Initialize, McpApp, RawResult, SessionEnd, raw_result};
 pub use crate::audit::AuditLog;
 use crate::engine::{RequestCtx, SessionCtx};
 use crate::http::Auth;
+
+/// The config file's policy keys: `[[policies]]` and `[scope_implies]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct PolicyConfig {
+    #[serde(default)]
+    pub policies: Vec<RuleConfig>,
+    /// A scope and the narrower scopes it brings along.
+    #[serde(default)]
+    pub scope_implies: BTreeMap<String, Vec<String>>,
+}
 
 /// One `[[policies]]` table as written.
 #[derive(Debug, Clone, Deserialize)]
@@ -151,6 +167,8 @@ impl Decision {
 pub struct Policy {
     rules: Vec<Rule>,
     audit: Option<AuditLog>,
+    /// A scope and the narrower scopes it brings along (as configured).
+    implies: BTreeMap<String, Vec<String>>,
 }
 
 impl std::fmt::Debug for Policy {
@@ -186,7 +204,29 @@ impl Policy {
                 })
             })
             .collect::<Result<_, String>>()?;
-        Ok(Self { rules, audit: None })
+        Ok(Self { rules, audit: None, implies: BTreeMap::new() })
+    }
+
+    /// The policy of the config file's `[[policies]]` and `[scope_implies]`.
+    pub fn from_config(config: PolicyConfig) -> Result<Self, String> {
+        let mut policy = Self::new(config.policies)?;
+        policy.implies = config.scope_implies;
+        Ok(policy)
+    }
+
+    /// `scopes` with every scope they imply, transitively.
+    fn with_implied(&self, scopes: Vec<String>) -> Vec<String> {
+        let mut all = scopes;
+        let mut i = 0;
+        while i < all.len() {
+            for narrower in self.implies.get(&all[i]).into_iter().flatten() {
+                if !all.contains(narrower) {
+                    all.push(narrower.clone());
+                }
+            }
+            i += 1;
+        }
+        all
     }
 
     /// Every decision on a use, and every item left out of a list, is written to `audit`.
@@ -201,7 +241,7 @@ impl Policy {
         if covering.is_empty() {
             return Decision::Allow { rules: Vec::new() };
         }
-        let jwt = jwt_view(&subject.claims);
+        let jwt = jwt_view(&subject.claims, |scopes| self.with_implied(scopes));
         let mcp = target.mcp(endpoint, method);
         let (mut denying, mut scopes) = (Vec::new(), Vec::new());
         for rule in &covering {
@@ -211,11 +251,13 @@ impl Policy {
             }
         }
         if denying.is_empty() {
-            Decision::Allow { rules: covering.iter().map(|r| r.source.clone()).collect() }
-        } else {
-            scopes.dedup();
-            Decision::Deny { rules: denying, scopes }
+            return Decision::Allow { rules: covering.iter().map(|r| r.source.clone()).collect() };
         }
+        scopes.dedup();
+        // One challenge names the broadest: a scope another one asked brings along is left out.
+        let asked = scopes.clone();
+        scopes.retain(|s| !asked.iter().any(|t| t != s && self.with_implied(vec![t.clone()]).contains(s)));
+        Decision::Deny { rules: denying, scopes }
     }
 
     /// Writes `decision` to the audit log, if one is set.
@@ -254,15 +296,18 @@ fn allows(rule: &Rule, jwt: &Value, principal: &str, mcp: &Value) -> bool {
     }
 }
 
-/// The claims as the rules see them: `scope` always a list.
-fn jwt_view(claims: &Value) -> Value {
+/// The claims as the rules see them: `scope` always a list, with what
+/// `expand` adds (the scopes they imply).
+fn jwt_view(claims: &Value, expand: impl Fn(Vec<String>) -> Vec<String>) -> Value {
     let mut view = claims.as_object().cloned().unwrap_or_default();
-    let scopes: Vec<Value> = match (view.get("scope"), view.get("scp")) {
-        (Some(Value::String(s)), _) => s.split_whitespace().map(|s| json!(s)).collect(),
-        (Some(Value::Array(a)), _) | (_, Some(Value::Array(a))) => a.clone(),
+    let scopes: Vec<String> = match (view.get("scope"), view.get("scp")) {
+        (Some(Value::String(s)), _) => s.split_whitespace().map(str::to_owned).collect(),
+        (Some(Value::Array(a)), _) | (_, Some(Value::Array(a))) => {
+            a.iter().filter_map(Value::as_str).map(str::to_owned).collect()
+        }
         _ => Vec::new(),
     };
-    view.insert("scope".into(), Value::Array(scopes));
+    view.insert("scope".into(), json!(expand(scopes)));
     Value::Object(view)
 }
 
@@ -512,5 +557,29 @@ mod tests {
         }
         assert_eq!(Target::of("resources/subscribe", json!({"uri": "u://1"}).as_object()), Some(Target::Resource("u://1")));
         assert_eq!(Target::of("tools/list", None), None);
+    }
+
+    #[test]
+    fn a_broader_scope_brings_the_narrower_ones_and_a_challenge_names_the_broadest() {
+        let config = PolicyConfig {
+            policies: vec![
+                rule("*", &["read_*", "write_*"], r#""tools:read" in jwt.scope"#, Some("tools:read")),
+                rule("*", &["write_*"], r#""tools:write" in jwt.scope"#, Some("tools:write")),
+            ],
+            scope_implies: BTreeMap::from([
+                ("tools:admin".to_owned(), vec!["tools:write".to_owned()]),
+                ("tools:write".to_owned(), vec!["tools:read".to_owned()]),
+            ]),
+        };
+        let policy = Policy::from_config(config).unwrap();
+        assert!(allowed(policy.decide("", "tools/call", Target::Tool("read_a"), &subject("tools:write"))), "write brings read");
+        assert!(allowed(policy.decide("", "tools/call", Target::Tool("write_a"), &subject("tools:admin"))), "transitively");
+        match policy.decide("", "tools/call", Target::Tool("write_a"), &subject("")) {
+            Decision::Deny { rules, scopes } => {
+                assert_eq!(rules.len(), 2);
+                assert_eq!(scopes, ["tools:write"], "tools:read comes with tools:write");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

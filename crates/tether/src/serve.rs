@@ -322,17 +322,17 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             auth.with_oauth(server)
         }
     };
-    let rules = match args.config.as_deref() {
+    let policies = match args.config.as_deref() {
         Some(path) => crate::serve_config::policies(path)?,
-        None => Vec::new(),
+        None => Default::default(),
     };
-    let auth = match (rules.len(), &args.audit_log) {
+    let auth = match (policies.policies.len(), &args.audit_log) {
         (0, None) => auth,
         (0, Some(path)) => {
             anyhow::bail!("--audit-log {} is set, but the config file has no [[policies]] to audit", path.display())
         }
         (n, audit_log) => {
-            let mut policy = Policy::new(rules).map_err(anyhow::Error::msg)?;
+            let mut policy = Policy::from_config(policies).map_err(anyhow::Error::msg)?;
             if let Some(path) = audit_log {
                 policy = policy.with_audit(AuditLog::open(path).map_err(anyhow::Error::msg)?);
                 tracing::info!(file = %path.display(), "policy decisions audited");

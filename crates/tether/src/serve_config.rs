@@ -18,6 +18,7 @@ use tether_gateway::config::{ServerConfig, ServerTable, UpstreamConfig, Upstream
 const UPSTREAMS: &str = "upstreams";
 const SERVERS: &str = "servers";
 const POLICIES: &str = "policies";
+const SCOPE_IMPLIES: &str = "scope_implies";
 
 /// `argv` with the flags of a `serve --config FILE` file put in front of
 /// the typed ones (unchanged for anything else).
@@ -31,13 +32,13 @@ pub fn expand(argv: Vec<OsString>) -> anyhow::Result<Vec<OsString>> {
     let known = known_flags();
     let mut from_file = Vec::new();
     for (key, value) in &table {
-        if key == UPSTREAMS || key == SERVERS || key == POLICIES || key == "config" {
+        if [UPSTREAMS, SERVERS, POLICIES, SCOPE_IMPLIES, "config"].contains(&key.as_str()) {
             continue;
         }
         let flag = key.replace('_', "-");
         let Some(env) = known.iter().find(|(name, _)| *name == flag).map(|(_, env)| env.clone()) else {
             bail!(
-                "{path}:{}: unknown key `{key}`; the keys are the serve flags ({}), [upstreams.NAME], [servers.NAME] and [[policies]]",
+                "{path}:{}: unknown key `{key}`; the keys are the serve flags ({}), [upstreams.NAME], [servers.NAME], [[policies]] and [scope_implies]",
                 line_of(&text, key),
                 known.iter().map(|(n, _)| n.replace('-', "_")).collect::<Vec<_>>().join(", ")
             );
@@ -84,16 +85,10 @@ pub fn servers(path: &Path, upstreams: &[&str]) -> anyhow::Result<Vec<ServerConf
         .collect()
 }
 
-/// The tool policies of the config file (`[[policies]]`).
-pub fn policies(path: &Path) -> anyhow::Result<Vec<tether_server::policy::RuleConfig>> {
+/// The policies of the config file (`[[policies]]`, `[scope_implies]`).
+pub fn policies(path: &Path) -> anyhow::Result<tether_server::policy::PolicyConfig> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read the config file {}", path.display()))?;
-    #[derive(serde::Deserialize)]
-    struct File {
-        #[serde(default)]
-        policies: Vec<tether_server::policy::RuleConfig>,
-    }
-    let file: File = toml::from_str(&text).with_context(|| format!("{}: [[policies]] tables", path.display()))?;
-    Ok(file.policies)
+    toml::from_str(&text).with_context(|| format!("{}: [[policies]] and [scope_implies]", path.display()))
 }
 
 fn config_path(args: &[OsString]) -> Option<String> {
