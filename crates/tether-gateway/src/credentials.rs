@@ -87,13 +87,9 @@ impl TokenSource {
         let subject = match self.grant.grant {
             Grant::ClientCredentials => None,
             Grant::TokenExchange => {
-                let token = client_authorization
-                    .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-                    .map(str::trim)
-                    .filter(|t| !t.is_empty())
-                    .ok_or_else(|| {
-                        self.error("its token is exchanged for the caller's access token, and this request carries none")
-                    })?;
+                let token = client_authorization.and_then(tether_wire::headers::bearer_token).ok_or_else(|| {
+                    self.error("its token is exchanged for the caller's access token, and this request carries none")
+                })?;
                 Some(token)
             }
         };

@@ -34,3 +34,27 @@ pub const TRACESTATE: &str = "tracestate";
 pub const ACCEPT_POST: &str = "application/json, text/event-stream";
 /// The content type of an SSE stream (and the `Accept` of a GET).
 pub const EVENT_STREAM: &str = "text/event-stream";
+
+/// The token of an `Authorization: Bearer TOKEN` value; the scheme is
+/// matched without regard to case (RFC 7235), the token trimmed. `None`
+/// for another scheme or an empty token.
+pub fn bearer_token(authorization: &str) -> Option<&str> {
+    let (scheme, token) = authorization.trim_start().split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+#[cfg(test)]
+mod bearer_tests {
+    use super::bearer_token;
+
+    #[test]
+    fn the_bearer_scheme_is_matched_in_any_case() {
+        assert_eq!(bearer_token("Bearer abc"), Some("abc"));
+        assert_eq!(bearer_token("BEARER abc "), Some("abc"));
+        assert_eq!(bearer_token("bearer  abc"), Some("abc"));
+        assert_eq!(bearer_token("Basic abc"), None);
+        assert_eq!(bearer_token("Bearer "), None);
+        assert_eq!(bearer_token("Bearerabc"), None);
+    }
+}

@@ -272,6 +272,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             Err(_) => anyhow::bail!("--admin-token-env {var}: ${var} is not set (or not UTF-8); set it to the admin token"),
         },
     };
+    if let Some(token) = &admin_token
+        && auth.holds_token(token)
+    {
+        anyhow::bail!(
+            "--admin-token-env {}: the admin token is also a user's token in --auth-tokens; give the admin a token of its own",
+            args.admin_token_env.as_deref().unwrap_or_default()
+        );
+    }
     let url: StoreUrl = match &args.store {
         Some(s) => s.parse()?,
         None => default_store()?,

@@ -78,6 +78,12 @@ async fn token_file_reload_swaps_tokens_and_a_bad_file_keeps_the_old_ones() {
         h
     };
     assert_eq!(auth.principal(&headers(ALICE), "").await.unwrap(), "alice");
+    // The scheme is case-insensitive (RFC 7235).
+    for scheme in ["BEARER", "bearer", "BeArEr"] {
+        let mut h = axum::http::HeaderMap::new();
+        h.insert("authorization", format!("{scheme} {ALICE}").parse().unwrap());
+        assert_eq!(auth.principal(&h, "").await.unwrap(), "alice", "{scheme}");
+    }
     token_file(dir.path(), &format!("{BOB} bob\n"));
     assert_eq!(auth.reload().unwrap(), 1);
     assert!(auth.principal(&headers(ALICE), "").await.is_err(), "removed token stops working");
@@ -305,4 +311,44 @@ async fn hostile_input_never_gets_a_5xx_and_the_server_stays_healthy() {
         assert_eq!(health.status(), 200, "server healthy after {n} hostile requests");
         assert_eq!(c.call(&sid, 9999, "thought", thought_args(2)).await["result"]["isError"], false);
     }
+}
+
+#[test]
+fn a_token_of_two_principals_and_an_admin_token_of_a_user_refuse_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = |tokens: &std::path::Path, env: &[(&str, &str)]| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_tether"));
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--auth-tokens", tokens.to_str().unwrap()])
+            .arg("--store")
+            .arg(format!("sqlite:{}", dir.path().join("t.db").display()))
+            .stdin(std::process::Stdio::null());
+        for (k, v) in env {
+            cmd.arg("--admin-token-env").arg(k).env(k, v);
+        }
+        // A refused start exits at once; a started server would not exit.
+        let mut child = cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("tether started instead of refusing");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+        (status, stderr)
+    };
+    let shared = token_file(dir.path(), &format!("{ALICE} alice\n{ALICE} bob\n"));
+    let (status, stderr) = serve(&shared, &[]);
+    assert!(!status.success());
+    assert!(stderr.contains("already `alice`'s"), "{stderr}");
+
+    let tokens = token_file(dir.path(), &format!("{ALICE} alice\n{BOB} bob\n"));
+    let (status, stderr) = serve(&tokens, &[("TETHER_TEST_ADMIN", BOB)]);
+    assert!(!status.success());
+    assert!(stderr.contains("admin token is also a user's token"), "{stderr}");
 }

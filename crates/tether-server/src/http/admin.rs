@@ -74,10 +74,8 @@ async fn authorize(State(admin): State<Admin>, request: axum::extract::Request, 
 }
 
 fn authorized(admin: &Admin, headers: &HeaderMap) -> bool {
-    let Some(token) = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+    let Some(token) =
+        headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(tether_wire::headers::bearer_token)
     else {
         return false;
     };

@@ -37,7 +37,7 @@ fn digest(token: &str) -> [u8; 32] {
 impl TokenTable {
     /// Parses the file's text; errors name the line.
     pub fn parse(text: &str) -> Result<Self, String> {
-        let mut entries = Vec::new();
+        let mut entries: Vec<([u8; 32], String, usize)> = Vec::new();
         for (n, line) in text.lines().enumerate() {
             let line = line.trim();
             if line.is_empty() || line.starts_with('#') {
@@ -53,8 +53,19 @@ impl TokenTable {
             if principal == ANONYMOUS {
                 return Err(format!("line {}: `{ANONYMOUS}` is reserved", n + 1));
             }
-            entries.push((digest(token), principal.to_owned()));
+            let token_digest = digest(token);
+            if let Some((_, other, at)) = entries.iter().find(|(d, _, _)| *d == token_digest) {
+                if other != principal {
+                    return Err(format!(
+                        "line {}: this token is already `{other}`'s (line {at}); a token belongs to one principal",
+                        n + 1
+                    ));
+                }
+                continue;
+            }
+            entries.push((token_digest, principal.to_owned(), n + 1));
         }
+        let entries = entries.into_iter().map(|(d, p, _)| (d, p)).collect::<Vec<_>>();
         if entries.is_empty() {
             return Err("no `TOKEN PRINCIPAL` lines: every request would be refused".into());
         }
@@ -67,6 +78,11 @@ impl TokenTable {
 
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+
+    /// Whether `token` is one of the file's (whoever's).
+    pub fn holds(&self, token: &str) -> bool {
+        self.principal(token).is_some()
     }
 
     /// The principal of `token`, comparing against every entry.
@@ -125,7 +141,7 @@ impl Auth {
     /// Who is asking as policies see it: the principal and, for an access
     /// token, its claims (its check is remembered, so this costs a hash).
     pub async fn subject(&self, authorization: Option<&str>, endpoint: &str, principal: &str) -> Subject {
-        let token = authorization.and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer "))).map(str::trim);
+        let token = authorization.and_then(tether_wire::headers::bearer_token);
         let claims = match (&self.oauth, token) {
             (Some(oauth), Some(token)) => {
                 oauth.verify(token, endpoint).await.map(|t| t.claims).unwrap_or(serde_json::Value::Null)
@@ -152,6 +168,11 @@ impl Auth {
             www_authenticate: challenge,
             ..HttpError::new(StatusCode::FORBIDDEN, tether_wire::code::SERVER_ERROR, message)
         })
+    }
+
+    /// Whether `token` is one of the token file's (an admin token must not be).
+    pub fn holds_token(&self, token: &str) -> bool {
+        self.table.read().ok().and_then(|t| t.clone()).is_some_and(|t| t.holds(token))
     }
 
     /// The OAuth resource server, if `--oauth-issuer` is set.
@@ -194,8 +215,7 @@ impl Auth {
         let token = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-            .map(str::trim)
+            .and_then(tether_wire::headers::bearer_token)
             .ok_or_else(|| unauthorized("authentication required: send `Authorization: Bearer <token>`", None))?;
         let table = self.table.read().ok().and_then(|t| t.clone());
         if let Some(principal) = table.as_ref().and_then(|t| t.principal(token)) {
@@ -239,5 +259,8 @@ mod tests {
         assert!(TokenTable::parse("short alice").unwrap_err().contains("16"));
         assert!(TokenTable::parse("AAAAAAAAAAAAAAAAAAAA a b").unwrap_err().contains("line 1"));
         assert!(TokenTable::parse("# nothing\n").is_err());
+        let twice = TokenTable::parse("AAAAAAAAAAAAAAAAAAAA alice\nAAAAAAAAAAAAAAAAAAAA bob\n").unwrap_err();
+        assert!(twice.contains("line 2") && twice.contains("`alice`'s (line 1)"), "{twice}");
+        assert_eq!(TokenTable::parse("AAAAAAAAAAAAAAAAAAAA alice\nAAAAAAAAAAAAAAAAAAAA alice\n").unwrap().len(), 1);
     }
 }
