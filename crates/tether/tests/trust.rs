@@ -352,3 +352,26 @@ fn a_token_of_two_principals_and_an_admin_token_of_a_user_refuse_the_start() {
     assert!(!status.success());
     assert!(stderr.contains("admin token is also a user's token"), "{stderr}");
 }
+
+#[tokio::test]
+async fn a_resume_token_of_another_endpoint_is_refused_as_foreign_and_stays_good_where_it_belongs() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = format!("fx=stdio:python3 {}", fixture());
+    let (mut server, url) = start_binary(&dir.path().join("t.db"), &["--upstream", &upstream]);
+    let c = Client::new(&url);
+    let (sid, first) = c.initialize_params(init_params(None, "2025-11-25")).await;
+    let token = first["_meta"]["dev.tether/sessionResumeToken"].as_str().unwrap().to_owned();
+
+    // Presented on /mcp/fx: refused as foreign, and not spent.
+    let fx = Client::new(&format!("{url}/fx"));
+    let (fx_sid, refused) = fx.initialize_params(init_params(Some(&token), "2025-11-25")).await;
+    assert_ne!(fx_sid, sid);
+    assert_eq!(refused["_meta"]["dev.tether/resumed"], false, "{refused}");
+    assert_eq!(refused["_meta"]["dev.tether/resumeRefused"], "foreign", "{refused}");
+
+    // Presented where it belongs: the session, resumed.
+    let (resumed, again) = c.initialize_params(init_params(Some(&token), "2025-11-25")).await;
+    assert_eq!(resumed, sid);
+    assert_eq!(again["_meta"]["dev.tether/resumed"], true, "{again}");
+    let _ = server.kill();
+}

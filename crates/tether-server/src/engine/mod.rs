@@ -396,7 +396,17 @@ impl Engine {
         token: &str,
     ) -> Result<Result<Arc<Session>, resume::Refusal>, EngineError> {
         let key = self.inner.key.get(self.inner.store.as_ref()).await?;
-        let redeemed = match self.inner.tokens.redeem(self.inner.store.as_ref(), &key, token, principal).await? {
+        let store = self.inner.store.as_ref();
+        let opened = match self.inner.tokens.open(store, &key, token, principal).await? {
+            Ok(opened) => opened,
+            Err(refusal) => return Ok(Err(refusal)),
+        };
+        // The endpoint before the token is spent: a token of another
+        // endpoint's session is refused and stays good where it belongs.
+        if self.inner.load(opened.session()).await?.is_some_and(|s| s.endpoint != endpoint) {
+            return Ok(Err(resume::Refusal::Foreign));
+        }
+        let redeemed = match self.inner.tokens.spend(store, opened).await? {
             Ok(r) => r,
             Err(refusal) => return Ok(Err(refusal)),
         };

@@ -111,20 +111,21 @@ impl ResumeTokens {
         Ok(seal_token(key, &id))
     }
 
-    /// Spends a token presented by `principal`.
-    pub async fn redeem(
+    /// Checks a token without spending it: what [`ResumeTokens::spend`] takes
+    /// (the caller may refuse it first, leaving it usable).
+    pub async fn open(
         &self,
         store: &dyn Store,
         key: &[u8; 32],
         token: &str,
         principal: &str,
-    ) -> Result<Result<Redeemed, Refusal>, StoreError> {
+    ) -> Result<Result<Opened, Refusal>, StoreError> {
         let Some(id) = open_token(key, token) else { return Ok(Err(Refusal::Tampered)) };
         let name = hex::encode(id);
         let Some(stored) = store.kv_get(TOKEN_NAMESPACE, &name, now_ms()).await? else {
             return Ok(Err(Refusal::Unknown));
         };
-        let Ok(mut record) = serde_json::from_slice::<TokenRecord>(&stored.value) else {
+        let Ok(record) = serde_json::from_slice::<TokenRecord>(&stored.value) else {
             return Ok(Err(Refusal::Unknown));
         };
         if record.principal != principal {
@@ -133,10 +134,14 @@ impl ResumeTokens {
         if record.used {
             return Ok(Err(Refusal::Used));
         }
+        Ok(Ok(Opened { name, revision: stored.revision, expires_at_ms: stored.expires_at_ms, record }))
+    }
+
+    /// Spends an opened token: once, whoever presents it at the same moment.
+    pub async fn spend(&self, store: &dyn Store, opened: Opened) -> Result<Result<Redeemed, Refusal>, StoreError> {
+        let Opened { name, revision, expires_at_ms, mut record } = opened;
         record.used = true;
-        let spent = store
-            .kv_compare_and_set(TOKEN_NAMESPACE, &name, Some(stored.revision), encode(&record)?, stored.expires_at_ms)
-            .await?;
+        let spent = store.kv_compare_and_set(TOKEN_NAMESPACE, &name, Some(revision), encode(&record)?, expires_at_ms).await?;
         if spent.is_none() {
             // Somebody presented it at the same moment and won.
             return Ok(Err(Refusal::Used));
@@ -145,9 +150,40 @@ impl ResumeTokens {
     }
 }
 
+/// A token checked but not spent yet.
+pub(crate) struct Opened {
+    name: String,
+    revision: u64,
+    expires_at_ms: Option<i64>,
+    record: TokenRecord,
+}
+
+impl Opened {
+    /// The session the token is for.
+    pub fn session(&self) -> &str {
+        &self.record.session
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl ResumeTokens {
+        /// Opens and spends, as a resume does when the endpoint matches.
+        async fn redeem(
+            &self,
+            store: &dyn Store,
+            key: &[u8; 32],
+            token: &str,
+            principal: &str,
+        ) -> Result<Result<Redeemed, Refusal>, StoreError> {
+            match self.open(store, key, token, principal).await? {
+                Ok(opened) => self.spend(store, opened).await,
+                Err(refusal) => Ok(Err(refusal)),
+            }
+        }
+    }
 
     #[test]
     fn sealed_tokens_open_and_every_bit_flip_is_refused() {
