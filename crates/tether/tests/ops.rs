@@ -554,8 +554,8 @@ async fn the_config_file_sets_the_listen_address_and_the_store_and_a_bad_key_fai
     let body: Value = r.json().await.unwrap();
     let _ = child.kill();
     let _ = child.wait();
-    assert_eq!(body["store"], format!("sqlite:{}", db.display()), "{body}");
-    assert!(db.exists());
+    assert_eq!(body["store"], "sqlite", "the kind only, never the path: {body}");
+    assert!(db.exists(), "the config's store");
 
     std::fs::write(&config, "listen = \"127.0.0.1:0\"\n\nlog_fromat = \"json\"\n").unwrap();
     let (ok, _, err) = tether(&["serve", "--config", config.to_str().unwrap()], &[]);

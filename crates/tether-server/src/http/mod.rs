@@ -296,8 +296,22 @@ async fn delete_mcp(
     Ok(StatusCode::OK.into_response())
 }
 
+/// The store's kind for the health routes (`sqlite`, `redis`,
+/// `redis-cluster`, `memory`): never its path or address, which an
+/// unauthenticated route must not tell.
+pub(crate) fn store_kind(store: &dyn tether_store::Store) -> &'static str {
+    let described = store.describe();
+    match described.split([':', ' ']).next().unwrap_or_default() {
+        "sqlite" => "sqlite",
+        "memory" => "memory",
+        "cluster" => "redis-cluster",
+        d if d.starts_with("redis") => "redis",
+        _ => "other",
+    }
+}
+
 async fn healthz(State(state): State<AppState>) -> Response {
-    let store = state.engine.store().describe();
+    let store = store_kind(state.engine.store().as_ref());
     match state.engine.health().await {
         Ok(()) => (StatusCode::OK, axum::Json(json!({"status": "ok", "store": store}))).into_response(),
         Err(e) => (

@@ -22,7 +22,7 @@ const STORE_WAIT: Duration = Duration::from_secs(2);
 /// seen on it.)
 pub(super) async fn readyz(State(state): State<super::AppState>) -> Response {
     let engine = &state.engine;
-    let store = engine.store().describe();
+    let store = super::store_kind(engine.store().as_ref());
     let unavailable = |reason: String| {
         (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({"status": "unavailable", "store": store, "reason": reason})))
     };
