@@ -123,8 +123,39 @@ fn configure(conn: &Connection, strict: bool) -> StoreResult<()> {
     Ok(())
 }
 
+/// The store's files: the database, its WAL and shared memory, its lock
+/// and its WAL marker.
+fn store_files(path: &Path) -> Vec<PathBuf> {
+    let with = |suffix: &str| PathBuf::from(format!("{}{suffix}", path.display()));
+    vec![path.to_path_buf(), with("-wal"), with("-shm"), with(".lock"), walmark::path(path)]
+}
+
+/// A store file others may read holds the server key, session IDs and
+/// every event: under `strict` it is refused, else made 0600 with a warning.
 #[cfg(unix)]
-fn prepare_path(path: &Path) -> StoreResult<std::fs::File> {
+fn private_files(path: &Path, strict: bool) -> StoreResult<()> {
+    use std::os::unix::fs::PermissionsExt;
+    for file in store_files(path) {
+        let Ok(meta) = std::fs::metadata(&file) else { continue };
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 == 0 {
+            continue;
+        }
+        if strict {
+            return Err(StoreError::Config(format!(
+                "{} is open to group or others (mode {mode:o}); chmod 600 it (--durability strict uses no store others can read)",
+                file.display()
+            )));
+        }
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| StoreError::Config(format!("cannot make {} private (chmod 600): {e}", file.display())))?;
+        tracing::warn!(file = %file.display(), was = format!("{mode:o}"), "a store file was open to group or others; made it 0600");
+    }
+    Ok(())
+}
+
+#[cfg(unix)]
+fn prepare_path(path: &Path, strict: bool) -> StoreResult<std::fs::File> {
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
         && !dir.exists()
@@ -143,6 +174,7 @@ fn prepare_path(path: &Path) -> StoreResult<std::fs::File> {
         .mode(0o600)
         .open(path)
         .map_err(|e| StoreError::Config(format!("cannot open {}: {e}", path.display())))?;
+    private_files(path, strict)?;
     let lock_path = PathBuf::from(format!("{}.lock", path.display()));
     let lock = std::fs::OpenOptions::new()
         .create(true)
@@ -170,7 +202,7 @@ impl SqliteDb {
         let (lock, conn, kv_revision, checkpoint_conn) = tokio::task::spawn_blocking({
             let path = path.clone();
             move || -> StoreResult<_> {
-                let lock = prepare_path(&path)?;
+                let lock = prepare_path(&path, strict)?;
                 // Before SQLite's recovery reads a damaged WAL short in silence.
                 check::before_open(&path, strict)?;
                 let conn = open_connection(&path)?;

@@ -111,3 +111,23 @@ async fn finished_request_streams_are_dropped_by_age_and_open_ones_with_their_se
     assert_eq!(store.drop_finished_streams("r", "r~", now + 60_000, 100).await.unwrap(), 2);
     assert_eq!(stored(&store, "r9quick").await, 0);
 }
+
+#[tokio::test]
+async fn a_store_file_others_can_read_is_refused_under_strict_and_made_private_otherwise() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    drop(SqliteStore::open(&path, StoreConfig::default()).await.unwrap());
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&path), 0o600, "a new store is private");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+
+    let strict = StoreConfig { strict_durability: true, ..StoreConfig::default() };
+    let refused = SqliteStore::open(&path, strict).await.err().expect("strict refuses a store others can read");
+    let message = refused.to_string();
+    assert!(message.contains("chmod 600") && message.contains("644"), "{message}");
+    assert_eq!(mode(&path), 0o644, "left as it was");
+
+    drop(SqliteStore::open(&path, StoreConfig::default()).await.unwrap());
+    assert_eq!(mode(&path), 0o600, "made private, with a warning");
+}
