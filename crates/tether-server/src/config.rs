@@ -11,6 +11,9 @@ pub struct ServerConfig {
     pub max_body: usize,
     /// Origins allowed besides localhost ones (`--allowed-origin`).
     pub allowed_origins: Vec<String>,
+    /// The names a request's `Host` may carry on every route (none: any;
+    /// `tether serve` sets the loopback names when bound to loopback).
+    pub allowed_hosts: Option<crate::http::AllowedHosts>,
     /// Answer POSTed requests with plain JSON instead of SSE (`--json-response`).
     pub json_response: bool,
     /// The `retry` (ms) announced on every stream.
@@ -74,6 +77,7 @@ impl Default for ServerConfig {
             session_ttl: Duration::from_secs(30 * 60),
             max_body: 4 * 1024 * 1024,
             allowed_origins: Vec::new(),
+            allowed_hosts: None,
             json_response: false,
             sse_retry_ms: 1000,
             prime_delay: Duration::from_millis(20),

@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use tether_notebook::{MemoryNotebook, Notebook, NotebookRepo, RedisNotebook, SqliteNotebook};
+use tether_server::http::AllowedHosts;
 use tether_server::http::Auth;
 use tether_server::http::oauth::{ClientCredentials, OAuthConfig, ResourceServer};
 use tether_server::policy::{AuditLog, Policed, Policy};
@@ -56,6 +57,11 @@ pub struct ServeArgs {
     /// An Origin to allow besides localhost ones (repeat, or comma-separate in the env var).
     #[arg(long = "allowed-origin", env = "TETHER_ALLOWED_ORIGIN", value_delimiter = ',')]
     allowed_origins: Vec<String>,
+    /// A host name requests may carry in `Host` (repeat, or comma-separate
+    /// in the env var). Bound to loopback, the loopback names are allowed
+    /// besides; bound elsewhere without any, every name is.
+    #[arg(long = "allowed-host", env = "TETHER_ALLOWED_HOST", value_delimiter = ',')]
+    allowed_hosts: Vec<String>,
     /// Answer requests with one JSON body instead of an SSE stream.
     #[arg(long, env = "TETHER_JSON_RESPONSE")]
     json_response: bool,
@@ -261,6 +267,25 @@ fn auth(path: Option<&std::path::Path>) -> anyhow::Result<Auth> {
     Ok(auth)
 }
 
+/// The `Host` names every route answers to: the loopback names when bound
+/// to loopback, `--allowed-host` and `--public-url`'s host; none to check
+/// when bound elsewhere without `--allowed-host` (said in the log).
+fn allowed_hosts(args: &ServeArgs) -> Option<AllowedHosts> {
+    let mut names = args.allowed_hosts.clone();
+    if let Some(url) = &args.public_url {
+        let after_scheme = url.split_once("://").map_or(url.as_str(), |(_, rest)| rest);
+        names.extend(after_scheme.split('/').next().filter(|h| !h.is_empty()).map(str::to_owned));
+    }
+    if args.listen.ip().is_loopback() {
+        return Some(AllowedHosts::loopback_and(&names));
+    }
+    if args.allowed_hosts.is_empty() {
+        tracing::warn!(listen = %args.listen, "no --allowed-host: requests are answered whatever their Host header names");
+        return None;
+    }
+    Some(AllowedHosts::only(&names))
+}
+
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let auth = auth(args.auth_tokens.as_deref())?;
     tether_server::metrics::set_enabled(!args.no_metrics);
@@ -294,6 +319,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let config = ServerConfig {
         session_ttl: args.session_ttl,
         max_body: args.max_body,
+        allowed_hosts: allowed_hosts(&args),
         allowed_origins: args.allowed_origins,
         json_response: args.json_response,
         resume_wait: args.resume_wait,

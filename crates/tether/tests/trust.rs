@@ -375,3 +375,28 @@ async fn a_resume_token_of_another_endpoint_is_refused_as_foreign_and_stays_good
     assert_eq!(again["_meta"]["dev.tether/resumed"], true, "{again}");
     let _ = server.kill();
 }
+
+#[tokio::test]
+async fn every_route_answers_only_to_the_host_names_it_is_set_up_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut server, url) = start_binary(&dir.path().join("t.db"), &["--allowed-host", "mcp.example.com"]);
+    let base = url.trim_end_matches("/mcp").to_owned();
+    let port = base.rsplit(':').next().unwrap().to_owned();
+    let http = reqwest::Client::new();
+    let get = |path: &str, host: String| http.get(format!("{base}{path}")).header("host", host).send();
+    for path in ["/healthz", "/readyz", "/metrics", "/console/", "/.well-known/oauth-protected-resource"] {
+        // A rebinding page's name: refused before any route runs.
+        let refused = get(path, format!("evil.example:{port}")).await.unwrap();
+        assert_eq!(refused.status(), 421, "{path}");
+    }
+    let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}});
+    let refused = Client::new(&url).post(None, &init).header("host", "evil.example").send().await.unwrap();
+    assert_eq!(refused.status(), 421);
+    let body: Value = refused.json().await.unwrap();
+    assert!(body["error"]["message"].as_str().unwrap().contains("--allowed-host"), "{body}");
+    for host in [format!("127.0.0.1:{port}"), format!("localhost:{port}"), "mcp.example.com".to_owned()] {
+        assert_eq!(get("/healthz", host.clone()).await.unwrap().status(), 200, "{host}");
+    }
+    let _ = server.kill();
+}

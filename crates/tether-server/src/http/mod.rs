@@ -7,7 +7,9 @@ mod auth;
 mod conn;
 mod error;
 mod extract;
+mod host;
 pub mod oauth;
+pub use host::AllowedHosts;
 mod ops;
 pub mod sessionless;
 mod sse;
@@ -104,7 +106,8 @@ pub async fn serve_metrics(listener: TcpListener, engine: Engine) -> std::io::Re
         idle_timeout: config.idle_timeout,
         max_connections: METRICS_MAX_CONNECTIONS.min(config.max_connections),
     };
-    conn::serve(listener, metrics_router(engine), limits, std::future::pending()).await
+    let hosts = host::HostLayer(config.allowed_hosts.clone().map(Arc::new));
+    conn::serve(listener, metrics_router(engine).layer(hosts), limits, std::future::pending()).await
 }
 
 /// [`serve`] with `extra` routes merged beside `/mcp` and `/healthz` (the
@@ -130,6 +133,8 @@ pub async fn serve_with(
     if crate::trace::enabled() {
         app = app.layer(crate::trace::TraceLayer);
     }
+    // Outermost: a request for a name this server is not set up for goes no further.
+    app = app.layer(host::HostLayer(config.allowed_hosts.clone().map(Arc::new)));
     let result = conn::serve(listener, app, limits, async move {
         shutdown.await;
         tracing::info!("shutting down: asking open streams to reconnect");
