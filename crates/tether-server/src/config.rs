@@ -56,6 +56,10 @@ pub struct ServerConfig {
     /// Sessionless (2026-07-28) requests running at once, over all clients;
     /// beyond it a request is refused with 429.
     pub max_sessionless_requests: usize,
+    /// Sessionless requests one principal may run at once (under the ceiling above).
+    pub max_sessionless_requests_per_principal: usize,
+    /// `subscriptions/listen` streams one principal may hold open.
+    pub max_listen_streams_per_principal: usize,
     /// A connection must deliver a request's complete head (request line
     /// and headers) within this long after it opened or after its first
     /// byte arrived (`--header-timeout`); else it is closed.
@@ -94,6 +98,8 @@ impl Default for ServerConfig {
             max_queued_notifications: 64,
             max_pending_client_requests: 16,
             max_sessionless_requests: 1024,
+            max_sessionless_requests_per_principal: 256,
+            max_listen_streams_per_principal: 64,
             header_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(120),
             body_timeout: Duration::from_secs(60),

@@ -107,6 +107,12 @@ pub struct ServeArgs {
     /// Live sessions one principal may hold; `initialize` beyond it gets 429.
     #[arg(long, env = "TETHER_MAX_SESSIONS_PER_PRINCIPAL", default_value_t = 100_000)]
     max_sessions_per_principal: usize,
+    /// Sessionless (2026-07-28) requests one principal may run at once; more get 429.
+    #[arg(long, env = "TETHER_MAX_SESSIONLESS_PER_PRINCIPAL", default_value_t = 256)]
+    max_sessionless_per_principal: usize,
+    /// `subscriptions/listen` streams one principal may hold open; more get 429.
+    #[arg(long, env = "TETHER_MAX_LISTEN_PER_PRINCIPAL", default_value_t = 64)]
+    max_listen_per_principal: usize,
     /// Sessions kept in memory; beyond it the least recently used idle ones
     /// are dropped from memory (not from the store) and reloaded on their next request.
     #[arg(long, env = "TETHER_SESSION_CACHE", default_value_t = 4_096)]
@@ -325,6 +331,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         resume_wait: args.resume_wait,
         result_chunk_bytes: args.result_chunk_bytes,
         max_sessions_per_principal: args.max_sessions_per_principal,
+        max_sessionless_requests_per_principal: args.max_sessionless_per_principal,
+        max_listen_streams_per_principal: args.max_listen_per_principal,
         session_cache: args.session_cache,
         drain_timeout: args.drain_timeout,
         header_timeout: args.header_timeout,

@@ -400,3 +400,99 @@ async fn every_route_answers_only_to_the_host_names_it_is_set_up_for() {
     }
     let _ = server.kill();
 }
+
+#[tokio::test]
+async fn one_principal_cannot_take_every_sessionless_or_listen_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = token_file(dir.path(), &format!("{ALICE} alice\n{BOB} bob\n"));
+    let upstream = format!("fx=stdio:python3 {}", fixture());
+    let (mut server, url) = start_binary(
+        &dir.path().join("t.db"),
+        &[
+            "--auth-tokens",
+            tokens.to_str().unwrap(),
+            "--upstream",
+            &upstream,
+            "--max-sessionless-per-principal",
+            "1",
+            "--max-listen-per-principal",
+            "1",
+        ],
+    );
+    let fx = format!("{url}/fx");
+    let (alice, bob) = (Client::with_token(&fx, ALICE), Client::with_token(&fx, BOB));
+    let call = |id: u64, tool: &str, args: Value| sessionless_request(id, "tools/call", json!({"name": tool, "arguments": args}));
+
+    // Alice's slow call holds her one slot: her next request gets 429 naming the limit.
+    // (A probe may take the slot first and refuse the slow call: it is started again.)
+    let start_slow = || {
+        let alice = Client::with_token(&fx, ALICE);
+        tokio::spawn(async move { send_sessionless(&alice, &call(1, "slow", json!({"ms": 60_000})), Some("slow"), &[]).await })
+    };
+    let mut slow = start_slow();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let refused = loop {
+        let r = alice
+            .post_raw(
+                &[
+                    ("content-type", "application/json"),
+                    ("accept", "application/json, text/event-stream"),
+                    ("mcp-protocol-version", SESSIONLESS),
+                    ("mcp-method", "tools/call"),
+                    ("mcp-name", "echo"),
+                ],
+                call(2, "echo", json!({"x": 1})).to_string(),
+            )
+            .send()
+            .await
+            .unwrap();
+        if r.status() == 429 && !slow.is_finished() {
+            break r;
+        }
+        assert!(std::time::Instant::now() < deadline, "Alice's second request was never refused: {}", r.status());
+        if slow.is_finished() {
+            slow = start_slow();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let body: Value = refused.json().await.unwrap();
+    assert!(body["error"]["message"].as_str().unwrap().contains("max_sessionless_requests_per_principal"), "{body}");
+    // Bob is not held back by Alice.
+    let (status, answer) = send_sessionless(&bob, &call(3, "echo", json!({"x": 2})), Some("echo"), &[]).await;
+    assert_eq!(status, 200, "{answer}");
+    // Her call gone, her slot comes back.
+    slow.abort();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, _) = send_sessionless(&alice, &call(4, "echo", json!({"x": 3})), Some("echo"), &[]).await;
+        if status == 200 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "Alice's slot never came back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // The same for listen streams.
+    let listen = |c: &Client| {
+        let params = json!({"notifications": {"toolsListChanged": true}, "_meta": sessionless_meta()});
+        c.post_raw(
+            &[
+                ("content-type", "application/json"),
+                ("accept", "application/json, text/event-stream"),
+                ("mcp-protocol-version", SESSIONLESS),
+                ("mcp-method", "subscriptions/listen"),
+            ],
+            sessionless_request(9, "subscriptions/listen", params).to_string(),
+        )
+        .send()
+    };
+    let held = listen(&alice).await.unwrap();
+    assert_eq!(held.status(), 200);
+    let second = listen(&alice).await.unwrap();
+    assert_eq!(second.status(), 429);
+    assert!(second.text().await.unwrap().contains("max_listen_streams_per_principal"));
+    assert_eq!(listen(&bob).await.unwrap().status(), 200, "Bob's own slot");
+    drop(held);
+    let _ = server.kill();
+}

@@ -21,6 +21,7 @@ pub mod mrtr;
 mod notifications;
 pub mod operations;
 mod pump;
+mod quota;
 mod reaper;
 mod recovery;
 mod replicas;
@@ -165,6 +166,10 @@ pub(crate) struct Inner {
     sessionless: Arc<tokio::sync::Semaphore>,
     /// Open `subscriptions/listen` streams (bounded the same).
     listeners: Arc<tokio::sync::Semaphore>,
+    /// Each principal's share of those two (`max_sessionless_requests_per_principal`,
+    /// `max_listen_streams_per_principal`).
+    sessionless_per_principal: Arc<quota::Quota>,
+    listeners_per_principal: Arc<quota::Quota>,
     /// What each endpoint's application says of itself (`McpApp::discover`),
     /// asked once per application (a replaced one is asked again).
     #[allow(clippy::type_complexity)]
@@ -217,6 +222,8 @@ impl Engine {
                 shutdown_done: tokio::sync::OnceCell::new(),
                 sessionless: Arc::new(tokio::sync::Semaphore::new(config.max_sessionless_requests)),
                 listeners: Arc::new(tokio::sync::Semaphore::new(config.max_sessionless_requests)),
+                sessionless_per_principal: quota::Quota::new(config.max_sessionless_requests_per_principal),
+                listeners_per_principal: quota::Quota::new(config.max_listen_streams_per_principal),
                 described: Mutex::new(HashMap::new()),
                 config,
             }),

@@ -54,6 +54,9 @@ impl From<EnvelopeError> for HttpError {
     }
 }
 
+/// `Retry-After` of a 429: a slot of the limit frees when a request ends.
+const TOO_MANY_RETRY_AFTER_SECS: u32 = 1;
+
 impl From<EngineError> for HttpError {
     fn from(e: EngineError) -> Self {
         let message = e.to_string();
@@ -63,7 +66,9 @@ impl From<EngineError> for HttpError {
             EngineError::BadRequest { code, id, message } => {
                 Self { status: StatusCode::BAD_REQUEST, code, message, id, www_authenticate: None, retry_after: None, data: None }
             }
-            EngineError::TooMany(m) => Self::new(StatusCode::TOO_MANY_REQUESTS, SERVER_ERROR, m),
+            EngineError::TooMany(m) => {
+                Self { retry_after: Some(TOO_MANY_RETRY_AFTER_SECS), ..Self::new(StatusCode::TOO_MANY_REQUESTS, SERVER_ERROR, m) }
+            }
             EngineError::ShuttingDown => Self::new(StatusCode::SERVICE_UNAVAILABLE, SERVER_ERROR, message),
             EngineError::Unavailable(_) => Self {
                 retry_after: Some(STORE_RETRY_AFTER_SECS),
