@@ -185,6 +185,12 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
+    /// What a crash, a power loss and a failover of the backend can lose
+    /// of what was acknowledged, where the backend can tell (`/readyz`).
+    fn durability(&self) -> Option<String> {
+        None
+    }
+
     /// True when other processes (replicas) share this store: what one
     /// process holds in memory may then be stale, and the store decides.
     fn is_shared(&self) -> bool {

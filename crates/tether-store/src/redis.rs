@@ -146,6 +146,9 @@ pub struct RedisStore {
     remote: broadcast::Sender<RemoteAppend>,
     /// Whether this open found (and converted) keys of an earlier layout.
     upgraded: bool,
+    /// What a crash, a power loss and a failover can lose, from the
+    /// server's persistence settings as read at open.
+    durability: String,
     /// The listener (a task on a single server, a subscribed connection on a
     /// cluster) stops when the last clone of the store is gone.
     _alive: Arc<Listener>,
@@ -212,7 +215,15 @@ impl RedisStore {
                 listener.ssubscribe(channel).await.map_err(unavailable)?;
             }
             let listener = Arc::new(Listener::Cluster(listener));
-            return Self::ready(url, prefix, (cap, finished_ttl_ms), RedisConn::Cluster(conn), remote, listener).await;
+            return Self::ready(
+                url,
+                prefix,
+                (cap, finished_ttl_ms, config.strict_durability),
+                RedisConn::Cluster(conn),
+                remote,
+                listener,
+            )
+            .await;
         }
         let client = redis::Client::open(url).map_err(|e| StoreError::Config(format!("bad redis URL {}: {e}", redacted(url))))?;
         let manager_config = redis::aio::ConnectionManagerConfig::new()
@@ -227,24 +238,34 @@ impl RedisStore {
                 .map_err(|e| StoreError::Unavailable(format!("cannot connect to redis at {}: {e}", redacted(url))))?;
         let alive = Arc::new(Listener::Task);
         tokio::spawn(listen(client, format!("{prefix}live"), remote.clone(), Arc::downgrade(&alive)));
-        Self::ready(url, prefix, (cap, finished_ttl_ms), RedisConn::single(conn), remote, alive).await
+        Self::ready(url, prefix, (cap, finished_ttl_ms, config.strict_durability), RedisConn::single(conn), remote, alive).await
     }
 
     /// The store on a connection, its keys brought to this version's layout.
     async fn ready(
         url: &str,
         prefix: Arc<str>,
-        (cap, finished_ttl_ms): (u64, u64),
+        (cap, finished_ttl_ms, strict): (u64, u64, bool),
         conn: RedisConn,
         remote: broadcast::Sender<RemoteAppend>,
         alive: Arc<Listener>,
     ) -> StoreResult<Self> {
+        let persistence = Persistence::read(&mut conn.clone()).await;
+        let durability = persistence.what_can_be_lost();
+        if strict && let Err(change) = persistence.strict_enough() {
+            return Err(StoreError::Config(format!(
+                "--durability strict on Redis needs every acknowledged write on disk before it is acknowledged, and the server at {} {change}; or run with --durability normal",
+                redacted(url)
+            )));
+        }
+        tracing::info!(store = %redacted(url), %durability, "redis persistence");
         let channel = if conn.is_cluster() { String::new() } else { format!("{prefix}live") };
         let append =
             BatchedOp::script(conn.clone(), &format!("{RECORDS}\n{}", include_str!("redis/scripts/append.lua")), &channel);
         let stamps = BatchedOp::commands(conn.clone());
         let mut store = Self {
             upgraded: false,
+            durability,
             append,
             stamps,
             conn,
@@ -896,6 +917,10 @@ impl Store for RedisStore {
         Ok(())
     }
 
+    fn durability(&self) -> Option<String> {
+        Some(self.durability.clone())
+    }
+
     fn describe(&self) -> String {
         let kind = if self.conn.is_cluster() { "cluster " } else { "" };
         format!("{kind}{} (prefix {})", self.url, self.prefix)
@@ -1054,5 +1079,108 @@ mod tests {
         assert_eq!(super::redacted("redis://u:secret@h:6379/0"), "redis://u:***@h:6379/0");
         assert_eq!(super::redacted("redis://h:6379/0"), "redis://h:6379/0");
         assert_eq!(super::redacted("rediss://:pw@h"), "rediss://:***@h");
+    }
+}
+
+/// A Redis server's persistence settings as read at open (`CONFIG GET`,
+/// `INFO replication`); `None` where the server would not say (a managed
+/// service that refuses `CONFIG`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Persistence {
+    appendonly: Option<String>,
+    appendfsync: Option<String>,
+    replicas: Option<u64>,
+}
+
+impl Persistence {
+    async fn read(conn: &mut RedisConn) -> Self {
+        let config = |name: &'static str| {
+            let mut conn = conn.clone();
+            async move {
+                let reply: redis::RedisResult<RValue> = redis::cmd("CONFIG").arg("GET").arg(name).query_async(&mut conn).await;
+                config_value(&reply.ok()?, name)
+            }
+        };
+        let appendonly = config("appendonly").await;
+        let appendfsync = config("appendfsync").await;
+        let info: Option<String> = redis::cmd("INFO").arg("replication").query_async(&mut conn.clone()).await.ok();
+        let replicas = info
+            .as_deref()
+            .and_then(|i| i.lines().find_map(|l| l.trim().strip_prefix("connected_slaves:")).and_then(|n| n.trim().parse().ok()));
+        Self { appendonly, appendfsync, replicas }
+    }
+
+    /// What a process crash, a power loss and a failover can lose, in words.
+    fn what_can_be_lost(&self) -> String {
+        let disk = match (self.appendonly.as_deref(), self.appendfsync.as_deref()) {
+            (Some("yes"), Some("always")) => "a Redis crash or a power loss loses nothing acknowledged (appendfsync always)",
+            (Some("yes"), Some("everysec")) => {
+                "a Redis crash loses nothing acknowledged; a power loss up to the last second (appendfsync everysec)"
+            }
+            (Some("yes"), _) => {
+                "a Redis crash loses nothing acknowledged; a power loss what the OS had not written (appendfsync no)"
+            }
+            (Some(_), _) => "a Redis restart or crash loses everything acknowledged since its last snapshot (appendonly no)",
+            (None, _) => "unknown: the server would not tell its persistence settings (CONFIG GET refused)",
+        };
+        let failover = match self.replicas {
+            Some(0) => "no replica is connected".to_owned(),
+            Some(n) => format!("a failover loses what the {n} replica(s) had not copied yet (replication is asynchronous)"),
+            None => "replicas unknown".to_owned(),
+        };
+        format!("{disk}; {failover}")
+    }
+
+    /// Whether `--durability strict` can promise that nothing acknowledged
+    /// is lost to a crash or a power loss; else what to change.
+    fn strict_enough(&self) -> Result<(), String> {
+        match (self.appendonly.as_deref(), self.appendfsync.as_deref()) {
+            (Some("yes"), Some("always")) => Ok(()),
+            (None, _) | (_, None) => Err("does not say how it persists (CONFIG GET appendonly/appendfsync refused)".into()),
+            (Some(on), Some(sync)) => Err(format!(
+                "has appendonly {on} and appendfsync {sync}: set `appendonly yes` and `appendfsync always` (CONFIG SET, and in redis.conf)"
+            )),
+        }
+    }
+}
+
+/// The value of `name` in a `CONFIG GET` reply (a flat array or a map, RESP2 or 3).
+fn config_value(reply: &RValue, name: &str) -> Option<String> {
+    let text = |v: &RValue| match v {
+        RValue::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        RValue::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    };
+    match reply {
+        RValue::Array(items) => {
+            items.chunks(2).find(|kv| kv.first().and_then(text).as_deref() == Some(name))?.get(1).and_then(text)
+        }
+        RValue::Map(pairs) => pairs.iter().find(|(k, _)| text(k).as_deref() == Some(name)).and_then(|(_, v)| text(v)),
+        _ => None,
+    }
+    .map(|v| v.to_ascii_lowercase())
+}
+
+#[cfg(test)]
+mod persistence_tests {
+    use super::*;
+
+    #[test]
+    fn strict_needs_an_append_only_file_synced_on_every_write() {
+        let p = |on: &str, sync: &str, replicas| Persistence {
+            appendonly: Some(on.into()),
+            appendfsync: Some(sync.into()),
+            replicas: Some(replicas),
+        };
+        assert!(p("yes", "always", 1).strict_enough().is_ok());
+        let refused = p("no", "everysec", 0).strict_enough().unwrap_err();
+        assert!(refused.contains("appendonly yes") && refused.contains("appendfsync always"), "{refused}");
+        assert!(p("yes", "everysec", 0).strict_enough().is_err());
+        assert!(Persistence::default().strict_enough().unwrap_err().contains("refused"));
+        assert!(p("no", "everysec", 0).what_can_be_lost().contains("since its last snapshot"));
+        assert!(p("yes", "always", 2).what_can_be_lost().contains("2 replica(s)"));
+        let reply = RValue::Array(vec![RValue::BulkString(b"appendonly".to_vec()), RValue::BulkString(b"no".to_vec())]);
+        assert_eq!(config_value(&reply, "appendonly").as_deref(), Some("no"));
+        assert_eq!(config_value(&reply, "appendfsync"), None);
     }
 }

@@ -562,3 +562,79 @@ async fn the_config_file_sets_the_listen_address_and_the_store_and_a_bad_key_fai
     assert!(!ok);
     assert!(err.contains(":3: unknown key `log_fromat`") && err.contains("log_format"), "{err}");
 }
+
+/// A Redis server of the test's own on a free port (no snapshots, no AOF
+/// until a test turns it on), killed when dropped.
+struct OwnRedis {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl OwnRedis {
+    fn start(dir: &std::path::Path) -> Self {
+        let port = free_port();
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server is installed (scripts/test needs it too)");
+        let redis = Self { child, port };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while redis.cli(&["ping"]) != "PONG" {
+            assert!(Instant::now() < deadline, "redis-server on port {port} never answered");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        redis
+    }
+
+    fn cli(&self, args: &[&str]) -> String {
+        let out = std::process::Command::new("redis-cli").args(["-p", &self.port.to_string()]).args(args).output();
+        out.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned()).unwrap_or_default()
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+}
+
+#[tokio::test]
+async fn redis_persistence_is_stated_on_readyz_and_strict_refuses_a_redis_that_can_lose_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = OwnRedis::start(dir.path());
+
+    // strict on a Redis without an append-only file: refused at start, saying what to change.
+    let out = std::process::Command::new(binary())
+        .args(["serve", "--listen", "127.0.0.1:0", "--durability", "strict", "--store", &redis.url()])
+        .env_remove("TETHER_DURABILITY")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("appendonly yes") && stderr.contains("appendfsync always"), "{stderr}");
+
+    // normal: it serves, and /readyz says what can be lost.
+    let (mut normal, url) = start_binary_on(&redis.url(), &dir.path().join("normal.log"), &[]);
+    let ready: Value = reqwest::get(url.replace("/mcp", "/readyz")).await.unwrap().json().await.unwrap();
+    let _ = normal.kill();
+    let _ = normal.wait();
+    assert_eq!(ready["store"], "redis");
+    assert!(ready["durability"].as_str().unwrap().contains("appendonly no"), "{ready}");
+
+    // With every write synced to its append-only file, strict serves.
+    assert_eq!(redis.cli(&["config", "set", "appendonly", "yes"]), "OK");
+    assert_eq!(redis.cli(&["config", "set", "appendfsync", "always"]), "OK");
+    let (mut strict, url) = start_binary_on(&redis.url(), &dir.path().join("strict.log"), &["--durability", "strict"]);
+    let ready: Value = reqwest::get(url.replace("/mcp", "/readyz")).await.unwrap().json().await.unwrap();
+    let _ = strict.kill();
+    let _ = strict.wait();
+    assert!(ready["durability"].as_str().unwrap().contains("loses nothing acknowledged"), "{ready}");
+}

@@ -30,7 +30,13 @@ pub(super) async fn readyz(State(state): State<super::AppState>) -> Response {
         return unavailable("draining: the server is shutting down and takes no new work".into()).into_response();
     }
     match tokio::time::timeout(STORE_WAIT, engine.health()).await {
-        Ok(Ok(())) => (StatusCode::OK, axum::Json(json!({"status": "ready", "store": store}))).into_response(),
+        Ok(Ok(())) => {
+            let mut body = json!({"status": "ready", "store": store});
+            if let Some(durability) = engine.store().durability() {
+                body["durability"] = json!(durability);
+            }
+            (StatusCode::OK, axum::Json(body)).into_response()
+        }
         Ok(Err(e)) => unavailable(format!("the store does not answer: {e}")).into_response(),
         Err(_) => unavailable(format!("the store did not answer within {STORE_WAIT:?}")).into_response(),
     }
