@@ -1,7 +1,7 @@
 //! `tether-bench`: runs tether and the reference MCP servers side by side on
 //! loopback, one after the other on the same machine, through the same
 //! checked load generator, and writes the rows (JSON), a Markdown table with
-//! the budget of issue 9, and an SVG chart. Run it through `scripts/bench`;
+//! the tools_call budget, and an SVG chart. Run it through `scripts/bench`;
 //! docs/benchmarks.md describes every scenario and system.
 //!
 //! - [`server`]: the systems, their stores, starting/stopping/killing them.

@@ -20,8 +20,8 @@
 //! a `list_changed` refused with 429 is sent again after a short pause
 //! (`Retry-After` honoured); the retries are counted and reported. A server
 //! may bound the client notifications a session has waiting and the
-//! server-to-client requests waiting for the client's answer (tether does
-//! since issue 22: its notebook handles one `list_changed` at a time and
+//! server-to-client requests waiting for the client's answer (tether
+//! does: its notebook handles one `list_changed` at a time and
 //! waits for the answer to its `roots/list`), so a client that never
 //! answered would fill those bounds and be refused. Every request read on
 //! the live GET has been answered before step 4 starts, so the client sends

@@ -1,5 +1,5 @@
 //! What a bench run produces: the rows (JSON), the Markdown table, the
-//! budget check of issue 9, of the gateway's (issue 23) and of its virtual
+//! budget check of the server, of the gateway's and of its virtual
 //! servers' (ratios measured in the same run) and an SVG bar chart of
 //! `tools_call` throughput at 64 clients.
 
@@ -402,7 +402,7 @@ fn ratio_line(line: &str, a: Option<&Row>, b: Option<&Row>, target: f64) -> Stri
     format!("| {line} | {measured} | >= {target}x | {verdict} |\n")
 }
 
-/// Issue 23's gateway_stdio line: tether-gateway's requests/s >= 3 times
+/// The gateway budget's gateway_stdio line: tether-gateway's requests/s >= 3 times
 /// the faster of supergateway and mcp-proxy (the one tether-gateway's paired
 /// ratio is the lowest against), with a lower p99 than that one. Both are
 /// reported; a reference that did not run is named.
@@ -441,7 +441,7 @@ fn gateway_stdio_line(rows: &[Row]) -> String {
 /// A streams_10k budget line: what, its figure, unit, limit.
 type StreamsLine = (&'static str, fn(&Row) -> Option<f64>, &'static str, f64);
 
-/// Issue 27's streams_10k lines: with 10,000 idle streams open, the
+/// The streams_10k budget lines: with 10,000 idle streams open, the
 /// server's RSS and idle CPU, then the fan-out of one notification to all.
 /// A run with fewer streams is shown, not judged.
 fn streams_lines(rows: &[Row]) -> String {
@@ -464,7 +464,7 @@ fn streams_lines(rows: &[Row]) -> String {
     s
 }
 
-/// Issue 23's memory line: tether's RSS growth per live command-upstream
+/// The gateway budget's memory line: tether's RSS growth per live command-upstream
 /// session, its children not counted.
 fn gateway_memory_line(rows: &[Row]) -> String {
     const LIMIT_MIB: f64 = 2.0;
@@ -554,7 +554,7 @@ fn gateway_federated_memory_line(rows: &[Row]) -> String {
     format!("| {line} | {text} | <= {LIMIT}x | {met} |\n")
 }
 
-/// The budget of issues 9 and 23, each line with what this run measured. A
+/// The budget of the server and the gateway, each line with what this run measured. A
 /// ratio line is judged by the median of the paired rounds' ratios when the
 /// run had rounds, and shows the ratio of the two median rounds beside it.
 pub fn budget(rows: &[Row]) -> String {
@@ -623,7 +623,7 @@ pub fn budget(rows: &[Row]) -> String {
             };
             format!("| {system} {} | {text} | <= {limit} {unit} | {met} |\n", scenario.name())
         };
-        // Issue 27 tightened Redis's replay line to 30 ms.
+        // Redis's replay line is the tighter 30 ms.
         let replay_limit = if system == "tether-redis" { 30.0 } else { 50.0 };
         s.push_str(&line(Scenario::Replay10k, |r| r.ms, "ms", replay_limit));
         if system != "tether-memory" {

@@ -35,7 +35,7 @@ pub enum System {
     /// `tether serve --store sqlite:FILE` with FILE in a fresh temp dir.
     TetherSqlite,
     /// tether-sqlite with `--no-metrics`: beside tether-sqlite, what the
-    /// Prometheus metrics cost (issue 26; not in the default systems).
+    /// Prometheus metrics cost (not in the default systems).
     TetherSqliteNometrics,
     /// `tether serve --store redis://… --store-prefix tether-bench:RANDOM:` (needs a Redis on 127.0.0.1:6379).
     TetherRedis,

@@ -4,7 +4,7 @@
 //! increment or a histogram observation; with metrics off (`--no-metrics`,
 //! [`set_enabled`]) each is one relaxed load and nothing else (no clock read).
 //!
-//! The names are a contract (issue 26): `tether_sessions_live`,
+//! The names are a contract: `tether_sessions_live`,
 //! `tether_sessions_stored`, `tether_sse_connections`,
 //! `tether_http_requests_total{method,status}`,
 //! `tether_request_duration_seconds{method}`, `tether_events_appended_total`,

@@ -1,4 +1,4 @@
-//! Redis faults under load (issue 28, item 2): three replicas share the real
+//! Redis faults under load: three replicas share the real
 //! Redis of the test command (`TETHER_TEST_REDIS_URL`, default
 //! redis://127.0.0.1:6379/), each through a TCP proxy of the test's own
 //! (`support/proxy.rs`). Clients call tools on any replica and resume on

@@ -1,4 +1,4 @@
-//! Storage faults under load (issue 28, item 1): several clients call tools
+//! Storage faults under load: several clients call tools
 //! and read their streams on the real server over loopback while the SQLite
 //! file's WAL writes and fsyncs fail (`SQLITE_FULL`, `SQLITE_IOERR`) at
 //! points drawn from a seed, or while the power is cut. The clients'

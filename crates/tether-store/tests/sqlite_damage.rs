@@ -1,4 +1,4 @@
-//! Damaged files of a stopped store (issue 28): a WAL damaged in its middle,
+//! Damaged files of a stopped store: a WAL damaged in its middle,
 //! a database whose header is garbage or that was cut short are refused at
 //! open with what to do, never a panic, and never opened as a silently
 //! shorter history under `--durability strict`. A torn last frame (what a

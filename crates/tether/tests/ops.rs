@@ -1,4 +1,4 @@
-//! Operating tether (issue 26) against the real binary: `/metrics` moves
+//! Operating tether against the real binary: `/metrics` moves
 //! with the work (and `--metrics-listen` moves it off the public listener),
 //! `/readyz` is 503 during the drain, `--log-format json` writes one parsable
 //! object per line and never a token, the admin API and `tether sessions`

@@ -1,4 +1,4 @@
-//! The soak of the test command (issue 27, item 5): 200 clients, each on its
+//! The soak of the test command: 200 clients, each on its
 //! own session, call the notebook's `thought` tool on the real `tether`
 //! binary over loopback HTTP for about a minute, drop streams at random and
 //! resume them with `GET` + `Last-Event-ID`, and live through one `kill -9`

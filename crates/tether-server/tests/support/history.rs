@@ -1,4 +1,4 @@
-//! The history checker of the fault tests (issue 28, item 3): clients record
+//! The history checker of the fault tests: clients record
 //! what they sent and every event they read, in the order they read it; at
 //! the end the test replays what it must and [`History::check`] judges the
 //! whole record against tether's promises:

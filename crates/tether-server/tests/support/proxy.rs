@@ -1,5 +1,5 @@
-//! A TCP proxy of the tests' own between one replica and Redis (issue 28,
-//! item 2): it passes bytes both ways, or delays them, or cuts every
+//! A TCP proxy of the tests' own between one replica and Redis:
+//! it passes bytes both ways, or delays them, or cuts every
 //! connection and refuses new ones (a partition of that replica alone:
 //! the other replicas have proxies of their own). Real sockets; the
 //! replica's Redis client sees exactly what a broken network shows it.
