@@ -19,6 +19,9 @@ pub struct StoreConfig {
     /// backend expires it by itself (Redis): the session TTL, as the
     /// server's reaper keeps them on SQLite.
     pub finished_stream_ttl: std::time::Duration,
+    /// Redis under `strict`: replicas each write must reach (`WAIT`)
+    /// before it is acknowledged (`--redis-replicas`).
+    pub redis_replicas: u32,
 }
 
 impl Default for StoreConfig {
@@ -27,6 +30,7 @@ impl Default for StoreConfig {
             max_events_per_stream: 100_000,
             redis_prefix: "tether:".into(),
             strict_durability: false,
+            redis_replicas: 0,
             finished_stream_ttl: std::time::Duration::from_secs(30 * 60),
         }
     }

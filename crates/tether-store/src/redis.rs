@@ -162,6 +162,9 @@ enum Listener {
     Cluster(#[allow(dead_code)] redis::cluster_async::ClusterConnection),
 }
 
+/// How long a write waits for its replicas under `--redis-replicas`.
+const REPLICA_WAIT_MS: u64 = 2_000;
+
 impl RedisStore {
     /// Connects (failing fast with a readable error if Redis does not answer)
     /// and starts the live-announcement listener, which reconnects by itself.
@@ -171,6 +174,21 @@ impl RedisStore {
         let cap = config.max_events_per_stream.max(1);
         let finished_ttl_ms = (config.finished_stream_ttl.as_millis() as u64).max(1);
         let answered_within = |what: &str| format!("redis at {} did not answer within 5s{what}", redacted(url));
+        let replicas = match (config.redis_replicas, config.strict_durability) {
+            (0, _) => None,
+            (_, false) => {
+                return Err(StoreError::Config(
+                    "--redis-replicas waits for replicas under --durability strict only; add --durability strict, or drop it"
+                        .into(),
+                ));
+            }
+            (_, true) if is_cluster_url(url) => {
+                return Err(StoreError::Config(
+                    "--redis-replicas is not supported on a Redis Cluster yet (WAIT must go to each write's own node); drop it, or use a single primary with replicas".into(),
+                ));
+            }
+            (count, true) => Some(conn::Replicas { count, timeout_ms: REPLICA_WAIT_MS }),
+        };
         if is_cluster_url(url) {
             if prefix.contains(['{', '}']) {
                 return Err(StoreError::Config(format!(
@@ -238,7 +256,15 @@ impl RedisStore {
                 .map_err(|e| StoreError::Unavailable(format!("cannot connect to redis at {}: {e}", redacted(url))))?;
         let alive = Arc::new(Listener::Task);
         tokio::spawn(listen(client, format!("{prefix}live"), remote.clone(), Arc::downgrade(&alive)));
-        Self::ready(url, prefix, (cap, finished_ttl_ms, config.strict_durability), RedisConn::single(conn), remote, alive).await
+        Self::ready(
+            url,
+            prefix,
+            (cap, finished_ttl_ms, config.strict_durability),
+            RedisConn::single(conn, replicas),
+            remote,
+            alive,
+        )
+        .await
     }
 
     /// The store on a connection, its keys brought to this version's layout.

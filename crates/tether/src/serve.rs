@@ -68,6 +68,10 @@ pub struct ServeArgs {
     /// `strict` fsyncs every commit.
     #[arg(long, env = "TETHER_DURABILITY", value_enum, default_value = "normal")]
     durability: Durability,
+    /// Redis under `--durability strict`: every write must reach this many
+    /// replicas (`WAIT`, 2 s) before it is acknowledged; fewer fail it with 503.
+    #[arg(long, env = "TETHER_REDIS_REPLICAS", default_value_t = 0)]
+    redis_replicas: u32,
     /// File of `TOKEN PRINCIPAL` lines: every request then needs
     /// `Authorization: Bearer TOKEN`. Re-read on SIGHUP.
     #[arg(long, env = "TETHER_AUTH_TOKENS")]
@@ -318,6 +322,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let store_config = StoreConfig {
         max_events_per_stream: args.max_events_per_stream,
         strict_durability: matches!(args.durability, Durability::Strict),
+        redis_replicas: args.redis_replicas,
         redis_prefix: args.store_prefix.clone(),
         finished_stream_ttl: args.session_ttl,
     };

@@ -579,9 +579,14 @@ impl Drop for OwnRedis {
 
 impl OwnRedis {
     fn start(dir: &std::path::Path) -> Self {
+        Self::start_with(dir, &["--appendonly", "no"])
+    }
+
+    fn start_with(dir: &std::path::Path, extra: &[&str]) -> Self {
         let port = free_port();
         let child = std::process::Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
+            .args(extra)
             .arg("--dir")
             .arg(dir)
             .stdout(std::process::Stdio::null())
@@ -637,4 +642,40 @@ async fn redis_persistence_is_stated_on_readyz_and_strict_refuses_a_redis_that_c
     let _ = strict.kill();
     let _ = strict.wait();
     assert!(ready["durability"].as_str().unwrap().contains("loses nothing acknowledged"), "{ready}");
+}
+
+#[tokio::test]
+async fn strict_with_redis_replicas_acknowledges_only_what_a_replica_has() {
+    let dir = tempfile::tempdir().unwrap();
+    let (primary_dir, replica_dir) = (dir.path().join("primary"), dir.path().join("replica"));
+    std::fs::create_dir_all(&primary_dir).unwrap();
+    std::fs::create_dir_all(&replica_dir).unwrap();
+    let primary = OwnRedis::start_with(&primary_dir, &["--appendonly", "yes", "--appendfsync", "always"]);
+    let replica_of = ["--replicaof", "127.0.0.1", &primary.port.to_string()].map(str::to_owned);
+    let replica_args: Vec<&str> = replica_of.iter().map(String::as_str).collect();
+    let replica = OwnRedis::start_with(&replica_dir, &replica_args);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !primary.cli(&["info", "replication"]).contains("state=online") {
+        assert!(Instant::now() < deadline, "the replica never connected");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let (mut tether, url) =
+        start_binary_on(&primary.url(), &dir.path().join("t.log"), &["--durability", "strict", "--redis-replicas", "1"]);
+    let c = Client::new(&url);
+    let sid = c.initialize().await;
+    let called = c.call(&sid, 1, "thought", thought_args(1)).await;
+    assert_eq!(called["result"]["structuredContent"]["thoughtNumber"], 1, "acknowledged once the replica has it");
+
+    // The replica gone: a write reaches no replica in time, so it is not acknowledged.
+    drop(replica);
+    let call =
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "thought", "arguments": thought_args(2)}});
+    let refused = c.post(Some(&sid), &call).send().await.unwrap();
+    let status = refused.status();
+    let text = refused.text().await.unwrap();
+    assert_eq!(status, 503, "{text}");
+    assert!(text.contains("replica"), "says why: {text}");
+    let _ = tether.kill();
+    let _ = tether.wait();
 }

@@ -22,24 +22,41 @@ use crate::{StoreError, StoreResult};
 /// connection has none.
 #[derive(Clone)]
 pub enum RedisConn {
-    Single(ConnectionManager, Option<BatchQueue>),
+    Single(ConnectionManager, Option<BatchQueue>, Option<Replicas>),
     Cluster(ClusterConnection),
+}
+
+/// `--durability strict --redis-replicas N` on a single server: after every
+/// command that may write, `WAIT N` on the same connection; fewer replicas
+/// within [`Replicas::timeout_ms`] fail the call like a disk error (its
+/// writes are on the primary, but nothing is acknowledged).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Replicas {
+    pub count: u32,
+    pub timeout_ms: u64,
 }
 
 impl RedisConn {
     /// A single server's connection, with its batching task started.
-    pub fn single(conn: ConnectionManager) -> Self {
-        let queue = super::batch::start(RedisConn::Single(conn.clone(), None));
-        RedisConn::Single(conn, Some(queue))
+    pub fn single(conn: ConnectionManager, replicas: Option<Replicas>) -> Self {
+        let queue = super::batch::start(RedisConn::Single(conn.clone(), None, replicas));
+        RedisConn::Single(conn, Some(queue), replicas)
     }
 
     pub fn is_cluster(&self) -> bool {
         matches!(self, RedisConn::Cluster(_))
     }
 
+    fn replicas(&self) -> Option<Replicas> {
+        match self {
+            RedisConn::Single(_, _, replicas) => *replicas,
+            RedisConn::Cluster(_) => None,
+        }
+    }
+
     pub(crate) fn batch_queue(&self) -> Option<&BatchQueue> {
         match self {
-            RedisConn::Single(_, queue) => queue.as_ref(),
+            RedisConn::Single(_, queue, _) => queue.as_ref(),
             RedisConn::Cluster(_) => None,
         }
     }
@@ -47,25 +64,100 @@ impl RedisConn {
 
 impl ConnectionLike for RedisConn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            RedisConn::Single(c, _) => c.req_packed_command(cmd),
-            RedisConn::Cluster(c) => c.req_packed_command(cmd),
+        let wait = self.replicas().filter(|_| may_write(cmd));
+        match (self, wait) {
+            (RedisConn::Single(c, _, _), Some(replicas)) => Box::pin(async move {
+                let reply = c.req_packed_command(cmd).await?;
+                wait_for(c, replicas).await?;
+                Ok(reply)
+            }),
+            (RedisConn::Single(c, _, _), None) => c.req_packed_command(cmd),
+            (RedisConn::Cluster(c), _) => c.req_packed_command(cmd),
         }
     }
 
     fn req_packed_commands<'a>(&'a mut self, pipeline: &'a Pipeline, offset: usize, count: usize) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            RedisConn::Single(c, _) => c.req_packed_commands(pipeline, offset, count),
-            RedisConn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        let wait = self.replicas().filter(|_| pipeline.cmd_iter().any(may_write));
+        match (self, wait) {
+            (RedisConn::Single(c, _, _), Some(replicas)) => Box::pin(async move {
+                let replies = c.req_packed_commands(pipeline, offset, count).await?;
+                wait_for(c, replicas).await?;
+                Ok(replies)
+            }),
+            (RedisConn::Single(c, _, _), None) => c.req_packed_commands(pipeline, offset, count),
+            (RedisConn::Cluster(c), _) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
-            RedisConn::Single(c, _) => c.get_db(),
+            RedisConn::Single(c, _, _) => c.get_db(),
             RedisConn::Cluster(c) => c.get_db(),
         }
     }
+}
+
+/// Commands that never write: no `WAIT` after them.
+const READS: &[&str] = &[
+    "GET",
+    "MGET",
+    "HGET",
+    "HMGET",
+    "HGETALL",
+    "HLEN",
+    "EXISTS",
+    "SCAN",
+    "SSCAN",
+    "HSCAN",
+    "ZSCAN",
+    "SMEMBERS",
+    "SCARD",
+    "ZRANGE",
+    "ZRANGEBYSCORE",
+    "ZREVRANGE",
+    "ZCARD",
+    "ZSCORE",
+    "XRANGE",
+    "XREVRANGE",
+    "XLEN",
+    "LRANGE",
+    "LLEN",
+    "TTL",
+    "PTTL",
+    "TYPE",
+    "PING",
+    "INFO",
+    "CONFIG",
+    "WAIT",
+    "SCRIPT",
+    "STRLEN",
+    "EVALSHA_RO",
+    "EVAL_RO",
+];
+
+/// Whether `cmd` may write (anything not known to be a read, scripts included).
+fn may_write(cmd: &Cmd) -> bool {
+    match cmd.args_iter().next() {
+        Some(redis::Arg::Simple(name)) => !READS.iter().any(|r| r.as_bytes().eq_ignore_ascii_case(name)),
+        _ => true,
+    }
+}
+
+/// `WAIT count timeout` on `conn`: an error unless that many replicas have
+/// every write this connection sent so far.
+async fn wait_for(conn: &mut ConnectionManager, replicas: Replicas) -> redis::RedisResult<()> {
+    let acked: i64 = redis::cmd("WAIT").arg(replicas.count).arg(replicas.timeout_ms).query_async(conn).await?;
+    if acked < i64::from(replicas.count) {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::Io,
+            "a write did not reach its replicas",
+            format!(
+                "{acked} of {} replica(s) had it within {} ms (--redis-replicas); nothing was acknowledged",
+                replicas.count, replicas.timeout_ms
+            ),
+        )));
+    }
+    Ok(())
 }
 
 /// Whether `url` names a Redis Cluster.
