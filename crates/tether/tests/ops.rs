@@ -8,6 +8,7 @@ mod support;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -678,4 +679,84 @@ async fn strict_with_redis_replicas_acknowledges_only_what_a_replica_has() {
     assert!(text.contains("replica"), "says why: {text}");
     let _ = tether.kill();
     let _ = tether.wait();
+}
+
+/// The failover the strict promise is for, once: clients write thoughts
+/// through tether on a Redis primary whose replica must have each write
+/// (`--redis-replicas 1`); the primary is killed with SIGKILL mid-load, the
+/// replica promoted, and tether started again on it: every thought a client
+/// saw acknowledged is there (each session's next thought counts them all).
+#[tokio::test]
+async fn a_redis_failover_under_strict_with_a_replica_loses_nothing_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let (primary_dir, replica_dir) = (dir.path().join("primary"), dir.path().join("replica"));
+    std::fs::create_dir_all(&primary_dir).unwrap();
+    std::fs::create_dir_all(&replica_dir).unwrap();
+    let aof = ["--appendonly", "yes", "--appendfsync", "always"];
+    let mut primary = OwnRedis::start_with(&primary_dir, &aof);
+    let port = primary.port.to_string();
+    let replica = OwnRedis::start_with(&replica_dir, &[&aof[..], &["--replicaof", "127.0.0.1", &port]].concat());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !primary.cli(&["info", "replication"]).contains("state=online") {
+        assert!(Instant::now() < deadline, "the replica never came online");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (mut before, url) =
+        start_binary_on(&primary.url(), &dir.path().join("before.log"), &["--durability", "strict", "--redis-replicas", "1"]);
+
+    // Clients call `thought` back to back; each counts what it saw acknowledged.
+    let acked = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut clients = Vec::new();
+    for _ in 0..6 {
+        let c = Client::new(&url);
+        let sid = c.initialize().await;
+        let acked = acked.clone();
+        clients.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            loop {
+                let call = json!({"jsonrpc": "2.0", "id": n + 1, "method": "tools/call",
+                    "params": {"name": "thought", "arguments": thought_args(n + 1)}});
+                let ok = match c.post(Some(&sid), &call).timeout(Duration::from_secs(10)).send().await {
+                    Ok(r) if r.status() == 200 => r.text().await.is_ok_and(|t| t.contains("thoughtHistoryLength")),
+                    _ => false,
+                };
+                if !ok {
+                    break;
+                }
+                n += 1;
+            }
+            acked.lock().unwrap().push((sid, n));
+        }));
+    }
+    // Some load, then the primary dies mid-write.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while primary.cli(&["dbsize"]).parse::<u64>().unwrap_or(0) < 30 {
+        assert!(Instant::now() < deadline, "no load reached the primary");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = primary.child.kill();
+    let _ = primary.child.wait();
+    for client in clients {
+        client.await.unwrap();
+    }
+    let _ = before.kill();
+    let _ = before.wait();
+
+    // The replica takes over, and tether with it.
+    assert_eq!(replica.cli(&["replicaof", "no", "one"]), "OK");
+    let (mut after, url) = start_binary_on(&replica.url(), &dir.path().join("after.log"), &["--durability", "strict"]);
+    let c = Client::new(&url);
+    let acked = acked.lock().unwrap().clone();
+    assert!(acked.iter().map(|(_, n)| n).sum::<u64>() > 0, "calls were acknowledged before the kill");
+    for (sid, n) in &acked {
+        let next = c.call(sid, 1000 + n, "thought", thought_args(n + 1)).await;
+        let length = next["result"]["structuredContent"]["thoughtHistoryLength"].as_u64().unwrap_or(0);
+        assert!(
+            length > *n,
+            "session {sid}: {n} thoughts were acknowledged, the replica has {}: {next}",
+            length.saturating_sub(1)
+        );
+    }
+    let _ = after.kill();
+    let _ = after.wait();
 }
