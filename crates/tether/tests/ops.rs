@@ -683,9 +683,11 @@ async fn strict_with_redis_replicas_acknowledges_only_what_a_replica_has() {
 
 /// The failover the strict promise is for, once: clients write thoughts
 /// through tether on a Redis primary whose replica must have each write
-/// (`--redis-replicas 1`); the primary is killed with SIGKILL mid-load, the
-/// replica promoted, and tether started again on it: every thought a client
-/// saw acknowledged is there (each session's next thought counts them all).
+/// (`--redis-replicas 1`); the replica falls behind (stopped), the primary is
+/// killed with SIGKILL, the replica too, and comes back from its own
+/// append-only file as the new primary; tether is started again on it:
+/// every thought a client saw acknowledged is there (each session's next
+/// thought counts them all). Without the wait this loses acknowledged thoughts.
 #[tokio::test]
 async fn a_redis_failover_under_strict_with_a_replica_loses_nothing_acknowledged() {
     let dir = tempfile::tempdir().unwrap();
@@ -728,10 +730,25 @@ async fn a_redis_failover_under_strict_with_a_replica_loses_nothing_acknowledged
             acked.lock().unwrap().push((sid, n));
         }));
     }
-    // Some load, then the primary dies mid-write.
+    // Some load; then the replica falls behind (stopped: a partition), and
+    // the primary dies while writes go on. Without the wait for the replica
+    // those writes would be acknowledged and then lost with the primary.
+    let offset = |r: &OwnRedis| {
+        let info = r.cli(&["info", "replication"]);
+        info.lines().find_map(|l| l.strip_prefix("master_repl_offset:")).and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(0)
+    };
     let deadline = Instant::now() + Duration::from_secs(30);
-    while primary.cli(&["dbsize"]).parse::<u64>().unwrap_or(0) < 30 {
+    while offset(&primary) < 20_000 {
         assert!(Instant::now() < deadline, "no load reached the primary");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let stop = std::process::Command::new("kill").args(["-STOP", &replica.child.id().to_string()]).status().unwrap();
+    assert!(stop.success());
+    let stopped_at = offset(&primary);
+    // Until the clients stop (their writes not acknowledged) or writes go on past the replica.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !clients.iter().all(|c| c.is_finished()) && offset(&primary) < stopped_at + 20_000 {
+        assert!(Instant::now() < deadline, "neither refused nor written");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let _ = primary.child.kill();
@@ -741,10 +758,13 @@ async fn a_redis_failover_under_strict_with_a_replica_loses_nothing_acknowledged
     }
     let _ = before.kill();
     let _ = before.wait();
+    // The replica dies too before it read what was on its way (a partition
+    // loses it), and comes back from its own append-only file as the new primary.
+    drop(replica);
+    let promoted = OwnRedis::start_with(&replica_dir, &aof);
 
-    // The replica takes over, and tether with it.
-    assert_eq!(replica.cli(&["replicaof", "no", "one"]), "OK");
-    let (mut after, url) = start_binary_on(&replica.url(), &dir.path().join("after.log"), &["--durability", "strict"]);
+    // tether follows it.
+    let (mut after, url) = start_binary_on(&promoted.url(), &dir.path().join("after.log"), &["--durability", "strict"]);
     let c = Client::new(&url);
     let acked = acked.lock().unwrap().clone();
     assert!(acked.iter().map(|(_, n)| n).sum::<u64>() > 0, "calls were acknowledged before the kill");
