@@ -564,6 +564,9 @@ async fn the_config_file_sets_the_listen_address_and_the_store_and_a_bad_key_fai
     assert!(err.contains(":3: unknown key `log_fromat`") && err.contains("log_format"), "{err}");
 }
 
+/// Every write synced to the append-only file.
+const AOF_ALWAYS: [&str; 4] = ["--appendonly", "yes", "--appendfsync", "always"];
+
 /// A Redis server of the test's own on a free port (no snapshots, no AOF
 /// until a test turns it on), killed when dropped.
 struct OwnRedis {
@@ -600,6 +603,24 @@ impl OwnRedis {
             std::thread::sleep(Duration::from_millis(20));
         }
         redis
+    }
+
+    /// A primary and its replica, both syncing every write to their
+    /// append-only files (in `dir/primary` and `dir/replica`), once the
+    /// replica is online.
+    fn primary_with_replica(dir: &std::path::Path) -> (Self, Self) {
+        let (primary_dir, replica_dir) = (dir.join("primary"), dir.join("replica"));
+        std::fs::create_dir_all(&primary_dir).unwrap();
+        std::fs::create_dir_all(&replica_dir).unwrap();
+        let primary = Self::start_with(&primary_dir, &AOF_ALWAYS);
+        let port = primary.port.to_string();
+        let replica = Self::start_with(&replica_dir, &[&AOF_ALWAYS[..], &["--replicaof", "127.0.0.1", &port]].concat());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !primary.cli(&["info", "replication"]).contains("state=online") {
+            assert!(Instant::now() < deadline, "the replica never came online");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        (primary, replica)
     }
 
     fn cli(&self, args: &[&str]) -> String {
@@ -648,18 +669,7 @@ async fn redis_persistence_is_stated_on_readyz_and_strict_refuses_a_redis_that_c
 #[tokio::test]
 async fn strict_with_redis_replicas_acknowledges_only_what_a_replica_has() {
     let dir = tempfile::tempdir().unwrap();
-    let (primary_dir, replica_dir) = (dir.path().join("primary"), dir.path().join("replica"));
-    std::fs::create_dir_all(&primary_dir).unwrap();
-    std::fs::create_dir_all(&replica_dir).unwrap();
-    let primary = OwnRedis::start_with(&primary_dir, &["--appendonly", "yes", "--appendfsync", "always"]);
-    let replica_of = ["--replicaof", "127.0.0.1", &primary.port.to_string()].map(str::to_owned);
-    let replica_args: Vec<&str> = replica_of.iter().map(String::as_str).collect();
-    let replica = OwnRedis::start_with(&replica_dir, &replica_args);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !primary.cli(&["info", "replication"]).contains("state=online") {
-        assert!(Instant::now() < deadline, "the replica never connected");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let (primary, replica) = OwnRedis::primary_with_replica(dir.path());
 
     let (mut tether, url) =
         start_binary_on(&primary.url(), &dir.path().join("t.log"), &["--durability", "strict", "--redis-replicas", "1"]);
@@ -691,18 +701,7 @@ async fn strict_with_redis_replicas_acknowledges_only_what_a_replica_has() {
 #[tokio::test]
 async fn a_redis_failover_under_strict_with_a_replica_loses_nothing_acknowledged() {
     let dir = tempfile::tempdir().unwrap();
-    let (primary_dir, replica_dir) = (dir.path().join("primary"), dir.path().join("replica"));
-    std::fs::create_dir_all(&primary_dir).unwrap();
-    std::fs::create_dir_all(&replica_dir).unwrap();
-    let aof = ["--appendonly", "yes", "--appendfsync", "always"];
-    let mut primary = OwnRedis::start_with(&primary_dir, &aof);
-    let port = primary.port.to_string();
-    let replica = OwnRedis::start_with(&replica_dir, &[&aof[..], &["--replicaof", "127.0.0.1", &port]].concat());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !primary.cli(&["info", "replication"]).contains("state=online") {
-        assert!(Instant::now() < deadline, "the replica never came online");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let (mut primary, replica) = OwnRedis::primary_with_replica(dir.path());
     let (mut before, url) =
         start_binary_on(&primary.url(), &dir.path().join("before.log"), &["--durability", "strict", "--redis-replicas", "1"]);
 
@@ -761,7 +760,7 @@ async fn a_redis_failover_under_strict_with_a_replica_loses_nothing_acknowledged
     // The replica dies too before it read what was on its way (a partition
     // loses it), and comes back from its own append-only file as the new primary.
     drop(replica);
-    let promoted = OwnRedis::start_with(&replica_dir, &aof);
+    let promoted = OwnRedis::start_with(&dir.path().join("replica"), &AOF_ALWAYS);
 
     // tether follows it.
     let (mut after, url) = start_binary_on(&promoted.url(), &dir.path().join("after.log"), &["--durability", "strict"]);
