@@ -165,6 +165,17 @@ provider.use(async (ctx, next) => {
   return undefined;
 });
 
+// How often its keys were fetched, for the tests (GET /test/jwks-fetches).
+let jwksFetches = 0;
+provider.use(async (ctx, next) => {
+  if (ctx.path === '/test/jwks-fetches') {
+    ctx.body = { fetches: jwksFetches };
+    return;
+  }
+  if (ctx.path === '/jwks') jwksFetches += 1;
+  await next();
+});
+
 provider.proxy = false;
 provider.listen(Number(port), '127.0.0.1', () => {
   console.log('READY');

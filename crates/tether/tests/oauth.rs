@@ -281,6 +281,19 @@ async fn bad_tokens_get_a_401_challenge_and_no_session() {
         assert!(response.headers().get("mcp-session-id").is_none(), "{what}: no session");
     }
 
+    // A flood of made-up kids: at most one more fetch of the keys (once per 30 s).
+    let fetches = || async {
+        let answer: Value = reqwest::get(format!("{}/test/jwks-fetches", provider.issuer)).await.unwrap().json().await.unwrap();
+        answer["fetches"].as_u64().unwrap()
+    };
+    let before = fetches().await;
+    assert!(before >= 1, "tether fetched the keys to check the tokens above");
+    for n in 0..50 {
+        let token = provider.sign(&claims(json!({})), &format!("made-up-{n}"));
+        assert_eq!(post_initialize(&mcp, Some(&token)).await.status(), 401);
+    }
+    assert!(fetches().await <= before + 1, "{} fetches of the keys for 50 unknown kids", fetches().await - before);
+
     // A token in the query string is refused outright.
     let in_query = reqwest::Client::new()
         .post(format!("{mcp}?access_token={good}"))
