@@ -246,7 +246,7 @@ pub fn power_loss(db: &Path, to: &Path, keep: usize, tear: Option<usize>) -> io:
         }
         _ => None,
     };
-    std::fs::write(wal_of(to), &bytes)?;
+    write_private(&wal_of(to), &bytes)?;
     // The WAL marker as last written: the writer never syncs it, so the
     // disk may hold it or an older one, and the newest is the one that
     // claims the most. It is written after its commit's WAL fsync under
@@ -255,11 +255,19 @@ pub fn power_loss(db: &Path, to: &Path, keep: usize, tear: Option<usize>) -> io:
     // it ahead of the WAL: the restart warns, and opens).
     let mark = crate::sqlite::walmark_path(db);
     match std::fs::read(&mark) {
-        Ok(bytes) => std::fs::write(crate::sqlite::walmark_path(to), bytes)?,
+        Ok(bytes) => write_private(&crate::sqlite::walmark_path(to), &bytes)?,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
     Ok(PowerLossReport { unsynced_writes: t.since_sync.len(), kept, torn, syncs: t.syncs })
+}
+
+/// Writes a copy of a store file with the store's own mode (0600): the
+/// disk keeps a file's mode through a power loss.
+fn write_private(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?.write_all(bytes)
 }
 
 /// Writes `data` at `offset` into `bytes`, growing it with zeros as a file would.
