@@ -199,32 +199,52 @@ pub async fn authorize(url: &str, client: &OAuthClient, cache: Option<&TokenCach
     if let Some(scope) = &scope {
         form.push(("scope", scope));
     }
+    let granted = request_token(&http, &token_endpoint, client, &form)
+        .await
+        .map_err(|e| auth(format!("{e}; check the client's id and secret (authorization server {issuer})")))?;
+    let lifetime = granted.expires_in.unwrap_or(300);
+    if let Some(cache) = cache {
+        cache.put(&resource, &client.client_id, &granted.access_token, lifetime)?;
+    }
+    Ok(Some(granted.access_token))
+}
+
+/// What a token endpoint granted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Granted {
+    pub access_token: String,
+    /// Its lifetime in seconds, when the server says.
+    pub expires_in: Option<u64>,
+}
+
+/// POSTs `form` (a grant) to `token_endpoint` as `client` (HTTP Basic);
+/// an error names the endpoint, the client and the server's `error`.
+pub async fn request_token(
+    http: &reqwest::Client,
+    token_endpoint: &str,
+    client: &OAuthClient,
+    form: &[(&str, &str)],
+) -> Result<Granted, String> {
     let answer = http
-        .post(&token_endpoint)
+        .post(token_endpoint)
         .basic_auth(&client.client_id, Some(&client.client_secret))
-        .form(&form)
+        .form(form)
         .send()
         .await
-        .map_err(|e| ClientError::Transport(format!("{token_endpoint}: {e}")))?;
+        .map_err(|e| format!("{token_endpoint}: {e}"))?;
     let status = answer.status();
     let body: Value = answer.json().await.unwrap_or(Value::Null);
     if !status.is_success() {
         let error = body.get("error").and_then(Value::as_str).unwrap_or("no error code");
         let description = body.get("error_description").and_then(Value::as_str).unwrap_or_default();
-        return Err(auth(format!(
-            "the authorization server {issuer} refused client {} ({status}, {error}: {description}); check its id and secret",
-            client.client_id
-        )));
+        return Err(format!("{token_endpoint} refused client {} ({status}, {error}: {description})", client.client_id));
     }
-    let token = body
+    let access_token = body
         .get("access_token")
         .and_then(Value::as_str)
-        .ok_or_else(|| auth(format!("{token_endpoint} answered without an access_token")))?;
-    let lifetime = body.get("expires_in").and_then(Value::as_u64).unwrap_or(300);
-    if let Some(cache) = cache {
-        cache.put(&resource, &client.client_id, token, lifetime)?;
-    }
-    Ok(Some(token.to_owned()))
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| format!("{token_endpoint} answered without an access_token"))?;
+    Ok(Granted { access_token: access_token.to_owned(), expires_in: body.get("expires_in").and_then(Value::as_u64) })
 }
 
 fn auth(message: String) -> ClientError {
@@ -240,7 +260,7 @@ async fn get_json(http: &reqwest::Client, url: &str) -> Result<Value, ClientErro
 }
 
 /// The issuer's token endpoint (RFC 8414 metadata, else OpenID discovery).
-async fn token_endpoint(http: &reqwest::Client, issuer: &str) -> Result<String, ClientError> {
+pub async fn token_endpoint(http: &reqwest::Client, issuer: &str) -> Result<String, ClientError> {
     let base = issuer.trim_end_matches('/');
     let after_scheme = base.find("://").map_or(0, |i| i + 3);
     let (origin, path) = match base[after_scheme..].find('/') {

@@ -19,9 +19,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
 use sha2::{Digest, Sha256};
-use tether_client::Bearer;
+use tether_client::{Bearer, oauth};
 use tether_wire::RpcError;
 
 use crate::config::{Grant, OAuthGrant};
@@ -125,11 +124,17 @@ impl TokenSource {
 
     /// Asks the authorization server; the token and how long it lives.
     async fn fetch(&self, subject: Option<&str>) -> Result<(String, Duration), String> {
-        let secret = std::env::var(&self.grant.client_secret_env)
+        let client_secret = std::env::var(&self.grant.client_secret_env)
             .ok()
             .filter(|s| !s.is_empty())
             .ok_or_else(|| format!("the environment variable {} (client_secret_env) is not set", self.grant.client_secret_env))?;
-        let token_url = self.token_url.get_or_try_init(|| self.discover()).await?;
+        let token_url = self
+            .token_url
+            .get_or_try_init(|| async {
+                let issuer = self.grant.issuer.as_deref().ok_or("neither token_url nor issuer is set")?;
+                oauth::token_endpoint(&self.http, issuer).await.map_err(|e| e.to_string())
+            })
+            .await?;
         let mut form: Vec<(&str, &str)> = vec![("resource", &self.resource)];
         if let Some(scope) = &self.grant.scope {
             form.push(("scope", scope));
@@ -143,52 +148,11 @@ impl TokenSource {
                 ("requested_token_type", ACCESS_TOKEN_TYPE),
             ]),
         }
-        let response = self
-            .http
-            .post(token_url)
-            .basic_auth(&self.grant.client_id, Some(&secret))
-            .form(&form)
-            .send()
-            .await
-            .map_err(|e| format!("{token_url}: {e}"))?;
-        let status = response.status();
-        let body: Value = response.json().await.map_err(|e| format!("{token_url} answered {status} with no JSON: {e}"))?;
-        if !status.is_success() {
-            let error = body.get("error").and_then(Value::as_str).unwrap_or("no error code");
-            let description = body.get("error_description").and_then(Value::as_str).unwrap_or_default();
-            return Err(format!("{token_url} refused ({status}, {error}): {description}"));
-        }
-        let token = body
-            .get("access_token")
-            .and_then(Value::as_str)
-            .filter(|t| !t.is_empty())
-            .ok_or_else(|| format!("{token_url} answered without an access_token"))?;
-        let lifetime = body.get("expires_in").and_then(Value::as_u64).map_or(DEFAULT_LIFETIME, Duration::from_secs);
+        let client = oauth::OAuthClient { client_id: self.grant.client_id.clone(), client_secret };
+        let granted = oauth::request_token(&self.http, token_url, &client, &form).await?;
+        let lifetime = granted.expires_in.map_or(DEFAULT_LIFETIME, Duration::from_secs);
         tracing::debug!(upstream = %self.upstream, lifetime = ?lifetime, exchanged = subject.is_some(), "got an access token for the upstream");
-        Ok((token.to_owned(), lifetime))
-    }
-
-    /// The token endpoint from the issuer's metadata (RFC 8414, else OpenID discovery).
-    async fn discover(&self) -> Result<String, String> {
-        let issuer = self.grant.issuer.as_deref().ok_or("neither token_url nor issuer is set")?;
-        let base = issuer.trim_end_matches('/');
-        let mut last = String::new();
-        for url in [format!("{base}/.well-known/oauth-authorization-server"), format!("{base}/.well-known/openid-configuration")]
-        {
-            let answer = match self.http.get(&url).send().await {
-                Ok(response) if response.status().is_success() => response.json::<Value>().await.map_err(|e| e.to_string()),
-                Ok(response) => Err(format!("{url} answered {}", response.status())),
-                Err(e) => Err(format!("{url}: {e}")),
-            };
-            match answer {
-                Ok(meta) => match meta.get("token_endpoint").and_then(Value::as_str) {
-                    Some(endpoint) => return Ok(endpoint.to_owned()),
-                    None => last = format!("{url} names no token_endpoint"),
-                },
-                Err(e) => last = e,
-            }
-        }
-        Err(last)
+        Ok((granted.access_token, lifetime))
     }
 }
 
