@@ -292,8 +292,9 @@ impl Pump {
                 },
                 _ = keepalive.tick() => {
                     self.out.send(Frame::KeepAlive).await;
-                    if standalone_shared {
-                        super::replicas::mark_standalone(&self.inner, &self.session.id).await;
+                    if standalone_shared && !super::replicas::renew_standalone(&self.inner, &self.session.id).await {
+                        // Another replica's GET took over the standalone stream.
+                        return;
                     }
                 }
             }

@@ -130,6 +130,19 @@ pub(crate) async fn mark_standalone(inner: &Inner, session: &str) {
     let _ = inner.store.kv_compare_and_set(STANDALONE_NAMESPACE, session, current, value, expires).await;
 }
 
+/// Renews this replica's hold of the session's standalone stream on a
+/// keep-alive; false when another replica's GET holds it now (its
+/// announcement may have been lost: pub/sub keeps nothing), so this
+/// stream ends instead of taking the hold back.
+pub(crate) async fn renew_standalone(inner: &Inner, session: &str) -> bool {
+    let held = inner.store.kv_get(STANDALONE_NAMESPACE, session, now_ms()).await.ok().flatten();
+    if held.as_ref().is_some_and(|v| v.value.as_ref() != inner.instance.as_bytes()) {
+        return false;
+    }
+    mark_standalone(inner, session).await;
+    true
+}
+
 /// The standalone stream is no longer held here (unless another replica took it).
 pub(crate) async fn unmark_standalone(inner: &Inner, session: &str) {
     if let Ok(Some(v)) = inner.store.kv_get(STANDALONE_NAMESPACE, session, now_ms()).await
