@@ -60,6 +60,12 @@ pub struct ServerConfig {
     pub max_sessionless_requests_per_principal: usize,
     /// `subscriptions/listen` streams one principal may hold open.
     pub max_listen_streams_per_principal: usize,
+    /// Tasks (resumable operations) whose work runs in this process at
+    /// once, over all clients; beyond it a new one is refused (503).
+    pub max_tasks: usize,
+    /// Tasks one principal may have running here at once (under the
+    /// ceiling above); beyond it a new one is refused (429).
+    pub max_tasks_per_principal: usize,
     /// A connection must deliver a request's complete head (request line
     /// and headers) within this long after it opened or after its first
     /// byte arrived (`--header-timeout`); else it is closed.
@@ -100,6 +106,8 @@ impl Default for ServerConfig {
             max_sessionless_requests: 1024,
             max_sessionless_requests_per_principal: 256,
             max_listen_streams_per_principal: 64,
+            max_tasks: 1024,
+            max_tasks_per_principal: 64,
             header_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(120),
             body_timeout: Duration::from_secs(60),

@@ -69,6 +69,20 @@ impl RpcError {
         Self::new(code::SERVER_ERROR, message).with_data(Value::Object(data))
     }
 
+    /// A refusal because the caller holds its share of a bound already
+    /// ([`RpcError::limit_reached`] with `data.scope` = `"principal"`): the
+    /// caller may retry once one of its own ends; over HTTP it is a 429.
+    pub fn principal_limit_reached(limit: &str, message: impl Into<String>) -> Self {
+        let mut data = serde_json::Map::new();
+        data.insert("scope".into(), Value::String("principal".into()));
+        Self::limit_reached(limit, message, data)
+    }
+
+    /// Whether this is [`RpcError::principal_limit_reached`]'s refusal.
+    pub fn is_principal_limit(&self) -> bool {
+        self.is_retry_later() && self.data.as_ref().and_then(|d| d.get("scope")).and_then(Value::as_str) == Some("principal")
+    }
+
     /// A refusal because something the request needs cannot be reached now
     /// (`-32000` with `data.unavailable` naming it). The client may retry
     /// later; over HTTP it is a 503.

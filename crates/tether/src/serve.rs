@@ -117,6 +117,13 @@ pub struct ServeArgs {
     /// `subscriptions/listen` streams one principal may hold open; more get 429.
     #[arg(long, env = "TETHER_MAX_LISTEN_PER_PRINCIPAL", default_value_t = 64)]
     max_listen_per_principal: usize,
+    /// Tasks (resumable operations) running in this process at once; a new
+    /// one beyond it gets 503.
+    #[arg(long, env = "TETHER_MAX_TASKS", default_value_t = 1024)]
+    max_tasks: usize,
+    /// Tasks one principal may have running at once; a new one beyond it gets 429.
+    #[arg(long, env = "TETHER_MAX_TASKS_PER_PRINCIPAL", default_value_t = 64)]
+    max_tasks_per_principal: usize,
     /// Sessions kept in memory; beyond it the least recently used idle ones
     /// are dropped from memory (not from the store) and reloaded on their next request.
     #[arg(long, env = "TETHER_SESSION_CACHE", default_value_t = 4_096)]
@@ -338,6 +345,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         max_sessions_per_principal: args.max_sessions_per_principal,
         max_sessionless_requests_per_principal: args.max_sessionless_per_principal,
         max_listen_streams_per_principal: args.max_listen_per_principal,
+        max_tasks: args.max_tasks,
+        max_tasks_per_principal: args.max_tasks_per_principal,
         session_cache: args.session_cache,
         drain_timeout: args.drain_timeout,
         header_timeout: args.header_timeout,

@@ -401,6 +401,78 @@ async fn every_route_answers_only_to_the_host_names_it_is_set_up_for() {
     let _ = server.kill();
 }
 
+/// A task is a sessionless `tools/call` of a task tool, with the Tasks extension declared.
+fn task_call(id: u64, ms: u64) -> Value {
+    let mut meta = sessionless_meta();
+    meta[tether_wire::meta::CLIENT_CAPABILITIES] = json!({"extensions": {(tether_wire::meta::TASKS_EXTENSION): {}}});
+    sessionless_request(id, "tools/call", json!({"name": "slow", "arguments": {"ms": ms}, "_meta": meta}))
+}
+
+#[tokio::test]
+async fn one_principal_cannot_take_every_task_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = token_file(dir.path(), &format!("{ALICE} alice\n{BOB} bob\n"));
+    let config = dir.path().join("tether.toml");
+    let toml = format!(
+        "resume_wait = \"0s\"\nmax_tasks_per_principal = 1\n[upstreams.fx]\ncommand = [\"python3\", {:?}]\ntask_tools = [\"slow\"]\n",
+        fixture()
+    );
+    std::fs::write(&config, toml).unwrap();
+    let (mut server, url) = start_binary(
+        &dir.path().join("t.db"),
+        &["--auth-tokens", tokens.to_str().unwrap(), "--config", config.to_str().unwrap()],
+    );
+    let fx = format!("{url}/fx");
+    let (alice, bob) = (Client::with_token(&fx, ALICE), Client::with_token(&fx, BOB));
+
+    // Alice's first task runs; her second is refused before anything is stored, naming the limit.
+    let (status, first) = send_sessionless(&alice, &task_call(1, 60_000), Some("slow"), &[]).await;
+    assert_eq!((status, &first["result"]["resultType"]), (200, &json!("task")), "{first}");
+    let task = first["result"]["taskId"].as_str().expect("a task id").to_owned();
+    let refused = alice
+        .post_raw(
+            &[
+                ("content-type", "application/json"),
+                ("accept", "application/json, text/event-stream"),
+                ("mcp-protocol-version", SESSIONLESS),
+                ("mcp-method", "tools/call"),
+                ("mcp-name", "slow"),
+            ],
+            task_call(2, 10).to_string(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 429);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let body: Value = refused.json().await.unwrap();
+    assert!(body["error"]["message"].as_str().unwrap().contains("max_tasks_per_principal"), "{body}");
+    assert_eq!(body["error"]["data"]["limit"], "max_tasks_per_principal", "{body}");
+
+    // Bob is not held back by Alice.
+    let (status, bobs) = send_sessionless(&bob, &task_call(3, 10), Some("slow"), &[]).await;
+    assert_eq!((status, &bobs["result"]["resultType"]), (200, &json!("task")), "{bobs}");
+
+    // Her task cancelled, her slot comes back.
+    let mut meta = sessionless_meta();
+    meta[tether_wire::meta::CLIENT_CAPABILITIES] = json!({"extensions": {(tether_wire::meta::TASKS_EXTENSION): {}}});
+    let cancel = sessionless_request(4, "tasks/cancel", json!({"taskId": task, "_meta": meta}));
+    let (status, cancelled) = send_sessionless(&alice, &cancel, Some(&task), &[]).await;
+    assert_eq!(status, 200, "{cancelled}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, again) = send_sessionless(&alice, &task_call(5, 10), Some("slow"), &[]).await;
+        if status == 200 {
+            assert_eq!(again["result"]["resultType"], "task", "{again}");
+            break;
+        }
+        assert_eq!(status, 429, "{again}");
+        assert!(std::time::Instant::now() < deadline, "Alice's task slot never came back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = server.kill();
+}
+
 #[tokio::test]
 async fn one_principal_cannot_take_every_sessionless_or_listen_slot() {
     let dir = tempfile::tempdir().unwrap();

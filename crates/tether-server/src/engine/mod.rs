@@ -126,11 +126,13 @@ pub enum PostOutcome {
 pub struct Refusal {
     pub code: i64,
     pub retry_later: bool,
+    /// The caller holds its own share of a bound (HTTP 429, not 503).
+    pub principal_limit: bool,
 }
 
 impl From<&RpcError> for Refusal {
     fn from(error: &RpcError) -> Self {
-        Self { code: error.code, retry_later: error.is_retry_later() }
+        Self { code: error.code, retry_later: error.is_retry_later(), principal_limit: error.is_principal_limit() }
     }
 }
 
@@ -215,7 +217,7 @@ impl Engine {
                 instance: ids::new_instance_id(),
                 tokens: resume::ResumeTokens,
                 key: keys::ServerKey::default(),
-                operations: operations::Operations::default(),
+                operations: operations::Operations::new(config.max_tasks, config.max_tasks_per_principal),
                 shutdown: CancellationToken::new(),
                 interrupt: CancellationToken::new(),
                 tasks: TaskTracker::new(),

@@ -88,10 +88,19 @@ pub(super) struct Status {
     progress: Option<(f64, Option<f64>, Option<String>)>,
 }
 
-/// Operations running in this process.
-#[derive(Default)]
+/// Operations running in this process, at most `max_tasks` at once and
+/// `max_tasks_per_principal` of one principal's.
 pub(crate) struct Operations {
     live: Mutex<HashMap<String, (watch::Sender<Status>, tokio_util::sync::CancellationToken)>>,
+    running: Arc<tokio::sync::Semaphore>,
+    per_principal: Arc<super::quota::Quota>,
+}
+
+/// The room one operation's work takes while it runs here (the server's
+/// and its principal's), given back when the work ends.
+pub(super) struct Slot {
+    _server: tokio::sync::OwnedSemaphorePermit,
+    _principal: super::quota::Held,
 }
 
 /// What a resumable operation's work sees.
@@ -300,6 +309,36 @@ impl Operations {
         }
     }
 
+    pub(crate) fn new(max: usize, max_per_principal: usize) -> Self {
+        Self {
+            live: Mutex::default(),
+            running: Arc::new(tokio::sync::Semaphore::new(max.max(1))),
+            per_principal: super::quota::Quota::new(max_per_principal),
+        }
+    }
+
+    /// Room for one more operation of `principal`'s to run here, or the
+    /// refusal that names the bound it would cross.
+    pub(super) fn slot(&self, principal: &str) -> Result<Slot, RpcError> {
+        let own = self.per_principal.take(principal).ok_or_else(|| {
+            RpcError::principal_limit_reached(
+                "max_tasks_per_principal",
+                format!(
+                    "`{principal}` already runs {} tasks (max_tasks_per_principal); try again when one has ended",
+                    self.per_principal.limit()
+                ),
+            )
+        })?;
+        let server = self.running.clone().try_acquire_owned().map_err(|_| {
+            RpcError::limit_reached(
+                "max_tasks",
+                "this server already runs its most tasks (max_tasks); try again shortly",
+                Map::new(),
+            )
+        })?;
+        Ok(Slot { _server: server, _principal: own })
+    }
+
     /// Runs the operation's work in its own task, from chunk `resume_from`.
     /// A panic in the work fails the operation; a shutdown that cannot wait
     /// leaves it running in the store, to be restarted (or reported
@@ -310,6 +349,7 @@ impl Operations {
         runner: Arc<dyn OperationRunner>,
         id: String,
         record: &OpRecord,
+        slot: Slot,
     ) -> watch::Receiver<Status> {
         let (tx, rx) = watch::channel(Status { chunks: record.chunks, ..Status::default() });
         let cancel = tokio_util::sync::CancellationToken::new();
@@ -327,6 +367,7 @@ impl Operations {
         let (tool, arguments) = (record.tool.clone(), record.arguments.clone());
         let tracker = inner.clone();
         tracker.spawn(async move {
+            let _slot = slot;
             let status = ctx.status.clone();
             let work = std::panic::AssertUnwindSafe(runner.run_operation(ctx, &tool, arguments)).catch_unwind();
             let outcome = tokio::select! {
@@ -411,9 +452,12 @@ pub(crate) async fn call(
                     // Only the resume that moves the record from the dead
                     // owner to this process restarts the work: two replicas,
                     // or two resumes here, must not both run it.
-                    if let Some(claimed) = claim(&inner, &id, &record.owner).await? {
+                    // Without room for it here, it stays orphaned for a later resume to restart.
+                    if let Ok(slot) = inner.operations.slot(&record.principal)
+                        && let Some(claimed) = claim(&inner, &id, &record.owner).await?
+                    {
                         tracing::info!(operation = %id, from_chunk = claimed.chunks, "restarting an interrupted operation");
-                        inner.operations.start(inner.clone(), runner, id.clone(), &claimed);
+                        inner.operations.start(inner.clone(), runner, id.clone(), &claimed, slot);
                     }
                 } else {
                     update_record(&inner, &id, |r| {
@@ -443,6 +487,8 @@ pub(super) async fn create(
     binding: String,
     spec: OperationSpec,
 ) -> Result<([u8; 16], OpRecord), RpcError> {
+    // Refused before anything is stored: a refusal leaves no task behind.
+    let slot = inner.operations.slot(&principal)?;
     let raw: [u8; 16] = rand::random();
     let id = hex::encode(raw);
     let now = now_ms();
@@ -471,7 +517,7 @@ pub(super) async fn create(
     if !session.is_empty() {
         index_for_session(inner, session, &id, record.expires_at_ms).await;
     }
-    inner.operations.start(inner.clone(), runner, id, &record);
+    inner.operations.start(inner.clone(), runner, id, &record, slot);
     Ok((raw, record))
 }
 

@@ -192,9 +192,12 @@ pub(crate) async fn snapshot(inner: &Inner, principal: &str, id: &str) -> Result
 async fn get(inner: &Arc<Inner>, runner: Arc<dyn OperationRunner>, id: &str, mut record: OpRecord) -> Result<Value, RpcError> {
     if operations::orphaned(inner, id, &record).await {
         if record.restartable {
-            if let Some(claimed) = operations::claim(inner, id, &record.owner).await? {
+            // Without room for it here, it stays orphaned for a later `tasks/get` to restart.
+            if let Ok(slot) = inner.operations.slot(&record.principal)
+                && let Some(claimed) = operations::claim(inner, id, &record.owner).await?
+            {
                 tracing::info!(task = %id, from_chunk = claimed.chunks, "restarting an interrupted task");
-                inner.operations.start(inner.clone(), runner, id.to_owned(), &claimed);
+                inner.operations.start(inner.clone(), runner, id.to_owned(), &claimed, slot);
                 record = claimed;
             }
         } else {

@@ -232,6 +232,7 @@ const LIMIT_RETRY_AFTER_SECS: u32 = 1;
 /// for a request the 2026-07-28 rules refuse, else 200.
 fn answer_response(body: bytes::Bytes, refusal: Option<Refusal>, session_id: Option<&str>) -> Response {
     let status = match refusal {
+        Some(Refusal { principal_limit: true, .. }) => StatusCode::TOO_MANY_REQUESTS,
         Some(Refusal { retry_later: true, .. }) => StatusCode::SERVICE_UNAVAILABLE,
         Some(Refusal { code: code::METHOD_NOT_FOUND, .. }) => StatusCode::NOT_FOUND,
         Some(Refusal {
@@ -241,7 +242,7 @@ fn answer_response(body: bytes::Bytes, refusal: Option<Refusal>, session_id: Opt
         _ => StatusCode::OK,
     };
     let mut response = (status, [(header::CONTENT_TYPE, "application/json")], body).into_response();
-    if status == StatusCode::SERVICE_UNAVAILABLE {
+    if matches!(status, StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS) {
         response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(LIMIT_RETRY_AFTER_SECS));
     }
     if let Some(id) = session_id.and_then(|id| HeaderValue::from_str(id).ok()) {
