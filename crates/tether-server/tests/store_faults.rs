@@ -72,15 +72,40 @@ async fn a_full_disk_gets_prompt_503s_health_says_why_and_service_resumes_by_its
         assert!(reason.contains("full") && reason.contains("free disk space"), "{path}: {reason}");
     }
 
-    // Space is freed: the health checks notice it with no request in between.
+    // Space is freed. A page fits again, but commits failed just now: the
+    // health checks follow those, not only their own small probe write (on a
+    // disk with room for a page and not for a request, they would lie).
     faults::clear(&path);
+    for path in ["/healthz", "/readyz"] {
+        let health = get(addr, path).await;
+        assert_eq!(health.status, 503, "{path}: {}", health.text());
+        assert!(health.message()["reason"].as_str().unwrap_or_default().contains("ms ago"), "{path}: {}", health.text());
+    }
+    // A request's commit succeeds: healthy at once.
+    let after = call(addr, &session, 4, "echo", json!({"n": 4})).await;
+    assert_eq!(after.status, 200, "{}", after.text());
+    assert_eq!(after.message()["result"]["structuredContent"]["n"], json!(4));
     for path in ["/healthz", "/readyz"] {
         let health = get(addr, path).await;
         assert_eq!(health.status, 200, "{path}: {}", health.text());
     }
-    let after = call(addr, &session, 4, "echo", json!({"n": 4})).await;
-    assert_eq!(after.status, 200, "{}", after.text());
-    assert_eq!(after.message()["result"]["structuredContent"]["n"], json!(4));
+
+    // Full again, then freed with no request in between: the health checks
+    // notice it by themselves once no commit has failed for a while.
+    faults::inject(&path, Op::Write, Fault::Full, 0);
+    assert_eq!(call(addr, &session, 5, "echo", json!({"n": 5})).await.status, 503);
+    faults::clear(&path);
+    let deadline = std::time::Instant::now() + tether_store::sqlite::FAILURE_MEMORY + Duration::from_secs(60);
+    for path in ["/healthz", "/readyz"] {
+        loop {
+            let health = get(addr, path).await;
+            if health.status == 200 {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{path} never noticed the disk had room: {}", health.text());
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
 
     // What was acknowledged replays; the refused calls left nothing behind.
     for (acknowledged, n) in [(&before, 1), (&after, 4)] {

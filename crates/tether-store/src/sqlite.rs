@@ -265,8 +265,10 @@ impl SqliteDb {
 
     /// While commits fail, tries one that writes a page (the header's
     /// `user_version`, rewritten unchanged) and clears the failure if it
-    /// succeeds: a server with no traffic notices by itself that writes work
-    /// again. An error says why they still do not.
+    /// succeeds and no other commit failed for [`FAILURE_MEMORY`]: a server
+    /// with no traffic notices by itself that writes work again, while one
+    /// whose requests' commits still fail (a disk with room for one page but
+    /// not for a request's) keeps saying so. An error says why.
     pub async fn probe_writes(&self) -> StoreResult<()> {
         let Some(failure) = self.write_failure() else { return Ok(()) };
         let probed = self
@@ -278,6 +280,13 @@ impl SqliteDb {
             .await;
         match probed {
             Ok(()) => {
+                // The probe's commit succeeded, so a failure since was another's.
+                if let Some(ago) = self.writer.since_failure().filter(|ago| *ago < FAILURE_MEMORY) {
+                    return Err(StoreError::Unavailable(format!(
+                        "a commit failed {} ms ago ({failure}): free disk space or fix the file system; tether tries again by itself",
+                        ago.as_millis()
+                    )));
+                }
                 self.writer.writes_work();
                 Ok(())
             }
@@ -319,6 +328,10 @@ impl SqliteDb {
         self.readers.read(f).await
     }
 }
+
+/// How long a failed commit keeps the health checks at 503 after a probe
+/// write succeeded (a commit that stores something clears it at once).
+pub const FAILURE_MEMORY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The [`Store`](crate::Store) on SQLite.
 #[derive(Clone)]

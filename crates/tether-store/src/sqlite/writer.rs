@@ -73,6 +73,8 @@ pub(super) struct Writer {
     /// a full disk, an I/O error. Read on every commit, hence the flag.
     failing: AtomicBool,
     failure: Mutex<Option<String>>,
+    /// When a commit last failed (a request's or a probe's).
+    failed_at: Mutex<Option<std::time::Instant>>,
     /// Counts the recoveries from a failure ([`Writer::writes_work`]).
     recoveries: tokio::sync::watch::Sender<u64>,
 }
@@ -97,6 +99,7 @@ impl Writer {
             fsync_per_commit,
             failing: AtomicBool::new(false),
             failure: Mutex::new(None),
+            failed_at: Mutex::new(None),
             recoveries: tokio::sync::watch::Sender::new(0),
         })
     }
@@ -111,7 +114,15 @@ impl Writer {
         self.failure.lock().ok().and_then(|f| f.clone())
     }
 
+    /// How long ago a commit last failed.
+    pub(super) fn since_failure(&self) -> Option<std::time::Duration> {
+        self.failed_at.lock().ok().and_then(|at| *at).map(|at| at.elapsed())
+    }
+
     fn commit_failed(&self, why: &StoreError) {
+        if let Ok(mut at) = self.failed_at.lock() {
+            *at = Some(std::time::Instant::now());
+        }
         if let Ok(mut failure) = self.failure.lock() {
             if failure.is_none() {
                 tracing::error!(error = %why, "sqlite: commits fail; requests are refused with 503 until one succeeds (free disk space or fix the file system)");
