@@ -1,9 +1,20 @@
 # tether in a container: `docker build -t tether .` then
 #   docker run -p 8787:8787 -v tether-data:/data tether
-# Multi-stage: the release binary is built in the Rust image and copied into
-# a slim Debian runtime, run as an unprivileged user with SQLite under /data.
-# scripts/docker-smoke builds it and makes one call (scripts/test runs it when
-# Docker answers).
+# The release binary is built in the Rust image (stage `build`) and copied into
+# a slim Debian runtime (stage `runtime-base`), run as an unprivileged user
+# (uid 10001) with SQLite under /data. `runtime` (the last stage, what a plain
+# `docker build .` makes) takes the binary from `build`; `runtime-prebuilt`
+# takes a binary built outside, the file `tether` at the root of the build
+# context (built on Debian 12 or an older glibc):
+#   mkdir ctx && cp target/release/tether ctx/
+#   docker build -f Dockerfile --target runtime-prebuilt -t tether ctx
+# Both share runtime-base, so they differ only in where the binary comes from;
+# BuildKit and Buildah/Podman skip the stages a target does not need.
+# Podman: build with `--format docker`, the OCI format has no HEALTHCHECK.
+# The runtime stage's apt-get needs the network at build time.
+# scripts/docker-smoke builds runtime-prebuilt from target/release/tether with
+# Docker or Podman and tries it (scripts/test runs it); the test command does
+# not run the `build` stage.
 
 FROM rust:1-bookworm AS build
 WORKDIR /src
@@ -11,14 +22,14 @@ COPY . .
 RUN cargo build --release --locked -p tether \
     && install -m 0755 target/release/tether /usr/local/bin/tether
 
-FROM debian:bookworm-slim
-# curl for the HEALTHCHECK only; ca-certificates for HTTPS upstreams.
+FROM debian:bookworm-slim AS runtime-base
+# curl for the HEALTHCHECK only; ca-certificates for HTTPS upstreams (the
+# system's roots are the ones trusted).
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends ca-certificates curl \
-    && rm -rf /var/lib/apt/lists/* \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates curl \
+    && apt-get clean && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 --user-group --home-dir /data --shell /usr/sbin/nologin tether \
     && mkdir -p /data && chown tether:tether /data && chmod 0700 /data
-COPY --from=build /usr/local/bin/tether /usr/local/bin/tether
 USER tether
 WORKDIR /data
 VOLUME ["/data"]
@@ -31,3 +42,9 @@ HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["tether"]
 CMD ["serve"]
+
+FROM runtime-base AS runtime-prebuilt
+COPY tether /usr/local/bin/tether
+
+FROM runtime-base AS runtime
+COPY --from=build /usr/local/bin/tether /usr/local/bin/tether
