@@ -182,11 +182,6 @@ impl RedisStore {
                         .into(),
                 ));
             }
-            (_, true) if is_cluster_url(url) => {
-                return Err(StoreError::Config(
-                    "--redis-replicas is not supported on a Redis Cluster yet (WAIT must go to each write's own node); drop it, or use a single primary with replicas".into(),
-                ));
-            }
             (count, true) => Some(conn::Replicas { count, timeout_ms: REPLICA_WAIT_MS }),
         };
         if is_cluster_url(url) {
@@ -237,7 +232,7 @@ impl RedisStore {
                 url,
                 prefix,
                 (cap, finished_ttl_ms, config.strict_durability),
-                RedisConn::Cluster(conn),
+                RedisConn::Cluster(conn, replicas),
                 remote,
                 listener,
             )

@@ -10,6 +10,7 @@ use std::borrow::Cow;
 
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, SingleNodeRoutingInfo, Slot, SlotAddr};
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 use super::batch::BatchQueue;
@@ -23,13 +24,16 @@ use crate::{StoreError, StoreResult};
 #[derive(Clone)]
 pub enum RedisConn {
     Single(ConnectionManager, Option<BatchQueue>, Option<Replicas>),
-    Cluster(ClusterConnection),
+    Cluster(ClusterConnection, Option<Replicas>),
 }
 
-/// `--durability strict --redis-replicas N` on a single server: after every
-/// command that may write, `WAIT N` on the same connection; fewer replicas
-/// within [`Replicas::timeout_ms`] fail the call like a disk error (its
-/// writes are on the primary, but nothing is acknowledged).
+/// `--durability strict --redis-replicas N`: after every command that may
+/// write, `WAIT N` on the same connection (on a cluster, on every primary's
+/// connection: the client routes `WAIT` to all primaries and answers the
+/// fewest replicas any had, and each node's connection is the one its
+/// writes went over); fewer replicas within [`Replicas::timeout_ms`] fail
+/// the call like a disk error (its writes are on the primary, but nothing
+/// is acknowledged).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Replicas {
     pub count: u32,
@@ -44,20 +48,19 @@ impl RedisConn {
     }
 
     pub fn is_cluster(&self) -> bool {
-        matches!(self, RedisConn::Cluster(_))
+        matches!(self, RedisConn::Cluster(..))
     }
 
     fn replicas(&self) -> Option<Replicas> {
         match self {
-            RedisConn::Single(_, _, replicas) => *replicas,
-            RedisConn::Cluster(_) => None,
+            RedisConn::Single(_, _, replicas) | RedisConn::Cluster(_, replicas) => *replicas,
         }
     }
 
     pub(crate) fn batch_queue(&self) -> Option<&BatchQueue> {
         match self {
             RedisConn::Single(_, queue, _) => queue.as_ref(),
-            RedisConn::Cluster(_) => None,
+            RedisConn::Cluster(..) => None,
         }
     }
 }
@@ -72,7 +75,27 @@ impl ConnectionLike for RedisConn {
                 Ok(reply)
             }),
             (RedisConn::Single(c, _, _), None) => c.req_packed_command(cmd),
-            (RedisConn::Cluster(c), _) => c.req_packed_command(cmd),
+            (RedisConn::Cluster(c, _), Some(replicas)) => Box::pin(async move {
+                let Some(key) = first_key(cmd) else {
+                    let reply = c.req_packed_command(cmd).await?;
+                    wait_for(c, replicas).await?;
+                    return Ok(reply);
+                };
+                // The write and its WAIT in one pipeline to the node of the
+                // key's slot: they run on the same node whatever the slot
+                // map says by then (a redirect moves both), so a node that
+                // took the write without its replicas (an old primary back
+                // for a moment) answers for it.
+                let route = SingleNodeRoutingInfo::SpecificNode(Route::with_slot(Slot::for_key(key), SlotAddr::Master));
+                let mut pipe = redis::pipe();
+                pipe.add_command(cmd.clone()).add_command(wait_command(replicas));
+                let mut replies = c.route_pipeline(pipe, 0, 2, route).await?;
+                let acked = replies.pop();
+                let reply = replies.pop().unwrap_or(Value::Nil);
+                enough(acked.as_ref().map_or(Ok(0), redis::from_redis_value_ref::<i64>)?, replicas)?;
+                Ok(reply)
+            }),
+            (RedisConn::Cluster(c, _), None) => c.req_packed_command(cmd),
         }
     }
 
@@ -85,14 +108,19 @@ impl ConnectionLike for RedisConn {
                 Ok(replies)
             }),
             (RedisConn::Single(c, _, _), None) => c.req_packed_commands(pipeline, offset, count),
-            (RedisConn::Cluster(c), _) => c.req_packed_commands(pipeline, offset, count),
+            (RedisConn::Cluster(c, _), Some(replicas)) => Box::pin(async move {
+                let replies = c.req_packed_commands(pipeline, offset, count).await?;
+                wait_for(c, replicas).await?;
+                Ok(replies)
+            }),
+            (RedisConn::Cluster(c, _), None) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
             RedisConn::Single(c, _, _) => c.get_db(),
-            RedisConn::Cluster(c) => c.get_db(),
+            RedisConn::Cluster(c, _) => c.get_db(),
         }
     }
 }
@@ -145,8 +173,19 @@ fn may_write(cmd: &Cmd) -> bool {
 
 /// `WAIT count timeout` on `conn`: an error unless that many replicas have
 /// every write this connection sent so far.
-async fn wait_for(conn: &mut ConnectionManager, replicas: Replicas) -> redis::RedisResult<()> {
-    let acked: i64 = redis::cmd("WAIT").arg(replicas.count).arg(replicas.timeout_ms).query_async(conn).await?;
+async fn wait_for(conn: &mut impl ConnectionLike, replicas: Replicas) -> redis::RedisResult<()> {
+    let acked: i64 = wait_command(replicas).query_async(conn).await?;
+    enough(acked, replicas)
+}
+
+fn wait_command(replicas: Replicas) -> Cmd {
+    let mut cmd = redis::cmd("WAIT");
+    cmd.arg(replicas.count).arg(replicas.timeout_ms);
+    cmd
+}
+
+/// An error unless `acked` replicas are as many as `replicas` asks.
+fn enough(acked: i64, replicas: Replicas) -> redis::RedisResult<()> {
     if acked < i64::from(replicas.count) {
         return Err(redis::RedisError::from((
             redis::ErrorKind::Io,
@@ -158,6 +197,23 @@ async fn wait_for(conn: &mut ConnectionManager, replicas: Replicas) -> redis::Re
         )));
     }
     Ok(())
+}
+
+/// The first key `cmd` names (after a script's key count), which picks its
+/// slot; `None` for a command without keys.
+fn first_key(cmd: &Cmd) -> Option<&[u8]> {
+    let mut args = cmd.args_iter().filter_map(|a| match a {
+        redis::Arg::Simple(bytes) => Some(bytes),
+        _ => None,
+    });
+    let name = args.next()?;
+    let scripted = [&b"EVALSHA"[..], b"EVAL", b"FCALL"].iter().any(|s| s.eq_ignore_ascii_case(name));
+    if scripted {
+        let _script = args.next()?;
+        let keys: usize = std::str::from_utf8(args.next()?).ok()?.parse().ok()?;
+        return if keys == 0 { None } else { args.next() };
+    }
+    args.next()
 }
 
 /// Whether `url` names a Redis Cluster.
@@ -234,6 +290,20 @@ mod tests {
         assert!(cluster_nodes("redis+cluster:///").is_err());
         assert!(cluster_nodes("redis+cluster://a:1/3").is_err());
         assert!(is_cluster_url("redis+cluster://a:1/") && !is_cluster_url("redis://a:1/"));
+    }
+
+    #[test]
+    fn a_commands_slot_comes_from_its_first_key_a_scripts_after_its_key_count() {
+        let mut eval = redis::cmd("EVALSHA");
+        eval.arg("abc").arg(2).arg("k1").arg("k2").arg("v");
+        assert_eq!(first_key(&eval), Some(&b"k1"[..]));
+        let mut keyless = redis::cmd("EVALSHA");
+        keyless.arg("abc").arg(0).arg("v");
+        assert_eq!(first_key(&keyless), None);
+        let mut set = redis::cmd("SET");
+        set.arg("k").arg("v");
+        assert_eq!(first_key(&set), Some(&b"k"[..]));
+        assert_eq!(first_key(&redis::cmd("PING")), None);
     }
 
     #[test]
