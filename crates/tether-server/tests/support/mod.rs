@@ -8,6 +8,7 @@
 pub mod history;
 pub mod load;
 pub mod proxy;
+pub mod redis_server;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -1,8 +1,10 @@
-//! A TCP proxy of the tests' own between one replica and Redis:
-//! it passes bytes both ways, or delays them, or cuts every
-//! connection and refuses new ones (a partition of that replica alone:
-//! the other replicas have proxies of their own). Real sockets; the
-//! replica's Redis client sees exactly what a broken network shows it.
+//! A TCP proxy of the tests' own between one replica and Redis (or one
+//! Redis and its replica): it passes bytes both ways, or delays them, or
+//! cuts every connection and refuses new ones (a partition of that replica
+//! alone: the other replicas have proxies of their own); it can be pointed
+//! at another server, cutting what it holds (an address that moves to a
+//! promoted replica at a failover). Real sockets; the replica's Redis
+//! client sees exactly what a broken network shows it.
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
@@ -31,6 +33,9 @@ pub enum Mode {
 pub struct Proxy {
     pub addr: SocketAddr,
     mode: watch::Sender<Mode>,
+    upstream: Arc<std::sync::Mutex<SocketAddr>>,
+    /// Bumped to cut every open connection (see [`Proxy::retarget`]).
+    cuts: watch::Sender<u64>,
     /// Connections accepted, for the report.
     pub accepted: Arc<AtomicU64>,
 }
@@ -41,8 +46,11 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the proxy");
         let addr = listener.local_addr().expect("the proxy's address");
         let (mode, watching) = watch::channel(Mode::Pass);
+        let (cuts, cut_watch) = watch::channel(0u64);
         let accepted = Arc::new(AtomicU64::new(0));
         let counter = accepted.clone();
+        let upstream = Arc::new(std::sync::Mutex::new(upstream));
+        let target = upstream.clone();
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 counter.fetch_add(1, Ordering::Relaxed);
@@ -51,6 +59,9 @@ impl Proxy {
                     drop(client);
                     continue;
                 }
+                let upstream = *target.lock().unwrap_or_else(|p| p.into_inner());
+                let mut cut = cut_watch.clone();
+                cut.mark_unchanged();
                 tokio::spawn(async move {
                     let Ok(server) = TcpStream::connect(upstream).await else { return };
                     let _ = client.set_nodelay(true);
@@ -61,15 +72,22 @@ impl Proxy {
                         () = pump(client_read, server_write, mode.clone()) => {}
                         () = pump(server_read, client_write, mode.clone()) => {}
                         () = partitioned(mode) => {}
+                        _ = cut.changed() => {}
                     }
                 });
             }
         });
-        Proxy { addr, mode, accepted }
+        Proxy { addr, mode, upstream, cuts, accepted }
     }
 
     pub fn set(&self, mode: Mode) {
         self.mode.send_replace(mode);
+    }
+
+    /// Points new connections at `upstream` and cuts the open ones.
+    pub fn retarget(&self, upstream: SocketAddr) {
+        *self.upstream.lock().unwrap_or_else(|p| p.into_inner()) = upstream;
+        self.cuts.send_modify(|n| *n += 1);
     }
 
     /// A Redis URL through this proxy, keeping the database of `url`.
