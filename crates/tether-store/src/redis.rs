@@ -814,29 +814,35 @@ impl Store for RedisStore {
         // Both forms in one round trip, the Redis Stream first: a stream
         // moved from the whole form in between reads as empty (its
         // announcement wakes the reader again), never as both forms.
-        let (entries, whole): (RValue, RValue) = redis::pipe()
-            .cmd("XRANGE")
+        let mut pipe = redis::pipe();
+        pipe.cmd("XRANGE")
             .arg(format!("{base}e:{stream}"))
             .arg(format!("(0-{after}"))
             .arg("+")
             .arg("COUNT")
             .arg(limit)
             .cmd("GET")
-            .arg(format!("{base}d:{stream}"))
-            .query_async(&mut conn)
-            .await
-            .map_err(unavailable)?;
+            .arg(format!("{base}d:{stream}"));
+        if self.conn.waits_for_replicas() {
+            // A read sees writes applied but not yet on a replica (their
+            // WAIT may still fail, and a failover lose them). A small write
+            // after it on the same node, whose WAIT the connection makes,
+            // shows nothing a failover can take back.
+            pipe.cmd("SET").arg(format!("{base}barrier")).arg(1).arg("PX").arg(60_000).ignore();
+        }
+        let (entries, whole): (RValue, RValue) = pipe.query_async(&mut conn).await.map_err(unavailable)?;
         let corrupt = || StoreError::Corrupt(format!("an event of stream {stream} of session {session}"));
-        match (entries, whole) {
+        let events: Vec<StoredEvent> = match (entries, whole) {
             (RValue::Array(entries), RValue::Nil) => {
-                entries.into_iter().map(|entry| stored_event(entry).ok_or_else(corrupt)).collect()
+                entries.into_iter().map(|entry| stored_event(entry).ok_or_else(corrupt)).collect::<StoreResult<_>>()?
             }
             (RValue::Array(entries), RValue::BulkString(blob)) if entries.is_empty() => {
                 let events = decode_whole(Bytes::from(blob)).ok_or_else(corrupt)?;
-                Ok(events.into_iter().filter(|e| e.seq > after).take(limit).collect())
+                events.into_iter().filter(|e| e.seq > after).take(limit).collect()
             }
-            _ => Err(corrupt()),
-        }
+            _ => return Err(corrupt()),
+        };
+        Ok(events)
     }
 
     async fn open_streams(&self, session: &str) -> StoreResult<Vec<StreamSummary>> {

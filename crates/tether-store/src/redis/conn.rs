@@ -51,6 +51,11 @@ impl RedisConn {
         matches!(self, RedisConn::Cluster(..))
     }
 
+    /// Whether writes wait for replicas (`--redis-replicas`).
+    pub(crate) fn waits_for_replicas(&self) -> bool {
+        self.replicas().is_some()
+    }
+
     fn replicas(&self) -> Option<Replicas> {
         match self {
             RedisConn::Single(_, _, replicas) | RedisConn::Cluster(_, replicas) => *replicas,
@@ -109,8 +114,19 @@ impl ConnectionLike for RedisConn {
             }),
             (RedisConn::Single(c, _, _), None) => c.req_packed_commands(pipeline, offset, count),
             (RedisConn::Cluster(c, _), Some(replicas)) => Box::pin(async move {
-                let replies = c.req_packed_commands(pipeline, offset, count).await?;
-                wait_for(c, replicas).await?;
+                // As for one command: the pipeline and its WAIT on one node.
+                let key = pipeline.cmd_iter().find_map(first_key).filter(|_| !pipeline.is_transaction());
+                let Some(key) = key else {
+                    let replies = c.req_packed_commands(pipeline, offset, count).await?;
+                    wait_for(c, replicas).await?;
+                    return Ok(replies);
+                };
+                let route = SingleNodeRoutingInfo::SpecificNode(Route::with_slot(Slot::for_key(key), SlotAddr::Master));
+                let mut pipe = pipeline.clone();
+                pipe.add_command(wait_command(replicas));
+                let mut replies = c.route_pipeline(pipe, offset, count + 1, route).await?;
+                let acked = replies.pop();
+                enough(acked.as_ref().map_or(Ok(0), redis::from_redis_value_ref::<i64>)?, replicas)?;
                 Ok(replies)
             }),
             (RedisConn::Cluster(c, _), None) => c.req_packed_commands(pipeline, offset, count),
