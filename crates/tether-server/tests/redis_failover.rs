@@ -106,10 +106,11 @@ struct Load {
 }
 
 impl Load {
-    async fn start(test: &str, addrs: Vec<SocketAddr>) -> Self {
+    async fn start(test: &str, addrs: Vec<SocketAddr>, strict: bool) -> Self {
         let seed = fault_seed(test);
         let history = Arc::new(History::new());
         let tally = Arc::new(Tally::default());
+        tally.lenient.store(!strict, Ordering::Relaxed);
         let stop = Arc::new(AtomicBool::new(false));
         let shared = Arc::new(Mutex::new(addrs.clone()));
         let forever = Instant::now() + Duration::from_secs(24 * 3600);
@@ -132,11 +133,12 @@ impl Load {
         replay_all(self.addrs[0], &self.history).await;
         let report = self.history.check();
         eprintln!(
-            "redis_failover: {test}: seed {}: {kills} primary kill(s): clients sent {}, refused {}, resumed {}; {report}",
+            "redis_failover: {test}: seed {}: {kills} primary kill(s): clients sent {}, refused {}, resumed {}, given up unended {}; {report}",
             self.seed,
             Tally::get(&self.tally.requests),
             Tally::get(&self.tally.refused),
             Tally::get(&self.tally.resumed),
+            Tally::get(&self.tally.unended),
         );
         let problems = self.tally.problems();
         eprintln!(
@@ -160,7 +162,7 @@ async fn single(strict: bool) -> Report {
     blocking(|| primary.wait_for_replica());
     let front = Proxy::start(primary.addr()).await;
     let addrs = tethers(&front.url("redis://127.0.0.1/"), strict).await;
-    let load = Load::start(test, addrs).await;
+    let load = Load::start(test, addrs, strict).await;
 
     let kills = kills();
     for _ in 0..kills {
@@ -190,7 +192,7 @@ async fn cluster(strict: bool) -> Report {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let mut cluster = blocking(|| Cluster::start(dir.path(), 3));
     let addrs = tethers(&cluster.url(), strict).await;
-    let load = Load::start(test, addrs).await;
+    let load = Load::start(test, addrs, strict).await;
 
     let kills = kills();
     for kill in 0..kills {
