@@ -293,14 +293,11 @@ fn allowed_hosts(args: &ServeArgs) -> Option<AllowedHosts> {
         let after_scheme = url.split_once("://").map_or(url.as_str(), |(_, rest)| rest);
         names.extend(after_scheme.split('/').next().filter(|h| !h.is_empty()).map(str::to_owned));
     }
-    if args.listen.ip().is_loopback() {
-        return Some(AllowedHosts::loopback_and(&names));
-    }
-    if args.allowed_hosts.is_empty() {
+    if !args.listen.ip().is_loopback() && args.allowed_hosts.is_empty() {
         tracing::warn!(listen = %args.listen, "no --allowed-host: requests are answered whatever their Host header names");
         return None;
     }
-    Some(AllowedHosts::only(&names))
+    Some(AllowedHosts::loopback_and(&names))
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
