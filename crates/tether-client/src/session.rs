@@ -2,102 +2,52 @@
 //! [`Session`] with its requests, notifications, answers to server
 //! requests, cancellation of requests given up, and the messages the server
 //! sends on its own (one bounded channel, `take_incoming`). What is common
-//! to both transports lives here (headers, POST and its refusals, error
-//! bodies, sorting what arrives); the transports themselves are
-//! [`streamable`] (Streamable HTTP, tried first) and [`legacy_sse`] (the
-//! 2024-11-05 HTTP+SSE fallback).
+//! to both transports lives in modules of its own: [`options`] (the
+//! caller's options and the headers built from them), [`http`] (POST and
+//! its refusals, error bodies), [`incoming`] (sorting what arrives) and
+//! [`in_flight`] (a request's track and its cancellation when given up);
+//! the transports themselves are [`streamable`] (Streamable HTTP, tried
+//! first) and [`legacy_sse`] (the 2024-11-05 HTTP+SSE fallback).
+//!
+//! Invariant: a request's ID is the session object's random prefix and a
+//! counter, so no two sessions send the same ID; once the session is closed
+//! or its last clone dropped, none of its background tasks runs on.
 
+mod http;
+mod in_flight;
+mod incoming;
 mod legacy_sse;
+mod options;
 mod plain_http;
 mod streamable;
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
-use std::time::Duration;
 
-use reqwest::StatusCode;
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use reqwest::header::HeaderMap;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use tether_wire::{Inbound, RpcError, code, envelope, headers, meta};
 pub use tether_wire::{PeerMessage, PeerSink};
+use tether_wire::{code, meta};
 
 use crate::error::{ClientError, ReqError};
-use crate::sse::read_body;
+// Also the names the transports import from here (`super::…`).
+use http::{CONNECT_TIMEOUT, check_url, content_type, error_message, http_client, transport_error};
+use in_flight::CancelOnDrop;
+pub use in_flight::RequestTrack;
+use incoming::{Incoming, outcome_to_result, read_event, read_response, read_value, same_id};
 use legacy_sse::LegacyChannel;
+use options::build_base_headers;
+pub use options::{Bearer, ClientOptions};
 use plain_http::PlainHttp;
 
 /// Server messages buffered for `take_incoming`.
 const INCOMING_BUFFER: usize = 256;
 /// The sessionless revision a sessionless session speaks.
 pub const SESSIONLESS_VERSION: &str = tether_wire::revision::FIRST_SESSIONLESS;
-/// Error bodies are read up to this size for their message.
-const MAX_ERROR_BODY: usize = 64 * 1024;
-/// Connection establishment limit (the request itself has `request_timeout`).
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// A bearer token that may change while a session lives (one its owner
-/// refreshes before it expires): each request sends the value it holds
-/// when the request is sent. Cheap to clone; clones share the value.
-#[derive(Clone, Default)]
-pub struct Bearer(Arc<std::sync::RwLock<Option<HeaderValue>>>);
-
-impl Bearer {
-    /// The token every later request sends.
-    pub fn set(&self, token: &str) -> Result<(), ClientError> {
-        let mut value = HeaderValue::from_str(&format!("Bearer {}", token.trim()))
-            .map_err(|_| ClientError::Config("the bearer token contains characters not allowed in an HTTP header".into()))?;
-        value.set_sensitive(true);
-        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Some(value);
-        Ok(())
-    }
-
-    fn current(&self) -> Option<HeaderValue> {
-        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-}
-
-/// How to reach a server: credentials, extra headers, the time limit of one request.
-#[derive(Clone)]
-pub struct ClientOptions {
-    /// Sent as `Authorization: Bearer <token>`.
-    pub bearer_token: Option<String>,
-    /// A bearer token that changes (sent instead of `bearer_token`).
-    pub bearer: Option<Bearer>,
-    /// Extra HTTP headers on every request.
-    pub headers: Vec<(String, String)>,
-    /// Limit for one request, from sending it to its response (default 60s).
-    pub request_timeout: Duration,
-    /// Longest message (a JSON body, one SSE event) taken from the server
-    /// (default 32 MiB); a longer one ends its request with an error.
-    pub max_message_bytes: usize,
-}
-
-impl Default for ClientOptions {
-    fn default() -> Self {
-        Self {
-            bearer_token: None,
-            bearer: None,
-            headers: Vec::new(),
-            request_timeout: Duration::from_secs(60),
-            max_message_bytes: tether_wire::sse::DEFAULT_MAX_EVENT_BYTES,
-        }
-    }
-}
-
-impl std::fmt::Debug for ClientOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientOptions")
-            .field("bearer_token", &self.bearer_token.as_ref().map(|_| "<redacted>"))
-            .field("bearer", &self.bearer.as_ref().map(|_| "<redacted>"))
-            .field("headers", &self.headers.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>())
-            .field("request_timeout", &self.request_timeout)
-            .finish()
-    }
-}
 
 /// One MCP session over Streamable HTTP (or the 2024-11-05 HTTP+SSE fallback).
 /// Cheap to clone; all clones share the session.
@@ -162,237 +112,6 @@ impl Drop for Inner {
                 t.abort();
             }
         }
-    }
-}
-
-/// One JSON-RPC message from the server, sorted. A result stays raw JSON:
-/// a gateway passes it on as it came, without building it as a tree.
-enum Incoming {
-    Response { id: Value, outcome: Result<Box<RawValue>, Value> },
-    Server(PeerMessage),
-}
-
-impl From<Inbound> for Incoming {
-    fn from(message: Inbound) -> Self {
-        match message {
-            Inbound::Request { id, method, params } => {
-                Incoming::Server(PeerMessage::Request { id, method, params: params.map(Value::Object) })
-            }
-            Inbound::Notification { method, params } => {
-                Incoming::Server(PeerMessage::Notification { method, params: params.map(Value::Object) })
-            }
-            Inbound::Response { id, outcome } => {
-                let outcome = match outcome {
-                    Ok(result) => serde_json::value::to_raw_value(&result)
-                        .map_err(|e| json!({"code": code::INTERNAL_ERROR, "message": e.to_string()})),
-                    Err(error) => Err(error),
-                };
-                Incoming::Response { id, outcome }
-            }
-        }
-    }
-}
-
-/// The shape of a response, read without building its result.
-#[derive(serde::Deserialize)]
-struct ResponseShape<'a> {
-    #[serde(borrow)]
-    jsonrpc: &'a str,
-    id: Value,
-    #[serde(default)]
-    result: Option<Box<RawValue>>,
-    #[serde(default)]
-    error: Option<Value>,
-    #[serde(default)]
-    method: Option<serde::de::IgnoredAny>,
-}
-
-/// A response (the common case) read directly; anything else `None`, for
-/// the full reading of [`envelope::parse_message`].
-fn read_response(data: &[u8]) -> Option<Incoming> {
-    let shape: ResponseShape<'_> = serde_json::from_slice(data).ok()?;
-    if shape.jsonrpc != "2.0" || shape.method.is_some() {
-        return None;
-    }
-    let outcome = match (shape.result, shape.error) {
-        (Some(result), None) => Ok(result),
-        (None, Some(error)) if error.is_object() => Err(error),
-        _ => return None,
-    };
-    Some(Incoming::Response { id: shape.id, outcome })
-}
-
-/// The message in an SSE event's data; what is not one valid JSON-RPC
-/// message is logged and skipped (the server's next message may still be).
-fn read_event(url: &str, data: &str) -> Option<Incoming> {
-    if let Some(response) = read_response(data.as_bytes()) {
-        return Some(response);
-    }
-    match envelope::parse_message(data.as_bytes()) {
-        Ok(message) => Some(message.into()),
-        Err(e) => {
-            tracing::warn!(%url, "ignoring an SSE event that is not a JSON-RPC message: {}", e.message);
-            None
-        }
-    }
-}
-
-/// One message of a JSON body (which may hold a batch of them), like [`read_event`].
-fn read_value(url: &str, value: Value) -> Option<Incoming> {
-    match envelope::from_value(value) {
-        Ok(message) => Some(message.into()),
-        Err(e) => {
-            tracing::warn!(%url, "ignoring a message that is not JSON-RPC: {}", e.message);
-            None
-        }
-    }
-}
-
-fn same_id(a: &Value, b: &Value) -> bool {
-    a == b || matches!((a, b), (Value::String(s), Value::Number(n)) | (Value::Number(n), Value::String(s)) if s == &n.to_string())
-}
-
-fn outcome_to_result(outcome: Result<Box<RawValue>, Value>) -> Result<Box<RawValue>, ReqError> {
-    outcome.map_err(|error| ReqError::Client(ClientError::Rpc(RpcError::from_object(&error))))
-}
-
-fn content_type(response: &reqwest::Response) -> String {
-    response.headers().get(reqwest::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_ascii_lowercase()
-}
-
-/// The message of an error body: a JSON-RPC error's message, a JSON
-/// `error`/`message` field, or the start of the text.
-async fn error_message(response: reqwest::Response) -> String {
-    refusal(response).await.0
-}
-
-/// A refusal's message, and the JSON-RPC error its body carries, if any.
-async fn refusal(response: reqwest::Response) -> (String, Option<RpcError>) {
-    let status = response.status();
-    let body = read_body(response, MAX_ERROR_BODY).await.unwrap_or_default();
-    let rpc = serde_json::from_slice::<Value>(&body)
-        .ok()
-        .and_then(|v| v.get("error").filter(|e| e.get("code").is_some()).map(RpcError::from_object));
-    (refusal_message(status, &body), rpc)
-}
-
-fn refusal_message(status: StatusCode, body: &[u8]) -> String {
-    let text = String::from_utf8_lossy(body);
-    if let Ok(v) = serde_json::from_str::<Value>(&text) {
-        let found = v
-            .pointer("/error/message")
-            .or_else(|| v.get("error_description"))
-            .or_else(|| v.get("message"))
-            .or_else(|| v.get("error"))
-            .and_then(Value::as_str);
-        if let Some(m) = found {
-            return m.to_owned();
-        }
-    }
-    let text = text.trim();
-    if text.is_empty() {
-        return status.canonical_reason().unwrap_or("no details").to_owned();
-    }
-    let mut end = text.len().min(300);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text[..end].replace(['\n', '\r'], " ")
-}
-
-fn build_base_headers(options: &ClientOptions) -> Result<HeaderMap, ClientError> {
-    let mut headers = HeaderMap::new();
-    for (name, value) in &options.headers {
-        let n = HeaderName::from_bytes(name.as_bytes())
-            .map_err(|_| ClientError::Config(format!("header name {name:?} is not a valid HTTP header name")))?;
-        let v = HeaderValue::from_str(value)
-            .map_err(|_| ClientError::Config(format!("the value of header {name} is not a valid HTTP header value")))?;
-        headers.append(n, v);
-    }
-    if let Some(token) = &options.bearer_token {
-        let mut v = HeaderValue::from_str(&format!("Bearer {}", token.trim()))
-            .map_err(|_| ClientError::Config("the bearer token contains characters not allowed in an HTTP header".into()))?;
-        v.set_sensitive(true);
-        headers.insert(reqwest::header::AUTHORIZATION, v);
-    }
-    Ok(headers)
-}
-
-pub(crate) fn http_client() -> Result<reqwest::Client, ClientError> {
-    reqwest::Client::builder()
-        .connect_timeout(CONNECT_TIMEOUT)
-        .tcp_nodelay(true)
-        .build()
-        .map_err(|e| ClientError::Transport(format!("cannot set up the HTTP client: {e}")))
-}
-
-/// The headers of a sessionless request that mirror its body: `Mcp-Method`,
-/// and `Mcp-Name` for the methods that name something (base64-wrapped when
-/// the value is not plain visible ASCII, as the revision says).
-fn sessionless_headers(headers: &mut HeaderMap, message: &Value) {
-    let Some(method) = message.get("method").and_then(Value::as_str) else { return };
-    if let Ok(v) = HeaderValue::from_str(method) {
-        headers.insert(HeaderName::from_static(tether_wire::headers::MCP_METHOD), v);
-    }
-    let Some(field) = tether_wire::headers::mcp_name_field(method) else { return };
-    let Some(name) = message.get("params").and_then(|p| p.get(field)).and_then(Value::as_str) else { return };
-    let plain = !name.is_empty()
-        && name.bytes().all(|b| (0x21..=0x7e).contains(&b))
-        && !(name.starts_with("=?base64?") && name.ends_with("?="));
-    let value = if plain {
-        name.to_owned()
-    } else {
-        use base64::Engine as _;
-        format!("=?base64?{}?=", base64::engine::general_purpose::STANDARD.encode(name))
-    };
-    if let Ok(v) = HeaderValue::from_str(&value) {
-        headers.insert(HeaderName::from_static(tether_wire::headers::MCP_NAME), v);
-    }
-}
-
-/// The W3C trace context a request carries in `params._meta` (the gateway
-/// puts its span's there), repeated as the `traceparent` and `tracestate`
-/// headers, where an HTTP server looks for it first.
-fn trace_headers(headers: &mut HeaderMap, message: &Value) {
-    let Some(request_meta) = message.get("params").and_then(|p| p.get("_meta")) else { return };
-    for (field, name) in [
-        (tether_wire::meta::TRACEPARENT, tether_wire::headers::TRACEPARENT),
-        (tether_wire::meta::TRACESTATE, tether_wire::headers::TRACESTATE),
-    ] {
-        if let Some(v) = request_meta.get(field).and_then(Value::as_str).and_then(|v| HeaderValue::from_str(v).ok()) {
-            headers.insert(HeaderName::from_static(name), v);
-        }
-    }
-}
-
-fn check_url(url: &str) -> Result<reqwest::Url, ClientError> {
-    let parsed = reqwest::Url::parse(url)
-        .map_err(|e| ClientError::Config(format!("{url:?} is not a valid URL ({e}); expected e.g. http://127.0.0.1:8787/mcp")))?;
-    if !matches!(parsed.scheme(), "http" | "https") {
-        return Err(ClientError::Config(format!("{url}: only http:// and https:// URLs are supported")));
-    }
-    Ok(parsed)
-}
-
-fn transport_error(url: &str, e: reqwest::Error) -> ClientError {
-    let what = if e.is_connect() {
-        "cannot connect"
-    } else if e.is_timeout() {
-        "timed out"
-    } else {
-        "request failed"
-    };
-    // reqwest's Display leaves out the cause ("connection refused" etc.).
-    let mut cause = String::new();
-    let mut source = std::error::Error::source(&e);
-    while let Some(s) = source {
-        cause = s.to_string();
-        source = s.source();
-    }
-    if cause.is_empty() {
-        ClientError::Transport(format!("{what} to {url}: {e}"))
-    } else {
-        ClientError::Transport(format!("{what} to {url}: {cause}; is the server running there?"))
     }
 }
 
@@ -763,135 +482,6 @@ impl Session {
 }
 
 impl Inner {
-    /// Headers for a request: auth, the caller's, and the session's.
-    fn headers(&self, post: bool) -> HeaderMap {
-        let mut h = self.headers_without_bearer(post);
-        if let Some(value) = self.options.bearer.as_ref().and_then(Bearer::current) {
-            h.insert(reqwest::header::AUTHORIZATION, value);
-        }
-        h
-    }
-
-    fn headers_without_bearer(&self, post: bool) -> HeaderMap {
-        if post && let Some(cached) = self.session_post_headers.get() {
-            return cached.clone();
-        }
-        let mut h = self.base_headers.clone();
-        if post {
-            h.insert(reqwest::header::ACCEPT, HeaderValue::from_static(headers::ACCEPT_POST));
-            h.insert(reqwest::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        } else {
-            h.insert(reqwest::header::ACCEPT, HeaderValue::from_static(headers::EVENT_STREAM));
-        }
-        if let Kind::Streamable = self.kind {
-            if let Some(v) = self.session_id.get().and_then(|s| HeaderValue::from_str(s).ok()) {
-                h.insert(headers::SESSION_ID, v);
-            }
-            if let Some(v) = self.protocol_version.get().and_then(|s| HeaderValue::from_str(s).ok()) {
-                h.insert(headers::PROTOCOL_VERSION, v);
-            }
-            if post && self.session_id.get().is_some() && self.protocol_version.get().is_some() {
-                let _ = self.session_post_headers.set(h.clone());
-            }
-        }
-        h
-    }
-
-    /// The headers of a POST carrying `message`.
-    fn post_headers(&self, message: &Value) -> HeaderMap {
-        let mut headers = self.headers(true);
-        if self.sessionless.is_some() {
-            sessionless_headers(&mut headers, message);
-        }
-        trace_headers(&mut headers, message);
-        headers
-    }
-
-    fn has_session(&self) -> bool {
-        self.session_id.get().is_some()
-    }
-
-    /// POSTs one message; refusals become errors (401/403: `Auth`, 404 on a
-    /// session: `SessionNotFound`, others: `Status`).
-    async fn post(&self, url: &str, message: &Value) -> Result<reqwest::Response, ReqError> {
-        self.post_with(url, message, &[]).await
-    }
-
-    /// [`Self::post`] with headers of this request's own (`Mcp-Param-*`).
-    async fn post_with(&self, url: &str, message: &Value, extra: &[(String, String)]) -> Result<reqwest::Response, ReqError> {
-        let headers = || {
-            let mut headers = self.post_headers(message);
-            for (name, value) in extra {
-                if let (Ok(name), Ok(value)) = (HeaderName::try_from(name.as_str()), HeaderValue::try_from(value.as_str())) {
-                    headers.insert(name, value);
-                }
-            }
-            headers
-        };
-        let body = serde_json::to_vec(message).map_err(|e| ClientError::Transport(format!("cannot encode the message: {e}")))?;
-        let body = bytes::Bytes::from(body);
-        let plain = self.plain.as_ref().filter(|_| url == self.url);
-        let response = match plain {
-            Some(plain) => match plain.post(headers(), body.clone()).await {
-                // reqwest follows redirects; this path does not.
-                Ok(response) if response.status().is_redirection() => None,
-                Ok(response) => Some(response),
-                Err(plain_http::Failure::Connect(cause)) => {
-                    return Err(ClientError::Transport(format!(
-                        "cannot connect to {}: {cause}; is the server running there?",
-                        self.url
-                    ))
-                    .into());
-                }
-                Err(plain_http::Failure::Request(cause)) => {
-                    return Err(ClientError::Transport(format!("request failed to {}: {cause}", self.url)).into());
-                }
-            },
-            None => None,
-        };
-        let response = match response {
-            Some(response) => response,
-            None => self.http.post(url).headers(headers()).body(body).send().await.map_err(|e| transport_error(&self.url, e))?,
-        };
-        self.check_status(response).await
-    }
-
-    async fn check_status(&self, response: reqwest::Response) -> Result<reqwest::Response, ReqError> {
-        let status = response.status();
-        if status.is_success() {
-            return Ok(response);
-        }
-        if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
-            let message = error_message(response).await;
-            return Err(ReqError::Client(ClientError::Auth { status: status.as_u16(), message }));
-        }
-        let is_legacy = matches!(self.kind, Kind::Legacy(_));
-        if status == StatusCode::NOT_FOUND && (self.has_session() || is_legacy) {
-            return Err(ReqError::Client(ClientError::SessionNotFound));
-        }
-        let (message, rpc) = refusal(response).await;
-        Err(ReqError::Status { status: status.as_u16(), message, url: self.url.clone(), rpc })
-    }
-
-    /// POSTs a notification or a response (answered 202, or 200 by some servers).
-    async fn send_one_way(&self, message: &Value) -> Result<(), ReqError> {
-        let url = match &self.kind {
-            Kind::Streamable => self.url.as_str(),
-            Kind::Legacy(channel) => {
-                if !channel.alive.load(Ordering::Acquire) {
-                    return Err(ClientError::SessionNotFound.into());
-                }
-                channel.endpoint.as_str()
-            }
-        };
-        let send = self.post(url, message);
-        let response = tokio::time::timeout(self.options.request_timeout, send)
-            .await
-            .map_err(|_| ClientError::Transport(format!("no answer from {} to a notification", self.url)))??;
-        drop(response);
-        Ok(())
-    }
-
     /// Hands a server message to the sink ([`Session::deliver_to`]), else
     /// to `take_incoming`'s receiver. Before the receiver is taken, messages
     /// wait in the bounded buffer (dropped when it is full); after, the
@@ -910,9 +500,6 @@ impl Inner {
     }
 }
 
-/// Sends `notifications/cancelled` for a request when dropped with a
-/// reason (the request was given up before its answer). `initialize` has
-/// none: the protocol forbids cancelling it.
 /// A request ID prefix no other session object has: `t`, 64 random bits
 /// in hex, `-` (the counter follows).
 fn new_id_prefix() -> String {
@@ -930,146 +517,4 @@ struct Extras<'a> {
     sink: Option<&'a mpsc::Sender<PeerMessage>>,
     /// Headers of this request's own. Streamable HTTP only.
     headers: &'a [(String, String)],
-}
-
-/// Where a request in flight stands on its server: its JSON-RPC ID and the
-/// first event ID of its answer stream (the point to resume it from), for
-/// [`Session::resume_request`] by another process. Filled by
-/// [`Session::request_json_tracked`].
-#[derive(Clone, Default)]
-pub struct RequestTrack(Arc<Mutex<TrackPoint>>);
-
-#[derive(Default)]
-struct TrackPoint {
-    request_id: Option<Value>,
-    first_event_id: Option<String>,
-}
-
-impl RequestTrack {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// The request's ID and the first event ID of its answer stream, once
-    /// the server sent one (a JSON answer, or a stream without IDs, has none).
-    pub fn point(&self) -> Option<(Value, String)> {
-        let point = self.0.lock().ok()?;
-        Some((point.request_id.clone()?, point.first_event_id.clone()?))
-    }
-
-    fn begin(&self, id: &Value) {
-        if let Ok(mut point) = self.0.lock() {
-            *point = TrackPoint { request_id: Some(id.clone()), first_event_id: None };
-        }
-    }
-
-    /// Notes the stream's first event ID (a later call changes nothing).
-    pub(crate) fn saw_event_id(&self, event_id: &str) {
-        if let Ok(mut point) = self.0.lock()
-            && point.first_event_id.is_none()
-        {
-            point.first_event_id = Some(event_id.to_owned());
-        }
-    }
-}
-
-struct CancelOnDrop<'a> {
-    session: &'a Session,
-    id: Value,
-    reason: Option<&'static str>,
-}
-
-impl Drop for CancelOnDrop<'_> {
-    fn drop(&mut self) {
-        let Some(reason) = self.reason else { return };
-        // Without a runtime nothing can be sent; the server's own timeout ends the work.
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        let session = self.session.clone();
-        let params = json!({"requestId": self.id.take(), "reason": reason});
-        runtime.spawn(async move {
-            if let Err(e) = session.notify("notifications/cancelled", Some(params)).await {
-                tracing::debug!("could not tell the server a request was cancelled: {e}");
-            }
-        });
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_trace_context_in_meta_is_repeated_as_w3c_headers_and_nothing_else_is() {
-        let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-        let mut headers = HeaderMap::new();
-        let message = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-            "params": {"name": "t", "_meta": {"traceparent": parent, "tracestate": "k=v", "progressToken": 7}}});
-        trace_headers(&mut headers, &message);
-        assert_eq!(headers.get("traceparent").and_then(|v| v.to_str().ok()), Some(parent));
-        assert_eq!(headers.get("tracestate").and_then(|v| v.to_str().ok()), Some("k=v"));
-        assert_eq!(headers.len(), 2);
-        let mut none = HeaderMap::new();
-        trace_headers(&mut none, &json!({"jsonrpc": "2.0", "id": 2, "method": "ping"}));
-        trace_headers(
-            &mut none,
-            &json!({"jsonrpc": "2.0", "id": 3, "method": "x", "params": {"_meta": {"traceparent": "bad\nvalue"}}}),
-        );
-        assert!(none.is_empty());
-    }
-
-    #[test]
-    fn a_response_is_read_with_its_result_kept_as_sent_and_anything_else_is_read_in_full() {
-        let data = r#"{"jsonrpc":"2.0","id":7,"result":{"b": [1, 2.50],"a":"\u00e9"}}"#;
-        match read_event("http://test", data) {
-            Some(Incoming::Response { id, outcome: Ok(result) }) => {
-                assert_eq!(id, json!(7));
-                assert_eq!(result.get(), r#"{"b": [1, 2.50],"a":"\u00e9"}"#, "byte for byte");
-            }
-            _ => panic!("a response"),
-        }
-        let error = read_event("http://test", r#"{"jsonrpc":"2.0","id":"x","error":{"code":-32601,"message":"no"}}"#);
-        assert!(matches!(error, Some(Incoming::Response { outcome: Err(e), .. }) if e["code"] == -32601));
-        for not_a_plain_response in [
-            r#"{"jsonrpc":"2.0","id":1,"method":"roots/list"}"#,
-            r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progress":1}}"#,
-            r#"{"jsonrpc":"1.0","id":1,"result":{}}"#,
-            r#"{"jsonrpc":"2.0","id":1,"result":{},"error":{"code":1,"message":"both"}}"#,
-        ] {
-            assert!(read_response(not_a_plain_response.as_bytes()).is_none(), "{not_a_plain_response}");
-        }
-        assert!(matches!(
-            read_event("http://test", r#"{"jsonrpc":"2.0","id":1,"method":"roots/list"}"#),
-            Some(Incoming::Server(PeerMessage::Request { .. }))
-        ));
-    }
-
-    #[test]
-    fn messages_are_sorted_into_responses_requests_and_notifications() {
-        let sort = |v: Value| read_value("http://test", v);
-        assert!(matches!(
-            sort(json!({"jsonrpc": "2.0", "id": 3, "result": {"a": 1}})),
-            Some(Incoming::Response { outcome: Ok(_), .. })
-        ));
-        assert!(matches!(
-            sort(json!({"jsonrpc": "2.0", "id": 3, "error": {"code": -1, "message": "x"}})),
-            Some(Incoming::Response { outcome: Err(_), .. })
-        ));
-        assert!(matches!(
-            sort(json!({"jsonrpc": "2.0", "id": "a", "method": "roots/list"})),
-            Some(Incoming::Server(PeerMessage::Request { params: None, .. }))
-        ));
-        assert!(matches!(
-            read_event("http://test", r#"{"jsonrpc": "2.0", "method": "notifications/progress", "params": {"p": 1}}"#),
-            Some(Incoming::Server(PeerMessage::Notification { params: Some(_), .. }))
-        ));
-        assert!(sort(json!([1, 2])).is_none());
-        assert!(read_event("http://test", "{not json").is_none());
-        assert!(same_id(&json!(7), &json!("7")));
-    }
-
-    #[test]
-    fn options_never_print_the_token() {
-        let o = ClientOptions { bearer_token: Some("secret-token".into()), ..ClientOptions::default() };
-        assert!(!format!("{o:?}").contains("secret-token"));
-    }
 }
