@@ -7,11 +7,10 @@
 //! unless it is the last, `_meta.nextResumeToken`. The client repeats the
 //! request with only `_meta.resumeToken` changed.
 //!
-//! Tokens are `rt1_` + hex(operation id ‖ HMAC(server key, id ‖ chunk index)):
-//! the index (the cursor) is only inside the MAC, the id is random. The same
-//! point of progress always yields the same token. A token is bound to the
-//! principal and to the request (method + params without `_meta`): the
-//! record keeps a SHA-256 of both.
+//! Its resume tokens (format, MAC, request binding) are in `token.rs`; this
+//! module is the operation itself: its record, chunks, work and claims.
+
+mod token;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -20,16 +19,16 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
-use sha2::{Digest, Sha256};
 use tether_store::{Store, StoreError, now_ms};
 use tokio::sync::watch;
 
 use futures::FutureExt;
 use tether_wire::meta;
 
-use super::keys::{same_tag, tag};
 use super::{Inner, RequestCtx};
 use crate::app::{OperationRunner, OperationSpec, RpcError};
+use token::index_of;
+pub use token::{binding, parse, seal};
 
 const OP_NAMESPACE: &str = "op";
 /// The IDs of the operations each session started, newest last (for operators).
@@ -37,7 +36,6 @@ const SESSION_INDEX_NAMESPACE: &str = "op-session";
 /// Operations kept in a session's index.
 const MAX_INDEXED: usize = 64;
 pub(super) const CHUNK_NAMESPACE: &str = "op-chunk";
-const TOKEN_PREFIX: &str = "rt1_";
 /// Pause between store polls when the operation runs in another process.
 const REMOTE_POLL: Duration = Duration::from_millis(100);
 
@@ -119,50 +117,6 @@ fn invalid(reason: &str) -> RpcError {
 
 pub(super) fn storage(e: StoreError) -> RpcError {
     RpcError::internal(format!("storage unavailable: {e}"))
-}
-
-/// JSON with object keys sorted at every level, so equal requests hash equal
-/// whatever order their keys came in.
-fn canonical(v: &Value) -> String {
-    match v {
-        Value::Object(m) => {
-            let mut keys: Vec<&String> = m.keys().collect();
-            keys.sort();
-            let fields: Vec<String> =
-                keys.iter().map(|k| format!("{}:{}", Value::String((*k).clone()), canonical(&m[*k]))).collect();
-            format!("{{{}}}", fields.join(","))
-        }
-        Value::Array(a) => format!("[{}]", a.iter().map(canonical).collect::<Vec<_>>().join(",")),
-        other => other.to_string(),
-    }
-}
-
-/// What a token is bound to: principal + method + params without `_meta`.
-pub fn binding(principal: &str, method: &str, params_without_meta: &Value) -> String {
-    let mut h = Sha256::new();
-    h.update(principal.as_bytes());
-    h.update([0]);
-    h.update(method.as_bytes());
-    h.update([0]);
-    h.update(canonical(params_without_meta).as_bytes());
-    hex::encode(h.finalize())
-}
-
-fn token_tag(key: &[u8; 32], id: &[u8], index: u64) -> [u8; 16] {
-    tag(key, b"tether-op-v1", &[id, &index.to_be_bytes()])
-}
-
-pub fn seal(key: &[u8; 32], id: &[u8; 16], index: u64) -> String {
-    format!("{TOKEN_PREFIX}{}{}", hex::encode(id), hex::encode(token_tag(key, id, index)))
-}
-
-/// Splits a token into the operation id and its tag, if well-formed.
-pub fn parse(token: &str) -> Option<([u8; 16], [u8; 16])> {
-    let raw = hex::decode(token.strip_prefix(TOKEN_PREFIX)?).ok()?;
-    if raw.len() != 32 {
-        return None;
-    }
-    Some((raw[..16].try_into().ok()?, raw[16..].try_into().ok()?))
 }
 
 fn encode(record: &OpRecord) -> Result<Bytes, RpcError> {
@@ -431,10 +385,7 @@ pub(crate) async fn call(
             let (raw, presented) = parse(token).ok_or_else(|| invalid("unknown token"))?;
             let id = hex::encode(raw);
             let record = load(&inner, &id).await?.ok_or_else(|| invalid("unknown or expired token"))?;
-            let index = (0..=record.chunks)
-                .rev()
-                .find(|i| same_tag(&token_tag(&key, &raw, *i), &presented))
-                .ok_or_else(|| invalid("unknown token"))?;
+            let index = index_of(&key, &raw, &presented, record.chunks).ok_or_else(|| invalid("unknown token"))?;
             if record.principal != principal || record.binding != binding {
                 return Err(invalid(
                     "it does not match this request (resend the original request, changing only _meta.resumeToken)",
@@ -684,32 +635,5 @@ pub(super) async fn finish(inner: &Inner, id: &str, chunks: u64) {
     }
     for i in 0..chunks {
         let _ = inner.store.kv_delete(CHUNK_NAMESPACE, &chunk_key(id, i)).await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn canonical_json_ignores_key_order() {
-        let a: Value = serde_json::from_str(r#"{"b":1,"a":{"y":[1,{"q":2,"p":3}],"x":null}}"#).unwrap();
-        let b: Value = serde_json::from_str(r#"{"a":{"x":null,"y":[1,{"p":3,"q":2}]},"b":1}"#).unwrap();
-        assert_eq!(canonical(&a), canonical(&b));
-        assert_ne!(binding("p", "tools/call", &a), binding("q", "tools/call", &a));
-    }
-
-    #[test]
-    fn tokens_are_stable_bound_to_their_index_and_reveal_nothing() {
-        let key = [3u8; 32];
-        let id = [9u8; 16];
-        assert_eq!(seal(&key, &id, 4), seal(&key, &id, 4), "same point of progress, same token");
-        assert_ne!(seal(&key, &id, 4), seal(&key, &id, 5));
-        let t = seal(&key, &id, 4);
-        let (pid, ptag) = parse(&t).unwrap();
-        assert_eq!(pid, id);
-        assert!(same_tag(&token_tag(&key, &id, 4), &ptag));
-        assert!(!same_tag(&token_tag(&key, &id, 3), &ptag));
-        assert!(parse("rt1_zz").is_none() && parse("").is_none());
     }
 }
