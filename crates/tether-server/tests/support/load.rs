@@ -106,8 +106,11 @@ pub async fn send(addr: SocketAddr, text: &str) -> Result<Answer, String> {
         });
     };
     let mut chunk = [0u8; 8192];
+    // A stream kept open by keep-alives but never ended (its end lost with
+    // a Redis under normal durability) is cut too, as a client would.
+    let cut_at = tokio::time::Instant::now() + HANG * 3;
     loop {
-        match tokio::time::timeout(HANG, tcp.read(&mut chunk)).await {
+        match tokio::time::timeout_at(cut_at.min(tokio::time::Instant::now() + HANG), tcp.read(&mut chunk)).await {
             Ok(Ok(0)) | Ok(Err(_)) => break,
             Ok(Ok(n)) => buffered.extend_from_slice(&chunk[..n]),
             // A stream that goes quiet this long is cut, as a client
