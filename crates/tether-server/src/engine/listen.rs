@@ -74,17 +74,7 @@ impl Engine {
             honoured.insert("taskIds".into(), json!(followed));
         }
         let changes = inner.apps.get(endpoint).and_then(|app| app.list_changes());
-        let own = inner.listeners_per_principal.take(&caller.principal).ok_or_else(|| {
-            EngineError::TooMany(format!(
-                "`{}` already holds {} listen streams (max_listen_streams_per_principal); close one first",
-                caller.principal,
-                inner.listeners_per_principal.limit()
-            ))
-        })?;
-        let permit = inner.listeners.clone().try_acquire_owned().map_err(|_| {
-            EngineError::TooMany(format!("this server already holds {} listen streams", inner.config.max_sessionless_requests))
-        })?;
-        let permit = (permit, own);
+        let permit = inner.listeners.admit(&caller.principal).map_err(|r| EngineError::TooMany(r.message()))?;
         let (tx, messages) = mpsc::channel(16);
         let cancel = CancellationToken::new();
         let stream = Listener { inner: inner.clone(), tx, id: id.clone(), principal: caller.principal.clone() };

@@ -164,14 +164,10 @@ pub(crate) struct Inner {
     /// Every task the engine started (requests, pumps, handlers, upkeep).
     tasks: TaskTracker,
     shutdown_done: tokio::sync::OnceCell<()>,
-    /// Sessionless requests running (bounded by `max_sessionless_requests`).
-    sessionless: Arc<tokio::sync::Semaphore>,
-    /// Open `subscriptions/listen` streams (bounded the same).
-    listeners: Arc<tokio::sync::Semaphore>,
-    /// Each principal's share of those two (`max_sessionless_requests_per_principal`,
-    /// `max_listen_streams_per_principal`).
-    sessionless_per_principal: Arc<quota::Quota>,
-    listeners_per_principal: Arc<quota::Quota>,
+    /// Sessionless requests running, and open `subscriptions/listen`
+    /// streams: each under its ceiling and each principal's share.
+    sessionless: quota::Admission,
+    listeners: quota::Admission,
     /// What each endpoint's application says of itself (`McpApp::discover`),
     /// asked once per application (a replaced one is asked again).
     #[allow(clippy::type_complexity)]
@@ -217,15 +213,31 @@ impl Engine {
                 instance: ids::new_instance_id(),
                 tokens: resume::ResumeTokens,
                 key: keys::ServerKey::default(),
-                operations: operations::Operations::new(config.max_tasks, config.max_tasks_per_principal),
+                operations: operations::Operations::new(quota::Admission::new(
+                    "tasks",
+                    "runs",
+                    ("max_tasks", config.max_tasks),
+                    ("max_tasks_per_principal", config.max_tasks_per_principal),
+                    "try again when one has ended",
+                )),
                 shutdown: CancellationToken::new(),
                 interrupt: CancellationToken::new(),
                 tasks: TaskTracker::new(),
                 shutdown_done: tokio::sync::OnceCell::new(),
-                sessionless: Arc::new(tokio::sync::Semaphore::new(config.max_sessionless_requests)),
-                listeners: Arc::new(tokio::sync::Semaphore::new(config.max_sessionless_requests)),
-                sessionless_per_principal: quota::Quota::new(config.max_sessionless_requests_per_principal),
-                listeners_per_principal: quota::Quota::new(config.max_listen_streams_per_principal),
+                sessionless: quota::Admission::new(
+                    "sessionless requests",
+                    "runs",
+                    ("max_sessionless_requests", config.max_sessionless_requests),
+                    ("max_sessionless_requests_per_principal", config.max_sessionless_requests_per_principal),
+                    "try again when one has ended",
+                ),
+                listeners: quota::Admission::new(
+                    "listen streams",
+                    "holds",
+                    ("max_sessionless_requests", config.max_sessionless_requests),
+                    ("max_listen_streams_per_principal", config.max_listen_streams_per_principal),
+                    "close one first",
+                ),
                 described: Mutex::new(HashMap::new()),
                 config,
             }),

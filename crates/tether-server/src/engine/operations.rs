@@ -90,16 +90,12 @@ pub(super) struct Status {
 /// `max_tasks_per_principal` of one principal's.
 pub(crate) struct Operations {
     live: Mutex<HashMap<String, (watch::Sender<Status>, tokio_util::sync::CancellationToken)>>,
-    running: Arc<tokio::sync::Semaphore>,
-    per_principal: Arc<super::quota::Quota>,
+    admission: super::quota::Admission,
 }
 
-/// The room one operation's work takes while it runs here (the server's
-/// and its principal's), given back when the work ends.
-pub(super) struct Slot {
-    _server: tokio::sync::OwnedSemaphorePermit,
-    _principal: super::quota::Held,
-}
+/// The room one operation's work takes while it runs here, given back when
+/// the work ends.
+pub(super) type Slot = super::quota::Admitted;
 
 /// What a resumable operation's work sees.
 pub struct OperationCtx {
@@ -263,34 +259,18 @@ impl Operations {
         }
     }
 
-    pub(crate) fn new(max: usize, max_per_principal: usize) -> Self {
-        Self {
-            live: Mutex::default(),
-            running: Arc::new(tokio::sync::Semaphore::new(max.max(1))),
-            per_principal: super::quota::Quota::new(max_per_principal),
-        }
+    pub(crate) fn new(admission: super::quota::Admission) -> Self {
+        Self { live: Mutex::default(), admission }
     }
 
     /// Room for one more operation of `principal`'s to run here, or the
-    /// refusal that names the bound it would cross.
+    /// refusal that names the bound it would cross (over HTTP: 429 for the
+    /// principal's share, 503 for the server's ceiling).
     pub(super) fn slot(&self, principal: &str) -> Result<Slot, RpcError> {
-        let own = self.per_principal.take(principal).ok_or_else(|| {
-            RpcError::principal_limit_reached(
-                "max_tasks_per_principal",
-                format!(
-                    "`{principal}` already runs {} tasks (max_tasks_per_principal); try again when one has ended",
-                    self.per_principal.limit()
-                ),
-            )
-        })?;
-        let server = self.running.clone().try_acquire_owned().map_err(|_| {
-            RpcError::limit_reached(
-                "max_tasks",
-                "this server already runs its most tasks (max_tasks); try again shortly",
-                Map::new(),
-            )
-        })?;
-        Ok(Slot { _server: server, _principal: own })
+        self.admission.admit(principal).map_err(|refused| match refused {
+            super::quota::Refused::Share(limit, m) => RpcError::principal_limit_reached(limit, m),
+            super::quota::Refused::Ceiling(limit, m) => RpcError::limit_reached(limit, m, Map::new()),
+        })
     }
 
     /// Runs the operation's work in its own task, from chunk `resume_from`.

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
 use tether_wire::{RpcError, code, envelope, meta, revision};
-use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::sync::mpsc;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::request::{self, RequestHead, Work};
@@ -116,20 +116,7 @@ impl Engine {
         }
         let app =
             inner.apps.get(&request.endpoint).ok_or_else(|| EngineError::UnknownEndpoint(request.endpoint.clone()))?.clone();
-        let own = inner.sessionless_per_principal.take(&request.caller.principal).ok_or_else(|| {
-            EngineError::TooMany(format!(
-                "`{}` already runs {} sessionless requests (max_sessionless_requests_per_principal); try again when one has ended",
-                request.caller.principal,
-                inner.sessionless_per_principal.limit()
-            ))
-        })?;
-        let permit = inner.sessionless.clone().try_acquire_owned().map_err(|_| {
-            EngineError::TooMany(format!(
-                "this server already runs {} sessionless requests; try again shortly",
-                inner.config.max_sessionless_requests
-            ))
-        })?;
-        let permit = (permit, own);
+        let permit = inner.sessionless.admit(&request.caller.principal).map_err(|r| EngineError::TooMany(r.message()))?;
         let server_info = self.discover(&request.endpoint).await?.and_then(|d| d.get("serverInfo").cloned());
         let SessionlessRequest { caller, id, method, mut params, authorization, log_level, param_headers, .. } = request;
         let span = crate::trace::rpc_span(&method, None, params.as_ref());
@@ -172,7 +159,7 @@ impl Engine {
         let timer = crate::metrics::request_started(&method_name);
         let task = tether_store::fence::scope(async move {
             // Both the server's slot and the principal's, for the work's whole life.
-            let _permit: (OwnedSemaphorePermit, super::quota::Held) = permit;
+            let _permit: super::quota::Admitted = permit;
             let mut outcome = request::run_outcome(&worker, ctx, work, cancelled).await;
             if outcome.is_ok()
                 && let Err(e) = tether_store::fence::committed().await
