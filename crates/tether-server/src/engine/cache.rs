@@ -6,8 +6,8 @@
 //! and the lazy refresh of a session's expiry in the store.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 
 use tether_store::now_ms;
 
@@ -30,6 +30,19 @@ pub(crate) fn evict_idle(map: &mut HashMap<String, Arc<Session>>, target: usize)
         idle.truncate(excess);
     }
     idle.into_iter().filter_map(|(_, id)| map.remove(&id)).collect()
+}
+
+/// The sessions held in memory, and what the cache keeps beside them.
+#[derive(Default)]
+pub(crate) struct SessionCache {
+    pub(super) sessions: Mutex<HashMap<String, Arc<Session>>>,
+    /// When a full cache is scanned for idle sessions next.
+    pub(super) eviction: EvictionSchedule,
+    /// Held while a session is loaded from the store (one load at a time).
+    pub(super) loading: tokio::sync::Mutex<()>,
+    /// Live sessions per principal as last counted in the store, plus the
+    /// ones created here since (refreshed every few seconds).
+    pub(super) principal_counts: Mutex<HashMap<String, (u64, i64)>>,
 }
 
 /// When the next eviction scan of a full cache is due. A scan that frees
@@ -61,14 +74,14 @@ impl Inner {
     }
 
     pub(crate) fn cache(self: &Arc<Self>, session: Arc<Session>) {
-        let evicted = match self.sessions.lock() {
+        let evicted = match self.cache.sessions.lock() {
             Ok(mut map) => {
                 map.insert(session.id.clone(), session);
                 let capacity = self.config.session_cache.max(1);
-                if self.eviction.due(map.len(), capacity) {
+                if self.cache.eviction.due(map.len(), capacity) {
                     // Down to 7/8 at once, so the scan runs once per capacity/8 insertions.
                     let evicted = evict_idle(&mut map, capacity - capacity / 8);
-                    self.eviction.scanned(map.len(), capacity);
+                    self.cache.eviction.scanned(map.len(), capacity);
                     evicted
                 } else {
                     Vec::new()
@@ -82,17 +95,18 @@ impl Inner {
     /// Drops a session from memory only (another replica ended it).
     pub(crate) fn forget(self: &Arc<Self>, session: &Arc<Session>) {
         session.closed.cancel();
-        let removed = self.sessions.lock().ok().and_then(|mut map| map.remove(&session.id));
+        let removed = self.cache.sessions.lock().ok().and_then(|mut map| map.remove(&session.id));
         self.ended(removed.into_iter().collect(), EndReason::Evicted);
     }
 
     pub(crate) fn cached(&self, id: &str) -> Option<Arc<Session>> {
-        self.sessions.lock().ok().and_then(|m| m.get(id).cloned())
+        self.cache.sessions.lock().ok().and_then(|m| m.get(id).cloned())
     }
 
     /// Idle sessions leave memory (the store still has them).
     pub(crate) fn drop_idle(self: &Arc<Self>, idle_before: i64) {
         let idle: Vec<Arc<Session>> = self
+            .cache
             .sessions
             .lock()
             .map(|m| m.values().filter(|s| s.last_seen() < idle_before && !s.is_busy()).cloned().collect())
@@ -100,7 +114,7 @@ impl Inner {
         let mut dropped = Vec::new();
         for s in idle {
             if self.hub.session_connections(&s.id) == 0
-                && let Some(removed) = self.sessions.lock().ok().and_then(|mut m| m.remove(&s.id))
+                && let Some(removed) = self.cache.sessions.lock().ok().and_then(|mut m| m.remove(&s.id))
             {
                 dropped.push(removed);
             }
@@ -131,7 +145,7 @@ impl Inner {
     pub(crate) async fn admit_session(&self, principal: &str) -> Result<(), EngineError> {
         const RECOUNT_MS: i64 = 5_000;
         let now = now_ms();
-        let cached = self.principal_counts.lock().ok().and_then(|m| m.get(principal).copied());
+        let cached = self.cache.principal_counts.lock().ok().and_then(|m| m.get(principal).copied());
         let count = match cached {
             Some((count, at)) if now - at < RECOUNT_MS => count,
             _ => self.store.count_sessions(principal, now).await?,
@@ -142,7 +156,7 @@ impl Inner {
                 "this principal already has {count} live sessions (limit {max}); end some with DELETE or let them expire"
             )));
         }
-        if let Ok(mut m) = self.principal_counts.lock() {
+        if let Ok(mut m) = self.cache.principal_counts.lock() {
             let at = match cached {
                 Some((_, at)) if now - at < RECOUNT_MS => at,
                 _ => now,
@@ -158,13 +172,13 @@ impl Inner {
     /// Forgets and deletes a session (DELETE or expiry).
     pub(crate) async fn end_session(self: &Arc<Self>, session: &Arc<Session>, reason: EndReason) -> Result<(), EngineError> {
         session.closed.cancel();
-        if let Some(entry) = self.principal_counts.lock().ok().as_mut().and_then(|m| m.get_mut(&session.principal)) {
+        if let Some(entry) = self.cache.principal_counts.lock().ok().as_mut().and_then(|m| m.get_mut(&session.principal)) {
             entry.0 = entry.0.saturating_sub(1);
         }
         if let Ok(inflight) = session.inflight.lock() {
             inflight.values().for_each(tokio_util::sync::CancellationToken::cancel);
         }
-        if let Ok(mut map) = self.sessions.lock() {
+        if let Ok(mut map) = self.cache.sessions.lock() {
             map.remove(&session.id);
         }
         self.store.delete_session(&session.id).await?;

@@ -145,13 +145,8 @@ pub(crate) struct Inner {
     pub apps: Endpoints,
     pub config: ServerConfig,
     pub hub: Arc<LiveHub>,
-    sessions: Mutex<HashMap<String, Arc<Session>>>,
-    /// When a full session cache is scanned for idle sessions next.
-    eviction: cache::EvictionSchedule,
-    loading: tokio::sync::Mutex<()>,
-    /// Live sessions per principal as last counted in the store, plus the
-    /// ones created here since (refreshed every few seconds).
-    principal_counts: Mutex<HashMap<String, (u64, i64)>>,
+    /// The sessions held in memory (`cache.rs`).
+    cache: cache::SessionCache,
     /// Recorded as the owner of every request this process runs.
     pub instance: String,
     tokens: resume::ResumeTokens,
@@ -206,10 +201,7 @@ impl Engine {
                 store,
                 apps,
                 hub: Arc::new(LiveHub::default()),
-                sessions: Mutex::new(HashMap::new()),
-                eviction: cache::EvictionSchedule::default(),
-                loading: tokio::sync::Mutex::new(()),
-                principal_counts: Mutex::new(HashMap::new()),
+                cache: cache::SessionCache::default(),
                 instance: ids::new_instance_id(),
                 tokens: resume::ResumeTokens,
                 key: keys::ServerKey::default(),
@@ -674,7 +666,7 @@ impl Engine {
     pub async fn notify_held(&self, keep: impl Fn(&Session) -> bool, method: &str, params: Option<&Value>) -> (usize, usize) {
         use futures::StreamExt;
         let held: Vec<Arc<Session>> =
-            self.inner.sessions.lock().map(|m| m.values().filter(|s| keep(s)).cloned().collect()).unwrap_or_default();
+            self.inner.cache.sessions.lock().map(|m| m.values().filter(|s| keep(s)).cloned().collect()).unwrap_or_default();
         let payload = envelope::outbound_message(None, method, params);
         let inner = &self.inner;
         let mut appends: futures::stream::FuturesUnordered<_> = held
@@ -698,7 +690,7 @@ impl Engine {
 
     /// Sessions currently held in memory (for tests and metrics).
     pub fn cached_sessions(&self) -> usize {
-        self.inner.sessions.lock().map(|m| m.len()).unwrap_or(0)
+        self.inner.cache.sessions.lock().map(|m| m.len()).unwrap_or(0)
     }
 }
 
@@ -810,7 +802,7 @@ impl Inner {
     /// it lives on in the store), then every application shuts down. Runs
     /// after the requests drained, so nothing uses what they let go of.
     async fn shut_down_apps(&self) {
-        let held: Vec<Arc<Session>> = self.sessions.lock().map(|m| m.values().cloned().collect()).unwrap_or_default();
+        let held: Vec<Arc<Session>> = self.cache.sessions.lock().map(|m| m.values().cloned().collect()).unwrap_or_default();
         let ends = held.into_iter().map(|s| {
             let end = SessionEnd {
                 session_id: s.id.clone(),

@@ -34,7 +34,7 @@ impl Inner {
         match self.store.expire_sessions(now_ms(), 1000).await {
             Ok(expired) => {
                 for id in expired {
-                    let held = self.sessions.lock().ok().and_then(|mut m| m.remove(&id));
+                    let held = self.cache.sessions.lock().ok().and_then(|mut m| m.remove(&id));
                     match held {
                         Some(s) => {
                             s.closed.cancel();

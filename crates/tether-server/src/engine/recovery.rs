@@ -22,7 +22,7 @@ impl Inner {
         if let Some(s) = self.cached(id) {
             return Ok(Some(s));
         }
-        let _guard = self.loading.lock().await;
+        let _guard = self.cache.loading.lock().await;
         if let Some(s) = self.cached(id) {
             return Ok(Some(s));
         }
