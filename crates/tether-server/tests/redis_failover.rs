@@ -111,6 +111,9 @@ impl Load {
         let history = Arc::new(History::new());
         let tally = Arc::new(Tally::default());
         tally.lenient.store(!strict, Ordering::Relaxed);
+        // Under strict a stalled write is retried until the shard has a
+        // replica again: generous, never a hang's bound.
+        tally.patience_secs.store(if strict { 120 } else { 30 }, Ordering::Relaxed);
         let stop = Arc::new(AtomicBool::new(false));
         let shared = Arc::new(Mutex::new(addrs.clone()));
         let forever = Instant::now() + Duration::from_secs(24 * 3600);
@@ -128,7 +131,8 @@ impl Load {
         tokio::time::sleep(LOAD).await;
         self.stop.store(true, Ordering::Relaxed);
         for handle in self.clients {
-            tokio::time::timeout(HANG * 6, handle).await.expect("a client hangs").expect("a client panicked");
+            // Longer than a client's patience with a stalled request.
+            tokio::time::timeout(Duration::from_secs(180), handle).await.expect("a client hangs").expect("a client panicked");
         }
         replay_all(self.addrs[0], &self.history).await;
         let report = self.history.check();

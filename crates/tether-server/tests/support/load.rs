@@ -49,6 +49,9 @@ pub struct Tally {
     /// A store that may lose what it showed (a Redis failover under normal
     /// durability): a request whose final never comes is counted, not a panic.
     pub lenient: std::sync::atomic::AtomicBool,
+    /// How long a primed request may take to end once resumed, in seconds
+    /// (0: `HANG` × 3). A failover stalls writes for a while.
+    pub patience_secs: AtomicU64,
     /// Answers that break the protocol (a status other than 200/503, a 503
     /// without its reason): each one is also a message in `problems`.
     pub problems: std::sync::Mutex<Vec<String>>,
@@ -218,15 +221,15 @@ pub async fn client(
             };
             // A primed request's final may wait for the store to take it
             // (retried with backoff while faults come and go), never forever.
-            if started.elapsed() >= HANG * 3 && tally.lenient.load(Ordering::Relaxed) {
+            let patience = match Tally::get(&tally.patience_secs) {
+                0 => HANG * 3,
+                secs => Duration::from_secs(secs),
+            };
+            if started.elapsed() >= patience && tally.lenient.load(Ordering::Relaxed) {
                 tally.unended.fetch_add(1, Ordering::Relaxed);
                 break;
             }
-            assert!(
-                started.elapsed() < HANG * 3,
-                "request {id} of {session}: no final message within {:?} of resuming",
-                HANG * 3
-            );
+            assert!(started.elapsed() < patience, "request {id} of {session}: no final message within {patience:?} of resuming");
             tally.resumed.fetch_add(1, Ordering::Relaxed);
             let target = pick(&addrs, &mut rng);
             match send(target, &replay_request(&session, &from)).await {
