@@ -14,13 +14,13 @@
 //! This module opens the store (the connection, the announcement listener,
 //! the server's persistence checked, the key layout checked) and wires the
 //! parts together; each part is a module of its own: `layout` (the keys
-//! under the prefix, their table and the layout marker; the conversions of
-//! earlier layouts), `scripts` (the Lua scripts), `store` (the
-//! [`Store`](crate::Store) on all of it), `events` (an event log as a Redis
-//! Stream or stored whole), `announce` (appends announced over pub/sub and
-//! the listener of those announcements), `persistence` (what the server can
-//! lose, and whether `--durability strict` can run on it), `batch` (group
-//! commit) and `conn` (one connection type for a server and a cluster).
+//! under the prefix, their table, and the layout marker checked at open),
+//! `scripts` (the Lua scripts), `store` (the [`Store`](crate::Store) on all
+//! of it), `events` (an event log as a Redis Stream or stored whole),
+//! `announce` (appends announced over pub/sub and the listener of those
+//! announcements), `persistence` (what the server can lose, and whether
+//! `--durability strict` can run on it), `batch` (group commit) and `conn`
+//! (one connection type for a server and a cluster).
 
 mod announce;
 mod batch;
@@ -92,8 +92,6 @@ pub struct RedisStore {
     /// Sessions' stamps (`HMGET`), pipelined together on a single server.
     stamps: BatchedOp,
     remote: broadcast::Sender<RemoteAppend>,
-    /// Whether this open found (and converted) keys of an earlier layout.
-    upgraded: bool,
     /// What a crash, a power loss and a failover can lose, from the
     /// server's persistence settings as read at open.
     durability: String,
@@ -177,7 +175,8 @@ impl RedisStore {
         .await
     }
 
-    /// The store on a connection, its keys brought to this version's layout.
+    /// The store on a connection, once the server's persistence and the key
+    /// layout under the prefix are checked.
     async fn ready(
         url: &str,
         prefix: Arc<str>,
@@ -198,8 +197,7 @@ impl RedisStore {
         let channel = if conn.is_cluster() { String::new() } else { format!("{prefix}live") };
         let append = BatchedOp::script(conn.clone(), &scripts::append(), &channel);
         let stamps = BatchedOp::commands(conn.clone());
-        let mut store = Self {
-            upgraded: false,
+        let store = Self {
             durability,
             append,
             stamps,
@@ -212,7 +210,7 @@ impl RedisStore {
             remote,
             _alive: alive,
         };
-        store.upgraded = store.upgrade_layout().await?;
+        store.check_layout().await?;
         Ok(store)
     }
 

@@ -1,11 +1,11 @@
-//! Keys an earlier tether wrote on Redis (layout 1: untagged session keys,
-//! one shared revision counter) are converted when this version opens the
-//! prefix: sessions, their events and cursors, and key/value records read
-//! back as they were, and no revision is handed out twice.
+//! The key layout under a Redis prefix is checked when a store opens it: a
+//! fresh prefix is marked with this version's layout (3); keys of a layout
+//! only a pre-release build wrote (1: untagged, no marker; 2: per-stream
+//! hashes) are refused with what to do instead, as are keys of a newer
+//! version, and a refused prefix is left as it was.
 
-use bytes::Bytes;
 use tether_store::redis::RedisStore;
-use tether_store::{EventKind, Store, StoreConfig, now_ms};
+use tether_store::{Store, StoreConfig, StoreError, now_ms};
 
 fn redis_url() -> String {
     std::env::var("TETHER_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into())
@@ -18,92 +18,95 @@ async fn connect(url: &str) -> redis::aio::MultiplexedConnection {
     })
 }
 
-#[tokio::test]
-async fn keys_of_the_untagged_layout_are_converted_at_open() {
-    let url = redis_url();
-    let p = format!("tether-test:{}:layout1:", std::process::id());
-    let mut conn = connect(&url).await;
-    let expires = now_ms() + 600_000;
-    // What layout 1 wrote for one session with one stream of two events, a
-    // cursor, and a lease record at revision 7 of the shared counter.
-    let q = |cmd: &str| redis::cmd(cmd);
-    let state = r#"{"initialized":true}"#;
-    let _: () = q("HSET")
-        .arg(format!("{p}s:old1"))
-        .arg(&["principal", "alice", "created", "1", "expires", &expires.to_string(), "revision", "3", "state", state][..])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let _: () = q("PEXPIREAT").arg(format!("{p}s:old1")).arg(expires).query_async(&mut conn).await.unwrap();
-    let _: () = q("ZADD").arg(format!("{p}sx")).arg(expires).arg("old1").query_async(&mut conn).await.unwrap();
-    let _: () = q("ZADD").arg(format!("{p}sp:alice")).arg(expires).arg("old1").query_async(&mut conn).await.unwrap();
-    for seq in 1..=2 {
-        let _: String = q("XADD")
-            .arg(format!("{p}e:old1:r1"))
-            .arg(format!("0-{seq}"))
-            .arg("k")
-            .arg(1)
-            .arg("p")
-            .arg(format!("event {seq}"))
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-    }
-    let _: () = q("SADD").arg(format!("{p}ss:old1")).arg("r1").query_async(&mut conn).await.unwrap();
-    let _: () = q("HSET").arg(format!("{p}q:old1")).arg("r1").arg(2).query_async(&mut conn).await.unwrap();
-    let _: () = q("HSET").arg(format!("{p}c:old1")).arg("r1").arg(1).query_async(&mut conn).await.unwrap();
-    let _: () = q("HSET")
-        .arg(format!("{p}kv:lease:replica-a"))
-        .arg(&["v", "1", "r", "7", "x", ""][..])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let _: () = q("SET").arg(format!("{p}kvrev")).arg(7).query_async(&mut conn).await.unwrap();
+async fn open(url: &str, prefix: &str) -> Result<RedisStore, StoreError> {
+    RedisStore::open(url, StoreConfig { redis_prefix: prefix.into(), ..StoreConfig::default() }).await
+}
 
-    let store = RedisStore::open(&url, StoreConfig { redis_prefix: p.clone(), ..StoreConfig::default() }).await.unwrap();
-    let session = store.get_session("old1", now_ms()).await.unwrap().expect("the session is found under the new layout");
-    assert_eq!((session.principal.as_str(), session.revision), ("alice", 3));
-    assert_eq!(session.state["initialized"], true);
-    let events = store.read_after("old1", "r1", 0, 10).await.unwrap();
-    assert_eq!(
-        events.iter().map(|e| (e.seq, e.payload.clone())).collect::<Vec<_>>(),
-        [(1, Bytes::from_static(b"event 1")), (2, Bytes::from_static(b"event 2"))]
-    );
-    assert_eq!(store.cursor("old1", "r1").await.unwrap(), 1);
-    assert_eq!(
-        store.append("old1", "r1", EventKind::Message, Bytes::from_static(b"event 3")).await.unwrap(),
-        3,
-        "numbering goes on"
-    );
-    assert_eq!(store.list_sessions("alice", 10).await.unwrap().len(), 1);
-    let lease = store.kv_get("lease", "replica-a", now_ms()).await.unwrap().expect("the record is converted");
-    assert_eq!(lease.revision, 7);
-    let next = store.kv_compare_and_set("lease", "replica-a", Some(7), Bytes::from_static(b"2"), None).await.unwrap();
-    assert!(next.is_some_and(|r| r > 7), "a revision after the old counter's: {next:?}");
-    let old_keys: Vec<String> = q("KEYS").arg(format!("{p}s:*")).query_async(&mut conn).await.unwrap();
-    assert!(old_keys.is_empty(), "nothing left under the old names: {old_keys:?}");
-
-    // Opening again converts nothing twice.
-    drop(store);
-    let again = RedisStore::open(&url, StoreConfig { redis_prefix: p.clone(), ..StoreConfig::default() }).await.unwrap();
-    assert_eq!(again.read_after("old1", "r1", 0, 10).await.unwrap().len(), 3);
-
-    let keys: Vec<String> = q("KEYS").arg(format!("{p}*")).query_async(&mut conn).await.unwrap();
+/// The keys under `prefix` with their values' types, in order.
+async fn keys(conn: &mut redis::aio::MultiplexedConnection, prefix: &str) -> Vec<(String, String)> {
+    let mut keys: Vec<String> = redis::cmd("KEYS").arg(format!("{prefix}*")).query_async(conn).await.unwrap();
+    keys.sort();
+    let mut typed = Vec::new();
     for key in keys {
-        let _: i64 = q("DEL").arg(key).query_async(&mut conn).await.unwrap();
+        let kind: String = redis::cmd("TYPE").arg(&key).query_async(conn).await.unwrap();
+        typed.push((key, kind));
+    }
+    typed
+}
+
+async fn clear(conn: &mut redis::aio::MultiplexedConnection, prefix: &str) {
+    for (key, _) in keys(conn, prefix).await {
+        let _: i64 = redis::cmd("DEL").arg(key).query_async(conn).await.unwrap();
     }
 }
 
-/// Layout 2 listed every stream of a session in `ss`, with its last seq in
-/// `q` and its finished flag in `f`; layout 3 lists open streams only and
-/// numbers from the event stream itself.
+/// Opening `prefix` fails with a configuration error that names the
+/// layout found and says what to do, and leaves the keys as they were.
+async fn assert_refused(url: &str, conn: &mut redis::aio::MultiplexedConnection, prefix: &str, layout: &str) {
+    let before = keys(conn, prefix).await;
+    let Err(StoreError::Config(message)) = open(url, prefix).await.map(|_| ()) else {
+        panic!("keys of layout {layout} under {prefix} are refused as a configuration error")
+    };
+    for said in [&format!("key layout {layout}") as &str, "pre-release", "--store-prefix", "FLUSHDB", prefix] {
+        assert!(message.contains(said), "the refusal says `{said}`: {message}");
+    }
+    assert_eq!(keys(conn, prefix).await, before, "a refused prefix is left as it was");
+}
+
 #[tokio::test]
-async fn per_stream_hashes_of_layout_2_are_folded_at_open() {
+async fn a_fresh_prefix_is_marked_with_the_current_layout_and_opens_again() {
     let url = redis_url();
-    let p = format!("tether-test:{}:layout2:", std::process::id());
+    let p = format!("tether-test:{}:layout-fresh:", std::process::id());
+    let mut conn = connect(&url).await;
+    clear(&mut conn, &p).await;
+
+    let store = open(&url, &p).await.unwrap();
+    let marker: Option<i64> = redis::cmd("GET").arg(format!("{p}layout")).query_async(&mut conn).await.unwrap();
+    assert_eq!(marker, Some(3));
+    let session = tether_store::SessionRecord {
+        id: "s1".into(),
+        principal: "alice".into(),
+        created_at_ms: now_ms(),
+        expires_at_ms: now_ms() + 600_000,
+        revision: 1,
+        state: serde_json::json!({}),
+    };
+    store.create_session(&session).await.unwrap();
+    drop(store);
+
+    let again = open(&url, &p).await.expect("a prefix in the current layout opens");
+    assert!(again.get_session("s1", now_ms()).await.unwrap().is_some());
+    clear(&mut conn, &p).await;
+}
+
+#[tokio::test]
+async fn keys_of_a_pre_release_layout_are_refused_with_what_to_do() {
+    let url = redis_url();
     let mut conn = connect(&url).await;
     let q = |cmd: &str| redis::cmd(cmd);
     let expires = now_ms() + 600_000;
+
+    // Layout 1 (no marker): a session under untagged keys, the by-expiry
+    // index and the one shared revision counter.
+    let p = format!("tether-test:{}:layout1:", std::process::id());
+    clear(&mut conn, &p).await;
+    let _: () = q("HSET")
+        .arg(format!("{p}s:old1"))
+        .arg(&["principal", "alice", "created", "1", "expires", &expires.to_string(), "revision", "3", "state", "{}"][..])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = q("ZADD").arg(format!("{p}sx")).arg(expires).arg("old1").query_async(&mut conn).await.unwrap();
+    let _: () = q("SET").arg(format!("{p}kvrev")).arg(7).query_async(&mut conn).await.unwrap();
+    assert_refused(&url, &mut conn, &p, "1").await;
+    // Its sessions gone, layout 1 still left its shared counter behind.
+    let _: () = q("DEL").arg(format!("{p}s:old1")).arg(format!("{p}sx")).query_async(&mut conn).await.unwrap();
+    assert_refused(&url, &mut conn, &p, "1").await;
+    clear(&mut conn, &p).await;
+
+    // Layout 2: marked, a stream's last seq and finished flag in hashes of their own.
+    let p = format!("tether-test:{}:layout2:", std::process::id());
+    clear(&mut conn, &p).await;
     let b = format!("{p}{{s2}}:");
     let _: () = q("HSET")
         .arg(format!("{b}s"))
@@ -112,43 +115,30 @@ async fn per_stream_hashes_of_layout_2_are_folded_at_open() {
         .await
         .unwrap();
     let _: () = q("ZADD").arg(format!("{p}sx")).arg(expires).arg("s2").query_async(&mut conn).await.unwrap();
-    // `g` open with two events, `r` finished (its second event final).
-    for (stream, last_kind) in [("g", 1), ("r", 2)] {
-        for (seq, kind) in [(1, 1), (2, last_kind)] {
-            let _: String = q("XADD")
-                .arg(format!("{b}e:{stream}"))
-                .arg(format!("0-{seq}"))
-                .arg("k")
-                .arg(kind)
-                .arg("p")
-                .arg(format!("{stream}{seq}"))
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-        }
-        let _: () = q("SADD").arg(format!("{b}ss")).arg(stream).query_async(&mut conn).await.unwrap();
-        let _: () = q("HSET").arg(format!("{b}q")).arg(stream).arg(2).query_async(&mut conn).await.unwrap();
-    }
+    let _: () = q("HSET").arg(format!("{b}q")).arg("r").arg(2).query_async(&mut conn).await.unwrap();
     let _: () = q("HSET").arg(format!("{b}f")).arg("r").arg(1).query_async(&mut conn).await.unwrap();
     let _: () = q("SET").arg(format!("{p}layout")).arg(2).query_async(&mut conn).await.unwrap();
+    assert_refused(&url, &mut conn, &p, "2").await;
+    clear(&mut conn, &p).await;
 
-    let store = RedisStore::open(&url, StoreConfig { redis_prefix: p.clone(), ..StoreConfig::default() }).await.unwrap();
-    assert!(!store.upgraded_from_earlier_layout(), "layout 2 is not the untagged layout");
-    let open: Vec<String> = store.open_streams("s2").await.unwrap().into_iter().map(|s| s.stream).collect();
-    assert_eq!(open, ["g"], "only the stream without a final event is open");
-    let r = store.stream("s2", "r").await.unwrap().expect("the finished stream is kept");
-    assert_eq!((r.first_seq, r.last_seq, r.finished), (1, 2, true));
-    assert_eq!(store.append("s2", "g", EventKind::Final, Bytes::from_static(b"g3")).await.unwrap(), 3, "numbering goes on");
-    assert!(store.open_streams("s2").await.unwrap().is_empty());
-    for gone in ["q", "f"] {
-        let exists: i64 = q("EXISTS").arg(format!("{b}{gone}")).query_async(&mut conn).await.unwrap();
-        assert_eq!(exists, 0, "{gone} is folded away");
-    }
-    let layout: i64 = q("GET").arg(format!("{p}layout")).query_async(&mut conn).await.unwrap();
-    assert_eq!(layout, 3);
+    // What the refusal advises works: the same prefix, its keys deleted, opens.
+    open(&url, &p).await.expect("a prefix whose keys were deleted opens");
+    clear(&mut conn, &p).await;
+}
 
-    let keys: Vec<String> = q("KEYS").arg(format!("{p}*")).query_async(&mut conn).await.unwrap();
-    for key in keys {
-        let _: i64 = q("DEL").arg(key).query_async(&mut conn).await.unwrap();
-    }
+#[tokio::test]
+async fn a_layout_newer_than_this_version_is_refused() {
+    let url = redis_url();
+    let p = format!("tether-test:{}:layout-newer:", std::process::id());
+    let mut conn = connect(&url).await;
+    clear(&mut conn, &p).await;
+    let _: () = redis::cmd("SET").arg(format!("{p}layout")).arg(4).query_async(&mut conn).await.unwrap();
+
+    let Err(StoreError::Config(message)) = open(&url, &p).await.map(|_| ()) else {
+        panic!("a newer layout is refused as a configuration error")
+    };
+    assert!(message.contains("newer tether") && message.contains("key layout 4"), "{message}");
+    let marker: i64 = redis::cmd("GET").arg(format!("{p}layout")).query_async(&mut conn).await.unwrap();
+    assert_eq!(marker, 4, "the newer version's marker is left alone");
+    clear(&mut conn, &p).await;
 }

@@ -219,10 +219,6 @@ async fn open(url: &StoreUrl, config: StoreConfig) -> anyhow::Result<(Arc<dyn St
         StoreUrl::Redis(url) => {
             let store = tether_store::redis::RedisStore::open(url, config).await?;
             let notebook = RedisNotebook::new(store.connection(), store.prefix());
-            if store.upgraded_from_earlier_layout() {
-                let sessions = notebook.upgrade_layout().await.context("converting the notebook's Redis keys")?;
-                tracing::info!(sessions, "notebook keys converted to the hash-tagged layout");
-            }
             (Arc::new(store), Arc::new(notebook))
         }
     })

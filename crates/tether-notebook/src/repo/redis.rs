@@ -71,38 +71,6 @@ impl RedisNotebook {
         format!("{}{{{}}}:{kind}", self.prefix, hash_tag(id))
     }
 
-    /// Renames the keys an earlier version wrote (`Pnb:s:ID`, `Pnb:t:ID`,
-    /// `Pnb:b:ID`) to the tagged layout, keeping values and TTLs; call it when
-    /// the store found an earlier layout under the prefix
-    /// (`RedisStore::upgraded_from_earlier_layout`), before serving. It walks
-    /// the keyspace once (`SCAN`). Returns the sessions converted.
-    pub async fn upgrade_layout(&self) -> Result<usize, RepoError> {
-        let mut conn = self.conn.clone();
-        let pattern = format!("{}s:*", self.prefix);
-        let (mut cursor, mut converted) = (0u64, 0usize);
-        loop {
-            let (next, keys): (u64, Vec<String>) =
-                redis::cmd("SCAN").arg(cursor).arg("MATCH").arg(&pattern).arg("COUNT").arg(500).query_async(&mut conn).await?;
-            for old in keys {
-                let id = &old[pattern.len() - 1..];
-                for kind in ["s", "t", "b"] {
-                    let from = format!("{}{kind}:{id}", self.prefix);
-                    let to = self.k(kind, id);
-                    // RENAMENX: a key already under the new name (a half-done earlier run) is not overwritten.
-                    let exists: bool = conn.exists(&from).await?;
-                    if exists {
-                        let _: bool = conn.rename_nx(&from, &to).await?;
-                    }
-                }
-                converted += 1;
-            }
-            if next == 0 {
-                return Ok(converted);
-            }
-            cursor = next;
-        }
-    }
-
     fn principal_key(&self, principal: &str) -> String {
         format!("{}p:{principal}", self.prefix)
     }

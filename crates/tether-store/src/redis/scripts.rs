@@ -24,9 +24,6 @@ pub(super) struct Scripts {
     pub(super) streams: Script,
     pub(super) set_cursor: Script,
     pub(super) kv_cas: Script,
-    pub(super) migrate_sessions: Script,
-    pub(super) migrate_kv: Script,
-    pub(super) migrate_streams: Script,
 }
 
 impl Scripts {
@@ -41,9 +38,6 @@ impl Scripts {
             streams: Script::new(&format!("{RECORDS}\n{}", include_str!("scripts/streams.lua"))),
             set_cursor: Script::new(include_str!("scripts/set_cursor.lua")),
             kv_cas: Script::new(include_str!("scripts/kv_compare_and_set.lua")),
-            migrate_sessions: Script::new(include_str!("scripts/migrate_session.lua")),
-            migrate_kv: Script::new(include_str!("scripts/migrate_kv.lua")),
-            migrate_streams: Script::new(include_str!("scripts/migrate_streams.lua")),
         }
     }
 }
