@@ -5,6 +5,8 @@
 //! docs/benchmarks.md describes every scenario and system.
 //!
 //! - [`server`]: the systems, their stores, starting/stopping/killing them.
+//!   [`redis_pair`]: the primary and replica of tether-redis-replica and
+//!   tether-redis-strict.
 //! - [`load`]: the `tools_call` load generator (also of `gateway_http`,
 //!   `gateway_stdio` and `gateway_federated`) and the MCP calls all share.
 //! - [`replay`]: `replay_10k`. [`sessions`]: bulk sessions, restart timing.
@@ -17,6 +19,7 @@
 mod auth;
 mod baseline;
 mod load;
+mod redis_pair;
 mod replay;
 mod report;
 mod server;
@@ -242,6 +245,13 @@ async fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
         if systems.contains(&system) && !server::redis_available(url) {
             eprintln!("== {}: skipped, no Redis answers at {url}", system.name());
             skipped.push(format!("{} (no Redis at {url})", system.name()));
+            systems.retain(|&s| s != system);
+        }
+    }
+    for system in [System::TetherRedisReplica, System::TetherRedisStrict] {
+        if let Some(why) = systems.contains(&system).then(|| programs.missing(system)).flatten() {
+            eprintln!("== {}: skipped, {why}", system.name());
+            skipped.push(why);
             systems.retain(|&s| s != system);
         }
     }

@@ -42,6 +42,14 @@ pub enum System {
     /// tether-redis on a Redis Cluster (`--redis-cluster`, default the three
     /// primaries of `scripts/redis-cluster start`); not in the default systems.
     TetherRedisCluster,
+    /// tether on a Redis primary with one replica, both started by the bench
+    /// ([`crate::redis_pair`]: append-only file synced on every write),
+    /// `--durability normal`; not in the default systems.
+    TetherRedisReplica,
+    /// tether-redis-replica's topology with `--durability strict
+    /// --redis-replicas 1`: every write waits (`WAIT 1`) for the replica;
+    /// not in the default systems.
+    TetherRedisStrict,
     /// The rmcp reference (`rmcp_ref`: StreamableHttpService + LocalSessionManager).
     Rmcp,
     /// The TypeScript SDK v1 reference (`bench/ts-sdk-server/server.mjs` on node).
@@ -110,12 +118,14 @@ pub enum Protocol {
 }
 
 impl System {
-    pub const ALL: [System; 15] = [
+    pub const ALL: [System; 17] = [
         System::TetherMemory,
         System::TetherSqlite,
         System::TetherSqliteNometrics,
         System::TetherRedis,
         System::TetherRedisCluster,
+        System::TetherRedisReplica,
+        System::TetherRedisStrict,
         System::Rmcp,
         System::TsSdk,
         System::AxumFloor,
@@ -135,6 +145,8 @@ impl System {
             System::TetherSqliteNometrics => "tether-sqlite-nometrics",
             System::TetherRedis => "tether-redis",
             System::TetherRedisCluster => "tether-redis-cluster",
+            System::TetherRedisReplica => "tether-redis-replica",
+            System::TetherRedisStrict => "tether-redis-strict",
             System::Rmcp => "rmcp",
             System::TsSdk => "ts-sdk",
             System::AxumFloor => "axum-floor",
@@ -182,6 +194,8 @@ impl System {
                 | System::TetherSqliteNometrics
                 | System::TetherRedis
                 | System::TetherRedisCluster
+                | System::TetherRedisReplica
+                | System::TetherRedisStrict
                 | System::TetherGateway
                 | System::TetherSqliteModern
                 | System::TetherSqliteToken
@@ -191,7 +205,15 @@ impl System {
 
     /// Sessions outlive the process (the store is durable and shared).
     pub fn durable_sessions(self) -> bool {
-        matches!(self, System::TetherSqlite | System::TetherSqliteNometrics | System::TetherRedis | System::TetherRedisCluster)
+        matches!(
+            self,
+            System::TetherSqlite
+                | System::TetherSqliteNometrics
+                | System::TetherRedis
+                | System::TetherRedisCluster
+                | System::TetherRedisReplica
+                | System::TetherRedisStrict
+        )
     }
 }
 
@@ -238,6 +260,11 @@ impl Programs {
             System::McpProxy if !self.mcp_proxy.is_file() => {
                 Some(format!("mcp-proxy (no {}: run scripts/bench, which installs it)", self.mcp_proxy.display()))
             }
+            System::TetherRedisReplica | System::TetherRedisStrict
+                if !runs(Path::new(crate::redis_pair::REDIS_SERVER)) || !runs(Path::new("redis-cli")) =>
+            {
+                Some(format!("{} (`redis-server --version` or `redis-cli --version` does not run)", system.name()))
+            }
             _ => None,
         }
     }
@@ -272,11 +299,21 @@ fn runs(program: &Path) -> bool {
 }
 
 /// The store a tether server runs on; dropping it removes what it holds
-/// (the temp dir, or the Redis keys under its prefix).
+/// (the temp dir, the Redis keys under its prefix, or the Redis servers the
+/// bench started for it).
 pub enum Store {
     Memory,
-    Sqlite { dir: tempfile::TempDir, file: PathBuf },
-    Redis { url: String, prefix: String },
+    Sqlite {
+        dir: tempfile::TempDir,
+        file: PathBuf,
+    },
+    Redis {
+        url: String,
+        prefix: String,
+        /// tether-redis-replica and tether-redis-strict: the primary and
+        /// replica started for this store (killed when it is dropped).
+        own: Option<crate::redis_pair::RedisPair>,
+    },
 }
 
 impl Store {
@@ -296,11 +333,16 @@ impl Store {
             }
             System::TetherRedis => {
                 let prefix = format!("tether-bench:{:016x}:", rand::random::<u64>());
-                Some(Store::Redis { url: programs.redis_url.clone(), prefix })
+                Some(Store::Redis { url: programs.redis_url.clone(), prefix, own: None })
             }
             System::TetherRedisCluster => {
                 let prefix = format!("tether-bench:{:016x}:", rand::random::<u64>());
-                Some(Store::Redis { url: programs.redis_cluster_url.clone(), prefix })
+                Some(Store::Redis { url: programs.redis_cluster_url.clone(), prefix, own: None })
+            }
+            System::TetherRedisReplica | System::TetherRedisStrict => {
+                let pair = crate::redis_pair::RedisPair::start().with_context(|| format!("{}'s Redis", system.name()))?;
+                let prefix = format!("tether-bench:{:016x}:", rand::random::<u64>());
+                Some(Store::Redis { url: pair.url(), prefix, own: Some(pair) })
             }
             _ => None,
         })
@@ -310,7 +352,7 @@ impl Store {
         match self {
             Store::Memory => vec!["--store".into(), "memory".into()],
             Store::Sqlite { file, .. } => vec!["--store".into(), format!("sqlite:{}", file.display())],
-            Store::Redis { url, prefix } => vec!["--store".into(), url.clone(), "--store-prefix".into(), prefix.clone()],
+            Store::Redis { url, prefix, .. } => vec!["--store".into(), url.clone(), "--store-prefix".into(), prefix.clone()],
         }
     }
 
@@ -338,7 +380,8 @@ impl Store {
 
 impl Drop for Store {
     fn drop(&mut self) {
-        if let Store::Redis { url, prefix } = self
+        // The bench's own Redis servers go with their keys (`own` drops after this).
+        if let Store::Redis { url, prefix, own: None } = self
             && let Err(e) = delete_redis_keys(url, prefix)
         {
             eprintln!("tether-bench: could not delete the Redis keys under {prefix}: {e:#}");
@@ -505,6 +548,8 @@ impl Launch {
             | System::TetherSqliteNometrics
             | System::TetherRedis
             | System::TetherRedisCluster
+            | System::TetherRedisReplica
+            | System::TetherRedisStrict
             | System::TetherGateway
             | System::TetherSqliteModern
             | System::TetherSqliteToken
@@ -520,8 +565,17 @@ impl Launch {
                 if let Some(n) = self.max_sessions {
                     cmd.args(["--max-sessions-per-principal", &n.to_string()]);
                 }
-                if self.subject.system == System::TetherSqliteNometrics {
-                    cmd.arg("--no-metrics");
+                match self.subject.system {
+                    System::TetherSqliteNometrics => {
+                        cmd.arg("--no-metrics");
+                    }
+                    System::TetherRedisReplica => {
+                        cmd.args(["--durability", "normal"]);
+                    }
+                    System::TetherRedisStrict => {
+                        cmd.args(["--durability", "strict", "--redis-replicas", "1"]);
+                    }
+                    _ => {}
                 }
                 if self.subject.system == System::TetherGateway {
                     let target = match &self.upstream {
