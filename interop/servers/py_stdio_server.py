@@ -10,12 +10,13 @@ Tools, one resource, one prompt:
   tool      ``slow(label, steps=100)`` sleeps ``steps`` x 0.1 s, reporting progress
             ``i/steps`` after each step, then answers ``slow LABEL finished``; when its
             handler is cancelled (the SDK cancels it on ``notifications/cancelled``), it
-            records ``{"label", "request_id", "steps_done"}`` in this process (the
-            request ID is this server's, as tether sent it) before re-raising
+            records ``{"label", "request_id", "steps_done"}`` (the request ID is this
+            server's, as tether sent it) before re-raising
   tool      ``cancellations()``      -> text: JSON ``{"cancelled": [those records],
-            "notifications": [the requestId of every notifications/cancelled this
-            process received, as strings]}``, oldest first (a child serves one tether
-            session, so these are that session's)
+            "notifications": [the requestId of every notifications/cancelled
+            received, as strings]}``, oldest first, of every child of the same
+            gateway process (a file they share: a sessionless client's requests may
+            reach different children of its pool); callers pick theirs by label
   tool      ``roots()``              asks the client ``roots/list`` (in the middle of the call)
             and answers text: JSON ``{"roots": [the root URIs]}``
   resource  ``pystdio://fixture/info`` -> text/plain ``py-stdio-fixture: a resource read over stdio``
@@ -25,6 +26,8 @@ Tools, one resource, one prompt:
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from typing import Any
 
 import anyio
@@ -35,16 +38,39 @@ RESOURCE_URI = "pystdio://fixture/info"
 RESOURCE_TEXT = f"{NAME}: a resource read over stdio"
 
 # What `slow` recorded when it was cancelled, and the requestId of every
-# notifications/cancelled received, in this process (one child per session).
-CANCELLED: list[dict[str, object]] = []
-CANCEL_NOTIFICATIONS: list[str] = []
+# notifications/cancelled received, by every child of the same gateway process:
+# a sessionless client's requests may reach different children of its pool, so
+# the record is a file shared by the siblings (named after their parent), one
+# JSON object per line.
+RECORD = os.path.join(tempfile.gettempdir(), f"py-stdio-fixture-{os.getppid()}.jsonl")
+
+
+def note(entry: dict[str, object]) -> None:
+    with open(RECORD, "a", encoding="utf-8") as f:
+        f.write(json.dumps(entry) + "\n")
+
+
+def recorded() -> tuple[list[dict[str, object]], list[str]]:
+    cancelled: list[dict[str, object]] = []
+    notifications: list[str] = []
+    try:
+        with open(RECORD, encoding="utf-8") as f:
+            for line in f:
+                entry = json.loads(line)
+                if entry.get("kind") == "notification":
+                    notifications.append(str(entry["request_id"]))
+                elif entry.get("kind") == "cancelled":
+                    cancelled.append({k: v for k, v in entry.items() if k != "kind"})
+    except FileNotFoundError:
+        pass
+    return cancelled, notifications
 
 
 async def observe_cancelled(ctx: Any, call_next: Any) -> Any:
     """Middleware: sees every inbound message; notes each notifications/cancelled
     (the SDK's dispatcher has already cancelled the named request's handler)."""
     if ctx.method == "notifications/cancelled":
-        CANCEL_NOTIFICATIONS.append(str((ctx.params or {}).get("requestId")))
+        note({"kind": "notification", "request_id": str((ctx.params or {}).get("requestId"))})
     return await call_next(ctx)
 
 
@@ -65,14 +91,15 @@ async def slow(label: str, ctx: Context, steps: int = 100) -> str:
             done += 1
             await ctx.report_progress(done, steps)
     except anyio.get_cancelled_exc_class():
-        CANCELLED.append({"label": label, "request_id": ctx.request_id, "steps_done": done})
+        note({"kind": "cancelled", "label": label, "request_id": ctx.request_id, "steps_done": done})
         raise
     return f"slow {label} finished"
 
 
-@server.tool(description="The cancellations `slow` recorded in this process, as JSON.")
+@server.tool(description="The cancellations `slow` recorded in this gateway's children, as JSON.")
 def cancellations() -> str:
-    return json.dumps({"cancelled": CANCELLED, "notifications": CANCEL_NOTIFICATIONS})
+    cancelled, notifications = recorded()
+    return json.dumps({"cancelled": cancelled, "notifications": notifications})
 
 
 @server.tool(description="Ask the client for its roots and list their URIs.")
