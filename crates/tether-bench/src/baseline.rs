@@ -6,7 +6,9 @@
 //! got worse; tools_call is compared like the budget's ratio lines (the
 //! median of the paired rounds' ratios).
 
-use crate::report::{Row, Scenario, rps_ratio};
+use crate::budget::rps_ratio;
+use crate::report::Row;
+use crate::scenario::Scenario;
 use crate::server::{BASELINE_SUFFIX, System};
 
 /// `a`'s figure over `b`'s, and its text.

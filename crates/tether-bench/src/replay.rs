@@ -32,18 +32,26 @@
 //! `Last-Event-ID` event itself again before the missed ones (rmcp 3.9's
 //! `LocalSessionManager` does). It is reported in the outcome and in the
 //! row; anything else that differs from the expected events is an error.
+//!
+//! [`replay_10k`] runs the scenario on one fresh server and makes its row.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tether_wire::sse::Decoder;
 use tether_wire::{Inbound, headers, parse_message};
 
+use crate::Args;
 use crate::load::{self, PROTOCOL_VERSION};
+use crate::report::{Row, round};
+use crate::running::start;
+use crate::scenario::Scenario;
+use crate::server::{Launch, Programs, Subject, System};
 
 /// Parallel connections that POST the notifications.
 const SENDERS: usize = 8;
@@ -220,7 +228,7 @@ pub async fn run(url: &str, events: usize, runs: usize) -> anyhow::Result<Outcom
                         return Err(format!("roots/list id {request_id} delivered twice on the live stream"));
                     }
                     let n = {
-                        let mut seen = seen.lock().map_err(|_| "lock poisoned".to_string())?;
+                        let mut seen = seen.lock();
                         seen.push(Delivered { event_id, request_id });
                         seen.len()
                     };
@@ -288,7 +296,7 @@ pub async fn run(url: &str, events: usize, runs: usize) -> anyhow::Result<Outcom
         Err(_) => bail!("the answers to roots/list were not all sent within {FILL_TIMEOUT:?}"),
     }
     tokio::time::sleep(CLOSE_SETTLE).await;
-    let seen = seen.lock().map_err(|_| anyhow::anyhow!("lock poisoned"))?.clone();
+    let seen = seen.lock().clone();
     let resume_from = seen.len() - events - 1;
     let resume_event = seen[resume_from].clone();
     let expected = &seen[resume_from + 1..];
@@ -372,6 +380,57 @@ async fn timed_replay(
         Ok(result) => result,
         Err(_) => bail!("the replay of {events} events took longer than {REPLAY_TIMEOUT:?}"),
     }
+}
+
+/// replay_10k on one fresh server.
+pub(crate) async fn replay_10k(args: &Args, programs: &Programs, subject: Subject) -> Row {
+    eprintln!("== {}: replay_10k ({} events)", subject.name(), args.events);
+    let mut row = Row::new(subject, Scenario::Replay10k, 1, args.quick);
+    row.count = Some(args.events as u64);
+    let mut launch = Launch::new(subject);
+    if subject.system == System::Rmcp {
+        // rmcp keeps `channel_capacity` events per stream for replay (16 by default).
+        let capacity = args.events + 16;
+        launch.channel_capacity = Some(capacity);
+        row.note = Some(format!("SessionConfig.channel_capacity = {capacity} (default 16 keeps 16 events)"));
+    }
+    let outcome = async {
+        let (server, _store) = start(programs, &launch).await?;
+        let result = run(&server.mcp_url, args.events, args.replay_runs).await;
+        if result.is_err() {
+            eprintln!("   server log tail:\n{}", server.log_tail());
+        }
+        let rss = server.peak_rss_mib();
+        server.stop().await?;
+        Ok::<_, anyhow::Error>((result?, rss?))
+    }
+    .await;
+    match outcome {
+        Ok((outcome, rss)) => {
+            let ms = outcome.ms;
+            eprintln!("   median {ms:.1} ms of {} runs ({:.1} to {:.1} ms)", outcome.runs, outcome.min_ms, outcome.max_ms);
+            row.ms = Some(round(ms, 1));
+            row.spread = Some(format!("median of {} runs, {:.1} to {:.1} ms", outcome.runs, outcome.min_ms, outcome.max_ms));
+            let retries = format!("fill: {} retries after 429", outcome.fill_retries);
+            eprintln!("   {retries}");
+            row.note = Some(match row.note.take() {
+                Some(note) => format!("{note}; {retries}"),
+                None => retries,
+            });
+            if outcome.resent_last_event {
+                eprintln!("   note: the server re-sent the Last-Event-ID event before the missed ones");
+                row.deviation =
+                    Some(format!("re-sent the Last-Event-ID event first (a duplicate), then the {} missed ones", args.events));
+            }
+            row.rss_mib = Some(round(rss, 1));
+        }
+        Err(e) => {
+            eprintln!("   error: {e:#}");
+            row.errors = 1;
+            row.error = Some(format!("{e:#}"));
+        }
+    }
+    row
 }
 
 #[cfg(test)]

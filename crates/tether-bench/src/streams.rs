@@ -9,16 +9,24 @@
 //! 10,000 of them cost the bench little and the machine's two cores go to
 //! the server. The notification is sent through the admin API
 //! (`POST /admin/notify`), the server's one way to notify every session it
-//! holds.
+//! holds. [`streams_10k`] runs the scenario on one fresh tether-sqlite and
+//! makes its row.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{Notify, Semaphore};
+
+use crate::report::{Row, round};
+use crate::running::start;
+use crate::scenario::Scenario;
+use crate::server::{self, Launch, Programs, Subject, System};
+use crate::{Args, load, sessions};
 
 /// Streams being opened at once (connect, request, response head): the
 /// listener's accept backlog is not flooded, so no SYN waits for a retransmit.
@@ -48,17 +56,15 @@ struct Shared {
 
 impl Shared {
     fn fail(&self, i: usize, e: impl std::fmt::Display) {
-        if self.errors.fetch_add(1, Ordering::SeqCst) == 0
-            && let Ok(mut first) = self.first_error.lock()
-        {
-            *first = Some(format!("stream {i}: {e}"));
+        if self.errors.fetch_add(1, Ordering::SeqCst) == 0 {
+            *self.first_error.lock() = Some(format!("stream {i}: {e}"));
         }
     }
 
     fn check(&self) -> anyhow::Result<()> {
         let errors = self.errors.load(Ordering::SeqCst);
         if errors > 0 {
-            let first = self.first_error.lock().ok().and_then(|f| f.clone()).unwrap_or_default();
+            let first = self.first_error.lock().clone().unwrap_or_default();
             bail!("{errors} streams failed; the first: {first}");
         }
         Ok(())
@@ -161,7 +167,7 @@ impl Streams {
             all.as_mut().enable();
         }
         self.shared.check()?;
-        let last = self.shared.last_notified.lock().ok().and_then(|l| *l).context("no arrival time recorded")?;
+        let last = (*self.shared.last_notified.lock()).context("no arrival time recorded")?;
         Ok((last.saturating_duration_since(started).as_secs_f64() * 1000.0, text))
     }
 }
@@ -224,7 +230,8 @@ async fn follow((mut tcp, mut pending): (TcpStream, Vec<u8>), i: usize, shared: 
             anyhow::ensure!(event.id.is_some(), "the notification has no event ID: it could not be resumed");
             seen = true;
             let now = Instant::now();
-            if let Ok(mut last) = shared.last_notified.lock() {
+            {
+                let mut last = shared.last_notified.lock();
                 *last = Some(last.map_or(now, |l| l.max(now)));
             }
             if shared.notified.fetch_add(1, Ordering::SeqCst) + 1 == shared.keepalives.len() {
@@ -271,6 +278,145 @@ impl Chunked {
         input.drain(..at);
         Ok(out)
     }
+}
+
+/// The environment variable that hands streams_10k's server its admin token.
+const ADMIN_TOKEN_ENV: &str = "TETHER_BENCH_ADMIN_TOKEN";
+/// The server's keep-alive interval (tether's default; there is no flag).
+const SERVER_KEEPALIVE: Duration = Duration::from_secs(15);
+
+/// Raises this process's soft limit on open files to `wanted` (its hard
+/// limit allowing); the servers it spawns inherit it. Returns the limit.
+fn raise_open_files(wanted: u64) -> anyhow::Result<u64> {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let hard = limit.maximum.unwrap_or(u64::MAX);
+    let soft = limit.current.unwrap_or(u64::MAX);
+    anyhow::ensure!(
+        hard >= wanted,
+        "streams_10k needs {wanted} open files in the bench and in the server, the hard limit is {hard}: raise it (ulimit -Hn, or LimitNOFILE)"
+    );
+    if soft < wanted {
+        setrlimit(Resource::Nofile, rustix::process::Rlimit { current: Some(wanted), maximum: limit.maximum })
+            .context("cannot raise the soft limit on open files")?;
+    }
+    Ok(soft.max(wanted))
+}
+
+/// streams_10k on one fresh tether-sqlite: `--streams` sessions, a
+/// standalone GET stream open on each; after the server settled, its RSS and
+/// CPU over `--idle-window` (every stream must have had a keep-alive by
+/// then); then one notification to every session through the admin API and
+/// the time until the last stream has it.
+pub(crate) async fn streams_10k(args: &Args, programs: &Programs) -> Row {
+    let n = args.streams;
+    let subject = Subject::from(System::TetherSqlite);
+    eprintln!("== {}: streams_10k ({n} sessions with an open stream each)", subject.name());
+    let mut row = Row::new(subject, Scenario::Streams10k, n, args.quick);
+    row.count = Some(n as u64);
+    let outcome = async {
+        anyhow::ensure!(n > 0, "--streams must be 1 or more");
+        // The bench holds a socket per stream, and so does the server (which
+        // inherits the limit), plus its store's files and the session clients.
+        let files = raise_open_files(n as u64 + 1_024)?;
+        let token = format!("{:016x}{:016x}", rand::random::<u64>(), rand::random::<u64>());
+        let mut launch = Launch::new(subject);
+        // Sessions with an open stream are never evicted; a cache below their
+        // number would rescan the whole map on every insertion beyond it.
+        // The connection cap (default 10,000) must leave room beside the
+        // streams for the admin API's POST: at the cap it would wait in the
+        // listen backlog until a stream closed, that is forever.
+        launch.extra_args = vec![
+            "--session-cache".into(),
+            (n + 1_024).to_string(),
+            "--max-connections".into(),
+            (n + 1_024).to_string(),
+            "--admin-token-env".into(),
+            ADMIN_TOKEN_ENV.into(),
+        ];
+        launch.env = vec![(ADMIN_TOKEN_ENV.into(), token.clone())];
+        launch.max_sessions = Some(n + 1_024);
+        let (server, _store) = start(programs, &launch).await?;
+        let result = async {
+            let started = Instant::now();
+            let ids = sessions::create(&server.mcp_url, n, args.session_clients).await.context("creating the sessions")?;
+            eprintln!("   {n} sessions in {:.1} s (open files: {files})", started.elapsed().as_secs_f64());
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let rss_sessions = server.rss_bytes()?;
+            let origin = server::origin(&server.mcp_url);
+            let addr: std::net::SocketAddr =
+                origin.trim_start_matches("http://").parse().with_context(|| format!("no address in {}", server.mcp_url))?;
+            let path = &server.mcp_url[origin.len()..];
+            let started = Instant::now();
+            let streams = Streams::open(addr, path, &ids).await?;
+            eprintln!("   {n} streams open in {:.1} s", started.elapsed().as_secs_f64());
+            drop(ids);
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let rss_open = server.rss_bytes()?;
+            let per_stream = (rss_open as f64 - rss_sessions as f64) / n as f64;
+            let pid = server.pid().to_string();
+            let (cpu_before, at) = (load::cpu_time(&pid).context("cannot read the server's CPU time")?, Instant::now());
+            tokio::time::sleep(args.idle_window).await;
+            let cpu = load::cpu_time(&pid).context("cannot read the server's CPU time")?.saturating_sub(cpu_before);
+            let window = at.elapsed();
+            let rss_idle = server.rss_bytes()?;
+            streams.check()?;
+            let (fewest, most) = streams.keepalives();
+            if args.idle_window >= SERVER_KEEPALIVE {
+                anyhow::ensure!(fewest >= 1, "a stream had no keep-alive after {window:?} idle");
+            }
+            let (fanout_ms, answer) = streams.fan_out(&format!("{origin}/admin/notify"), &token).await?;
+            let rss_after = server.rss_bytes()?;
+            let peak = server.peak_rss_mib()?;
+            drop(streams);
+            eprintln!(
+                "   RSS {:.1} MiB with the sessions, {:.1} MiB with the streams open ({per_stream:.0} B per stream), {:.1} MiB idle, {:.1} MiB after the fan-out (peak {peak:.1}); idle CPU {:.2}% over {:.1} s; keep-alives per stream {fewest} to {most}; fan-out {fanout_ms:.0} ms ({answer})",
+                rss_sessions as f64 / 1048576.0,
+                rss_open as f64 / 1048576.0,
+                rss_idle as f64 / 1048576.0,
+                rss_after as f64 / 1048576.0,
+                cpu.as_secs_f64() / window.as_secs_f64() * 100.0,
+                window.as_secs_f64()
+            );
+            Ok::<_, anyhow::Error>((rss_idle, cpu, window, (fewest, most), fanout_ms, (rss_sessions, per_stream, rss_after, peak)))
+        }
+        .await;
+        if result.is_err() {
+            eprintln!("   server log tail:\n{}", server.log_tail());
+        }
+        let (count, last) = server.problems();
+        server.stop().await?;
+        result.map(|r| (r, count, last))
+    }
+    .await;
+    match outcome {
+        Ok(((rss_idle, cpu, window, (fewest, most), fanout_ms, (rss_sessions, per_stream, rss_after, peak)), problems, last)) => {
+            row.bytes = Some(round(per_stream, 0));
+            row.rss_mib = Some(round(rss_idle as f64 / 1048576.0, 1));
+            row.cpu_percent = Some(round(cpu.as_secs_f64() / window.as_secs_f64() * 100.0, 2));
+            row.fanout_ms = Some(round(fanout_ms, 1));
+            let mut note = format!(
+                "idle window {:.0} s, keep-alives per stream {fewest} to {most}; RSS {:.1} MiB before the streams opened (bytes: RSS growth per open stream), {:.1} MiB after the fan-out, peak {peak:.1} MiB; --session-cache {} --max-sessions-per-principal {} --max-connections {}",
+                window.as_secs_f64(),
+                rss_sessions as f64 / 1048576.0,
+                rss_after as f64 / 1048576.0,
+                n + 1_024,
+                n + 1_024,
+                n + 1_024
+            );
+            if problems > 0 {
+                eprintln!("   the server logged {problems} WARN/ERROR lines; the last ones:\n{}", last.join("\n"));
+                note.push_str(&format!("; server log: {problems} WARN/ERROR lines"));
+            }
+            row.note = Some(note);
+        }
+        Err(e) => {
+            eprintln!("   error: {e:#}");
+            row.errors = 1;
+            row.error = Some(format!("{e:#}"));
+        }
+    }
+    row
 }
 
 #[cfg(test)]

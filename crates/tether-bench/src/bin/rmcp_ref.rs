@@ -21,10 +21,11 @@
 //! answers `GET /healthz`, and exits on SIGTERM.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use axum::serve::ListenerExt;
 use clap::Parser;
+use parking_lot::Mutex;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation, ListToolsResult,
     PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
@@ -101,7 +102,7 @@ impl Thinker {
         let total = positive(args, "totalThoughts")?.max(number);
         let next = args.get("nextThoughtNeeded").and_then(Value::as_bool).ok_or("`nextThoughtNeeded` must be true or false")?;
         let length = {
-            let mut history = self.history.lock().map_err(|_| "thought history lock poisoned".to_string())?;
+            let mut history = self.history.lock();
             history.push(thought);
             history.len()
         };
