@@ -22,12 +22,13 @@
 //!
 //! One handler per message kind: `Host::request`, `Host::notification`,
 //! `Host::response` (the host's lines, read in order by [`run`]), and
-//! `Shared::pump` with `Shared::remote_request` / `Shared::answer_remote`
+//! `Shared::relay` with `Shared::remote_request` / `Shared::answer_remote`
 //! (the remote's messages and the host's answers to them).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tether_wire::meta::{RESUME_REFUSED, RESUMED, SESSION_RESUME_TOKEN, TETHER_PREFIX};
 use tether_wire::{Inbound, RpcError, parse_message};
@@ -64,10 +65,6 @@ impl Default for BridgeOptions {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// The remote session currently in use; `generation` counts initializations.
 struct Remote {
     generation: u64,
@@ -91,7 +88,8 @@ struct Shared {
     reconnecting: tokio::sync::Mutex<()>,
     out: mpsc::Sender<Outgoing>,
     pending: Mutex<Pending>,
-    pumps: Mutex<Vec<AbortHandle>>,
+    /// The task relaying the current remote session's messages to the host.
+    relays: Mutex<Vec<AbortHandle>>,
     options: BridgeOptions,
 }
 
@@ -113,7 +111,7 @@ pub async fn run(
             reconnecting: tokio::sync::Mutex::new(()),
             out: out.clone(),
             pending: Mutex::new(Pending::default()),
-            pumps: Mutex::new(Vec::new()),
+            relays: Mutex::new(Vec::new()),
             options,
         }),
         in_flight: HashMap::new(),
@@ -263,7 +261,7 @@ impl Host {
     /// The host's answer to a remote request: back to the session that
     /// asked, under the remote's id, or nowhere.
     fn response(&mut self, id: Value, answer: Result<Value, Value>) {
-        let Some((generation, remote_id)) = id.as_u64().and_then(|bid| lock(&self.shared.pending).map.remove(&bid)) else {
+        let Some((generation, remote_id)) = id.as_u64().and_then(|bid| self.shared.pending.lock().map.remove(&bid)) else {
             debug!("dropping a host response to unknown id {id}");
             return;
         };
@@ -285,10 +283,10 @@ impl Host {
         }
         self.tasks.abort_all();
         while self.tasks.join_next().await.is_some() {}
-        for pump in lock(&self.shared.pumps).drain(..) {
-            pump.abort();
+        for relay in self.shared.relays.lock().drain(..) {
+            relay.abort();
         }
-        *lock(&self.shared.remote) = None;
+        *self.shared.remote.lock() = None;
     }
 }
 
@@ -314,7 +312,7 @@ pub fn strip_tether_meta(value: &mut Value) {
 
 impl Shared {
     fn current(&self) -> Option<Arc<Remote>> {
-        lock(&self.remote).clone()
+        self.remote.lock().clone()
     }
 
     async fn send(&self, message: Value) {
@@ -334,7 +332,7 @@ impl Shared {
         strip_tether_meta(&mut params);
         match self.handshake(&params).await {
             Ok((session, result)) => {
-                *lock(&self.init_params) = Some(params);
+                *self.init_params.lock() = Some(params);
                 // The result first: the remote's own messages (already
                 // buffered by the session) must not overtake it.
                 self.send(json!({"jsonrpc": "2.0", "id": id, "result": result})).await;
@@ -350,7 +348,7 @@ impl Shared {
     /// `initialize` with the kept token; handles resumed/refused and keeps
     /// the rotated token. Returns the session and the host-facing result.
     async fn handshake(&self, host_params: &Value) -> Result<(Arc<dyn UpstreamSession>, Value), UpstreamError> {
-        let token = lock(&self.tokens).load();
+        let token = self.tokens.lock().load();
         let mut params = host_params.clone();
         if let (Some(token), Some(object)) = (&token, params.as_object_mut()) {
             let meta = object.entry("_meta").or_insert_with(|| json!({}));
@@ -365,7 +363,7 @@ impl Shared {
         let new_token = meta.and_then(|m| m.get(SESSION_RESUME_TOKEN)).and_then(Value::as_str).map(str::to_owned);
         let refusal = meta.and_then(|m| m.get(RESUME_REFUSED)).map(Value::to_string).unwrap_or_default();
         {
-            let mut tokens = lock(&self.tokens);
+            let mut tokens = self.tokens.lock();
             if token.is_some() {
                 if resumed {
                     info!("{}", log_lines::RESUMED);
@@ -386,23 +384,23 @@ impl Shared {
     /// Makes `session` the current one and starts forwarding its messages.
     fn install(self: &Arc<Self>, session: Arc<dyn UpstreamSession>, generation: u64) -> Arc<Remote> {
         let remote = Arc::new(Remote { generation, session: session.clone() });
-        let mut pumps = lock(&self.pumps);
-        for old in pumps.drain(..) {
+        let mut relays = self.relays.lock();
+        for old in relays.drain(..) {
             old.abort();
         }
         if let Some(incoming) = session.take_incoming() {
             let shared = self.clone();
-            pumps.push(tokio::spawn(async move { shared.pump(generation, incoming).await }).abort_handle());
+            relays.push(tokio::spawn(async move { shared.relay(generation, incoming).await }).abort_handle());
         }
         // The host's answers to an earlier session's requests would be
         // dropped anyway; they must not hold places the new session needs.
-        lock(&self.pending).map.retain(|_, (asked_by, _)| *asked_by == generation);
-        *lock(&self.remote) = Some(remote.clone());
+        self.pending.lock().map.retain(|_, (asked_by, _)| *asked_by == generation);
+        *self.remote.lock() = Some(remote.clone());
         remote
     }
 
-    /// The remote's own messages to the host, in order.
-    async fn pump(self: Arc<Self>, generation: u64, mut incoming: mpsc::Receiver<PeerMessage>) {
+    /// Relays the remote's own messages to the host, in order.
+    async fn relay(self: Arc<Self>, generation: u64, mut incoming: mpsc::Receiver<PeerMessage>) {
         while let Some(message) = incoming.recv().await {
             let message = match message {
                 PeerMessage::Notification { method, params } => with_params(json!({"jsonrpc": "2.0", "method": method}), params),
@@ -422,7 +420,7 @@ impl Shared {
     /// `None` when too many wait already (the remote is refused at once).
     async fn remote_request(&self, generation: u64, id: Value, method: &str) -> Option<u64> {
         let bridge_id = {
-            let mut pending = lock(&self.pending);
+            let mut pending = self.pending.lock();
             if pending.map.len() >= self.options.max_pending_server_requests {
                 None
             } else {
@@ -489,7 +487,7 @@ impl Shared {
         {
             return Ok(current);
         }
-        let params = lock(&self.init_params).clone().ok_or(UpstreamError::SessionNotFound)?;
+        let params = self.init_params.lock().clone().ok_or(UpstreamError::SessionNotFound)?;
         warn!("The remote server does not know the session any more; initializing again");
         let (session, _) = self.handshake(&params).await?;
         Ok(self.install(session, seen + 1))

@@ -118,10 +118,10 @@ mod tests {
         assert_eq!(rx.recv().await, None, "end of input closes the channel");
 
         #[derive(Clone, Default)]
-        struct Shared(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        struct Shared(std::sync::Arc<parking_lot::Mutex<Vec<u8>>>);
         impl Write for Shared {
             fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().map_err(|_| std::io::Error::other("poisoned"))?.extend_from_slice(buf);
+                self.0.lock().extend_from_slice(buf);
                 Ok(buf.len())
             }
             fn flush(&mut self) -> std::io::Result<()> {
@@ -134,6 +134,6 @@ mod tests {
         tx.send(Outgoing::Message(json!({"id": 2}))).await.unwrap();
         tx.send(Outgoing::Close).await.unwrap();
         done.await.unwrap();
-        assert_eq!(String::from_utf8(sink.0.lock().unwrap().clone()).unwrap(), "{\"id\":1}\n{\"id\":2}\n");
+        assert_eq!(String::from_utf8(sink.0.lock().clone()).unwrap(), "{\"id\":1}\n{\"id\":2}\n");
     }
 }

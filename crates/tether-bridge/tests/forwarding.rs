@@ -4,9 +4,10 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tether_bridge::bridge::{self, BridgeOptions};
 use tether_bridge::stdio::Outgoing;
@@ -36,8 +37,8 @@ struct RemoteState {
 struct FakeRemote(Arc<Mutex<RemoteState>>);
 
 impl FakeRemote {
-    fn state(&self) -> std::sync::MutexGuard<'_, RemoteState> {
-        self.0.lock().unwrap()
+    fn state(&self) -> parking_lot::MutexGuard<'_, RemoteState> {
+        self.0.lock()
     }
 
     fn issue(&self, state: &mut RemoteState, session: u64) -> String {
@@ -112,7 +113,7 @@ impl UpstreamSession for FakeSession {
     }
 
     fn take_incoming(&self) -> Option<mpsc::Receiver<PeerMessage>> {
-        self.incoming.lock().unwrap().take()
+        self.incoming.lock().take()
     }
 }
 

@@ -22,9 +22,10 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tether_wire::{RpcError, code};
@@ -104,7 +105,7 @@ struct PoolInner {
 
 impl Drop for PoolInner {
     fn drop(&mut self) {
-        if let Some(t) = self.reaper.get_mut().ok().and_then(Option::take) {
+        if let Some(t) = self.reaper.get_mut().take() {
             t.abort();
         }
     }
@@ -146,9 +147,7 @@ struct Busy<'a>(&'a Entry);
 
 impl Drop for Busy<'_> {
     fn drop(&mut self) {
-        if let Ok(mut t) = self.0.last_used.lock() {
-            *t = Instant::now();
-        }
+        *self.0.last_used.lock() = Instant::now();
         self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
@@ -193,9 +192,7 @@ impl Pool {
         });
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             let task = handle.spawn(reap(Arc::downgrade(&inner)));
-            if let Ok(mut r) = inner.reaper.lock() {
-                *r = Some(task);
-            }
+            *inner.reaper.lock() = Some(task);
         }
         Pool { inner }
     }
@@ -206,10 +203,7 @@ impl Pool {
 
     fn entry(&self, server: &ServerSpec) -> Arc<Entry> {
         let key = key_of(server);
-        let mut entries = match self.inner.entries.lock() {
-            Ok(e) => e,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut entries = self.inner.entries.lock();
         entries
             .entry(key)
             .or_insert_with(|| {
@@ -299,12 +293,12 @@ impl Pool {
                 let slot = Arc::new(Mutex::new(Some(guard)));
                 let on_accept = slot.clone();
                 let accepted: Box<dyn FnOnce() + Send> = Box::new(move || {
-                    if let Some(mut g) = on_accept.lock().ok().and_then(|mut s| s.take()) {
+                    if let Some(mut g) = on_accept.lock().take() {
                         g.mode = Mode::Stateless;
                     }
                 });
                 let outcome = s.request_raw(method, params.clone(), Some(accepted)).await;
-                let still_held = slot.lock().ok().and_then(|mut s| s.take());
+                let still_held = slot.lock().take();
                 match outcome {
                     Err(e) if e.says_session_required() => {
                         tracing::debug!(url = %server.url, "the server wants a session: {}", e.into_client());
@@ -522,9 +516,7 @@ impl Pool {
         let mut params = json!({"name": name, "arguments": arguments});
         let route = progress.as_ref().map(|p| {
             let token = format!("tether-{}-{}", std::process::id(), self.inner.next_token.fetch_add(1, Ordering::Relaxed));
-            if let Ok(mut routes) = self.inner.progress.lock() {
-                routes.insert(token.clone(), p.clone());
-            }
+            self.inner.progress.lock().insert(token.clone(), p.clone());
             params["_meta"] = json!({"progressToken": token});
             RouteGuard { routes: self.inner.progress.clone(), token }
         });
@@ -553,10 +545,7 @@ impl Pool {
 
     /// Terminates every session (DELETE); errors are logged.
     pub async fn shutdown(&self) {
-        let entries: Vec<Arc<Entry>> = match self.inner.entries.lock() {
-            Ok(e) => e.values().cloned().collect(),
-            Err(_) => return,
-        };
+        let entries: Vec<Arc<Entry>> = self.inner.entries.lock().values().cloned().collect();
         for entry in entries {
             let taken = {
                 let mut g = entry.state.lock().await;
@@ -577,9 +566,7 @@ struct RouteGuard {
 
 impl Drop for RouteGuard {
     fn drop(&mut self) {
-        if let Ok(mut r) = self.routes.lock() {
-            r.remove(&self.token);
-        }
+        self.routes.lock().remove(&self.token);
     }
 }
 
@@ -590,7 +577,7 @@ fn route_progress(routes: &Mutex<HashMap<String, ProgressHandler>>, params: Opti
         Some(other) => other.to_string(),
         None => return,
     };
-    let handler = routes.lock().ok().and_then(|r| r.get(&token).cloned());
+    let handler = routes.lock().get(&token).cloned();
     if let Some(h) = handler {
         h(CallProgress::Progress {
             progress: p.get("progress").and_then(Value::as_f64).unwrap_or(0.0),
@@ -610,14 +597,10 @@ async fn reap(pool: Weak<PoolInner>) {
         tokio::time::sleep(tick).await;
         let Some(p) = pool.upgrade() else { return };
         let idle = p.options.idle_timeout;
-        let entries: Vec<Arc<Entry>> = match p.entries.lock() {
-            Ok(e) => e.values().cloned().collect(),
-            Err(_) => return,
-        };
+        let entries: Vec<Arc<Entry>> = p.entries.lock().values().cloned().collect();
         drop(p);
         for entry in entries {
-            let quiet = entry.in_flight.load(Ordering::Acquire) == 0
-                && entry.last_used.lock().map(|t| t.elapsed() >= idle).unwrap_or(false);
+            let quiet = entry.in_flight.load(Ordering::Acquire) == 0 && entry.last_used.lock().elapsed() >= idle;
             if !quiet {
                 continue;
             }

@@ -146,8 +146,9 @@ fn text_bytes(result: &Value) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use parking_lot::Mutex;
     use serde_json::json;
-    use std::sync::{Arc, Mutex};
+    use std::sync::Arc;
 
     #[tokio::test]
     async fn follows_tokens_changing_only_the_resume_token_and_joins_data_rounds() {
@@ -165,7 +166,7 @@ mod tests {
             params.clone(),
             10,
             |p| {
-                s.lock().unwrap().push(p);
+                s.lock().push(p);
                 let a = answers.next().unwrap();
                 async move { Ok(a) }
             },
@@ -175,7 +176,7 @@ mod tests {
         .unwrap();
         assert_eq!(result["content"], json!([{"type": "text", "text": "ab"}, {"type": "text", "text": "cd"}]));
         assert_eq!(result["isError"], false);
-        let seen = seen.lock().unwrap();
+        let seen = seen.lock();
         assert_eq!(seen[0], params);
         let mut expected = params.clone();
         expected["_meta"]["resumeToken"] = json!("t1");

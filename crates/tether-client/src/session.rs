@@ -22,8 +22,9 @@ mod plain_http;
 mod streamable;
 
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 
+use parking_lot::{Mutex, RwLock};
 use reqwest::header::HeaderMap;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
@@ -96,7 +97,7 @@ struct Inner {
     incoming_tx: mpsc::Sender<PeerMessage>,
     incoming_rx: Mutex<Option<mpsc::Receiver<PeerMessage>>>,
     /// Where server messages go instead of the channel ([`Session::deliver_to`]).
-    sink: std::sync::RwLock<Option<Arc<dyn PeerSink>>>,
+    sink: RwLock<Option<Arc<dyn PeerSink>>>,
     closed: watch::Sender<bool>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     /// A sessionless (2026-07-28) session: what every request's `_meta`
@@ -107,10 +108,8 @@ struct Inner {
 impl Drop for Inner {
     fn drop(&mut self) {
         let _ = self.closed.send(true);
-        if let Ok(tasks) = self.tasks.get_mut() {
-            for t in tasks.drain(..) {
-                t.abort();
-            }
+        for t in self.tasks.get_mut().drain(..) {
+            t.abort();
         }
     }
 }
@@ -208,7 +207,7 @@ impl Session {
                 next_id: AtomicI64::new(0),
                 incoming_tx,
                 incoming_rx: Mutex::new(Some(incoming_rx)),
-                sink: std::sync::RwLock::new(None),
+                sink: RwLock::new(None),
                 closed,
                 tasks: Mutex::new(Vec::new()),
                 sessionless: None,
@@ -416,9 +415,7 @@ impl Session {
     /// returns. Messages that were waiting on the channel go first.
     pub async fn deliver_to(&self, sink: Arc<dyn PeerSink>) {
         let waiting = self.take_incoming();
-        if let Ok(mut slot) = self.inner.sink.write() {
-            *slot = Some(sink.clone());
-        }
+        *self.inner.sink.write() = Some(sink.clone());
         if let Some(mut waiting) = waiting {
             while let Ok(message) = waiting.try_recv() {
                 sink.deliver(message).await;
@@ -428,7 +425,7 @@ impl Session {
 
     /// Server messages (from any stream). Can be taken once.
     pub fn take_incoming(&self) -> Option<mpsc::Receiver<PeerMessage>> {
-        self.inner.incoming_rx.lock().ok()?.take()
+        self.inner.incoming_rx.lock().take()
     }
 
     /// Whether [`Session::close`] has begun (requests in flight then fail).
@@ -441,10 +438,8 @@ impl Session {
         if self.inner.closed.send_replace(true) {
             return;
         }
-        if let Ok(mut tasks) = self.inner.tasks.lock() {
-            for t in tasks.drain(..) {
-                t.abort();
-            }
+        for t in self.inner.tasks.lock().drain(..) {
+            t.abort();
         }
         match &self.inner.kind {
             Kind::Legacy(channel) => {
@@ -459,10 +454,8 @@ impl Session {
     /// (for a session the server already forgot).
     pub(crate) fn abandon(&self) {
         let _ = self.inner.closed.send_replace(true);
-        if let Ok(mut tasks) = self.inner.tasks.lock() {
-            for t in tasks.drain(..) {
-                t.abort();
-            }
+        for t in self.inner.tasks.lock().drain(..) {
+            t.abort();
         }
         if let Kind::Legacy(channel) = &self.inner.kind {
             channel.alive.store(false, Ordering::Release);
@@ -487,11 +480,11 @@ impl Inner {
     /// wait in the bounded buffer (dropped when it is full); after, the
     /// stream waits for room.
     async fn deliver(&self, message: PeerMessage) {
-        let sink = self.sink.read().ok().and_then(|s| s.clone());
+        let sink = self.sink.read().clone();
         if let Some(sink) = sink {
             return sink.deliver(message).await;
         }
-        let taken = self.incoming_rx.lock().map(|r| r.is_none()).unwrap_or(true);
+        let taken = self.incoming_rx.lock().is_none();
         if taken {
             let _ = self.incoming_tx.send(message).await;
         } else if self.incoming_tx.try_send(message).is_err() {

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -15,6 +15,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use futures::StreamExt;
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tether_client::{ClientOptions, Session};
 use tether_wire::headers::SESSION_ID;
@@ -24,7 +25,7 @@ use tether_wire::headers::SESSION_ID;
 struct Peers(Arc<Mutex<BTreeSet<u16>>>);
 
 async fn mcp(State(peers): State<Peers>, ConnectInfo(peer): ConnectInfo<SocketAddr>, body: Bytes) -> Response {
-    peers.0.lock().unwrap().insert(peer.port());
+    peers.0.lock().insert(peer.port());
     let message: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     match message["method"].as_str() {
         Some("initialize") => {
@@ -78,7 +79,7 @@ async fn one_sessions_requests_share_one_connection_even_when_answers_are_droppe
         let result = session.request("tools/call", Some(json!({"n": n}))).await.unwrap();
         assert_eq!(result["echo"]["n"], n);
     }
-    let used = peers.0.lock().unwrap().len();
+    let used = peers.0.lock().len();
     assert_eq!(used, 1, "initialize, initialized and 20 calls, one after another, on one connection (not {used})");
 }
 

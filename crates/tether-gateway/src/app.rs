@@ -3,10 +3,11 @@
 //! connection and everything the upstream sends back, and rebuilds the
 //! connection from the stored `initialize` whenever it is gone.
 
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use parking_lot::Mutex;
 use serde_json::{Map, Value, json};
 use tether_server::{
     ClientAuthorization, CutOff, EndReason, Initialize, McpApp, OperationCtx, OperationRunner, OperationSpec, RawResult,
@@ -17,7 +18,6 @@ use tether_wire::meta;
 use crate::config::UpstreamConfig;
 use crate::connector::{Connector, StartRequest};
 use crate::link::{self, Connection, Link, LinkSink, ListChanges, Progress};
-use crate::lock;
 use crate::passthrough::Passthrough;
 use crate::processes::{Limit, Processes};
 use crate::sessionless::{self, Pool};
@@ -61,7 +61,7 @@ pub struct Gateway {
 
 impl Drop for Gateway {
     fn drop(&mut self) {
-        for task in lock(&self.tasks).drain(..) {
+        for task in self.tasks.lock().drain(..) {
             task.abort();
         }
     }
@@ -97,7 +97,7 @@ impl Gateway {
         });
         if let Some(idle) = capacity.idle_timeout {
             let links = Arc::downgrade(&gateway.links);
-            lock(&gateway.tasks).push(tokio::spawn(sweep_idle(links, idle)));
+            gateway.tasks.lock().push(tokio::spawn(sweep_idle(links, idle)));
         }
         gateway
     }
@@ -157,7 +157,7 @@ impl Gateway {
     }
 
     fn check_backoff(&self) -> Result<(), RpcError> {
-        let health = self.health.lock().map_err(|_| RpcError::internal("gateway state unusable"))?;
+        let health = self.health.lock();
         match health.blocked_until {
             Some(until) if until > Instant::now() => Err(RpcError::internal(format!(
                 "upstream `{}` keeps failing; trying again in {} s. Last error: {}",
@@ -170,7 +170,7 @@ impl Gateway {
     }
 
     fn record_failure(&self, error: &str) {
-        let Ok(mut health) = self.health.lock() else { return };
+        let mut health = self.health.lock();
         let now = Instant::now();
         health.failures.retain(|at| now.duration_since(*at) < FAILURE_WINDOW);
         health.failures.push(now);
@@ -184,9 +184,7 @@ impl Gateway {
     }
 
     fn record_success(&self) {
-        if let Ok(mut health) = self.health.lock() {
-            *health = Health::default();
-        }
+        *self.health.lock() = Health::default();
     }
 
     /// Stops the least recently used idle child that frees a place for
@@ -215,13 +213,9 @@ impl Gateway {
     }
 
     fn live_links(&self) -> Vec<Arc<Link>> {
-        match self.links.lock() {
-            Ok(mut links) => {
-                links.retain(|l| l.strong_count() > 0);
-                links.iter().filter_map(Weak::upgrade).collect()
-            }
-            Err(_) => Vec::new(),
-        }
+        let mut links = self.links.lock();
+        links.retain(|l| l.strong_count() > 0);
+        links.iter().filter_map(Weak::upgrade).collect()
     }
 
     /// The session's live connection, made (and initialized the way the
@@ -325,10 +319,9 @@ impl Gateway {
     }
 
     fn register(&self, link: &Arc<Link>) {
-        if let Ok(mut links) = self.links.lock() {
-            links.retain(|l| l.strong_count() > 0);
-            links.push(Arc::downgrade(link));
-        }
+        let mut links = self.links.lock();
+        links.retain(|l| l.strong_count() > 0);
+        links.push(Arc::downgrade(link));
     }
 
     /// After a request that changes what a new connection must replay.
@@ -722,12 +715,10 @@ async fn sweep_idle(links: Weak<Mutex<Vec<Weak<Link>>>>, idle: Duration) {
     loop {
         tick.tick().await;
         let Some(links) = links.upgrade() else { return };
-        let candidates: Vec<Arc<Link>> = match links.lock() {
-            Ok(mut l) => {
-                l.retain(|w| w.strong_count() > 0);
-                l.iter().filter_map(Weak::upgrade).filter(|link| link.idle_for().is_some_and(|d| d >= idle)).collect()
-            }
-            Err(_) => return,
+        let candidates: Vec<Arc<Link>> = {
+            let mut l = links.lock();
+            l.retain(|w| w.strong_count() > 0);
+            l.iter().filter_map(Weak::upgrade).filter(|link| link.idle_for().is_some_and(|d| d >= idle)).collect()
         };
         for link in candidates {
             if let Some(connection) = link.live.lock().await.take() {
@@ -869,7 +860,7 @@ impl McpApp for Gateway {
     /// and the background sweeps. Upstream sessions are not ended: the
     /// tether sessions carry on after a restart or on another replica.
     async fn shutdown(&self) {
-        for task in lock(&self.tasks).drain(..) {
+        for task in self.tasks.lock().drain(..) {
             task.abort();
         }
         let closing = self.live_links().into_iter().map(|link| async move {

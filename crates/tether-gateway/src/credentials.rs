@@ -16,9 +16,10 @@
 //! upstream runs at a time, so a burst of new sessions asks once.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 use tether_client::{Bearer, oauth};
 use tether_wire::RpcError;
@@ -102,7 +103,7 @@ impl TokenSource {
         }
         let (token, lifetime) = self.fetch(subject).await.map_err(|e| self.error(&e))?;
         let now = Instant::now();
-        let mut cached = crate::lock(&self.cached);
+        let mut cached = self.cached.lock();
         if cached.len() >= MAX_CACHED {
             cached.retain(|_, c| c.refresh_at > now);
             if cached.len() >= MAX_CACHED {
@@ -114,7 +115,7 @@ impl TokenSource {
     }
 
     fn fresh(&self, key: &[u8; 32]) -> Option<String> {
-        let cached = crate::lock(&self.cached);
+        let cached = self.cached.lock();
         cached.get(key).filter(|c| c.refresh_at > Instant::now()).map(|c| c.token.clone())
     }
 
@@ -180,7 +181,7 @@ impl Credentials {
     /// next time the upstream's token is due).
     pub(crate) fn present(&self, client_authorization: Option<&str>) {
         if let Some(authorization) = client_authorization {
-            let mut caller = crate::lock(&self.caller);
+            let mut caller = self.caller.lock();
             if caller.as_deref() != Some(authorization) {
                 *caller = Some(authorization.to_owned());
             }
@@ -189,7 +190,7 @@ impl Credentials {
 
     /// Makes sure the cell holds a current token.
     pub(crate) async fn refresh(&self) -> Result<(), RpcError> {
-        let caller = crate::lock(&self.caller).clone();
+        let caller = self.caller.lock().clone();
         let token = self.tokens.token(caller.as_deref()).await?;
         self.bearer.set(&token).map_err(|e| self.tokens.error(&e.to_string()))
     }

@@ -13,11 +13,12 @@
 //! runtime reads on), and a 404 (the upstream forgot its
 //! session) turning the connection dead so the gateway starts a new one.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use parking_lot::Mutex;
 use serde_json::Value;
 use serde_json::value::RawValue;
 use tether_client::{ClientError, ClientOptions, PeerMessage, RequestTrack, Session};
@@ -27,7 +28,6 @@ use tokio::sync::mpsc;
 use crate::config::UrlSpec;
 use crate::connector::{Capacity, Connector, StartRequest};
 use crate::credentials::{Credentials, TokenSource};
-use crate::lock;
 use crate::passthrough::Passthrough;
 use crate::upstream::{PeerSink, Started, UPSTREAM_FORGOT_SESSION, Upstream};
 
@@ -274,7 +274,7 @@ pub(crate) fn client_options(
 impl HttpUpstream {
     /// What [`attach`] needs to carry this upstream session on elsewhere.
     fn carry_on(&self) -> Option<Value> {
-        let client = lock(&self.client);
+        let client = self.client.lock();
         let client = client.as_ref()?;
         let session_id = client.session_id()?;
         Some(serde_json::json!({"sessionId": session_id, "protocolVersion": client.protocol_version()}))
@@ -330,7 +330,7 @@ impl HttpUpstream {
     }
 
     fn client(&self) -> Result<Session, RpcError> {
-        match lock(&self.client).as_ref() {
+        match self.client.lock().as_ref() {
             Some(client) if self.is_alive() => Ok(client.clone()),
             _ => Err(RpcError::internal(format!(
                 "upstream {} at {}: this upstream session has ended; a new request opens another",
@@ -343,7 +343,7 @@ impl HttpUpstream {
     /// the client runtime session (returned, for a `close` that ends it).
     fn die(&self) -> Option<Session> {
         self.alive.store(false, Ordering::Release);
-        lock(&self.client).take()
+        self.client.lock().take()
     }
 
     /// Maps a failure; a 404 (the upstream forgot the session) ends this connection.

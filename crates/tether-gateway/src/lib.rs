@@ -46,9 +46,3 @@ mod virtual_server;
 
 pub use app::Gateway;
 pub use virtual_server::VirtualServer;
-
-/// The one lock helper of the gateway's std mutexes: nothing panics while
-/// holding them, so a poisoned one is still consistent.
-pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}

@@ -18,9 +18,10 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use serde_json::Value;
 use tether_server::{ClientAuthorization, RequestCtx, SessionCtx};
 
@@ -121,9 +122,7 @@ pub(crate) struct InFlightGuard<'a> {
 
 impl Drop for InFlightGuard<'_> {
     fn drop(&mut self) {
-        if let Ok(mut map) = self.link.in_flight.lock() {
-            map.remove(&self.key);
-        }
+        self.link.in_flight.lock().remove(&self.key);
         self.link.touch();
     }
 }
@@ -133,7 +132,7 @@ impl Link {
     /// for later, or (for a request or notification without one) the
     /// latest remembered.
     pub(crate) fn authorization(&self, presented: Option<&ClientAuthorization>) -> Option<ClientAuthorization> {
-        let Ok(mut latest) = self.authorization.lock() else { return presented.cloned() };
+        let mut latest = self.authorization.lock();
         if let Some(presented) = presented {
             *latest = Some(presented.clone());
         }
@@ -143,23 +142,20 @@ impl Link {
     /// Notes a client request going through the link (until the guard drops).
     pub(crate) fn enter(&self, ctx: &RequestCtx, progress: Option<Progress>) -> InFlightGuard<'_> {
         let key = self.next.fetch_add(1, Ordering::Relaxed);
-        if let Ok(mut map) = self.in_flight.lock() {
-            map.insert(key, InFlight { ctx: ctx.clone(), progress });
-        }
+        self.in_flight.lock().insert(key, InFlight { ctx: ctx.clone(), progress });
         self.touch();
         InFlightGuard { link: self, key }
     }
 
     pub(crate) fn set_principal(&self, principal: &str) {
-        if let Ok(mut p) = self.principal.lock()
-            && p.as_deref() != Some(principal)
-        {
+        let mut p = self.principal.lock();
+        if p.as_deref() != Some(principal) {
             *p = Some(principal.to_owned());
         }
     }
 
     pub(crate) fn principal(&self) -> Option<String> {
-        self.principal.lock().ok().and_then(|p| p.clone())
+        self.principal.lock().clone()
     }
 
     /// Whether a connection is live now (false while one is being made).
@@ -168,18 +164,16 @@ impl Link {
     }
 
     pub(crate) fn touch(&self) {
-        if let Ok(mut at) = self.last_used.lock() {
-            *at = Some(Instant::now());
-        }
+        *self.last_used.lock() = Some(Instant::now());
     }
 
     /// Nothing in flight since this long (None: never used or busy).
     pub(crate) fn idle_for(&self) -> Option<Duration> {
-        let busy = self.in_flight.lock().map(|m| !m.is_empty()).unwrap_or(true);
+        let busy = !self.in_flight.lock().is_empty();
         if busy {
             return None;
         }
-        self.last_used.lock().ok().and_then(|at| *at).map(|at| at.elapsed())
+        self.last_used.lock().map(|at| at.elapsed())
     }
 
     /// Where a message of the upstream goes: to the request whose issued
@@ -188,7 +182,7 @@ impl Link {
     /// way to say) or the session's standalone stream (`None` context). A
     /// message under a token no request here was issued is foreign: `Err`.
     fn route(&self, message: PeerMessage) -> Result<(Option<RequestCtx>, PeerMessage), PeerMessage> {
-        let Ok(map) = self.in_flight.lock() else { return Ok((None, message)) };
+        let map = self.in_flight.lock();
         let token = match &message {
             PeerMessage::Notification { params, .. } | PeerMessage::Request { params, .. } => {
                 params.as_ref().and_then(|p| p.get("progressToken")).cloned()
@@ -361,7 +355,7 @@ impl LinkSink {
         if self.session.set(session.clone()).is_err() {
             return false;
         }
-        let parked = self.parked.lock().map(|mut p| std::mem::take(&mut *p)).unwrap_or_default();
+        let parked = std::mem::take(&mut *self.parked.lock());
         for message in parked {
             self.dispatch(session, message).await;
         }
@@ -395,7 +389,7 @@ impl PeerSink for LinkSink {
             match self.session.get() {
                 Some(session) => self.dispatch(session, message).await,
                 None => {
-                    let Ok(mut parked) = self.parked.lock() else { return };
+                    let mut parked = self.parked.lock();
                     if parked.len() >= PARKED_MAX {
                         tracing::debug!(upstream = %self.upstream_name, "too many messages before the session's first request; dropping the oldest");
                         parked.pop_front();

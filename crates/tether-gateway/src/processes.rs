@@ -11,14 +11,13 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use serde_json::json;
 use tether_wire::RpcError;
 use tokio::sync::Notify;
-
-use crate::lock;
 
 /// Which limit a request met.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,7 +55,7 @@ pub struct ProcessPermit {
 impl Drop for ProcessPermit {
     fn drop(&mut self) {
         {
-            let mut counts = lock(&self.processes.state);
+            let mut counts = self.processes.state.lock();
             counts.live = counts.live.saturating_sub(1);
             if let Some(n) = counts.by_principal.get_mut(&self.principal) {
                 *n -= 1;
@@ -84,12 +83,12 @@ impl Processes {
 
     /// Children alive now (permits held).
     pub fn live(&self) -> usize {
-        lock(&self.state).live
+        self.state.lock().live
     }
 
     /// A permit for `principal` if there is room now, else the limit met.
     pub fn try_take(self: &Arc<Self>, principal: &str) -> Result<ProcessPermit, Limit> {
-        let mut counts = lock(&self.state);
+        let mut counts = self.state.lock();
         if counts.live >= self.max {
             return Err(Limit::Total);
         }

@@ -21,9 +21,10 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use serde_json::{Map, Value, json};
 use tether_server::{OperationCtx, RawResult, RequestCtx, RpcError};
 use tether_wire::{meta, revision};
@@ -105,7 +106,7 @@ pub(crate) struct Pool {
 
 impl Drop for Pool {
     fn drop(&mut self) {
-        if let Some(sweeper) = self.sweeper.lock().ok().and_then(|mut s| s.take()) {
+        if let Some(sweeper) = self.sweeper.get_mut().take() {
             sweeper.abort();
         }
     }
@@ -141,18 +142,12 @@ pub(crate) struct Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        if let Ok(mut holder) = self.pooled.holder.lock() {
-            *holder = None;
-        }
+        *self.pooled.holder.lock() = None;
         if !self.pooled.upstream.is_alive() {
             return;
         }
-        if let Ok(mut at) = self.pooled.idle_since.lock() {
-            *at = Instant::now();
-        }
-        if let Ok(mut idle) = self.pool.idle.lock() {
-            idle.entry(self.principal.clone()).or_default().push(self.pooled.clone());
-        }
+        *self.pooled.idle_since.lock() = Instant::now();
+        self.pool.idle.lock().entry(self.principal.clone()).or_default().push(self.pooled.clone());
     }
 }
 
@@ -163,7 +158,7 @@ impl Held {
     pub(crate) async fn want_log_level(&self, level: Option<&str>) {
         let Some(level) = level else { return };
         {
-            let Ok(mut current) = self.pooled.log_level.lock() else { return };
+            let mut current = self.pooled.log_level.lock();
             if current.as_deref() == Some(level) {
                 return;
             }
@@ -201,15 +196,13 @@ impl Pool {
             sweeper: Mutex::default(),
         });
         let sweeper = tokio::spawn(sweep_idle(Arc::downgrade(&pool), idle_timeout));
-        if let Ok(mut slot) = pool.sweeper.lock() {
-            *slot = Some(sweeper);
-        }
+        *pool.sweeper.lock() = Some(sweeper);
         pool
     }
 
     /// An idle live connection of `principal`, if the pool has one.
     fn take_idle(&self, principal: &str) -> Option<Arc<Pooled>> {
-        let mut idle = self.idle.lock().ok()?;
+        let mut idle = self.idle.lock();
         let list = idle.get_mut(principal)?;
         while let Some(pooled) = list.pop() {
             if pooled.upstream.is_alive() {
@@ -235,31 +228,33 @@ impl Pool {
     /// Closes every idle connection (at shutdown), in parallel, and stops
     /// the sweep.
     pub(crate) async fn close_all(&self) {
-        if let Some(sweeper) = self.sweeper.lock().ok().and_then(|mut s| s.take()) {
+        if let Some(sweeper) = self.sweeper.lock().take() {
             sweeper.abort();
         }
-        let idle: Vec<Arc<Pooled>> =
-            self.idle.lock().map(|mut idle| idle.drain().flat_map(|(_, list)| list).collect()).unwrap_or_default();
+        let idle: Vec<Arc<Pooled>> = self.idle.lock().drain().flat_map(|(_, list)| list).collect();
         futures::future::join_all(idle.iter().map(|pooled| pooled.upstream.close(false))).await;
     }
 
     /// Closes the least recently used idle connection (of `principal` only,
     /// if given); false if there was none.
     pub(crate) async fn close_oldest_idle(&self, principal: Option<&str>) -> bool {
-        let oldest = self.idle.lock().ok().and_then(|mut idle| {
-            let (owner, index) = idle
+        let oldest = {
+            let mut idle = self.idle.lock();
+            let found = idle
                 .iter()
                 .filter(|(p, _)| principal.is_none_or(|only| only == p.as_str()))
                 .flat_map(|(p, list)| list.iter().enumerate().map(move |(i, c)| (p.clone(), i, c.idle_for())))
                 .max_by_key(|(_, _, idle_for)| *idle_for)
-                .map(|(p, i, _)| (p, i))?;
-            let list = idle.get_mut(&owner)?;
-            let pooled = list.remove(index);
-            if list.is_empty() {
-                idle.remove(&owner);
-            }
-            Some(pooled)
-        });
+                .map(|(p, i, _)| (p, i));
+            found.and_then(|(owner, index)| {
+                let list = idle.get_mut(&owner)?;
+                let pooled = list.remove(index);
+                if list.is_empty() {
+                    idle.remove(&owner);
+                }
+                Some(pooled)
+            })
+        };
         let Some(pooled) = oldest else { return false };
         pooled.upstream.close(true).await;
         true
@@ -315,9 +310,7 @@ impl Pool {
                 pooled
             }
         };
-        if let Ok(mut h) = pooled.holder.lock() {
-            *h = Some(holder);
-        }
+        *pooled.holder.lock() = Some(holder);
         Ok(Held { pooled, pool: self.clone(), principal: principal.to_owned() })
     }
 }
@@ -387,11 +380,11 @@ impl Pooled {
 
 impl Pooled {
     fn idle_for(&self) -> Duration {
-        self.idle_since.lock().map(|at| at.elapsed()).unwrap_or_default()
+        self.idle_since.lock().elapsed()
     }
 
     fn holder(&self) -> Option<Holder> {
-        self.holder.lock().ok().and_then(|h| h.clone())
+        self.holder.lock().clone()
     }
 }
 
@@ -401,18 +394,16 @@ async fn sweep_idle(pool: Weak<Pool>, idle: Duration) {
     loop {
         tick.tick().await;
         let Some(pool) = pool.upgrade() else { return };
-        let stale: Vec<Arc<Pooled>> = match pool.idle.lock() {
-            Ok(mut map) => {
-                let mut stale = Vec::new();
-                for list in map.values_mut() {
-                    let (old, keep): (Vec<_>, Vec<_>) = list.drain(..).partition(|c| c.idle_for() >= idle);
-                    *list = keep;
-                    stale.extend(old);
-                }
-                map.retain(|_, list| !list.is_empty());
-                stale
+        let stale: Vec<Arc<Pooled>> = {
+            let mut map = pool.idle.lock();
+            let mut stale = Vec::new();
+            for list in map.values_mut() {
+                let (old, keep): (Vec<_>, Vec<_>) = list.drain(..).partition(|c| c.idle_for() >= idle);
+                *list = keep;
+                stale.extend(old);
             }
-            Err(_) => return,
+            map.retain(|_, list| !list.is_empty());
+            stale
         };
         for pooled in stale {
             tracing::info!("closing an idle upstream connection of sessionless clients");

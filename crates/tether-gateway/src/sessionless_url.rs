@@ -13,11 +13,12 @@
 //! one.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use parking_lot::Mutex;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use tether_client::{ClientError, Session};
@@ -113,7 +114,7 @@ impl SessionlessUrlUpstream {
         let params = request.get("params").cloned();
         let id = self.next_ask.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        self.asks.lock().map_err(|_| ClientError::Transport("asks unusable".into()))?.insert(id, tx);
+        self.asks.lock().insert(id, tx);
         let forget = Forget { asks: &self.asks, id };
         self.asks_to.deliver(PeerMessage::Request { id: json!(id), method: method.clone(), params }).await;
         let answer = tokio::time::timeout(ASK_WAIT, rx).await;
@@ -135,9 +136,7 @@ struct Forget<'a> {
 
 impl Drop for Forget<'_> {
     fn drop(&mut self) {
-        if let Ok(mut asks) = self.asks.lock() {
-            asks.remove(&self.id);
-        }
+        self.asks.lock().remove(&self.id);
     }
 }
 
@@ -148,9 +147,7 @@ impl Upstream for SessionlessUrlUpstream {
             // The session's log level goes with every request from now on.
             "logging/setLevel" => {
                 let level = params.as_ref().and_then(|p| p.get("level")).cloned();
-                if let Ok(mut kept) = self.log_level.lock() {
-                    *kept = level;
-                }
+                *self.log_level.lock() = level;
                 return tether_server::raw_result(&json!({}));
             }
             "resources/subscribe" | "resources/unsubscribe" => {
@@ -161,7 +158,7 @@ impl Upstream for SessionlessUrlUpstream {
             }
             _ => {}
         }
-        let level = self.log_level.lock().ok().and_then(|l| l.clone());
+        let level = self.log_level.lock().clone();
         if let Some(level) = level {
             let p = params.get_or_insert_with(|| json!({}));
             if !p.get("_meta").is_some_and(Value::is_object) {
@@ -195,7 +192,7 @@ impl Upstream for SessionlessUrlUpstream {
     }
 
     async fn answer(&self, id: Value, outcome: Result<Value, RpcError>) -> Result<(), RpcError> {
-        let waiting = id.as_u64().and_then(|id| self.asks.lock().ok()?.remove(&id));
+        let waiting = id.as_u64().and_then(|id| self.asks.lock().remove(&id));
         match waiting {
             Some(tx) => {
                 let _ = tx.send(outcome);

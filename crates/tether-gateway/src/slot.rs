@@ -7,15 +7,15 @@
 //! upstream sessions are held, stored and recovered one by one.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
+use parking_lot::Mutex;
 use serde_json::{Map, Value, json};
 use tether_server::{Initialize, SessionCtx, SessionEnd};
 
 use crate::catalog::Catalog;
 use crate::link::Link;
-use crate::lock;
 
 /// The app-state key of a member's durable state is this and its name.
 const MEMBER_KEY_PREFIX: &str = "member:";
@@ -56,11 +56,11 @@ pub(crate) struct Cached {
 
 impl Members {
     fn link(&self, member: &str) -> Arc<Link> {
-        lock(&self.links).entry(member.to_owned()).or_default().clone()
+        self.links.lock().entry(member.to_owned()).or_default().clone()
     }
 
     fn get(&self, member: &str) -> Option<Arc<Link>> {
-        lock(&self.links).get(member).cloned()
+        self.links.lock().get(member).cloned()
     }
 }
 

@@ -30,12 +30,13 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use parking_lot::Mutex;
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 use serde_json::value::RawValue;
@@ -50,7 +51,6 @@ use tokio::task::JoinHandle;
 use crate::burst::{Admit, Burst};
 use crate::config::CommandSpec;
 use crate::connector::{Capacity, Connector, StartRequest};
-use crate::lock;
 use crate::processes::{ProcessPermit, Processes};
 use crate::upstream::{PeerMessage, PeerSink, Started, UPSTREAM_RESTARTED, Upstream};
 
@@ -162,7 +162,7 @@ pub async fn start(
 
     let shared = Arc::new(Shared {
         upstream: upstream_name.to_owned(),
-        session: SessionTag(std::sync::RwLock::new(session.to_owned())),
+        session: SessionTag(parking_lot::RwLock::new(session.to_owned())),
         command,
         alive: AtomicBool::new(true),
         pending: Mutex::new(Pending::default()),
@@ -233,11 +233,11 @@ struct Shared {
 /// The tether session a child serves, as its log lines name it: the one it
 /// started for, renamed if that turns out to be another (a client that
 /// resumed an existing session in its `initialize`).
-struct SessionTag(std::sync::RwLock<String>);
+struct SessionTag(parking_lot::RwLock<String>);
 
 impl std::fmt::Display for SessionTag {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0.read().unwrap_or_else(|e| e.into_inner()))
+        f.write_str(&self.0.read())
     }
 }
 
@@ -259,7 +259,7 @@ struct Tasks {
 
 impl Shared {
     fn register(&self, id: u64, tx: oneshot::Sender<Answer>) -> Result<(), RpcError> {
-        let mut pending = lock(&self.pending);
+        let mut pending = self.pending.lock();
         if pending.ended {
             return Err(self.gone());
         }
@@ -275,7 +275,7 @@ impl Shared {
 
     /// Removes a request nobody waits for any more; true if it was still waiting.
     fn give_up(&self, id: u64) -> bool {
-        let mut pending = lock(&self.pending);
+        let mut pending = self.pending.lock();
         let was_waiting = pending.waiting.remove(&id).is_some();
         if was_waiting {
             if pending.given_up.len() >= RECENTLY_GIVEN_UP {
@@ -289,7 +289,7 @@ impl Shared {
     fn answered(&self, id: &Value, answer: Answer) {
         let n = our_id(id);
         let (waiter, given_up) = {
-            let mut pending = lock(&self.pending);
+            let mut pending = self.pending.lock();
             let waiter = n.and_then(|n| pending.waiting.remove(&n));
             (waiter, n.is_some_and(|n| pending.given_up.contains(&n)))
         };
@@ -310,7 +310,7 @@ impl Shared {
     fn unreadable(&self, head: &[u8], tail: &[u8], why: &str) {
         let salvaged = ndjson::salvage_id(head, tail);
         let waiter = {
-            let mut pending = lock(&self.pending);
+            let mut pending = self.pending.lock();
             let id = match salvaged.id.as_ref().and_then(our_id) {
                 Some(id) => Some(id),
                 None if salvaged.is_answer && !salvaged.has_method && pending.waiting.len() == 1 => {
@@ -332,7 +332,7 @@ impl Shared {
     /// Counts and (boundedly) logs a line that reached no request.
     fn skipped(&self, what: std::fmt::Arguments<'_>) {
         tether_server::metrics::upstream_dropped(&self.upstream, tether_server::metrics::Dropped::Unreadable);
-        if let Admit::Log { left_out } = lock(&self.unreadable).admit() {
+        if let Admit::Log { left_out } = self.unreadable.lock().admit() {
             let also =
                 if left_out > 0 { format!(" ({left_out} more such lines were skipped without a word)") } else { String::new() };
             tracing::warn!(upstream = %self.upstream, session = %self.session, "skipping {what}{also}");
@@ -343,7 +343,7 @@ impl Shared {
     fn end(&self) {
         self.alive.store(false, Ordering::Release);
         let waiting = {
-            let mut pending = lock(&self.pending);
+            let mut pending = self.pending.lock();
             pending.ended = true;
             std::mem::take(&mut pending.waiting)
         };
@@ -363,7 +363,7 @@ impl Shared {
 
     /// "; its last stderr line: …" for error messages.
     fn stderr_hint(&self) -> String {
-        match lock(&self.last_stderr).as_deref() {
+        match self.last_stderr.lock().as_deref() {
             Some(line) => format!("; its last stderr line: {line}"),
             None => "; it wrote nothing on stderr".to_owned(),
         }
@@ -521,7 +521,7 @@ impl Upstream for StdioUpstream {
     }
 
     fn tag_session(&self, session: &str) {
-        let mut tag = self.shared.session.0.write().unwrap_or_else(|e| e.into_inner());
+        let mut tag = self.shared.session.0.write();
         if *tag != session {
             session.clone_into(&mut tag);
         }
@@ -684,7 +684,7 @@ async fn read_stderr(stderr: ChildStderr, shared: Arc<Shared>) {
             Admit::Drop => {}
         }
         let last: String = text.chars().take(LAST_STDERR_MAX).collect();
-        *lock(&shared.last_stderr) = Some(last);
+        *shared.last_stderr.lock() = Some(last);
     }
 }
 

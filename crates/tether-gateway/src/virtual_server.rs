@@ -37,7 +37,6 @@ use crate::app::{Gateway, NOTE_MEMBER, Notes};
 use crate::catalog::{self, Catalog, Listed};
 use crate::config::{MemberDown, Naming, ServerConfig};
 use crate::link::ListChanges;
-use crate::lock;
 use crate::slot::{Cached, Members};
 
 /// What each member listed (`None`: it could not be reached), in member order.
@@ -63,19 +62,19 @@ pub struct VirtualServer {
     changes: Arc<Changes>,
     /// The members down at the last look of any client (`None`: no look
     /// yet), and when that look was.
-    down: std::sync::Mutex<Option<Vec<usize>>>,
-    looked: std::sync::Mutex<Option<Instant>>,
+    down: parking_lot::Mutex<Option<Vec<usize>>>,
+    looked: parking_lot::Mutex<Option<Instant>>,
     /// Tells this server's cached lists from those of the one a reload replaced.
     epoch: u64,
     /// The members' lists last read and their catalog (see [`Self::shared`]).
-    last_catalog: std::sync::Mutex<Option<(AllListed, Arc<Catalog>)>>,
+    last_catalog: parking_lot::Mutex<Option<(AllListed, Arc<Catalog>)>>,
 }
 
 impl VirtualServer {
     /// The virtual server of `config`, its members taken from `upstreams`
     /// (the gateways of every configured upstream, by name).
     pub fn new(config: ServerConfig, upstreams: &HashMap<String, Arc<Gateway>>) -> Result<Arc<Self>, String> {
-        let changes = Arc::new(Changes { sender: broadcast::channel(16).0, pending: std::sync::Mutex::default() });
+        let changes = Arc::new(Changes { sender: broadcast::channel(16).0, pending: parking_lot::Mutex::default() });
         let relay: Arc<dyn ListChanges> = Arc::new(Relay { changes: changes.clone() });
         let members = config
             .upstreams
@@ -89,10 +88,10 @@ impl VirtualServer {
             config,
             members,
             changes,
-            down: std::sync::Mutex::default(),
-            looked: std::sync::Mutex::default(),
+            down: parking_lot::Mutex::default(),
+            looked: parking_lot::Mutex::default(),
             epoch: rand::random(),
-            last_catalog: std::sync::Mutex::default(),
+            last_catalog: parking_lot::Mutex::default(),
         }))
     }
 
@@ -159,7 +158,7 @@ impl VirtualServer {
         let fresh = |cached: &Cached| {
             cached.epoch == self.epoch && (cached.catalog.down.is_empty() || cached.at.elapsed() < DOWN_RECHECK)
         };
-        if let Some(cached) = members.as_ref().and_then(|m| lock(&m.catalog).clone().filter(fresh)) {
+        if let Some(cached) = members.as_ref().and_then(|m| m.catalog.lock().clone().filter(fresh)) {
             return cached.catalog;
         }
         let app_state = match &session {
@@ -186,21 +185,21 @@ impl VirtualServer {
         for collision in &catalog.collisions {
             tracing::warn!(server = %self.config.name, "{collision}; the first keeps it");
         }
-        *lock(&self.looked) = Some(Instant::now());
-        let before = lock(&self.down).replace(catalog.down.clone());
+        *self.looked.lock() = Some(Instant::now());
+        let before = self.down.lock().replace(catalog.down.clone());
         if before.is_some_and(|before| before != catalog.down) {
             for method in LISTS {
                 self.changes.publish(method);
             }
         }
         if let (Some(session), Some(members)) = (session, members) {
-            let before = lock(&members.down).replace(catalog.down.clone());
+            let before = members.down.lock().replace(catalog.down.clone());
             if before.is_some_and(|before| before != catalog.down) {
                 for method in LISTS {
                     tell(&session, &members, method);
                 }
             }
-            *lock(&members.catalog) = Some(Cached { catalog: catalog.clone(), at: Instant::now(), epoch: self.epoch });
+            *members.catalog.lock() = Some(Cached { catalog: catalog.clone(), at: Instant::now(), epoch: self.epoch });
         }
         catalog
     }
@@ -209,7 +208,7 @@ impl VirtualServer {
     /// the same (as they do for most sessions), so sessions share it rather
     /// than each holding a copy of every member's lists.
     fn shared(&self, listed: Vec<Option<Listed>>) -> Arc<Catalog> {
-        let mut last = lock(&self.last_catalog);
+        let mut last = self.last_catalog.lock();
         if let Some((same, catalog)) = last.as_ref()
             && *same == listed
         {
@@ -316,7 +315,7 @@ impl VirtualServer {
             && let Some(session) = ctx.session()
             && !self.members[member].is_live(&session)
         {
-            *lock(&session.local::<Members>().catalog) = None;
+            *session.local::<Members>().catalog.lock() = None;
         }
         answer
     }
@@ -456,13 +455,13 @@ async fn read_lists(ask: &Ask<'_>, capabilities: Option<&Value>) -> Option<Liste
 /// Tells the session's client `method` (a `list_changed`) once within
 /// [`DEBOUNCE`], however often it is asked meanwhile.
 fn tell(session: &SessionCtx, members: &Arc<Members>, method: &str) {
-    if !lock(&members.pending).insert(method.to_owned()) {
+    if !members.pending.lock().insert(method.to_owned()) {
         return;
     }
     let (task_session, members, method) = (session.clone(), members.clone(), method.to_owned());
     session.spawn(async move {
         tokio::time::sleep(DEBOUNCE).await;
-        lock(&members.pending).remove(&method);
+        members.pending.lock().remove(&method);
         if let Err(e) = task_session.notify(&method, None).await {
             tracing::debug!(session = task_session.session_id(), %method, error = %e.message, "list_changed not delivered");
         }
@@ -473,19 +472,19 @@ fn tell(session: &SessionCtx, members: &Arc<Members>, method: &str) {
 /// method goes out once within [`DEBOUNCE`], however often it comes.
 struct Changes {
     sender: broadcast::Sender<String>,
-    pending: std::sync::Mutex<HashSet<String>>,
+    pending: parking_lot::Mutex<HashSet<String>>,
 }
 
 impl Changes {
     fn publish(self: &Arc<Self>, method: &str) {
-        if self.sender.receiver_count() == 0 || !lock(&self.pending).insert(method.to_owned()) {
+        if self.sender.receiver_count() == 0 || !self.pending.lock().insert(method.to_owned()) {
             return;
         }
         let (changes, method) = (self.clone(), method.to_owned());
         // At most one per list method at a time, ending after DEBOUNCE.
         tokio::spawn(async move {
             tokio::time::sleep(DEBOUNCE).await;
-            lock(&changes.pending).remove(&method);
+            changes.pending.lock().remove(&method);
             let _ = changes.sender.send(method);
         });
     }
@@ -502,7 +501,7 @@ impl ListChanges for Relay {
     fn changed<'a>(&'a self, session: &'a SessionCtx, method: &'a str) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             let members = session.local::<Members>();
-            *lock(&members.catalog) = None;
+            *members.catalog.lock() = None;
             tell(session, &members, method);
             self.changes.publish(method);
         })
@@ -533,8 +532,8 @@ impl McpApp for VirtualServer {
                     down.push(member);
                 }
                 Err(e) => {
-                    *lock(&self.looked) = Some(Instant::now());
-                    *lock(&self.down) = Some(vec![member]);
+                    *self.looked.lock() = Some(Instant::now());
+                    *self.down.lock() = Some(vec![member]);
                     return Err(RpcError::unavailable(
                         format!("{}: {}", self.member_down(member).message, e.message),
                         gateway.name(),
@@ -548,7 +547,7 @@ impl McpApp for VirtualServer {
                 &self.config.name,
             ));
         }
-        *lock(&init.local::<Members>().down) = Some(down);
+        *init.local::<Members>().down.lock() = Some(down);
         let requested = init.caller.protocol_version().to_owned();
         Ok(self.merged(&answered, &requested))
     }
@@ -621,7 +620,7 @@ impl McpApp for VirtualServer {
         app_state: &Map<String, Value>,
         local: Option<&(dyn std::any::Any + Send + Sync)>,
     ) -> Option<Value> {
-        let down = local.and_then(|l| l.downcast_ref::<Members>()).and_then(|m| lock(&m.down).clone()).unwrap_or_default();
+        let down = local.and_then(|l| l.downcast_ref::<Members>()).and_then(|m| m.down.lock().clone()).unwrap_or_default();
         let views = self.members.iter().enumerate().map(|(i, member)| {
             let mut view = member.session_view(app_state, local);
             view["down"] = json!(down.contains(&i));
@@ -637,8 +636,8 @@ impl McpApp for VirtualServer {
         if self.config.on_member_down != MemberDown::Fail {
             return None;
         }
-        let recent = lock(&self.looked).is_some_and(|at| at.elapsed() < DOWN_RECHECK);
-        let down = lock(&self.down).as_ref().and_then(|d| d.first().copied());
+        let recent = self.looked.lock().is_some_and(|at| at.elapsed() < DOWN_RECHECK);
+        let down = self.down.lock().as_ref().and_then(|d| d.first().copied());
         down.filter(|_| recent).map(|member| self.member_down(member))
     }
 

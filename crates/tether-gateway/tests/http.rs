@@ -13,7 +13,7 @@ use tether_gateway::http;
 use tether_gateway::upstream::{PeerMessage, PeerSink, UPSTREAM_FORGOT_SESSION, Upstream};
 use tether_server::http::{ANONYMOUS, Auth};
 use tether_server::rmcp_model::{CallToolResult, Implementation, Tool};
-use tether_server::{Engine, RequestCtx, RpcError, ServerConfig, ToolApp, ToolRouter};
+use tether_server::{Engine, EngineConfig, RequestCtx, RpcError, ToolApp, ToolRouter};
 use tether_store::StoreConfig;
 use tether_store::memory::MemoryStore;
 use tether_wire::code;
@@ -74,10 +74,10 @@ impl ToolApp for Tools {
 /// A server on 127.0.0.1:<random>; its engine, for looking behind the HTTP front.
 async fn serve(auth: Auth) -> (UrlSpec, Engine) {
     let store = Arc::new(MemoryStore::new(StoreConfig::default()));
-    let engine = Engine::new(store, Arc::new(ToolRouter::new(Tools)), ServerConfig::default());
+    let engine = Engine::new(store, Arc::new(ToolRouter::new(Tools)), EngineConfig::default());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(tether_server::http::serve(listener, engine.clone(), auth, std::future::pending()));
+    tokio::spawn(tether_server::http::serve(listener, engine.clone(), auth, Default::default(), std::future::pending()));
     (UrlSpec::new(format!("http://{addr}/mcp")), engine)
 }
 

@@ -5,9 +5,10 @@
 
 use std::future::Future;
 use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tether_gateway::config::CommandSpec;
 use tether_gateway::processes::{ProcessPermit, Processes};
@@ -94,7 +95,7 @@ struct Logs(Arc<Mutex<Vec<u8>>>);
 
 impl Write for Logs {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).extend_from_slice(buf);
+        self.0.lock().extend_from_slice(buf);
         Ok(buf.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -114,7 +115,7 @@ impl Logs {
     }
 
     fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|e| e.into_inner())).into_owned()
+        String::from_utf8_lossy(&self.0.lock()).into_owned()
     }
 }
 

@@ -152,7 +152,7 @@ impl<'a> Initialize<'a> {
 /// while the engine serves (SIGHUP: upstreams added, removed, changed).
 #[derive(Clone)]
 pub struct Endpoints {
-    apps: Arc<std::sync::RwLock<std::collections::HashMap<String, Arc<dyn McpApp>>>>,
+    apps: Arc<parking_lot::RwLock<std::collections::HashMap<String, Arc<dyn McpApp>>>>,
 }
 
 /// The name of the root endpoint (`/mcp`).
@@ -161,7 +161,7 @@ pub const ROOT_ENDPOINT: &str = "";
 impl Endpoints {
     pub fn new(root: Arc<dyn McpApp>) -> Self {
         let apps = std::collections::HashMap::from([(ROOT_ENDPOINT.to_owned(), root)]);
-        Self { apps: Arc::new(std::sync::RwLock::new(apps)) }
+        Self { apps: Arc::new(parking_lot::RwLock::new(apps)) }
     }
 
     /// Adds `/mcp/NAME`.
@@ -172,20 +172,20 @@ impl Endpoints {
 
     /// Serves `app` at `/mcp/NAME` from now on (replacing what was there).
     pub fn set(&self, name: impl Into<String>, app: Arc<dyn McpApp>) {
-        self.apps.write().unwrap_or_else(|p| p.into_inner()).insert(name.into(), app);
+        self.apps.write().insert(name.into(), app);
     }
 
     /// Stops serving `/mcp/NAME` (never the root); its sessions are then "not found".
     pub fn remove(&self, name: &str) -> bool {
-        name != ROOT_ENDPOINT && self.apps.write().unwrap_or_else(|p| p.into_inner()).remove(name).is_some()
+        name != ROOT_ENDPOINT && self.apps.write().remove(name).is_some()
     }
 
     pub fn get(&self, name: &str) -> Option<Arc<dyn McpApp>> {
-        self.apps.read().unwrap_or_else(|p| p.into_inner()).get(name).cloned()
+        self.apps.read().get(name).cloned()
     }
 
     pub fn all(&self) -> std::vec::IntoIter<Arc<dyn McpApp>> {
-        self.apps.read().unwrap_or_else(|p| p.into_inner()).values().cloned().collect::<Vec<_>>().into_iter()
+        self.apps.read().values().cloned().collect::<Vec<_>>().into_iter()
     }
 }
 

@@ -1,23 +1,15 @@
-//! Server settings, with the defaults `tether serve` documents.
+//! The engine's settings (sessions, requests, streams, tasks, replicas),
+//! with the defaults `tether serve` documents. The HTTP front's own
+//! settings (bodies, origins, hosts, connections) are
+//! [`crate::http::HttpConfig`].
 
 use std::time::Duration;
 
-/// Limits and behaviour of one server. Every limit has a documented default.
+/// Limits and behaviour of one engine. Every limit has a documented default.
 #[derive(Debug, Clone)]
-pub struct ServerConfig {
+pub struct EngineConfig {
     /// A session lives this long after its last activity (`--session-ttl`).
     pub session_ttl: Duration,
-    /// Largest accepted POST body (`--max-body`).
-    pub max_body: usize,
-    /// Origins allowed besides localhost ones (`--allowed-origin`).
-    pub allowed_origins: Vec<String>,
-    /// The names a request's `Host` may carry on every route (none: any;
-    /// `tether serve` sets the loopback names when bound to loopback).
-    pub allowed_hosts: Option<crate::http::AllowedHosts>,
-    /// Answer POSTed requests with plain JSON instead of SSE (`--json-response`).
-    pub json_response: bool,
-    /// The `retry` (ms) announced on every stream.
-    pub sse_retry_ms: u64,
     /// A request still running after this long gets its priming event
     /// stored and sent on its own; quicker ones store it with the response
     /// in one commit.
@@ -66,30 +58,12 @@ pub struct ServerConfig {
     /// Tasks one principal may have running here at once (under the
     /// ceiling above); beyond it a new one is refused (429).
     pub max_tasks_per_principal: usize,
-    /// A connection must deliver a request's complete head (request line
-    /// and headers) within this long after it opened or after its first
-    /// byte arrived (`--header-timeout`); else it is closed.
-    pub header_timeout: Duration,
-    /// A keep-alive connection with no request in progress is closed after
-    /// this long (`--idle-timeout`). Streams are requests in progress.
-    pub idle_timeout: Duration,
-    /// A request's body must arrive within this long after its head
-    /// (`--body-timeout`); else 408 and the connection is closed.
-    pub body_timeout: Duration,
-    /// Open connections at once (`--max-connections`); beyond it new ones
-    /// wait in the listen backlog until one closes.
-    pub max_connections: usize,
 }
 
-impl Default for ServerConfig {
+impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             session_ttl: Duration::from_secs(30 * 60),
-            max_body: 4 * 1024 * 1024,
-            allowed_origins: Vec::new(),
-            allowed_hosts: None,
-            json_response: false,
-            sse_retry_ms: 1000,
             prime_delay: Duration::from_millis(20),
             keepalive: Duration::from_secs(15),
             max_inflight_per_session: 64,
@@ -108,10 +82,6 @@ impl Default for ServerConfig {
             max_listen_streams_per_principal: 64,
             max_tasks: 1024,
             max_tasks_per_principal: 64,
-            header_timeout: Duration::from_secs(30),
-            idle_timeout: Duration::from_secs(120),
-            body_timeout: Duration::from_secs(60),
-            max_connections: 10_000,
         }
     }
 }

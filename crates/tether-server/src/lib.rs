@@ -28,7 +28,7 @@ pub use app::{
     Caller, ClientAuthorization, ClientDeclaration, CutOff, EndReason, Endpoints, Initialize, McpApp, OperationCtx,
     OperationRunner, OperationSpec, ROOT_ENDPOINT, RawResult, RequestCtx, RpcError, SessionCtx, SessionEnd, raw_result,
 };
-pub use config::ServerConfig;
+pub use config::EngineConfig;
 pub use engine::Engine;
 pub use tools::{ToolApp, ToolRouter};
 

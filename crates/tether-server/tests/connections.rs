@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use support::*;
-use tether_server::ServerConfig;
+use tether_server::EngineConfig;
+use tether_server::http::HttpConfig;
 use tether_store::StoreConfig;
 use tether_store::memory::MemoryStore;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -21,18 +22,13 @@ const HEADER: Duration = Duration::from_millis(300);
 const IDLE: Duration = Duration::from_millis(1500);
 const BODY: Duration = Duration::from_millis(400);
 
-fn config() -> ServerConfig {
-    ServerConfig {
-        header_timeout: HEADER,
-        idle_timeout: IDLE,
-        body_timeout: BODY,
-        keepalive: Duration::from_millis(100),
-        ..ServerConfig::default()
-    }
+fn config() -> HttpConfig {
+    HttpConfig { header_timeout: HEADER, idle_timeout: IDLE, body_timeout: BODY, ..HttpConfig::default() }
 }
 
-async fn server(config: ServerConfig) -> std::net::SocketAddr {
-    serve(Arc::new(MemoryStore::new(StoreConfig::default())), config).await.0
+async fn server(http: HttpConfig) -> std::net::SocketAddr {
+    let engine = EngineConfig { keepalive: Duration::from_millis(100), ..EngineConfig::default() };
+    serve_http(Arc::new(MemoryStore::new(StoreConfig::default())), engine, http).await.0
 }
 
 fn healthz(close: bool) -> String {
@@ -97,7 +93,7 @@ async fn a_body_that_trickles_gets_408_and_the_connection_closes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_beyond_the_cap_wait_until_one_closes() {
-    let addr = server(ServerConfig { max_connections: 2, idle_timeout: Duration::from_secs(30), ..config() }).await;
+    let addr = server(HttpConfig { max_connections: 2, idle_timeout: Duration::from_secs(30), ..config() }).await;
     let mut held = Vec::new();
     for _ in 0..2 {
         let mut tcp = TcpStream::connect(addr).await.unwrap();

@@ -21,16 +21,17 @@
 mod support;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use support::history::{History, Report};
 use support::load::{Tally, client, replay_all};
 use support::proxy::{Mode, Proxy};
 use support::redis_server::{Cluster, RedisServer};
 use support::*;
-use tether_server::ServerConfig;
+use tether_server::EngineConfig;
 use tether_store::StoreConfig;
 use tether_store::redis::RedisStore;
 
@@ -89,7 +90,7 @@ async fn tethers(url: &str, strict: bool) -> Vec<SocketAddr> {
         };
         let store = RedisStore::open(url, config).await.unwrap_or_else(|e| panic!("tether on {url}: {e}"));
         let (addr, _engine) =
-            serve(Arc::new(store), ServerConfig { replica_lease: Duration::from_secs(2), ..ServerConfig::default() }).await;
+            serve(Arc::new(store), EngineConfig { replica_lease: Duration::from_secs(2), ..EngineConfig::default() }).await;
         addrs.push(addr);
     }
     addrs

@@ -13,17 +13,18 @@
 
 mod support;
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use support::history::History;
 use support::load::{Tally, client, replay_all, send};
 use support::proxy::{Mode, Proxy, redis_addr};
 use support::*;
-use tether_server::ServerConfig;
+use tether_server::EngineConfig;
 use tether_store::StoreConfig;
 use tether_store::redis::RedisStore;
 
@@ -47,7 +48,7 @@ async fn replicas_behind_proxies(n: usize, test: &str, lease: Duration) -> (Vec<
     let url = std::env::var("TETHER_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into());
     let upstream = redis_addr(&url).await;
     let prefix = format!("tether-test:{test}:{}:{}:", std::process::id(), rand::random::<u32>());
-    let config = ServerConfig { replica_lease: lease, ..ServerConfig::default() };
+    let config = EngineConfig { replica_lease: lease, ..EngineConfig::default() };
     let mut proxies = Vec::new();
     let mut addrs = Vec::new();
     for _ in 0..n {

@@ -6,15 +6,15 @@
 //! in crates/tether/tests), on the memory store.
 
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use serde_json::{Map, Value, json};
 use tether_server::engine::{EngineError, Frame, PostOutcome, Reply, Session};
 use tether_server::rmcp_model::{CallToolResult, ContentBlock, Implementation, Tool};
 use tether_server::{
-    EndReason, Engine, OperationCtx, OperationSpec, RequestCtx, RpcError, ServerConfig, SessionCtx, SessionEnd, ToolApp,
+    EndReason, Engine, EngineConfig, OperationCtx, OperationSpec, RequestCtx, RpcError, SessionCtx, SessionEnd, ToolApp,
     ToolRouter,
 };
 use tether_store::memory::MemoryStore;
@@ -103,13 +103,13 @@ impl ToolApp for TestTools {
         if method == "test/seq" {
             tokio::time::sleep(Duration::from_millis(2)).await;
             let seq = params.and_then(|p| p.get("seq").and_then(Value::as_u64)).unwrap_or(0);
-            self.0.notifications.lock().unwrap_or_else(|e| e.into_inner()).push(seq);
+            self.0.notifications.lock().push(seq);
         }
     }
 
     async fn on_session_end(&self, ended: SessionEnd) {
         let touched = ended.local::<Local>().map(|l| l.touched.load(Ordering::SeqCst));
-        self.0.ended.lock().unwrap_or_else(|e| e.into_inner()).push((ended.session_id.clone(), ended.reason, touched));
+        self.0.ended.lock().push((ended.session_id.clone(), ended.reason, touched));
     }
 }
 
@@ -119,17 +119,17 @@ struct Harness {
     seen: Arc<Seen>,
 }
 
-fn config() -> ServerConfig {
-    ServerConfig { resume_wait: Duration::from_millis(50), drain_timeout: Duration::from_millis(600), ..ServerConfig::default() }
+fn config() -> EngineConfig {
+    EngineConfig { resume_wait: Duration::from_millis(50), drain_timeout: Duration::from_millis(600), ..EngineConfig::default() }
 }
 
-fn harness_on(store: Arc<dyn Store>, config: ServerConfig) -> Harness {
+fn harness_on(store: Arc<dyn Store>, config: EngineConfig) -> Harness {
     let seen = Arc::new(Seen::default());
     let engine = Engine::new(store.clone(), Arc::new(ToolRouter::new(TestTools(seen.clone()))), config);
     Harness { engine, store, seen }
 }
 
-fn harness(config: ServerConfig) -> Harness {
+fn harness(config: EngineConfig) -> Harness {
     harness_on(Arc::new(MemoryStore::new(StoreConfig::default())), config)
 }
 
@@ -185,7 +185,7 @@ fn call(id: u64, tool: &str, arguments: Value) -> Inbound {
 
 #[tokio::test]
 async fn a_panicking_tool_ends_its_request_with_an_internal_error_that_replays_and_frees_its_slot() {
-    let h = harness(ServerConfig { max_inflight_per_session: 2, ..config() });
+    let h = harness(EngineConfig { max_inflight_per_session: 2, ..config() });
     let session = open_session(&h).await;
     for n in 0..5 {
         let outcome = h.engine.post(session.clone(), call(n, "panic", json!({})), Reply::Stream, None).await.expect("accepted");
@@ -208,7 +208,7 @@ async fn a_panicking_tool_ends_its_request_with_an_internal_error_that_replays_a
 
 #[tokio::test]
 async fn the_in_flight_limit_refuses_the_excess_and_a_running_id_cannot_be_reused() {
-    let h = harness(ServerConfig { max_inflight_per_session: 2, ..config() });
+    let h = harness(EngineConfig { max_inflight_per_session: 2, ..config() });
     let session = open_session(&h).await;
     let _a = h.engine.post(session.clone(), call(1, "hang", json!({})), Reply::Stream, None).await.expect("first");
     let _b = h.engine.post(session.clone(), call(2, "hang", json!({})), Reply::Stream, None).await.expect("second");
@@ -229,7 +229,7 @@ async fn the_in_flight_limit_refuses_the_excess_and_a_running_id_cannot_be_reuse
 
 #[tokio::test]
 async fn client_notifications_are_handled_in_order_through_a_bounded_queue() {
-    let h = harness(ServerConfig { max_queued_notifications: 8, ..config() });
+    let h = harness(EngineConfig { max_queued_notifications: 8, ..config() });
     let session = open_session(&h).await;
     let mut accepted = Vec::new();
     let mut refused = 0;
@@ -244,15 +244,15 @@ async fn client_notifications_are_handled_in_order_through_a_bounded_queue() {
     }
     assert!(refused > 0, "a flood beyond the queue's bound is refused");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while h.seen.notifications.lock().unwrap().len() < accepted.len() && tokio::time::Instant::now() < deadline {
+    while h.seen.notifications.lock().len() < accepted.len() && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(*h.seen.notifications.lock().unwrap(), accepted, "every accepted notification handled once, in order");
+    assert_eq!(*h.seen.notifications.lock(), accepted, "every accepted notification handled once, in order");
 }
 
 #[tokio::test]
 async fn server_to_client_requests_waiting_per_session_are_bounded() {
-    let h = harness(ServerConfig { max_pending_client_requests: 4, ..config() });
+    let h = harness(EngineConfig { max_pending_client_requests: 4, ..config() });
     let session = open_session(&h).await;
     let (_, answers) = messages(
         h.engine.post(session.clone(), call(1, "ask_many", json!({"n": 10})), Reply::Stream, None).await.expect("accepted"),
@@ -278,7 +278,7 @@ async fn shared_store() -> Arc<dyn Store> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_resuming_an_orphaned_operation_restart_its_work_once() {
     let store = shared_store().await;
-    let replica = || ServerConfig { replica_lease: Duration::from_millis(300), ..config() };
+    let replica = || EngineConfig { replica_lease: Duration::from_millis(300), ..config() };
     // The first replica starts the operation and stops before it finishes
     // (its work is left running in the store, its lease released).
     let first = harness_on(store.clone(), replica());
@@ -364,10 +364,10 @@ async fn the_application_hears_when_a_session_ends_with_its_local_state() {
     let id = session.id.clone();
     h.engine.delete(session).await.expect("deleted");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while h.seen.ended.lock().unwrap().is_empty() && tokio::time::Instant::now() < deadline {
+    while h.seen.ended.lock().is_empty() && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(*h.seen.ended.lock().unwrap(), vec![(id, EndReason::Deleted, Some(1))]);
+    assert_eq!(*h.seen.ended.lock(), vec![(id, EndReason::Deleted, Some(1))]);
 }
 
 /// An application that refuses every client.
@@ -407,7 +407,7 @@ async fn a_refused_initialize_answers_the_error_and_leaves_no_session() {
 
 #[tokio::test]
 async fn the_application_hears_of_expiry_and_of_eviction_from_memory() {
-    let h = harness(ServerConfig { session_ttl: Duration::from_millis(200), session_cache: 1, ..config() });
+    let h = harness(EngineConfig { session_ttl: Duration::from_millis(200), session_cache: 1, ..config() });
     let expiring = open_session(&h).await;
     let id = expiring.id.clone();
     drop(expiring);
@@ -419,10 +419,10 @@ async fn the_application_hears_of_expiry_and_of_eviction_from_memory() {
     drop(first);
     let _second = open_session(&h).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while h.seen.ended.lock().unwrap().len() < 2 && tokio::time::Instant::now() < deadline {
+    while h.seen.ended.lock().len() < 2 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let ended = h.seen.ended.lock().unwrap().clone();
+    let ended = h.seen.ended.lock().clone();
     assert!(ended.contains(&(id, EndReason::Expired, None)), "{ended:?}");
     assert!(ended.contains(&(first_id.clone(), EndReason::Evicted, None)), "{ended:?}");
     // Evicted is not ended: the session comes back from the store.

@@ -12,17 +12,18 @@
 mod support;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde_json::json;
 use support::history::History;
 use support::load::{Tally, client, replay_all, send};
 use support::*;
-use tether_server::ServerConfig;
+use tether_server::EngineConfig;
 use tether_store::StoreConfig;
 use tether_store::faults::{self, Fault, Op};
 use tether_store::sqlite::SqliteStore;
@@ -99,7 +100,7 @@ async fn io_faults_under_load(strict: bool, target: Target, test: &str) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tether.db");
     let store = SqliteStore::open(&path, store_config(strict)).await.unwrap();
-    let (addr, _engine) = serve(Arc::new(store), ServerConfig::default()).await;
+    let (addr, _engine) = serve(Arc::new(store), EngineConfig::default()).await;
     let until = Instant::now() + fault_load_time(4.0);
     let mut load = start_load(addr, seed, until, Arc::new(History::new())).await;
 
@@ -220,7 +221,7 @@ async fn power_loss_under_load(strict: bool, cut: Cut, test: &str) -> (Arc<Histo
     std::fs::create_dir_all(after.parent().unwrap()).unwrap();
     let store = SqliteStore::open(&path, store_config(strict)).await.unwrap();
     faults::track(&path);
-    let config = ServerConfig { drain_timeout: Duration::from_millis(200), ..ServerConfig::default() };
+    let config = EngineConfig { drain_timeout: Duration::from_millis(200), ..EngineConfig::default() };
     let (addr, engine) = serve(Arc::new(store), config.clone()).await;
     let total = fault_load_time(3.0);
     let until = Instant::now() + total;
@@ -245,7 +246,7 @@ async fn power_loss_under_load(strict: bool, cut: Cut, test: &str) -> (Arc<Histo
     // The machine comes back: a new server on what the disk held.
     let store = SqliteStore::open(&after, store_config(strict)).await.expect("the files after a power loss open");
     let (addr2, _engine2) = serve(Arc::new(store), config).await;
-    *load.addr.lock().unwrap() = vec![addr2];
+    *load.addr.lock() = vec![addr2];
     replay_all(addr2, &load.history).await;
     (load.history.clone(), disk.syncs)
 }
@@ -301,7 +302,7 @@ async fn a_tool_that_talks_as_the_prime_delay_passes_is_answered() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tether.db");
     let store = SqliteStore::open(&path, store_config(true)).await.unwrap();
-    let config = ServerConfig { prime_delay: Duration::from_millis(1), ..ServerConfig::default() };
+    let config = EngineConfig { prime_delay: Duration::from_millis(1), ..EngineConfig::default() };
     let (addr, _engine) = serve(Arc::new(store), config).await;
     let session = initialize(addr).await;
     for id in 1..=30 {

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::*;
-use tether_server::ServerConfig;
+use tether_server::EngineConfig;
 use tether_store::StoreConfig;
 use tether_store::faults::{self, Fault, Op};
 use tether_store::sqlite::SqliteStore;
@@ -44,7 +44,7 @@ async fn a_full_disk_gets_prompt_503s_health_says_why_and_service_resumes_by_its
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tether.db");
     let store = SqliteStore::open(&path, StoreConfig::default()).await.unwrap();
-    let (addr, _engine) = serve(Arc::new(store), ServerConfig::default()).await;
+    let (addr, _engine) = serve(Arc::new(store), EngineConfig::default()).await;
     let session = initialize(addr).await;
 
     let before = call(addr, &session, 1, "echo", json!({"n": 1})).await;
@@ -120,7 +120,7 @@ async fn a_primed_call_whose_answer_cannot_be_stored_gets_it_once_the_disk_has_s
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tether.db");
     let store = SqliteStore::open(&path, StoreConfig::default()).await.unwrap();
-    let (addr, _engine) = serve(Arc::new(store), ServerConfig::default()).await;
+    let (addr, _engine) = serve(Arc::new(store), EngineConfig::default()).await;
     let session = initialize(addr).await;
 
     let mut tcp = TcpStream::connect(addr).await.unwrap();
@@ -163,7 +163,7 @@ async fn a_primed_call_gets_its_answer_as_soon_as_the_store_recovers() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tether.db");
     let store = SqliteStore::open(&path, StoreConfig::default()).await.unwrap();
-    let (addr, _engine) = serve(Arc::new(store), ServerConfig::default()).await;
+    let (addr, _engine) = serve(Arc::new(store), EngineConfig::default()).await;
     let session = initialize(addr).await;
 
     let mut tcp = TcpStream::connect(addr).await.unwrap();
@@ -204,7 +204,7 @@ async fn a_slow_call_whose_stream_cannot_be_read_still_gets_its_priming_id() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tether.db");
     let store = SqliteStore::open(&path, StoreConfig::default()).await.unwrap();
-    let (addr, _engine) = serve(Arc::new(store), ServerConfig::default()).await;
+    let (addr, _engine) = serve(Arc::new(store), EngineConfig::default()).await;
     let session = initialize(addr).await;
     assert_eq!(call(addr, &session, 1, "echo", json!({"n": 1})).await.status, 200);
 

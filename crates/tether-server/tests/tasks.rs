@@ -13,7 +13,7 @@ use serde_json::{Map, Value, json};
 use tether_server::engine::{Outbound, PostOutcome, Reply, SessionlessRequest};
 use tether_server::rmcp_model::{CallToolResult, ContentBlock, Implementation, Tool};
 use tether_server::{
-    Caller, ClientDeclaration, Engine, OperationCtx, OperationSpec, RequestCtx, RpcError, ServerConfig, ToolApp, ToolRouter,
+    Caller, ClientDeclaration, Engine, EngineConfig, OperationCtx, OperationSpec, RequestCtx, RpcError, ToolApp, ToolRouter,
 };
 use tether_store::memory::MemoryStore;
 use tether_store::{Store, StoreConfig};
@@ -52,8 +52,8 @@ impl ToolApp for Counting {
     }
 }
 
-fn config() -> ServerConfig {
-    ServerConfig { resume_wait: Duration::from_millis(50), drain_timeout: Duration::from_millis(50), ..ServerConfig::default() }
+fn config() -> EngineConfig {
+    EngineConfig { resume_wait: Duration::from_millis(50), drain_timeout: Duration::from_millis(50), ..EngineConfig::default() }
 }
 
 fn engine_on(store: Arc<dyn Store>, starts: Arc<AtomicUsize>) -> Engine {

@@ -26,9 +26,9 @@ use std::ffi::c_int;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use parking_lot::Mutex;
 use rusqlite::ffi;
 
 /// Which file operation fails.
@@ -79,7 +79,7 @@ pub fn fired() -> u64 {
 /// on its own file).
 pub fn fired_for(db: &Path) -> u64 {
     let wal = wal_of(db);
-    let fired = FIRED_BY.lock().unwrap_or_else(|p| p.into_inner());
+    let fired = FIRED_BY.lock();
     fired.iter().filter(|(file, _)| *file == wal || file == db).map(|(_, n)| n).sum()
 }
 
@@ -98,7 +98,7 @@ pub fn inject_database(db: &Path, op: Op, fault: Fault, after: u64) {
 }
 
 fn plan(file: PathBuf, op: Op, fault: Fault, after: u64) {
-    let mut plans = PLANS.lock().unwrap_or_else(|p| p.into_inner());
+    let mut plans = PLANS.lock();
     plans.retain(|p| !(p.file == file && p.op == op));
     plans.push(Plan { file, op, fault, after });
     ANY.store(true, Ordering::Release);
@@ -107,7 +107,7 @@ fn plan(file: PathBuf, op: Op, fault: Fault, after: u64) {
 /// Ends every fault of the database at `db` and its WAL: writes succeed again.
 pub fn clear(db: &Path) {
     let wal = wal_of(db);
-    let mut plans = PLANS.lock().unwrap_or_else(|p| p.into_inner());
+    let mut plans = PLANS.lock();
     plans.retain(|p| p.file != wal && p.file != db);
     ANY.store(!plans.is_empty(), Ordering::Release);
 }
@@ -124,7 +124,7 @@ pub(crate) fn check(file: &Path, op: Op) -> Option<c_int> {
     if !ANY.load(Ordering::Acquire) {
         return None;
     }
-    let mut plans = PLANS.lock().unwrap_or_else(|p| p.into_inner());
+    let mut plans = PLANS.lock();
     let plan = plans.iter_mut().find(|p| p.op == op && p.file == file)?;
     if plan.after > 0 {
         plan.after -= 1;
@@ -132,7 +132,7 @@ pub(crate) fn check(file: &Path, op: Op) -> Option<c_int> {
     }
     FIRED.fetch_add(1, Ordering::Relaxed);
     {
-        let mut fired = FIRED_BY.lock().unwrap_or_else(|p| p.into_inner());
+        let mut fired = FIRED_BY.lock();
         match fired.iter_mut().find(|(w, _)| w == file) {
             Some((_, n)) => *n += 1,
             None => fired.push((file.to_path_buf(), 1)),
@@ -176,7 +176,7 @@ static ANY_TRACKED: AtomicBool = AtomicBool::new(false);
 pub fn track(db: &Path) {
     let wal = wal_of(db);
     let synced_len = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
-    let mut tracked = TRACKED.lock().unwrap_or_else(|p| p.into_inner());
+    let mut tracked = TRACKED.lock();
     tracked.retain(|t| t.wal != wal);
     tracked.push(Tracked { wal, file: None, synced_len, since_sync: Vec::new(), syncs: 0, off: false });
     ANY_TRACKED.store(true, Ordering::Release);
@@ -185,7 +185,7 @@ pub fn track(db: &Path) {
 /// Stops tracking `db` (its WAL takes writes again if the power was cut).
 pub fn untrack(db: &Path) {
     let wal = wal_of(db);
-    let mut tracked = TRACKED.lock().unwrap_or_else(|p| p.into_inner());
+    let mut tracked = TRACKED.lock();
     tracked.retain(|t| t.wal != wal);
     ANY_TRACKED.store(!tracked.is_empty(), Ordering::Release);
 }
@@ -194,7 +194,7 @@ pub fn untrack(db: &Path) {
 /// before the count moved past it survives a power loss.
 pub fn syncs(db: &Path) -> u64 {
     let wal = wal_of(db);
-    let tracked = TRACKED.lock().unwrap_or_else(|p| p.into_inner());
+    let tracked = TRACKED.lock();
     tracked.iter().find(|t| t.wal == wal).map_or(0, |t| t.syncs)
 }
 
@@ -218,7 +218,7 @@ pub struct PowerLossReport {
 /// bytes of the next one (clamped to what there is).
 pub fn power_loss(db: &Path, to: &Path, keep: usize, tear: Option<usize>) -> io::Result<PowerLossReport> {
     let wal = wal_of(db);
-    let mut tracked = TRACKED.lock().unwrap_or_else(|p| p.into_inner());
+    let mut tracked = TRACKED.lock();
     let Some(t) = tracked.iter_mut().find(|t| t.wal == wal) else {
         return Err(io::Error::other(format!("{} is not tracked", db.display())));
     };
@@ -289,7 +289,7 @@ pub(crate) fn write(file: &Path, offset: i64, data: &[u8], write: impl FnOnce() 
     if !ANY_TRACKED.load(Ordering::Acquire) {
         return write();
     }
-    let mut tracked = TRACKED.lock().unwrap_or_else(|p| p.into_inner());
+    let mut tracked = TRACKED.lock();
     let Some(t) = tracked.iter_mut().find(|t| t.wal == file) else {
         drop(tracked);
         return write();
@@ -326,7 +326,7 @@ pub(crate) fn sync(file: &Path, sync: impl FnOnce() -> c_int) -> c_int {
     if !ANY_TRACKED.load(Ordering::Acquire) {
         return sync();
     }
-    let mut tracked = TRACKED.lock().unwrap_or_else(|p| p.into_inner());
+    let mut tracked = TRACKED.lock();
     let Some(t) = tracked.iter_mut().find(|t| t.wal == file) else {
         drop(tracked);
         return sync();

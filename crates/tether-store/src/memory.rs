@@ -4,10 +4,10 @@
 mod packed;
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use parking_lot::Mutex;
 
 use crate::{
     EventKind, SessionRecord, Store, StoreConfig, StoreError, StoreResult, StoredEvent, StreamSummary, VersionedValue, now_ms,
@@ -200,10 +200,6 @@ impl MemoryStore {
     pub fn new(config: StoreConfig) -> Self {
         Self { inner: Mutex::new(Inner::default()), config }
     }
-
-    fn lock(&self) -> StoreResult<std::sync::MutexGuard<'_, Inner>> {
-        self.inner.lock().map_err(|_| StoreError::Backend("memory store lock poisoned".into()))
-    }
 }
 
 /// The value under `key`, inserted if missing. Looked up first: `entry`
@@ -230,7 +226,7 @@ fn summary(name: &str, log: &StreamLog) -> StreamSummary {
 #[async_trait]
 impl Store for MemoryStore {
     async fn create_session(&self, session: &SessionRecord) -> StoreResult<()> {
-        let mut inner = self.lock()?;
+        let mut inner = self.inner.lock();
         if let Some(existing) = inner.session(&session.id)
             && existing.expires_at_ms > now_ms()
         {
@@ -242,12 +238,12 @@ impl Store for MemoryStore {
     }
 
     async fn get_session(&self, id: &str, now_ms: i64) -> StoreResult<Option<SessionRecord>> {
-        let inner = self.lock()?;
+        let inner = self.inner.lock();
         inner.session(id).filter(|s| s.expires_at_ms > now_ms).map(|s| s.record(id)).transpose()
     }
 
     async fn update_session_state(&self, id: &str, expected: u64, state: &serde_json::Value) -> StoreResult<Option<u64>> {
-        let mut inner = self.lock()?;
+        let mut inner = self.inner.lock();
         let inner = &mut *inner;
         match inner.slots.get_mut(id).and_then(|slot| slot.session.as_mut()) {
             Some(s) if s.revision == expected => {
@@ -260,7 +256,7 @@ impl Store for MemoryStore {
     }
 
     async fn touch_session(&self, id: &str, expires_at_ms: i64) -> StoreResult<bool> {
-        let mut inner = self.lock()?;
+        let mut inner = self.inner.lock();
         match inner.session_mut(id) {
             Some(s) => {
                 s.expires_at_ms = s.expires_at_ms.max(expires_at_ms);
@@ -271,12 +267,12 @@ impl Store for MemoryStore {
     }
 
     async fn delete_session(&self, id: &str) -> StoreResult<bool> {
-        let mut inner = self.lock()?;
+        let mut inner = self.inner.lock();
         Ok(inner.remove(id))
     }
 
     async fn list_sessions(&self, principal: &str, limit: usize) -> StoreResult<Vec<SessionRecord>> {
-        let inner = self.lock()?;
+        let inner = self.inner.lock();
         let now = now_ms();
         let mut out = inner
             .sessions()
@@ -289,12 +285,12 @@ impl Store for MemoryStore {
     }
 
     async fn count_sessions(&self, principal: &str, now_ms: i64) -> StoreResult<u64> {
-        let inner = self.lock()?;
+        let inner = self.inner.lock();
         Ok(inner.sessions().filter(|(_, s)| &*s.principal == principal && s.expires_at_ms > now_ms).count() as u64)
     }
 
     async fn scan_sessions(&self, cursor: Option<&str>, limit: usize, now_ms: i64) -> StoreResult<crate::SessionPage> {
-        let inner = self.lock()?;
+        let inner = self.inner.lock();
         let after = cursor.unwrap_or("");
         let mut ids: Vec<&str> =
             inner.sessions().filter(|(id, s)| *id > after && s.expires_at_ms > now_ms).map(|(id, _)| id).collect();
@@ -310,12 +306,12 @@ impl Store for MemoryStore {
     }
 
     async fn count_all_sessions(&self, now_ms: i64) -> StoreResult<u64> {
-        let inner = self.lock()?;
+        let inner = self.inner.lock();
         Ok(inner.sessions().filter(|(_, s)| s.expires_at_ms > now_ms).count() as u64)
     }
 
     async fn expire_sessions(&self, now_ms: i64, limit: usize) -> StoreResult<Vec<String>> {
-        let mut inner = self.lock()?;
+        let mut inner = self.inner.lock();
         let expired: Vec<String> =
             inner.sessions().filter(|(_, s)| s.expires_at_ms <= now_ms).take(limit).map(|(id, _)| id.to_owned()).collect();
         for id in &expired {
@@ -329,7 +325,7 @@ impl Store for MemoryStore {
 
     async fn append(&self, session: &str, stream: &str, kind: EventKind, payload: Bytes) -> StoreResult<u64> {
         let cap = self.config.max_events_per_stream.max(1) as usize;
-        let mut inner = self.lock()?;
+        let mut inner = self.inner.lock();
         let inner = &mut *inner;
         let payload = inner.events_packer.pack(&payload);
         let log = entry(&mut inner.slots, session).streams.get_or_insert(stream);
@@ -346,7 +342,7 @@ impl Store for MemoryStore {
     }
 
     async fn read_after(&self, session: &str, stream: &str, after: u64, limit: usize) -> StoreResult<Vec<StoredEvent>> {
-        let inner = self.lock()?;
+        let inner = self.inner.lock();
         let Some(log) = inner.streams(session).and_then(|l| l.get(stream)) else {
             return Ok(Vec::new());
         };
@@ -355,7 +351,7 @@ impl Store for MemoryStore {
     }
 
     async fn open_streams(&self, session: &str) -> StoreResult<Vec<StreamSummary>> {
-        let inner = self.lock()?;
+        let inner = self.inner.lock();
         Ok(inner
             .streams(session)
             .map(|l| l.iter().filter(|(_, log)| !log.finished()).map(|(name, log)| summary(name, log)).collect())
@@ -365,7 +361,7 @@ impl Store for MemoryStore {
     /// Finished request streams leave memory by age, as on SQLite: a
     /// long-lived session does not keep every answer it ever gave.
     async fn drop_finished_streams(&self, from: &str, below: &str, finished_before_ms: i64, limit: usize) -> StoreResult<u64> {
-        let mut inner = self.lock()?;
+        let mut inner = self.inner.lock();
         let mut dropped = 0;
         for slot in inner.slots.values_mut() {
             if dropped >= limit {
@@ -378,12 +374,12 @@ impl Store for MemoryStore {
     }
 
     async fn stream(&self, session: &str, stream: &str) -> StoreResult<Option<StreamSummary>> {
-        let inner = self.lock()?;
+        let inner = self.inner.lock();
         Ok(inner.streams(session).and_then(|l| l.get(stream)).map(|log| summary(stream, log)))
     }
 
     async fn set_cursor(&self, session: &str, stream: &str, seq: u64) -> StoreResult<()> {
-        let mut inner = self.lock()?;
+        let mut inner = self.inner.lock();
         if inner.session(session).is_none() {
             return Ok(());
         }
@@ -393,12 +389,12 @@ impl Store for MemoryStore {
     }
 
     async fn cursor(&self, session: &str, stream: &str) -> StoreResult<u64> {
-        let inner = self.lock()?;
+        let inner = self.inner.lock();
         Ok(inner.cursors.get(&(session.to_owned(), stream.to_owned())).copied().unwrap_or(0))
     }
 
     async fn kv_get(&self, namespace: &str, key: &str, now_ms: i64) -> StoreResult<Option<VersionedValue>> {
-        let inner = self.lock()?;
+        let inner = self.inner.lock();
         Ok(inner.kv.get(namespace).and_then(|records| records.get(key)).filter(|v| v.live(now_ms)).map(|v| VersionedValue {
             value: v.value.to_bytes(),
             revision: v.revision,
@@ -414,7 +410,7 @@ impl Store for MemoryStore {
         value: Bytes,
         expires_at_ms: Option<i64>,
     ) -> StoreResult<Option<u64>> {
-        let mut inner = self.lock()?;
+        let mut inner = self.inner.lock();
         let now = now_ms();
         let inner = &mut *inner;
         let current = inner.kv.get(namespace).and_then(|records| records.get(key)).filter(|v| v.live(now)).map(|v| v.revision);
@@ -429,12 +425,12 @@ impl Store for MemoryStore {
     }
 
     async fn kv_delete(&self, namespace: &str, key: &str) -> StoreResult<bool> {
-        let mut inner = self.lock()?;
+        let mut inner = self.inner.lock();
         Ok(inner.kv.get_mut(namespace).and_then(|records| records.remove(key)).is_some())
     }
 
     async fn ping(&self) -> StoreResult<()> {
-        self.lock().map(|_| ())
+        Ok(())
     }
 
     async fn flush(&self) -> StoreResult<()> {

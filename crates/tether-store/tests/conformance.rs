@@ -228,14 +228,14 @@ async fn redis_harness(url: &str, run: &str) -> Harness {
             "Redis is needed for this test and is not reachable at {url}: {e}. Run scripts/test (it starts Redis and, with scripts/redis-cluster, a Redis Cluster) or set TETHER_TEST_REDIS_URL / TETHER_TEST_REDIS_CLUSTER_URL."
         );
     }
-    let last_prefix = Arc::new(std::sync::Mutex::new(String::new()));
+    let last_prefix = Arc::new(parking_lot::Mutex::new(String::new()));
     let (fresh_url, fresh_last, fresh_run) = (url.clone(), last_prefix.clone(), run.to_owned());
     Harness {
         fresh: Box::new(move || {
             let n = counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             let url = fresh_url.clone();
             let prefix = format!("{fresh_run}{n}:");
-            *fresh_last.lock().unwrap() = prefix.clone();
+            *fresh_last.lock() = prefix.clone();
             Box::pin(async move {
                 let config = StoreConfig { redis_prefix: prefix, ..config() };
                 Arc::new(RedisStore::open(&url, config).await.unwrap()) as Arc<dyn Store>
@@ -244,7 +244,7 @@ async fn redis_harness(url: &str, run: &str) -> Harness {
         // A new connection (a new process) on the same keys.
         reopen: Some(Box::new(move |store: Arc<dyn Store>| {
             let url = url.clone();
-            let prefix = last_prefix.lock().unwrap().clone();
+            let prefix = last_prefix.lock().clone();
             Box::pin(async move {
                 drop(store);
                 let config = StoreConfig { redis_prefix: prefix, ..config() };

@@ -10,9 +10,10 @@
 //! intact one.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
+use parking_lot::Mutex;
 use tether_store::sqlite::SqliteStore;
 use tether_store::{EventKind, Store, StoreConfig, StoreError};
 
@@ -65,7 +66,7 @@ fn logs() -> Arc<Mutex<Vec<u8>>> {
     struct Sink(Arc<Mutex<Vec<u8>>>);
     impl std::io::Write for Sink {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap_or_else(|e| e.into_inner()).extend_from_slice(buf);
+            self.0.lock().extend_from_slice(buf);
             Ok(buf.len())
         }
         fn flush(&mut self) -> std::io::Result<()> {
@@ -90,7 +91,7 @@ fn logs() -> Arc<Mutex<Vec<u8>>> {
 /// The warnings logged so far that name `db`'s WAL.
 fn warnings_about(db: &Path) -> Vec<String> {
     let logs = logs();
-    let text = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
+    let text = String::from_utf8_lossy(&logs.lock()).into_owned();
     let wal = wal(db).display().to_string();
     text.lines().filter(|line| line.contains(&wal)).map(str::to_owned).collect()
 }

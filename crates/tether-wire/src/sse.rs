@@ -13,12 +13,13 @@ use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::fmt;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::stream::{Stream, StreamExt};
+use parking_lot::Mutex;
 use sse_stream::SseByteStream;
 
 /// Largest SSE event accepted unless a reader sets another limit.
@@ -84,7 +85,7 @@ struct Feed(Arc<Mutex<Option<Bytes>>>);
 
 impl Feed {
     fn put(&self, chunk: Bytes) {
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(chunk);
+        *self.0.lock() = Some(chunk);
     }
 }
 
@@ -92,7 +93,7 @@ impl Stream for Feed {
     type Item = Result<Bytes, Infallible>;
 
     fn poll_next(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        match self.0.lock().unwrap_or_else(PoisonError::into_inner).take() {
+        match self.0.lock().take() {
             Some(chunk) => Poll::Ready(Some(Ok(chunk))),
             None => Poll::Pending,
         }

@@ -10,9 +10,10 @@ use clap::{Args, ValueEnum};
 use tether_notebook::{MemoryNotebook, Notebook, NotebookRepo, RedisNotebook, SqliteNotebook};
 use tether_server::http::AllowedHosts;
 use tether_server::http::Auth;
+use tether_server::http::HttpConfig;
 use tether_server::http::oauth::{ClientCredentials, OAuthConfig, ResourceServer};
 use tether_server::policy::{AuditLog, Policed, Policy};
-use tether_server::{Endpoints, Engine, ServerConfig, ToolRouter};
+use tether_server::{Endpoints, Engine, EngineConfig, ToolRouter};
 use tether_store::memory::MemoryStore;
 use tether_store::sqlite::SqliteStore;
 use tether_store::{Store, StoreConfig, StoreUrl};
@@ -327,12 +328,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         finished_stream_ttl: args.session_ttl,
     };
     let (store, notebook) = open(&url, store_config).await.with_context(|| format!("cannot open store {url}"))?;
-    let config = ServerConfig {
+    let config = EngineConfig {
         session_ttl: args.session_ttl,
-        max_body: args.max_body,
-        allowed_hosts: allowed_hosts(&args),
-        allowed_origins: args.allowed_origins,
-        json_response: args.json_response,
         resume_wait: args.resume_wait,
         result_chunk_bytes: args.result_chunk_bytes,
         max_sessions_per_principal: args.max_sessions_per_principal,
@@ -342,11 +339,18 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         max_tasks_per_principal: args.max_tasks_per_principal,
         session_cache: args.session_cache,
         drain_timeout: args.drain_timeout,
+        ..EngineConfig::default()
+    };
+    let http = HttpConfig {
+        max_body: args.max_body,
+        allowed_hosts: allowed_hosts(&args),
+        allowed_origins: args.allowed_origins,
+        json_response: args.json_response,
         header_timeout: args.header_timeout,
         idle_timeout: args.idle_timeout,
         body_timeout: args.body_timeout,
         max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
-        ..ServerConfig::default()
+        ..HttpConfig::default()
     };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -421,9 +425,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             let at = metrics.local_addr()?;
             tracing::info!(%at, "metrics at http://{at}/metrics");
             let engine = engine.clone();
+            let http = http.clone();
             // Served until the process exits: the drain is worth watching too.
             tokio::spawn(async move {
-                if let Err(e) = tether_server::http::serve_metrics(metrics, engine).await {
+                if let Err(e) = tether_server::http::serve_metrics(metrics, engine, &http).await {
                     tracing::error!(error = %e, "the metrics listener failed");
                 }
             });
@@ -436,7 +441,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         );
         extra = extra.merge(tether_server::http::admin_router(engine.clone(), token));
     }
-    tether_server::http::serve_with(listener, extra, engine, auth, shutdown_signal()).await?;
+    tether_server::http::serve_with(listener, extra, engine, auth, http, shutdown_signal()).await?;
     Ok(())
 }
 

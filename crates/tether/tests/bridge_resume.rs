@@ -8,9 +8,10 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tether_bridge::identity::{HostIdentity, ProcessTable, SystemProcesses};
 use tether_bridge::token_store::{is_valid_token, log_lines};
@@ -112,7 +113,7 @@ impl Bridge {
                 if std::env::var_os("TETHER_TEST_DEBUG").is_some() {
                     eprintln!("bridge: {line}");
                 }
-                log_writer.lock().unwrap().push(line);
+                log_writer.lock().push(line);
             }
         });
         let (tx, messages) = mpsc::channel();
@@ -129,7 +130,7 @@ impl Bridge {
                     let answer =
                         json!({"jsonrpc": "2.0", "id": message["id"], "result": {"roots": [{"uri": ROOT, "name": "project"}]}});
                     if let Some(stdin) = answer_to.upgrade() {
-                        let mut stdin = stdin.lock().unwrap();
+                        let mut stdin = stdin.lock();
                         let _ = writeln!(stdin, "{answer}");
                         let _ = stdin.flush();
                     }
@@ -142,7 +143,7 @@ impl Bridge {
     }
 
     fn send(&self, message: &Value) {
-        let mut stdin = self.stdin.as_ref().expect("stdin open").lock().unwrap();
+        let mut stdin = self.stdin.as_ref().expect("stdin open").lock();
         writeln!(stdin, "{message}").expect("bridge reads stdin");
         stdin.flush().expect("flush");
     }
@@ -187,11 +188,11 @@ impl Bridge {
     }
 
     fn log_text(&self) -> String {
-        self.log.lock().unwrap().join("\n")
+        self.log.lock().join("\n")
     }
 
     fn count_log(&self, needle: &str) -> usize {
-        self.log.lock().unwrap().iter().filter(|l| l.contains(needle)).count()
+        self.log.lock().iter().filter(|l| l.contains(needle)).count()
     }
 
     /// Waits until a stderr line contains `needle`.

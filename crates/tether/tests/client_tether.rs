@@ -7,10 +7,11 @@
 
 mod client_support;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use client_support::*;
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tether_client::{
     CallProgress, ClientError, ClientOptions, PeerMessage, Pool, Protocol, RequiresSession, ServerSpec, Session,
@@ -160,12 +161,12 @@ async fn the_resume_loop_joins_a_paged_export_into_exactly_the_unpaged_document(
     let seen = rounds.clone();
     let progress: tether_client::ProgressHandler = Arc::new(move |p| {
         if let CallProgress::Round(r) = p {
-            seen.lock().unwrap().push(r);
+            seen.lock().push(r);
         }
     });
     let paged =
         pool.call_tool(&spec, "session", json!({"operation": "export", "format": "markdown"}), Some(progress)).await.unwrap();
-    let rounds = rounds.lock().unwrap().clone();
+    let rounds = rounds.lock().clone();
     let chunks = rounds.iter().filter(|r| !r.pending).count();
     assert!(chunks >= 10, "about 20 KB in 2 KiB chunks: {} data rounds of {}", chunks, rounds.len());
     assert!(rounds.last().is_some_and(|r| !r.more));
@@ -195,14 +196,14 @@ async fn the_resume_loop_joins_a_paged_export_into_exactly_the_unpaged_document(
     let count = single.clone();
     let progress: tether_client::ProgressHandler = Arc::new(move |p| {
         if let CallProgress::Round(_) = p {
-            *count.lock().unwrap() += 1;
+            *count.lock() += 1;
         }
     });
     let unpaged = pool
         .call_tool(&spec, "session", json!({"operation": "export", "format": "markdown", "sessionId": notebook}), Some(progress))
         .await
         .unwrap();
-    assert_eq!(*single.lock().unwrap(), 1, "one round without paging");
+    assert_eq!(*single.lock(), 1, "one round without paging");
     assert_eq!(text(&unpaged), document, "paged and joined == unpaged, byte for byte");
     pool.shutdown().await;
 }

@@ -72,7 +72,7 @@ async fn sessions_beyond_the_memory_cache_keep_their_notebook_context() {
     // A cache of 4 sessions and 12 sessions in use: most are dropped from
     // memory between calls and come back from the store with their context.
     for backend in BACKENDS {
-        let config = tether_server::ServerConfig { session_cache: 4, ..quick_config() };
+        let config = tether_server::EngineConfig { session_cache: 4, ..quick_config() };
         let server = TestServer::start(backend, AppKind::Notebook, config).await;
         let c = Client::new(&server.url);
         let mut sessions = Vec::new();

@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::*;
-use tether_server::ServerConfig;
+use tether_server::EngineConfig;
 use tether_server::http::Auth;
 
-fn config() -> ServerConfig {
-    ServerConfig { resume_wait: Duration::from_millis(300), ..quick_config() }
+fn config() -> EngineConfig {
+    EngineConfig { resume_wait: Duration::from_millis(300), ..quick_config() }
 }
 
 fn next_token(response: &Value) -> Option<String> {
@@ -143,7 +143,7 @@ async fn a_failed_operation_returns_its_error_and_no_token() {
 #[tokio::test]
 async fn work_continues_after_a_disconnect_and_progress_reaches_a_waiting_client() {
     let server =
-        TestServer::start(Backend::Sqlite, AppKind::Test, ServerConfig { resume_wait: Duration::from_secs(2), ..quick_config() })
+        TestServer::start(Backend::Sqlite, AppKind::Test, EngineConfig { resume_wait: Duration::from_secs(2), ..quick_config() })
             .await;
     let c = Client::new(&server.url);
     let sid = c.initialize().await;

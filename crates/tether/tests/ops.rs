@@ -5,12 +5,16 @@
 //! (live through the API, stopped through the store), completions.
 
 mod support;
+// The Redis servers of a test's own, shared with the server crate's failover tests.
+#[path = "../../tether-server/tests/support/redis_server.rs"]
+mod redis_server;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use redis_server::RedisServer;
 use serde_json::{Value, json};
 use support::*;
 
@@ -564,79 +568,21 @@ async fn the_config_file_sets_the_listen_address_and_the_store_and_a_bad_key_fai
     assert!(err.contains(":3: unknown key `log_fromat`") && err.contains("log_format"), "{err}");
 }
 
-/// Every write synced to the append-only file.
-const AOF_ALWAYS: [&str; 4] = ["--appendonly", "yes", "--appendfsync", "always"];
-
-/// A Redis server of the test's own on a free port (no snapshots, no AOF
-/// until a test turns it on), killed when dropped.
-struct OwnRedis {
-    child: std::process::Child,
-    port: u16,
-}
-
-impl Drop for OwnRedis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl OwnRedis {
-    fn start(dir: &std::path::Path) -> Self {
-        Self::start_with(dir, &["--appendonly", "no"])
-    }
-
-    fn start_with(dir: &std::path::Path, extra: &[&str]) -> Self {
-        let port = free_port();
-        let child = std::process::Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
-            .args(extra)
-            .arg("--dir")
-            .arg(dir)
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .expect("redis-server is installed (scripts/test needs it too)");
-        let redis = Self { child, port };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while redis.cli(&["ping"]) != "PONG" {
-            assert!(Instant::now() < deadline, "redis-server on port {port} never answered");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        redis
-    }
-
-    /// A primary and its replica, both syncing every write to their
-    /// append-only files (in `dir/primary` and `dir/replica`), once the
-    /// replica is online.
-    fn primary_with_replica(dir: &std::path::Path) -> (Self, Self) {
-        let (primary_dir, replica_dir) = (dir.join("primary"), dir.join("replica"));
-        std::fs::create_dir_all(&primary_dir).unwrap();
-        std::fs::create_dir_all(&replica_dir).unwrap();
-        let primary = Self::start_with(&primary_dir, &AOF_ALWAYS);
-        let port = primary.port.to_string();
-        let replica = Self::start_with(&replica_dir, &[&AOF_ALWAYS[..], &["--replicaof", "127.0.0.1", &port]].concat());
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !primary.cli(&["info", "replication"]).contains("state=online") {
-            assert!(Instant::now() < deadline, "the replica never came online");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        (primary, replica)
-    }
-
-    fn cli(&self, args: &[&str]) -> String {
-        let out = std::process::Command::new("redis-cli").args(["-p", &self.port.to_string()]).args(args).output();
-        out.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned()).unwrap_or_default()
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
+/// A primary and its replica (in `dir/primary` and `dir/replica`), both
+/// syncing every write to their append-only files, once the replica is online.
+fn primary_with_replica(dir: &std::path::Path) -> (RedisServer, RedisServer) {
+    let primary = RedisServer::start(&dir.join("primary"), &[]);
+    let port = primary.port.to_string();
+    let replica = RedisServer::start(&dir.join("replica"), &["--replicaof", "127.0.0.1", &port]);
+    primary.wait_for_replica();
+    (primary, replica)
 }
 
 #[tokio::test]
 async fn redis_persistence_is_stated_on_readyz_and_strict_refuses_a_redis_that_can_lose_writes() {
     let dir = tempfile::tempdir().unwrap();
-    let redis = OwnRedis::start(dir.path());
+    // No snapshots and no append-only file until the test turns it on.
+    let redis = RedisServer::start(dir.path(), &["--appendonly", "no"]);
 
     // strict on a Redis without an append-only file: refused at start, saying what to change.
     let out = std::process::Command::new(binary())
@@ -669,7 +615,7 @@ async fn redis_persistence_is_stated_on_readyz_and_strict_refuses_a_redis_that_c
 #[tokio::test]
 async fn strict_with_redis_replicas_acknowledges_only_what_a_replica_has() {
     let dir = tempfile::tempdir().unwrap();
-    let (primary, replica) = OwnRedis::primary_with_replica(dir.path());
+    let (primary, replica) = primary_with_replica(dir.path());
 
     let (mut tether, url) =
         start_binary_on(&primary.url(), &dir.path().join("t.log"), &["--durability", "strict", "--redis-replicas", "1"]);
@@ -701,12 +647,12 @@ async fn strict_with_redis_replicas_acknowledges_only_what_a_replica_has() {
 #[tokio::test]
 async fn a_redis_failover_under_strict_with_a_replica_loses_nothing_acknowledged() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut primary, replica) = OwnRedis::primary_with_replica(dir.path());
+    let (mut primary, replica) = primary_with_replica(dir.path());
     let (mut before, url) =
         start_binary_on(&primary.url(), &dir.path().join("before.log"), &["--durability", "strict", "--redis-replicas", "1"]);
 
     // Clients call `thought` back to back; each counts what it saw acknowledged.
-    let acked = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let acked = Arc::new(parking_lot::Mutex::new(Vec::new()));
     let mut clients = Vec::new();
     for _ in 0..6 {
         let c = Client::new(&url);
@@ -726,13 +672,13 @@ async fn a_redis_failover_under_strict_with_a_replica_loses_nothing_acknowledged
                 }
                 n += 1;
             }
-            acked.lock().unwrap().push((sid, n));
+            acked.lock().push((sid, n));
         }));
     }
     // Some load; then the replica falls behind (stopped: a partition), and
     // the primary dies while writes go on. Without the wait for the replica
     // those writes would be acknowledged and then lost with the primary.
-    let offset = |r: &OwnRedis| {
+    let offset = |r: &RedisServer| {
         let info = r.cli(&["info", "replication"]);
         info.lines().find_map(|l| l.strip_prefix("master_repl_offset:")).and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(0)
     };
@@ -741,8 +687,7 @@ async fn a_redis_failover_under_strict_with_a_replica_loses_nothing_acknowledged
         assert!(Instant::now() < deadline, "no load reached the primary");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let stop = std::process::Command::new("kill").args(["-STOP", &replica.child.id().to_string()]).status().unwrap();
-    assert!(stop.success());
+    replica.signal("-STOP");
     let stopped_at = offset(&primary);
     // Until the clients stop (their writes not acknowledged) or writes go on past the replica.
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -750,8 +695,7 @@ async fn a_redis_failover_under_strict_with_a_replica_loses_nothing_acknowledged
         assert!(Instant::now() < deadline, "neither refused nor written");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let _ = primary.child.kill();
-    let _ = primary.child.wait();
+    primary.kill();
     for client in clients {
         client.await.unwrap();
     }
@@ -760,12 +704,12 @@ async fn a_redis_failover_under_strict_with_a_replica_loses_nothing_acknowledged
     // The replica dies too before it read what was on its way (a partition
     // loses it), and comes back from its own append-only file as the new primary.
     drop(replica);
-    let promoted = OwnRedis::start_with(&dir.path().join("replica"), &AOF_ALWAYS);
+    let promoted = RedisServer::start(&dir.path().join("replica"), &[]);
 
     // tether follows it.
     let (mut after, url) = start_binary_on(&promoted.url(), &dir.path().join("after.log"), &["--durability", "strict"]);
     let c = Client::new(&url);
-    let acked = acked.lock().unwrap().clone();
+    let acked = acked.lock().clone();
     assert!(acked.iter().map(|(_, n)| n).sum::<u64>() > 0, "calls were acknowledged before the kill");
     for (sid, n) in &acked {
         let next = c.call(sid, 1000 + n, "thought", thought_args(n + 1)).await;

@@ -9,9 +9,10 @@
 mod support;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 use support::*;
 
@@ -58,7 +59,7 @@ async fn receiver() -> (String, Arc<Mutex<Vec<Value>>>) {
             let kept = kept.clone();
             async move {
                 let parsed = serde_json::from_slice(&body).unwrap_or_else(|e| panic!("an OTLP/JSON body: {e}"));
-                kept.lock().unwrap().push(parsed);
+                kept.lock().push(parsed);
                 axum::Json(json!({}))
             }
         }),
@@ -247,7 +248,7 @@ async fn one_trace_runs_from_the_client_through_the_gateway_to_its_upstreams() {
     })
     .await
     .unwrap();
-    let bodies = bodies.lock().unwrap().clone();
+    let bodies = bodies.lock().clone();
     let all = spans(&bodies);
     assert!(!all.is_empty(), "no spans arrived");
     assert!(all.iter().all(|s| s.service == "tether"), "service.name is tether");
@@ -328,5 +329,5 @@ async fn without_the_flag_nothing_is_exported_and_nothing_is_passed_on() {
     assert!(seen["result"]["seen"].is_array(), "{seen}");
     assert!(!text.contains("traceparent"), "no trace context goes upstream without --otlp-endpoint: {text}");
     tokio::task::spawn_blocking(move || gateway.stop()).await.unwrap();
-    assert!(bodies.lock().unwrap().is_empty(), "{endpoint} got spans");
+    assert!(bodies.lock().is_empty(), "{endpoint} got spans");
 }

@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::*;
-use tether_server::ServerConfig;
+use tether_server::EngineConfig;
 
-fn config() -> ServerConfig {
-    ServerConfig { replica_lease: Duration::from_millis(900), ..quick_config() }
+fn config() -> EngineConfig {
+    EngineConfig { replica_lease: Duration::from_millis(900), ..quick_config() }
 }
 
 async fn three(url: &str, app: AppKind) -> (TestServer, TestServer, TestServer) {

@@ -16,10 +16,11 @@
 mod support;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::stream::BoxStream;
+use parking_lot::Mutex;
 use reqwest::header::{HeaderName, HeaderValue};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ClientCapabilities, ClientConfig, ClientJsonRpcMessage, GetTaskParams,
@@ -65,13 +66,13 @@ impl Recording {
         session: Option<&Arc<str>>,
     ) -> usize {
         let headers = headers.iter().map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("?").to_owned())).collect();
-        let mut log = self.log.lock().unwrap();
+        let mut log = self.log.lock();
         log.push(Sent { http, rpc, headers, session_sent: session.map(|s| s.to_string()), session_answered: None });
         log.len() - 1
     }
 
     fn sent(&self) -> Vec<Sent> {
-        self.log.lock().unwrap().clone()
+        self.log.lock().clone()
     }
 }
 
@@ -92,7 +93,7 @@ impl StreamableHttpClient for Recording {
         let i = self.record("POST", rpc, &custom_headers, session_id.as_ref());
         let answer = self.inner.post_message(uri, message, session_id, auth_header, custom_headers).await;
         if let Ok(StreamableHttpPostResponse::Json(_, Some(sid)) | StreamableHttpPostResponse::Sse(_, Some(sid))) = &answer {
-            self.log.lock().unwrap()[i].session_answered = Some(sid.clone());
+            self.log.lock()[i].session_answered = Some(sid.clone());
         }
         answer
     }

@@ -65,14 +65,15 @@ mod history;
 use std::collections::VecDeque;
 use std::ops::Range;
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use history::{History, Seen, split_id};
+use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde_json::{Value, json};
@@ -185,7 +186,7 @@ struct Soak {
 
 impl Soak {
     fn target(&self) -> Target {
-        self.target.lock().unwrap().clone()
+        self.target.lock().clone()
     }
 
     fn client(&self, target: &Target) -> Client {
@@ -194,7 +195,7 @@ impl Soak {
 
     fn problem(&self, text: String) {
         eprintln!("soak problem: {text}");
-        self.tally.problems.lock().unwrap().push(text);
+        self.tally.problems.lock().push(text);
     }
 
     fn is_killed(&self, target: &Target) -> bool {
@@ -560,7 +561,7 @@ async fn hold_standalone(soak: Arc<Soak>, session: String, log: Arc<Mutex<Standa
     let what = format!("standalone stream of {session}");
     loop {
         let target = soak.target();
-        let from = log.lock().unwrap().resume_from.clone();
+        let from = log.lock().resume_from.clone();
         add(&soak.tally.standalone_connects);
         let response = match tokio::time::timeout(HANG, soak.client(&target).get(&session, from.as_deref()).send()).await {
             Err(_) => return soak.problem(format!("HANG: {what}: no head within {HANG:?}")),
@@ -607,7 +608,7 @@ async fn hold_standalone(soak: Arc<Soak>, session: String, log: Arc<Mutex<Standa
 /// back. A priming event names the position resumed from: it may repeat the
 /// last ID read, never go back.
 fn standalone_event_in_order(soak: &Soak, what: &str, log: &Mutex<StandaloneLog>, seen: &Seen) -> bool {
-    let mut log = log.lock().unwrap();
+    let mut log = log.lock();
     let Some((stream, seq)) = split_id(&seen.id) else {
         soak.problem(format!("{what}: an event without a valid ID: {seen:?}"));
         return false;
@@ -773,7 +774,7 @@ async fn check_standalone_streams(soak: &Soak, target: &Target, clients: &[SoakC
     for client in clients {
         let Some(log) = &client.standalone else { continue };
         let (stream, read) = {
-            let log = log.lock().unwrap();
+            let log = log.lock();
             (log.stream.clone(), log.messages.clone())
         };
         let (Some(stream), Some(&(last_read, _))) = (stream, read.last()) else { continue };
@@ -826,7 +827,7 @@ async fn kill_and_restart(soak: Arc<Soak>, mut server: Server, db: &Path, held: 
     tokio::time::sleep(DEAD_FOR).await;
     let db = db.to_owned();
     let (server, url) = tokio::task::spawn_blocking(move || Server::start(&db)).await.unwrap();
-    *soak.target.lock().unwrap() = Target { url, start: 1 };
+    *soak.target.lock() = Target { url, start: 1 };
     let mut held = Vec::new();
     for call in held_calls {
         held.push(call.await.unwrap());
@@ -945,7 +946,7 @@ async fn two_hundred_clients_through_a_sigkill_get_every_response_and_event_exac
         test_started.elapsed()
     );
 
-    let problems = tally.problems.lock().unwrap().clone();
+    let problems = tally.problems.lock().clone();
     assert!(
         problems.is_empty(),
         "{} problems, the first ones:\n{}",

@@ -7,13 +7,15 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::*;
-use tether_server::ServerConfig;
+use tether_server::EngineConfig;
+use tether_server::http::HttpConfig;
 
-async fn each_backend<F, Fut>(app: AppKind, config: ServerConfig, test: F)
+async fn each_backend<F, Fut>(app: AppKind, config: impl Into<Settings>, test: F)
 where
     F: Fn(TestServer) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
+    let config = config.into();
     for backend in BACKENDS {
         let server = TestServer::start(backend, app, config.clone()).await;
         eprintln!("-- backend {backend:?}");
@@ -90,7 +92,7 @@ async fn a_post_request_streams_priming_event_then_response_then_closes() {
 
 #[tokio::test]
 async fn json_response_mode_answers_with_plain_json() {
-    let config = ServerConfig { json_response: true, ..quick_config() };
+    let config = Settings { engine: quick_config(), http: HttpConfig { json_response: true, ..HttpConfig::default() } };
     each_backend(AppKind::Notebook, config, |server| async move {
         let c = Client::new(&server.url);
         let resp = c
@@ -301,7 +303,7 @@ async fn related_messages_go_to_the_standalone_stream_when_the_request_connectio
 
 #[tokio::test]
 async fn sessions_expire_after_idle_ttl_and_end_on_delete() {
-    let config = ServerConfig { session_ttl: Duration::from_millis(400), ..quick_config() };
+    let config = EngineConfig { session_ttl: Duration::from_millis(400), ..quick_config() };
     each_backend(AppKind::Notebook, config, |server| async move {
         let c = Client::new(&server.url);
         let sid = c.initialize().await;
@@ -386,7 +388,7 @@ async fn a_request_the_client_runtime_gives_up_on_is_cancelled_at_the_server() {
     let gave_up = tokio::time::timeout(Duration::from_millis(300), session.request("tools/call", Some(hang))).await;
     assert!(gave_up.is_err(), "hang answered before it was cancelled: {gave_up:?}");
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !ENDED_HANGS.lock().unwrap().iter().any(|t| t == "dropped") {
+    while !ENDED_HANGS.lock().iter().any(|t| t == "dropped") {
         assert!(std::time::Instant::now() < deadline, "the server's tool was never cancelled");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -398,7 +400,7 @@ async fn a_request_the_client_runtime_gives_up_on_is_cancelled_at_the_server() {
     let (session, _) = tether_client::Session::connect(&server.url, options, init).await.unwrap();
     let err = session.request("tools/call", Some(json!({"name": "hang", "arguments": {"tag": "timed-out"}}))).await.unwrap_err();
     assert!(err.to_string().contains("within"), "{err}");
-    while !ENDED_HANGS.lock().unwrap().iter().any(|t| t == "timed-out") {
+    while !ENDED_HANGS.lock().iter().any(|t| t == "timed-out") {
         assert!(std::time::Instant::now() < deadline, "the timed-out tool was never cancelled");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -406,7 +408,8 @@ async fn a_request_the_client_runtime_gives_up_on_is_cancelled_at_the_server() {
 
 #[tokio::test]
 async fn bad_requests_get_the_right_status_and_a_readable_message() {
-    let config = ServerConfig { max_body: 1024, allowed_origins: vec!["https://app.example".into()], ..quick_config() };
+    let http = HttpConfig { max_body: 1024, allowed_origins: vec!["https://app.example".into()], ..HttpConfig::default() };
+    let config = Settings { engine: quick_config(), http };
     each_backend(AppKind::Notebook, config, |server| async move {
         let c = Client::new(&server.url);
         let sid = c.initialize().await;
@@ -512,7 +515,7 @@ async fn bad_requests_get_the_right_status_and_a_readable_message() {
 
 #[tokio::test]
 async fn sessions_per_principal_are_bounded() {
-    let config = ServerConfig { max_sessions_per_principal: 3, ..quick_config() };
+    let config = EngineConfig { max_sessions_per_principal: 3, ..quick_config() };
     each_backend(AppKind::Notebook, config, |server| async move {
         let c = Client::new(&server.url);
         let mut sessions = Vec::new();
@@ -535,7 +538,7 @@ async fn sessions_per_principal_are_bounded() {
 
 #[tokio::test]
 async fn requests_in_flight_per_session_are_bounded_and_their_ids_unique_over_http() {
-    let config = ServerConfig { max_inflight_per_session: 2, ..quick_config() };
+    let config = EngineConfig { max_inflight_per_session: 2, ..quick_config() };
     let server = TestServer::start(Backend::Memory, AppKind::Test, config).await;
     let c = Client::new(&server.url);
     let sid = c.initialize().await;
@@ -573,7 +576,7 @@ async fn requests_in_flight_per_session_are_bounded_and_their_ids_unique_over_ht
 
 #[tokio::test]
 async fn a_flood_of_roots_list_changed_is_refused_beyond_the_sessions_queue() {
-    let config = ServerConfig { max_queued_notifications: 4, max_pending_client_requests: 2, ..quick_config() };
+    let config = EngineConfig { max_queued_notifications: 4, max_pending_client_requests: 2, ..quick_config() };
     let server = TestServer::start(Backend::Memory, AppKind::Notebook, config).await;
     let c = Client::new(&server.url);
     // The client declares roots and never answers roots/list: each

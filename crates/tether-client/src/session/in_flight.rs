@@ -8,8 +8,9 @@
 //! the answer came, and `initialize` never has one. A track holds the
 //! first event ID of the request it last began, never a later one.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 
 use super::Session;
@@ -35,21 +36,18 @@ impl RequestTrack {
     /// The request's ID and the first event ID of its answer stream, once
     /// the server sent one (a JSON answer, or a stream without IDs, has none).
     pub fn point(&self) -> Option<(Value, String)> {
-        let point = self.0.lock().ok()?;
+        let point = self.0.lock();
         Some((point.request_id.clone()?, point.first_event_id.clone()?))
     }
 
     pub(super) fn begin(&self, id: &Value) {
-        if let Ok(mut point) = self.0.lock() {
-            *point = TrackPoint { request_id: Some(id.clone()), first_event_id: None };
-        }
+        *self.0.lock() = TrackPoint { request_id: Some(id.clone()), first_event_id: None };
     }
 
     /// Notes the stream's first event ID (a later call changes nothing).
     pub(super) fn saw_event_id(&self, event_id: &str) {
-        if let Ok(mut point) = self.0.lock()
-            && point.first_event_id.is_none()
-        {
+        let mut point = self.0.lock();
+        if point.first_event_id.is_none() {
             point.first_event_id = Some(event_id.to_owned());
         }
     }

@@ -6,8 +6,9 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 
+use parking_lot::Mutex;
 use reqwest::StatusCode;
 use reqwest::header::HeaderValue;
 use serde_json::Value;
@@ -75,9 +76,7 @@ impl Session {
         });
         let session = Session::build(http, url, options, Kind::Legacy(channel.clone()))?;
         let reader = tokio::spawn(legacy_reader(url.to_owned(), Arc::downgrade(&session.inner), channel, events));
-        if let Ok(mut tasks) = session.inner.tasks.lock() {
-            tasks.push(reader);
-        }
+        session.inner.tasks.lock().push(reader);
         let result = session.request_raw("initialize", Some(initialize_params), None).await.map_err(ReqError::into_client)?;
         session.finish_initialize(&result)?;
         session.notify("notifications/initialized", None).await?;
@@ -98,14 +97,10 @@ impl Inner {
         }
         let (tx, rx) = oneshot::channel();
         let key = id.to_string();
-        if let Ok(mut pending) = channel.pending.lock() {
-            pending.insert(key.clone(), tx);
-        }
+        channel.pending.lock().insert(key.clone(), tx);
         let posted = self.post(&channel.endpoint, message).await;
         if let Err(e) = posted {
-            if let Ok(mut pending) = channel.pending.lock() {
-                pending.remove(&key);
-            }
+            channel.pending.lock().remove(&key);
             return Err(e);
         }
         if let Some(f) = accepted {
@@ -147,7 +142,7 @@ async fn legacy_reader(url: String, weak: Weak<Inner>, channel: Arc<LegacyChanne
         }
         match read_event(&url, &event.data) {
             Some(Incoming::Response { id, outcome }) => {
-                let waiting = channel.pending.lock().ok().and_then(|mut p| p.remove(&id.to_string()));
+                let waiting = channel.pending.lock().remove(&id.to_string());
                 if let Some(tx) = waiting {
                     let _ = tx.send(outcome_to_result(outcome));
                 }
@@ -160,7 +155,5 @@ async fn legacy_reader(url: String, weak: Weak<Inner>, channel: Arc<LegacyChanne
         }
     }
     channel.alive.store(false, Ordering::Release);
-    if let Ok(mut pending) = channel.pending.lock() {
-        pending.clear();
-    }
+    channel.pending.lock().clear();
 }

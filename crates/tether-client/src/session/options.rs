@@ -14,6 +14,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::RwLock;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 
@@ -26,7 +27,7 @@ use crate::error::ClientError;
 /// refreshes before it expires): each request sends the value it holds
 /// when the request is sent. Cheap to clone; clones share the value.
 #[derive(Clone, Default)]
-pub struct Bearer(Arc<std::sync::RwLock<Option<HeaderValue>>>);
+pub struct Bearer(Arc<RwLock<Option<HeaderValue>>>);
 
 impl Bearer {
     /// The token every later request sends.
@@ -34,12 +35,12 @@ impl Bearer {
         let mut value = HeaderValue::from_str(&format!("Bearer {}", token.trim()))
             .map_err(|_| ClientError::Config("the bearer token contains characters not allowed in an HTTP header".into()))?;
         value.set_sensitive(true);
-        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Some(value);
+        *self.0.write() = Some(value);
         Ok(())
     }
 
     fn current(&self) -> Option<HeaderValue> {
-        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.0.read().clone()
     }
 }
 

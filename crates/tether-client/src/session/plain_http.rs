@@ -26,7 +26,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -36,6 +36,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{Connection, SendRequest};
 use hyper_util::rt::TokioIo;
+use parking_lot::Mutex;
 use reqwest::header::{HOST, HeaderMap, HeaderValue};
 use tokio::net::TcpStream;
 
@@ -227,7 +228,7 @@ impl PlainHttp {
     }
 
     fn take_idle(&self) -> Option<Conn> {
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let mut idle = self.idle.lock();
         idle.pop()
     }
 
@@ -273,7 +274,7 @@ fn keep_idle(idle: &Weak<Mutex<Vec<Conn>>>, conn: Conn) {
     if conn.io.is_none() || conn.sender.is_closed() {
         return;
     }
-    let mut idle = idle.lock().unwrap_or_else(|e| e.into_inner());
+    let mut idle = idle.lock();
     if idle.len() < MAX_IDLE {
         idle.push(conn);
     }

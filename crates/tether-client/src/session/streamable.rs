@@ -88,9 +88,7 @@ impl Session {
             let closed = self.inner.closed.subscribe();
             let (ready_tx, ready_rx) = oneshot::channel();
             let task = tokio::spawn(standalone_stream(weak, closed, ready_tx));
-            if let Ok(mut tasks) = self.inner.tasks.lock() {
-                tasks.push(task);
-            }
+            self.inner.tasks.lock().push(task);
             // Servers drop session-level messages (e.g. a `roots/list` asked
             // by the first tool call) while no standalone stream is open:
             // give it a moment to open before the caller's first request.

@@ -1,9 +1,9 @@
 //! Notebook repository in memory (`--store memory`, tests).
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Mutex;
 
 use async_trait::async_trait;
+use parking_lot::Mutex;
 
 use super::{NotebookRepo, NotebookSession, RepoError, SearchHit, SessionFilter, StoredThought};
 use crate::thought::{Recorded, ThoughtInput};
@@ -26,25 +26,21 @@ impl MemoryNotebook {
     }
 }
 
-fn poisoned<T>(_: T) -> RepoError {
-    RepoError::Storage("notebook lock poisoned".into())
-}
-
 #[async_trait]
 impl NotebookRepo for MemoryNotebook {
     async fn create_session(&self, session: &NotebookSession) -> Result<(), RepoError> {
-        let mut map = self.entries.lock().map_err(poisoned)?;
+        let mut map = self.entries.lock();
         map.insert(session.id.clone(), Entry { session: Some(session.clone()), ..Entry::default() });
         Ok(())
     }
 
     async fn get_session(&self, principal: &str, id: &str) -> Result<Option<NotebookSession>, RepoError> {
-        let map = self.entries.lock().map_err(poisoned)?;
+        let map = self.entries.lock();
         Ok(map.get(id).and_then(|e| e.session.clone()).filter(|s| s.principal == principal))
     }
 
     async fn append_thought(&self, principal: &str, session_id: &str, thought: &ThoughtInput) -> Result<Recorded, RepoError> {
-        let mut map = self.entries.lock().map_err(poisoned)?;
+        let mut map = self.entries.lock();
         let entry = map
             .get_mut(session_id)
             .filter(|e| e.session.as_ref().is_some_and(|s| s.principal == principal))
@@ -64,7 +60,7 @@ impl NotebookRepo for MemoryNotebook {
     }
 
     async fn thoughts(&self, principal: &str, session_id: &str) -> Result<Vec<StoredThought>, RepoError> {
-        let map = self.entries.lock().map_err(poisoned)?;
+        let map = self.entries.lock();
         Ok(map
             .get(session_id)
             .filter(|e| e.session.as_ref().is_some_and(|s| s.principal == principal))
@@ -78,7 +74,7 @@ impl NotebookRepo for MemoryNotebook {
     }
 
     async fn list_sessions(&self, principal: &str, filter: &SessionFilter) -> Result<Vec<NotebookSession>, RepoError> {
-        let map = self.entries.lock().map_err(poisoned)?;
+        let map = self.entries.lock();
         let mut out: Vec<NotebookSession> = map
             .values()
             .filter_map(|e| e.session.clone())
@@ -93,7 +89,7 @@ impl NotebookRepo for MemoryNotebook {
 
     async fn search(&self, principal: &str, text: &str, limit: usize) -> Result<Vec<SearchHit>, RepoError> {
         let needle = text.to_lowercase();
-        let map = self.entries.lock().map_err(poisoned)?;
+        let map = self.entries.lock();
         let mut sessions: Vec<&Entry> =
             map.values().filter(|e| e.session.as_ref().is_some_and(|s| s.principal == principal)).collect();
         sessions.sort_by_key(|e| std::cmp::Reverse(e.session.as_ref().map(|s| s.updated_at_ms)));

@@ -6,9 +6,10 @@
 //! and the lazy refresh of a session's expiry in the store.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 
+use parking_lot::Mutex;
 use tether_store::now_ms;
 
 use super::session::Session;
@@ -74,20 +75,18 @@ impl Inner {
     }
 
     pub(crate) fn cache(self: &Arc<Self>, session: Arc<Session>) {
-        let evicted = match self.cache.sessions.lock() {
-            Ok(mut map) => {
-                map.insert(session.id.clone(), session);
-                let capacity = self.config.session_cache.max(1);
-                if self.cache.eviction.due(map.len(), capacity) {
-                    // Down to 7/8 at once, so the scan runs once per capacity/8 insertions.
-                    let evicted = evict_idle(&mut map, capacity - capacity / 8);
-                    self.cache.eviction.scanned(map.len(), capacity);
-                    evicted
-                } else {
-                    Vec::new()
-                }
+        let evicted = {
+            let mut map = self.cache.sessions.lock();
+            map.insert(session.id.clone(), session);
+            let capacity = self.config.session_cache.max(1);
+            if self.cache.eviction.due(map.len(), capacity) {
+                // Down to 7/8 at once, so the scan runs once per capacity/8 insertions.
+                let evicted = evict_idle(&mut map, capacity - capacity / 8);
+                self.cache.eviction.scanned(map.len(), capacity);
+                evicted
+            } else {
+                Vec::new()
             }
-            Err(_) => Vec::new(),
         };
         self.ended(evicted, EndReason::Evicted);
     }
@@ -95,26 +94,22 @@ impl Inner {
     /// Drops a session from memory only (another replica ended it).
     pub(crate) fn forget(self: &Arc<Self>, session: &Arc<Session>) {
         session.closed.cancel();
-        let removed = self.cache.sessions.lock().ok().and_then(|mut map| map.remove(&session.id));
+        let removed = self.cache.sessions.lock().remove(&session.id);
         self.ended(removed.into_iter().collect(), EndReason::Evicted);
     }
 
     pub(crate) fn cached(&self, id: &str) -> Option<Arc<Session>> {
-        self.cache.sessions.lock().ok().and_then(|m| m.get(id).cloned())
+        self.cache.sessions.lock().get(id).cloned()
     }
 
     /// Idle sessions leave memory (the store still has them).
     pub(crate) fn drop_idle(self: &Arc<Self>, idle_before: i64) {
-        let idle: Vec<Arc<Session>> = self
-            .cache
-            .sessions
-            .lock()
-            .map(|m| m.values().filter(|s| s.last_seen() < idle_before && !s.is_busy()).cloned().collect())
-            .unwrap_or_default();
+        let idle: Vec<Arc<Session>> =
+            self.cache.sessions.lock().values().filter(|s| s.last_seen() < idle_before && !s.is_busy()).cloned().collect();
         let mut dropped = Vec::new();
         for s in idle {
             if self.hub.session_connections(&s.id) == 0
-                && let Some(removed) = self.cache.sessions.lock().ok().and_then(|mut m| m.remove(&s.id))
+                && let Some(removed) = self.cache.sessions.lock().remove(&s.id)
             {
                 dropped.push(removed);
             }
@@ -145,7 +140,7 @@ impl Inner {
     pub(crate) async fn admit_session(&self, principal: &str) -> Result<(), EngineError> {
         const RECOUNT_MS: i64 = 5_000;
         let now = now_ms();
-        let cached = self.cache.principal_counts.lock().ok().and_then(|m| m.get(principal).copied());
+        let cached = self.cache.principal_counts.lock().get(principal).copied();
         let count = match cached {
             Some((count, at)) if now - at < RECOUNT_MS => count,
             _ => self.store.count_sessions(principal, now).await?,
@@ -156,15 +151,14 @@ impl Inner {
                 "this principal already has {count} live sessions (limit {max}); end some with DELETE or let them expire"
             )));
         }
-        if let Ok(mut m) = self.cache.principal_counts.lock() {
-            let at = match cached {
-                Some((_, at)) if now - at < RECOUNT_MS => at,
-                _ => now,
-            };
-            m.insert(principal.to_owned(), (count + 1, at));
-            if m.len() > 100_000 {
-                m.clear();
-            }
+        let at = match cached {
+            Some((_, at)) if now - at < RECOUNT_MS => at,
+            _ => now,
+        };
+        let mut m = self.cache.principal_counts.lock();
+        m.insert(principal.to_owned(), (count + 1, at));
+        if m.len() > 100_000 {
+            m.clear();
         }
         Ok(())
     }
@@ -172,15 +166,11 @@ impl Inner {
     /// Forgets and deletes a session (DELETE or expiry).
     pub(crate) async fn end_session(self: &Arc<Self>, session: &Arc<Session>, reason: EndReason) -> Result<(), EngineError> {
         session.closed.cancel();
-        if let Some(entry) = self.cache.principal_counts.lock().ok().as_mut().and_then(|m| m.get_mut(&session.principal)) {
+        if let Some(entry) = self.cache.principal_counts.lock().get_mut(&session.principal) {
             entry.0 = entry.0.saturating_sub(1);
         }
-        if let Ok(inflight) = session.inflight.lock() {
-            inflight.values().for_each(tokio_util::sync::CancellationToken::cancel);
-        }
-        if let Ok(mut map) = self.cache.sessions.lock() {
-            map.remove(&session.id);
-        }
+        session.inflight.lock().values().for_each(tokio_util::sync::CancellationToken::cancel);
+        self.cache.sessions.lock().remove(&session.id);
         self.store.delete_session(&session.id).await?;
         self.ended(vec![session.clone()], reason);
         Ok(())

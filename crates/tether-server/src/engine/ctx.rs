@@ -151,7 +151,7 @@ impl SessionCtx {
     pub async fn closed(&self) {
         tokio::select! {
             _ = self.session.closed.cancelled() => {}
-            _ = self.inner.shutdown.cancelled() => {}
+            _ = self.inner.life.shutdown.cancelled() => {}
         }
     }
 
@@ -369,9 +369,7 @@ struct PendingSlot<'a> {
 
 impl Drop for PendingSlot<'_> {
     fn drop(&mut self) {
-        if let Ok(mut pending) = self.session.pending.lock() {
-            pending.remove(&self.key);
-        }
+        self.session.pending.lock().remove(&self.key);
     }
 }
 
@@ -388,7 +386,7 @@ async fn request_client(
     let key = request_key(&id);
     let (tx, rx) = tokio::sync::oneshot::channel();
     {
-        let mut pending = session.pending.lock().map_err(|_| RpcError::internal("pending requests lock poisoned"))?;
+        let mut pending = session.pending.lock();
         let limit = inner.config.max_pending_client_requests;
         if pending.len() >= limit {
             return Err(RpcError::internal(format!(
@@ -410,7 +408,7 @@ async fn request_client(
     };
     let answer = tokio::select! {
         answer = answer => answer,
-        _ = inner.shutdown.cancelled() => return Err(RpcError::internal(format!("the server is shutting down; {method} was not answered"))),
+        _ = inner.life.shutdown.cancelled() => return Err(RpcError::internal(format!("the server is shutting down; {method} was not answered"))),
     };
     match answer {
         Ok(Ok(Ok(result))) => Ok(result),

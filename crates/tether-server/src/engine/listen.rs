@@ -43,7 +43,7 @@ impl Engine {
         filter: &Map<String, Value>,
     ) -> Result<SessionlessReply, EngineError> {
         let inner = &self.inner;
-        if inner.shutdown.is_cancelled() {
+        if inner.life.shutdown.is_cancelled() {
             return Err(EngineError::ShuttingDown);
         }
         let described = self.discover(endpoint).await?.unwrap_or_default();
@@ -166,7 +166,7 @@ impl Listener {
                 }
                 _ = self.tx.closed() => return,
                 _ = stopped.cancelled() => return,
-                _ = self.inner.shutdown.cancelled() => {
+                _ = self.inner.life.shutdown.cancelled() => {
                     // The graceful end: the listen request's (empty) result.
                     let result = json!({"resultType": "complete", "_meta": {(meta::SUBSCRIPTION_ID): self.id}});
                     if let Ok(raw) = crate::app::raw_result(&result) {

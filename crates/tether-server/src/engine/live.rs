@@ -7,10 +7,11 @@
 //! the broadcast is repaired by a range read, never by guessing.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use parking_lot::Mutex;
 use tether_store::EventKind;
 use tokio::sync::broadcast;
 
@@ -67,7 +68,7 @@ impl LiveHub {
             StreamKind::Standalone => STANDALONE_BUFFER,
         };
         let key = (session.to_owned(), stream.to_owned());
-        let mut map = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = self.streams.lock();
         let live = map
             .entry(key.clone())
             .or_insert_with(|| Arc::new(Live { tx: broadcast::channel(capacity).0, connections: AtomicUsize::new(0) }))
@@ -79,7 +80,7 @@ impl LiveHub {
 
     /// Hands a committed event to whoever streams it right now.
     pub fn publish(&self, session: &str, stream: &str, event: LiveEvent) {
-        let map = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        let map = self.streams.lock();
         if let Some(live) = map.get(&(session.to_owned(), stream.to_owned())) {
             let _ = live.tx.send(event);
         }
@@ -92,7 +93,7 @@ impl LiveHub {
 
     /// Announcements were lost: every local stream re-reads the store.
     pub fn nudge_all(&self) {
-        let map = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        let map = self.streams.lock();
         for live in map.values() {
             let _ = live.tx.send(LiveEvent { seq: u64::MAX, kind: EventKind::Message, payload: None });
         }
@@ -100,20 +101,20 @@ impl LiveHub {
 
     /// Connections currently streaming this stream.
     pub fn connections(&self, session: &str, stream: &str) -> usize {
-        let map = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        let map = self.streams.lock();
         map.get(&(session.to_owned(), stream.to_owned())).map(|l| l.connections.load(Ordering::SeqCst)).unwrap_or(0)
     }
 
     /// Connections on any stream of the session.
     pub fn session_connections(&self, session: &str) -> usize {
-        let map = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        let map = self.streams.lock();
         map.iter().filter(|((s, _), _)| s == session).map(|(_, l)| l.connections.load(Ordering::SeqCst)).sum()
     }
 }
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        let mut map = self.hub.streams.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = self.hub.streams.lock();
         if self.live.connections.fetch_sub(1, Ordering::SeqCst) == 1 {
             map.remove(&self.key);
         }

@@ -14,7 +14,9 @@
 
 mod cache;
 mod ctx;
+mod initialize;
 mod keys;
+mod lifecycle;
 mod listen;
 mod live;
 pub mod mrtr;
@@ -32,18 +34,16 @@ mod session;
 mod sessionless;
 pub(crate) mod tasks;
 
-use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::FutureExt;
 use serde_json::{Map, Value, json};
 use tether_store::{EventKind, SessionRecord, Store, StoreError, now_ms};
-use tether_wire::{Inbound, RpcError, code, envelope, meta, revision};
+use tether_wire::{Inbound, RpcError, code, envelope, meta};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 pub use ctx::{RequestCtx, SessionCtx};
@@ -52,8 +52,8 @@ pub use pump::{Frame, Frames};
 pub use request::PANICKED_MESSAGE;
 pub use session::{Session, SessionState};
 
-use crate::app::{Caller, ClientAuthorization, ClientDeclaration, EndReason, Endpoints, Initialize, McpApp, SessionEnd};
-use crate::config::ServerConfig;
+use crate::app::{ClientAuthorization, EndReason, Endpoints, Initialize, McpApp, SessionEnd};
+use crate::config::EngineConfig;
 use crate::ids::{self, EventId};
 pub use listen::filter as listen_filter;
 use live::{LiveEvent, LiveHub, StreamKind};
@@ -140,34 +140,29 @@ impl From<&RpcError> for Refusal {
 /// "Requests cut off by a crash") or by a shutdown that could not wait.
 pub const INTERRUPTED_MESSAGE: &str = "request interrupted by a server restart; it may or may not have taken effect";
 
+/// The engine's parts, wired together. Each part owns its state in its own
+/// type and module (the session cache, operations and tasks, quotas, the
+/// lifecycle, live streams); the fields are private to the engine.
 pub(crate) struct Inner {
-    pub store: Arc<dyn Store>,
-    pub apps: Endpoints,
-    pub config: ServerConfig,
-    pub hub: Arc<LiveHub>,
+    store: Arc<dyn Store>,
+    apps: Endpoints,
+    config: EngineConfig,
+    hub: Arc<LiveHub>,
     /// The sessions held in memory (`cache.rs`).
     cache: cache::SessionCache,
     /// Recorded as the owner of every request this process runs.
-    pub instance: String,
+    instance: String,
     tokens: resume::ResumeTokens,
-    pub(crate) key: keys::ServerKey,
-    pub(crate) operations: operations::Operations,
-    /// Cancelled when shutdown starts: streams close, no new work is taken.
-    pub shutdown: CancellationToken,
-    /// Cancelled when the drain timeout passed: work still running ends as interrupted.
-    pub(crate) interrupt: CancellationToken,
-    /// Every task the engine started (requests, pumps, handlers, upkeep).
-    tasks: TaskTracker,
-    shutdown_done: tokio::sync::OnceCell<()>,
+    key: keys::ServerKey,
+    operations: operations::Operations,
+    /// Every task the engine started, and the shutdown and interrupt signals.
+    life: lifecycle::Lifecycle,
     /// Sessionless requests running, and open `subscriptions/listen`
     /// streams: each under its ceiling and each principal's share.
     sessionless: quota::Admission,
     listeners: quota::Admission,
-    /// What each endpoint's application says of itself (`McpApp::discover`),
-    /// asked once per application (a replaced one is asked again).
-    #[allow(clippy::type_complexity)]
-    described:
-        Mutex<HashMap<String, (std::sync::Weak<dyn crate::app::McpApp>, Arc<tokio::sync::OnceCell<Arc<Map<String, Value>>>>)>>,
+    /// What each endpoint's application says of itself (`server/discover`).
+    described: sessionless::Descriptions,
 }
 
 /// Cheap to clone; all clones share one engine.
@@ -190,12 +185,12 @@ impl Engine {
     /// Starts the engine's background work (the reaper; with a shared store,
     /// the announcement listener and the lease). Needs a Tokio runtime.
     /// One application served at `/mcp`.
-    pub fn new(store: Arc<dyn Store>, app: Arc<dyn McpApp>, config: ServerConfig) -> Self {
+    pub fn new(store: Arc<dyn Store>, app: Arc<dyn McpApp>, config: EngineConfig) -> Self {
         Self::with_endpoints(store, Endpoints::new(app), config)
     }
 
     /// Several applications, one per endpoint.
-    pub fn with_endpoints(store: Arc<dyn Store>, apps: Endpoints, config: ServerConfig) -> Self {
+    pub fn with_endpoints(store: Arc<dyn Store>, apps: Endpoints, config: EngineConfig) -> Self {
         let engine = Self {
             inner: Arc::new(Inner {
                 store,
@@ -212,10 +207,7 @@ impl Engine {
                     ("max_tasks_per_principal", config.max_tasks_per_principal),
                     "try again when one has ended",
                 )),
-                shutdown: CancellationToken::new(),
-                interrupt: CancellationToken::new(),
-                tasks: TaskTracker::new(),
-                shutdown_done: tokio::sync::OnceCell::new(),
+                life: lifecycle::Lifecycle::default(),
                 sessionless: quota::Admission::new(
                     "sessionless requests",
                     "runs",
@@ -230,7 +222,7 @@ impl Engine {
                     ("max_listen_streams_per_principal", config.max_listen_streams_per_principal),
                     "close one first",
                 ),
-                described: Mutex::new(HashMap::new()),
+                described: sessionless::Descriptions::default(),
                 config,
             }),
         };
@@ -246,7 +238,7 @@ impl Engine {
         self.inner.apps.get(endpoint).is_some()
     }
 
-    pub fn config(&self) -> &ServerConfig {
+    pub fn config(&self) -> &EngineConfig {
         &self.inner.config
     }
 
@@ -260,212 +252,6 @@ impl Engine {
     }
 
     // ---- sessions ----------------------------------------------------------------
-
-    /// Handles `initialize`: the application answers it (or refuses, which
-    /// leaves no session behind); then the session named by a valid resume
-    /// token in `params._meta` is re-attached, or a durable session is
-    /// created, and the answer goes out on a new stream of that session with
-    /// a fresh resume token.
-    pub async fn initialize(
-        &self,
-        endpoint: &str,
-        principal: &str,
-        id: Value,
-        params: Option<Map<String, Value>>,
-        reply: Reply,
-        authorization: Option<ClientAuthorization>,
-    ) -> Result<PostOutcome, EngineError> {
-        let span = crate::trace::rpc_span("initialize", None, params.as_ref());
-        self.initialize_in_span(endpoint, principal, id, params, reply, authorization).instrument(span).await
-    }
-
-    async fn initialize_in_span(
-        &self,
-        endpoint: &str,
-        principal: &str,
-        id: Value,
-        params: Option<Map<String, Value>>,
-        reply: Reply,
-        authorization: Option<ClientAuthorization>,
-    ) -> Result<PostOutcome, EngineError> {
-        if self.inner.shutdown.is_cancelled() {
-            return Err(EngineError::ShuttingDown);
-        }
-        let app = self.inner.apps.get(endpoint).ok_or_else(|| EngineError::UnknownEndpoint(endpoint.to_owned()))?.clone();
-        let params = params.unwrap_or_default();
-        let requested = match params.get("protocolVersion") {
-            Some(Value::String(v)) => v.as_str(),
-            _ => {
-                return Err(EngineError::BadRequest {
-                    code: code::INVALID_PARAMS,
-                    message: "initialize needs params.protocolVersion (a string such as \"2025-11-25\")".into(),
-                    id: Some(id),
-                });
-            }
-        };
-        let caller = Caller {
-            principal: principal.to_owned(),
-            client: Arc::new(ClientDeclaration {
-                protocol_version: revision::negotiate(Some(requested)).to_owned(),
-                client_info: params.get("clientInfo").cloned().unwrap_or(Value::Null),
-                client_capabilities: params.get("capabilities").cloned().unwrap_or_else(|| json!({})),
-            }),
-        };
-        // The ID a new session gets, known to the application from the start
-        // (its logs carry it); a resumed session keeps its own.
-        let new_id = ids::new_session_id();
-        let mut init = Initialize::new(&caller, &params, authorization.as_ref(), &new_id);
-        let answered = std::panic::AssertUnwindSafe(app.initialize(&mut init)).catch_unwind().await;
-        let (initial_app_state, initial_local) = (std::mem::take(&mut init.app_state), init.local.take());
-        let mut result = match answered {
-            Ok(Ok(result)) => result,
-            Ok(Err(refused)) => {
-                tracing::info!(code = refused.code, message = %refused.message, "the application refused initialize");
-                let body = envelope::error_message(Some(&id), &refused);
-                return Ok(PostOutcome::Sessionless { body, refusal: Refusal::from(&refused) });
-            }
-            Err(_) => {
-                tracing::error!("the application panicked answering initialize");
-                let error = RpcError::internal(request::PANICKED_MESSAGE);
-                let body = envelope::error_message(Some(&id), &error);
-                return Ok(PostOutcome::Sessionless { body, refusal: Refusal::from(&error) });
-            }
-        };
-        // The application may answer with another revision it speaks; the
-        // session follows what the client is told.
-        let version = match result.get("protocolVersion").and_then(Value::as_str) {
-            Some(v) if revision::is_supported(v) => v.to_owned(),
-            _ => caller.protocol_version().to_owned(),
-        };
-        result.insert("protocolVersion".into(), Value::String(version.clone()));
-        let presented = params.get("_meta").and_then(|m| m.get(meta::SESSION_RESUME_TOKEN)).and_then(Value::as_str);
-
-        let mut result_meta = match result.remove("_meta") {
-            Some(Value::Object(m)) => m,
-            _ => Map::new(),
-        };
-        let mut resumed = None;
-        if let Some(token) = presented {
-            match self.resume_session(endpoint, principal, token).await? {
-                Ok(session) => resumed = Some(session),
-                Err(refusal) => {
-                    tracing::info!(reason = refusal.as_str(), "resume token refused; starting a fresh session");
-                    result_meta.insert(meta::RESUME_REFUSED.into(), json!(refusal.as_str()));
-                }
-            }
-        }
-        let session = match resumed {
-            Some(session) => {
-                let ctx = SessionCtx::new(self.inner.clone(), session.clone());
-                let state = ctx
-                    .update_state(|s| {
-                        s.client = Arc::new(ClientDeclaration { protocol_version: version.clone(), ..(*caller.client).clone() });
-                        s.initialized = false;
-                        s.resume_generation += 1;
-                        s.app.extend(initial_app_state.clone());
-                    })
-                    .await
-                    .map_err(unavailable)?;
-                session.set_caller_from(&state);
-                tracing::info!(session = %session.id, version, "session resumed with a resume token");
-                result_meta.insert(meta::RESUMED.into(), json!(true));
-                session
-            }
-            None => {
-                let session = self.create_session(new_id, endpoint, &caller, &version, initial_app_state).await?;
-                if presented.is_some() {
-                    result_meta.insert(meta::RESUMED.into(), json!(false));
-                }
-                session
-            }
-        };
-        crate::trace::record_session(&session.id);
-        if let Some(local) = initial_local {
-            session.set_local(local);
-        }
-        let generation = session.durable.lock().await.state.resume_generation;
-        let key = self.inner.key.get(self.inner.store.as_ref()).await?;
-        let token = self.inner.tokens.issue(self.inner.store.as_ref(), &key, &session.id, principal, generation).await?;
-        result_meta.insert(meta::SESSION_RESUME_TOKEN.into(), json!(token));
-        result.insert("_meta".into(), Value::Object(result_meta));
-        let raw = crate::app::raw_result(&result).map_err(unavailable)?;
-        self.inner
-            .clone()
-            .start_request(
-                session,
-                RequestHead { id, progress_token: None, authorization: None },
-                "initialize",
-                reply,
-                Box::new(move |_| Box::pin(async move { Ok(raw) })),
-            )
-            .await
-    }
-
-    /// Spends a resume token and returns its session, or why not.
-    async fn resume_session(
-        &self,
-        endpoint: &str,
-        principal: &str,
-        token: &str,
-    ) -> Result<Result<Arc<Session>, resume::Refusal>, EngineError> {
-        let key = self.inner.key.get(self.inner.store.as_ref()).await?;
-        let store = self.inner.store.as_ref();
-        let opened = match self.inner.tokens.open(store, &key, token, principal).await? {
-            Ok(opened) => opened,
-            Err(refusal) => return Ok(Err(refusal)),
-        };
-        // The endpoint before the token is spent: a token of another
-        // endpoint's session is refused and stays good where it belongs.
-        if self.inner.load(opened.session()).await?.is_some_and(|s| s.endpoint != endpoint) {
-            return Ok(Err(resume::Refusal::Foreign));
-        }
-        let redeemed = match self.inner.tokens.spend(store, opened).await? {
-            Ok(r) => r,
-            Err(refusal) => return Ok(Err(refusal)),
-        };
-        let session = match self.session(endpoint, &redeemed.session, principal).await {
-            Ok(s) => s,
-            Err(EngineError::SessionNotFound) => return Ok(Err(resume::Refusal::Expired)),
-            Err(e) => return Err(e),
-        };
-        if session.durable.lock().await.state.resume_generation != redeemed.generation {
-            return Ok(Err(resume::Refusal::Used));
-        }
-        Ok(Ok(session))
-    }
-
-    async fn create_session(
-        &self,
-        id: String,
-        endpoint: &str,
-        caller: &Caller,
-        version: &str,
-        app: Map<String, Value>,
-    ) -> Result<Arc<Session>, EngineError> {
-        self.inner.admit_session(&caller.principal).await?;
-        let state = SessionState {
-            client: Arc::new(ClientDeclaration { protocol_version: version.to_owned(), ..(*caller.client).clone() }),
-            standalone_stream: ids::new_standalone_stream(),
-            initialized: false,
-            resume_generation: 0,
-            app,
-            endpoint: endpoint.to_owned(),
-        };
-        let now = now_ms();
-        let record = SessionRecord {
-            id,
-            principal: caller.principal.clone(),
-            created_at_ms: now,
-            expires_at_ms: self.inner.expiry_from(now),
-            revision: 0,
-            state: serde_json::to_value(&state).map_err(|e| StoreError::Backend(e.to_string()))?,
-        };
-        self.inner.store.create_session(&record).await?;
-        let session = Arc::new(Session::new(record.id.clone(), record.principal.clone(), 0, state, record.expires_at_ms));
-        self.inner.cache(session.clone());
-        tracing::info!(session = %session.id, version, "session created");
-        Ok(session)
-    }
 
     /// Finds a session of `endpoint` for `principal`, rehydrating it from the
     /// store if this process has not seen it. Another principal's session, or
@@ -523,7 +309,7 @@ impl Engine {
             }
             Inbound::Response { id, outcome } => {
                 let key = ctx::request_key(&id);
-                let waiter = session.pending.lock().ok().and_then(|mut p| p.remove(&key));
+                let waiter = session.pending.lock().remove(&key);
                 match waiter {
                     Some(tx) => {
                         let _ = tx.send(outcome);
@@ -608,12 +394,12 @@ impl Engine {
     /// interrupted (stored, so a client that resumes sees it); background
     /// tasks are awaited (bounded); the store commits everything accepted.
     pub async fn shutdown(&self) {
-        let inner = self.inner.clone();
-        self.inner.shutdown_done.get_or_init(|| async move { inner.drain().await }).await;
+        let inner = &self.inner;
+        inner.life.drain_once(inner.config.drain_timeout, inner.after_drain()).await;
     }
 
     pub fn shutdown_token(&self) -> CancellationToken {
-        self.inner.shutdown.clone()
+        self.inner.life.shutdown.clone()
     }
 
     /// A session by its ID alone, whoever it belongs to (the admin API);
@@ -639,14 +425,14 @@ impl Engine {
         let endpoint = record.state.get("endpoint").and_then(Value::as_str).unwrap_or("");
         let app = self.inner.apps.get(endpoint)?;
         let app_state = record.state.get("app").and_then(Value::as_object).cloned().unwrap_or_default();
-        let local = self.inner.cached(&record.id).and_then(|s| s.local.lock().ok().and_then(|l| l.clone()));
+        let local = self.inner.cached(&record.id).and_then(|s| s.local.lock().clone());
         app.describe_session(&app_state, local.as_deref())
     }
 
     /// The ids of the requests this process runs for a session.
     pub fn in_flight(&self, id: &str) -> Vec<String> {
         let Some(session) = self.inner.cached(id) else { return Vec::new() };
-        session.inflight.lock().map(|m| m.keys().cloned().collect()).unwrap_or_default()
+        session.inflight.lock().keys().cloned().collect()
     }
 
     /// The operations (resumable calls, also tasks) a session started that
@@ -665,8 +451,7 @@ impl Engine {
     /// (sessions notified, sessions whose append failed).
     pub async fn notify_held(&self, keep: impl Fn(&Session) -> bool, method: &str, params: Option<&Value>) -> (usize, usize) {
         use futures::StreamExt;
-        let held: Vec<Arc<Session>> =
-            self.inner.cache.sessions.lock().map(|m| m.values().filter(|s| keep(s)).cloned().collect()).unwrap_or_default();
+        let held: Vec<Arc<Session>> = self.inner.cache.sessions.lock().values().filter(|s| keep(s)).cloned().collect();
         let payload = envelope::outbound_message(None, method, params);
         let inner = &self.inner;
         let mut appends: futures::stream::FuturesUnordered<_> = held
@@ -690,7 +475,7 @@ impl Engine {
 
     /// Sessions currently held in memory (for tests and metrics).
     pub fn cached_sessions(&self) -> usize {
-        self.inner.cache.sessions.lock().map(|m| m.len()).unwrap_or(0)
+        self.inner.cache.sessions.lock().len()
     }
 }
 
@@ -698,8 +483,6 @@ fn truncate(s: &str, n: usize) -> String {
     s.chars().take(n).collect()
 }
 
-/// After the interruption: how long the interrupted work gets to store its answers.
-const INTERRUPT_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 /// How long the applications may take to let go of what they hold at
 /// shutdown (a gateway stops its children: a few seconds each, in parallel).
 const APPS_SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -710,20 +493,15 @@ impl Inner {
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        self.tasks.spawn(task);
+        self.life.spawn(task);
     }
 
-    /// [`Inner::spawn`] of a request's work, in the current span (its
-    /// JSON-RPC span) when spans are on (`crate::trace`).
+    /// A request's work, tracked, in its JSON-RPC span (see [`lifecycle`]).
     pub(crate) fn spawn_request<F>(&self, task: F)
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        if crate::trace::enabled() {
-            self.tasks.spawn(task.in_current_span());
-        } else {
-            self.tasks.spawn(task);
-        }
+        self.life.spawn_request(task);
     }
 
     /// The application of a session's endpoint (the root one if the endpoint
@@ -774,19 +552,9 @@ impl Inner {
         });
     }
 
-    async fn drain(&self) {
-        self.shutdown.cancel();
-        self.tasks.close();
-        if tokio::time::timeout(self.config.drain_timeout, self.tasks.wait()).await.is_err() {
-            tracing::warn!(running = self.tasks.len(), "requests still running after the drain timeout end as interrupted");
-            self.interrupt.cancel();
-            if tokio::time::timeout(INTERRUPT_GRACE, self.tasks.wait()).await.is_err() {
-                tracing::warn!(
-                    running = self.tasks.len(),
-                    "tasks still running at exit; their requests close as interrupted on the next start"
-                );
-            }
-        }
+    /// Once the tasks are drained: the applications let go, the lease is
+    /// released, the store commits everything accepted.
+    async fn after_drain(&self) {
         if tokio::time::timeout(APPS_SHUTDOWN_WAIT, self.shut_down_apps()).await.is_err() {
             tracing::warn!("the applications did not finish shutting down in time; exiting anyway");
         }
@@ -802,7 +570,7 @@ impl Inner {
     /// it lives on in the store), then every application shuts down. Runs
     /// after the requests drained, so nothing uses what they let go of.
     async fn shut_down_apps(&self) {
-        let held: Vec<Arc<Session>> = self.cache.sessions.lock().map(|m| m.values().cloned().collect()).unwrap_or_default();
+        let held: Vec<Arc<Session>> = self.cache.sessions.lock().values().cloned().collect();
         let ends = held.into_iter().map(|s| {
             let end = SessionEnd {
                 session_id: s.id.clone(),

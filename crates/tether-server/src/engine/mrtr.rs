@@ -14,11 +14,11 @@
 //! the name the request is about (tool, prompt, resource) and an expiry. A
 //! state that does not verify, or answers without a state, is `-32602`.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use base64::Engine as _;
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
@@ -134,7 +134,7 @@ impl Rounds {
         if capabilities.get(needed).is_none() {
             return Err(super::missing_capability(needed, &format!("this request asks the client {method}")));
         }
-        let mut asked = self.asked.lock().map_err(|_| RpcError::internal("input requests unusable"))?;
+        let mut asked = self.asked.lock();
         let key = format!("{method}#{}", self.made.fetch_add(1, Ordering::Relaxed));
         if let Some(answer) = self.answers.get(&key) {
             return Ok(answer.clone());
@@ -152,12 +152,12 @@ impl Rounds {
 
     /// Whether this round asked something not yet answered.
     pub(crate) fn has_asked(&self) -> bool {
-        self.asked.lock().map(|a| !a.is_empty()).unwrap_or(false)
+        !self.asked.lock().is_empty()
     }
 
     /// The `input_required` result of a round that asked something.
     pub(crate) fn input_required(&self, state: impl FnOnce() -> String) -> Option<Value> {
-        let asked = self.asked.lock().ok()?;
+        let asked = self.asked.lock();
         if asked.is_empty() {
             return None;
         }

@@ -24,7 +24,8 @@ pub(crate) async fn receive(
         "notifications/cancelled" => {
             if let Some(id) = params.as_ref().and_then(|p| p.get("requestId")) {
                 let key = request_key(id);
-                if let Some(token) = session.inflight.lock().ok().and_then(|m| m.get(&key).cloned()) {
+                let token = session.inflight.lock().get(&key).cloned();
+                if let Some(token) = token {
                     tracing::info!(session = %session.id, request = %key, "request cancelled by client");
                     token.cancel();
                 }
@@ -48,7 +49,7 @@ pub(crate) async fn receive(
 fn enqueue(inner: &Arc<Inner>, session: Arc<Session>, notification: QueuedNotification) -> Result<(), EngineError> {
     let limit = inner.config.max_queued_notifications;
     let start_drain = {
-        let mut queue = session.notifications.lock().map_err(|_| EngineError::TooMany("notification queue unusable".into()))?;
+        let mut queue = session.notifications.lock();
         if queue.waiting.len() >= limit {
             return Err(EngineError::TooMany(format!(
                 "{limit} notifications of this session are still waiting to be handled; send this one again later"
@@ -68,18 +69,16 @@ fn enqueue(inner: &Arc<Inner>, session: Arc<Session>, notification: QueuedNotifi
 /// when the queue is empty.
 async fn drain(inner: Arc<Inner>, session: Arc<Session>) {
     loop {
-        let next = match session.notifications.lock() {
-            Ok(mut queue) => {
-                if session.closed.is_cancelled() {
-                    queue.waiting.clear();
-                }
-                let next = queue.waiting.pop_front();
-                if next.is_none() {
-                    queue.draining = false;
-                }
-                next
+        let next = {
+            let mut queue = session.notifications.lock();
+            if session.closed.is_cancelled() {
+                queue.waiting.clear();
             }
-            Err(_) => return,
+            let next = queue.waiting.pop_front();
+            if next.is_none() {
+                queue.draining = false;
+            }
+            next
         };
         let Some(QueuedNotification { method, params }) = next else { return };
         let ctx = SessionCtx::new(inner.clone(), session.clone());

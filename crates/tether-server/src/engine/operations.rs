@@ -13,10 +13,11 @@
 mod token;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use tether_store::{Store, StoreError, now_ms};
@@ -236,12 +237,12 @@ pub(super) async fn load(inner: &Inner, id: &str) -> Result<Option<OpRecord>, Rp
 
 impl Operations {
     fn status(&self, id: &str) -> Option<watch::Receiver<Status>> {
-        self.live.lock().ok().and_then(|m| m.get(id).map(|(s, _)| s.subscribe()))
+        self.live.lock().get(id).map(|(s, _)| s.subscribe())
     }
 
     /// Whether the operation's work runs in this process.
     pub(super) fn runs_here(&self, id: &str) -> bool {
-        self.live.lock().ok().is_some_and(|m| m.contains_key(id))
+        self.live.lock().contains_key(id)
     }
 
     /// Waits (at most until `deadline`) for work running here to finish;
@@ -254,7 +255,8 @@ impl Operations {
 
     /// Stops work running here (`tasks/cancel`); the record says why.
     pub(super) fn cancel(&self, id: &str) {
-        if let Some((_, cancel)) = self.live.lock().ok().and_then(|m| m.get(id).cloned()) {
+        let found = self.live.lock().get(id).cloned();
+        if let Some((_, cancel)) = found {
             cancel.cancel();
         }
     }
@@ -287,9 +289,7 @@ impl Operations {
     ) -> watch::Receiver<Status> {
         let (tx, rx) = watch::channel(Status { chunks: record.chunks, ..Status::default() });
         let cancel = tokio_util::sync::CancellationToken::new();
-        if let Ok(mut m) = self.live.lock() {
-            m.insert(id.clone(), (tx.clone(), cancel.clone()));
-        }
+        self.live.lock().insert(id.clone(), (tx.clone(), cancel.clone()));
         let ctx = OperationCtx {
             inner: inner.clone(),
             id: id.clone(),
@@ -309,7 +309,7 @@ impl Operations {
                     tracing::error!(operation = %id, %tool, "the application panicked running an operation");
                     Err(RpcError::internal(super::PANICKED_MESSAGE))
                 }),
-                _ = inner.interrupt.cancelled() => return,
+                _ = inner.life.interrupt.cancelled() => return,
                 // The record already says cancelled.
                 _ = cancel.cancelled() => Err(RpcError::cancelled()),
             };
@@ -333,9 +333,7 @@ impl Operations {
                 tracing::error!(operation = %id, error = %e.message, "could not record the end of an operation");
             }
             status.send_modify(|s| s.finished = true);
-            if let Ok(mut m) = inner.operations.live.lock() {
-                m.remove(&id);
-            }
+            inner.operations.live.lock().remove(&id);
         });
         rx
     }

@@ -15,9 +15,10 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use parking_lot::Mutex;
 use tether_store::{EventKind, StoreError, StoredEvent};
 use tokio::sync::broadcast;
 
@@ -51,17 +52,13 @@ pub enum Frame {
 struct Outbox(Arc<Mutex<VecDeque<Frame>>>);
 
 impl Outbox {
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Frame>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Waits for room, then queues `frame`. The wait needs no waker: the pump
     /// is only polled by its `Frames`, which empties the outbox before it
     /// returns the frames and polls the pump again on its next read.
     async fn send(&self, frame: Frame) {
         let mut frame = Some(frame);
         std::future::poll_fn(|_| {
-            let mut queue = self.lock();
+            let mut queue = self.0.lock();
             if queue.len() >= FRAME_BUFFER {
                 return Poll::Pending;
             }
@@ -107,7 +104,7 @@ impl Frames {
     }
 
     fn take(&self) -> Option<Frame> {
-        let mut queue = self.outbox.lock();
+        let mut queue = self.outbox.0.lock();
         let frame = queue.pop_front();
         if queue.is_empty() && queue.capacity() > 0 {
             // An idle stream keeps no buffer (one allocation per frame sent).
@@ -267,7 +264,7 @@ impl Pump {
             }
             tokio::select! {
                 biased;
-                _ = self.inner.shutdown.cancelled() => {
+                _ = self.inner.life.shutdown.cancelled() => {
                     self.out.send(Frame::Reconnect).await;
                     return;
                 }

@@ -9,8 +9,9 @@
 //! removes an entry that reaches zero), so it is bounded by the ceiling.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use parking_lot::Mutex;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// One kind of thing under a server-wide ceiling and a per-principal share,
@@ -125,7 +126,7 @@ impl Quota {
 
     /// A slot for `principal`, or `None` when it holds `limit` already.
     fn take(self: &Arc<Self>, principal: &str) -> Option<Held> {
-        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        let mut counts = self.counts.lock();
         let count = counts.entry(principal.to_owned()).or_insert(0);
         if *count >= self.limit {
             return None;
@@ -137,7 +138,7 @@ impl Quota {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        let mut counts = self.quota.counts.lock().unwrap_or_else(|e| e.into_inner());
+        let mut counts = self.quota.counts.lock();
         if let Some(count) = counts.get_mut(&self.principal) {
             *count -= 1;
             if *count == 0 {
@@ -161,7 +162,7 @@ mod tests {
         drop(a1);
         assert!(quota.take("alice").is_some(), "a slot given back is taken again");
         drop(b);
-        assert!(!quota.counts.lock().unwrap().contains_key("bob"), "no entry for a principal holding nothing");
+        assert!(!quota.counts.lock().contains_key("bob"), "no entry for a principal holding nothing");
     }
 
     #[test]

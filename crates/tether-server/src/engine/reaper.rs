@@ -23,7 +23,7 @@ impl Inner {
             let mut tick = tokio::time::interval(inner.config.reap_interval);
             loop {
                 tokio::select! {
-                    _ = inner.shutdown.cancelled() => return,
+                    _ = inner.life.shutdown.cancelled() => return,
                     _ = tick.tick() => inner.reap().await,
                 }
             }
@@ -34,7 +34,7 @@ impl Inner {
         match self.store.expire_sessions(now_ms(), 1000).await {
             Ok(expired) => {
                 for id in expired {
-                    let held = self.cache.sessions.lock().ok().and_then(|mut m| m.remove(&id));
+                    let held = self.cache.sessions.lock().remove(&id);
                     match held {
                         Some(s) => {
                             s.closed.cancel();

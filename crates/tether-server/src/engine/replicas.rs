@@ -40,7 +40,7 @@ pub(crate) fn start(inner: &Arc<Inner>) {
     if let Some(mut appends) = inner.store.remote_appends() {
         let weak = Arc::downgrade(inner);
         let hub = inner.hub.clone();
-        let shutdown = inner.shutdown.clone();
+        let shutdown = inner.life.shutdown.clone();
         inner.spawn(async move {
             loop {
                 tokio::select! {
@@ -71,7 +71,7 @@ pub(crate) fn start(inner: &Arc<Inner>) {
         });
     }
     let weak = Arc::downgrade(inner);
-    let shutdown = inner.shutdown.clone();
+    let shutdown = inner.life.shutdown.clone();
     let lease = inner.config.replica_lease;
     inner.spawn(async move {
         // Renew three times per lease, so one slow round does not kill it.
@@ -210,14 +210,14 @@ pub(crate) async fn post_answer(inner: &Inner, session: &str, request: &str, out
 /// Takes a stored answer and hands it to the request waiting here, if one does.
 fn deliver_stored_answer(inner: Arc<Inner>, session: String, request: String) {
     let Some(cached) = inner.cached(&session) else { return };
-    let waiting = cached.pending.lock().map(|p| p.contains_key(&request)).unwrap_or(false);
+    let waiting = cached.pending.lock().contains_key(&request);
     if !waiting {
         return;
     }
     let tracker = inner.clone();
     tracker.spawn(async move {
         if let Some(answer) = take_answer(&inner, &session, &request).await
-            && let Some(tx) = cached.pending.lock().ok().and_then(|mut p| p.remove(&request))
+            && let Some(tx) = cached.pending.lock().remove(&request)
         {
             let _ = tx.send(answer);
         }

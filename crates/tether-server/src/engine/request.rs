@@ -41,7 +41,7 @@ struct InflightSlot {
 impl InflightSlot {
     /// Takes a slot, or says why not (a running request has this id; too many run).
     fn take(session: &Arc<Session>, key: String, cancel: CancellationToken, limit: usize) -> Result<Self, EngineError> {
-        let mut inflight = session.inflight.lock().map_err(|_| StoreError::Backend("inflight lock poisoned".into()))?;
+        let mut inflight = session.inflight.lock();
         if inflight.contains_key(&key) {
             return Err(EngineError::BadRequest {
                 code: tether_wire::code::INVALID_REQUEST,
@@ -62,9 +62,7 @@ impl InflightSlot {
 
 impl Drop for InflightSlot {
     fn drop(&mut self) {
-        if let Ok(mut inflight) = self.session.inflight.lock() {
-            inflight.remove(&self.key);
-        }
+        self.session.inflight.lock().remove(&self.key);
     }
 }
 
@@ -95,7 +93,7 @@ pub(crate) async fn run_outcome(
             Err(RpcError::internal(PANICKED_MESSAGE))
         }),
         _ = cancel.cancelled() => Err(RpcError::cancelled()),
-        _ = inner.interrupt.cancelled() => Err(RpcError::internal(INTERRUPTED_MESSAGE)),
+        _ = inner.life.interrupt.cancelled() => Err(RpcError::internal(INTERRUPTED_MESSAGE)),
     };
     if let Err(e) = &result {
         crate::trace::record_error(e);
@@ -131,7 +129,7 @@ impl Inner {
         work: Work,
     ) -> Result<PostOutcome, EngineError> {
         let RequestHead { id, progress_token, authorization } = head;
-        if self.shutdown.is_cancelled() {
+        if self.life.shutdown.is_cancelled() {
             return Err(EngineError::ShuttingDown);
         }
         let cancel = CancellationToken::new();
@@ -322,7 +320,7 @@ async fn store_final(inner: &Inner, session: &Arc<Session>, stream: &RequestStre
         tokio::select! {
             () = tokio::time::sleep(pause) => {}
             () = recovery => {}
-            () = inner.interrupt.cancelled() => {
+            () = inner.life.interrupt.cancelled() => {
                 tracing::error!(session = %session.id, "a final response is still not stored at shutdown; the next start closes the request as interrupted");
                 return;
             }

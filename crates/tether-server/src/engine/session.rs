@@ -7,9 +7,10 @@
 
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use tokio::sync::{oneshot, watch};
@@ -116,10 +117,7 @@ impl Session {
     }
 
     pub(crate) fn client(&self) -> Arc<ClientDeclaration> {
-        match self.client.lock() {
-            Ok(c) => c.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
+        self.client.lock().clone()
     }
 
     /// The caller of this session's requests.
@@ -130,19 +128,13 @@ impl Session {
     /// After the state changed (a resume): the caller follows it.
     pub(crate) fn set_caller_from(&self, state: &SessionState) {
         let client = state.client.clone();
-        match self.client.lock() {
-            Ok(mut c) => *c = client,
-            Err(poisoned) => *poisoned.into_inner() = client,
-        }
+        *self.client.lock() = client;
     }
 
     /// The application's in-memory state of type `T` (created on first use;
     /// state of another type is replaced).
     pub(crate) fn local<T: Default + Send + Sync + 'static>(&self) -> Arc<T> {
-        let mut local = match self.local.lock() {
-            Ok(l) => l,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut local = self.local.lock();
         if let Some(found) = local.clone().and_then(|l| l.downcast::<T>().ok()) {
             return found;
         }
@@ -153,30 +145,25 @@ impl Session {
 
     /// Sets the application's in-memory state (from `initialize`).
     pub(crate) fn set_local(&self, local: Arc<dyn Any + Send + Sync>) {
-        match self.local.lock() {
-            Ok(mut l) => *l = Some(local),
-            Err(poisoned) => *poisoned.into_inner() = Some(local),
-        }
+        *self.local.lock() = Some(local);
     }
 
     /// Takes the application's in-memory state (the session is leaving).
     pub(crate) fn take_local(&self) -> super::ctx::Local {
-        self.local.lock().ok().and_then(|mut l| l.take())
+        self.local.lock().take()
     }
 
     pub(crate) fn inflight_count(&self) -> usize {
-        self.inflight.lock().map(|m| m.len()).unwrap_or(0)
+        self.inflight.lock().len()
     }
 
     pub(crate) fn is_busy(&self) -> bool {
-        self.inflight_count() > 0
-            || self.pending.lock().map(|m| !m.is_empty()).unwrap_or(false)
-            || self.notifications.lock().map(|q| q.draining).unwrap_or(false)
+        self.inflight_count() > 0 || !self.pending.lock().is_empty() || self.notifications.lock().draining
     }
 
     /// Server-to-client requests waiting for the client's answer here.
     pub fn pending_client_requests(&self) -> usize {
-        self.pending.lock().map(|m| m.len()).unwrap_or(0)
+        self.pending.lock().len()
     }
 
     pub(crate) fn last_seen(&self) -> i64 {

@@ -9,9 +9,11 @@
 //! server's `serverInfo` in `_meta`, as the application describes itself in
 //! [`McpApp::discover`](crate::app::McpApp::discover).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
 
 use bytes::Bytes;
+use parking_lot::Mutex;
 use serde_json::{Map, Value, json};
 use tether_wire::{RpcError, code, envelope, meta, revision};
 use tokio::sync::mpsc;
@@ -19,7 +21,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::request::{self, RequestHead, Work};
 use super::{Engine, EngineError, Inner};
-use crate::app::{Caller, ClientAuthorization, RawResult};
+use crate::app::{Caller, ClientAuthorization, McpApp, RawResult};
 use crate::engine::RequestCtx;
 
 /// Methods whose 2026-07-28 results say how long they may be cached
@@ -111,7 +113,7 @@ impl Engine {
     /// the reply's channel.
     pub async fn call_sessionless(&self, request: SessionlessRequest) -> Result<SessionlessReply, EngineError> {
         let inner = &self.inner;
-        if inner.shutdown.is_cancelled() {
+        if inner.life.shutdown.is_cancelled() {
             return Err(EngineError::ShuttingDown);
         }
         let app =
@@ -202,11 +204,20 @@ impl SessionlessReply {
     }
 }
 
+/// What each endpoint's application says of itself (`McpApp::discover`),
+/// asked once per application (a replaced one is asked again); an
+/// application that could not say is asked again next time.
+#[derive(Default)]
+pub(crate) struct Descriptions {
+    #[allow(clippy::type_complexity)]
+    by_endpoint: Mutex<HashMap<String, (Weak<dyn McpApp>, Arc<tokio::sync::OnceCell<Arc<Map<String, Value>>>>)>>,
+}
+
 impl Inner {
     pub(crate) async fn described(&self, endpoint: &str) -> Result<Option<Arc<Map<String, Value>>>, EngineError> {
         let app = self.apps.get(endpoint).ok_or_else(|| EngineError::UnknownEndpoint(endpoint.to_owned()))?.clone();
         let cell = {
-            let mut described = self.described.lock().map_err(|_| EngineError::ShuttingDown)?;
+            let mut described = self.described.by_endpoint.lock();
             let entry = described.entry(endpoint.to_owned()).or_insert_with(|| (Arc::downgrade(&app), Arc::default()));
             // The endpoint's application was replaced (SIGHUP): describe the new one.
             if !entry.0.upgrade().is_some_and(|kept| Arc::ptr_eq(&kept, &app)) {

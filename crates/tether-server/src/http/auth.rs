@@ -11,9 +11,10 @@
 //! anonymous principal.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use axum::http::{HeaderMap, StatusCode, header};
+use parking_lot::RwLock;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
@@ -172,7 +173,7 @@ impl Auth {
 
     /// Whether `token` is one of the token file's (an admin token must not be).
     pub fn holds_token(&self, token: &str) -> bool {
-        self.table.read().ok().and_then(|t| t.clone()).is_some_and(|t| t.holds(token))
+        self.table.read().clone().is_some_and(|t| t.holds(token))
     }
 
     /// The OAuth resource server, if `--oauth-issuer` is set.
@@ -190,7 +191,7 @@ impl Auth {
         let text = std::fs::read_to_string(path.as_path()).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         let table = TokenTable::parse(&text).map_err(|e| format!("{}: {e}", path.display()))?;
         let n = table.len();
-        *self.table.write().map_err(|_| "token table lock poisoned".to_owned())? = Some(Arc::new(table));
+        *self.table.write() = Some(Arc::new(table));
         Ok(n)
     }
 
@@ -217,7 +218,7 @@ impl Auth {
             .and_then(|v| v.to_str().ok())
             .and_then(tether_wire::headers::bearer_token)
             .ok_or_else(|| unauthorized("authentication required: send `Authorization: Bearer <token>`", None))?;
-        let table = self.table.read().ok().and_then(|t| t.clone());
+        let table = self.table.read().clone();
         if let Some(principal) = table.as_ref().and_then(|t| t.principal(token)) {
             return Ok(principal.to_owned());
         }

@@ -23,7 +23,7 @@ impl FromRequestParts<AppState> for OriginAllowed {
     type Rejection = HttpError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
-        validate::origin(&parts.headers, &state.allowed_origins).map(|()| OriginAllowed)
+        validate::origin(&parts.headers, &state.http.allowed_origins).map(|()| OriginAllowed)
     }
 }
 
@@ -93,8 +93,8 @@ impl FromRequest<AppState> for Message {
     async fn from_request(request: Request, state: &AppState) -> Result<Self, Self::Rejection> {
         let (parts, body) = request.into_parts();
         validate::content_type_json(&parts.headers)?;
-        let config = state.engine.config();
-        let bytes = validate::read_body(&parts.headers, body, config.max_body, config.body_timeout).await?;
+        let http = &state.http;
+        let bytes = validate::read_body(&parts.headers, body, http.max_body, http.body_timeout).await?;
         Ok(Message(tether_wire::parse_message(&bytes)?, parts.headers))
     }
 }

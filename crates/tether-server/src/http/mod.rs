@@ -4,6 +4,7 @@
 
 mod admin;
 mod auth;
+mod config;
 mod conn;
 mod error;
 mod extract;
@@ -28,6 +29,7 @@ use tokio::net::TcpListener;
 
 pub use admin::{admin_router, session_summary};
 pub use auth::{ANONYMOUS, Auth, TokenTable};
+pub use config::HttpConfig;
 pub use error::HttpError;
 pub use ops::metrics_router;
 
@@ -42,13 +44,12 @@ use extract::{AcceptsAnswers, AcceptsStream, Endpoint, Message, OriginAllowed, P
 pub(crate) struct AppState {
     engine: Engine,
     auth: Auth,
-    allowed_origins: Arc<Vec<String>>,
+    http: Arc<HttpConfig>,
 }
 
 /// The router with `/mcp`, `/healthz` and `/readyz` (which need no token).
-pub fn router(engine: Engine, auth: Auth) -> Router {
-    let allowed_origins = Arc::new(engine.config().allowed_origins.clone());
-    let state = AppState { engine, auth, allowed_origins };
+pub fn router(engine: Engine, auth: Auth, http: Arc<HttpConfig>) -> Router {
+    let state = AppState { engine, auth, http };
     let mcp = Router::new()
         .route("/mcp", post(post_mcp).get(get_mcp).delete(delete_mcp))
         .route("/mcp/{endpoint}", post(post_mcp).get(get_mcp).delete(delete_mcp));
@@ -80,16 +81,17 @@ async fn resource_metadata(State(state): State<AppState>, uri: axum::http::Uri) 
 }
 
 /// Serves until `shutdown` resolves; then tells open streams to reconnect,
-/// stops accepting, and flushes the store. Connections are held to the
-/// engine's config: header, idle and body timeouts and a cap on how many
-/// are open (`conn.rs`).
+/// stops accepting, and flushes the store. Connections are held to
+/// `http`: header, idle and body timeouts and a cap on how many are open
+/// (`conn.rs`).
 pub async fn serve(
     listener: TcpListener,
     engine: Engine,
     auth: Auth,
+    http: HttpConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    serve_with(listener, Router::new(), engine, auth, shutdown).await
+    serve_with(listener, Router::new(), engine, auth, http, shutdown).await
 }
 
 /// Connections a separate metrics listener holds at once: scrapers, not clients.
@@ -99,8 +101,7 @@ const METRICS_MAX_CONNECTIONS: usize = 64;
 /// the process exits, with the main listener's header and idle timeouts and
 /// a small cap on open connections, so that a stuck or hostile scraper
 /// cannot hold sockets there either.
-pub async fn serve_metrics(listener: TcpListener, engine: Engine) -> std::io::Result<()> {
-    let config = engine.config();
+pub async fn serve_metrics(listener: TcpListener, engine: Engine, config: &HttpConfig) -> std::io::Result<()> {
     let limits = conn::Limits {
         header_timeout: config.header_timeout,
         idle_timeout: config.idle_timeout,
@@ -117,16 +118,17 @@ pub async fn serve_with(
     extra: Router,
     engine: Engine,
     auth: Auth,
+    config: HttpConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let config = engine.config();
     let limits = conn::Limits {
         header_timeout: config.header_timeout,
         idle_timeout: config.idle_timeout,
         max_connections: config.max_connections,
     };
     let on_shutdown = engine.clone();
-    let mut app = router(engine.clone(), auth).merge(extra);
+    let hosts = host::HostLayer(config.allowed_hosts.clone().map(Arc::new));
+    let mut app = router(engine.clone(), auth, Arc::new(config)).merge(extra);
     if crate::metrics::enabled() {
         app = app.layer(ops::CountLayer);
     }
@@ -134,7 +136,7 @@ pub async fn serve_with(
         app = app.layer(crate::trace::TraceLayer);
     }
     // Outermost: a request for a name this server is not set up for goes no further.
-    app = app.layer(host::HostLayer(config.allowed_hosts.clone().map(Arc::new)));
+    app = app.layer(hosts);
     let result = conn::serve(listener, app, limits, async move {
         shutdown.await;
         tracing::info!("shutting down: asking open streams to reconnect");
@@ -180,7 +182,7 @@ async fn post_mcp(
         return sessionless::post(&state, &endpoint, principal, &headers, message).await;
     }
     let engine = &state.engine;
-    let reply = if engine.config().json_response { Reply::Json } else { Reply::Stream };
+    let reply = if state.http.json_response { Reply::Json } else { Reply::Stream };
     let outcome = match message {
         Inbound::Request { id, method, params } if method == "initialize" => {
             engine.initialize(&endpoint, &principal, id, params, reply, client_authorization(&headers)).await?
@@ -190,7 +192,7 @@ async fn post_mcp(
             engine.post(session, message, reply, client_authorization(&headers)).await?
         }
     };
-    let retry = engine.config().sse_retry_ms;
+    let retry = state.http.sse_retry_ms;
     Ok(match outcome {
         PostOutcome::Accepted => StatusCode::ACCEPTED.into_response(),
         PostOutcome::Stream { frames, session_id } => sse::response(frames, retry, Some(&session_id)),
@@ -284,7 +286,7 @@ async fn get_mcp(
         Some(last) => engine.resume(session, &last).await?,
         None => engine.open_standalone(session).await?,
     };
-    Ok(sse::response(frames, engine.config().sse_retry_ms, None))
+    Ok(sse::response(frames, state.http.sse_retry_ms, None))
 }
 
 async fn delete_mcp(

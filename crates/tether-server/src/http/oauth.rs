@@ -33,12 +33,12 @@
 //! resume tokens are bound to it like to any principal.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
 use jsonwebtoken::jwk::{AlgorithmParameters, Jwk, JwkSet};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
@@ -234,7 +234,7 @@ impl ResourceServer {
         let resource = self.resource(endpoint);
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let now = unix_now();
-        if let Some(known) = self.remembered().get(&digest).filter(|t| t.expires + LEEWAY.as_secs() > now).cloned() {
+        if let Some(known) = self.remembered.lock().get(&digest).filter(|t| t.expires + LEEWAY.as_secs() > now).cloned() {
             if known.resource == resource {
                 return Ok(known);
             }
@@ -244,7 +244,7 @@ impl ResourceServer {
             3 => self.check(token, &resource).await?,
             _ => self.introspect(token, digest, &resource).await?,
         };
-        let mut remembered = self.remembered();
+        let mut remembered = self.remembered.lock();
         if remembered.len() >= MAX_REMEMBERED {
             remembered.retain(|_, t| t.expires + LEEWAY.as_secs() > now);
             if remembered.len() >= MAX_REMEMBERED {
@@ -253,14 +253,6 @@ impl ResourceServer {
         }
         remembered.insert(digest, checked.clone());
         Ok(checked)
-    }
-
-    fn remembered(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], Token>> {
-        self.remembered.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn inactive(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], Instant>> {
-        self.inactive.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Checks an opaque token by RFC 7662 introspection at the issuers.
@@ -272,7 +264,7 @@ impl ResourceServer {
             ));
         };
         let now = Instant::now();
-        if self.inactive().get(&digest).is_some_and(|until| *until > now) {
+        if self.inactive.lock().get(&digest).is_some_and(|until| *until > now) {
             return Err(Refusal::Invalid("the token is not active".into()));
         }
         let _turn = self.introspections.acquire().await.map_err(|_| Refusal::Unavailable("shutting down".into()))?;
@@ -319,7 +311,7 @@ impl ResourceServer {
         if let Some(e) = unreachable {
             return Err(Refusal::Unavailable(format!("the token could not be introspected: {e}")));
         }
-        let mut inactive = self.inactive();
+        let mut inactive = self.inactive.lock();
         if inactive.len() >= MAX_REMEMBERED {
             inactive.retain(|_, until| *until > now);
         }

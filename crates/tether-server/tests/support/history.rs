@@ -23,8 +23,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
-use std::sync::Mutex;
 
+use parking_lot::Mutex;
 use serde_json::Value;
 
 /// One event as a client read it: its SSE ID and its data (empty for a
@@ -148,7 +148,7 @@ impl History {
     }
 
     fn push(&self, entry: Entry) {
-        self.entries.lock().unwrap_or_else(|p| p.into_inner()).push(entry);
+        self.entries.lock().push(entry);
     }
 
     /// The client sent request `id` on `session`.
@@ -171,7 +171,7 @@ impl History {
     /// Every stream (by session) a client read, with the requests read on it:
     /// what the test must replay from `<stream>.0` before [`History::check`].
     pub fn streams(&self) -> Vec<(String, String)> {
-        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let entries = self.entries.lock();
         let mut streams = BTreeSet::new();
         for entry in entries.iter() {
             if let Entry::Read(key, events, _) = entry {
@@ -197,7 +197,7 @@ impl History {
     /// the stream's end: an event after it that survived is a violation, as
     /// is any loss of an event `may_lose` does not allow.
     pub fn check_with(&self, may_lose: impl Fn(u64) -> bool) -> Report {
-        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let entries = self.entries.lock().clone();
         check(&entries, &may_lose)
     }
 }

@@ -54,16 +54,16 @@ pub struct Tally {
     pub patience_secs: AtomicU64,
     /// Answers that break the protocol (a status other than 200/503, a 503
     /// without its reason): each one is also a message in `problems`.
-    pub problems: std::sync::Mutex<Vec<String>>,
+    pub problems: parking_lot::Mutex<Vec<String>>,
 }
 
 impl Tally {
     fn problem(&self, text: String) {
-        self.problems.lock().unwrap_or_else(|p| p.into_inner()).push(text);
+        self.problems.lock().push(text);
     }
 
     pub fn problems(&self) -> Vec<String> {
-        self.problems.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.problems.lock().clone()
     }
 
     pub fn get(counter: &AtomicU64) -> u64 {
@@ -162,7 +162,7 @@ fn refusal_is_clear(json: &Value, id: u64) -> bool {
 /// (drawn; replicas serve any session), re-read every time, so a test can
 /// move the clients to a restarted server.
 pub async fn client(
-    addrs: Arc<std::sync::Mutex<Vec<SocketAddr>>>,
+    addrs: Arc<parking_lot::Mutex<Vec<SocketAddr>>>,
     session: String,
     seed: u64,
     until: Instant,
@@ -250,8 +250,8 @@ pub async fn client(
     }
 }
 
-fn pick(addrs: &std::sync::Mutex<Vec<SocketAddr>>, rng: &mut StdRng) -> SocketAddr {
-    let addrs = addrs.lock().unwrap_or_else(|p| p.into_inner());
+fn pick(addrs: &parking_lot::Mutex<Vec<SocketAddr>>, rng: &mut StdRng) -> SocketAddr {
+    let addrs = addrs.lock();
     addrs[rng.random_range(0..addrs.len())]
 }
 

@@ -16,8 +16,9 @@ use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 use tether_server::http::Auth;
+use tether_server::http::HttpConfig;
 use tether_server::rmcp_model::{CallToolResult, Implementation, Tool};
-use tether_server::{Engine, RequestCtx, RpcError, ServerConfig, ToolApp, ToolRouter};
+use tether_server::{Engine, EngineConfig, RequestCtx, RpcError, ToolApp, ToolRouter};
 use tether_store::Store;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -57,13 +58,18 @@ impl ToolApp for Tools {
 }
 
 /// Serves [`Tools`] on `store` at a loopback port until the test's runtime ends.
-pub async fn serve(store: Arc<dyn Store>, config: ServerConfig) -> (SocketAddr, Engine) {
+pub async fn serve(store: Arc<dyn Store>, config: EngineConfig) -> (SocketAddr, Engine) {
+    serve_http(store, config, HttpConfig::default()).await
+}
+
+/// [`serve`] with the HTTP front's settings `http`.
+pub async fn serve_http(store: Arc<dyn Store>, config: EngineConfig, http: HttpConfig) -> (SocketAddr, Engine) {
     let engine = Engine::new(store, Arc::new(ToolRouter::new(Tools)), config);
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind a loopback port");
     let addr = listener.local_addr().expect("the listener's address");
     let served = engine.clone();
     tokio::spawn(async move {
-        let _ = tether_server::http::serve(listener, served, Auth::disabled(), std::future::pending()).await;
+        let _ = tether_server::http::serve(listener, served, Auth::disabled(), http, std::future::pending()).await;
     });
     (addr, engine)
 }

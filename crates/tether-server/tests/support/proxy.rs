@@ -33,7 +33,7 @@ pub enum Mode {
 pub struct Proxy {
     pub addr: SocketAddr,
     mode: watch::Sender<Mode>,
-    upstream: Arc<std::sync::Mutex<SocketAddr>>,
+    upstream: Arc<parking_lot::Mutex<SocketAddr>>,
     /// Bumped to cut every open connection (see [`Proxy::retarget`]).
     cuts: watch::Sender<u64>,
     /// Connections accepted, for the report.
@@ -49,7 +49,7 @@ impl Proxy {
         let (cuts, cut_watch) = watch::channel(0u64);
         let accepted = Arc::new(AtomicU64::new(0));
         let counter = accepted.clone();
-        let upstream = Arc::new(std::sync::Mutex::new(upstream));
+        let upstream = Arc::new(parking_lot::Mutex::new(upstream));
         let target = upstream.clone();
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
@@ -59,7 +59,7 @@ impl Proxy {
                     drop(client);
                     continue;
                 }
-                let upstream = *target.lock().unwrap_or_else(|p| p.into_inner());
+                let upstream = *target.lock();
                 let mut cut = cut_watch.clone();
                 cut.mark_unchanged();
                 tokio::spawn(async move {
@@ -86,7 +86,7 @@ impl Proxy {
 
     /// Points new connections at `upstream` and cuts the open ones.
     pub fn retarget(&self, upstream: SocketAddr) {
-        *self.upstream.lock().unwrap_or_else(|p| p.into_inner()) = upstream;
+        *self.upstream.lock() = upstream;
         self.cuts.send_modify(|n| *n += 1);
     }
 

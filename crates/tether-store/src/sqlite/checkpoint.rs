@@ -8,8 +8,9 @@
 //! neither is right without the other (the reasons are on [`WalRecycling`]).
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use parking_lot::Mutex;
 use rusqlite::Connection;
 
 use crate::{StoreError, StoreResult};
@@ -99,9 +100,9 @@ impl WalRecycling {
             return;
         }
         let _running = if self.over_limit() {
-            self.checkpointing.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+            self.checkpointing.lock()
         } else {
-            let Ok(running) = self.checkpointing.try_lock() else { return };
+            let Some(running) = self.checkpointing.try_lock() else { return };
             running
         };
         self.restart_due.store(false, Ordering::Release);
@@ -169,7 +170,7 @@ fn checkpointer_loop(
             continue; // the writer's turn: it catches up and starts the WAL over
         }
         let passive = {
-            let _running = wal.checkpointing.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let _running = wal.checkpointing.lock();
             // Columns: busy, frames in the WAL, frames copied back.
             let copied = wal.counted(|| conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(2)));
             // SQLite syncs the database only after a pass that caught up with
@@ -201,6 +202,6 @@ fn checkpointer_loop(
         }
     }
     // Last one, so a clean stop leaves little WAL behind.
-    let _running = wal.checkpointing.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _running = wal.checkpointing.lock();
     let _ = wal.counted(|| conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(0)));
 }

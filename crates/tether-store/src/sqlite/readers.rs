@@ -6,8 +6,9 @@
 //! runtime worker must not wait for it.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use parking_lot::Mutex;
 use rusqlite::Connection;
 
 use super::{open_connection, tune};
@@ -46,7 +47,7 @@ impl ReaderPool {
         let path = self.path.clone();
         tokio::task::spawn_blocking(move || {
             let _permit = permit;
-            let pooled = readers.lock().map_err(|_| StoreError::Backend("reader pool poisoned".into()))?.pop();
+            let pooled = readers.lock().pop();
             let conn = match pooled {
                 Some(c) => c,
                 None => {
@@ -56,10 +57,11 @@ impl ReaderPool {
                 }
             };
             let result = f(&conn);
-            if let Ok(mut pool) = readers.lock()
-                && pool.len() < READ_POOL
             {
-                pool.push(conn);
+                let mut pool = readers.lock();
+                if pool.len() < READ_POOL {
+                    pool.push(conn);
+                }
             }
             result
         })

@@ -20,9 +20,10 @@
 //! grew the allocators' per-thread arenas: idle_session on SQLite went from
 //! ~850 to ~1,450 B per session.)
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 
+use parking_lot::Mutex;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::WriterCtx;
@@ -111,32 +112,28 @@ impl Writer {
         if !self.failing.load(Ordering::Acquire) {
             return None;
         }
-        self.failure.lock().ok().and_then(|f| f.clone())
+        self.failure.lock().clone()
     }
 
     /// How long ago a commit last failed.
     pub(super) fn since_failure(&self) -> Option<std::time::Duration> {
-        self.failed_at.lock().ok().and_then(|at| *at).map(|at| at.elapsed())
+        self.failed_at.lock().map(|at| at.elapsed())
     }
 
     fn commit_failed(&self, why: &StoreError) {
-        if let Ok(mut at) = self.failed_at.lock() {
-            *at = Some(std::time::Instant::now());
+        *self.failed_at.lock() = Some(std::time::Instant::now());
+        let mut failure = self.failure.lock();
+        if failure.is_none() {
+            tracing::error!(error = %why, "sqlite: commits fail; requests are refused with 503 until one succeeds (free disk space or fix the file system)");
         }
-        if let Ok(mut failure) = self.failure.lock() {
-            if failure.is_none() {
-                tracing::error!(error = %why, "sqlite: commits fail; requests are refused with 503 until one succeeds (free disk space or fix the file system)");
-            }
-            *failure = Some(why.to_string());
-            self.failing.store(true, Ordering::Release);
-        }
+        *failure = Some(why.to_string());
+        self.failing.store(true, Ordering::Release);
     }
 
     /// A commit that wrote pages succeeded: commits work again.
     pub(super) fn writes_work(&self) {
-        if let Ok(mut failure) = self.failure.lock()
-            && failure.take().is_some()
-        {
+        let mut failure = self.failure.lock();
+        if failure.take().is_some() {
             self.failing.store(false, Ordering::Release);
             tracing::info!("sqlite: commits succeed again");
             self.recoveries.send_modify(|n| *n += 1);
@@ -153,7 +150,7 @@ impl Writer {
     pub(super) async fn submit(self: &Arc<Self>, job: Box<dyn Job>) -> StoreResult<()> {
         let slot = self.slots.clone().acquire_owned().await.map_err(|_| stopped())?;
         let start_leader = {
-            let mut queue = self.queue.lock().map_err(|_| stopped())?;
+            let mut queue = self.queue.lock();
             if queue.stopped {
                 return Err(stopped());
             }
@@ -197,7 +194,7 @@ impl Writer {
     /// `false` when nothing was (the leader ends).
     fn commit_next_batch(&self, batch: &mut Vec<Queued>) -> bool {
         {
-            let Ok(mut queue) = self.queue.lock() else { return false };
+            let mut queue = self.queue.lock();
             if queue.jobs.is_empty() || queue.stopped {
                 queue.leading = false;
                 return false;
@@ -205,13 +202,7 @@ impl Writer {
             let take = queue.jobs.len().min(MAX_BATCH);
             batch.extend(queue.jobs.drain(..take));
         }
-        let Ok(mut ctx) = self.ctx.lock() else {
-            // A job panicked while it held the writer (and its leader stopped it).
-            for queued in batch.drain(..) {
-                queued.job.complete(Err(stopped()));
-            }
-            return false;
-        };
+        let mut ctx = self.ctx.lock();
         let observer = crate::observe::observer();
         let started = observer.map(|_| std::time::Instant::now());
         let failing = self.failing.load(Ordering::Acquire);
@@ -241,9 +232,7 @@ impl Writer {
 
     /// The WAL's catch-up checkpoint, between two commits (see [`WalRecycling`]).
     fn catch_up(&self) {
-        if let Ok(ctx) = self.ctx.lock() {
-            self.wal.catch_up(&ctx.conn);
-        }
+        self.wal.catch_up(&self.ctx.lock().conn);
     }
 }
 
@@ -280,13 +269,11 @@ impl Drop for Leader {
             return;
         }
         let panicked = std::thread::panicking();
-        let jobs = match self.writer.queue.lock() {
-            Ok(mut queue) => {
-                queue.leading = false;
-                queue.stopped |= panicked;
-                if panicked { std::mem::take(&mut queue.jobs) } else { Vec::new() }
-            }
-            Err(poisoned) => std::mem::take(&mut poisoned.into_inner().jobs),
+        let jobs = {
+            let mut queue = self.writer.queue.lock();
+            queue.leading = false;
+            queue.stopped |= panicked;
+            if panicked { std::mem::take(&mut queue.jobs) } else { Vec::new() }
         };
         if panicked {
             tracing::error!("a sqlite write panicked; the writer has stopped");

@@ -15,7 +15,7 @@ use futures::StreamExt;
 use serde_json::{Map, Value, json};
 use tether_notebook::{MemoryNotebook, Notebook, NotebookRepo, SqliteNotebook};
 use tether_server::rmcp_model::{CallToolResult, ContentBlock, Implementation, Tool};
-use tether_server::{Engine, McpApp, RequestCtx, RpcError, ServerConfig, ToolApp, ToolRouter};
+use tether_server::{Engine, EngineConfig, McpApp, RequestCtx, RpcError, ToolApp, ToolRouter};
 use tether_store::memory::MemoryStore;
 use tether_store::sqlite::SqliteStore;
 use tether_store::{Store, StoreConfig};
@@ -59,7 +59,7 @@ pub enum AppKind {
 
 /// `tag` arguments of `hang` calls that have ended: they end only when
 /// cancelled (by the client, or with their session or the server).
-pub static ENDED_HANGS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+pub static ENDED_HANGS: parking_lot::Mutex<Vec<String>> = parking_lot::Mutex::new(Vec::new());
 
 /// Records a `hang` call's tag when the call ends, however it ends (the
 /// engine drops a tool's future when its request is cancelled).
@@ -68,7 +68,7 @@ struct HangEnds(Option<String>);
 impl Drop for HangEnds {
     fn drop(&mut self) {
         if let Some(tag) = self.0.take() {
-            ENDED_HANGS.lock().unwrap_or_else(|e| e.into_inner()).push(tag);
+            ENDED_HANGS.lock().push(tag);
         }
     }
 }
@@ -175,22 +175,35 @@ pub struct TestServer {
     pub dir: Arc<tempfile::TempDir>,
 }
 
-pub fn quick_config() -> ServerConfig {
-    ServerConfig { keepalive: Duration::from_millis(200), drain_timeout: Duration::from_secs(1), ..ServerConfig::default() }
+/// A test server's settings: the engine's and the HTTP front's.
+#[derive(Clone, Default)]
+pub struct Settings {
+    pub engine: EngineConfig,
+    pub http: tether_server::http::HttpConfig,
+}
+
+impl From<EngineConfig> for Settings {
+    fn from(engine: EngineConfig) -> Self {
+        Self { engine, http: Default::default() }
+    }
+}
+
+pub fn quick_config() -> EngineConfig {
+    EngineConfig { keepalive: Duration::from_millis(200), drain_timeout: Duration::from_secs(1), ..EngineConfig::default() }
 }
 
 impl TestServer {
-    pub async fn start(backend: Backend, app: AppKind, config: ServerConfig) -> Self {
+    pub async fn start(backend: Backend, app: AppKind, config: impl Into<Settings>) -> Self {
         Self::start_in(Arc::new(tempfile::tempdir().unwrap()), backend, app, config).await
     }
 
     /// Starts on the data in `dir` (for restarts).
-    pub async fn start_in(dir: Arc<tempfile::TempDir>, backend: Backend, app: AppKind, config: ServerConfig) -> Self {
+    pub async fn start_in(dir: Arc<tempfile::TempDir>, backend: Backend, app: AppKind, config: impl Into<Settings>) -> Self {
         Self::start_with_auth(dir, backend, app, config, tether_server::http::Auth::disabled()).await
     }
 
     /// A replica on Redis under `prefix` (replicas of one test share it).
-    pub async fn start_replica(redis: &str, prefix: &str, app: AppKind, config: ServerConfig) -> Self {
+    pub async fn start_replica(redis: &str, prefix: &str, app: AppKind, config: impl Into<Settings>) -> Self {
         let dir = Arc::new(tempfile::tempdir().unwrap());
         std::fs::write(dir.path().join("redis"), format!("{redis}\n{prefix}")).unwrap();
         Self::start_with_auth(dir, Backend::Redis, app, config, tether_server::http::Auth::disabled()).await
@@ -200,9 +213,10 @@ impl TestServer {
         dir: Arc<tempfile::TempDir>,
         backend: Backend,
         app: AppKind,
-        config: ServerConfig,
+        config: impl Into<Settings>,
         auth: tether_server::http::Auth,
     ) -> Self {
+        let Settings { engine: config, http } = config.into();
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let db = dir.path().join("tether.db");
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -250,7 +264,7 @@ impl TestServer {
             let engine = Engine::new(store, app, config);
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             addr_tx.send(listener.local_addr().unwrap()).unwrap();
-            let _ = tether_server::http::serve(listener, engine, auth, async move {
+            let _ = tether_server::http::serve(listener, engine, auth, http, async move {
                 let _ = stop_rx.await;
             })
             .await;
