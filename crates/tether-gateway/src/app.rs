@@ -4,7 +4,7 @@
 //! connection from the stored `initialize` whenever it is gone.
 
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
@@ -15,22 +15,16 @@ use tether_server::{
 };
 use tether_wire::meta;
 
+use crate::backoff::Backoff;
 use crate::config::UpstreamConfig;
 use crate::connector::{Connector, StartRequest};
 use crate::link::{self, Connection, Link, LinkSink, ListChanges, Progress};
+use crate::links::Links;
 use crate::passthrough::Passthrough;
 use crate::processes::{Limit, Processes};
 use crate::sessionless::{self, Pool};
 use crate::slot::Slot;
 use crate::upstream::{PeerMessage, PeerSink, Started};
-
-/// A command that fails this often within [`FAILURE_WINDOW`] is backed off.
-const FAILURES_BEFORE_BACKOFF: usize = 3;
-const FAILURE_WINDOW: Duration = Duration::from_secs(30);
-const FIRST_BACKOFF: Duration = Duration::from_secs(1);
-const MAX_BACKOFF: Duration = Duration::from_secs(30);
-/// How often idle children are looked for.
-const IDLE_SWEEP: Duration = Duration::from_secs(5);
 
 /// One upstream, served to every session of its endpoint (or, as a member
 /// of a virtual server, to every session of that server's endpoint).
@@ -40,8 +34,9 @@ pub struct Gateway {
     slot: Slot,
     /// The links of every session with a connection to this upstream (shared
     /// by the upstream's endpoint and the virtual servers it is a member of).
-    links: Arc<Mutex<Vec<Weak<Link>>>>,
-    health: Arc<Mutex<Health>>,
+    links: Arc<Links>,
+    /// The backoff of an upstream that keeps failing.
+    backoff: Arc<Backoff>,
     /// Upstream connections of sessionless (2026-07-28) clients.
     pool: Arc<Pool>,
     /// The cap on live children (a command upstream only).
@@ -67,15 +62,6 @@ impl Drop for Gateway {
     }
 }
 
-/// Recent failures of the upstream to start (or to stay up), for the backoff.
-#[derive(Default)]
-struct Health {
-    failures: Vec<Instant>,
-    blocked_until: Option<Instant>,
-    backoff: Option<Duration>,
-    last_error: String,
-}
-
 impl Gateway {
     /// Needs a Tokio runtime (a sweep stops idle children).
     pub fn new(config: UpstreamConfig) -> Arc<Self> {
@@ -87,7 +73,7 @@ impl Gateway {
             slot: Slot::Alone,
             connector,
             links: Arc::default(),
-            health: Arc::default(),
+            backoff: Arc::default(),
             pool,
             processes: capacity.processes,
             me: me.clone(),
@@ -97,7 +83,7 @@ impl Gateway {
         });
         if let Some(idle) = capacity.idle_timeout {
             let links = Arc::downgrade(&gateway.links);
-            gateway.tasks.lock().push(tokio::spawn(sweep_idle(links, idle)));
+            gateway.tasks.lock().push(tokio::spawn(crate::links::sweep_idle(links, idle)));
         }
         gateway
     }
@@ -121,7 +107,7 @@ impl Gateway {
             slot: Slot::Member(member.to_owned()),
             connector: self.connector.clone(),
             links: self.links.clone(),
-            health: self.health.clone(),
+            backoff: self.backoff.clone(),
             pool: self.pool.clone(),
             processes: self.processes.clone(),
             me: me.clone(),
@@ -143,48 +129,17 @@ impl Gateway {
         making: Option<&Arc<Link>>,
         sink: Arc<dyn PeerSink>,
     ) -> Result<Started, RpcError> {
-        self.check_backoff()?;
+        self.backoff.check(&self.config.name)?;
         let permit = match &self.processes {
             Some(processes) => Some(processes.take(principal, |limit| self.make_room(limit, principal, making)).await?),
             None => None,
         };
         let started = self.connector.start(StartRequest { session, params, authorization, permit, sink }).await;
         match &started {
-            Ok(_) => self.record_success(),
-            Err(e) => self.record_failure(&e.message),
+            Ok(_) => self.backoff.succeeded(),
+            Err(e) => self.backoff.failed(&self.config.name, &e.message),
         }
         started
-    }
-
-    fn check_backoff(&self) -> Result<(), RpcError> {
-        let health = self.health.lock();
-        match health.blocked_until {
-            Some(until) if until > Instant::now() => Err(RpcError::internal(format!(
-                "upstream `{}` keeps failing; trying again in {} s. Last error: {}",
-                self.config.name,
-                (until - Instant::now()).as_secs() + 1,
-                health.last_error
-            ))),
-            _ => Ok(()),
-        }
-    }
-
-    fn record_failure(&self, error: &str) {
-        let mut health = self.health.lock();
-        let now = Instant::now();
-        health.failures.retain(|at| now.duration_since(*at) < FAILURE_WINDOW);
-        health.failures.push(now);
-        health.last_error = error.chars().take(500).collect();
-        if health.failures.len() >= FAILURES_BEFORE_BACKOFF {
-            let next = health.backoff.map_or(FIRST_BACKOFF, |b| (b * 2).min(MAX_BACKOFF));
-            health.backoff = Some(next);
-            health.blocked_until = Some(now + next);
-            tracing::warn!(upstream = %self.config.name, backoff_s = next.as_secs(), error, "upstream keeps failing; backing off");
-        }
-    }
-
-    fn record_success(&self) {
-        *self.health.lock() = Health::default();
     }
 
     /// Stops the least recently used idle child that frees a place for
@@ -193,29 +148,12 @@ impl Gateway {
     /// `making` is the link a new connection is being made for (its lock is
     /// held by the caller).
     async fn make_room(&self, limit: Limit, principal: &str, making: Option<&Arc<Link>>) {
-        let counts = |link: &Arc<Link>| limit == Limit::Total || link.principal().as_deref() == Some(principal);
-        let oldest = self
-            .live_links()
-            .into_iter()
-            .filter(|link| making.is_none_or(|m| !Arc::ptr_eq(m, link)) && counts(link) && link.has_live())
-            .filter_map(|link| link.idle_for().map(|idle_for| (idle_for, link)))
-            .max_by_key(|(idle_for, _)| *idle_for);
-        if let Some((_, link)) = oldest {
-            let taken = link.live.try_lock().ok().and_then(|mut connection| connection.take());
-            if let Some(connection) = taken {
-                tracing::info!(upstream = %self.config.name, "stopping the least recently used idle child to make room (max_processes)");
-                connection.upstream.close(false).await;
-                return;
-            }
+        if self.links.stop_oldest_idle(limit, principal, making).await {
+            tracing::info!(upstream = %self.config.name, "stopped the least recently used idle child to make room (max_processes)");
+            return;
         }
         let only = (limit == Limit::Principal).then_some(principal);
         self.pool.close_oldest_idle(only).await;
-    }
-
-    fn live_links(&self) -> Vec<Arc<Link>> {
-        let mut links = self.links.lock();
-        links.retain(|l| l.strong_count() > 0);
-        links.iter().filter_map(Weak::upgrade).collect()
     }
 
     /// The session's live connection, made (and initialized the way the
@@ -313,15 +251,9 @@ impl Gateway {
     ) -> Connection {
         link.set_principal(session.principal());
         link.touch();
-        self.register(link);
+        self.links.register(link);
         *live = Some(connection.clone());
         connection
-    }
-
-    fn register(&self, link: &Arc<Link>) {
-        let mut links = self.links.lock();
-        links.retain(|l| l.strong_count() > 0);
-        links.push(Arc::downgrade(link));
     }
 
     /// After a request that changes what a new connection must replay.
@@ -494,7 +426,7 @@ impl Gateway {
         *link.live.lock().await = Some(Connection::new(upstream, sink));
         // Idle from now on until a request uses it (so it can make room).
         link.touch();
-        self.register(link);
+        self.links.register(link);
         Ok((result, state))
     }
 
@@ -709,26 +641,6 @@ fn without_trace_context(mut params: Value) -> Value {
     params
 }
 
-/// Stops children with nothing in flight for `idle` (their sessions live on).
-async fn sweep_idle(links: Weak<Mutex<Vec<Weak<Link>>>>, idle: Duration) {
-    let mut tick = tokio::time::interval(IDLE_SWEEP.min(idle));
-    loop {
-        tick.tick().await;
-        let Some(links) = links.upgrade() else { return };
-        let candidates: Vec<Arc<Link>> = {
-            let mut l = links.lock();
-            l.retain(|w| w.strong_count() > 0);
-            l.iter().filter_map(Weak::upgrade).filter(|link| link.idle_for().is_some_and(|d| d >= idle)).collect()
-        };
-        for link in candidates {
-            if let Some(connection) = link.live.lock().await.take() {
-                tracing::info!("stopping an idle upstream child (idle_timeout)");
-                connection.upstream.close(false).await;
-            }
-        }
-    }
-}
-
 #[async_trait]
 impl McpApp for Gateway {
     async fn initialize(&self, init: &mut Initialize<'_>) -> Result<Map<String, Value>, RpcError> {
@@ -863,7 +775,7 @@ impl McpApp for Gateway {
         for task in self.tasks.lock().drain(..) {
             task.abort();
         }
-        let closing = self.live_links().into_iter().map(|link| async move {
+        let closing = self.links.live().into_iter().map(|link| async move {
             if let Some(connection) = link.live.lock().await.take() {
                 connection.upstream.close(false).await;
             }

@@ -28,6 +28,7 @@
 //!   session) implement it and [`upstream`], one live connection.
 
 mod app;
+mod backoff;
 mod burst;
 mod catalog;
 pub mod config;
@@ -35,6 +36,7 @@ mod connector;
 pub mod credentials;
 pub mod http;
 mod link;
+mod links;
 mod passthrough;
 pub mod processes;
 mod sessionless;
