@@ -126,7 +126,7 @@ impl Inner {
             session.expires_persisted.store(wanted, Ordering::Relaxed);
             let store = self.store.clone();
             let id = session.id.clone();
-            self.spawn(async move {
+            self.life.spawn(async move {
                 if let Err(e) = store.touch_session(&id, wanted).await {
                     tracing::warn!(session = %id, error = %e, "could not extend session expiry");
                 }

@@ -142,7 +142,7 @@ impl SessionCtx {
     /// Runs `task` as part of this session's work: the engine tracks it, so
     /// shutdown waits for it (bounded). It should end by [`SessionCtx::closed`].
     pub fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
-        self.inner.spawn(task);
+        self.inner.life.spawn(task);
     }
 
     /// Completes when the session ends (DELETE, expiry, another replica

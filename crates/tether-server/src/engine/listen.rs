@@ -81,7 +81,7 @@ impl Engine {
         let stopped = cancel.clone();
         // One JSON-RPC span for the stream's life (`--otlp-endpoint`).
         let span = crate::trace::rpc_span("subscriptions/listen", None, None);
-        inner.spawn(
+        inner.life.spawn(
             async move {
                 let _permit = permit;
                 stream.run(honoured, followed, changes, stopped).await;

@@ -34,7 +34,6 @@ mod session;
 mod sessionless;
 pub(crate) mod tasks;
 
-use std::future::Future;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -488,22 +487,6 @@ fn truncate(s: &str, n: usize) -> String {
 const APPS_SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Inner {
-    /// Runs `task` tracked, so shutdown can wait for it.
-    pub(crate) fn spawn<F>(&self, task: F)
-    where
-        F: Future<Output = ()> + Send + 'static,
-    {
-        self.life.spawn(task);
-    }
-
-    /// A request's work, tracked, in its JSON-RPC span (see [`lifecycle`]).
-    pub(crate) fn spawn_request<F>(&self, task: F)
-    where
-        F: Future<Output = ()> + Send + 'static,
-    {
-        self.life.spawn_request(task);
-    }
-
     /// The application of a session's endpoint (the root one if the endpoint
     /// is no longer configured: its requests then get "method not found").
     pub(crate) fn app_of(&self, session: &Session) -> Arc<dyn McpApp> {
@@ -542,7 +525,7 @@ impl Inner {
         if ends.is_empty() {
             return;
         }
-        self.spawn(async move {
+        self.life.spawn(async move {
             for (app, end) in ends {
                 let id = end.session_id.clone();
                 if std::panic::AssertUnwindSafe(app.on_session_end(end)).catch_unwind().await.is_err() {
@@ -627,7 +610,7 @@ impl Inner {
         });
         if self.store.is_shared() {
             let (inner, id) = (self.clone(), session.id.clone());
-            self.spawn(async move { replicas::announce_takeover(&inner, &id, generation).await });
+            self.life.spawn(async move { replicas::announce_takeover(&inner, &id, generation).await });
         }
         let stream = session.standalone_stream.clone();
         let spec = PumpSpec {

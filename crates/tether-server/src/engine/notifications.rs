@@ -60,7 +60,7 @@ fn enqueue(inner: &Arc<Inner>, session: Arc<Session>, notification: QueuedNotifi
     };
     if start_drain {
         let inner2 = inner.clone();
-        inner.spawn(drain(inner2, session));
+        inner.life.spawn(drain(inner2, session));
     }
     Ok(())
 }

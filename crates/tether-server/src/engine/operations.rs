@@ -300,7 +300,7 @@ impl Operations {
         };
         let (tool, arguments) = (record.tool.clone(), record.arguments.clone());
         let tracker = inner.clone();
-        tracker.spawn(async move {
+        tracker.life.spawn(async move {
             let _slot = slot;
             let status = ctx.status.clone();
             let work = std::panic::AssertUnwindSafe(runner.run_operation(ctx, &tool, arguments)).catch_unwind();

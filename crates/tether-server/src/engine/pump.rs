@@ -174,7 +174,7 @@ impl Pump {
         if self.standalone_generation.is_some() {
             let store = self.inner.store.clone();
             let (session, stream, seq) = (self.session.id.clone(), self.stream.clone(), self.cursor);
-            self.inner.spawn(async move {
+            self.inner.life.spawn(async move {
                 if let Err(e) = store.set_cursor(&session, &stream, seq).await {
                     tracing::warn!(%session, error = %e, "could not record standalone stream cursor");
                 }
@@ -314,7 +314,7 @@ impl Drop for StandaloneMark {
             return;
         }
         let (inner, session) = (self.inner.clone(), std::mem::take(&mut self.session));
-        self.inner.spawn(async move { super::replicas::unmark_standalone(&inner, &session).await });
+        self.inner.life.spawn(async move { super::replicas::unmark_standalone(&inner, &session).await });
     }
 }
 

@@ -19,7 +19,7 @@ impl Inner {
     /// Runs until shutdown.
     pub(crate) fn spawn_reaper(self: &Arc<Self>) {
         let inner = self.clone();
-        self.spawn(async move {
+        self.life.spawn(async move {
             let mut tick = tokio::time::interval(inner.config.reap_interval);
             loop {
                 tokio::select! {

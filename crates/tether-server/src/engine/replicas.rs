@@ -41,7 +41,7 @@ pub(crate) fn start(inner: &Arc<Inner>) {
         let weak = Arc::downgrade(inner);
         let hub = inner.hub.clone();
         let shutdown = inner.life.shutdown.clone();
-        inner.spawn(async move {
+        inner.life.spawn(async move {
             loop {
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
@@ -73,7 +73,7 @@ pub(crate) fn start(inner: &Arc<Inner>) {
     let weak = Arc::downgrade(inner);
     let shutdown = inner.life.shutdown.clone();
     let lease = inner.config.replica_lease;
-    inner.spawn(async move {
+    inner.life.spawn(async move {
         // Renew three times per lease, so one slow round does not kill it.
         // The lease outlives the shutdown signal: requests still draining
         // are this replica's, and `release_lease` ends it after the drain.
@@ -215,7 +215,7 @@ fn deliver_stored_answer(inner: Arc<Inner>, session: String, request: String) {
         return;
     }
     let tracker = inner.clone();
-    tracker.spawn(async move {
+    tracker.life.spawn(async move {
         if let Some(answer) = take_answer(&inner, &session, &request).await
             && let Some(tx) = cached.pending.lock().remove(&request)
         {

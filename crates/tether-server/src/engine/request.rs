@@ -141,7 +141,7 @@ impl Inner {
             let ctx =
                 RequestCtx::new(self.clone(), session.clone(), None, id.clone(), progress_token, cancel.clone(), authorization);
             let inner = self.clone();
-            self.spawn_request(async move {
+            self.life.spawn_request(async move {
                 let _slot = slot;
                 let body = run_work(&inner, ctx, work, cancel).await;
                 timer.done();
@@ -170,7 +170,7 @@ impl Inner {
         // A request's stream is where the work's deferred writes are
         // checked (`tether_store::fence`); JSON answers are not stored, so
         // JSON mode above defers nothing.
-        self.spawn_request(tether_store::fence::scope(async move {
+        self.life.spawn_request(tether_store::fence::scope(async move {
             let _slot = slot;
             let session = worker_session;
             let mut work = std::pin::pin!(run_work(&inner, ctx, work, cancel));
@@ -268,7 +268,7 @@ impl Inner {
         let app = self.app_of(&session);
         let work: Work = Box::new(move |ctx| Box::pin(async move { app.recover_request(ctx, cut_off).await }));
         let inner = self.clone();
-        self.spawn_request(tether_store::fence::scope(async move {
+        self.life.spawn_request(tether_store::fence::scope(async move {
             let _slot = slot;
             let payload = run_work(&inner, ctx, work, cancel).await;
             if !session.closed.is_cancelled() {

@@ -185,7 +185,7 @@ impl Engine {
             timer.done();
             let _ = tx.send(answer).await;
         });
-        span.in_scope(|| inner.spawn_request(task));
+        span.in_scope(|| inner.life.spawn_request(task));
         Ok(SessionlessReply { messages, _cancel_on_drop: cancel.drop_guard() })
     }
 }
