@@ -392,6 +392,9 @@ mod tests {
         );
         assert!(Scenario::GatewayStdio.runs(System::McpProxy) && !Scenario::GatewayHttp.runs(System::McpProxy));
         assert!(!Scenario::ToolsCall.runs(System::TetherGateway) && !Scenario::IdleSession.runs(System::RmcpDirect));
+        // The relay floor is a gateway_http system only.
+        assert!(Scenario::GatewayHttp.runs(System::RelayFloor) && !Scenario::GatewayStdio.runs(System::RelayFloor));
+        assert!(!Scenario::ToolsCall.runs(System::RelayFloor) && !Scenario::GatewayFederated.runs(System::RelayFloor));
     }
 
     #[test]

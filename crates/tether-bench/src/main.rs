@@ -78,6 +78,9 @@ struct Args {
     /// The axum floor server (default: `axum_floor` next to this binary).
     #[arg(long)]
     axum_floor: Option<PathBuf>,
+    /// gateway_http: the bare TCP relay (default: `relay_floor` next to this binary).
+    #[arg(long)]
+    relay_floor: Option<PathBuf>,
     /// Node.js for the TypeScript SDK reference.
     #[arg(long, default_value = "node")]
     node: PathBuf,
@@ -108,8 +111,8 @@ struct Args {
     #[arg(long, value_name = "CPUS")]
     pin_servers: Option<String>,
     /// Systems to run, comma-separated, in this order. Each scenario runs
-    /// those of its systems that are listed: gateway_http tether-gateway and
-    /// rmcp-direct, gateway_stdio tether-gateway, supergateway and mcp-proxy,
+    /// those of its systems that are listed: gateway_http tether-gateway,
+    /// rmcp-direct and relay-floor, gateway_stdio tether-gateway, supergateway and mcp-proxy,
     /// gateway_memory and gateway_federated tether-gateway,
     /// tools_call_modern tether-sqlite and tether-sqlite-modern,
     /// tools_call_oauth tether-sqlite-token and tether-sqlite-oauth,
@@ -118,7 +121,7 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "tether-memory,tether-sqlite,tether-redis,rmcp,ts-sdk,axum-floor,tether-gateway,rmcp-direct,supergateway,mcp-proxy,tether-sqlite-modern,tether-sqlite-token,tether-sqlite-oauth"
+        default_value = "tether-memory,tether-sqlite,tether-redis,rmcp,ts-sdk,axum-floor,tether-gateway,rmcp-direct,relay-floor,supergateway,mcp-proxy,tether-sqlite-modern,tether-sqlite-token,tether-sqlite-oauth"
     )]
     systems: Vec<System>,
     /// Scenarios to run, comma-separated.
@@ -246,6 +249,7 @@ async fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
         baseline: args.baseline.clone(),
         rmcp_ref: args.rmcp_ref.clone().unwrap_or_else(|| sibling("rmcp_ref")),
         axum_floor: args.axum_floor.clone().unwrap_or_else(|| sibling("axum_floor")),
+        relay_floor: args.relay_floor.clone().unwrap_or_else(|| sibling("relay_floor")),
         node: args.node.clone(),
         ts_server: args.ts_server.clone(),
         redis_url: args.redis.clone(),

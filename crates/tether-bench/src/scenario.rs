@@ -89,7 +89,7 @@ impl Scenario {
             Scenario::Restart1mSessions => {
                 matches!(system, System::TetherSqlite | System::TetherRedis | System::TetherRedisCluster)
             }
-            Scenario::GatewayHttp => matches!(system, System::TetherGateway | System::RmcpDirect),
+            Scenario::GatewayHttp => matches!(system, System::TetherGateway | System::RmcpDirect | System::RelayFloor),
             Scenario::GatewayStdio => matches!(system, System::TetherGateway | System::Supergateway | System::McpProxy),
             Scenario::GatewayMemory | Scenario::GatewayFederated => system == System::TetherGateway,
             Scenario::ToolsCallModern => matches!(system, System::TetherSqlite | System::TetherSqliteModern),

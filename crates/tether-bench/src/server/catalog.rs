@@ -48,6 +48,9 @@ pub enum System {
     TetherGateway,
     /// gateway_http: `rmcp_ref` called directly (what tether-gateway fronts).
     RmcpDirect,
+    /// gateway_http: `relay_floor`, a bare TCP relay, in front of an
+    /// `rmcp_ref` of its own: what one more hop costs, the floor of any gateway.
+    RelayFloor,
     /// gateway_stdio: supergateway (npm, `bench/supergateway`) serving `stdio_echo`
     /// over Streamable HTTP, stateful.
     Supergateway,
@@ -104,7 +107,7 @@ pub enum Protocol {
 }
 
 impl System {
-    pub const ALL: [System; 17] = [
+    pub const ALL: [System; 18] = [
         System::TetherMemory,
         System::TetherSqlite,
         System::TetherSqliteNometrics,
@@ -117,6 +120,7 @@ impl System {
         System::AxumFloor,
         System::TetherGateway,
         System::RmcpDirect,
+        System::RelayFloor,
         System::Supergateway,
         System::McpProxy,
         System::TetherSqliteModern,
@@ -138,6 +142,7 @@ impl System {
             System::AxumFloor => "axum-floor",
             System::TetherGateway => "tether-gateway",
             System::RmcpDirect => "rmcp-direct",
+            System::RelayFloor => "relay-floor",
             System::Supergateway => "supergateway",
             System::McpProxy => "mcp-proxy",
             System::TetherSqliteModern => "tether-sqlite-modern",
@@ -153,7 +158,7 @@ impl System {
 
     /// A system of the gateway scenarios (and of no other).
     pub fn gateway(self) -> bool {
-        matches!(self, System::TetherGateway | System::RmcpDirect | System::Supergateway | System::McpProxy)
+        matches!(self, System::TetherGateway | System::RmcpDirect | System::RelayFloor | System::Supergateway | System::McpProxy)
     }
 
     /// The path of its health check: `/healthz`, or mcp-proxy's `/status`.
@@ -211,6 +216,7 @@ pub struct Programs {
     pub baseline: Option<PathBuf>,
     pub rmcp_ref: PathBuf,
     pub axum_floor: PathBuf,
+    pub relay_floor: PathBuf,
     pub node: PathBuf,
     pub ts_server: PathBuf,
     pub redis_url: String,
@@ -427,6 +433,12 @@ impl Launch {
             System::AxumFloor => {
                 let mut cmd = Command::new(existing(&programs.axum_floor, "cargo build --release -p tether-bench")?);
                 cmd.args(["--listen", &self.listen]);
+                cmd
+            }
+            System::RelayFloor => {
+                let Some(Upstream::Url(url)) = &self.upstream else { bail!("relay-floor needs a URL upstream") };
+                let mut cmd = Command::new(existing(&programs.relay_floor, "cargo build --release -p tether-bench")?);
+                cmd.args(["--listen", &self.listen, "--upstream", url]);
                 cmd
             }
             System::TsSdk => {
