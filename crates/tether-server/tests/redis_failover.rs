@@ -15,6 +15,11 @@
 //! misrouted or unended. Under `normal` (ignored here; `scripts/faults
 //! --failover` runs it) the same run counts what a failover loses.
 //!
+//! Under `normal`, a request whose final response the failover took back
+//! still ends for its client: resumed on the replica that ran it, or on the
+//! other one, it gets an error saying its outcome is unknown (the
+//! `a_final_lost_in_a_failover_…` tests, one request, no load).
+//!
 //! `TETHER_FAILOVER_CLIENTS` (default 50) and `TETHER_FAULT_SEED` as in the
 //! other fault tests. Timeouts only detect hangs.
 
@@ -26,8 +31,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use support::history::{History, Report};
-use support::load::{Tally, client, replay_all};
+use serde_json::{Value, json};
+use support::history::{History, Report, Seen};
+use support::load::{Tally, client, replay_all, send};
 use support::proxy::{Mode, Proxy};
 use support::redis_server::{Cluster, RedisServer};
 use support::*;
@@ -77,8 +83,156 @@ async fn a_cluster_primary_killed_with_its_replica_behind_under_normal() {
     cluster(false).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_final_lost_in_a_failover_is_ended_when_its_owner_is_resumed() {
+    lost_final(0, From::Prime).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_final_lost_in_a_failover_is_ended_when_another_replica_is_resumed() {
+    lost_final(1, From::Prime).await;
+}
+
+/// The client had read events that the failover took back: its
+/// `Last-Event-ID` is past the stream's end in the store now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_holding_an_event_a_failover_took_back_still_resumes_to_a_final() {
+    lost_final(1, From::LastSeen).await;
+}
+
+/// Where the client resumes from after the failover.
+#[derive(Clone, Copy)]
+enum From {
+    /// The stream's priming event (copied to the replica).
+    Prime,
+    /// The last event it read before the failover (the lost final).
+    LastSeen,
+}
+
+/// How long the slow call runs: the replica must have stopped copying
+/// before it ends (a few milliseconds after the call was primed).
+const SLOW_CALL_MS: u64 = 6_000;
+/// Generous: a resumed stream that nobody ends would wait forever.
+const LOST_FINAL_DEADLINE: Duration = Duration::from_secs(120);
+
+/// Under `normal`, two tether replicas on a primary with a replica: replica
+/// 0 runs a slow call, its client goes away after the priming event (copied
+/// to the Redis replica), the Redis replica stops copying, the call ends
+/// (its final response on the primary only), the primary dies and the
+/// replica is promoted without that final. The client resumes on tether
+/// replica `resume_on` (1 must ask replica 0, alive, to end it), `from` its
+/// priming event or the last event it read: the stream must end, with an
+/// error that says the outcome is unknown.
+async fn lost_final(resume_on: usize, from: From) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (mut primary, replica) =
+        blocking(|| (RedisServer::start(&dir.path().join("a"), &[]), RedisServer::start(&dir.path().join("b"), &[])));
+    let link = Proxy::start(primary.addr()).await;
+    assert_eq!(replica.cli(&["replicaof", "127.0.0.1", &link.addr.port().to_string()]), "OK");
+    blocking(|| primary.wait_for_replica());
+    let front = Proxy::start(primary.addr()).await;
+    // A lease that outlives the test: replica 0 stays the owner, alive,
+    // whatever the promoted replica copied of its renewals. Short
+    // keep-alives: a waiting stream asks the owner again on each.
+    let engine =
+        EngineConfig { replica_lease: Duration::from_secs(300), keepalive: Duration::from_secs(1), ..EngineConfig::default() };
+    let addrs = tethers_with(&front.url("redis://127.0.0.1/"), false, engine).await;
+
+    let session = initialize(addrs[0]).await;
+    let call = post(&call_body(1, "sleep", json!({"ms": SLOW_CALL_MS, "n": 1})), Some(&session), &[]);
+    let prime = first_event_id(addrs[0], &call).await;
+    blocking(|| {
+        // Both tether replicas' leases (written as each started) are copied too.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while replica.cli(&["keys", "*kv:lease:*"]).lines().filter(|l| !l.trim().is_empty()).count() < 2 {
+            assert!(Instant::now() < deadline, "the tether replicas' leases never reached the Redis replica");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        primary.wait_for_replica();
+    });
+    link.set(Mode::Blackhole);
+    let (before, last_seen) = resume_to_final(addrs[0], &session, &prime).await;
+    assert!(before.get("result").is_some(), "the call's own answer, on the primary: {before}");
+    let from = match from {
+        From::Prime => prime,
+        From::LastSeen => last_seen,
+    };
+
+    blocking(|| primary.kill());
+    link.set(Mode::Partition);
+    assert_eq!(replica.cli(&["replicaof", "no", "one"]), "OK");
+    front.retarget(replica.addr());
+    let (after, _) = resume_to_final(addrs[resume_on], &session, &from).await;
+    assert!(
+        after.get("result").is_none(),
+        "the final came through the failover: the replica copied it before its link was cut \
+         (the host stalled for {SLOW_CALL_MS} ms?): {after}"
+    );
+    let message = after["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("lost by the session store") && message.contains("may or may not have taken effect"),
+        "an error that says the answer was lost and the outcome is unknown: {after}"
+    );
+}
+
+/// Sends `text` (a POST answered with a stream) and returns the ID of the
+/// stream's first event, then goes away as a client whose connection dropped.
+async fn first_event_id(addr: SocketAddr, text: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    tcp.write_all(text.as_bytes()).await.expect("send the request");
+    let mut buffered = Vec::new();
+    let (status, _) = read_head(&mut tcp, &mut buffered).await.expect("a response head");
+    assert_eq!(status, 200, "the slow call: {}", String::from_utf8_lossy(&buffered));
+    let mut chunk = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&buffered).into_owned();
+        if let Some(id) = text.lines().find_map(|l| l.strip_prefix("id:")).filter(|_| text.contains("\n\n")) {
+            return id.trim().to_owned();
+        }
+        match tokio::time::timeout(HANG, tcp.read(&mut chunk)).await {
+            Ok(Ok(n)) if n > 0 => buffered.extend_from_slice(&chunk[..n]),
+            other => panic!("no event on the slow call's stream: {other:?}"),
+        }
+    }
+}
+
+/// Resumes request 1's stream after `prime` until its final response comes
+/// (a store that fails over answers 503 for a while), within
+/// [`LOST_FINAL_DEADLINE`]; the final and the last event ID read.
+async fn resume_to_final(addr: SocketAddr, session: &str, prime: &str) -> (Value, String) {
+    let deadline = Instant::now() + LOST_FINAL_DEADLINE;
+    let mut last = Vec::new();
+    while Instant::now() < deadline {
+        match send(addr, &replay_request(session, prime)).await {
+            Ok(answer) if answer.status == 200 => {
+                let finals: Vec<Value> = answer.events.iter().filter_map(|e: &Seen| final_of_1(&e.data)).collect();
+                if let (Some(last), Some(seen)) = (finals.last(), answer.events.last()) {
+                    return (last.clone(), seen.id.clone());
+                }
+                last = answer.events.iter().map(|e| e.data.clone()).collect();
+            }
+            Ok(answer) => last = vec![format!("HTTP {}: {}", answer.status, answer.json)],
+            Err(e) => last = vec![e],
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("request 1 never ended within {LOST_FINAL_DEADLINE:?} of resuming; last answer: {last:?}");
+}
+
+/// A final response to request 1.
+fn final_of_1(data: &str) -> Option<Value> {
+    serde_json::from_str::<Value>(data)
+        .ok()
+        .filter(|m| m.get("id") == Some(&json!(1)) && (m.get("result").is_some() || m.get("error").is_some()))
+}
+
 /// Two tether replicas on the Redis at `url`, strict with one replica or normal.
 async fn tethers(url: &str, strict: bool) -> Vec<SocketAddr> {
+    tethers_with(url, strict, EngineConfig { replica_lease: Duration::from_secs(2), ..EngineConfig::default() }).await
+}
+
+async fn tethers_with(url: &str, strict: bool, engine: EngineConfig) -> Vec<SocketAddr> {
     let prefix = format!("tether-failover:{}:{}:", std::process::id(), rand::random::<u32>());
     let mut addrs = Vec::new();
     for _ in 0..2 {
@@ -89,8 +243,7 @@ async fn tethers(url: &str, strict: bool) -> Vec<SocketAddr> {
             ..StoreConfig::default()
         };
         let store = RedisStore::open(url, config).await.unwrap_or_else(|e| panic!("tether on {url}: {e}"));
-        let (addr, _engine) =
-            serve(Arc::new(store), EngineConfig { replica_lease: Duration::from_secs(2), ..EngineConfig::default() }).await;
+        let (addr, _engine) = serve(Arc::new(store), engine.clone()).await;
         addrs.push(addr);
     }
     addrs

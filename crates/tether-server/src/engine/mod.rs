@@ -30,6 +30,7 @@ mod replicas;
 mod request;
 mod request_stream;
 pub mod resume;
+mod running;
 mod session;
 mod sessionless;
 pub(crate) mod tasks;
@@ -139,6 +140,12 @@ impl From<&RpcError> for Refusal {
 /// "Requests cut off by a crash") or by a shutdown that could not wait.
 pub const INTERRUPTED_MESSAGE: &str = "request interrupted by a server restart; it may or may not have taken effect";
 
+/// The message that closes a request whose final response the store lost
+/// after taking it (a Redis failover under `normal` durability): see
+/// `engine/running.rs`.
+pub const LOST_MESSAGE: &str = "the request's response was lost by the session store (a failover took back what its replica \
+     had not copied yet); the request may or may not have taken effect";
+
 /// The engine's parts, wired together. Each part owns its state in its own
 /// type and module (the session cache, operations and tasks, quotas, the
 /// lifecycle, live streams); the fields are private to the engine.
@@ -151,6 +158,8 @@ pub(crate) struct Inner {
     cache: cache::SessionCache,
     /// Recorded as the owner of every request this process runs.
     instance: String,
+    /// The request streams this process runs now (`running.rs`).
+    running: Arc<running::RunningStreams>,
     tokens: resume::ResumeTokens,
     key: keys::ServerKey,
     operations: operations::Operations,
@@ -197,6 +206,7 @@ impl Engine {
                 hub: Arc::new(LiveHub::default()),
                 cache: cache::SessionCache::default(),
                 instance: ids::new_instance_id(),
+                running: Arc::default(),
                 tokens: resume::ResumeTokens,
                 key: keys::ServerKey::default(),
                 operations: operations::Operations::new(quota::Admission::new(
@@ -345,22 +355,35 @@ impl Engine {
         let summary = self.inner.store.stream(&session.id, &event.stream).await?;
         if event.stream == session.standalone_stream {
             let head = summary.map(|s| s.last_seq).unwrap_or(0);
-            if event.seq > head {
+            // Past the end on a shared store: taken back by a failover (below).
+            if event.seq > head && !self.inner.store.is_shared() {
                 return Err(unknown("names an event this session never sent"));
             }
             let sub = self.inner.hub.subscribe(&session.id, &event.stream, StreamKind::Standalone);
-            return Ok(self.inner.clone().standalone_pump(session, event.seq, sub));
+            return Ok(self.inner.clone().standalone_pump(session, event.seq.min(head), sub));
         }
         let summary = summary.ok_or_else(|| unknown("does not belong to this session"))?;
-        if !event.is_request_stream() || event.seq > summary.last_seq {
+        if !event.is_request_stream() {
             return Err(unknown("names an event this session never sent"));
+        }
+        let mut event = event;
+        if event.seq > summary.last_seq {
+            // On a shared store, an event past the stream's end is one a
+            // failover took back (`normal`: the replica had not copied it).
+            // The client gets the stream from its end on (its final response
+            // if stored: the last event), not a refusal it cannot get past.
+            if !self.inner.store.is_shared() {
+                return Err(unknown("names an event this session never sent"));
+            }
+            event.seq = if summary.finished { summary.last_seq.saturating_sub(1) } else { summary.last_seq };
         }
         if event.seq + 1 < summary.first_seq {
             return Err(unknown("is too old: later events of its stream were trimmed"));
         }
-        if !summary.finished && self.inner.store.is_shared() {
-            // Its replica may have died since this one loaded the session.
-            self.inner.close_if_orphaned(&session, &event.stream).await?;
+        if !summary.finished {
+            // Its replica may have died since this one loaded the session,
+            // or the store lost its final response (`running.rs`).
+            self.inner.close_if_orphaned(&session, &event.stream, recovery::AskOwner::Yes).await?;
         }
         let sub = self.inner.hub.subscribe(&session.id, &event.stream, StreamKind::Request);
         let done = summary.finished && event.seq >= summary.last_seq;

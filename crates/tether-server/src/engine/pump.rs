@@ -24,6 +24,7 @@ use tokio::sync::broadcast;
 
 use super::Inner;
 use super::live::{LiveEvent, Subscription};
+use super::recovery::AskOwner;
 use super::session::Session;
 use crate::ids::EventId;
 
@@ -251,6 +252,7 @@ impl Pump {
         let period = self.inner.config.keepalive;
         let mut keepalive = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         let mut catch_up = self.catch_up;
+        let request_shared = self.close_on_final && self.standalone_generation.is_none() && self.inner.store.is_shared();
         loop {
             if catch_up {
                 // Boxed: a catch-up (store reads and a page in flight) is
@@ -292,6 +294,15 @@ impl Pump {
                     if standalone_shared && !super::replicas::renew_standalone(&self.inner, &self.session.id).await {
                         // Another replica's GET took over the standalone stream.
                         return;
+                    }
+                    if request_shared {
+                        // Nobody may be left to end it: its owner died, or
+                        // ended it and the store lost the final (boxed: the
+                        // pump's future stays small).
+                        let check = self.inner.close_if_orphaned(&self.session, &self.stream, AskOwner::Yes);
+                        if let Err(e) = Box::pin(check).await {
+                            tracing::warn!(session = %self.session.id, stream = %self.stream, error = %e, "could not check who ends a waited-on request");
+                        }
                     }
                 }
             }

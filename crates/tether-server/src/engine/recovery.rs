@@ -13,7 +13,7 @@ use tether_wire::{RpcError, envelope};
 use crate::app::CutOff;
 
 use super::session::{Session, SessionState};
-use super::{EngineError, INTERRUPTED_MESSAGE, Inner, replicas};
+use super::{EngineError, INTERRUPTED_MESSAGE, Inner, LOST_MESSAGE, replicas};
 
 impl Inner {
     /// The cached session, or the stored one rehydrated (and its interrupted
@@ -49,22 +49,34 @@ impl Inner {
     async fn close_interrupted(self: &Arc<Self>, session: &Arc<Session>) -> Result<(), EngineError> {
         for stream in self.store.open_streams(&session.id).await? {
             if stream.stream.starts_with('r') {
-                self.close_if_orphaned(session, &stream.stream).await?;
+                self.close_if_orphaned(session, &stream.stream, AskOwner::No).await?;
             }
         }
         Ok(())
     }
 
-    /// Takes over one unfinished request stream if its owner is gone: an
-    /// earlier process of a single-node store, or a replica whose lease
-    /// lapsed. The owner is the process named by the stream's priming
-    /// event, or the one that took it over last (the `closed` record).
-    /// Replicas race through a compare-and-set on that record, so one of
-    /// them wins. The winner carries the request on if its application
-    /// left a note ([`RequestCtx::leave_recovery_note`](super::RequestCtx::leave_recovery_note)),
-    /// else ends it with the "interrupted" error: either way the stream
-    /// gets exactly one final response.
-    pub(crate) async fn close_if_orphaned(self: &Arc<Self>, session: &Arc<Session>, stream: &str) -> Result<(), EngineError> {
+    /// Ends one unfinished request stream that nobody will end: its owner
+    /// is gone (an earlier process of a single-node store, or a replica
+    /// whose lease lapsed), or its owner is this process, which ran it to
+    /// its end, and the store lost the final response (see `running.rs`).
+    /// The owner is the process named by the stream's priming event, or the
+    /// one that took it over last (the `closed` record). Processes race
+    /// through a compare-and-set on that record, so one of them wins. The
+    /// winner carries a gone owner's request on if its application left a
+    /// note ([`RequestCtx::leave_recovery_note`](super::RequestCtx::leave_recovery_note)),
+    /// else ends it with the "interrupted" error; a lost final is ended
+    /// with [`LOST_MESSAGE`]. Either way the stream gets exactly one final
+    /// response. An owner alive elsewhere is asked to look at its own
+    /// stream when `ask` says so (a client waits on it here).
+    pub(crate) async fn close_if_orphaned(
+        self: &Arc<Self>,
+        session: &Arc<Session>,
+        stream: &str,
+        ask: AskOwner,
+    ) -> Result<(), EngineError> {
+        if self.running.contains(&session.id, stream) {
+            return Ok(());
+        }
         let prime = self.store.read_after(&session.id, stream, 0, 1).await?;
         let meta: Value = prime
             .first()
@@ -79,15 +91,30 @@ impl Inner {
             Some(record) => (String::from_utf8_lossy(&record.value).into_owned(), Some(record.revision)),
             None => (meta.get("owner").and_then(Value::as_str).unwrap_or("").to_owned(), None),
         };
-        if owner == self.instance || (self.store.is_shared() && replicas::is_alive(self, &owner).await?) {
+        let ended_here = owner == self.instance;
+        if !ended_here && self.store.is_shared() && replicas::is_alive(self, &owner).await? {
+            if ask == AskOwner::Yes {
+                replicas::ask_to_check(self, &session.id, stream, &owner).await;
+            }
+            return Ok(());
+        }
+        // Its final may have been stored since the caller looked (the
+        // request ended here just before `running` was checked).
+        if ended_here && self.store.stream(&session.id, stream).await?.is_none_or(|s| s.finished) {
             return Ok(());
         }
         let expires = Some(now_ms() + self.config.session_ttl.as_millis() as i64 * 2);
         let me = Bytes::from(self.instance.clone());
         if self.store.kv_compare_and_set(TAKEN_NAMESPACE, &guard, expected, me, expires).await?.is_none() {
-            return Ok(()); // another replica took it
+            return Ok(()); // another process (or check) took it
         }
         let id = meta.get("id").cloned().unwrap_or(Value::Null);
+        if ended_here {
+            let payload = envelope::error_message(Some(&id), &RpcError::internal(LOST_MESSAGE));
+            self.emit(&session.id, stream, EventKind::Final, payload).await?;
+            tracing::warn!(session = %session.id, %stream, "closed a request whose final response the store lost (a failover?)");
+            return Ok(());
+        }
         let method = meta.get("method").and_then(Value::as_str).unwrap_or("").to_owned();
         if let Some((note, progress_token)) = self.recovery_note(&session.id, stream).await? {
             let sent = self.sent_on(&session.id, stream).await?;
@@ -137,6 +164,15 @@ impl Inner {
             .filter_map(|e| serde_json::from_slice(&e.payload).ok())
             .collect())
     }
+}
+
+/// Whether [`Inner::close_if_orphaned`], finding the stream's owner alive on
+/// another replica, asks it to look at the stream (a client waits on it
+/// here), or leaves it (a session loaded here, its streams checked in passing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AskOwner {
+    Yes,
+    No,
 }
 
 /// Who carries a cut-off request on now: `session/stream` → the instance

@@ -7,6 +7,11 @@
 //! - Ownership: each replica keeps a lease record alive (`replica_lease`); a
 //!   request stream is closed as "interrupted" only when its owner's lease
 //!   has lapsed.
+//! - A client waiting here on a stream another replica owns (and runs, or
+//!   ran) asks that replica to look at it: if it is not running the request
+//!   any more and the store has no final response (a failover lost it), the
+//!   owner ends it (see `running.rs`). The ask is repeated on every
+//!   keep-alive of the waiting stream, since pub/sub keeps nothing.
 //! - Answers to server-to-client requests may be POSTed to any replica: the
 //!   one that receives it stores it and announces it; the one that waits
 //!   picks it up when the announcement arrives (and polls, slowly, in case
@@ -30,6 +35,9 @@ const STANDALONE_NAMESPACE: &str = "standalone-live";
 const TAKEOVER: &str = "~takeover.";
 /// Announcement "stream" name of a stored answer, followed by the request key.
 const ANSWERED: &str = "~answer.";
+/// Announcement "stream" name of an ask to look at a request stream,
+/// followed by `STREAM.OWNER` (neither holds a dot).
+const CHECK: &str = "~check.";
 /// Fallback only: answers are announced. Slow, so that many pending
 /// requests do not turn into a stream of store reads.
 const ANSWER_POLL: Duration = Duration::from_secs(2);
@@ -60,7 +68,15 @@ pub(crate) fn start(inner: &Arc<Inner>) {
                                     let Some(inner) = weak.upgrade() else { return };
                                     deliver_stored_answer(inner, a.session.clone(), request.to_owned());
                                 }
-                                None => hub.nudge(&a.session, &a.stream, a.seq),
+                                None => match a.stream.strip_prefix(CHECK).and_then(|c| c.split_once('.')) {
+                                    Some((stream, owner)) => {
+                                        let Some(inner) = weak.upgrade() else { return };
+                                        if owner == inner.instance {
+                                            check_own_stream(inner, a.session.clone(), stream.to_owned());
+                                        }
+                                    }
+                                    None => hub.nudge(&a.session, &a.stream, a.seq),
+                                },
                             },
                         },
                         Err(broadcast::error::RecvError::Lagged(_)) => hub.nudge_all(),
@@ -111,6 +127,31 @@ pub(crate) async fn is_alive(inner: &Inner, instance: &str) -> Result<bool, Engi
         return Ok(false);
     }
     Ok(inner.store.kv_get(LEASE_NAMESPACE, instance, now_ms()).await?.is_some())
+}
+
+/// Asks the replica that owns `stream` (alive, by its lease) to look at it:
+/// see [`check_own_stream`].
+pub(crate) async fn ask_to_check(inner: &Inner, session: &str, stream: &str, owner: &str) {
+    if let Err(e) = inner.store.announce(session, &format!("{CHECK}{stream}.{owner}"), 0).await {
+        tracing::warn!(%session, %stream, error = %e, "could not ask a request's replica to look at it");
+    }
+}
+
+/// Another replica asked this one, the owner of `stream`, to look at it: a
+/// request this replica no longer runs whose final response the store does
+/// not have is ended ([`Inner::close_if_orphaned`]).
+fn check_own_stream(inner: Arc<Inner>, session: String, stream: String) {
+    let tracker = inner.clone();
+    tracker.life.spawn(async move {
+        let checked = match inner.load(&session).await {
+            Ok(Some(loaded)) => inner.close_if_orphaned(&loaded, &stream, super::recovery::AskOwner::No).await,
+            Ok(None) => Ok(()),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = checked {
+            tracing::warn!(%session, %stream, error = %e, "could not look at a request stream another replica asked about");
+        }
+    });
 }
 
 /// A GET opened the standalone stream here: other replicas end theirs.

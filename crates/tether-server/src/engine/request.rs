@@ -152,6 +152,7 @@ impl Inner {
 
         let (stream, attachment, quick) = RequestStream::new(ids::new_request_stream(), id.clone(), method);
         let name = stream.name.clone();
+        let running = self.running.enter(&session.id, &name);
         let request_id = id.clone();
         let ctx = RequestCtx::new(
             self.clone(),
@@ -171,7 +172,8 @@ impl Inner {
         // checked (`tether_store::fence`); JSON answers are not stored, so
         // JSON mode above defers nothing.
         self.life.spawn_request(tether_store::fence::scope(async move {
-            let _slot = slot;
+            // Both held until the final response is stored (or given up).
+            let (_slot, _running) = (slot, running);
             let session = worker_session;
             let mut work = std::pin::pin!(run_work(&inner, ctx, work, cancel));
             let payload = tokio::select! {
@@ -255,6 +257,7 @@ impl Inner {
                 None
             }
         };
+        let running = self.running.enter(&session.id, stream);
         let stream = RequestStream::recovered(stream.to_owned(), id.clone(), &cut_off.method);
         let ctx = RequestCtx::new(
             self.clone(),
@@ -269,7 +272,7 @@ impl Inner {
         let work: Work = Box::new(move |ctx| Box::pin(async move { app.recover_request(ctx, cut_off).await }));
         let inner = self.clone();
         self.life.spawn_request(tether_store::fence::scope(async move {
-            let _slot = slot;
+            let (_slot, _running) = (slot, running);
             let payload = run_work(&inner, ctx, work, cancel).await;
             if !session.closed.is_cancelled() {
                 store_final(&inner, &session, &stream, &id, payload).await;

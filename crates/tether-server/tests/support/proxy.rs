@@ -135,7 +135,10 @@ async fn pump(mut from: tokio::net::tcp::OwnedReadHalf, mut to: tokio::net::tcp:
                     }
                     continue;
                 }
-                Mode::Pass | Mode::Partition => {}
+                // What waited in a blackhole is dropped with the cut, never
+                // passed on: a partition passes nothing.
+                Mode::Partition => return,
+                Mode::Pass => {}
             }
             break;
         }
