@@ -74,7 +74,7 @@ impl Inner {
         stream: &str,
         ask: AskOwner,
     ) -> Result<(), EngineError> {
-        if self.running.contains(&session.id, stream) {
+        if self.running.contains(stream) {
             return Ok(());
         }
         let prime = self.store.read_after(&session.id, stream, 0, 1).await?;

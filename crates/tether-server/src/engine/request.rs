@@ -152,7 +152,7 @@ impl Inner {
 
         let (stream, attachment, quick) = RequestStream::new(ids::new_request_stream(), id.clone(), method);
         let name = stream.name.clone();
-        let running = self.running.enter(&session.id, &name);
+        let running = self.running.enter(&name);
         let request_id = id.clone();
         let ctx = RequestCtx::new(
             self.clone(),
@@ -257,7 +257,7 @@ impl Inner {
                 None
             }
         };
-        let running = self.running.enter(&session.id, stream);
+        let running = self.running.enter(stream);
         let stream = RequestStream::recovered(stream.to_owned(), id.clone(), &cut_off.method);
         let ctx = RequestCtx::new(
             self.clone(),

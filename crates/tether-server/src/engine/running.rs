@@ -3,7 +3,9 @@
 //! A request's stream is entered when its work is started (or carried on
 //! after a crash) and left once its final response was stored or given up;
 //! the [`Running`] guard lives in the request's task, so leaving cannot be
-//! forgotten.
+//! forgotten. Keyed by stream name (random, unique), not by the JSON-RPC id
+//! the session's in-flight slots use: a client may reuse an id once its
+//! request ended, and a stream is what recovery looks at.
 //!
 //! Invariant: a stream that this process owns and has left is one it
 //! ended. If the store shows no final response on it, the store lost that
@@ -17,39 +19,35 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-/// Streams of this process whose request has not ended yet, by session.
+/// Streams of this process whose request has not ended yet.
 #[derive(Default)]
 pub(crate) struct RunningStreams {
-    /// `(session, stream)`; stream names are unique, the session keeps the
-    /// key readable in a debugger.
-    streams: Mutex<HashSet<(String, String)>>,
+    streams: Mutex<HashSet<Arc<str>>>,
 }
 
 impl RunningStreams {
-    /// Marks `stream` of `session` as running here until the guard drops.
-    pub(crate) fn enter(self: &Arc<Self>, session: &str, stream: &str) -> Running {
-        let key = (session.to_owned(), stream.to_owned());
-        self.streams.lock().insert(key.clone());
-        Running { streams: self.clone(), key }
+    /// Marks `stream` as running here until the guard drops.
+    pub(crate) fn enter(self: &Arc<Self>, stream: &str) -> Running {
+        let stream: Arc<str> = Arc::from(stream);
+        self.streams.lock().insert(stream.clone());
+        Running { streams: self.clone(), stream }
     }
 
     /// Whether this process is running the request of `stream`.
-    pub(crate) fn contains(&self, session: &str, stream: &str) -> bool {
-        // A borrowed lookup would need a second key type; the check runs on
-        // resumes and keep-alives, not per event.
-        self.streams.lock().contains(&(session.to_owned(), stream.to_owned()))
+    pub(crate) fn contains(&self, stream: &str) -> bool {
+        self.streams.lock().contains(stream)
     }
 }
 
 /// A request stream running here; leaves [`RunningStreams`] when dropped.
 pub(crate) struct Running {
     streams: Arc<RunningStreams>,
-    key: (String, String),
+    stream: Arc<str>,
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
-        self.streams.streams.lock().remove(&self.key);
+        self.streams.streams.lock().remove(&self.stream);
     }
 }
 
@@ -60,10 +58,10 @@ mod tests {
     #[test]
     fn a_stream_runs_until_its_guard_drops() {
         let streams = Arc::new(RunningStreams::default());
-        let running = streams.enter("s1", "r1");
-        assert!(streams.contains("s1", "r1"));
-        assert!(!streams.contains("s1", "r2") && !streams.contains("s2", "r1"));
+        let running = streams.enter("r1");
+        assert!(streams.contains("r1"));
+        assert!(!streams.contains("r2"));
         drop(running);
-        assert!(!streams.contains("s1", "r1"));
+        assert!(!streams.contains("r1"));
     }
 }
