@@ -47,6 +47,9 @@
 //   - discovery and the JWKS are open to every origin (oidc-provider's own).
 // Requests without an Origin header (every other client here) are not
 // affected.
+// For the tests, GET /test/introspected answers `{"count": N, "tokens": [...]}`:
+// how many introspection requests it got, and the tokens they asked about
+// (the first 10000).
 // Prints `READY` once it listens.
 
 import { generateKeyPairSync, randomBytes, sign, verify } from 'node:crypto';
@@ -174,6 +177,21 @@ provider.use(async (ctx, next) => {
   }
   if (ctx.path === '/jwks') jwksFetches += 1;
   await next();
+});
+
+// The introspection requests so far (GET /test/introspected): the token is
+// read from the parameters oidc-provider parsed for the route.
+const introspected = { count: 0, tokens: [] };
+provider.use(async (ctx, next) => {
+  if (ctx.path === '/test/introspected') {
+    ctx.body = introspected;
+    return;
+  }
+  await next();
+  if (ctx.path === '/token/introspection' && ctx.method === 'POST') {
+    introspected.count += 1;
+    if (introspected.tokens.length < 10000) introspected.tokens.push(String(ctx.oidc?.params?.token ?? ''));
+  }
 });
 
 provider.proxy = false;

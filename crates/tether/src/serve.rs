@@ -246,10 +246,14 @@ async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
-/// Loads `--auth-tokens` and re-reads it on every SIGHUP (a bad file keeps the old tokens).
-fn auth(path: Option<&std::path::Path>) -> anyhow::Result<Auth> {
+/// Loads `--auth-tokens` and re-reads it on every SIGHUP (a bad file keeps
+/// the old tokens). `oauth`: `--oauth-issuer` is set (authentication is on
+/// without a token file, which the OAuth set-up logs).
+fn auth(path: Option<&std::path::Path>, oauth: bool) -> anyhow::Result<Auth> {
     let Some(path) = path else {
-        tracing::info!("authentication is off: every request belongs to principal `anonymous`");
+        if !oauth {
+            tracing::info!("authentication is off: every request belongs to principal `anonymous`");
+        }
         return Ok(Auth::disabled());
     };
     let auth = Auth::from_file(path).map_err(|e| anyhow::anyhow!("--auth-tokens: {e}"))?;
@@ -298,7 +302,7 @@ fn allowed_hosts(args: &ServeArgs) -> Option<AllowedHosts> {
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let auth = auth(args.auth_tokens.as_deref())?;
+    let auth = auth(args.auth_tokens.as_deref(), !args.oauth_issuers.is_empty())?;
     tether_server::metrics::set_enabled(!args.no_metrics);
     let admin_token = match &args.admin_token_env {
         None => None,
@@ -371,7 +375,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             };
             let config = OAuthConfig { issuers: issuers.to_vec(), public_url, scopes: args.oauth_scopes.clone(), introspection };
             let server = ResourceServer::new(config).map_err(anyhow::Error::msg)?;
-            tracing::info!(issuers = ?issuers, resource = %server.resource(""), "OAuth resource server: access tokens of these issuers accepted");
+            let also = if args.auth_tokens.is_some() { " (and the tokens of --auth-tokens)" } else { " only" };
+            tracing::info!(issuers = ?issuers, resource = %server.resource(""), "authentication is on: OAuth access tokens of these issuers accepted{also}");
             auth.with_oauth(server)
         }
     };
@@ -521,6 +526,9 @@ impl Gateways {
     /// members that stay). A virtual server whose members collide is an
     /// error (nothing is changed).
     async fn apply(&mut self, endpoints: &Endpoints, wanted: Configured, start: Start) -> anyhow::Result<()> {
+        if self.auth.oauth().is_some() {
+            refuse_forwarded_oauth_tokens(&wanted.upstreams)?;
+        }
         let mut upstreams = std::collections::HashMap::new();
         let mut changed = std::collections::HashSet::new();
         for upstream in &wanted.upstreams {
@@ -572,6 +580,23 @@ impl Gateways {
         self.configured = wanted;
         Ok(())
     }
+}
+
+/// With `--oauth-issuer`, an upstream with `forward_auth = true` would get
+/// each client's access token, a token for tether (token passthrough, which
+/// the MCP authorization spec forbids): refused, at start and at a reload.
+fn refuse_forwarded_oauth_tokens(upstreams: &[tether_gateway::config::UpstreamConfig]) -> anyhow::Result<()> {
+    use tether_gateway::config::Target;
+    if let Some(upstream) = upstreams.iter().find(|u| matches!(&u.target, Target::Url(spec) if spec.forward_auth)) {
+        let name = &upstream.name;
+        anyhow::bail!(
+            "[upstreams.{name}] forward_auth = true with --oauth-issuer would send each client's OAuth access token, \
+             a token meant for tether, to the upstream (the MCP authorization spec forbids passing it through); \
+             remove forward_auth and give the upstream a token of tether's own: [upstreams.{name}.oauth] \
+             (client credentials, or token exchange on behalf of the caller) or auth_env"
+        );
+    }
+    Ok(())
 }
 
 /// The upstreams of `--upstream` flags and of the config file; a name used twice is an error.

@@ -650,3 +650,233 @@ async fn another_subject_gets_neither_the_replay_of_a_session_nor_its_tasks() {
     let (_, own) = send_sessionless(&owner, &get, Some(&task), &[]).await;
     assert!(own["result"]["status"].is_string(), "the owner's tasks/get: {own}");
 }
+
+/// What the authorization server was asked to introspect so far: how many
+/// requests, and their tokens.
+async fn introspected(provider: &Provider) -> (u64, Vec<String>) {
+    let answer: Value = reqwest::get(format!("{}/test/introspected", provider.issuer)).await.unwrap().json().await.unwrap();
+    let tokens = answer["tokens"].as_array().unwrap().iter().filter_map(Value::as_str).map(str::to_owned).collect();
+    (answer["count"].as_u64().unwrap(), tokens)
+}
+
+#[tokio::test]
+async fn a_token_of_the_token_file_is_never_sent_to_the_authorization_server() {
+    const STATIC: &str = "static-token-of-alice-0123456789abcdef";
+    let dir = tempfile::tempdir().unwrap();
+    let provider = start_provider(dir.path());
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, format!("{STATIC} alice\n")).unwrap();
+    let policy = "[[policies]]\ntools = [\"thought\"]\nallow = '\"tools:write\" in jwt.scope'\nscope = \"tools:write\"\n";
+    let tether = start_protected_env(
+        &dir,
+        &[&provider.issuer],
+        policy,
+        &["--auth-tokens", tokens.to_str().unwrap(), "--oauth-client-id", "tether"],
+        &[("TETHER_OAUTH_CLIENT_SECRET", "tether-secret")],
+    );
+    let params = json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}});
+
+    // The static token on /mcp (the notebook) and on /mcp/fx (a gateway):
+    // a session, a list the policy filters, and a call the policy refuses
+    // (a static token has no claims).
+    for endpoint in [format!("{}/mcp", tether.base), format!("{}/mcp/fx", tether.base)] {
+        let alice = Client::with_token(&endpoint, STATIC);
+        let (sid, _) = alice.initialize_params(params.clone()).await;
+        let listed = alice.request(&sid, 1, "tools/list", json!({})).await.last().unwrap().json();
+        let names: Vec<&str> = listed["result"]["tools"].as_array().unwrap().iter().filter_map(|t| t["name"].as_str()).collect();
+        assert!(!names.is_empty() && !names.contains(&"thought"), "{endpoint}: {names:?}");
+        let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "thought", "arguments": thought_args(1)}});
+        let refused = alice.post(Some(&sid), &call).send().await.unwrap();
+        assert_eq!(refused.status(), 403, "{endpoint}: {}", refused.text().await.unwrap_or_default());
+    }
+
+    // An opaque access token is introspected, so the provider's record of
+    // introspections is live...
+    let mcp = format!("{}/mcp", tether.base);
+    let opaque = provider.token("opaque", &mcp, "tools:read tools:write").await;
+    let client = Client::with_token(&mcp, &opaque);
+    let (sid, _) = client.initialize_params(params).await;
+    let listed = client.request(&sid, 1, "tools/list", json!({})).await.last().unwrap().json();
+    assert!(listed["result"]["tools"].as_array().unwrap().iter().any(|t| t["name"] == "thought"), "{listed}");
+    let (count, seen) = introspected(&provider).await;
+    assert!(seen.contains(&opaque), "the opaque token was introspected: {count} requests");
+    // ...and it never saw the static token.
+    assert!(!seen.iter().any(|t| t == STATIC), "the token file's token was sent to the authorization server");
+    assert_eq!(count as usize, seen.iter().filter(|t| **t == opaque).count(), "only the opaque token was asked about: {seen:?}");
+}
+
+#[tokio::test]
+async fn made_up_opaque_tokens_are_introspected_within_the_limits_and_remembered_tokens_are_never_limited() {
+    use tether_server::http::oauth::{
+        INTROSPECT_BURST, INTROSPECT_BURST_PER_CLIENT, INTROSPECT_RATE, INTROSPECT_RATE_PER_CLIENT,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let provider = start_provider(dir.path());
+    let tether = start_protected_env(
+        &dir,
+        &[&provider.issuer],
+        "",
+        &["--oauth-client-id", "tether"],
+        &[("TETHER_OAUTH_CLIENT_SECRET", "tether-secret")],
+    );
+    let mcp = format!("{}/mcp", tether.base);
+    // A client's opaque token, checked (and so remembered) before the flood.
+    let opaque = provider.token("opaque", &mcp, "tools:read").await;
+    assert_eq!(post_initialize(&mcp, Some(&opaque)).await.status(), 200);
+    let start = std::time::Instant::now();
+    let (before, _) = introspected(&provider).await;
+
+    // One address sends many made-up tokens: its burst is introspected,
+    // the rest are refused with 401 without asking, saying to retry later.
+    let flood = |n: usize, from: &str| format!("made-up-token-{from}-{n}-not-issued-by-anyone");
+    let mut limited = 0;
+    for n in 0..60 {
+        let response = post_initialize(&mcp, Some(&flood(n, "one"))).await;
+        assert_eq!(response.status(), 401);
+        let retry_after = response.headers().get("retry-after").is_some();
+        let body: Value = response.json().await.unwrap();
+        let message = body["error"]["message"].as_str().unwrap_or_default().to_owned();
+        if message.contains("retry in a few seconds") {
+            assert!(retry_after, "{message}");
+            limited += 1;
+        } else {
+            assert!(message.contains("not active"), "{message}");
+        }
+    }
+    let (after_one, _) = introspected(&provider).await;
+    let allowed_one = INTROSPECT_BURST_PER_CLIENT + INTROSPECT_RATE_PER_CLIENT * start.elapsed().as_secs_f64();
+    assert!(
+        (after_one - before) as f64 <= allowed_one + 1.0,
+        "{} introspections from one address, at most {allowed_one:.0} allowed",
+        after_one - before
+    );
+    assert!(limited > 0, "the limit refused some");
+
+    // Many addresses (loopback has all of 127/8): the overall limit.
+    for n in 0..200 {
+        let from = std::net::IpAddr::from([127, 0, 0, 2 + (n % 50) as u8]);
+        let client = reqwest::Client::builder().local_address(from).build().unwrap();
+        let response = client
+            .post(&mcp)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .bearer_auth(flood(n, "many"))
+            .body(json!({"jsonrpc": "2.0", "id": 0, "method": "ping"}).to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 401);
+    }
+    let (after_many, _) = introspected(&provider).await;
+    let allowed = INTROSPECT_BURST + INTROSPECT_RATE * start.elapsed().as_secs_f64();
+    assert!(
+        (after_many - before) as f64 <= allowed + 1.0,
+        "{} introspections in all, at most {allowed:.0} allowed",
+        after_many - before
+    );
+
+    // The remembered token is not limited, nor is a JWT (checked here).
+    let remembered = post_initialize(&mcp, Some(&opaque)).await;
+    assert_eq!(remembered.status(), 200, "{}", remembered.text().await.unwrap_or_default());
+    let jwt = provider.token("svc", &mcp, "tools:read").await;
+    assert_eq!(post_initialize(&mcp, Some(&jwt)).await.status(), 200);
+}
+
+#[tokio::test]
+async fn a_token_naming_two_endpoints_works_on_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let provider = start_provider(dir.path());
+    let tether = start_protected(&dir, &[&provider.issuer]);
+    let mcp = format!("{}/mcp", tether.base);
+    let fx = format!("{mcp}/fx");
+    let claims = json!({"iss": provider.issuer, "sub": "both", "aud": [mcp, fx], "exp": now() + 300, "iat": now()});
+    let token = provider.sign(&claims, &provider.kid);
+    for url in [&mcp, &fx, &mcp, &fx] {
+        let response = post_initialize(url, Some(&token)).await;
+        assert_eq!(response.status(), 200, "{url}: {}", challenge(&response));
+    }
+    // A token naming only /mcp is still refused on /mcp/fx after its use on /mcp.
+    let one = provider.sign(&json!({"iss": provider.issuer, "sub": "one", "aud": mcp, "exp": now() + 300}), &provider.kid);
+    assert_eq!(post_initialize(&mcp, Some(&one)).await.status(), 200);
+    let refused = post_initialize(&fx, Some(&one)).await;
+    assert_eq!(refused.status(), 401);
+    assert!(challenge(&refused).contains("not for this resource"), "{}", challenge(&refused));
+}
+
+#[tokio::test]
+async fn a_jwt_with_a_critical_header_extension_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let provider = start_provider(dir.path());
+    let tether = start_protected(&dir, &[&provider.issuer]);
+    let mcp = format!("{}/mcp", tether.base);
+    let claims = json!({"iss": provider.issuer, "sub": "crit", "aud": mcp, "exp": now() + 300, "iat": now()});
+    let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::RS256);
+    header.kid = Some(provider.kid.clone());
+    header.crit = Some(vec!["urn:example:must-understand".to_owned()]);
+    let key = jsonwebtoken::EncodingKey::from_rsa_pem(provider.key_pem.as_bytes()).unwrap();
+    let token = jsonwebtoken::encode(&header, &claims, &key).unwrap();
+    let refused = post_initialize(&mcp, Some(&token)).await;
+    assert_eq!(refused.status(), 401);
+    let challenge = challenge(&refused);
+    assert!(challenge.contains("error=\"invalid_token\"") && challenge.contains("`crit`"), "{challenge}");
+    // The same claims without `crit` pass: only the header differs.
+    assert_eq!(post_initialize(&mcp, Some(&provider.sign(&claims, &provider.kid))).await.status(), 200);
+}
+
+/// What `tether serve ARGS` logs until it listens (`Ok`) or exits (`Err`),
+/// on a free port with an in-memory store; the server is stopped after.
+fn startup_log(args: &[&str]) -> Result<Vec<String>, Vec<String>> {
+    let mut child = std::process::Command::new(binary())
+        .args(["serve", "--listen", "127.0.0.1:0", "--store", "memory", "--no-console"])
+        .args(args)
+        .env("RUST_LOG", "info")
+        .env_remove("TETHER_AUTH_TOKENS")
+        .env_remove("TETHER_OAUTH_ISSUER")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("tether binary runs");
+    let mut lines = Vec::new();
+    let mut listening = false;
+    for line in std::io::BufReader::new(child.stderr.take().unwrap()).lines() {
+        let Ok(line) = line else { break };
+        listening = line.contains("tether listening");
+        lines.push(line);
+        if listening {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    if listening { Ok(lines) } else { Err(lines) }
+}
+
+#[test]
+fn forward_auth_beside_an_oauth_issuer_refuses_to_start_saying_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("tether.toml");
+    std::fs::write(&config, "[upstreams.up]\nurl = \"http://127.0.0.1:9/mcp\"\nforward_auth = true\n").unwrap();
+    let config = config.to_str().unwrap();
+    let refused = startup_log(&["--config", config, "--oauth-issuer", "http://127.0.0.1:9/issuer"])
+        .expect_err("forward_auth with --oauth-issuer must not start");
+    let text = refused.join("\n");
+    assert!(
+        text.contains("[upstreams.up] forward_auth = true with --oauth-issuer") && text.contains("[upstreams.up.oauth]"),
+        "{text}"
+    );
+    // Without OAuth, forwarding the client's header is the operator's choice.
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "static-token-of-alice-0123456789abcdef alice\n").unwrap();
+    startup_log(&["--config", config, "--auth-tokens", tokens.to_str().unwrap()])
+        .unwrap_or_else(|log| panic!("forward_auth without OAuth starts: {}", log.join("\n")));
+}
+
+#[test]
+fn with_oauth_and_no_token_file_the_log_says_authentication_is_on() {
+    let with_oauth = startup_log(&["--oauth-issuer", "http://127.0.0.1:9/issuer"]).unwrap_or_else(|log| panic!("{log:?}"));
+    let text = with_oauth.join("\n");
+    assert!(!text.contains("authentication is off"), "{text}");
+    assert!(text.contains("authentication is on: OAuth access tokens"), "{text}");
+    let without = startup_log(&[]).unwrap_or_else(|log| panic!("{log:?}")).join("\n");
+    assert!(without.contains("authentication is off"), "{without}");
+}

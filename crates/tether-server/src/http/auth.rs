@@ -9,7 +9,13 @@
 //! without a usable one gets the challenge that leads a client to the
 //! authorization server. Without either, every request belongs to one
 //! anonymous principal.
+//!
+//! A token of the file is never sent anywhere: the resource server checks
+//! only an [`Unlisted`] token, which only this module makes, after the
+//! table did not hold it. A static token has no claims, so a policy that
+//! needs claims refuses it.
 
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -99,6 +105,31 @@ impl TokenTable {
     }
 }
 
+/// A bearer token the token file does not hold: the only kind
+/// [`ResourceServer::verify`] takes, so a token of the file is never sent
+/// to an authorization server. Made only by [`Auth`], after its table did
+/// not hold the token.
+#[derive(Clone, Copy)]
+pub struct Unlisted<'a>(&'a str);
+
+impl<'a> Unlisted<'a> {
+    pub fn as_str(&self) -> &'a str {
+        self.0
+    }
+
+    /// For the resource server's own unit tests, which have no table.
+    #[cfg(test)]
+    pub(super) fn for_tests(token: &'a str) -> Self {
+        Self(token)
+    }
+}
+
+/// A bearer token looked up in the table: whose it is, or [`Unlisted`].
+enum Lookup<'a> {
+    Listed(String),
+    Unlisted(Unlisted<'a>),
+}
+
 /// The authentication policy of one server; cheap to clone, reloadable.
 #[derive(Clone, Default)]
 pub struct Auth {
@@ -139,13 +170,24 @@ impl Auth {
         self.policy.as_ref()
     }
 
+    /// `token` in the table: its principal, or the token as [`Unlisted`]
+    /// (the only place one is made).
+    fn lookup<'a>(&self, token: &'a str) -> Lookup<'a> {
+        let table = self.table.read().clone();
+        match table.as_ref().and_then(|t| t.principal(token)) {
+            Some(principal) => Lookup::Listed(principal.to_owned()),
+            None => Lookup::Unlisted(Unlisted(token)),
+        }
+    }
+
     /// Who is asking as policies see it: the principal and, for an access
-    /// token, its claims (its check is remembered, so this costs a hash).
+    /// token, its claims (its check is remembered, so this costs a hash). A
+    /// token of the token file has none (`Value::Null`) and goes nowhere.
     pub async fn subject(&self, authorization: Option<&str>, endpoint: &str, principal: &str) -> Subject {
         let token = authorization.and_then(tether_wire::headers::bearer_token);
-        let claims = match (&self.oauth, token) {
-            (Some(oauth), Some(token)) => {
-                oauth.verify(token, endpoint).await.map(|t| t.claims).unwrap_or(serde_json::Value::Null)
+        let claims = match (&self.oauth, token.map(|t| self.lookup(t))) {
+            (Some(oauth), Some(Lookup::Unlisted(token))) => {
+                oauth.verify(token, endpoint, None).await.map(|t| t.claims).unwrap_or(serde_json::Value::Null)
             }
             _ => serde_json::Value::Null,
         };
@@ -195,10 +237,17 @@ impl Auth {
         Ok(n)
     }
 
-    /// The principal of a request to `endpoint`, or 401 with a
-    /// `WWW-Authenticate: Bearer` challenge (503 while the authorization
-    /// server's keys cannot be had).
+    /// [`Self::principal_from`] a client whose address is not known (all
+    /// such clients share one count of introspections).
     pub async fn principal(&self, headers: &HeaderMap, endpoint: &str) -> Result<String, HttpError> {
+        self.principal_from(headers, endpoint, None).await
+    }
+
+    /// The principal of a request to `endpoint` from the client at
+    /// `client`, or 401 with a `WWW-Authenticate: Bearer` challenge (with
+    /// `Retry-After` past the limit on introspections; 503 while the
+    /// authorization server's keys cannot be had).
+    pub async fn principal_from(&self, headers: &HeaderMap, endpoint: &str, client: Option<IpAddr>) -> Result<String, HttpError> {
         if !self.is_enabled() {
             return Ok(ANONYMOUS.to_owned());
         }
@@ -218,20 +267,23 @@ impl Auth {
             .and_then(|v| v.to_str().ok())
             .and_then(tether_wire::headers::bearer_token)
             .ok_or_else(|| unauthorized("authentication required: send `Authorization: Bearer <token>`", None))?;
-        let table = self.table.read().clone();
-        if let Some(principal) = table.as_ref().and_then(|t| t.principal(token)) {
-            return Ok(principal.to_owned());
-        }
+        let token = match self.lookup(token) {
+            Lookup::Listed(principal) => return Ok(principal),
+            Lookup::Unlisted(token) => token,
+        };
         let Some(oauth) = &self.oauth else {
             return Err(unauthorized(
                 "the Bearer token is not valid for this server: check it, or ask the operator for one",
                 None,
             ));
         };
-        match oauth.verify(token, endpoint).await {
+        match oauth.verify(token, endpoint, client).await {
             Ok(checked) => Ok(checked.principal),
             Err(Refusal::Invalid(reason)) => {
                 Err(unauthorized(&format!("the access token is refused: {reason}; get a new one and retry"), Some(&reason)))
+            }
+            Err(Refusal::Limited(reason)) => {
+                Err(HttpError { retry_after: Some(LIMITED_RETRY_AFTER_SECS), ..unauthorized(&reason, None) })
             }
             Err(Refusal::Unavailable(reason)) => Err(HttpError {
                 retry_after: Some(OAUTH_RETRY_AFTER_SECS),
@@ -243,6 +295,9 @@ impl Auth {
 
 /// `Retry-After` while an authorization server's keys cannot be had.
 const OAUTH_RETRY_AFTER_SECS: u32 = 5;
+/// `Retry-After` of a token refused past the limit on introspections (a
+/// client's count recovers by one in half a second).
+const LIMITED_RETRY_AFTER_SECS: u32 = 1;
 
 #[cfg(test)]
 mod tests {

@@ -23,6 +23,9 @@
 //! ([`TimedIo`]): a read that would wait past it fails with `TimedOut`, and
 //! hyper closes the connection (no response: there is no request to answer).
 //!
+//! Every request carries its connection's peer address as axum's
+//! `ConnectInfo<SocketAddr>`, for what is limited per client address.
+//!
 //! Beyond the cap the loop stops accepting: new connections wait in the
 //! kernel's listen backlog and are served, in order, as soon as one closes.
 //! Refusing them instead (accept, then close or a canned 503) would cost a
@@ -32,6 +35,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -94,11 +98,11 @@ pub(crate) async fn serve(
                 Err(_) => break,
             },
         };
-        let tcp = tokio::select! {
+        let (tcp, peer) = tokio::select! {
             biased;
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
-                Ok((tcp, _)) => tcp,
+                Ok(accepted) => accepted,
                 Err(e) => {
                     accept_failed(e).await;
                     continue;
@@ -111,7 +115,7 @@ pub(crate) async fn serve(
         }
         let state = Arc::new(ConnState::default());
         let io = TokioIo::new(TimedIo::new(tcp, state.clone(), limits));
-        let service = ConnService { app: app.clone(), state };
+        let service = ConnService { app: app.clone(), state, peer };
         let conn = hyper::server::conn::http1::Builder::new()
             // The connection's timeouts are `TimedIo`'s (see the module's comment).
             .header_read_timeout(None)
@@ -169,10 +173,11 @@ impl Drop for RequestGuard {
 }
 
 /// The router as hyper's service, marking each request busy until its
-/// response ends.
+/// response ends, and putting the peer's address on each.
 struct ConnService {
     app: Router,
     state: Arc<ConnState>,
+    peer: SocketAddr,
 }
 
 impl hyper::service::Service<Request<Incoming>> for ConnService {
@@ -180,7 +185,8 @@ impl hyper::service::Service<Request<Incoming>> for ConnService {
     type Error = Infallible;
     type Future = ResponseFuture;
 
-    fn call(&self, request: Request<Incoming>) -> ResponseFuture {
+    fn call(&self, mut request: Request<Incoming>) -> ResponseFuture {
+        request.extensions_mut().insert(axum::extract::ConnectInfo(self.peer));
         self.state.busy.store(true, Ordering::Release);
         let guard = RequestGuard(self.state.clone());
         let future = tower::Service::call(&mut self.app.clone(), request);

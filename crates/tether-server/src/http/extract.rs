@@ -5,7 +5,9 @@
 //! the JSON-RPC body follow. Each rejection is the [`HttpError`] that names
 //! what to send instead.
 
-use axum::extract::{FromRequest, FromRequestParts, Request};
+use std::net::SocketAddr;
+
+use axum::extract::{ConnectInfo, FromRequest, FromRequestParts, Request};
 use axum::http::HeaderMap;
 use axum::http::request::Parts;
 use tether_wire::Inbound;
@@ -28,7 +30,8 @@ impl FromRequestParts<AppState> for OriginAllowed {
 }
 
 /// Who is asking: the principal of the bearer token (401 without a valid one
-/// while `--auth-tokens` is on).
+/// while `--auth-tokens` is on), checked with the client's address (which
+/// the accept loop puts on every request) for the limits per client.
 pub(super) struct Principal(pub String);
 
 impl FromRequestParts<AppState> for Principal {
@@ -40,7 +43,8 @@ impl FromRequestParts<AppState> for Principal {
                 "an access token in the query string is refused (it would be logged); send `Authorization: Bearer <token>`",
             ));
         }
-        state.auth.principal(&parts.headers, endpoint_of(parts.uri.path())).await.map(Principal)
+        let client = parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|ConnectInfo(peer)| peer.ip());
+        state.auth.principal_from(&parts.headers, endpoint_of(parts.uri.path()), client).await.map(Principal)
     }
 }
 

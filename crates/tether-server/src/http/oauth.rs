@@ -9,30 +9,50 @@
 //! introspection at their issuer when tether has a client there
 //! (`--oauth-client-id`).
 //!
+//! [`ResourceServer::verify`] takes only an [`Unlisted`] token, which only
+//! [`super::auth`] makes, after the token file (`--auth-tokens`) did not
+//! hold it: a static token is never sent to an authorization server.
+//!
 //! A token is accepted only when it is a JWT signed by a key of one of the
 //! configured issuers (found by RFC 8414 / OpenID discovery, its JWKS cached),
 //! with an algorithm of [`ALLOWED`] that fits the key (never `none`, never an
-//! HMAC algorithm: a public key is no secret), its `iss` that issuer, its
-//! `aud` this endpoint's resource (RFC 8707: a token for another endpoint is
-//! refused), and `exp`/`nbf` within [`LEEWAY`]. An unknown `kid` refetches the
-//! issuer's keys at most once per [`REFETCH_EVERY`], so a flood of made-up
-//! `kid`s does not flood the authorization server; keys it dropped are kept
-//! for [`STALE_KEEP`]. An issuer whose keys were never fetched and cannot be
-//! reached fails closed (503). A checked token is remembered by its SHA-256
-//! until it expires, so a client's later requests cost a hash.
+//! HMAC algorithm: a public key is no secret), no critical header extension
+//! (`crit`: tether understands none, so RFC 7515 4.1.11 has it refuse them
+//! all), its `iss` that issuer, its `aud` this endpoint's resource (RFC 8707:
+//! a token for another endpoint is refused), and `exp`/`nbf` within
+//! [`LEEWAY`]. An unknown `kid` refetches the issuer's keys at most once per
+//! [`REFETCH_EVERY`], so a flood of made-up `kid`s does not flood the
+//! authorization server; keys it dropped are kept for [`STALE_KEEP`]. An
+//! issuer whose keys were never fetched and cannot be reached fails closed
+//! (503). A checked token is remembered by the SHA-256 of the token and of
+//! the resource it was checked for, until it expires, so a client's later
+//! requests cost a hash (a token whose `aud` names two endpoints is checked
+//! once on each).
 //!
 //! A token that is not a JWT is opaque: with an introspection client set,
 //! it is introspected at each issuer that publishes an
 //! `introspection_endpoint` until one calls it active (its `aud` must name
-//! this endpoint's resource, its `iss`, when given, that issuer); an active
-//! answer is remembered until the token's `exp`, an inactive one for
-//! [`INACTIVE_KEEP`], and at most [`INTROSPECTIONS`] run at once, so a flood
-//! of made-up tokens cannot flood the authorization server.
+//! this endpoint's resource, its `iss`, when given, that issuer). An active
+//! answer is remembered until the token's `exp` but never longer than
+//! [`INTROSPECTED_KEEP`] (so a token revoked at the issuer is refused within
+//! it; a token without `exp` is accepted and remembered that long), an
+//! inactive one for [`INACTIVE_KEEP`]. At most [`INTROSPECTIONS`] run at
+//! once, and tokens tether does not remember are introspected at most
+//! [`INTROSPECT_RATE`] a second from all clients together and
+//! [`INTROSPECT_RATE_PER_CLIENT`] from one client address (each with a
+//! burst): past that a token is refused with a 401 saying to retry later,
+//! asking nobody, so a flood of made-up tokens cannot flood the
+//! authorization server. Remembered tokens are never limited.
+//!
+//! Every answer of an authorization server (metadata, keys, introspection)
+//! is read up to [`MAX_ANSWER_BYTES`]; a bigger one is an error naming its
+//! URL.
 //!
 //! The principal of a token is `SUB@ISS`; sessions, streams, tasks and
 //! resume tokens are bound to it like to any principal.
 
 use std::collections::HashMap;
+use std::net::{IpAddr, Ipv6Addr};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
@@ -41,6 +61,8 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
+
+pub use super::auth::Unlisted;
 
 /// Signature algorithms accepted: asymmetric only.
 pub const ALLOWED: [Algorithm; 9] = [
@@ -68,8 +90,32 @@ const MAX_REMEMBERED: usize = 100_000;
 const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 /// An opaque token an issuer called inactive is refused without asking again this long.
 pub const INACTIVE_KEEP: Duration = Duration::from_secs(60);
+/// An opaque token an issuer called active is remembered at most this long
+/// (less when its `exp` comes sooner): a token revoked at the issuer is
+/// refused within it, and one whose answer has no `exp` is accepted this long.
+pub const INTROSPECTED_KEEP: Duration = Duration::from_secs(300);
 /// Introspection requests in flight at most; more wait their turn.
 pub const INTROSPECTIONS: usize = 16;
+/// Introspections of tokens tether does not remember, per second, from all
+/// clients together: well above what clients that each introspect a new
+/// token once every few minutes need, well below a flood.
+pub const INTROSPECT_RATE: f64 = 20.0;
+/// The burst above [`INTROSPECT_RATE`] (many clients arriving at once, a restart).
+pub const INTROSPECT_BURST: f64 = 40.0;
+/// Introspections of tokens tether does not remember, per second, from one
+/// client address (an IPv6 client's /64): a client has one token, or a few.
+pub const INTROSPECT_RATE_PER_CLIENT: f64 = 2.0;
+/// The burst above [`INTROSPECT_RATE_PER_CLIENT`].
+pub const INTROSPECT_BURST_PER_CLIENT: f64 = 5.0;
+/// Client addresses whose introspections are counted at most; when all are
+/// in use, an address whose count has recovered is forgotten, and a new
+/// address waits until one has.
+pub const INTROSPECT_CLIENTS: usize = 4096;
+/// The largest answer read from an authorization server (its metadata, its
+/// keys, an introspection).
+pub const MAX_ANSWER_BYTES: usize = 1024 * 1024;
+/// The warning that introspections are refused is repeated at most this often.
+const LIMIT_WARNING_EVERY: Duration = Duration::from_secs(10);
 
 /// tether's own client at the authorization servers, for introspection
 /// (`--oauth-client-id`, secret in `TETHER_OAUTH_CLIENT_SECRET`).
@@ -107,10 +153,9 @@ pub struct Token {
     pub scopes: Vec<String>,
     /// Its claims, for policies.
     pub claims: Value,
-    /// Its `exp` (seconds since the epoch).
-    expires: u64,
-    /// The resource it was checked for.
-    resource: String,
+    /// Until when (seconds since the epoch) it is remembered: its `exp` and
+    /// [`LEEWAY`] for a JWT, at most [`INTROSPECTED_KEEP`] for an opaque one.
+    until: u64,
 }
 
 /// Why a token is refused.
@@ -120,6 +165,9 @@ pub enum Refusal {
     Invalid(String),
     /// 503: the issuer's keys cannot be had (fail closed).
     Unavailable(String),
+    /// 401 without asking the issuer: too many tokens tether does not know
+    /// were presented (by this client address, or by all); retry later.
+    Limited(String),
 }
 
 /// One issuer's keys, and where its metadata says they and its introspection are.
@@ -142,10 +190,13 @@ pub struct ResourceServer {
     config: OAuthConfig,
     issuers: Vec<Issuer>,
     http: reqwest::Client,
+    /// Checked tokens, by [`remembered_key`] (the token and the resource).
     remembered: Mutex<HashMap<[u8; 32], Token>>,
     /// Opaque tokens an issuer called inactive, by hash, until when they are refused unasked.
     inactive: Mutex<HashMap<[u8; 32], Instant>>,
     introspections: tokio::sync::Semaphore,
+    /// How many introspections of tokens not remembered may start now.
+    limit: Mutex<IntrospectionLimit>,
 }
 
 impl ResourceServer {
@@ -172,6 +223,7 @@ impl ResourceServer {
             remembered: Mutex::default(),
             inactive: Mutex::default(),
             introspections: tokio::sync::Semaphore::new(INTROSPECTIONS),
+            limit: Mutex::new(IntrospectionLimit::new(Instant::now())),
         })
     }
 
@@ -226,37 +278,45 @@ impl ResourceServer {
         )
     }
 
-    /// Checks `token` for `endpoint`.
-    pub async fn verify(&self, token: &str, endpoint: &str) -> Result<Token, Refusal> {
+    /// Checks `token` for `endpoint`; `client` is the address of the
+    /// client that sent it (none: unknown, counted as one address), for the
+    /// limit on introspections.
+    pub async fn verify(&self, token: Unlisted<'_>, endpoint: &str, client: Option<IpAddr>) -> Result<Token, Refusal> {
+        let token = token.as_str();
         if token.len() > MAX_TOKEN_BYTES {
             return Err(Refusal::Invalid(format!("the token is longer than {MAX_TOKEN_BYTES} bytes")));
         }
         let resource = self.resource(endpoint);
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        let key = remembered_key(&digest, &resource);
         let now = unix_now();
-        if let Some(known) = self.remembered.lock().get(&digest).filter(|t| t.expires + LEEWAY.as_secs() > now).cloned() {
-            if known.resource == resource {
-                return Ok(known);
-            }
-            return Err(Refusal::Invalid(format!("the token is not for this resource; ask for one for {resource}")));
+        if let Some(known) = self.remembered.lock().get(&key).filter(|t| t.until > now) {
+            return Ok(known.clone());
         }
         let checked = match token.split('.').count() {
             3 => self.check(token, &resource).await?,
-            _ => self.introspect(token, digest, &resource).await?,
+            _ => self.introspect(token, digest, &resource, client).await?,
         };
         let mut remembered = self.remembered.lock();
         if remembered.len() >= MAX_REMEMBERED {
-            remembered.retain(|_, t| t.expires + LEEWAY.as_secs() > now);
+            remembered.retain(|_, t| t.until > now);
             if remembered.len() >= MAX_REMEMBERED {
                 remembered.clear();
             }
         }
-        remembered.insert(digest, checked.clone());
+        remembered.insert(key, checked.clone());
         Ok(checked)
     }
 
-    /// Checks an opaque token by RFC 7662 introspection at the issuers.
-    async fn introspect(&self, token: &str, digest: [u8; 32], resource: &str) -> Result<Token, Refusal> {
+    /// Checks an opaque token by RFC 7662 introspection at the issuers
+    /// (within the limits of [`IntrospectionLimit`]).
+    async fn introspect(
+        &self,
+        token: &str,
+        digest: [u8; 32],
+        resource: &str,
+        client_address: Option<IpAddr>,
+    ) -> Result<Token, Refusal> {
         let Some(client) = &self.config.introspection else {
             return Err(Refusal::Invalid(
                 "the token is not a JWT, and this server checks opaque tokens only with an introspection client (--oauth-client-id)"
@@ -267,6 +327,15 @@ impl ResourceServer {
         if self.inactive.lock().get(&digest).is_some_and(|until| *until > now) {
             return Err(Refusal::Invalid("the token is not active".into()));
         }
+        self.limit.lock().take(client_address, now).map_err(|limit| {
+            let whose = match limit {
+                Limit::Client => "from your address",
+                Limit::Overall | Limit::Clients => "to this server",
+            };
+            Refusal::Limited(format!(
+                "too many access tokens it does not know were presented {whose} for tether to check them all at the authorization server; retry in a few seconds"
+            ))
+        })?;
         let _turn = self.introspections.acquire().await.map_err(|_| Refusal::Unavailable("shutting down".into()))?;
         let mut unreachable = None;
         for issuer in &self.issuers {
@@ -286,13 +355,18 @@ impl ResourceServer {
                 .send()
                 .await;
             let claims: Value = match answer {
-                Ok(response) if response.status().is_success() => match response.json().await {
-                    Ok(claims) => claims,
-                    Err(e) => {
-                        unreachable = Some(format!("{endpoint}: {e}"));
-                        continue;
+                Ok(response) if response.status().is_success() => {
+                    match read_capped(&endpoint, response)
+                        .await
+                        .and_then(|body| serde_json::from_slice(&body).map_err(|e| format!("{endpoint}: {e}")))
+                    {
+                        Ok(claims) => claims,
+                        Err(e) => {
+                            unreachable = Some(e);
+                            continue;
+                        }
                     }
-                },
+                }
                 Ok(response) => {
                     tracing::warn!(issuer = %issuer.url, status = %response.status(), "introspection refused; check --oauth-client-id and TETHER_OAUTH_CLIENT_SECRET");
                     unreachable = Some(format!("{endpoint} answered {}", response.status()));
@@ -332,6 +406,12 @@ impl ResourceServer {
 
     async fn check(&self, token: &str, resource: &str) -> Result<Token, Refusal> {
         let invalid = |m: &str| Refusal::Invalid(m.to_owned());
+        if let Some(crit) = unverified_part(token, 0).as_ref().and_then(|h| h.get("crit")) {
+            let named: String = crit.to_string().chars().take(120).collect();
+            return Err(Refusal::Invalid(format!(
+                "the token's header marks {named} as critical (`crit`), an extension this server does not understand, so it refuses the token (RFC 7515 4.1.11)"
+            )));
+        }
         let header = jsonwebtoken::decode_header(token).map_err(|_| {
             match unverified_part(token, 0).and_then(|h| h.get("alg").cloned()) {
                 Some(alg) => Refusal::Invalid(format!("tokens signed with {alg} are not accepted")),
@@ -381,9 +461,10 @@ impl ResourceServer {
             (_, Some(Value::Array(a))) => a.iter().filter_map(Value::as_str).map(str::to_owned).collect(),
             _ => Vec::new(),
         };
-        let expires = claims.get("exp").and_then(Value::as_u64).unwrap_or(0);
+        // `exp` is required above, so it is there.
+        let until = claims.get("exp").and_then(Value::as_u64).unwrap_or(0).saturating_add(LEEWAY.as_secs());
         let principal = format!("{sub}@{}", issuer.url);
-        Ok(Token { principal, scopes, claims, expires, resource: resource.to_owned() })
+        Ok(Token { principal, scopes, claims, until })
     }
 
     /// The issuer's key `kid` (fetched if unknown, at most once per
@@ -464,7 +545,138 @@ impl ResourceServer {
         if !response.status().is_success() {
             return Err(format!("{url} answered {}", response.status()));
         }
-        response.json::<T>().await.map_err(|e| format!("{url}: {e}"))
+        let body = read_capped(url, response).await?;
+        serde_json::from_slice(&body).map_err(|e| format!("{url}: {e}"))
+    }
+}
+
+/// The body of `url`'s answer, at most [`MAX_ANSWER_BYTES`] of it (a bigger
+/// one is an error naming the URL and the cap, read no further).
+async fn read_capped(url: &str, mut response: reqwest::Response) -> Result<Vec<u8>, String> {
+    let too_big = || {
+        format!(
+            "{url}: the answer is larger than {} MiB, the most tether reads from an authorization server",
+            MAX_ANSWER_BYTES >> 20
+        )
+    };
+    if response.content_length().is_some_and(|n| n > MAX_ANSWER_BYTES as u64) {
+        return Err(too_big());
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(|e| format!("{url}: {e}"))? {
+        if body.len() + chunk.len() > MAX_ANSWER_BYTES {
+            return Err(too_big());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// The key of a checked token in the remembered ones: the token's SHA-256
+/// and the resource it was checked for (a token may name several).
+fn remembered_key(token_digest: &[u8; 32], resource: &str) -> [u8; 32] {
+    let mut key = Sha256::new();
+    key.update(token_digest);
+    key.update(resource.as_bytes());
+    key.finalize().into()
+}
+
+/// Which limit refused an introspection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Limit {
+    /// This client address's.
+    Client,
+    /// All clients' together.
+    Overall,
+    /// Every tracked address is still counting (see [`INTROSPECT_CLIENTS`]).
+    Clients,
+}
+
+/// A token bucket: `tokens` of at most a burst, refilled at a rate.
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+impl Bucket {
+    fn full(burst: f64, now: Instant) -> Self {
+        Self { tokens: burst, at: now }
+    }
+
+    /// The tokens at `now`, without changing the bucket.
+    fn level(&self, now: Instant, rate: f64, burst: f64) -> f64 {
+        (self.tokens + now.saturating_duration_since(self.at).as_secs_f64() * rate).min(burst)
+    }
+
+    fn refill(&mut self, now: Instant, rate: f64, burst: f64) {
+        self.tokens = self.level(now, rate, burst);
+        self.at = now;
+    }
+}
+
+/// The limits on introspecting tokens tether does not remember: all
+/// clients together, and each client address (an IPv6 one's /64, since one
+/// host has a whole /64; none is one address), at most
+/// [`INTROSPECT_CLIENTS`] addresses held.
+struct IntrospectionLimit {
+    overall: Bucket,
+    clients: HashMap<Option<IpAddr>, Bucket>,
+    warned: Option<Instant>,
+}
+
+impl IntrospectionLimit {
+    fn new(now: Instant) -> Self {
+        Self { overall: Bucket::full(INTROSPECT_BURST, now), clients: HashMap::new(), warned: None }
+    }
+
+    /// Takes one introspection for `client` at `now`, or says which limit refuses it.
+    fn take(&mut self, client: Option<IpAddr>, now: Instant) -> Result<(), Limit> {
+        let taken = self.try_take(client.map(client_key), now);
+        if taken.is_err() && self.warned.is_none_or(|at| now.saturating_duration_since(at) >= LIMIT_WARNING_EVERY) {
+            self.warned = Some(now);
+            tracing::warn!(
+                per_second = INTROSPECT_RATE,
+                per_client_per_second = INTROSPECT_RATE_PER_CLIENT,
+                "too many unknown access tokens to introspect: refused without asking the authorization server (a flood of made-up tokens?)"
+            );
+        }
+        taken
+    }
+
+    fn try_take(&mut self, key: Option<IpAddr>, now: Instant) -> Result<(), Limit> {
+        let (rate, burst) = (INTROSPECT_RATE_PER_CLIENT, INTROSPECT_BURST_PER_CLIENT);
+        if !self.clients.contains_key(&key) && self.clients.len() >= INTROSPECT_CLIENTS {
+            // A bucket that is full again is no different from a new one.
+            self.clients.retain(|_, bucket| bucket.level(now, rate, burst) < burst);
+            if self.clients.len() >= INTROSPECT_CLIENTS {
+                return Err(Limit::Clients);
+            }
+        }
+        let bucket = self.clients.entry(key).or_insert_with(|| Bucket::full(burst, now));
+        bucket.refill(now, rate, burst);
+        self.overall.refill(now, INTROSPECT_RATE, INTROSPECT_BURST);
+        if bucket.tokens < 1.0 {
+            return Err(Limit::Client);
+        }
+        if self.overall.tokens < 1.0 {
+            return Err(Limit::Overall);
+        }
+        bucket.tokens -= 1.0;
+        self.overall.tokens -= 1.0;
+        Ok(())
+    }
+}
+
+/// The address a client is counted under: an IPv4 address (also one mapped
+/// into IPv6), or an IPv6 address's /64.
+fn client_key(address: IpAddr) -> IpAddr {
+    match address {
+        IpAddr::V4(v4) => IpAddr::V4(v4),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !u128::from(u64::MAX))),
+        },
     }
 }
 
@@ -482,11 +694,18 @@ fn active_token(claims: Value, issuer: &str, resource: &str) -> Result<Token, Re
     if !audience {
         return invalid(format!("the token is not for this resource; ask for one for {resource}"));
     }
-    let expires = claims.get("exp").and_then(Value::as_u64).unwrap_or(0);
     let now = unix_now();
-    if expires + LEEWAY.as_secs() <= now {
-        return invalid("the token has expired".into());
-    }
+    // `exp` is optional in an introspection answer (RFC 7662 2.2): without
+    // one, the token is remembered no longer than INTROSPECTED_KEEP.
+    let keep = now.saturating_add(INTROSPECTED_KEEP.as_secs());
+    let until = match claims.get("exp") {
+        None | Some(Value::Null) => keep,
+        Some(exp) => match exp.as_u64() {
+            Some(exp) if exp.saturating_add(LEEWAY.as_secs()) <= now => return invalid("the token has expired".into()),
+            Some(exp) => exp.saturating_add(LEEWAY.as_secs()).min(keep),
+            None => return invalid(format!("the token's `exp` ({exp}) is not a time in seconds")),
+        },
+    };
     if claims.get("nbf").and_then(Value::as_u64).is_some_and(|nbf| nbf > now + LEEWAY.as_secs()) {
         return invalid("the token is not valid yet".into());
     }
@@ -497,7 +716,7 @@ fn active_token(claims: Value, issuer: &str, resource: &str) -> Result<Token, Re
     };
     let principal = format!("{sub}@{issuer}");
     let scopes = claims.get("scope").and_then(Value::as_str).map(|s| s.split_whitespace().map(str::to_owned).collect());
-    Ok(Token { principal, scopes: scopes.unwrap_or_default(), claims, expires, resource: resource.to_owned() })
+    Ok(Token { principal, scopes: scopes.unwrap_or_default(), claims, until })
 }
 
 /// A JWK's key and the one algorithm tokens signed with it may use; none
@@ -588,18 +807,20 @@ mod tests {
             Err(Refusal::Invalid(m)) => m,
             other => panic!("{other:?}"),
         };
-        assert!(refused(rs.verify("not a jwt", "").await).contains("not a JWT"));
-        assert!(refused(rs.verify("a.b.c", "").await).contains("not a JWT"));
-        assert!(refused(rs.verify(&"x".repeat(MAX_TOKEN_BYTES + 1), "").await).contains("longer than"));
+        assert!(refused(rs.verify(Unlisted::for_tests("not a jwt"), "", None).await).contains("not a JWT"));
+        assert!(refused(rs.verify(Unlisted::for_tests("a.b.c"), "", None).await).contains("not a JWT"));
+        assert!(
+            refused(rs.verify(Unlisted::for_tests(&"x".repeat(MAX_TOKEN_BYTES + 1)), "", None).await).contains("longer than")
+        );
         let b64 = |v: Value| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string());
         let none = format!("{}.{}.", b64(json!({"alg": "none"})), b64(json!({"iss": "http://127.0.0.1:1/oidc", "sub": "x"})));
-        assert!(rs.verify(&none, "").await.is_err(), "alg none");
+        assert!(rs.verify(Unlisted::for_tests(&none), "", None).await.is_err(), "alg none");
         let hs =
             format!("{}.{}.c2ln", b64(json!({"alg": "HS256", "typ": "JWT"})), b64(json!({"iss": "http://127.0.0.1:1/oidc"})));
-        assert!(refused(rs.verify(&hs, "").await).contains("HS256"));
+        assert!(refused(rs.verify(Unlisted::for_tests(&hs), "", None).await).contains("HS256"));
         let foreign =
             format!("{}.{}.c2ln", b64(json!({"alg": "RS256", "kid": "k"})), b64(json!({"iss": "https://evil.example"})));
-        assert!(refused(rs.verify(&foreign, "").await).contains("https://evil.example"));
+        assert!(refused(rs.verify(Unlisted::for_tests(&foreign), "", None).await).contains("https://evil.example"));
     }
 
     #[test]
@@ -635,8 +856,180 @@ mod tests {
         let b64 = |v: Value| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string());
         let token =
             format!("{}.{}.c2ln", b64(json!({"alg": "RS256", "kid": "k"})), b64(json!({"iss": "http://127.0.0.1:1/oidc"})));
-        assert!(matches!(rs.verify(&token, "").await, Err(Refusal::Unavailable(_))));
+        assert!(matches!(rs.verify(Unlisted::for_tests(&token), "", None).await, Err(Refusal::Unavailable(_))));
         // Asked again within REFETCH_EVERY: still closed, without asking.
-        assert!(matches!(rs.verify(&token, "").await, Err(Refusal::Unavailable(_))));
+        assert!(matches!(rs.verify(Unlisted::for_tests(&token), "", None).await, Err(Refusal::Unavailable(_))));
+    }
+    #[tokio::test]
+    async fn a_critical_header_extension_is_refused_before_any_fetch() {
+        let rs = server();
+        let b64 = |v: Value| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string());
+        let claims = b64(json!({"iss": "http://127.0.0.1:1/oidc", "sub": "x", "aud": "http://127.0.0.1:8787/mcp"}));
+        for crit in [json!(["urn:example:must-understand"]), json!(["exp"]), json!([]), json!("b64")] {
+            let header = b64(json!({"alg": "RS256", "kid": "k", "crit": crit, "urn:example:must-understand": true}));
+            let token = format!("{header}.{claims}.c2ln");
+            match rs.verify(Unlisted::for_tests(&token), "", None).await {
+                Err(Refusal::Invalid(m)) => assert!(m.contains("`crit`") && m.contains("RFC 7515"), "{crit}: {m}"),
+                other => panic!("{crit}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn an_introspected_token_without_exp_is_accepted_and_remembered_a_bounded_time() {
+        let resource = "http://127.0.0.1:8787/mcp";
+        let now = unix_now();
+        let keep = INTROSPECTED_KEEP.as_secs();
+        let no_exp = json!({"active": true, "sub": "svc", "aud": resource});
+        let token = active_token(no_exp, "http://as", resource).expect("an active token without exp is accepted");
+        assert_eq!(token.principal, "svc@http://as");
+        assert!(token.until >= now + keep && token.until <= unix_now() + keep, "{} vs now {now}", token.until);
+        // A far `exp` is remembered no longer either (a revoked token is noticed within the bound).
+        let far = json!({"active": true, "sub": "svc", "aud": resource, "exp": now + 86_400});
+        assert!(active_token(far, "http://as", resource).unwrap().until <= unix_now() + keep);
+        let soon = json!({"active": true, "sub": "svc", "aud": resource, "exp": now + 10});
+        assert_eq!(active_token(soon, "http://as", resource).unwrap().until, now + 10 + LEEWAY.as_secs());
+        let text = json!({"active": true, "sub": "svc", "aud": resource, "exp": "tomorrow"});
+        assert!(matches!(active_token(text, "http://as", resource), Err(Refusal::Invalid(m)) if m.contains("`exp`")));
+    }
+
+    #[test]
+    fn a_token_is_remembered_per_resource() {
+        let rs = server();
+        let digest: [u8; 32] = Sha256::digest(b"tok").into();
+        let (a, b) = (rs.resource("a"), rs.resource("b"));
+        assert_ne!(remembered_key(&digest, &a), remembered_key(&digest, &b));
+        let other: [u8; 32] = Sha256::digest(b"tok2").into();
+        assert_ne!(remembered_key(&digest, &a), remembered_key(&other, &a));
+    }
+
+    /// A loopback HTTP server answering every request with `body` (with a
+    /// `Content-Length`, or chunked without one); its URL.
+    async fn serve_body(body: Vec<u8>, with_length: bool) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/jwks", listener.local_addr().unwrap());
+        let body = std::sync::Arc::new(body);
+        tokio::spawn(async move {
+            while let Ok((mut tcp, _)) = listener.accept().await {
+                let body = body.clone();
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match tcp.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let result = if with_length {
+                        let head = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                            body.len()
+                        );
+                        match tcp.write_all(head.as_bytes()).await {
+                            Ok(()) => tcp.write_all(&body).await,
+                            Err(e) => Err(e),
+                        }
+                    } else {
+                        let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n";
+                        let mut out = head.as_bytes().to_vec();
+                        for chunk in body.chunks(64 * 1024) {
+                            out.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+                            out.extend_from_slice(chunk);
+                            out.extend_from_slice(b"\r\n");
+                        }
+                        out.extend_from_slice(b"0\r\n\r\n");
+                        tcp.write_all(&out).await
+                    };
+                    let _ = result;
+                });
+            }
+        });
+        url
+    }
+
+    /// A JSON key set padded to `bytes`.
+    fn padded_jwks(bytes: usize) -> Vec<u8> {
+        let frame = r#"{"keys":[],"pad":""}"#.len();
+        json!({"keys": [], "pad": "x".repeat(bytes - frame)}).to_string().into_bytes()
+    }
+
+    #[tokio::test]
+    async fn an_answer_of_an_authorization_server_is_read_up_to_one_mib() {
+        let rs = server();
+        for with_length in [true, false] {
+            let fits = serve_body(padded_jwks(MAX_ANSWER_BYTES), with_length).await;
+            let keys: Value = rs.get_json(&fits).await.unwrap_or_else(|e| panic!("a 1 MiB answer is read: {e}"));
+            assert_eq!(keys["keys"], json!([]));
+            let big = serve_body(padded_jwks(MAX_ANSWER_BYTES + 1), with_length).await;
+            let refused = rs.get_json::<Value>(&big).await.expect_err("a bigger answer is refused");
+            assert!(refused.contains(&big) && refused.contains("1 MiB"), "{refused}");
+            let huge = serve_body(padded_jwks(20 * MAX_ANSWER_BYTES), with_length).await;
+            assert!(rs.get_json::<Value>(&huge).await.expect_err("refused").contains("1 MiB"));
+        }
+    }
+
+    #[test]
+    fn introspections_are_limited_per_client_and_overall() {
+        let start = Instant::now();
+        let mut limit = IntrospectionLimit::new(start);
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        let alice: IpAddr = "192.0.2.1".parse().unwrap();
+        let burst = INTROSPECT_BURST_PER_CLIENT as usize;
+        for n in 0..burst {
+            assert_eq!(limit.take(Some(alice), at(0)), Ok(()), "{n}");
+        }
+        assert_eq!(limit.take(Some(alice), at(0)), Err(Limit::Client));
+        // The same address mapped into IPv6 is the same client.
+        assert_eq!(limit.take(Some("::ffff:192.0.2.1".parse().unwrap()), at(0)), Err(Limit::Client));
+        // Recovered at its rate: one more after 1/rate seconds.
+        let step = (1000.0 / INTROSPECT_RATE_PER_CLIENT) as u64;
+        assert_eq!(limit.take(Some(alice), at(step)), Ok(()));
+        assert_eq!(limit.take(Some(alice), at(step)), Err(Limit::Client));
+        // One IPv6 host's /64 is one client.
+        let v6 = |s: &str| Some(s.parse::<IpAddr>().unwrap());
+        for n in 0..burst {
+            assert_eq!(limit.take(v6(&format!("2001:db8::{n:x}")), at(step)), Ok(()), "{n}");
+        }
+        assert_eq!(limit.take(v6("2001:db8::ffff:1"), at(step)), Err(Limit::Client));
+        assert_eq!(limit.take(v6("2001:db8:0:1::1"), at(step)), Ok(()), "another /64");
+        // Many addresses: the overall burst, then the overall rate.
+        let mut allowed = 0;
+        for n in 0..1000u32 {
+            let address = IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + n));
+            match limit.take(Some(address), at(step)) {
+                Ok(()) => allowed += 1,
+                Err(refused) => assert_eq!(refused, Limit::Overall),
+            }
+        }
+        let taken = burst + 1 + burst + 1 + allowed;
+        let refilled = INTROSPECT_RATE * step as f64 / 1000.0;
+        assert!(allowed > 0 && taken as f64 <= INTROSPECT_BURST + refilled, "{taken} taken: the overall burst and its refill");
+        let later = at(step + 1000);
+        let mut allowed = 0;
+        for n in 1000..2000u32 {
+            let address = IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + n));
+            allowed += usize::from(limit.take(Some(address), later).is_ok());
+        }
+        assert!(allowed <= INTROSPECT_RATE as usize + 1, "{allowed} in a second");
+        // A client whose address is unknown counts as one.
+        let mut limit = IntrospectionLimit::new(start);
+        let unknown = (0..100).filter(|_| limit.take(None, at(0)).is_ok()).count();
+        assert_eq!(unknown, burst);
+    }
+
+    #[test]
+    fn the_addresses_counted_are_bounded() {
+        let start = Instant::now();
+        let mut limit = IntrospectionLimit::new(start);
+        for n in 0..(3 * INTROSPECT_CLIENTS as u32) {
+            let address = IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + n));
+            // Spread over time so that the overall limit lets many through.
+            let now = start + Duration::from_millis(u64::from(n) * 10);
+            let _ = limit.take(Some(address), now);
+            let _ = limit.take(Some(address), now);
+            assert!(limit.clients.len() <= INTROSPECT_CLIENTS, "{} addresses held", limit.clients.len());
+        }
     }
 }
