@@ -54,9 +54,17 @@ pub struct CommandSpec {
     /// the least recently used idle one stops, else a request that needs a
     /// new child waits up to `process_queue_timeout`, then is refused.
     pub max_processes: usize,
-    /// The share of `max_processes` one principal may hold.
+    /// The share of `max_processes` one principal may hold (default: half
+    /// of it, at least 1: [`default_share`]), so one principal holding
+    /// calls never takes every child.
     pub max_processes_per_principal: usize,
     pub process_queue_timeout: Duration,
+    /// A call the child has not answered after this long ends with an error
+    /// naming the upstream and this key, and the child gets
+    /// `notifications/cancelled` for it: a call never holds its session's
+    /// child (and so a place under `max_processes`) forever. `initialize`
+    /// is bounded by `upstream_init_timeout` instead.
+    pub request_timeout: Duration,
     /// Longest line the child may write on stdout (one JSON-RPC message).
     pub max_message_bytes: usize,
 }
@@ -109,6 +117,15 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 pub const DEFAULT_MAX_PROCESSES: usize = 64;
 pub const DEFAULT_INIT_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_PROCESS_QUEUE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Long enough for a slow legitimate tool (a build, a crawl); an upstream
+/// whose calls take longer says so with `request_timeout`.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The default `max_processes_per_principal`: half of `max_processes`, at
+/// least 1, so that one principal leaves room for others.
+pub fn default_share(max_processes: usize) -> usize {
+    (max_processes / 2).max(1)
+}
 /// `max_message_bytes` is never set below this (an `initialize` result must fit).
 pub const MIN_MESSAGE_BYTES: usize = 64 * 1024;
 /// Large enough for a big legitimate tool result (a file, an image).
@@ -153,8 +170,9 @@ impl CommandSpec {
             cwd: None,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             max_processes: DEFAULT_MAX_PROCESSES,
-            max_processes_per_principal: DEFAULT_MAX_PROCESSES,
+            max_processes_per_principal: default_share(DEFAULT_MAX_PROCESSES),
             process_queue_timeout: DEFAULT_PROCESS_QUEUE_TIMEOUT,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
         }
     }
@@ -193,6 +211,8 @@ pub struct UpstreamTable {
     pub max_processes_per_principal: Option<usize>,
     #[serde(default, with = "humantime_serde_opt")]
     pub process_queue_timeout: Option<Duration>,
+    #[serde(default, with = "humantime_serde_opt")]
+    pub request_timeout: Option<Duration>,
     pub max_message_bytes: Option<usize>,
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
@@ -224,9 +244,20 @@ impl UpstreamTable {
                 spec.cwd = self.cwd;
                 spec.idle_timeout = self.idle_timeout.unwrap_or(DEFAULT_IDLE_TIMEOUT);
                 spec.max_processes = self.max_processes.unwrap_or(DEFAULT_MAX_PROCESSES).max(1);
-                spec.max_processes_per_principal =
-                    self.max_processes_per_principal.unwrap_or(spec.max_processes).clamp(1, spec.max_processes);
+                spec.max_processes_per_principal = self
+                    .max_processes_per_principal
+                    .unwrap_or_else(|| default_share(spec.max_processes))
+                    .clamp(1, spec.max_processes);
                 spec.process_queue_timeout = self.process_queue_timeout.unwrap_or(DEFAULT_PROCESS_QUEUE_TIMEOUT);
+                spec.request_timeout = match self.request_timeout {
+                    Some(timeout) if timeout.is_zero() => {
+                        return Err(format!(
+                            "[upstreams.{name}] request_timeout must be longer than 0 (such as \"10m\"): it ends a call the upstream has not answered after that long"
+                        ));
+                    }
+                    Some(timeout) => timeout,
+                    None => DEFAULT_REQUEST_TIMEOUT,
+                };
                 if let Some(max) = self.max_message_bytes {
                     spec.max_message_bytes = max.max(MIN_MESSAGE_BYTES);
                 }
@@ -236,9 +267,10 @@ impl UpstreamTable {
                 if self.max_processes.is_some()
                     || self.max_processes_per_principal.is_some()
                     || self.process_queue_timeout.is_some()
+                    || self.request_timeout.is_some()
                 {
                     return Err(format!(
-                        "[upstreams.{name}] max_processes, max_processes_per_principal and process_queue_timeout are for a command upstream"
+                        "[upstreams.{name}] max_processes, max_processes_per_principal, process_queue_timeout and request_timeout are for a command upstream (a URL upstream's call ends when its client cancels it, or after an hour)"
                     ));
                 }
                 if let Some(oauth) = &self.oauth {
@@ -313,6 +345,42 @@ mod tests {
         let both: UpstreamTable = toml::from_str("command = [\"a\"]\nurl = \"http://x\"").unwrap();
         assert!(both.into_config("s").unwrap_err().contains("exactly one"));
         assert!(toml::from_str::<UpstreamTable>("comand = [\"a\"]").unwrap_err().to_string().contains("comand"));
+    }
+
+    #[test]
+    fn one_principals_share_defaults_to_half_the_cap_and_a_set_one_is_kept_within_it() {
+        let share = |extra: &str| {
+            let table: UpstreamTable = toml::from_str(&format!("command = [\"srv\"]\n{extra}")).unwrap();
+            let Target::Command(spec) = table.into_config("s").unwrap().target else { panic!("a command") };
+            (spec.max_processes, spec.max_processes_per_principal)
+        };
+        assert_eq!(share(""), (64, 32), "the default cap, half of it each");
+        assert_eq!(share("max_processes = 3"), (3, 1), "below the cap: one principal cannot take every child");
+        assert_eq!(share("max_processes = 4"), (4, 2));
+        assert_eq!(share("max_processes = 1"), (1, 1), "at least one");
+        assert_eq!(share("max_processes = 3\nmax_processes_per_principal = 3"), (3, 3), "as set");
+        assert_eq!(share("max_processes = 3\nmax_processes_per_principal = 9"), (3, 3), "never beyond the cap");
+        let Target::Command(flag) = parse_flag("x=stdio:srv").unwrap().target else { panic!("a command") };
+        assert_eq!((flag.max_processes, flag.max_processes_per_principal), (64, 32), "--upstream too");
+        assert_eq!(default_share(0), 1);
+    }
+
+    #[test]
+    fn request_timeout_is_a_duration_for_a_command_upstream_ten_minutes_unless_set() {
+        let config = |text: &str| toml::from_str::<UpstreamTable>(text).unwrap().into_config("s");
+        let timeout = |text: &str| match config(text).unwrap().target {
+            Target::Command(spec) => spec.request_timeout,
+            Target::Url(_) => panic!("a command"),
+        };
+        assert_eq!(timeout("command = [\"srv\"]"), Duration::from_secs(600));
+        assert_eq!(timeout("command = [\"srv\"]\nrequest_timeout = \"30s\""), Duration::from_secs(30));
+        assert_eq!(timeout("command = [\"srv\"]\nrequest_timeout = \"2h\""), Duration::from_secs(7200));
+        let zero = config("command = [\"srv\"]\nrequest_timeout = \"0s\"").unwrap_err();
+        assert!(zero.contains("[upstreams.s] request_timeout must be longer than 0"), "{zero}");
+        let unreadable = toml::from_str::<UpstreamTable>("command = [\"srv\"]\nrequest_timeout = \"soon\"").unwrap_err();
+        assert!(unreadable.to_string().contains("request_timeout"), "{unreadable}");
+        let url = config("url = \"http://127.0.0.1:9/mcp\"\nrequest_timeout = \"30s\"").unwrap_err();
+        assert!(url.contains("request_timeout are for a command upstream"), "{url}");
     }
 
     #[test]

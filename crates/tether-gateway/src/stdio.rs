@@ -27,7 +27,17 @@
 //!   asked: `close`, the upstream dropped, stdout closed), lets the readers
 //!   finish what the child wrote before it exited (bounded), then ends every
 //!   request in flight with [`UPSTREAM_RESTARTED`].
+//!
+//! A request (but `initialize`, bounded by `upstream_init_timeout`) the
+//! child has not answered within the upstream's `request_timeout` ends
+//! with a `-32603` naming the upstream, the time and the key to raise; its
+//! waiting entry goes and the child gets `notifications/cancelled` for it
+//! (as when the caller stops waiting). The session's child is then idle,
+//! so the idle sweep or a request that needs room may stop it. An answer
+//! the child sends later is dropped (logged at debug): ids are never
+//! reused, so it cannot reach another request.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::process::Stdio;
 use std::sync::Arc;
@@ -58,8 +68,9 @@ use crate::upstream::{PeerMessage, PeerSink, Started, UPSTREAM_RESTARTED, Upstre
 const WRITE_QUEUE: usize = 256;
 /// Lines written before one flush, at most.
 const WRITE_BATCH: usize = 64;
-/// Requests waiting for the child's answer, at most (the engine bounds
-/// requests per session far lower; this only keeps a broken caller bounded).
+/// Requests waiting for one child's answer, at most (the engine bounds
+/// requests per session far lower, and a pooled child serves one request
+/// at a time; this only keeps a broken caller bounded).
 const MAX_PENDING: usize = 1024;
 /// Recently given-up request ids remembered, so the child's late answer to
 /// one is expected rather than warned about.
@@ -179,7 +190,8 @@ pub async fn start(
     };
     tether_server::metrics::upstream_processes(upstream_name, 1);
     tokio::spawn(supervise(child, tasks, shared.clone(), kill.clone(), exited_tx, permit));
-    let upstream = Arc::new(StdioUpstream { shared, writer, next_id: AtomicU64::new(0), kill, exited });
+    let request_timeout = spec.request_timeout;
+    let upstream = Arc::new(StdioUpstream { shared, writer, next_id: AtomicU64::new(0), kill, exited, request_timeout });
 
     let who = format!("upstream {upstream_name} (`{}`)", upstream.shared.command);
     match tokio::time::timeout(init_timeout, upstream.request("initialize", Some(initialize_params))).await {
@@ -214,6 +226,8 @@ pub struct StdioUpstream {
     kill: Arc<Notify>,
     /// How the child ended, once it has (`"exited (exit status: 3)"`).
     exited: watch::Receiver<Option<String>>,
+    /// How long a request (but `initialize`) may wait for its answer.
+    request_timeout: Duration,
 }
 
 /// What the tasks and the upstream share (never the upstream itself: its
@@ -429,6 +443,16 @@ fn preview(line: &[u8], max: usize) -> String {
 }
 
 impl StdioUpstream {
+    /// The error of a request that got no answer within `request_timeout`.
+    fn timed_out(&self, method: &str) -> RpcError {
+        let (name, waited) = (&self.shared.upstream, humantime::format_duration(self.request_timeout));
+        let message = format!(
+            "upstream {name} did not answer {method} within {waited} (its request_timeout), so tether ended the request and cancelled it upstream; it may or may not have taken effect. If its calls take this long, raise request_timeout in [upstreams.{name}]"
+        );
+        let timeout_ms = u64::try_from(self.request_timeout.as_millis()).unwrap_or(u64::MAX);
+        RpcError::internal(message).with_data(json!({"upstream": name, "timeout": "request_timeout", "timeout_ms": timeout_ms}))
+    }
+
     async fn send_line(&self, line: Bytes) -> Result<(), RpcError> {
         if !self.is_alive() {
             return Err(self.shared.gone());
@@ -464,6 +488,8 @@ struct InFlight<'a> {
     done: bool,
     /// The protocol forbids cancelling `initialize`.
     cancellable: bool,
+    /// Why it is given up, as the child's `notifications/cancelled` says.
+    reason: Cow<'static, str>,
 }
 
 impl Drop for InFlight<'_> {
@@ -474,7 +500,7 @@ impl Drop for InFlight<'_> {
         if !self.sent || !self.cancellable || !self.upstream.is_alive() {
             return;
         }
-        let params = json!({"requestId": self.id, "reason": "the gateway's client is no longer waiting for this request"});
+        let params = json!({"requestId": self.id, "reason": self.reason});
         let line = envelope::outbound_message(None, "notifications/cancelled", Some(&params));
         // No await in drop: if the queue is full the child is far behind and
         // the answer, when it comes, is dropped as a late one.
@@ -494,14 +520,43 @@ impl Upstream for StdioUpstream {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.shared.register(id, tx)?;
-        let mut in_flight = InFlight { upstream: self, id, sent: false, done: false, cancellable: method != "initialize" };
+        // `initialize` is bounded by the caller (`upstream_init_timeout`).
+        let initialize = method == "initialize";
+        let mut in_flight = InFlight {
+            upstream: self,
+            id,
+            sent: false,
+            done: false,
+            cancellable: !initialize,
+            reason: Cow::Borrowed("the gateway's client is no longer waiting for this request"),
+        };
         let line = envelope::outbound_message(Some(&json!(id)), method, params.as_ref());
-        self.writer.send(line).await.map_err(|_| self.shared.gone())?;
-        in_flight.sent = true;
-        let answer = rx.await;
-        in_flight.done = true;
-        // A dropped sender means the connection ended without a word.
-        answer.unwrap_or_else(|_| Err(RpcError::internal(UPSTREAM_RESTARTED)))
+        // Queuing the line counts too: a child that stops reading its stdin
+        // holds a request no longer than one that never answers.
+        let exchange = async {
+            self.writer.send(line).await.map_err(|_| self.shared.gone())?;
+            in_flight.sent = true;
+            let answer = rx.await;
+            in_flight.done = true;
+            // A dropped sender means the connection ended without a word.
+            answer.unwrap_or_else(|_| Err(RpcError::internal(UPSTREAM_RESTARTED)))
+        };
+        if initialize {
+            return exchange.await;
+        }
+        match tokio::time::timeout(self.request_timeout, exchange).await {
+            Ok(answer) => answer,
+            Err(_) => {
+                let waited = humantime::format_duration(self.request_timeout);
+                let shared = &self.shared;
+                tracing::warn!(upstream = %shared.upstream, session = %shared.session, "request {id} ({method:?}) got no answer within {waited} (request_timeout); ending it and cancelling it upstream");
+                in_flight.reason =
+                    format!("no answer within {waited}, the request_timeout of tether's upstream {}", shared.upstream).into();
+                // Dropping it removes the waiting entry and sends the cancellation.
+                drop(in_flight);
+                Err(self.timed_out(method))
+            }
+        }
     }
 
     async fn notify(&self, method: &str, params: Option<Value>) -> Result<(), RpcError> {

@@ -450,3 +450,66 @@ async fn what_the_child_wrote_before_an_answer_is_delivered_before_the_answer_re
         assert_eq!(progress.progress_token(), Some(&json!(n)));
     }
 }
+
+/// The messages the fixture appended to its `FIXTURE_RECORD` file so far.
+fn recorded(path: &std::path::Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines().filter_map(|line| serde_json::from_str(line).ok()).collect()
+}
+
+/// Waits (generously) until the fixture has recorded a message `found` accepts.
+async fn recorded_until(path: &std::path::Path, what: &str, found: impl Fn(&Value) -> bool) -> Value {
+    let wait = async {
+        loop {
+            if let Some(message) = recorded(path).into_iter().find(|m| found(m)) {
+                return message;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), wait).await.unwrap_or_else(|_| panic!("the child never received {what}"))
+}
+
+#[tokio::test]
+async fn a_call_the_child_never_answers_ends_after_request_timeout_the_child_is_told_and_its_late_answer_reaches_nobody() {
+    let logs = Logs::default();
+    let _capture = logs.capture();
+    let dir = tempfile::tempdir().unwrap();
+    let record = dir.path().join("received.jsonl");
+    let mut spec = spec(None);
+    spec.request_timeout = Duration::from_secs(1);
+    spec.env.insert("FIXTURE_RECORD".into(), record.display().to_string());
+    let Child { upstream, .. } = start(&spec).await;
+
+    let error = call(&upstream, "never_answer", json!({})).await.unwrap_err();
+    assert_eq!(error.code, code::INTERNAL_ERROR);
+    for part in [
+        "upstream fix did not answer tools/call within 1s (its request_timeout)",
+        "cancelled it upstream",
+        "raise request_timeout in [upstreams.fix]",
+    ] {
+        assert!(error.message.contains(part), "{part:?} in {error:?}");
+    }
+    let data = error.data.clone().expect("data");
+    assert_eq!(
+        (&data["upstream"], &data["timeout"], &data["timeout_ms"]),
+        (&json!("fix"), &json!("request_timeout"), &json!(1000))
+    );
+
+    // The child is told, with the id it was given and a reason.
+    let held = recorded_until(&record, "the call", |m| m["params"]["name"] == "never_answer").await;
+    let cancelled = recorded_until(&record, "notifications/cancelled", |m| m["method"] == "notifications/cancelled").await;
+    assert_eq!(cancelled["params"]["requestId"], held["id"], "{cancelled}");
+    let reason = cancelled["params"]["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("request_timeout") && reason.contains("1s"), "{reason}");
+
+    // Its late answer comes right before the answer to the next call: that
+    // call gets its own, the late one is dropped with a debug line.
+    let released = call(&upstream, "release_held", json!({})).await.expect("release_held answers");
+    assert_eq!(released["structuredContent"]["released"], json!([held["id"]]), "the call's own answer: {released}");
+    assert!(logs.text().contains(&format!("late answer to cancelled request {}", held["id"])), "{}", logs.text());
+    // The connection lives on.
+    assert!(upstream.is_alive());
+    assert_eq!(call(&upstream, "echo", json!({"after": "timeout"})).await.unwrap()["structuredContent"]["after"], "timeout");
+    upstream.close(true).await;
+}

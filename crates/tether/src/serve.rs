@@ -112,6 +112,11 @@ pub struct ServeArgs {
     /// Live sessions one principal may hold; `initialize` beyond it gets 429.
     #[arg(long, env = "TETHER_MAX_SESSIONS_PER_PRINCIPAL", default_value_t = 100_000)]
     max_sessions_per_principal: usize,
+    /// Sessionless (2026-07-28) requests running in this process at once,
+    /// all principals together (and, apart from them, `subscriptions/listen`
+    /// streams open at once); more are refused, naming `max_sessionless_requests`.
+    #[arg(long, env = "TETHER_MAX_SESSIONLESS", default_value_t = EngineConfig::default().max_sessionless_requests, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    max_sessionless: usize,
     /// Sessionless (2026-07-28) requests one principal may run at once; more get 429.
     #[arg(long, env = "TETHER_MAX_SESSIONLESS_PER_PRINCIPAL", default_value_t = 256)]
     max_sessionless_per_principal: usize,
@@ -125,6 +130,13 @@ pub struct ServeArgs {
     /// Tasks one principal may have running at once; a new one beyond it gets 429.
     #[arg(long, env = "TETHER_MAX_TASKS_PER_PRINCIPAL", default_value_t = 64)]
     max_tasks_per_principal: usize,
+    /// Live children of all command (stdio) upstreams together in this
+    /// process, a hard ceiling over each upstream's `max_processes`; a
+    /// request that needs a child beyond it waits the upstream's
+    /// `process_queue_timeout`, then gets 503. Each child holds three pipes:
+    /// keep it well below the process's file limit.
+    #[arg(long, env = "TETHER_MAX_STDIO_PROCESSES", default_value_t = tether_gateway::processes::DEFAULT_MAX_STDIO_PROCESSES, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    max_stdio_processes: usize,
     /// Sessions kept in memory; beyond it the least recently used idle ones
     /// are dropped from memory (not from the store) and reloaded on their next request.
     #[arg(long, env = "TETHER_SESSION_CACHE", default_value_t = 4_096)]
@@ -337,6 +349,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         resume_wait: args.resume_wait,
         result_chunk_bytes: args.result_chunk_bytes,
         max_sessions_per_principal: args.max_sessions_per_principal,
+        max_sessionless_requests: args.max_sessionless,
         max_sessionless_requests_per_principal: args.max_sessionless_per_principal,
         max_listen_streams_per_principal: args.max_listen_per_principal,
         max_tasks: args.max_tasks,
@@ -401,6 +414,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     let notebook: Arc<dyn tether_server::McpApp> = Arc::new(ToolRouter::new(Notebook::new(notebook)));
     let endpoints = Endpoints::new(Policed::wrap(notebook, "", &auth));
+    tether_gateway::processes::ServerProcesses::global().set_max(args.max_stdio_processes);
     let configured = Gateways::read(&args.upstreams, args.config.as_deref())?;
     let mut gateways = Gateways { auth: auth.clone(), ..Gateways::default() };
     gateways.apply(&endpoints, configured, Start::Refuse).await?;

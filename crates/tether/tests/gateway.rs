@@ -672,8 +672,9 @@ fn fixture_children(parent: u32) -> Vec<u32> {
 #[tokio::test]
 async fn max_processes_is_a_hard_cap_and_a_request_beyond_it_gets_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
-    let (tether, url) =
-        start_configured(&dir, "echo", &[], "max_processes = 3\nprocess_queue_timeout = \"1s\"\nidle_timeout = \"10m\"");
+    // Every session here is one principal's: its share is the whole cap.
+    let limits = "max_processes = 3\nmax_processes_per_principal = 3\nprocess_queue_timeout = \"1s\"\nidle_timeout = \"10m\"";
+    let (tether, url) = start_configured(&dir, "echo", &[], limits);
     let pid = tether.0.id();
     let c = Client::new(&format!("{url}/echo"));
     let mut sessions = Vec::new();
