@@ -11,6 +11,7 @@
 //! `tether_events_replayed_total`, `tether_store_commit_seconds`,
 //! `tether_store_commit_batch_size`, `tether_store_errors_total`,
 //! `tether_auth_failures_total`, `tether_audit_dropped_total`,
+//! `tether_audit_write_errors_total`, `tether_audit_failing`,
 //! `tether_upstream_processes{upstream}`,
 //! `tether_upstream_restarts_total{upstream}`,
 //! `tether_upstream_request_duration_seconds{upstream}`,
@@ -80,6 +81,8 @@ struct Metrics {
     store_errors: Counter,
     auth_failures: Counter,
     audit_dropped: Counter,
+    audit_write_errors: Counter,
+    audit_failing: Gauge,
     upstream_processes: Family<UpstreamLabel, Gauge>,
     upstream_restarts: Family<UpstreamLabel, Counter>,
     upstream_request_duration: Family<UpstreamLabel, Histogram, fn() -> Histogram>,
@@ -105,6 +108,8 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         store_errors: Counter::default(),
         auth_failures: Counter::default(),
         audit_dropped: Counter::default(),
+        audit_write_errors: Counter::default(),
+        audit_failing: Gauge::default(),
         upstream_processes: Family::default(),
         upstream_restarts: Family::default(),
         upstream_request_duration: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
@@ -141,8 +146,14 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     registry.register("tether_auth_failures", "Requests refused for a missing or wrong bearer token", m.auth_failures.clone());
     registry.register(
         "tether_audit_dropped",
-        "Policy decisions dropped from the audit log because its writer fell behind",
+        "Policy decisions lost from the audit log: its writer fell behind, or writing them failed",
         m.audit_dropped.clone(),
+    );
+    registry.register("tether_audit_write_errors", "Writes to the audit log that failed", m.audit_write_errors.clone());
+    registry.register(
+        "tether_audit_failing",
+        "1 while the audit log's last write failed (decisions are being lost), else 0",
+        m.audit_failing.clone(),
     );
     registry.register("tether_upstream_processes", "Running stdio upstream processes", m.upstream_processes.clone());
     registry.register(
@@ -321,9 +332,23 @@ pub fn auth_failure() {
     }
 }
 
-pub fn audit_dropped() {
+/// `lines` policy decisions that did not reach the audit log.
+pub fn audit_dropped(lines: u64) {
     if let Some(m) = on() {
-        m.audit_dropped.inc();
+        m.audit_dropped.inc_by(lines);
+    }
+}
+
+pub fn audit_write_error() {
+    if let Some(m) = on() {
+        m.audit_write_errors.inc();
+    }
+}
+
+/// Whether an audit log's last write failed.
+pub fn audit_failing(failing: bool) {
+    if let Some(m) = on() {
+        m.audit_failing.set(i64::from(failing));
     }
 }
 
@@ -424,6 +449,8 @@ mod tests {
             "tether_store_errors_total",
             "tether_auth_failures_total",
             "tether_audit_dropped_total",
+            "tether_audit_write_errors_total",
+            "tether_audit_failing",
             "tether_upstream_processes{upstream=\"echo\"} 1",
             "tether_upstream_restarts_total{upstream=\"echo\"} 1",
             "tether_upstream_request_duration_seconds_count{upstream=\"echo\"}",

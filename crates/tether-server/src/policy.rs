@@ -4,10 +4,13 @@
 //! wrapper that applies it.
 //!
 //! A rule covers the tools, prompts and resources whose names (a
-//! resource's URI) match its `tools`, `prompts` and `resources` globs, on
+//! resource's URI, normalised by [`uri`], its globs likewise) match its
+//! `tools`, `prompts` and `resources` globs, on
 //! the endpoints whose names match its endpoint glob (`""` is `/mcp`); a
 //! rule that names none of the three covers every one of them. A
-//! [`Target`] is allowed when every rule covering it allows. An expression
+//! [`Target`] is allowed when every rule covering it allows; a resource URI
+//! that cannot be normalised safely is refused wherever a rule's resource
+//! glob covers its scheme. An expression
 //! sees `jwt` (the access token's claims, `jwt.scope` as a list of scopes,
 //! so a rule asks `"tickets:write" in jwt.scope`; empty for a static
 //! token), `principal`, and `mcp` (`mcp.endpoint`, `mcp.method`, `mcp.name`,
@@ -38,6 +41,8 @@ use crate::app::{CutOff, Initialize, McpApp, RawResult, SessionEnd, raw_result};
 pub use crate::audit::AuditLog;
 use crate::engine::{RequestCtx, SessionCtx};
 use crate::http::Auth;
+
+mod uri;
 
 /// The config file's policy keys: `[[policies]]` and `[scope_implies]`.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -90,6 +95,12 @@ impl Rule {
             Target::Resource(_) => &self.resources,
         };
         self.endpoint.matches(endpoint) && globs.iter().any(|g| g.matches(target.name()))
+    }
+
+    /// Whether a resource URI of `scheme` that cannot be normalised falls
+    /// under this rule (`None`: no scheme could be read; any resource glob covers it).
+    fn covers_scheme(&self, endpoint: &str, scheme: Option<&str>) -> bool {
+        self.endpoint.matches(endpoint) && self.resources.iter().any(|g| uri::glob_covers_scheme(g.as_str(), scheme))
     }
 }
 
@@ -197,7 +208,7 @@ impl Policy {
                     endpoint: pattern(&r.endpoint)?,
                     tools: globs(&r.tools)?,
                     prompts: globs(&r.prompts)?,
-                    resources: globs(&r.resources)?,
+                    resources: globs(&uri::normalize_globs(&r.resources).map_err(|e| format!("{what}: {e}"))?)?,
                     program: cel::Program::compile(&r.allow).map_err(|e| format!("{what}: allow is not CEL: {e}"))?,
                     source: r.allow,
                     scope: r.scope,
@@ -237,6 +248,26 @@ impl Policy {
 
     /// Whether `subject` may use `target` on `endpoint` (by `method`).
     pub fn decide(&self, endpoint: &str, method: &str, target: Target<'_>, subject: &Subject) -> Decision {
+        // A resource is matched (and seen by the expressions) by its
+        // normalised URI; one that cannot be normalised safely is refused
+        // where a rule covers its scheme.
+        let normalized;
+        let target = match target {
+            Target::Resource(raw) => match uri::normalize(raw) {
+                Ok(uri) => {
+                    normalized = uri;
+                    Target::Resource(&normalized)
+                }
+                Err(bad) if self.rules.iter().any(|r| r.covers_scheme(endpoint, bad.scheme.as_deref())) => {
+                    return Decision::Deny {
+                        rules: vec![format!("the resource URI cannot be normalised: {bad}")],
+                        scopes: Vec::new(),
+                    };
+                }
+                Err(_) => return Decision::Allow { rules: Vec::new() },
+            },
+            other => other,
+        };
         let covering: Vec<&Rule> = self.rules.iter().filter(|r| r.covers(endpoint, &target)).collect();
         if covering.is_empty() {
             return Decision::Allow { rules: Vec::new() };

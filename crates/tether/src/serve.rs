@@ -405,8 +405,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         (n, audit_log) => {
             let mut policy = Policy::from_config(policies).map_err(anyhow::Error::msg)?;
             if let Some(path) = audit_log {
-                policy = policy.with_audit(AuditLog::open(path).map_err(anyhow::Error::msg)?);
-                tracing::info!(file = %path.display(), "policy decisions audited");
+                let audit = AuditLog::open(path).map_err(anyhow::Error::msg)?;
+                reopen_audit_on_sighup(audit.clone());
+                policy = policy.with_audit(audit);
+                tracing::info!(file = %path.display(), "policy decisions audited (the file is opened anew on SIGHUP)");
             }
             tracing::info!(rules = n, "policies in force ([[policies]])");
             auth.with_policy(policy)
@@ -462,6 +464,23 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     tether_server::http::serve_with(listener, extra, engine, auth, http, shutdown_signal()).await?;
     Ok(())
+}
+
+/// On every SIGHUP, opens the audit log's path anew (after a rotation).
+fn reopen_audit_on_sighup(audit: AuditLog) {
+    #[cfg(unix)]
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(mut hup) => {
+            tokio::spawn(async move {
+                while hup.recv().await.is_some() {
+                    audit.reopen();
+                }
+            });
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot listen for SIGHUP; the audit log is reopened only when its file is gone"),
+    }
+    #[cfg(not(unix))]
+    let _ = audit;
 }
 
 /// On every SIGHUP, reads the upstreams and virtual servers again (the

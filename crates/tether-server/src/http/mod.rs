@@ -318,14 +318,17 @@ pub(crate) fn store_kind(store: &dyn tether_store::Store) -> &'static str {
     }
 }
 
+/// 200 while the store answers, else 503 with the reason; with an audit
+/// log, `audit` says `ok` or `failing` (decisions are being lost, see
+/// [`crate::audit`]), which does not change the status: the server still serves.
 async fn healthz(State(state): State<AppState>) -> Response {
     let store = store_kind(state.engine.store().as_ref());
-    match state.engine.health().await {
-        Ok(()) => (StatusCode::OK, axum::Json(json!({"status": "ok", "store": store}))).into_response(),
-        Err(e) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            axum::Json(json!({"status": "unavailable", "store": store, "reason": e.to_string()})),
-        )
-            .into_response(),
+    let (status, mut body) = match state.engine.health().await {
+        Ok(()) => (StatusCode::OK, json!({"status": "ok", "store": store})),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, json!({"status": "unavailable", "store": store, "reason": e.to_string()})),
+    };
+    if let Some(audit) = crate::audit::health() {
+        body["audit"] = json!(audit);
     }
+    (status, axum::Json(body)).into_response()
 }
