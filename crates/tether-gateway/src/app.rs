@@ -430,6 +430,13 @@ impl Gateway {
         Ok((result, state))
     }
 
+    /// Whether what the upstream answers may depend on who asks: it is
+    /// given the client's own token (a virtual server then keeps its lists
+    /// per principal).
+    pub(crate) fn answers_per_caller(&self) -> bool {
+        self.connector.needs_client_authorization()
+    }
+
     /// The capabilities the upstream declared when this part of the session
     /// was opened (none before, or for a session opened before they were kept).
     pub(crate) fn stored_capabilities<'a>(&self, app_state: &'a Map<String, Value>) -> Option<&'a Value> {

@@ -425,6 +425,9 @@ pub struct ServerConfig {
     pub on_member_down: MemberDown,
     /// Entries per page of a merged list (`cursor` pages through the rest).
     pub page_size: usize,
+    /// A member's four lists together are kept up to this many bytes (as
+    /// the member sent them); the rest is cut, with a warning and a metric.
+    pub max_list_bytes: usize,
 }
 
 /// How the members' names are merged.
@@ -470,6 +473,10 @@ pub struct ToolRules {
 pub const DEFAULT_SEPARATOR: &str = "__";
 pub const DEFAULT_PAGE_SIZE: usize = 100;
 const MAX_PAGE_SIZE: usize = 1000;
+/// `max_list_bytes` by default: far more tool descriptions than any model reads.
+pub const DEFAULT_MAX_LIST_BYTES: usize = 8 * 1024 * 1024;
+/// `max_list_bytes` is never set below this.
+const MIN_LIST_BYTES: usize = 64 * 1024;
 
 /// `[servers.NAME]` as written.
 #[derive(Debug, Deserialize)]
@@ -484,6 +491,7 @@ pub struct ServerTable {
     #[serde(default)]
     pub on_member_down: MemberDown,
     pub page_size: Option<usize>,
+    pub max_list_bytes: Option<usize>,
 }
 
 impl ServerTable {
@@ -522,6 +530,10 @@ impl ServerTable {
         if !(1..=MAX_PAGE_SIZE).contains(&page_size) {
             return Err(format!("[servers.{name}] page_size must be 1 to {MAX_PAGE_SIZE}"));
         }
+        let max_list_bytes = self.max_list_bytes.unwrap_or(DEFAULT_MAX_LIST_BYTES);
+        if max_list_bytes < MIN_LIST_BYTES {
+            return Err(format!("[servers.{name}] max_list_bytes must be at least {MIN_LIST_BYTES}"));
+        }
         Ok(ServerConfig {
             name,
             upstreams: self.upstreams,
@@ -530,6 +542,7 @@ impl ServerTable {
             tools: self.tools,
             on_member_down: self.on_member_down,
             page_size,
+            max_list_bytes,
         })
     }
 }

@@ -37,6 +37,7 @@ pub mod credentials;
 pub mod http;
 mod link;
 mod links;
+mod member_lists;
 mod passthrough;
 pub mod processes;
 mod sessionless;

@@ -8,13 +8,11 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Instant;
 
 use parking_lot::Mutex;
 use serde_json::{Map, Value, json};
 use tether_server::{Initialize, SessionCtx, SessionEnd};
 
-use crate::catalog::Catalog;
 use crate::link::Link;
 
 /// The app-state key of a member's durable state is this and its name.
@@ -30,28 +28,15 @@ pub(crate) enum Slot {
 }
 
 /// A virtual server's part of one session (its local state): the members'
-/// links, the merged lists last read, and what is waiting to be told.
+/// links, which members its client last saw down, and what is waiting to be told.
 #[derive(Default)]
 pub(crate) struct Members {
     links: Mutex<HashMap<String, Arc<Link>>>,
-    /// The merged lists last read in this session, and when; dropped when
-    /// a member says its list changed or its connection went down, and not
-    /// used by a virtual server made again by a reload.
-    pub catalog: Mutex<Option<Cached>>,
     /// The members (by index) down at the last look (`None`: no look yet),
     /// so that one going down or coming back is told with `list_changed`.
     pub down: Mutex<Option<Vec<usize>>>,
     /// `list_changed` notifications waiting to go out (one per method).
     pub pending: Mutex<HashSet<String>>,
-}
-
-/// A session's merged lists as read.
-#[derive(Clone)]
-pub(crate) struct Cached {
-    pub catalog: Arc<Catalog>,
-    pub at: Instant,
-    /// The virtual server that read them ([`crate::VirtualServer`]'s epoch).
-    pub epoch: u64,
 }
 
 impl Members {

@@ -7,8 +7,10 @@
 //! stored, carried on and recovered by that member exactly as a single
 //! upstream's is (after a `kill -9`, on another replica, after its child
 //! died). This module only merges and routes: lists are read from every
-//! member and merged into a [`Catalog`] (kept per session until a member
-//! says its list changed); a call, `prompts/get`, a resource request or a
+//! member once, shared by every session ([`MemberLists`]: read again when a
+//! member says a list changed), and merged into one [`Catalog`] (merged
+//! again when a member's lists change, the names staying with the members
+//! that hold them); a call, `prompts/get`, a resource request or a
 //! completion goes to the member that owns the name or URI; `logging/setLevel`
 //! and the client's notifications go to every member. What a member sends
 //! on its own reaches the client through its link, so a sampling request
@@ -20,7 +22,11 @@
 //! an error naming it) or, with `on_member_down = "fail"`, refuses every
 //! request until it is back.
 //!
+//! Policies see through the merge: [`McpApp::origins`] gives them the
+//! catalog, so a rule of `/mcp/MEMBER` decides on the member's tools here too.
+//!
 //! [`Slot`]: crate::slot::Slot
+//! [`MemberLists`]: crate::member_lists::MemberLists
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -29,26 +35,23 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use futures::future::{BoxFuture, join_all};
 use serde_json::{Map, Value, json};
-use tether_server::{CutOff, Initialize, McpApp, RawResult, RequestCtx, RpcError, SessionCtx, SessionEnd, raw_result};
-use tether_wire::code;
+use tether_server::{CutOff, Initialize, McpApp, Origins, RawResult, RequestCtx, RpcError, SessionCtx, SessionEnd, raw_result};
 use tokio::sync::broadcast;
 
 use crate::app::{Gateway, NOTE_MEMBER, Notes};
-use crate::catalog::{self, Catalog, Listed};
+use crate::catalog::{self, Catalog, Collision, Listed};
 use crate::config::{MemberDown, Naming, ServerConfig};
 use crate::link::ListChanges;
-use crate::slot::{Cached, Members};
+use crate::member_lists::{DOWN_RECHECK, MemberLists, read_lists};
+use crate::slot::Members;
 
 /// What each member listed (`None`: it could not be reached), in member order.
-type AllListed = Vec<Option<Listed>>;
+type AllListed = Vec<Option<Arc<Listed>>>;
 
-/// How often the lists are read again while a member is down.
-const DOWN_RECHECK: Duration = Duration::from_secs(2);
 /// How long `list_changed` notifications of members are gathered into one.
 const DEBOUNCE: Duration = Duration::from_millis(100);
-/// Pages of one member's list read at most (a member that never stops
-/// giving a `nextCursor` is cut off there).
-const MAX_PAGES: usize = 100;
+/// Contested names logged at most (each once).
+const MAX_LOGGED_COLLISIONS: usize = 10_000;
 /// The lists a client sees `list_changed` for when a member goes or comes.
 const LISTS: [&str; 3] =
     ["notifications/tools/list_changed", "notifications/prompts/list_changed", "notifications/resources/list_changed"];
@@ -64,10 +67,12 @@ pub struct VirtualServer {
     /// yet), and when that look was.
     down: parking_lot::Mutex<Option<Vec<usize>>>,
     looked: parking_lot::Mutex<Option<Instant>>,
-    /// Tells this server's cached lists from those of the one a reload replaced.
-    epoch: u64,
-    /// The members' lists last read and their catalog (see [`Self::shared`]).
-    last_catalog: parking_lot::Mutex<Option<(AllListed, Arc<Catalog>)>>,
+    /// Every member's lists, shared by every session.
+    lists: Arc<MemberLists>,
+    /// The members' lists last merged and their catalog (see [`Self::merged_catalog`]).
+    current: parking_lot::Mutex<Option<(AllListed, Arc<Catalog>)>>,
+    /// The contested names already logged.
+    logged: parking_lot::Mutex<HashSet<(&'static str, String)>>,
 }
 
 impl VirtualServer {
@@ -75,12 +80,16 @@ impl VirtualServer {
     /// (the gateways of every configured upstream, by name).
     pub fn new(config: ServerConfig, upstreams: &HashMap<String, Arc<Gateway>>) -> Result<Arc<Self>, String> {
         let changes = Arc::new(Changes { sender: broadcast::channel(16).0, pending: parking_lot::Mutex::default() });
-        let relay: Arc<dyn ListChanges> = Arc::new(Relay { changes: changes.clone() });
+        let lists = Arc::new(MemberLists::new(&config.name, &config.upstreams, config.max_list_bytes));
         let members = config
             .upstreams
             .iter()
-            .map(|name| match upstreams.get(name) {
-                Some(gateway) => Ok(gateway.member(name, relay.clone())),
+            .enumerate()
+            .map(|(member, name)| match upstreams.get(name) {
+                Some(gateway) => {
+                    let relay = Arc::new(Relay { changes: changes.clone(), lists: lists.clone(), member });
+                    Ok(gateway.member(name, relay))
+                }
                 None => Err(format!("[servers.{}] upstreams: `{name}` is not an upstream", config.name)),
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -90,13 +99,19 @@ impl VirtualServer {
             changes,
             down: parking_lot::Mutex::default(),
             looked: parking_lot::Mutex::default(),
-            epoch: rand::random(),
-            last_catalog: parking_lot::Mutex::default(),
+            lists,
+            current: parking_lot::Mutex::default(),
+            logged: parking_lot::Mutex::default(),
         }))
     }
 
     pub fn name(&self) -> &str {
         &self.config.name
+    }
+
+    /// The members' names (each also an endpoint, `/mcp/MEMBER`), in priority order.
+    pub fn members(&self) -> &[String] {
+        &self.config.upstreams
     }
 
     /// The start-up look: every member is asked for its lists once, and a
@@ -113,19 +128,22 @@ impl VirtualServer {
                     return None;
                 }
             };
-            let ask = |method: &'static str, params: Option<Map<String, Value>>| -> BoxFuture<'_, Result<Value, RpcError>> {
+            let ask = |method: &'static str, params: Option<Map<String, Value>>| -> BoxFuture<'_, Result<RawResult, RpcError>> {
                 let upstream = upstream.clone();
-                Box::pin(async move {
-                    let raw = upstream.request(method, params.map(Value::Object)).await?;
-                    serde_json::from_str::<Value>(raw.get()).map_err(|e| RpcError::internal(e.to_string()))
-                })
+                Box::pin(async move { upstream.request(method, params.map(Value::Object)).await })
             };
-            let listed = read_lists(&ask, None).await;
+            let listed = read_lists(&ask, None, self.config.max_list_bytes).await;
             upstream.close(true).await;
-            listed
+            match listed {
+                Ok((listed, _)) => Some(Arc::new(listed)),
+                Err(e) => {
+                    tracing::warn!(server = %self.config.name, member = member.name(), error = %e.message, "member could not be listed at start; its names are checked when it is up");
+                    None
+                }
+            }
         }))
         .await;
-        let catalog = Catalog::merge(&self.config, &listed);
+        let catalog = Catalog::merge(&self.config, &listed, None);
         match catalog.collisions.first() {
             Some(collision) => Err(format!("[servers.{}]: {collision}", self.config.name)),
             None => Ok(()),
@@ -149,42 +167,32 @@ impl VirtualServer {
         }
     }
 
-    /// The merged lists for this request: the session's, or read now.
+    /// The merged lists for this request: each member's shared lists (read
+    /// through this request's session or pool when none are fresh), merged.
     async fn catalog(&self, ctx: &RequestCtx) -> Arc<Catalog> {
         let session = ctx.session();
-        let members = session.as_ref().map(|s| s.local::<Members>());
-        // Kept until a member's list changes; with a member down, looked at
-        // again after a while to see whether it came back.
-        let fresh = |cached: &Cached| {
-            cached.epoch == self.epoch && (cached.catalog.down.is_empty() || cached.at.elapsed() < DOWN_RECHECK)
+        let principal = |member: usize| self.members[member].answers_per_caller().then(|| ctx.principal());
+        let listed = match (0..self.members.len()).map(|m| self.lists.cached(m, principal(m))).collect() {
+            Some(listed) => listed,
+            None => {
+                let app_state = match &session {
+                    Some(session) => session.app_state().await,
+                    None => Map::new(),
+                };
+                let app_state = &app_state;
+                join_all((0..self.members.len()).map(|member| async move {
+                    let ask = |method: &'static str,
+                               params: Option<Map<String, Value>>|
+                     -> BoxFuture<'_, Result<RawResult, RpcError>> {
+                        Box::pin(self.ask(ctx, member, method, params, Notes::None))
+                    };
+                    let capabilities = self.members[member].stored_capabilities(app_state);
+                    self.lists.get(member, principal(member), capabilities, &ask).await
+                }))
+                .await
+            }
         };
-        if let Some(cached) = members.as_ref().and_then(|m| m.catalog.lock().clone().filter(fresh)) {
-            return cached.catalog;
-        }
-        let app_state = match &session {
-            Some(session) => session.app_state().await,
-            None => Map::new(),
-        };
-        let app_state = &app_state;
-        let listed = join_all((0..self.members.len()).map(|member| async move {
-            let ask = |method: &'static str, params: Option<Map<String, Value>>| -> BoxFuture<'_, Result<Value, RpcError>> {
-                Box::pin(async move {
-                    let raw = self.ask(ctx, member, method, params, Notes::None).await?;
-                    serde_json::from_str::<Value>(raw.get()).map_err(|e| {
-                        RpcError::internal(format!(
-                            "upstream `{}` answered {method} with no object: {e}",
-                            self.members[member].name()
-                        ))
-                    })
-                })
-            };
-            read_lists(&ask, self.members[member].stored_capabilities(app_state)).await
-        }))
-        .await;
-        let catalog = self.shared(listed);
-        for collision in &catalog.collisions {
-            tracing::warn!(server = %self.config.name, "{collision}; the first keeps it");
-        }
+        let catalog = self.merged_catalog(listed);
         *self.looked.lock() = Some(Instant::now());
         let before = self.down.lock().replace(catalog.down.clone());
         if before.is_some_and(|before| before != catalog.down) {
@@ -192,31 +200,49 @@ impl VirtualServer {
                 self.changes.publish(method);
             }
         }
-        if let (Some(session), Some(members)) = (session, members) {
+        if let Some(session) = session {
+            let members = session.local::<Members>();
             let before = members.down.lock().replace(catalog.down.clone());
             if before.is_some_and(|before| before != catalog.down) {
                 for method in LISTS {
                     tell(&session, &members, method);
                 }
             }
-            *members.catalog.lock() = Some(Cached { catalog: catalog.clone(), at: Instant::now(), epoch: self.epoch });
         }
         catalog
     }
 
-    /// The catalog of `listed`: the one last made, when the members listed
-    /// the same (as they do for most sessions), so sessions share it rather
-    /// than each holding a copy of every member's lists.
-    fn shared(&self, listed: Vec<Option<Listed>>) -> Arc<Catalog> {
-        let mut last = self.last_catalog.lock();
-        if let Some((same, catalog)) = last.as_ref()
-            && *same == listed
+    /// The catalog of `listed`: the one last made when the members' lists
+    /// are the same reads (as they are for every session until one
+    /// changes), else merged again with the last one deciding who keeps a
+    /// contested name. A contest is logged once.
+    fn merged_catalog(&self, listed: AllListed) -> Arc<Catalog> {
+        let mut current = self.current.lock();
+        let same = |a: &Option<Arc<Listed>>, b: &Option<Arc<Listed>>| match (a, b) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        };
+        if let Some((last, catalog)) = current.as_ref()
+            && last.len() == listed.len()
+            && last.iter().zip(&listed).all(|(a, b)| same(a, b))
         {
             return catalog.clone();
         }
-        let catalog = Arc::new(Catalog::merge(&self.config, &listed));
-        *last = Some((listed, catalog.clone()));
+        let before = current.as_ref().map(|(_, catalog)| catalog.clone());
+        let catalog = Arc::new(Catalog::merge(&self.config, &listed, before.as_deref()));
+        self.log_contests(&catalog.collisions);
+        *current = Some((listed, catalog.clone()));
         catalog
+    }
+
+    fn log_contests(&self, collisions: &[Collision]) {
+        let mut logged = self.logged.lock();
+        for collision in collisions {
+            if logged.len() < MAX_LOGGED_COLLISIONS && logged.insert((collision.what, collision.name.clone())) {
+                tracing::warn!(server = %self.config.name, "{collision}; {} keeps it", collision.first);
+            }
+        }
     }
 
     /// With `on_member_down = "fail"`: the refusal while a member is down.
@@ -240,6 +266,9 @@ impl VirtualServer {
 
     /// The error for a name no member offers (or whose member is down).
     fn unknown(&self, catalog: &Catalog, what: &str, name: &str) -> RpcError {
+        if let Some(member) = catalog.reserved_for(what, name) {
+            return self.member_down(member);
+        }
         if self.config.names == Naming::Prefix
             && let Some(&member) = catalog
                 .down
@@ -315,7 +344,7 @@ impl VirtualServer {
             && let Some(session) = ctx.session()
             && !self.members[member].is_live(&session)
         {
-            *session.local::<Members>().catalog.lock() = None;
+            self.lists.changed(member);
         }
         answer
     }
@@ -404,54 +433,6 @@ impl VirtualServer {
     }
 }
 
-/// One request of a member, its answer as JSON.
-type Ask<'a> = dyn Fn(&'static str, Option<Map<String, Value>>) -> BoxFuture<'a, Result<Value, RpcError>> + Send + Sync + 'a;
-
-/// Reads a member's four lists through `ask` (every page). `None` when it
-/// cannot be reached (its tools could not be listed); a list it does not
-/// offer is empty.
-async fn read_lists(ask: &Ask<'_>, capabilities: Option<&Value>) -> Option<Listed> {
-    // A member whose `initialize` declared its capabilities is not asked for
-    // lists it does not have (tools are always asked: that is how a member
-    // that is down shows).
-    let offers = |capability: &str| capabilities.is_none_or(|c| c.get(capability).is_some());
-    let all = async |method: &'static str, key: &'static str| -> Result<Vec<Value>, RpcError> {
-        let mut items = Vec::new();
-        let mut cursor: Option<String> = None;
-        for _ in 0..MAX_PAGES {
-            let params = cursor.take().map(|c| Map::from_iter([("cursor".to_owned(), Value::String(c))]));
-            let answer = match ask(method, params).await {
-                Ok(answer) => answer,
-                Err(e) if e.code == code::METHOD_NOT_FOUND => return Ok(items),
-                Err(e) => return Err(e),
-            };
-            items.extend(answer.get(key).and_then(Value::as_array).cloned().unwrap_or_default());
-            match answer.get("nextCursor").and_then(Value::as_str) {
-                Some(next) => cursor = Some(next.to_owned()),
-                None => break,
-            }
-        }
-        Ok(items)
-    };
-    let maybe = async |offered: bool, method: &'static str, key: &'static str| match offered {
-        true => all(method, key).await,
-        false => Ok(Vec::new()),
-    };
-    let (tools, prompts, resources, templates) = futures::join!(
-        all("tools/list", "tools"),
-        maybe(offers("prompts"), "prompts/list", "prompts"),
-        maybe(offers("resources"), "resources/list", "resources"),
-        maybe(offers("resources"), "resources/templates/list", "resourceTemplates"),
-    );
-    let tools = tools.ok()?;
-    Some(Listed {
-        tools,
-        prompts: prompts.unwrap_or_default(),
-        resources: resources.unwrap_or_default(),
-        templates: templates.unwrap_or_default(),
-    })
-}
-
 /// Tells the session's client `method` (a `list_changed`) once within
 /// [`DEBOUNCE`], however often it is asked meanwhile.
 fn tell(session: &SessionCtx, members: &Arc<Members>, method: &str) {
@@ -490,19 +471,20 @@ impl Changes {
     }
 }
 
-/// Where the members' `list_changed` go: the session's merged lists are
-/// read again next time, its client is told once, and so are the listen
-/// streams.
+/// Where a member's `list_changed` go: its lists are read again next time
+/// (for every session), the session's client is told once, and so are the
+/// listen streams.
 struct Relay {
     changes: Arc<Changes>,
+    lists: Arc<MemberLists>,
+    member: usize,
 }
 
 impl ListChanges for Relay {
     fn changed<'a>(&'a self, session: &'a SessionCtx, method: &'a str) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            let members = session.local::<Members>();
-            *members.catalog.lock() = None;
-            tell(session, &members, method);
+            self.lists.changed(self.member);
+            tell(session, &session.local::<Members>(), method);
             self.changes.publish(method);
         })
     }
@@ -643,6 +625,32 @@ impl McpApp for VirtualServer {
 
     fn list_changes(&self) -> Option<broadcast::Receiver<String>> {
         Some(self.changes.sender.subscribe())
+    }
+
+    /// Its members, those down at the last look, and the names two members
+    /// contest (`kept_by` holds it).
+    fn describe(&self) -> Option<Value> {
+        let current = self.current.lock();
+        let catalog = current.as_ref().map(|(_, catalog)| catalog.clone());
+        let down: Vec<&str> = catalog.iter().flat_map(|c| c.down.iter()).map(|&m| self.config.upstreams[m].as_str()).collect();
+        let contested: Vec<Value> = catalog
+            .iter()
+            .flat_map(|c| c.collisions.iter())
+            .map(|c| json!({"kind": c.what, "name": c.name, "kept_by": c.first, "also_offered_by": c.second}))
+            .collect();
+        Some(json!({
+            "kind": "virtual_server",
+            "members": self.config.upstreams,
+            "names": format!("{:?}", self.config.names).to_lowercase(),
+            "listed": catalog.is_some(),
+            "down": down,
+            "contested": contested,
+        }))
+    }
+
+    /// The catalog: policies decide on a merged name as its member knows it.
+    async fn origins(&self, ctx: &RequestCtx) -> Option<Arc<dyn Origins>> {
+        Some(self.catalog(ctx).await)
     }
 
     async fn on_session_end(&self, ended: SessionEnd) {

@@ -187,6 +187,13 @@ impl Endpoints {
     pub fn all(&self) -> std::vec::IntoIter<Arc<dyn McpApp>> {
         self.apps.read().values().cloned().collect::<Vec<_>>().into_iter()
     }
+
+    /// Every endpoint's name and application, by name.
+    pub fn named(&self) -> Vec<(String, Arc<dyn McpApp>)> {
+        let mut named: Vec<_> = self.apps.read().iter().map(|(name, app)| (name.clone(), app.clone())).collect();
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        named
+    }
 }
 
 impl From<Arc<dyn McpApp>> for Endpoints {
@@ -321,6 +328,13 @@ pub trait McpApp: Send + Sync + 'static {
         None
     }
 
+    /// What operators see of the application as a whole (the admin API's
+    /// `GET /admin/endpoints`): for example a virtual server's members and
+    /// the names they contest. Default: nothing.
+    fn describe(&self) -> Option<Value> {
+        None
+    }
+
     /// The application's list changes, for `subscriptions/listen` streams:
     /// each stream on the endpoint relays the methods it honours
     /// (`notifications/tools/list_changed` and the like) as they come. The
@@ -341,6 +355,34 @@ pub trait McpApp: Send + Sync + 'static {
     async fn recover_request(&self, _ctx: RequestCtx, _cut_off: CutOff) -> Result<RawResult, RpcError> {
         Err(RpcError::internal(crate::engine::INTERRUPTED_MESSAGE))
     }
+
+    /// Where the tools, prompts and resources this application serves come
+    /// from when they are another endpoint's under names of its own (a
+    /// virtual server's members), as this request sees them: a policy
+    /// decides on the name the client sees and on the member's own, so a
+    /// rule written for `/mcp/MEMBER` holds through every endpoint that
+    /// serves the member. May read what it needs first (a virtual server
+    /// its members' lists). Default: none (every name is its own).
+    async fn origins(&self, _ctx: &RequestCtx) -> Option<Arc<dyn Origins>> {
+        None
+    }
+}
+
+/// The endpoint that serves a tool, prompt or resource as its own, and its
+/// name (a resource's URI) there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    /// The endpoint's name (`/mcp/NAME`).
+    pub endpoint: String,
+    /// The name (or URI) that endpoint knows it by.
+    pub name: String,
+}
+
+/// The origins of one application's names (see [`McpApp::origins`]).
+pub trait Origins: Send + Sync {
+    /// Where `target` comes from; `None` for a name the application does
+    /// not know (a use of it is refused by the application itself).
+    fn origin(&self, target: crate::policy::Target<'_>) -> Option<Origin>;
 }
 
 /// What a cut-off request left behind, for [`McpApp::recover_request`].

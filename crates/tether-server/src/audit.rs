@@ -3,7 +3,9 @@
 //! `name`, `decision` (`allow`, `deny`, or `hidden` for an item left out of
 //! a list), `rule` (the expression that decided; `null` when no rule covers
 //! the use; for a resource URI that cannot be normalised, a sentence
-//! saying why) and, for a denial naming them, `scopes`.
+//! saying why), for a denial naming them, `scopes`, and for a use a virtual
+//! server serves from a member, `member` and `member_name` (the member's
+//! endpoint and its own name for it; the rule may be the member's).
 //!
 //! Invariant: recording never blocks a request and never grows without
 //! bound. Lines go through a bounded queue (16,384 lines, 64 MiB) to a
@@ -37,6 +39,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::json;
 
+use crate::app::Origin;
 use crate::policy::{Decision, Target};
 
 /// Lines waiting for the writer at most; beyond, lines are dropped and counted.
@@ -135,7 +138,15 @@ impl AuditLog {
     }
 
     /// Records one decision (see the module doc for the fields).
-    pub fn record(&self, endpoint: &str, method: &str, target: Target<'_>, principal: &str, decision: &Decision) {
+    pub fn record(
+        &self,
+        endpoint: &str,
+        method: &str,
+        target: Target<'_>,
+        origin: Option<&Origin>,
+        principal: &str,
+        decision: &Decision,
+    ) {
         let (verdict, rule, scopes) = match decision {
             Decision::Allow { rules } => ("allow", rules.first(), None),
             Decision::Deny { rules, scopes } if method.ends_with("/list") => ("hidden", rules.first(), Some(scopes)),
@@ -153,6 +164,10 @@ impl AuditLog {
         });
         if let Some(scopes) = scopes.filter(|s| !s.is_empty()) {
             line["scopes"] = json!(scopes);
+        }
+        if let Some(origin) = origin {
+            line["member"] = json!(origin.endpoint);
+            line["member_name"] = json!(origin.name);
         }
         self.send(line.to_string());
     }
@@ -426,7 +441,7 @@ mod tests {
 
     fn deny(audit: &AuditLog, name: &str) {
         let deny = Decision::Deny { rules: vec!["false".into()], scopes: vec![] };
-        audit.record("", "resources/read", Target::Resource(name), "bob", &deny);
+        audit.record("", "resources/read", Target::Resource(name), None, "bob", &deny);
     }
 
     /// Waits (polling, within a generous deadline) until `ready` holds.
@@ -445,9 +460,9 @@ mod tests {
         let path = dir.path().join("logs/audit.jsonl");
         let audit = AuditLog::open(&path).unwrap();
         let deny = Decision::Deny { rules: vec!["\"w\" in jwt.scope".into()], scopes: vec!["w".into()] };
-        audit.record("fx", "tools/call", Target::Tool("write"), "svc@http://as", &deny);
-        audit.record("", "tools/list", Target::Tool("write"), "svc@http://as", &deny);
-        audit.record("", "resources/read", Target::Resource("file:///a"), "bob", &Decision::Allow { rules: vec![] });
+        audit.record("fx", "tools/call", Target::Tool("write"), None, "svc@http://as", &deny);
+        audit.record("", "tools/list", Target::Tool("write"), None, "svc@http://as", &deny);
+        audit.record("", "resources/read", Target::Resource("file:///a"), None, "bob", &Decision::Allow { rules: vec![] });
         drop(audit);
         // The writer ends once every handle is gone; wait for its last write.
         let deadline = deadline();

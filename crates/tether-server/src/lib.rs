@@ -26,7 +26,8 @@ pub mod trace;
 
 pub use app::{
     Caller, ClientAuthorization, ClientDeclaration, CutOff, EndReason, Endpoints, Initialize, McpApp, OperationCtx,
-    OperationRunner, OperationSpec, ROOT_ENDPOINT, RawResult, RequestCtx, RpcError, SessionCtx, SessionEnd, raw_result,
+    OperationRunner, OperationSpec, Origin, Origins, ROOT_ENDPOINT, RawResult, RequestCtx, RpcError, SessionCtx, SessionEnd,
+    raw_result,
 };
 pub use config::EngineConfig;
 pub use engine::Engine;

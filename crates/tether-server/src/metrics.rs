@@ -50,6 +50,12 @@ struct UpstreamLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MemberLabels {
+    server: String,
+    member: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DroppedLabels {
     upstream: String,
     reason: &'static str,
@@ -88,6 +94,7 @@ struct Metrics {
     upstream_request_duration: Family<UpstreamLabel, Histogram, fn() -> Histogram>,
     upstream_dropped: Family<DroppedLabels, Counter>,
     upstream_process_refusals: Family<UpstreamLabel, Counter>,
+    member_lists_cut: Family<MemberLabels, Counter>,
 }
 
 static ENABLED: AtomicBool = AtomicBool::new(true);
@@ -115,6 +122,7 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         upstream_request_duration: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
         upstream_dropped: Family::default(),
         upstream_process_refusals: Family::default(),
+        member_lists_cut: Family::default(),
     };
     // Counters get their `_total` suffix from the encoder.
     registry.register("tether_sessions_live", "Sessions held in this process's memory", m.sessions_live.clone());
@@ -175,6 +183,11 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         "tether_upstream_process_refusals",
         "Requests refused because the upstream was at max_processes (or a principal at its share)",
         m.upstream_process_refusals.clone(),
+    );
+    registry.register(
+        "tether_virtual_member_lists_cut",
+        "Reads of a virtual server member's lists cut at max_list_bytes",
+        m.member_lists_cut.clone(),
     );
     Metrics { registry, ..m }
 });
@@ -393,6 +406,13 @@ pub fn upstream_dropped(upstream: &str, why: Dropped) {
 pub fn upstream_process_refused(upstream: &str) {
     if let Some(m) = on() {
         m.upstream_process_refusals.get_or_create(&UpstreamLabel { upstream: upstream.to_owned() }).inc();
+    }
+}
+
+/// A virtual server's member listed more than `max_list_bytes`: the rest was cut.
+pub fn virtual_member_lists_cut(server: &str, member: &str) {
+    if let Some(m) = on() {
+        m.member_lists_cut.get_or_create(&MemberLabels { server: server.to_owned(), member: member.to_owned() }).inc();
     }
 }
 

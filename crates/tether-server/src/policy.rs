@@ -37,7 +37,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use tether_wire::RpcError;
 
-use crate::app::{CutOff, Initialize, McpApp, RawResult, SessionEnd, raw_result};
+use crate::app::{CutOff, Initialize, McpApp, Origin, Origins, RawResult, SessionEnd, raw_result};
 pub use crate::audit::AuditLog;
 use crate::engine::{RequestCtx, SessionCtx};
 use crate::http::Auth;
@@ -113,14 +113,29 @@ pub enum Target<'a> {
 }
 
 impl<'a> Target<'a> {
-    /// What `method` with `params` uses, if it is one of the uses policies decide.
-    pub fn of(method: &str, params: Option<&'a Map<String, Value>>) -> Option<Self> {
-        let field = |key: &str| params.and_then(|p| p.get(key)).and_then(Value::as_str).unwrap_or_default();
-        match method {
-            "tools/call" => Some(Self::Tool(field("name"))),
-            "prompts/get" => Some(Self::Prompt(field("name"))),
-            "resources/read" | "resources/subscribe" => Some(Self::Resource(field("uri"))),
+    /// What `method` with `params` uses, if it is one of the uses policies
+    /// decide; `-32602` when the name (or URI) it names is missing or not a
+    /// string, so nothing reaches an application a policy could not decide on.
+    pub fn of(method: &str, params: Option<&'a Map<String, Value>>) -> Result<Option<Self>, RpcError> {
+        let field = |key: &str| match params.and_then(|p| p.get(key)) {
+            Some(Value::String(name)) => Ok(name.as_str()),
+            Some(_) => Err(RpcError::invalid_params(format!("{method}: params.{key} must be a string"))),
+            None => Err(RpcError::invalid_params(format!("{method} needs params.{key}"))),
+        };
+        Ok(match method {
+            "tools/call" => Some(Self::Tool(field("name")?)),
+            "prompts/get" => Some(Self::Prompt(field("name")?)),
+            "resources/read" | "resources/subscribe" => Some(Self::Resource(field("uri")?)),
             _ => None,
+        })
+    }
+
+    /// The same kind of use, of `name`.
+    pub fn renamed(&self, name: &'a str) -> Self {
+        match self {
+            Self::Tool(_) => Self::Tool(name),
+            Self::Prompt(_) => Self::Prompt(name),
+            Self::Resource(_) => Self::Resource(name),
         }
     }
 
@@ -171,6 +186,27 @@ pub struct Subject {
 impl Decision {
     pub fn is_allowed(&self) -> bool {
         matches!(self, Self::Allow { .. })
+    }
+
+    /// Both decisions at once: allowed when both allow, else denied by
+    /// every rule that denied, asking for every scope they ask.
+    fn and(self, other: Decision) -> Decision {
+        match (self, other) {
+            (Self::Allow { mut rules }, Self::Allow { rules: more }) => {
+                rules.extend(more);
+                Self::Allow { rules }
+            }
+            (Self::Deny { mut rules, mut scopes }, Self::Deny { rules: more, scopes: asked }) => {
+                rules.extend(more);
+                for scope in asked {
+                    if !scopes.contains(&scope) {
+                        scopes.push(scope);
+                    }
+                }
+                Self::Deny { rules, scopes }
+            }
+            (deny @ Self::Deny { .. }, Self::Allow { .. }) | (Self::Allow { .. }, deny @ Self::Deny { .. }) => deny,
+        }
     }
 }
 
@@ -291,16 +327,62 @@ impl Policy {
         Decision::Deny { rules: denying, scopes }
     }
 
+    /// Whether `subject` may use `target` on `endpoint` where the endpoint
+    /// serves it from `origin` (a virtual server's member): the rules of
+    /// both the endpoint (the name the client sees) and the member's own
+    /// endpoint (its own name) decide, so no endpoint is a way around a
+    /// member's rules.
+    pub fn decide_through(
+        &self,
+        endpoint: &str,
+        method: &str,
+        target: Target<'_>,
+        origin: Option<&Origin>,
+        subject: &Subject,
+    ) -> Decision {
+        let seen = self.decide(endpoint, method, target, subject);
+        match origin {
+            Some(origin) => seen.and(self.decide(&origin.endpoint, method, target.renamed(&origin.name), subject)),
+            None => seen,
+        }
+    }
+
     /// Writes `decision` to the audit log, if one is set.
-    pub fn record(&self, endpoint: &str, method: &str, target: Target<'_>, principal: &str, decision: &Decision) {
+    pub fn record(
+        &self,
+        endpoint: &str,
+        method: &str,
+        target: Target<'_>,
+        origin: Option<&Origin>,
+        principal: &str,
+        decision: &Decision,
+    ) {
         if let Some(audit) = &self.audit {
-            audit.record(endpoint, method, target, principal, decision);
+            audit.record(endpoint, method, target, origin, principal, decision);
         }
     }
 
     /// Whether any rule covers `endpoint` (the others are left alone).
     pub fn covers(&self, endpoint: &str) -> bool {
         self.rules.iter().any(|r| r.endpoint.matches(endpoint))
+    }
+
+    /// The refusal of a use `decision` denied, worded for the client.
+    pub fn refusal_message(subject: &Subject, target: Target<'_>, origin: Option<&Origin>, decision: &Decision) -> String {
+        let Decision::Deny { scopes, .. } = decision else { return String::new() };
+        let through = match origin {
+            Some(o) => format!(" (`{}` of `/mcp/{}`)", o.name, o.endpoint),
+            None => String::new(),
+        };
+        let head = format!("`{}` may not use the {} `{}`{through} here", subject.principal, target.kind(), target.name());
+        match (scopes.is_empty(), subject.claims.is_null() && subject.principal != crate::http::ANONYMOUS) {
+            (true, _) => format!("{head}: the endpoint's policy refuses it"),
+            (false, false) => format!("{head} without the scope {}; get a token with it and retry", scopes.join(" ")),
+            (false, true) => format!(
+                "{head} without the scope {}: a token of the token file carries no OAuth scopes or claims; use an access token of the authorization server that has it",
+                scopes.join(" ")
+            ),
+        }
     }
 }
 
@@ -350,6 +432,7 @@ pub fn filter_list(
     endpoint: &str,
     method: &str,
     subject: &Subject,
+    origins: Option<&dyn Origins>,
     mut result: Map<String, Value>,
 ) -> Map<String, Value> {
     let (key, target): (&str, fn(&str) -> Target<'_>) = match method {
@@ -362,9 +445,10 @@ pub fn filter_list(
     if let Some(Value::Array(items)) = result.get_mut(key) {
         items.retain(|item| {
             let name = item.get(field).and_then(Value::as_str).unwrap_or_default();
-            let decision = policy.decide(endpoint, method, target(name), subject);
+            let origin = origins.and_then(|o| o.origin(target(name)));
+            let decision = policy.decide_through(endpoint, method, target(name), origin.as_ref(), subject);
             if !decision.is_allowed() {
-                policy.record(endpoint, method, target(name), &subject.principal, &decision);
+                policy.record(endpoint, method, target(name), origin.as_ref(), &subject.principal, &decision);
             }
             decision.is_allowed()
         });
@@ -384,10 +468,11 @@ pub struct Policed {
 
 impl Policed {
     /// `app` served at `endpoint` under `auth`'s policy (as it is when no
-    /// rule covers the endpoint).
-    pub fn wrap(app: Arc<dyn McpApp>, endpoint: &str, auth: &Auth) -> Arc<dyn McpApp> {
+    /// rule covers the endpoint nor any of `members`, the endpoints whose
+    /// tools it serves under its own names: a virtual server's members).
+    pub fn wrap(app: Arc<dyn McpApp>, endpoint: &str, members: &[String], auth: &Auth) -> Arc<dyn McpApp> {
         match auth.policy() {
-            Some(policy) if policy.covers(endpoint) => {
+            Some(policy) if policy.covers(endpoint) || members.iter().any(|m| policy.covers(m)) => {
                 Arc::new(Self { inner: app, endpoint: endpoint.to_owned(), auth: auth.clone() })
             }
             _ => app,
@@ -415,29 +500,24 @@ impl McpApp for Policed {
         let Some(policy) = self.auth.policy() else { return self.inner.handle_request(ctx, method, params).await };
         if matches!(method, "tools/list" | "prompts/list" | "resources/list") {
             let subject = self.subject(&ctx).await;
-            let raw = self.inner.handle_request(ctx, method, params).await?;
+            let raw = self.inner.handle_request(ctx.clone(), method, params).await?;
             let result: Map<String, Value> = serde_json::from_str(raw.get())
                 .map_err(|e| RpcError::internal(format!("{method} answered with no object: {e}")))?;
-            return raw_result(&filter_list(policy, &self.endpoint, method, &subject, result));
+            // Read after the list: the names are the ones it holds now.
+            let origins = self.inner.origins(&ctx).await;
+            return raw_result(&filter_list(policy, &self.endpoint, method, &subject, origins.as_deref(), result));
         }
-        let Some(target) = Target::of(method, params.as_ref()) else {
+        let Some(target) = Target::of(method, params.as_ref())? else {
             return self.inner.handle_request(ctx, method, params).await;
         };
         let subject = self.subject(&ctx).await;
-        let decision = policy.decide(&self.endpoint, method, target, &subject);
-        policy.record(&self.endpoint, method, target, &subject.principal, &decision);
+        let origin = self.inner.origins(&ctx).await.and_then(|o| o.origin(target));
+        let decision = policy.decide_through(&self.endpoint, method, target, origin.as_ref(), &subject);
+        policy.record(&self.endpoint, method, target, origin.as_ref(), &subject.principal, &decision);
         if decision.is_allowed() {
             return self.inner.handle_request(ctx, method, params).await;
         }
-        Err(RpcError::new(
-            tether_wire::code::SERVER_ERROR,
-            format!(
-                "`{}` may not use the {} `{}` here: the endpoint's policy refuses it",
-                subject.principal,
-                target.kind(),
-                target.name()
-            ),
-        ))
+        Err(RpcError::new(tether_wire::code::SERVER_ERROR, Policy::refusal_message(&subject, target, origin.as_ref(), &decision)))
     }
 
     async fn on_notification(&self, ctx: SessionCtx, method: &str, params: Option<Map<String, Value>>) {
@@ -478,6 +558,14 @@ impl McpApp for Policed {
 
     async fn recover_request(&self, ctx: RequestCtx, cut_off: CutOff) -> Result<RawResult, RpcError> {
         self.inner.recover_request(ctx, cut_off).await
+    }
+
+    async fn origins(&self, ctx: &RequestCtx) -> Option<Arc<dyn Origins>> {
+        self.inner.origins(ctx).await
+    }
+
+    fn describe(&self) -> Option<Value> {
+        self.inner.describe()
     }
 }
 
@@ -538,10 +626,41 @@ mod tests {
     }
 
     #[test]
+    fn a_use_through_another_endpoint_is_decided_by_its_members_rules_too() {
+        let policy = Policy::new(vec![rule("u1", &["delete"], r#""tools:write" in jwt.scope"#, Some("tools:write"))]).unwrap();
+        let origin = Origin { endpoint: "u1".into(), name: "delete".into() };
+        let reader = subject("tools:read");
+        assert!(allowed(policy.decide("team", "tools/call", Target::Tool("u1__delete"), &reader)), "the name alone");
+        let through = policy.decide_through("team", "tools/call", Target::Tool("u1__delete"), Some(&origin), &reader);
+        assert_eq!(
+            through,
+            Decision::Deny { rules: vec![r#""tools:write" in jwt.scope"#.into()], scopes: vec!["tools:write".into()] }
+        );
+        assert!(allowed(policy.decide_through(
+            "team",
+            "tools/call",
+            Target::Tool("u1__delete"),
+            Some(&origin),
+            &subject("tools:write")
+        )));
+        let message = Policy::refusal_message(&reader, Target::Tool("u1__delete"), Some(&origin), &through);
+        assert!(message.contains("`delete` of `/mcp/u1`") && message.contains("tools:write"), "{message}");
+        // A token of the token file has no claims: told so.
+        let file_token = Subject { principal: "alice".into(), claims: Value::Null };
+        let denied = policy.decide_through("team", "tools/call", Target::Tool("u1__delete"), Some(&origin), &file_token);
+        let message = Policy::refusal_message(&file_token, Target::Tool("u1__delete"), Some(&origin), &denied);
+        assert!(message.contains("token file carries no OAuth scopes"), "{message}");
+        // A call whose name is not a string is no use a policy can decide on.
+        for params in [json!({"name": ["delete"]}), json!({"name": null}), json!({})] {
+            assert_eq!(Target::of("tools/call", params.as_object()).unwrap_err().code, tether_wire::code::INVALID_PARAMS);
+        }
+    }
+
+    #[test]
     fn lists_keep_only_the_allowed_tools_and_bad_rules_are_named() {
         let policy = Policy::new(vec![rule("*", &["secret"], "false", None)]).unwrap();
         let listed = json!({"tools": [{"name": "open"}, {"name": "secret"}], "nextCursor": "x"});
-        let kept = filter_list(&policy, "", "tools/list", &subject(""), listed.as_object().cloned().unwrap());
+        let kept = filter_list(&policy, "", "tools/list", &subject(""), None, listed.as_object().cloned().unwrap());
         assert_eq!(Value::Object(kept), json!({"tools": [{"name": "open"}], "nextCursor": "x"}));
         assert!(Policy::new(vec![rule("*", &["*"], "jwt.scope.exists(", None)]).unwrap_err().contains("#1"));
         assert!(Policy::new(vec![rule("[", &["*"], "true", None)]).unwrap_err().contains("not a pattern"));
@@ -575,7 +694,7 @@ mod tests {
         assert!(allowed(policy.decide("", "tools/call", Target::Tool("secret"), &nobody)), "no rule names tools");
 
         let listed = json!({"resources": [{"uri": "file:///public/a"}, {"uri": "file:///etc/passwd"}]});
-        let kept = filter_list(&policy, "", "resources/list", &nobody, listed.as_object().cloned().unwrap());
+        let kept = filter_list(&policy, "", "resources/list", &nobody, None, listed.as_object().cloned().unwrap());
         assert_eq!(Value::Object(kept), json!({"resources": [{"uri": "file:///public/a"}]}));
 
         // A rule naming none of tools, prompts and resources covers all three.
@@ -586,8 +705,8 @@ mod tests {
             assert!(!allowed(policy.decide("", "x", target, &nobody)), "{target:?}");
             assert!(allowed(policy.decide("", "x", target, &subject("member"))), "{target:?}");
         }
-        assert_eq!(Target::of("resources/subscribe", json!({"uri": "u://1"}).as_object()), Some(Target::Resource("u://1")));
-        assert_eq!(Target::of("tools/list", None), None);
+        assert_eq!(Target::of("resources/subscribe", json!({"uri": "u://1"}).as_object()), Ok(Some(Target::Resource("u://1"))));
+        assert_eq!(Target::of("tools/list", None), Ok(None));
     }
 
     #[test]

@@ -415,7 +415,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
     };
     let notebook: Arc<dyn tether_server::McpApp> = Arc::new(ToolRouter::new(Notebook::new(notebook)));
-    let endpoints = Endpoints::new(Policed::wrap(notebook, "", &auth));
+    let endpoints = Endpoints::new(Policed::wrap(notebook, "", &[], &auth));
     tether_gateway::processes::ServerProcesses::global().set_max(args.max_stdio_processes);
     let configured = Gateways::read(&args.upstreams, args.config.as_deref())?;
     let mut gateways = Gateways { auth: auth.clone(), ..Gateways::default() };
@@ -601,13 +601,14 @@ impl Gateways {
             let verb = if self.upstreams.contains_key(name) { "changed: new connections use the new settings" } else { "added" };
             tracing::info!(upstream = %name, "upstream {verb}; gateway endpoint /mcp/{name}");
             if let Some(gateway) = upstreams.get(name) {
-                endpoints.set(name.clone(), Policed::wrap(gateway.clone(), name, &self.auth));
+                endpoints.set(name.clone(), Policed::wrap(gateway.clone(), name, &[], &self.auth));
             }
         }
         for server in servers {
             tracing::info!(server = %server.name(), "virtual server endpoint /mcp/{}", server.name());
             let name = server.name().to_owned();
-            endpoints.set(name.clone(), Policed::wrap(server, &name, &self.auth));
+            let members = server.members().to_vec();
+            endpoints.set(name.clone(), Policed::wrap(server, &name, &members, &self.auth));
         }
         self.upstreams = upstreams;
         self.configured = wanted;

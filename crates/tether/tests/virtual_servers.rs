@@ -637,3 +637,219 @@ async fn a_members_task_tool_runs_as_a_durable_task_for_a_sessionless_client() {
     assert_eq!(done["result"]["status"], "completed", "{done}");
     assert_eq!(done["result"]["result"]["structuredContent"]["slept"], 200, "b's result is the task's: {done}");
 }
+
+/// The JSON lines of `path` once one satisfies `wanted` (the audit writer
+/// is a thread of its own), within a generous deadline.
+fn wait_for_line(path: &Path, wanted: impl Fn(&Value) -> bool) -> Vec<Value> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let lines: Vec<Value> = text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+        if lines.iter().any(&wanted) {
+            return lines;
+        }
+        assert!(std::time::Instant::now() < deadline, "no such line in {}: {text}", path.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A rule written for `/mcp/a` holds for `a`'s tools wherever they are
+/// served: a virtual server over `a` hides them from a principal the rule
+/// refuses and refuses their calls, in sessions and sessionless, and the
+/// audit log names the member and the rule.
+#[tokio::test]
+async fn a_members_policy_holds_through_the_virtual_server_in_both_eras_and_the_audit_names_the_member() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "alice-token-0123456789 alice\nbob-token-0123456789ab bob\n").unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let rule = r#"principal == "alice""#;
+    let config = format!(
+        "{}{}[servers.team]\nupstreams = [\"a\", \"b\"]\n[[policies]]\nendpoint = \"a\"\ntools = [\"whoami\"]\nallow = '{rule}'\n",
+        stdio_member("a", &[]),
+        stdio_member("b", &[])
+    );
+    let path = write_config(dir.path(), &config);
+    let args =
+        ["--config", path.to_str().unwrap(), "--auth-tokens", tokens.to_str().unwrap(), "--audit-log", audit.to_str().unwrap()];
+    let (_tether, url) = Tether::start(&dir.path().join("t.db"), &args);
+    let bob = Client::with_token(&format!("{url}/team"), "bob-token-0123456789ab");
+    let alice = Client::with_token(&format!("{url}/team"), "alice-token-0123456789");
+
+    // Sessions: hidden from bob, refused to bob; alice has it.
+    let (sid, _) = initialized(&bob).await;
+    let tools = all_names(&bob, &sid, "tools/list", "tools").await;
+    assert!(!tools.contains(&"a__whoami".to_owned()), "hidden: {tools:?}");
+    assert!(tools.contains(&"b__whoami".to_owned()) && tools.contains(&"a__echo".to_owned()), "{tools:?}");
+    let refused = bob.call(&sid, 1, "a__whoami", json!({})).await;
+    let message = refused["error"]["message"].as_str().unwrap_or_else(|| panic!("refused: {refused}"));
+    assert!(message.contains("`whoami` of `/mcp/a`"), "{message}");
+    assert_eq!(structured(&bob.call(&sid, 2, "b__whoami", json!({})).await)["name"], "b");
+    let (asid, _) = initialized(&alice).await;
+    assert!(all_names(&alice, &asid, "tools/list", "tools").await.contains(&"a__whoami".to_owned()));
+    assert_eq!(structured(&alice.call(&asid, 1, "a__whoami", json!({})).await)["name"], "a");
+
+    // Sessionless: the same.
+    let (_, listed) = send_sessionless(&bob, &sessionless_request(3, "tools/list", json!({})), None, &[]).await;
+    let names: Vec<&str> = listed["result"]["tools"].as_array().unwrap().iter().filter_map(|t| t["name"].as_str()).collect();
+    assert!(!names.contains(&"a__whoami") && names.contains(&"b__whoami"), "{names:?}");
+    let (_, refused) =
+        send_sessionless(&bob, &sessionless_call(4, "a__whoami", json!({}), json!({})), Some("a__whoami"), &[]).await;
+    assert!(refused["error"]["message"].as_str().is_some_and(|m| m.contains("`whoami` of `/mcp/a`")), "{refused}");
+
+    // The audit names the member, its own name for the tool and the rule.
+    let lines = wait_for_line(&audit, |l| l["decision"] == "deny" && l["principal"] == "bob");
+    let denied = lines.iter().find(|l| l["decision"] == "deny" && l["principal"] == "bob").unwrap();
+    assert_eq!(
+        (&denied["endpoint"], &denied["name"], &denied["member"], &denied["member_name"], &denied["rule"]),
+        (&json!("/mcp/team"), &json!("a__whoami"), &json!("a"), &json!("whoami"), &json!(rule)),
+        "{denied}"
+    );
+    let lines = wait_for_line(&audit, |l| l["decision"] == "hidden" && l["principal"] == "bob");
+    assert!(lines.iter().any(|l| l["decision"] == "hidden" && l["name"] == "a__whoami" && l["member"] == "a"), "{lines:?}");
+    assert!(!lines.iter().any(|l| l["principal"] == "bob" && l["name"] == "a__whoami" && l["decision"] == "allow"), "{lines:?}");
+}
+
+/// A call whose tool name is not a string is refused before any policy or
+/// upstream sees it (a policy could not decide on it).
+#[tokio::test]
+async fn a_call_whose_name_is_not_a_string_is_refused_with_invalid_params_and_never_forwarded() {
+    let dir = tempfile::tempdir().unwrap();
+    let record = dir.path().join("a-record.jsonl");
+    let command: Vec<String> = vec!["python3".into(), fixture()];
+    let config = format!(
+        "[upstreams.a]\ncommand = {command:?}\nenv = {{ FIXTURE_NAME = \"a\", FIXTURE_RECORD = \"{}\" }}\n[servers.team]\nupstreams = [\"a\"]\n[[policies]]\nendpoint = \"a\"\ntools = [\"whoami\"]\nallow = 'false'\n",
+        record.display()
+    );
+    let path = write_config(dir.path(), &config);
+    let (_tether, url) = Tether::start(&dir.path().join("t.db"), &["--config", path.to_str().unwrap()]);
+    for endpoint in ["a", "team"] {
+        let c = Client::new(&format!("{url}/{endpoint}"));
+        let (sid, _) = initialized(&c).await;
+        for name in [json!(["whoami"]), json!({"name": "whoami"}), Value::Null] {
+            let answer = ask(&c, &sid, 1, "tools/call", json!({"name": name, "arguments": {}})).await;
+            assert_eq!(answer["error"]["code"], -32602, "{endpoint}: {answer}");
+        }
+        // The child answers what it gets: this one it does.
+        assert_eq!(structured(&c.call(&sid, 2, if endpoint == "a" { "echo" } else { "a__echo" }, json!({"x": 1})).await)["x"], 1);
+    }
+    let text = std::fs::read_to_string(&record).unwrap_or_default();
+    let calls: Vec<Value> =
+        text.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).filter(|m| m["method"] == "tools/call").collect();
+    assert_eq!(calls.len(), 2, "only the echo calls reached the child: {calls:?}");
+}
+
+/// Every session shares one read of each member's lists (not one per
+/// session), a member's lists are kept up to `max_list_bytes` (the rest is
+/// cut, logged and counted), and the lists are read again after the member
+/// says they changed.
+#[tokio::test]
+async fn members_lists_are_read_once_for_every_session_and_cut_at_max_list_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let record = dir.path().join("a-record.jsonl");
+    let command: Vec<String> = vec!["python3".into(), fixture()];
+    let config = format!(
+        "[upstreams.a]\ncommand = {command:?}\nenv = {{ FIXTURE_NAME = \"a\", FIXTURE_MANY_TOOLS = \"3000\", FIXTURE_RECORD = \"{}\" }}\n{}[servers.team]\nupstreams = [\"a\", \"b\"]\nmax_list_bytes = 262144\n",
+        record.display(),
+        stdio_member("b", &[])
+    );
+    let (_tether, c) = start(&dir, &config);
+    let tools_lists = || {
+        let text = std::fs::read_to_string(&record).unwrap_or_default();
+        text.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).filter(|m| m["method"] == "tools/list").count()
+    };
+    let (first, _) = initialized(&c).await;
+    let tools = all_names(&c, &first, "tools/list", "tools").await;
+    let many = tools.iter().filter(|t| t.starts_with("a__many_")).count();
+    assert!(many > 100 && many < 3000, "cut at max_list_bytes, kept in order: {many}");
+    assert!(tools.contains(&"b__whoami".to_owned()), "the other member whole");
+    let after_one = tools_lists();
+    for _ in 0..4 {
+        let (sid, _) = initialized(&c).await;
+        assert_eq!(all_names(&c, &sid, "tools/list", "tools").await, tools, "the same lists");
+    }
+    assert_eq!(tools_lists(), after_one, "four more sessions read no list of a");
+
+    let log = log_of(&dir.path().join("t.db"));
+    assert!(log.contains("longer than max_list_bytes"), "{log}");
+    let base = c.url.trim_end_matches("/mcp/team").to_owned();
+    let metrics = reqwest::get(format!("{base}/metrics")).await.unwrap().text().await.unwrap();
+    assert!(metrics.contains(r#"tether_virtual_member_lists_cut_total{server="team",member="a"} "#), "{metrics}");
+
+    // a says its list changed (in one session): read again, for everyone.
+    let added = c.call(&first, 7, "a__add_tool", json!({"name": "fresh"})).await;
+    assert!(added.get("result").is_some(), "{added}");
+    let (sid, _) = initialized(&c).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let names = all_names(&c, &sid, "tools/list", "tools").await;
+        if tools_lists() > after_one {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "a's lists were not read again: {names:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A member that starts offering a name another member holds does not take
+/// it (whatever the priority), and the admin API shows the contest.
+#[tokio::test]
+async fn a_member_never_takes_a_name_another_holds_and_the_admin_api_shows_the_contest() {
+    let dir = tempfile::tempdir().unwrap();
+    // b alone offers `many_00000` at first; a, listed first, adds it later.
+    let command: Vec<String> = vec!["python3".into(), fixture()];
+    let config = format!(
+        "{}[upstreams.b]\ncommand = {command:?}\nenv = {{ FIXTURE_NAME = \"b\", FIXTURE_MANY_TOOLS = \"1\" }}\n[servers.team]\nupstreams = [\"a\", \"b\"]\nnames = \"priority\"\n",
+        stdio_member("a", &[])
+    );
+    let path = write_config(dir.path(), &config);
+    let (child, url) = start_binary_with_env(
+        &format!("sqlite:{}", dir.path().join("t.db").display()),
+        &dir.path().join("t.log"),
+        &["--config", path.to_str().unwrap(), "--admin-token-env", "TETHER_TEST_ADMIN"],
+        &[("TETHER_TEST_ADMIN", "admin-token-0123456789")],
+    );
+    let _tether = Tether(child);
+    let c = Client::new(&format!("{url}/team"));
+    let owner = |answer: &Value| -> Vec<String> {
+        let tools = answer["result"]["tools"].as_array().cloned().unwrap_or_default();
+        tools
+            .iter()
+            .filter(|t| t["name"] == "many_00000")
+            .map(|t| t["_meta"][tether_wire::meta::MEMBER].as_str().unwrap_or_default().to_owned())
+            .collect()
+    };
+    let (sid, _) = initialized(&c).await;
+    assert_eq!(owner(&ask(&c, &sid, 1, "tools/list", json!({})).await), ["b"]);
+    // `add_tool` is a's (listed first): a starts offering `many_00000` too.
+    let added = c.call(&sid, 2, "add_tool", json!({"name": "many_00000"})).await;
+    assert!(added.get("result").is_some(), "{added}");
+    let admin = reqwest::Client::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let contested = loop {
+        // Listing makes the server read a's changed list.
+        assert_eq!(owner(&ask(&c, &sid, 3, "tools/list", json!({})).await), ["b"], "b keeps the name it holds");
+        let endpoints: Value = admin
+            .get(format!("{}/admin/endpoints", url.trim_end_matches("/mcp")))
+            .bearer_auth("admin-token-0123456789")
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let team = endpoints["endpoints"].as_array().unwrap().iter().find(|e| e["endpoint"] == "team").cloned().unwrap();
+        let contested = team["app"]["contested"].as_array().cloned().unwrap_or_default();
+        if !contested.is_empty() {
+            break contested;
+        }
+        assert!(std::time::Instant::now() < deadline, "no contest shown: {endpoints}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(contested, [json!({"kind": "tool", "name": "many_00000", "kept_by": "b", "also_offered_by": "a"})]);
+    // A call goes to b.
+    let called = c.call(&sid, 4, "many_00000", json!({"from": "client"})).await;
+    assert_eq!(called["result"]["structuredContent"], json!({"from": "client"}), "{called}");
+    let log = std::fs::read_to_string(dir.path().join("t.log")).unwrap_or_default();
+    assert_eq!(log.matches("tool `many_00000` is offered by both").count(), 1, "logged once: {log}");
+}

@@ -460,6 +460,12 @@ impl Engine {
     /// The operations (resumable calls, also tasks) a session started that
     /// are still stored, oldest first, for operators.
     pub async fn operations_of(&self, id: &str) -> Result<Vec<Value>, StoreError> {
+    /// Every endpoint (`""`: `/mcp`) and its application's account of
+    /// itself, for operators (see [`McpApp::describe`]).
+    pub fn describe_endpoints(&self) -> Vec<(String, Option<Value>)> {
+        self.inner.apps.named().into_iter().map(|(name, app)| (name, app.describe())).collect()
+    }
+
         operations::of_session(self.inner.store.as_ref(), id, |op| self.inner.operations.runs_here(op)).await
     }
 

@@ -18,6 +18,10 @@
 //!   upstream offers. Sessions only in the store (idle long enough to leave
 //!   memory) and other replicas' sessions are not included.
 //!
+//! - `GET /admin/endpoints`: every endpoint (`/mcp`, `/mcp/NAME`) and what
+//!   its application says of itself: a virtual server its members, the
+//!   members down and the names two members contest (who keeps each).
+//!
 //! Every request needs `Authorization: Bearer <the token>`; a missing or
 //! wrong one gets 401 (compared in constant time, on digests, so neither
 //! the content nor the length leaks).
@@ -54,6 +58,7 @@ pub fn admin_router(engine: Engine, token: &str) -> Router {
         .route("/admin/sessions", get(list))
         .route("/admin/sessions/{id}", get(show).delete(end))
         .route("/admin/notify", post(notify))
+        .route("/admin/endpoints", get(endpoints))
         .route_layer(axum::middleware::from_fn_with_state(admin.clone(), authorize))
         .with_state(admin)
 }
@@ -140,6 +145,19 @@ pub fn session_summary(record: &SessionRecord, last: i64, in_memory: bool, now: 
         "expires_at_ms": record.expires_at_ms,
         "in_memory": in_memory,
     })
+}
+
+async fn endpoints(State(admin): State<Admin>) -> Response {
+    let endpoints: Vec<Value> = admin
+        .engine
+        .describe_endpoints()
+        .into_iter()
+        .map(|(name, described)| {
+            let path = if name.is_empty() { "/mcp".to_owned() } else { format!("/mcp/{name}") };
+            json!({"endpoint": name, "path": path, "app": described})
+        })
+        .collect();
+    axum::Json(json!({"endpoints": endpoints})).into_response()
 }
 
 async fn list(State(admin): State<Admin>, Query(q): Query<ListQuery>) -> Response {

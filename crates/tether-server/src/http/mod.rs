@@ -212,12 +212,13 @@ async fn post_mcp(
 async fn refused_call(auth: &Auth, endpoint: &str, principal: &str, headers: &HeaderMap, message: &Inbound) -> Option<HttpError> {
     let policy = auth.policy().filter(|p| p.covers(endpoint))?;
     let Inbound::Request { method, params, id } = message else { return None };
-    let target = Target::of(method, params.as_ref())?;
+    // A malformed use goes on to the application's policy, which refuses it (-32602).
+    let target = Target::of(method, params.as_ref()).ok()??;
     let authorization = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
     let subject = auth.subject(authorization, endpoint, principal).await;
     let decision = policy.decide(endpoint, method, target, &subject);
     let refused = auth.refusal(endpoint, principal, target, &decision)?;
-    policy.record(endpoint, method, target, principal, &decision);
+    policy.record(endpoint, method, target, None, principal, &decision);
     Some(HttpError { id: Some(id.clone()), ..refused })
 }
 
