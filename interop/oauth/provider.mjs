@@ -27,6 +27,10 @@
 // resource and whose `sub` is the client's id (by client credentials) or the
 // user's login (by authorization code).
 //
+// RFC 7009 revocation at /token/revocation, of a client's own opaque tokens
+// (a revoked token is inactive at introspection from then on), and, for the
+// tests, the tokens issued so far per client at GET /test/tokens-issued.
+//
 // For the interop checks of MCP clients that authorize on their own
 // (interop/ts/oauth.mjs), beside those clients:
 //   - dynamic client registration (RFC 7591) at /reg, open (no initial access
@@ -100,6 +104,8 @@ const provider = new Provider(issuer, {
     registration: { enabled: true },
     clientCredentials: { enabled: true },
     introspection: { enabled: true },
+    // RFC 7009: a client revokes its own tokens.
+    revocation: { enabled: true, allowedPolicy: async (_ctx, client, token) => token.clientId === client.clientId },
     resourceIndicators: {
       enabled: true,
       defaultResource: () => undefined,
@@ -191,6 +197,20 @@ provider.use(async (ctx, next) => {
   if (ctx.path === '/token/introspection' && ctx.method === 'POST') {
     introspected.count += 1;
     if (introspected.tokens.length < 10000) introspected.tokens.push(String(ctx.oidc?.params?.token ?? ''));
+  }
+});
+
+// The tokens issued so far, per client (GET /test/tokens-issued).
+const tokensIssued = {};
+provider.use(async (ctx, next) => {
+  if (ctx.path === '/test/tokens-issued') {
+    ctx.body = tokensIssued;
+    return;
+  }
+  await next();
+  const client = ctx.oidc?.client?.clientId;
+  if (ctx.path === '/token' && ctx.method === 'POST' && ctx.status === 200 && client) {
+    tokensIssued[client] = (tokensIssued[client] ?? 0) + 1;
   }
 });
 

@@ -2,6 +2,11 @@
 //! `input_required` rounds answered by the caller's handler (the same
 //! handler that answers a session's server-to-client requests), and a
 //! `task` result followed with `tasks/get` until it ends.
+//!
+//! Invariant: [`ClientError::Auth`] from [`request_to_end`] means the server
+//! refused its first round, so it ran nothing and the request may be sent
+//! again (with other credentials); a refusal of a later round, or of
+//! following a task, is a [`ClientError::Transport`] saying so.
 
 use std::future::Future;
 use std::time::Duration;
@@ -33,8 +38,11 @@ where
     Fut: Future<Output = Result<Value, ClientError>>,
 {
     let mut params = params.unwrap_or_else(|| json!({}));
-    for _ in 0..MAX_INPUT_ROUNDS {
-        let result = session.request(method, Some(params.clone())).await?;
+    for round in 0..MAX_INPUT_ROUNDS {
+        let result = match session.request(method, Some(params.clone())).await {
+            Err(refused @ ClientError::Auth { .. }) if round > 0 => return Err(begun(method, refused)),
+            result => result?,
+        };
         match result.get("resultType").and_then(Value::as_str) {
             Some("input_required") => {
                 let asked = result.get("inputRequests").and_then(Value::as_object).cloned().unwrap_or_default();
@@ -45,11 +53,21 @@ where
                 params["inputResponses"] = Value::Object(answers);
                 params["requestState"] = result.get("requestState").cloned().unwrap_or(Value::Null);
             }
-            Some("task") => return follow_task(session, &result).await,
+            Some("task") => {
+                return follow_task(session, &result).await.map_err(|e| match e {
+                    refused @ ClientError::Auth { .. } => begun(method, refused),
+                    other => other,
+                });
+            }
             _ => return Ok(result),
         }
     }
     Err(ClientError::Transport(format!("{method}: the server kept asking for input after {MAX_INPUT_ROUNDS} rounds")))
+}
+
+/// A refusal of the credentials once the server had taken the request.
+fn begun(method: &str, refused: ClientError) -> ClientError {
+    ClientError::Transport(format!("{method}: the request had begun when {refused}"))
 }
 
 /// Polls `tasks/get` (honouring `pollIntervalMs`, within bounds) until the

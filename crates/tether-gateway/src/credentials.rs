@@ -14,6 +14,14 @@
 //! before it expires ([`refresh_at`]) and never after; the cache holds at
 //! most [`MAX_CACHED`] tokens (expired ones go first), and one fetch per
 //! upstream runs at a time, so a burst of new sessions asks once.
+//!
+//! A token the upstream refuses with HTTP 401 (revoked before it expired)
+//! is dropped and replaced ([`TokenSource::renew`]): the callers that saw
+//! the refusal share one fetch, and a new token is fetched so at most once
+//! per [`RENEW_EVERY`] per upstream, so an upstream that refuses every token
+//! cannot turn each call into a request to the authorization server. A 401
+//! means the upstream ran nothing, so the refused message is sent once more
+//! with the new token (see `http`, `sessionless_url` and `passthrough`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -32,6 +40,13 @@ const MAX_CACHED: usize = 10_000;
 const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 /// The lifetime assumed when the server does not say (`expires_in`).
 const DEFAULT_LIFETIME: Duration = Duration::from_secs(300);
+/// After the upstream refused tether's token (HTTP 401), a new one is
+/// fetched for it at most this often per upstream: the refusal says the
+/// cached token is no good (revoked), but an upstream that refuses every
+/// token must not make each call a request to the authorization server.
+/// Until this has passed since the last renewal, a refusal stands (the
+/// call fails, naming it).
+pub const RENEW_EVERY: Duration = Duration::from_secs(5);
 
 const TOKEN_EXCHANGE: &str = "urn:ietf:params:oauth:grant-type:token-exchange";
 const ACCESS_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:access_token";
@@ -48,6 +63,8 @@ pub struct TokenSource {
     /// By the caller's token hash (`token_exchange`) or `[0; 32]` (`client_credentials`).
     cached: Mutex<HashMap<[u8; 32], Cached>>,
     fetching: tokio::sync::Mutex<()>,
+    /// When a refused token was last replaced ([`RENEW_EVERY`]).
+    renewed_at: Mutex<Option<Instant>>,
 }
 
 #[derive(Clone)]
@@ -72,6 +89,7 @@ impl TokenSource {
             token_url,
             cached: Mutex::default(),
             fetching: tokio::sync::Mutex::new(()),
+            renewed_at: Mutex::new(None),
         })
     }
 
@@ -84,6 +102,51 @@ impl TokenSource {
     /// A current access token for the upstream; `client_authorization` is
     /// the caller's `Authorization` value (the subject of a token exchange).
     pub async fn token(&self, client_authorization: Option<&str>) -> Result<String, RpcError> {
+        let (subject, key) = self.subject(client_authorization)?;
+        if let Some(token) = self.fresh(&key) {
+            return Ok(token);
+        }
+        let _one_at_a_time = self.fetching.lock().await;
+        if let Some(token) = self.fresh(&key) {
+            return Ok(token);
+        }
+        self.fetch_and_keep(subject, key).await
+    }
+
+    /// The upstream refused `refused` with HTTP 401 (revoked, or otherwise
+    /// no longer good before it expired): the token to send instead, or
+    /// `None` while the refusal stands ([`RENEW_EVERY`] has not passed since
+    /// the last renewal of this upstream). Callers that saw the same refusal
+    /// share one fetch: those after the first find its new token cached.
+    pub async fn renew(&self, client_authorization: Option<&str>, refused: &str) -> Result<Option<String>, RpcError> {
+        let (subject, key) = self.subject(client_authorization)?;
+        let _one_at_a_time = self.fetching.lock().await;
+        match self.fresh(&key) {
+            // Replaced since it was sent (by another caller's renewal).
+            Some(token) if token != refused => return Ok(Some(token)),
+            Some(_) => {
+                let now = Instant::now();
+                {
+                    let mut renewed_at = self.renewed_at.lock();
+                    if renewed_at.is_some_and(|at| now.saturating_duration_since(at) < RENEW_EVERY) {
+                        tracing::debug!(upstream = %self.upstream, "the upstream refused a token renewed moments ago; not asking again yet");
+                        return Ok(None);
+                    }
+                    *renewed_at = Some(now);
+                }
+                // Dropped whatever comes of the fetch: it is never sent again.
+                self.cached.lock().remove(&key);
+                tracing::info!(upstream = %self.upstream, "the upstream refused tether's access token (HTTP 401); fetching a new one");
+            }
+            // Due anyway: an ordinary fetch.
+            None => {}
+        }
+        self.fetch_and_keep(subject, key).await.map(Some)
+    }
+
+    /// The subject of a token exchange (none for client credentials) and
+    /// the cache key of its token.
+    fn subject<'a>(&self, client_authorization: Option<&'a str>) -> Result<(Option<&'a str>, [u8; 32]), RpcError> {
         let subject = match self.grant.grant {
             Grant::ClientCredentials => None,
             Grant::TokenExchange => {
@@ -94,13 +157,11 @@ impl TokenSource {
             }
         };
         let key: [u8; 32] = subject.map_or([0; 32], |t| Sha256::digest(t.as_bytes()).into());
-        if let Some(token) = self.fresh(&key) {
-            return Ok(token);
-        }
-        let _one_at_a_time = self.fetching.lock().await;
-        if let Some(token) = self.fresh(&key) {
-            return Ok(token);
-        }
+        Ok((subject, key))
+    }
+
+    /// Fetches a token and caches it under `key` (the caller holds `fetching`).
+    async fn fetch_and_keep(&self, subject: Option<&str>, key: [u8; 32]) -> Result<String, RpcError> {
         let (token, lifetime) = self.fetch(subject).await.map_err(|e| self.error(&e))?;
         let now = Instant::now();
         let mut cached = self.cached.lock();
@@ -112,6 +173,12 @@ impl TokenSource {
         }
         cached.insert(key, Cached { token: token.clone(), refresh_at: now + refresh_at(lifetime) });
         Ok(token)
+    }
+
+    /// The cached token for `client_authorization`, if it is current.
+    fn cached(&self, client_authorization: Option<&str>) -> Option<String> {
+        let (_, key) = self.subject(client_authorization).ok()?;
+        self.fresh(&key)
     }
 
     fn fresh(&self, key: &[u8; 32]) -> Option<String> {
@@ -160,16 +227,22 @@ impl TokenSource {
 /// The changing bearer token of one upstream connection: refreshed from
 /// its [`TokenSource`] before each request (a cache hit while the token is
 /// good), for the caller whose `Authorization` it last saw.
+///
+/// Invariant: the cell never goes back to a token the source replaced: it
+/// is set under `installing`, with the source's token as it stands then, so
+/// a request that read the old token just before a renewal cannot put it
+/// back after the renewal put the new one there.
 pub(crate) struct Credentials {
     tokens: Arc<TokenSource>,
     bearer: Bearer,
     caller: Mutex<Option<String>>,
+    installing: Mutex<()>,
 }
 
 impl Credentials {
     /// Credentials for a connection opened for a caller with `client_authorization`.
     pub(crate) fn new(tokens: Arc<TokenSource>, client_authorization: Option<String>) -> Self {
-        Self { tokens, bearer: Bearer::default(), caller: Mutex::new(client_authorization) }
+        Self { tokens, bearer: Bearer::default(), caller: Mutex::new(client_authorization), installing: Mutex::new(()) }
     }
 
     /// The cell the connection's client runtime sends from.
@@ -188,11 +261,31 @@ impl Credentials {
         }
     }
 
-    /// Makes sure the cell holds a current token.
-    pub(crate) async fn refresh(&self) -> Result<(), RpcError> {
+    /// Makes sure the cell holds a current token; the token (what a
+    /// request sent now carries, for [`Credentials::renew`]).
+    pub(crate) async fn refresh(&self) -> Result<String, RpcError> {
         let caller = self.caller.lock().clone();
         let token = self.tokens.token(caller.as_deref()).await?;
-        self.bearer.set(&token).map_err(|e| self.tokens.error(&e.to_string()))
+        self.install(caller.as_deref(), token)
+    }
+
+    /// The upstream refused `refused` with HTTP 401: puts a renewed token in
+    /// the cell ([`TokenSource::renew`]); whether there is one to send the
+    /// refused message again with.
+    pub(crate) async fn renew(&self, refused: &str) -> Result<bool, RpcError> {
+        let caller = self.caller.lock().clone();
+        let Some(token) = self.tokens.renew(caller.as_deref(), refused).await? else { return Ok(false) };
+        self.install(caller.as_deref(), token)?;
+        Ok(true)
+    }
+
+    /// Puts the source's current token for `caller` in the cell (`token`,
+    /// just had from it, if it holds none now); the token put there.
+    fn install(&self, caller: Option<&str>, token: String) -> Result<String, RpcError> {
+        let _one_at_a_time = self.installing.lock();
+        let token = self.tokens.cached(caller).unwrap_or(token);
+        self.bearer.set(&token).map_err(|e| self.tokens.error(&e.to_string()))?;
+        Ok(token)
     }
 }
 

@@ -7,12 +7,15 @@
 //! `notifications/cancelled` for a request dropped before its answer). This
 //! module adds what a gateway needs on top: the upstream's credentials
 //! (tether's own: a token from `auth_env`, or OAuth tokens from
-//! [`crate::credentials`] refreshed before each request; the client's
+//! [`crate::credentials`] refreshed before each request, and renewed when
+//! the upstream refuses one with HTTP 401, the refused message then sent
+//! once more since the upstream ran nothing; the client's
 //! `Authorization` only when `forward_auth` opts in), results as raw JSON, the upstream's own
 //! messages to the caller's [`PeerSink`] (each delivered before the client
 //! runtime reads on), and a 404 (the upstream forgot its
 //! session) turning the connection dead so the gateway starts a new one.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -134,7 +137,7 @@ pub async fn start(
         Err(refused) => refused,
     };
     // An upstream that refuses `initialize` may speak only the sessionless revision.
-    let credentials = credentials(tokens, &client_authorization).await?;
+    let credentials = credentials(tokens, &client_authorization).await?.map(|(credentials, _)| credentials);
     let mut options = client_options(spec, client_authorization, |var| std::env::var(var).ok()).map_err(|_| refused.clone())?;
     options.bearer = credentials.as_ref().map(Credentials::bearer);
     match crate::sessionless_url::start(spec, upstream_name, &initialize_params, options, credentials, init_timeout, sink).await {
@@ -160,9 +163,16 @@ pub async fn attach(
     let protocol_version = carry_on.get("protocolVersion").and_then(Value::as_str)?;
     let credentials = credentials(tokens, &client_authorization).await.ok()?;
     let mut options = client_options(spec, client_authorization, |var| std::env::var(var).ok()).ok()?;
-    options.bearer = credentials.as_ref().map(Credentials::bearer);
+    options.bearer = credentials.as_ref().map(|(credentials, _)| credentials.bearer());
     let client = Session::attach(&spec.url, options, session_id, protocol_version).await.ok()?;
-    if let Err(e) = client.request("ping", None).await {
+    let mut pinged = client.request("ping", None).await;
+    if let (Err(ClientError::Auth { status: 401, .. }), Some((credentials, sent))) = (&pinged, &credentials)
+        && credentials.renew(sent).await.ok()?
+    {
+        pinged = client.request("ping", None).await;
+    }
+    let credentials = credentials.map(|(credentials, _)| credentials);
+    if let Err(e) = pinged {
         tracing::info!(upstream = %upstream_name, %session, error = %e, "the upstream session cannot be carried on; starting a new one");
         client.close().await;
         return None;
@@ -198,14 +208,26 @@ pub async fn connect(
     let credentials = credentials(tokens, &client_authorization).await?;
     let mut options = client_options(spec, client_authorization, |var| std::env::var(var).ok())
         .map_err(|e| RpcError::internal(format!("{who}: {e}")))?;
-    options.bearer = credentials.as_ref().map(Credentials::bearer);
+    options.bearer = credentials.as_ref().map(|(credentials, _)| credentials.bearer());
     let mut initialize_params = Some(initialize_params);
     tether_server::trace::inject_meta(&mut initialize_params);
     let initialize_params = initialize_params.unwrap_or_default();
-    let (client, result) = match tokio::time::timeout(init_timeout, Session::connect(&spec.url, options, initialize_params)).await
-    {
-        Ok(Ok(connected)) => connected,
-        Ok(Err(e)) => return Err(RpcError { message: format!("{who}: {}", describe(&e)), ..as_rpc(e) }),
+    // An `initialize` refused with 401 ran nothing: it goes once more with a renewed token.
+    let connecting = async {
+        let connected = Session::connect(&spec.url, options.clone(), initialize_params.clone()).await;
+        match (&connected, &credentials) {
+            (Err(ClientError::Auth { status: 401, .. }), Some((credentials, sent))) if credentials.renew(sent).await? => {
+                Ok(Session::connect(&spec.url, options, initialize_params).await)
+            }
+            _ => Ok(connected),
+        }
+    };
+    let (client, result) = match tokio::time::timeout(init_timeout, connecting).await {
+        Ok(Ok(Ok(connected))) => connected,
+        Ok(Ok(Err(e))) => {
+            return Err(RpcError { message: format!("{who}: {}", describe(&e, credentials.is_some())), ..as_rpc(e) });
+        }
+        Ok(Err(renewal)) => return Err(renewal),
         Err(_) => {
             return Err(RpcError::internal(format!(
                 "{who} did not answer initialize within {}",
@@ -213,6 +235,7 @@ pub async fn connect(
             )));
         }
     };
+    let credentials = credentials.map(|(credentials, _)| credentials);
     let initialize_result = serde_json::value::to_raw_value(&result)
         .map_err(|e| RpcError::internal(format!("{who}: unreadable initialize result: {e}")))?;
     client.deliver_to(sink).await;
@@ -229,15 +252,15 @@ pub async fn connect(
 }
 
 /// A connection's credentials from the upstream's token source, with a
-/// current token already in them.
+/// current token already in them; and that token.
 async fn credentials(
     tokens: Option<&Arc<TokenSource>>,
     client_authorization: &Option<String>,
-) -> Result<Option<Credentials>, RpcError> {
+) -> Result<Option<(Credentials, String)>, RpcError> {
     let Some(tokens) = tokens else { return Ok(None) };
     let credentials = Credentials::new(tokens.clone(), client_authorization.clone());
-    credentials.refresh().await?;
-    Ok(Some(credentials))
+    let token = credentials.refresh().await?;
+    Ok(Some((credentials, token)))
 }
 
 /// The client runtime's options for this upstream: the configured headers,
@@ -304,9 +327,15 @@ fn as_rpc(e: ClientError) -> RpcError {
     }
 }
 
-fn describe(e: &ClientError) -> String {
+/// What went wrong, for a person; `oauth`: tether's credentials for the
+/// upstream are its own OAuth tokens (`[upstreams.NAME.oauth]`).
+fn describe(e: &ClientError, oauth: bool) -> String {
     match e {
         ClientError::Rpc(error) => format!("answered with JSON-RPC error {}: {}", error.code, error.message),
+        ClientError::Auth { status, message } if oauth => format!(
+            "refused tether's OAuth access token (HTTP {status}): {message}; check the upstream's oauth settings \
+             (client_id, scope, resource) and what its authorization server grants that client"
+        ),
         ClientError::Auth { status, message } => {
             format!("refused tether's credentials (HTTP {status}): {message}; check auth_env or forward_auth")
         }
@@ -327,6 +356,38 @@ impl HttpUpstream {
             credentials.refresh().await?;
         }
         self.client()
+    }
+
+    /// Sends one message (`send` given the session and `message`) with a
+    /// current token. Refused with HTTP 401, it was not run: the token is
+    /// renewed ([`Credentials::renew`]) and the message sent once more (a
+    /// copy is kept for that only with OAuth credentials).
+    async fn send<M, T, F, Fut>(&self, message: M, send: F) -> Result<T, RpcError>
+    where
+        M: Clone,
+        F: Fn(Session, M) -> Fut,
+        Fut: Future<Output = Result<T, ClientError>>,
+    {
+        let Some(credentials) = &self.credentials else {
+            return send(self.client()?, message).await.map_err(|e| self.failed(e));
+        };
+        let sent = credentials.refresh().await?;
+        let again = message.clone();
+        match send(self.client()?, message).await {
+            Err(refused @ ClientError::Auth { status: 401, .. }) => {
+                if !credentials.renew(&sent).await? {
+                    let mut error = self.failed(refused);
+                    error.message.push_str(&format!(
+                        " (a new token was fetched less than {} ago; none is fetched again before then)",
+                        humantime::format_duration(crate::credentials::RENEW_EVERY)
+                    ));
+                    return Err(error);
+                }
+                tracing::info!(upstream = %self.name, session = %self.session, "sending again with a renewed token");
+                send(self.client()?, again).await.map_err(|e| self.failed(e))
+            }
+            done => done.map_err(|e| self.failed(e)),
+        }
     }
 
     fn client(&self) -> Result<Session, RpcError> {
@@ -355,14 +416,19 @@ impl HttpUpstream {
                 RpcError::internal(UPSTREAM_FORGOT_SESSION)
             }
             ClientError::Rpc(error) => error,
-            // Credentials are taken when a connection is made: the next
-            // request makes one with the current ones (a rotated token, the
-            // client's newer `Authorization` with forward_auth).
+            // OAuth credentials change in place (renewed by
+            // [`HttpUpstream::send`]): the connection stays.
+            e @ ClientError::Auth { .. } if self.credentials.is_some() => {
+                RpcError::internal(format!("upstream {} at {}: {}", self.name, self.url, describe(&e, true)))
+            }
+            // Other credentials are taken when a connection is made: the
+            // next request makes one with the current ones (a rotated token,
+            // the client's newer `Authorization` with forward_auth).
             e @ ClientError::Auth { .. } => {
                 self.die();
-                RpcError::internal(format!("upstream {} at {}: {}", self.name, self.url, describe(&e)))
+                RpcError::internal(format!("upstream {} at {}: {}", self.name, self.url, describe(&e, false)))
             }
-            other => RpcError::internal(format!("upstream {} at {}: {}", self.name, self.url, describe(&other))),
+            other => RpcError::internal(format!("upstream {} at {}: {}", self.name, self.url, describe(&other, false))),
         }
     }
 }
@@ -376,7 +442,7 @@ impl Upstream for HttpUpstream {
         tether_server::trace::inject_meta(&mut params);
         // Dropping this future drops the client runtime's request, which
         // sends `notifications/cancelled` under the id it used upstream.
-        self.ready().await?.request_json(method, params).await.map_err(|e| self.failed(e))
+        self.send(params, |client, params| async move { client.request_json(method, params).await }).await
     }
 
     async fn request_tracked(
@@ -386,7 +452,7 @@ impl Upstream for HttpUpstream {
         track: &RequestTrack,
     ) -> Result<Box<RawValue>, RpcError> {
         tether_server::trace::inject_meta(&mut params);
-        self.ready().await?.request_json_tracked(method, params, track).await.map_err(|e| self.failed(e))
+        self.send(params, |client, params| async move { client.request_json_tracked(method, params, track).await }).await
     }
 
     async fn resume(
@@ -405,12 +471,12 @@ impl Upstream for HttpUpstream {
         if method == "notifications/initialized" {
             return Ok(());
         }
-        self.ready().await?.notify(method, params).await.map_err(|e| self.failed(e))
+        self.send(params, |client, params| async move { client.notify(method, params).await }).await
     }
 
     async fn answer(&self, id: Value, outcome: Result<Value, RpcError>) -> Result<(), RpcError> {
         let outcome = outcome.map_err(|e| e.to_object());
-        self.ready().await?.respond(id, outcome).await.map_err(|e| self.failed(e))
+        self.send((id, outcome), |client, (id, outcome)| async move { client.respond(id, outcome).await }).await
     }
 
     fn is_alive(&self) -> bool {

@@ -16,6 +16,10 @@
 //!
 //! Only a URL upstream is passed through; a stdio server, and a URL server
 //! of the session era, are bridged (see `sessionless`).
+//!
+//! With tether's own OAuth token, a request the upstream refuses with HTTP
+//! 401 (it ran nothing) is sent once more with a renewed token
+//! ([`TokenSource::renew`]).
 
 use std::time::Duration;
 
@@ -73,17 +77,43 @@ impl Passthrough {
             m.retain(|k, _| !k.starts_with(meta::TETHER_PREFIX));
         }
         let presented = ctx.client_authorization().map(|a| a.header_value().to_owned());
-        let client = match (&self.tokens, self.spec.forward_auth) {
+        let mut params = Some(Value::Object(params));
+        tether_server::trace::inject_meta(&mut params);
+        let (client, token) = match (&self.tokens, self.spec.forward_auth) {
             // tether's own token, current for this caller (a cache hit while good).
             (Some(tokens), _) => {
                 let token = tokens.token(presented.as_deref()).await?;
-                session(&self.spec, None, Some(token)).map_err(|e| self.failed(e))?
+                (session(&self.spec, None, Some(token.clone())).map_err(|e| self.failed(e))?, Some((tokens, token)))
             }
-            (None, true) if presented.is_some() => session(&self.spec, presented, None).map_err(|e| self.failed(e))?,
-            _ => self.shared.clone(),
+            (None, true) if presented.is_some() => {
+                (session(&self.spec, presented.clone(), None).map_err(|e| self.failed(e))?, None)
+            }
+            _ => (self.shared.clone(), None),
         };
-        let mut params = Some(Value::Object(params));
-        tether_server::trace::inject_meta(&mut params);
+        let Some((tokens, sent)) = token else {
+            return self.forward(ctx, &client, method, params).await.map_err(|e| self.failed(e));
+        };
+        let again = params.clone();
+        match self.forward(ctx, &client, method, params).await {
+            // Refused with 401: the upstream ran nothing.
+            Err(refused @ ClientError::Auth { status: 401, .. }) => {
+                let Some(token) = tokens.renew(presented.as_deref(), &sent).await? else { return Err(self.failed(refused)) };
+                tracing::info!(upstream = %self.name, "sending again with a renewed token");
+                let client = session(&self.spec, None, Some(token)).map_err(|e| self.failed(e))?;
+                self.forward(ctx, &client, method, again).await.map_err(|e| self.failed(e))
+            }
+            done => done.map_err(|e| self.failed(e)),
+        }
+    }
+
+    /// Sends one request on `client`, relaying what comes on its stream.
+    async fn forward(
+        &self,
+        ctx: &RequestCtx,
+        client: &Session,
+        method: &str,
+        params: Option<Value>,
+    ) -> Result<RawResult, ClientError> {
         let (tx, mut rx) = mpsc::channel(STREAM_BUFFER);
         let timer = tether_server::metrics::upstream_request_started();
         // Dropping this future closes the request's HTTP response: how a
@@ -93,15 +123,15 @@ impl Passthrough {
         let result = loop {
             tokio::select! {
                 biased;
-                Some(message) = rx.recv() => self.relay(ctx, &client, message).await,
+                Some(message) = rx.recv() => self.relay(ctx, client, message).await,
                 result = &mut call => break result,
             }
         };
         while let Ok(message) = rx.try_recv() {
-            self.relay(ctx, &client, message).await;
+            self.relay(ctx, client, message).await;
         }
         timer.done(&self.name);
-        result.map_err(|e| self.failed(e))
+        result
     }
 
     /// One message of the upstream on a request's stream, to its client.

@@ -10,7 +10,9 @@
 //! answers with (the gateway declares the Tasks extension for its client) is
 //! followed to its end, so the session-era client gets a plain result.
 //! Nothing upstream is stateful: any replica, or a restart, just makes a new
-//! one.
+//! one. With tether's own OAuth token, a request whose first round the
+//! upstream refuses with HTTP 401 (it ran nothing) is sent once more with a
+//! renewed token ([`Credentials::renew`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -167,12 +169,21 @@ impl Upstream for SessionlessUrlUpstream {
             p["_meta"][meta::LOG_LEVEL] = level;
         }
         tether_server::trace::inject_meta(&mut params);
-        if let Some(credentials) = &self.credentials {
-            credentials.refresh().await?;
-        }
+        let sent = match &self.credentials {
+            Some(credentials) => Some((credentials, credentials.refresh().await?)),
+            None => None,
+        };
+        let again = sent.is_some().then(|| params.clone());
         // Dropping this future closes the request's HTTP response, which is
         // how a sessionless server hears of a cancellation.
-        let result = tether_client::rounds::request_to_end(&self.session, method, params, |request| self.ask(request)).await;
+        let mut result = tether_client::rounds::request_to_end(&self.session, method, params, |request| self.ask(request)).await;
+        // Refused with 401 at its first round: the upstream ran nothing.
+        if let (Err(ClientError::Auth { status: 401, .. }), Some((credentials, sent)), Some(params)) = (&result, &sent, again)
+            && credentials.renew(sent).await?
+        {
+            tracing::info!(upstream = %self.name, "sending again with a renewed token");
+            result = tether_client::rounds::request_to_end(&self.session, method, params, |request| self.ask(request)).await;
+        }
         let mut result = result.map_err(|e| match e {
             ClientError::Rpc(error) => error,
             other => RpcError::internal(format!("upstream {}: {other}", self.name)),
