@@ -687,7 +687,10 @@ async fn a_token_of_the_token_file_is_never_sent_to_the_authorization_server() {
         assert!(!names.is_empty() && !names.contains(&"thought"), "{endpoint}: {names:?}");
         let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "thought", "arguments": thought_args(1)}});
         let refused = alice.post(Some(&sid), &call).send().await.unwrap();
-        assert_eq!(refused.status(), 403, "{endpoint}: {}", refused.text().await.unwrap_or_default());
+        assert_eq!(refused.status(), 403, "{endpoint}");
+        let body: Value = refused.json().await.unwrap();
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("token file carries no OAuth scopes"), "{endpoint}: saying why: {body}");
     }
 
     // An opaque access token is introspected, so the provider's record of

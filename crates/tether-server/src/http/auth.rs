@@ -195,17 +195,15 @@ impl Auth {
     }
 
     /// The refusal of a use `decision` denies: 403, with the
-    /// `insufficient_scope` challenge when a rule names the scope it needs.
-    pub fn refusal(&self, endpoint: &str, principal: &str, target: Target<'_>, decision: &Decision) -> Option<HttpError> {
+    /// `insufficient_scope` challenge when a rule names the scope it needs
+    /// (worded by [`Policy::refusal_message`]: a token of the token file is
+    /// told it carries no scopes).
+    pub fn refusal(&self, endpoint: &str, subject: &Subject, target: Target<'_>, decision: &Decision) -> Option<HttpError> {
         let Decision::Deny { scopes, .. } = decision else { return None };
-        let message = format!("`{principal}` may not use the {} `{}` here", target.kind(), target.name());
+        let message = Policy::refusal_message(subject, target, None, decision);
         let challenge = match (&self.oauth, scopes.is_empty()) {
             (Some(oauth), false) => Some(oauth.insufficient_scope(endpoint, scopes, &message)),
             _ => None,
-        };
-        let message = match scopes.is_empty() {
-            true => format!("{message}: the endpoint's policy refuses it"),
-            false => format!("{message} without the scope {}; get a token with it and retry", scopes.join(" ")),
         };
         Some(HttpError {
             www_authenticate: challenge,

@@ -217,7 +217,7 @@ async fn refused_call(auth: &Auth, endpoint: &str, principal: &str, headers: &He
     let authorization = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
     let subject = auth.subject(authorization, endpoint, principal).await;
     let decision = policy.decide(endpoint, method, target, &subject);
-    let refused = auth.refusal(endpoint, principal, target, &decision)?;
+    let refused = auth.refusal(endpoint, &subject, target, &decision)?;
     policy.record(endpoint, method, target, None, principal, &decision);
     Some(HttpError { id: Some(id.clone()), ..refused })
 }
