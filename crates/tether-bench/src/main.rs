@@ -159,9 +159,8 @@ struct Args {
     million_sessions: usize,
     /// gateway_memory: live command-upstream sessions to open (each with a
     /// child; on the virtual server of three stdio members, three children);
-    /// all of one principal, so at most the gateway's default share of one
-    /// principal (half of `max_processes`' 64 per upstream), so none is stopped.
-    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u16).range(1..=32))]
+    /// below the gateway's default `max_processes` of 64 (per upstream), so none is stopped.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u16).range(1..=63))]
     gateway_sessions: u16,
     /// Concurrent clients that create those sessions.
     #[arg(long, default_value_t = 64)]
