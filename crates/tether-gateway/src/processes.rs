@@ -6,7 +6,9 @@
 //! by the child's supervisor until the child has been reaped: the number of
 //! live children can never pass `max_processes`, however many sessions,
 //! sessionless requests and tasks want one; one principal never holds
-//! more than `max_processes_per_principal`; and all the upstreams together
+//! more than `max_processes_per_principal` (but for the anonymous
+//! principal of a server without authentication, the only one there is,
+//! which may hold them all); and all the upstreams together
 //! (however many are configured, and across a SIGHUP reload, where the old
 //! upstream's children still count) never pass `max_stdio_processes`. A
 //! request that finds no room asks the gateway to stop an idle child of the
@@ -168,7 +170,7 @@ impl Processes {
             return Err(Limit::Total);
         }
         let held = counts.by_principal.get(principal).copied().unwrap_or(0);
-        if held >= self.per_principal {
+        if held >= self.per_principal && principal != tether_server::http::ANONYMOUS {
             return Err(Limit::Principal);
         }
         if !self.server.try_add() {
@@ -277,6 +279,14 @@ mod tests {
         assert_eq!(processes.live(), 3);
         drop(carols);
         assert_eq!(processes.live(), 2);
+    }
+
+    #[test]
+    fn without_authentication_the_one_principal_may_hold_every_child() {
+        let processes = Processes::new("fx", 3, 1, Duration::from_secs(30));
+        let held: Vec<_> = (0..3).map(|_| processes.try_take(tether_server::http::ANONYMOUS).unwrap()).collect();
+        assert_eq!(processes.try_take(tether_server::http::ANONYMOUS).unwrap_err(), Limit::Total);
+        assert_eq!(held.len(), 3);
     }
 
     #[tokio::test]
