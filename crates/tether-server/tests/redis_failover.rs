@@ -12,13 +12,26 @@
 //!
 //! Under `--durability strict --redis-replicas 1` the history checker then
 //! finds nothing acknowledged lost, and nothing duplicated, reordered,
-//! misrouted or unended. Under `normal` (ignored here; `scripts/faults
-//! --failover` runs it) the same run counts what a failover loses.
+//! misrouted or unended. Under `normal` (ignored here, being long;
+//! `scripts/faults --failover` runs it) the same run counts what a failover
+//! loses, and fails if a request was left unended: one its client gave up
+//! waiting for (30 s of resuming), or one primed and without a final
+//! message in the store.
 //!
-//! Under `normal`, a request whose final response the failover took back
-//! still ends for its client: resumed on the replica that ran it, or on the
-//! other one, it gets an error saying its outcome is unknown (the
-//! `a_final_lost_in_a_failover_…` tests, one request, no load).
+//! Under `normal`, every request a client started ends for it, whatever the
+//! failover took back (deterministic tests, one request, no load: the
+//! `gated` tool waits for the test between its events, so each failover
+//! falls exactly where it must): a request whose final response was lost
+//! gets an error saying its outcome is unknown, resumed on the replica that
+//! ran it or on the other one, from its priming event or from an event the
+//! failover took back (`a_final_lost_in_a_failover_…`,
+//! `a_client_holding_an_event_…`); so does one whose priming event was lost
+//! with its final (`a_final_lost_with_its_priming_event_…`); one whose
+//! priming event was lost while it ran gets its own answer, resumed while
+//! it runs or after (`a_request_whose_priming_event_was_lost_…`); and a
+//! final never takes the number of an event the client read and the
+//! failover took back (`a_message_a_failover_took_back_…`). The chaos runs
+//! under `normal` assert that no request was left unended.
 //!
 //! `TETHER_FAILOVER_CLIENTS` (default 50) and `TETHER_FAULT_SEED` as in the
 //! other fault tests. Timeouts only detect hangs.
@@ -71,16 +84,26 @@ async fn a_cluster_primary_killed_with_its_replica_behind_loses_nothing_acknowle
     report.assert_clean();
 }
 
+/// Under `normal` a failover loses what the replica had not copied (the
+/// losses are counted, not failed), but every request a client started
+/// still ends for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "counts what normal durability loses at a failover: scripts/faults --failover runs it"]
-async fn a_primary_killed_with_its_replica_behind_under_normal() {
-    single(false).await;
+#[ignore = "long (a minute or two per kill): scripts/faults --failover runs it"]
+async fn a_primary_killed_with_its_replica_behind_under_normal_leaves_no_request_unended() {
+    assert_all_ended(&single(false).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "counts what normal durability loses at a failover: scripts/faults --failover runs it"]
-async fn a_cluster_primary_killed_with_its_replica_behind_under_normal() {
-    cluster(false).await;
+#[ignore = "long (a minute or two per kill): scripts/faults --failover runs it"]
+async fn a_cluster_primary_killed_with_its_replica_behind_under_normal_leaves_no_request_unended() {
+    assert_all_ended(&cluster(false).await);
+}
+
+/// No request was left without its final message in the store (the
+/// clients' own count, that none gave up waiting, is asserted by `finish`).
+fn assert_all_ended(report: &Report) {
+    let unended: Vec<&String> = report.violations.iter().filter(|v| v.contains("never ended")).take(20).collect();
+    assert_eq!(report.unended, 0, "requests primed but never ended: {unended:#?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -100,6 +123,71 @@ async fn a_client_holding_an_event_a_failover_took_back_still_resumes_to_a_final
     lost_final(1, From::LastSeen).await;
 }
 
+/// The failover took back the whole stream, its priming event too (which
+/// names the replica that ran it): resumed, it was answered 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_final_lost_with_its_priming_event_is_ended_when_its_owner_is_resumed() {
+    lost_stream_ended(0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_final_lost_with_its_priming_event_is_ended_when_another_replica_is_resumed() {
+    lost_stream_ended(1).await;
+}
+
+/// The failover took back the priming event of a request that still runs:
+/// resumed, it was answered 400 while it ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_priming_event_was_lost_ends_with_its_result_when_resumed_on_its_owner_while_it_runs() {
+    lost_prime_running(0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_priming_event_was_lost_ends_with_its_result_when_resumed_on_another_replica_while_it_runs() {
+    lost_prime_running(1).await;
+}
+
+/// The same request resumed after it ended: its final response took the
+/// number of the lost priming event, which the client held, so the resume
+/// sent nothing after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_priming_event_was_lost_ends_with_its_result_when_resumed_after_it_ended() {
+    let mut pair = Pair::start().await;
+    let session = initialize(pair.addrs[0]).await;
+    blocking(|| pair.caught_up());
+    pair.cut();
+    let gate = gate_name();
+    let call = post(&call_body(1, "gated", json!({"after": gate})), Some(&session), &[]);
+    let prime = first_event_id(pair.addrs[0], &call).await;
+    pair.fail_over().await;
+    open_gate(&gate);
+    blocking(|| pair.wait_for_stream(&prime));
+    let (after, _) = resume_to_final(pair.addrs[1], &session, &prime).await;
+    assert!(after.get("result").is_some(), "the call's own answer, stored after the failover: {after}");
+}
+
+/// A notification the client read was taken back, and the final response
+/// took its number: the client, resuming from it, got nothing after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_a_failover_took_back_does_not_give_its_number_to_the_final() {
+    let mut pair = Pair::start().await;
+    let session = initialize(pair.addrs[0]).await;
+    let (before, after) = (gate_name(), gate_name());
+    let call = post(&call_body(1, "gated", json!({"before": before, "notify": true, "after": after})), Some(&session), &[]);
+    let prime = first_event_id(pair.addrs[0], &call).await;
+    blocking(|| pair.caught_up());
+    pair.cut();
+    open_gate(&before);
+    let message = message_id_after(pair.addrs[0], &session, &prime).await;
+    pair.fail_over().await;
+    open_gate(&after);
+    // Stored after the failover, whatever its number: read from the priming event.
+    let (answer, _) = resume_to_final(pair.addrs[0], &session, &prime).await;
+    assert!(answer.get("result").is_some(), "the call's own answer: {answer}");
+    let (answer, _) = resume_to_final(pair.addrs[1], &session, &message).await;
+    assert!(answer.get("result").is_some(), "the call's own answer, after the lost message: {answer}");
+}
+
 /// Where the client resumes from after the failover.
 #[derive(Clone, Copy)]
 enum From {
@@ -109,70 +197,196 @@ enum From {
     LastSeen,
 }
 
-/// How long the slow call runs: the replica must have stopped copying
-/// before it ends (a few milliseconds after the call was primed).
-const SLOW_CALL_MS: u64 = 6_000;
 /// Generous: a resumed stream that nobody ends would wait forever.
 const LOST_FINAL_DEADLINE: Duration = Duration::from_secs(120);
 
-/// Under `normal`, two tether replicas on a primary with a replica: replica
-/// 0 runs a slow call, its client goes away after the priming event (copied
-/// to the Redis replica), the Redis replica stops copying, the call ends
-/// (its final response on the primary only), the primary dies and the
-/// replica is promoted without that final. The client resumes on tether
-/// replica `resume_on` (1 must ask replica 0, alive, to end it), `from` its
-/// priming event or the last event it read: the stream must end, with an
-/// error that says the outcome is unknown.
-async fn lost_final(resume_on: usize, from: From) {
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let (mut primary, replica) =
-        blocking(|| (RedisServer::start(&dir.path().join("a"), &[]), RedisServer::start(&dir.path().join("b"), &[])));
-    let link = Proxy::start(primary.addr()).await;
-    assert_eq!(replica.cli(&["replicaof", "127.0.0.1", &link.addr.port().to_string()]), "OK");
-    blocking(|| primary.wait_for_replica());
-    let front = Proxy::start(primary.addr()).await;
-    // A lease that outlives the test: replica 0 stays the owner, alive,
-    // whatever the promoted replica copied of its renewals. Short
-    // keep-alives: a waiting stream asks the owner again on each.
-    let engine =
-        EngineConfig { replica_lease: Duration::from_secs(300), keepalive: Duration::from_secs(1), ..EngineConfig::default() };
-    let addrs = tethers_with(&front.url("redis://127.0.0.1/"), false, engine).await;
+/// A Redis primary with a replica that copies it through `link` (a proxy
+/// the test can stop), and two tether replicas under `normal` durability on
+/// it through `front`, which follows the primary: the setup of the
+/// deterministic failovers.
+struct Pair {
+    _dir: tempfile::TempDir,
+    primary: RedisServer,
+    replica: RedisServer,
+    link: Proxy,
+    front: Proxy,
+    addrs: Vec<SocketAddr>,
+}
 
-    let session = initialize(addrs[0]).await;
-    let call = post(&call_body(1, "sleep", json!({"ms": SLOW_CALL_MS, "n": 1})), Some(&session), &[]);
-    let prime = first_event_id(addrs[0], &call).await;
-    blocking(|| {
-        // Both tether replicas' leases (written as each started) are copied too.
+impl Pair {
+    async fn start() -> Self {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let (primary, replica) =
+            blocking(|| (RedisServer::start(&dir.path().join("a"), &[]), RedisServer::start(&dir.path().join("b"), &[])));
+        let link = Proxy::start(primary.addr()).await;
+        assert_eq!(replica.cli(&["replicaof", "127.0.0.1", &link.addr.port().to_string()]), "OK");
+        blocking(|| primary.wait_for_replica());
+        let front = Proxy::start(primary.addr()).await;
+        // A lease that outlives the test: each tether replica stays alive to
+        // the other, whatever the promoted replica copied of its renewals.
+        // Short keep-alives: a waiting stream asks again on each.
+        let engine = EngineConfig {
+            replica_lease: Duration::from_secs(300),
+            keepalive: Duration::from_secs(1),
+            ..EngineConfig::default()
+        };
+        let addrs = tethers_with(&front.url("redis://127.0.0.1/"), false, engine).await;
+        Self { _dir: dir, primary, replica, link, front, addrs }
+    }
+
+    /// Waits until the Redis replica has everything the primary has now,
+    /// both tether replicas' leases included.
+    fn caught_up(&self) {
         let deadline = Instant::now() + Duration::from_secs(60);
-        while replica.cli(&["keys", "*kv:lease:*"]).lines().filter(|l| !l.trim().is_empty()).count() < 2 {
+        while self.replica.cli(&["keys", "*kv:lease:*"]).lines().filter(|l| !l.trim().is_empty()).count() < 2 {
             assert!(Instant::now() < deadline, "the tether replicas' leases never reached the Redis replica");
             std::thread::sleep(Duration::from_millis(50));
         }
-        primary.wait_for_replica();
-    });
-    link.set(Mode::Blackhole);
-    let (before, last_seen) = resume_to_final(addrs[0], &session, &prime).await;
+        self.primary.wait_for_replica();
+    }
+
+    /// The Redis replica stops copying: what the primary takes from now on
+    /// waits on the link.
+    fn cut(&self) {
+        self.link.set(Mode::Blackhole);
+    }
+
+    /// The primary dies with what the replica had not copied; the replica
+    /// is promoted and the tether replicas' address moves to it.
+    async fn fail_over(&mut self) {
+        blocking(|| self.primary.kill());
+        self.link.set(Mode::Partition);
+        assert_eq!(self.replica.cli(&["replicaof", "no", "one"]), "OK");
+        self.front.retarget(self.replica.addr());
+    }
+
+    /// Waits until the promoted replica holds the stream of `event` (an event ID).
+    fn wait_for_stream(&self, event: &str) {
+        let stream = event.split('.').next().unwrap_or_default();
+        let deadline = Instant::now() + LOST_FINAL_DEADLINE;
+        while self.replica.cli(&["keys", &format!("*:e:{stream}")]).trim().is_empty() {
+            assert!(Instant::now() < deadline, "stream {stream} was never stored again after the failover");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// A gate of this test's own for the `gated` tool.
+fn gate_name() -> String {
+    format!("gate-{}", rand::random::<u64>())
+}
+
+/// Under `normal`, two tether replicas on a primary with a replica: replica
+/// 0 runs a call, its client goes away after the priming event (copied to
+/// the Redis replica), the Redis replica stops copying, the call ends (its
+/// final response on the primary only), the primary dies and the replica
+/// is promoted without that final. The client resumes on tether replica
+/// `resume_on` (1 must ask replica 0, alive, to end it), `from` its
+/// priming event or the last event it read: the stream must end, with an
+/// error that says the outcome is unknown.
+async fn lost_final(resume_on: usize, from: From) {
+    let mut pair = Pair::start().await;
+    let session = initialize(pair.addrs[0]).await;
+    let gate = gate_name();
+    let call = post(&call_body(1, "gated", json!({"after": gate})), Some(&session), &[]);
+    let prime = first_event_id(pair.addrs[0], &call).await;
+    blocking(|| pair.caught_up());
+    pair.cut();
+    open_gate(&gate);
+    let (before, last_seen) = resume_to_final(pair.addrs[0], &session, &prime).await;
     assert!(before.get("result").is_some(), "the call's own answer, on the primary: {before}");
     let from = match from {
         From::Prime => prime,
         From::LastSeen => last_seen,
     };
+    pair.fail_over().await;
+    let (after, _) = resume_to_final(pair.addrs[resume_on], &session, &from).await;
+    assert_lost(&after);
+}
 
-    blocking(|| primary.kill());
-    link.set(Mode::Partition);
-    assert_eq!(replica.cli(&["replicaof", "no", "one"]), "OK");
-    front.retarget(replica.addr());
-    let (after, _) = resume_to_final(addrs[resume_on], &session, &from).await;
+/// As [`lost_final`], but the Redis replica stops copying before the call
+/// is sent: its priming event is lost too, and with it the only record of
+/// which tether replica ran it.
+async fn lost_stream_ended(resume_on: usize) {
+    let mut pair = Pair::start().await;
+    let session = initialize(pair.addrs[0]).await;
+    blocking(|| pair.caught_up());
+    pair.cut();
+    let gate = gate_name();
+    let call = post(&call_body(1, "gated", json!({"after": gate})), Some(&session), &[]);
+    let prime = first_event_id(pair.addrs[0], &call).await;
+    open_gate(&gate);
+    let (before, _) = resume_to_final(pair.addrs[0], &session, &prime).await;
+    assert!(before.get("result").is_some(), "the call's own answer, on the primary: {before}");
+    pair.fail_over().await;
+    let (after, _) = resume_to_final(pair.addrs[resume_on], &session, &prime).await;
+    assert_lost(&after);
+}
+
+/// The priming event of a call that runs on is lost; its client resumes on
+/// tether replica `resume_on` while the call runs (the stream must be
+/// stored again: the call's replica is asked), then the call ends: the
+/// client gets its answer.
+async fn lost_prime_running(resume_on: usize) {
+    let mut pair = Pair::start().await;
+    let session = initialize(pair.addrs[0]).await;
+    blocking(|| pair.caught_up());
+    pair.cut();
+    let gate = gate_name();
+    let call = post(&call_body(1, "gated", json!({"after": gate})), Some(&session), &[]);
+    let prime = first_event_id(pair.addrs[0], &call).await;
+    pair.fail_over().await;
+    let resumed = tokio::spawn({
+        let (addr, session, prime) = (pair.addrs[resume_on], session.clone(), prime.clone());
+        async move { resume_to_final(addr, &session, &prime).await }
+    });
+    blocking(|| pair.wait_for_stream(&prime));
+    open_gate(&gate);
+    let (after, _) = resumed.await.expect("the resuming client");
+    assert!(after.get("result").is_some(), "the call's own answer: {after}");
+}
+
+/// An error saying the answer was lost and the outcome is unknown.
+fn assert_lost(after: &Value) {
     assert!(
         after.get("result").is_none(),
-        "the final came through the failover: the replica copied it before its link was cut \
-         (the host stalled for {SLOW_CALL_MS} ms?): {after}"
+        "the final came through the failover: the replica copied it before its link was cut: {after}"
     );
     let message = after["error"]["message"].as_str().unwrap_or_default();
     assert!(
         message.contains("lost by the session store") && message.contains("may or may not have taken effect"),
         "an error that says the answer was lost and the outcome is unknown: {after}"
     );
+}
+
+/// Resumes `session` after `from` and returns the ID of the first event
+/// with data (a message), then goes away as a client whose connection dropped.
+async fn message_id_after(addr: SocketAddr, session: &str, from: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    tcp.write_all(replay_request(session, from).as_bytes()).await.expect("send the request");
+    let mut buffered = Vec::new();
+    let (status, _) = read_head(&mut tcp, &mut buffered).await.expect("a response head");
+    assert_eq!(status, 200, "resuming {from}: {}", String::from_utf8_lossy(&buffered));
+    let mut chunk = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&buffered).into_owned();
+        let mut id = None;
+        for line in text.lines() {
+            if let Some(at) = line.strip_prefix("id:") {
+                id = Some(at.trim().to_owned());
+            }
+            if line.strip_prefix("data:").is_some_and(|d| !d.trim().is_empty())
+                && let Some(id) = id.take()
+            {
+                return id;
+            }
+        }
+        match tokio::time::timeout(HANG, tcp.read(&mut chunk)).await {
+            Ok(Ok(n)) if n > 0 => buffered.extend_from_slice(&chunk[..n]),
+            other => panic!("no message after {from}: {other:?}"),
+        }
+    }
 }
 
 /// Sends `text` (a POST answered with a stream) and returns the ID of the
@@ -298,6 +512,12 @@ impl Load {
             Tally::get(&self.tally.resumed),
             Tally::get(&self.tally.unended),
         );
+        for unended in self.tally.unended_requests() {
+            eprintln!("redis_failover: {test}: unended: {unended}");
+        }
+        for violation in report.violations.iter().filter(|v| !v.contains("is not stored")).take(40) {
+            eprintln!("redis_failover: {test}: violation: {violation}");
+        }
         let problems = self.tally.problems();
         eprintln!(
             "redis_failover: {test}: {} answers the protocol does not allow: {:?}",
@@ -305,6 +525,8 @@ impl Load {
             problems.iter().take(10).collect::<Vec<_>>()
         );
         assert!(report.acknowledged > 0, "nothing was acknowledged");
+        let given_up = self.tally.unended_requests();
+        assert!(given_up.is_empty(), "requests that never ended for their clients: {given_up:#?}");
         report
     }
 }

@@ -111,6 +111,38 @@ pub trait Store: Send + Sync + 'static {
         self.append_batch(session, stream, events).await
     }
 
+    /// Appends to a request stream its caller wrote before (the process
+    /// that runs the stream's request), for a store that can lose appends
+    /// it acknowledged while that caller lives (Redis under `normal`
+    /// durability: a failover takes back what the replica had not copied).
+    /// The first event is numbered above `floor` (the highest number the
+    /// store gave the caller on this stream) as well as after the stream's
+    /// last event, so a number a client may hold is never given to another
+    /// event; a stream the store lost altogether starts again with
+    /// `restart`, its priming event, at 1 (where every request stream's
+    /// priming event stands). The default is [`Store::append_batch`]: the
+    /// other backends lose nothing acknowledged while their writer lives.
+    async fn append_continued(
+        &self,
+        session: &str,
+        stream: &str,
+        floor: u64,
+        restart: Bytes,
+        events: Vec<(EventKind, Bytes)>,
+    ) -> StoreResult<u64> {
+        let _ = (floor, restart);
+        self.append_batch(session, stream, events).await
+    }
+
+    /// Starts a request stream again with its priming event `prime` (at 1)
+    /// if the store lost it altogether (see [`Store::append_continued`]);
+    /// true if it did. The default (a store that loses nothing while the
+    /// stream's writer lives) does nothing.
+    async fn restart_stream(&self, session: &str, stream: &str, prime: Bytes) -> StoreResult<bool> {
+        let _ = (session, stream, prime);
+        Ok(false)
+    }
+
     /// Events of one stream with `seq > after`, in order, at most `limit`.
     async fn read_after(&self, session: &str, stream: &str, after: u64, limit: usize) -> StoreResult<Vec<StoredEvent>>;
 

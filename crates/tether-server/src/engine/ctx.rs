@@ -356,6 +356,7 @@ async fn emit_related(inner: &Inner, session: &Session, own: Option<&RequestStre
     if let Some(own) = own.filter(|own| own.name == stream) {
         // The priming event comes first on its stream.
         own.ensure_primed(inner, &session.id).await.map_err(storage_error)?;
+        return own.emit(inner, &session.id, EventKind::Message, payload).await.map(|_| ()).map_err(storage_error);
     }
     inner.emit(&session.id, &stream, EventKind::Message, payload).await.map(|_| ()).map_err(storage_error)
 }

@@ -362,10 +362,29 @@ impl Engine {
             let sub = self.inner.hub.subscribe(&session.id, &event.stream, StreamKind::Standalone);
             return Ok(self.inner.clone().standalone_pump(session, event.seq.min(head), sub));
         }
-        let summary = summary.ok_or_else(|| unknown("does not belong to this session"))?;
         if !event.is_request_stream() {
-            return Err(unknown("names an event this session never sent"));
+            return Err(unknown(if summary.is_some() {
+                "names an event this session never sent"
+            } else {
+                "does not belong to this session"
+            }));
         }
+        let summary = match summary {
+            Some(summary) => summary,
+            // On a shared store, a request stream a failover took back
+            // altogether (its priming event too): the replica that runs or
+            // ran its request starts it again when asked (`replicas.rs`).
+            None if self.inner.store.is_shared() => {
+                replicas::find_lost_stream(&self.inner, &session, &event.stream).await?.ok_or_else(|| {
+                    unknown(
+                        "names a stream this session does not have, and no replica knows it: it never existed, it \
+                         expired, or the session store lost it in a failover, with the request it answered; that \
+                         request's outcome is unknown",
+                    )
+                })?
+            }
+            None => return Err(unknown("does not belong to this session")),
+        };
         let mut event = event;
         if event.seq > summary.last_seq {
             // On a shared store, an event past the stream's end is one a
@@ -441,6 +460,12 @@ impl Engine {
         self.inner.apps.get(endpoint)?.unavailable()
     }
 
+    /// Every endpoint (`""`: `/mcp`) and its application's account of
+    /// itself, for operators (see [`McpApp::describe`]).
+    pub fn describe_endpoints(&self) -> Vec<(String, Option<Value>)> {
+        self.inner.apps.named().into_iter().map(|(name, app)| (name, app.describe())).collect()
+    }
+
     /// The application's account of a stored session, for operators (see
     /// [`McpApp::describe_session`]).
     pub fn describe_session(&self, record: &SessionRecord) -> Option<Value> {
@@ -460,12 +485,6 @@ impl Engine {
     /// The operations (resumable calls, also tasks) a session started that
     /// are still stored, oldest first, for operators.
     pub async fn operations_of(&self, id: &str) -> Result<Vec<Value>, StoreError> {
-    /// Every endpoint (`""`: `/mcp`) and its application's account of
-    /// itself, for operators (see [`McpApp::describe`]).
-    pub fn describe_endpoints(&self) -> Vec<(String, Option<Value>)> {
-        self.inner.apps.named().into_iter().map(|(name, app)| (name, app.describe())).collect()
-    }
-
         operations::of_session(self.inner.store.as_ref(), id, |op| self.inner.operations.runs_here(op)).await
     }
 
@@ -626,6 +645,24 @@ impl Inner {
     /// Appends to the store, then publishes: stored before seen.
     pub(crate) async fn emit(&self, session: &str, stream: &str, kind: EventKind, payload: Bytes) -> Result<u64, StoreError> {
         let seq = self.store.append(session, stream, kind, payload.clone()).await?;
+        crate::metrics::events_appended(1);
+        self.hub.publish(session, stream, LiveEvent { seq, kind, payload: Some(payload) });
+        Ok(seq)
+    }
+
+    /// [`Inner::emit`] on a request stream this process runs or ran, above
+    /// `floor` and started again with `restart` if the store lost it
+    /// ([`Store::append_continued`]).
+    pub(crate) async fn emit_continued(
+        &self,
+        session: &str,
+        stream: &str,
+        floor: u64,
+        restart: Bytes,
+        kind: EventKind,
+        payload: Bytes,
+    ) -> Result<u64, StoreError> {
+        let seq = self.store.append_continued(session, stream, floor, restart, vec![(kind, payload.clone())]).await?;
         crate::metrics::events_appended(1);
         self.hub.publish(session, stream, LiveEvent { seq, kind, payload: Some(payload) });
         Ok(seq)

@@ -12,6 +12,7 @@ use tether_wire::{RpcError, envelope};
 
 use crate::app::CutOff;
 
+use super::running::Known;
 use super::session::{Session, SessionState};
 use super::{EngineError, INTERRUPTED_MESSAGE, Inner, LOST_MESSAGE, replicas};
 
@@ -78,6 +79,16 @@ impl Inner {
             return Ok(());
         }
         let prime = self.store.read_after(&session.id, stream, 0, 1).await?;
+        if prime.is_empty() {
+            // No such stream: on a shared store, one a failover took back
+            // altogether (its priming event, which names its owner, too).
+            // Only a replica that knows its request can end it (a client
+            // resuming it asked already; a waiting one asks again).
+            if self.store.is_shared() && !self.revive_own(session, stream).await? && ask == AskOwner::Yes {
+                replicas::ask_anyone(self, &session.id, stream).await;
+            }
+            return Ok(());
+        }
         let meta: Value = prime
             .first()
             .filter(|e| e.kind == EventKind::Prime)
@@ -91,29 +102,21 @@ impl Inner {
             Some(record) => (String::from_utf8_lossy(&record.value).into_owned(), Some(record.revision)),
             None => (meta.get("owner").and_then(Value::as_str).unwrap_or("").to_owned(), None),
         };
-        let ended_here = owner == self.instance;
-        if !ended_here && self.store.is_shared() && replicas::is_alive(self, &owner).await? {
+        let id = meta.get("id").cloned().unwrap_or(Value::Null);
+        if owner == self.instance {
+            // It ended here (it is not running): the store lost its final.
+            return self.end_lost(session, stream, &id).await;
+        }
+        if self.store.is_shared() && replicas::is_alive(self, &owner).await? {
             if ask == AskOwner::Yes {
                 replicas::ask_to_check(self, &session.id, stream, &owner).await;
             }
-            return Ok(());
-        }
-        // Its final may have been stored since the caller looked (the
-        // request ended here just before `running` was checked).
-        if ended_here && self.store.stream(&session.id, stream).await?.is_none_or(|s| s.finished) {
             return Ok(());
         }
         let expires = Some(now_ms() + self.config.session_ttl.as_millis() as i64 * 2);
         let me = Bytes::from(self.instance.clone());
         if self.store.kv_compare_and_set(TAKEN_NAMESPACE, &guard, expected, me, expires).await?.is_none() {
             return Ok(()); // another process (or check) took it
-        }
-        let id = meta.get("id").cloned().unwrap_or(Value::Null);
-        if ended_here {
-            let payload = envelope::error_message(Some(&id), &RpcError::internal(LOST_MESSAGE));
-            self.emit(&session.id, stream, EventKind::Final, payload).await?;
-            tracing::warn!(session = %session.id, %stream, "closed a request whose final response the store lost (a failover?)");
-            return Ok(());
         }
         let method = meta.get("method").and_then(Value::as_str).unwrap_or("").to_owned();
         if let Some((note, progress_token)) = self.recovery_note(&session.id, stream).await? {
@@ -126,6 +129,64 @@ impl Inner {
         let payload = envelope::error_message(Some(&id), &RpcError::internal(INTERRUPTED_MESSAGE));
         self.emit(&session.id, stream, EventKind::Final, payload).await?;
         tracing::warn!(session = %session.id, %stream, "closed a request interrupted by a restart");
+        Ok(())
+    }
+
+    /// A request stream of `session` that this process runs or ran lately
+    /// (`running.rs`), which the store may have lost in a failover: one
+    /// whose request runs here and that the store lost altogether starts
+    /// again with its priming event (its final response follows when the
+    /// work ends); one whose request ended here but whose final the store
+    /// does not show is ended with [`LOST_MESSAGE`]. False if this process
+    /// does not know the stream.
+    pub(crate) async fn revive_own(self: &Arc<Self>, session: &Arc<Session>, stream: &str) -> Result<bool, EngineError> {
+        match self.running.known(&session.id, stream) {
+            None => Ok(false),
+            Some(Known::Running(running)) => {
+                if running.prime_stored() && self.store.restart_stream(&session.id, stream, running.prime_meta(self)).await? {
+                    tracing::warn!(session = %session.id, %stream, "started again a request stream the store lost (a failover?); its request runs on");
+                }
+                Ok(true)
+            }
+            Some(Known::Ended { request_id, .. }) => {
+                self.end_lost(session, stream, &request_id).await?;
+                Ok(true)
+            }
+        }
+    }
+
+    /// Ends request `id`'s stream, whose request ended here, with
+    /// [`LOST_MESSAGE`] if the store shows no final response on it (or no
+    /// stream at all), above every number the store gave it and started
+    /// again if lost. Once per stream: one at a time in this process, and
+    /// not if another process took the stream over.
+    async fn end_lost(self: &Arc<Self>, session: &Arc<Session>, stream: &str, id: &Value) -> Result<(), EngineError> {
+        let _one = self.running.ending_lost.lock().await;
+        // Its final may have been stored since the caller looked (the
+        // request ended here just before `running` was checked), or ended
+        // by an earlier call.
+        if self.running.contains(stream) || self.store.stream(&session.id, stream).await?.is_some_and(|s| s.finished) {
+            return Ok(());
+        }
+        let guard = format!("{}/{stream}", session.id);
+        let expected = match self.store.kv_get(TAKEN_NAMESPACE, &guard, now_ms()).await? {
+            Some(record) if record.value.as_ref() != self.instance.as_bytes() => return Ok(()),
+            Some(record) => Some(record.revision),
+            None => None,
+        };
+        let expires = Some(now_ms() + self.config.session_ttl.as_millis() as i64 * 2);
+        let me = Bytes::from(self.instance.clone());
+        if self.store.kv_compare_and_set(TAKEN_NAMESPACE, &guard, expected, me, expires).await?.is_none() {
+            return Ok(());
+        }
+        let floor = match self.running.known(&session.id, stream) {
+            Some(Known::Ended { last_seq, .. }) => last_seq,
+            _ => 0,
+        };
+        let payload = envelope::error_message(Some(id), &RpcError::internal(LOST_MESSAGE));
+        let restart = super::prime_meta(id, "", &self.instance);
+        self.emit_continued(&session.id, stream, floor, restart, EventKind::Final, payload).await?;
+        tracing::warn!(session = %session.id, %stream, "closed a request whose final response the store lost (a failover?)");
         Ok(())
     }
 

@@ -12,6 +12,13 @@
 //!   any more and the store has no final response (a failover lost it), the
 //!   owner ends it (see `running.rs`). The ask is repeated on every
 //!   keep-alive of the waiting stream, since pub/sub keeps nothing.
+//! - A client resuming a request stream the store does not have (a
+//!   failover took it back altogether, with its priming event, which names
+//!   its owner) asks every replica: the one that runs its request starts it
+//!   again with its priming event, the one that ended it ends it again with
+//!   an error saying the response was lost (`recovery.rs`), and the client
+//!   resumes it; if none claims it within [`LOST_STREAM_WAIT`], the resume
+//!   is refused as a stream nobody knows.
 //! - Answers to server-to-client requests may be POSTed to any replica: the
 //!   one that receives it stores it and announces it; the one that waits
 //!   picks it up when the announcement arrives (and polls, slowly, in case
@@ -22,9 +29,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use serde_json::Value;
-use tether_store::{StoreError, now_ms};
+use tether_store::{StoreError, StreamSummary, now_ms};
 use tokio::sync::{broadcast, oneshot};
 
+use super::live::StreamKind;
 use super::session::{ClientAnswer, Session, SessionState};
 use super::{EngineError, Inner};
 
@@ -36,8 +44,13 @@ const TAKEOVER: &str = "~takeover.";
 /// Announcement "stream" name of a stored answer, followed by the request key.
 const ANSWERED: &str = "~answer.";
 /// Announcement "stream" name of an ask to look at a request stream,
-/// followed by `STREAM.OWNER` (neither holds a dot).
+/// followed by `STREAM.OWNER` (neither holds a dot; no owner: every replica).
 const CHECK: &str = "~check.";
+/// How long a client resuming a stream the store does not have waits for a
+/// replica to claim it (asked again every [`LOST_STREAM_ASK`], since
+/// pub/sub keeps nothing).
+pub(crate) const LOST_STREAM_WAIT: Duration = Duration::from_secs(5);
+const LOST_STREAM_ASK: Duration = Duration::from_secs(1);
 /// Fallback only: answers are announced. Slow, so that many pending
 /// requests do not turn into a stream of store reads.
 const ANSWER_POLL: Duration = Duration::from_secs(2);
@@ -71,7 +84,7 @@ pub(crate) fn start(inner: &Arc<Inner>) {
                                 None => match a.stream.strip_prefix(CHECK).and_then(|c| c.split_once('.')) {
                                     Some((stream, owner)) => {
                                         let Some(inner) = weak.upgrade() else { return };
-                                        if owner == inner.instance {
+                                        if owner == inner.instance || (owner.is_empty() && inner.running.knows(stream)) {
                                             check_own_stream(inner, a.session.clone(), stream.to_owned());
                                         }
                                     }
@@ -137,14 +150,58 @@ pub(crate) async fn ask_to_check(inner: &Inner, session: &str, stream: &str, own
     }
 }
 
-/// Another replica asked this one, the owner of `stream`, to look at it: a
-/// request this replica no longer runs whose final response the store does
-/// not have is ended ([`Inner::close_if_orphaned`]).
+/// Asks every replica whether it runs or ran the request of `stream`,
+/// which the store does not have: see [`check_own_stream`].
+pub(crate) async fn ask_anyone(inner: &Inner, session: &str, stream: &str) {
+    ask_to_check(inner, session, stream, "").await;
+}
+
+/// A request stream of `session` that the store does not have, which a
+/// client resumes: asks every replica to claim it ([`ask_anyone`]; this one
+/// first) and waits up to [`LOST_STREAM_WAIT`] for it to be stored again.
+/// Its summary then, `None` if nobody claimed it.
+pub(crate) async fn find_lost_stream(
+    inner: &Arc<Inner>,
+    session: &Arc<Session>,
+    stream: &str,
+) -> Result<Option<StreamSummary>, EngineError> {
+    if !inner.revive_own(session, stream).await? {
+        // Subscribed before asking: the claim's append nudges it.
+        let mut sub = inner.hub.subscribe(&session.id, stream, StreamKind::Request);
+        let deadline = tokio::time::Instant::now() + LOST_STREAM_WAIT;
+        while tokio::time::Instant::now() < deadline {
+            ask_anyone(inner, &session.id, stream).await;
+            let next_ask = (tokio::time::Instant::now() + LOST_STREAM_ASK).min(deadline);
+            tokio::select! {
+                _ = sub.rx.recv() => break,
+                _ = tokio::time::sleep_until(next_ask) => {
+                    if inner.store.stream(&session.id, stream).await?.is_some() {
+                        break;
+                    }
+                }
+                _ = inner.life.shutdown.cancelled() => break,
+            }
+        }
+    }
+    Ok(inner.store.stream(&session.id, stream).await?)
+}
+
+/// Another replica asked this one, the owner of `stream`, to look at it
+/// (or asked every replica, the store not having it): a request this
+/// replica no longer runs whose final response the store does not have is
+/// ended, a stream the store lost while its request runs here is started
+/// again ([`Inner::close_if_orphaned`]).
 fn check_own_stream(inner: Arc<Inner>, session: String, stream: String) {
     let tracker = inner.clone();
     tracker.life.spawn(async move {
         let checked = match inner.load(&session).await {
-            Ok(Some(loaded)) => inner.close_if_orphaned(&loaded, &stream, super::recovery::AskOwner::No).await,
+            // What this replica knows of the stream first (it may run it),
+            // then what the store's record of it says.
+            Ok(Some(loaded)) => match inner.revive_own(&loaded, &stream).await {
+                Ok(true) => Ok(()),
+                Ok(false) => inner.close_if_orphaned(&loaded, &stream, super::recovery::AskOwner::No).await,
+                Err(e) => Err(e),
+            },
             Ok(None) => Ok(()),
             Err(e) => Err(e),
         };

@@ -152,7 +152,7 @@ impl Inner {
 
         let (stream, attachment, quick) = RequestStream::new(ids::new_request_stream(), id.clone(), method);
         let name = stream.name.clone();
-        let running = self.running.enter(&name);
+        let running = self.running.enter(&stream, &session.id);
         let request_id = id.clone();
         let ctx = RequestCtx::new(
             self.clone(),
@@ -257,8 +257,8 @@ impl Inner {
                 None
             }
         };
-        let running = self.running.enter(stream);
         let stream = RequestStream::recovered(stream.to_owned(), id.clone(), &cut_off.method);
+        let running = self.running.enter(&stream, &session.id);
         let ctx = RequestCtx::new(
             self.clone(),
             session.clone(),

@@ -14,9 +14,17 @@
 //! ([`Quick::Stream`]): the POST then follows the stream from the store like
 //! any other connection. Either way nothing reaches a client before what it
 //! names is committed.
+//!
+//! On a shared store every later event of the stream is appended above the
+//! highest sequence number the store gave it before
+//! ([`tether_store::Store::append_continued`]): a failover under `normal`
+//! durability may take back events a client already read, and the events
+//! after them must not take their numbers (the client, resuming from one,
+//! would skip them, its final response too); a stream lost altogether
+//! starts again with its priming event.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use bytes::Bytes;
 use tether_store::{EventKind, StoreError};
@@ -57,6 +65,10 @@ pub(crate) struct RequestStream {
     /// The POST that started the request is still connected (waiting for a
     /// quick answer or about to stream). Live subscriptions count apart.
     attached: Arc<AtomicBool>,
+    /// The highest sequence number the store gave this stream.
+    last_seq: AtomicU64,
+    /// Its priming event is stored: a client may hold its ID.
+    prime_stored: AtomicBool,
 }
 
 /// Keeps [`RequestStream::is_attached`] true while held by the POST (first
@@ -81,6 +93,8 @@ impl RequestStream {
             method: method.to_owned(),
             state: tokio::sync::Mutex::new(State { primed: false, prime_seq: 0, waiting: Some(tx) }),
             attached: attached.clone(),
+            last_seq: AtomicU64::new(0),
+            prime_stored: AtomicBool::new(false),
         });
         (stream, Attachment(attached), rx)
     }
@@ -95,7 +109,53 @@ impl RequestStream {
             method: method.to_owned(),
             state: tokio::sync::Mutex::new(State { primed: true, prime_seq: 0, waiting: None }),
             attached: Arc::new(AtomicBool::new(false)),
+            last_seq: AtomicU64::new(0),
+            prime_stored: AtomicBool::new(true),
         })
+    }
+
+    /// The request's JSON-RPC id.
+    pub fn request_id(&self) -> &serde_json::Value {
+        &self.request_id
+    }
+
+    /// The highest sequence number the store gave this stream (0: none yet).
+    pub fn last_seq(&self) -> u64 {
+        self.last_seq.load(Ordering::Acquire)
+    }
+
+    /// Whether its priming event is stored (a client may hold its ID).
+    pub fn prime_stored(&self) -> bool {
+        self.prime_stored.load(Ordering::Acquire)
+    }
+
+    /// The store gave this stream `seq` (for its priming event, if `prime`).
+    pub(crate) fn handed_out(&self, seq: u64, prime: bool) {
+        self.last_seq.fetch_max(seq, Ordering::AcqRel);
+        if prime {
+            self.prime_stored.store(true, Ordering::Release);
+        }
+    }
+
+    /// The priming event's record: the request's id and method, and the
+    /// instance that runs it (for recovery: `super::prime_meta`).
+    pub(crate) fn prime_meta(&self, inner: &Inner) -> bytes::Bytes {
+        super::prime_meta(&self.request_id, &self.method, &inner.instance)
+    }
+
+    /// Appends a later event of this stream (not its first) and publishes
+    /// it: on a shared store above every number the stream was given
+    /// before, starting the stream again if the store lost it (see the
+    /// module's documentation).
+    pub async fn emit(&self, inner: &Inner, session: &str, kind: EventKind, payload: Bytes) -> Result<u64, StoreError> {
+        let seq = if inner.store.is_shared() {
+            let restart = self.prime_meta(inner);
+            inner.emit_continued(session, &self.name, self.last_seq(), restart, kind, payload).await?
+        } else {
+            inner.emit(session, &self.name, kind, payload).await?
+        };
+        self.handed_out(seq, false);
+        Ok(seq)
     }
 
     /// Whether the POST that started the request still listens.
@@ -109,9 +169,12 @@ impl RequestStream {
     pub async fn ensure_primed(&self, inner: &Inner, session: &str) -> Result<(), StoreError> {
         let mut state = self.state.lock().await;
         if !state.primed {
-            let meta = super::prime_meta(&self.request_id, &self.method, &inner.instance);
+            let meta = self.prime_meta(inner);
             match inner.emit_first(session, &self.name, vec![(EventKind::Prime, meta)]).await {
-                Ok(seq) => state.prime_seq = seq,
+                Ok(seq) => {
+                    state.prime_seq = seq;
+                    self.handed_out(seq, true);
+                }
                 Err(e) => {
                     if let Some(waiting) = state.waiting.take() {
                         let _ = waiting.send(Quick::Failed(e.to_string()));
@@ -141,7 +204,7 @@ impl RequestStream {
     pub async fn finish(&self, inner: &Inner, session: &str, response: Bytes) -> Result<(), StoreError> {
         let mut state = self.state.lock().await;
         if state.primed {
-            inner.emit(session, &self.name, EventKind::Final, response).await?;
+            self.emit(inner, session, EventKind::Final, response).await?;
             return Ok(());
         }
         let response_seq = match inner.emit_first(session, &self.name, vec![(EventKind::Final, response.clone())]).await {
@@ -155,6 +218,7 @@ impl RequestStream {
                 return Err(e);
             }
         };
+        self.handed_out(response_seq, false);
         let waiting = state.waiting.take();
         state.primed = true;
         if let Some(waiting) = waiting {

@@ -55,6 +55,9 @@ pub struct Tally {
     /// Answers that break the protocol (a status other than 200/503, a 503
     /// without its reason): each one is also a message in `problems`.
     pub problems: parking_lot::Mutex<Vec<String>>,
+    /// Each request counted in `unended`, described: its tool, what its
+    /// client read and the last answers to its resumptions (bounded).
+    pub unended_requests: parking_lot::Mutex<Vec<String>>,
 }
 
 impl Tally {
@@ -64,6 +67,10 @@ impl Tally {
 
     pub fn problems(&self) -> Vec<String> {
         self.problems.lock().clone()
+    }
+
+    pub fn unended_requests(&self) -> Vec<String> {
+        self.unended_requests.lock().clone()
     }
 
     pub fn get(counter: &AtomicU64) -> u64 {
@@ -211,6 +218,9 @@ pub async fn client(
         }
         let mut last = answer.events.last().map(|e| e.id.clone());
         let mut done = has_final(&answer.events, id);
+        // What this request's client read and heard, for the report of a
+        // request that never ends (the first reads, the last answers).
+        let mut trail = vec![format!("POST {tool} to {target}: {}", describe(&answer))];
         history.read(&session, id, answer.events);
         // Primed but not ended: resume until the final message comes.
         let started = Instant::now();
@@ -227,12 +237,22 @@ pub async fn client(
             };
             if started.elapsed() >= patience && tally.lenient.load(Ordering::Relaxed) {
                 tally.unended.fetch_add(1, Ordering::Relaxed);
+                tally.unended_requests.lock().push(format!("request {id} of {session}: {}", trail.join(" | ")));
                 break;
             }
             assert!(started.elapsed() < patience, "request {id} of {session}: no final message within {patience:?} of resuming");
             tally.resumed.fetch_add(1, Ordering::Relaxed);
             let target = pick(&addrs, &mut rng);
-            match send(target, &replay_request(&session, &from)).await {
+            let resumed = send(target, &replay_request(&session, &from)).await;
+            let told = match &resumed {
+                Ok(answer) => describe(answer),
+                Err(e) => e.clone(),
+            };
+            if trail.len() >= 12 {
+                trail.remove(4);
+            }
+            trail.push(format!("GET after {from} to {target}: {told}"));
+            match resumed {
                 Ok(resumed) if resumed.status == 200 => {
                     if let Some(e) = resumed.events.last() {
                         last = Some(e.id.clone());
@@ -250,16 +270,38 @@ pub async fn client(
     }
 }
 
+/// An answer in a line: its status and its events' IDs (data abridged) or its JSON body.
+fn describe(answer: &Answer) -> String {
+    if answer.status != 200 {
+        return format!("{} {}", answer.status, answer.json);
+    }
+    let events: Vec<String> =
+        answer
+            .events
+            .iter()
+            .map(|e| {
+                if e.data.is_empty() { e.id.clone() } else { format!("{}={}", e.id, e.data.chars().take(60).collect::<String>()) }
+            })
+            .collect();
+    format!("200 [{}]", events.join(", "))
+}
+
 fn pick(addrs: &parking_lot::Mutex<Vec<SocketAddr>>, rng: &mut StdRng) -> SocketAddr {
     let addrs = addrs.lock();
     addrs[rng.random_range(0..addrs.len())]
 }
 
+/// Streams [`replay_all`] replays at once: a stream a Redis failover took
+/// back altogether is refused only after the server asked its replicas for
+/// a while (seconds), and thousands of them one by one would take an hour.
+const REPLAYS_AT_ONCE: usize = 32;
+
 /// Replays every stream the clients read from its start, recording each
 /// replay; a stream the server does not know replays as empty. Retries a
 /// 503 (the store may still be failing its last writes) for a while.
 pub async fn replay_all(addr: SocketAddr, history: &History) {
-    for (session, stream) in history.streams() {
+    use futures::StreamExt;
+    let replays = history.streams().into_iter().map(|(session, stream)| async move {
         let from = format!("{stream}.0");
         let started = Instant::now();
         loop {
@@ -276,7 +318,8 @@ pub async fn replay_all(addr: SocketAddr, history: &History) {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-    }
+    });
+    futures::stream::iter(replays).buffer_unordered(REPLAYS_AT_ONCE).collect::<Vec<()>>().await;
 }
 
 /// Which events of `history`'s reads a replay must have: the seq of

@@ -29,8 +29,35 @@ pub const HANG: Duration = Duration::from_secs(10);
 pub const PROTOCOL: &str = "2025-06-18";
 
 /// `echo` answers at once; `sleep` answers after `ms` milliseconds;
-/// `chatty` sends `n` log notifications on its stream, then answers.
+/// `chatty` sends `n` log notifications on its stream, then answers;
+/// `gated` waits for the test to open gate `before` (if named), sends one
+/// log notification if `notify`, waits for gate `after` (if named), then
+/// answers: a test places a fault between a request's events without timing.
 pub struct Tools;
+
+/// The gates `gated` waits on, by name (see [`open_gate`]).
+fn gates() -> &'static parking_lot::Mutex<std::collections::HashMap<String, tokio::sync::watch::Sender<bool>>> {
+    static GATES: std::sync::OnceLock<parking_lot::Mutex<std::collections::HashMap<String, tokio::sync::watch::Sender<bool>>>> =
+        std::sync::OnceLock::new();
+    GATES.get_or_init(Default::default)
+}
+
+fn gate(name: &str) -> tokio::sync::watch::Sender<bool> {
+    gates().lock().entry(name.to_owned()).or_insert_with(|| tokio::sync::watch::channel(false).0).clone()
+}
+
+/// Lets every `gated` call waiting on gate `name` (or coming to it later) on.
+pub fn open_gate(name: &str) {
+    gate(name).send_replace(true);
+}
+
+async fn pass_gate(name: Option<&str>) {
+    if let Some(name) = name {
+        let mut open = gate(name).subscribe();
+        // The sender lives in the map for the test's whole run.
+        let _ = open.wait_for(|open| *open).await;
+    }
+}
 
 #[async_trait::async_trait]
 impl ToolApp for Tools {
@@ -40,13 +67,20 @@ impl ToolApp for Tools {
 
     fn tools(&self) -> Vec<Tool> {
         let schema = Arc::new(Map::new());
-        ["echo", "sleep", "chatty"].into_iter().map(|n| Tool::new(n, n, schema.clone())).collect()
+        ["echo", "sleep", "chatty", "gated"].into_iter().map(|n| Tool::new(n, n, schema.clone())).collect()
     }
 
     async fn call_tool(&self, ctx: RequestCtx, name: &str, args: Map<String, Value>) -> Result<CallToolResult, RpcError> {
         if name == "sleep" {
             let ms = args.get("ms").and_then(Value::as_u64).unwrap_or(100);
             tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+        if name == "gated" {
+            pass_gate(args.get("before").and_then(Value::as_str)).await;
+            if args.get("notify").and_then(Value::as_bool).unwrap_or(false) {
+                ctx.notify("notifications/message", Some(json!({"level": "info", "data": "gated"}))).await?;
+            }
+            pass_gate(args.get("after").and_then(Value::as_str)).await;
         }
         if name == "chatty" {
             for i in 0..args.get("n").and_then(Value::as_u64).unwrap_or(1) {

@@ -226,6 +226,36 @@ impl Store for RedisStore {
         self.append_events(session, stream, events, true).await
     }
 
+    /// `append.lua`'s mode 'above'.
+    async fn append_continued(
+        &self,
+        session: &str,
+        stream: &str,
+        floor: u64,
+        restart: Bytes,
+        events: Vec<(EventKind, Bytes)>,
+    ) -> StoreResult<u64> {
+        if events.is_empty() {
+            return Err(StoreError::Backend("append_continued needs at least one event".into()));
+        }
+        let count = events.len() as u64;
+        let first = self.append_above(session, stream, floor, restart, events).await?;
+        if first == 0 {
+            return Err(StoreError::Corrupt(format!("an append to stream {stream} answered 0")));
+        }
+        self.announce_append(session, stream, first + count - 1).await;
+        Ok(first)
+    }
+
+    /// `append.lua`'s mode 'above' without events.
+    async fn restart_stream(&self, session: &str, stream: &str, prime: Bytes) -> StoreResult<bool> {
+        let restarted = self.append_above(session, stream, 0, prime, Vec::new()).await? == 1;
+        if restarted {
+            self.announce_append(session, stream, 1).await;
+        }
+        Ok(restarted)
+    }
+
     /// One round trip: the Redis Stream's entries after `after` and the
     /// stream stored whole, whichever exists.
     async fn read_after(&self, session: &str, stream: &str, after: u64, limit: usize) -> StoreResult<Vec<StoredEvent>> {
@@ -434,13 +464,39 @@ impl RedisStore {
             RValue::Int(first) if first > 0 => first as u64,
             other => return Err(StoreError::Corrupt(format!("an append to stream {stream} answered {other:?}"))),
         };
+        self.announce_append(session, stream, first + count - 1).await;
+        Ok(first)
+    }
+
+    /// One call of `append.lua` in mode 'above' (see
+    /// [`Store::append_continued`]): the first event's seq, or with no
+    /// events 1 if the stream was started again, else 0.
+    async fn append_above(
+        &self,
+        session: &str,
+        stream: &str,
+        floor: u64,
+        restart: Bytes,
+        events: Vec<(EventKind, Bytes)>,
+    ) -> StoreResult<u64> {
+        let base = self.base(session);
+        let call = Call::new().key(format!("{base}s")).arg(base).arg(session.to_owned()).arg(stream.to_owned()).num(self.cap);
+        let call = call.arg("above").num(floor).arg(restart);
+        let call = events.into_iter().fold(call, |call, (kind, payload)| call.num(kind as u8).arg(payload));
+        match self.append.call(call).await? {
+            RValue::Int(first) if first >= 0 => Ok(first as u64),
+            other => Err(StoreError::Corrupt(format!("an append to stream {stream} answered {other:?}"))),
+        }
+    }
+
+    /// On a cluster, where the script cannot publish: the sharded announcement of an append.
+    async fn announce_append(&self, session: &str, stream: &str, last: u64) {
         if self.conn.is_cluster()
-            && let Err(e) = self.announce_sharded(session, stream, first + count - 1).await
+            && let Err(e) = self.announce_sharded(session, stream, last).await
         {
             // Stored is what counts; other replicas' pumps poll the store too.
             tracing::debug!(%session, error = %e, "could not announce an append");
         }
-        Ok(first)
     }
 
     /// IDs in an index (by expiry) of sessions alive at `now_ms`, latest
