@@ -515,7 +515,8 @@ impl Load {
         for unended in self.tally.unended_requests() {
             eprintln!("redis_failover: {test}: unended: {unended}");
         }
-        for violation in report.violations.iter().filter(|v| !v.contains("is not stored")).take(40) {
+        eprintln!("redis_failover: {test}: violations by kind: {:?}", kinds(&report.violations));
+        for violation in report.violations.iter().filter(|v| !v.contains("is not stored")).take(20) {
             eprintln!("redis_failover: {test}: violation: {violation}");
         }
         let problems = self.tally.problems();
@@ -529,6 +530,32 @@ impl Load {
         assert!(given_up.is_empty(), "requests that never ended for their clients: {given_up:#?}");
         report
     }
+}
+
+/// The history checker's violations counted by kind (what a failover under
+/// `normal` loses, for the report).
+fn kinds(violations: &[String]) -> Vec<(&'static str, usize)> {
+    const KINDS: [(&str, &str); 8] = [
+        ("read but not stored", "is not stored"),
+        ("response does not replay", "does not replay"),
+        ("two final messages", "final messages"),
+        ("an event in two versions", "two versions"),
+        ("read twice", "twice"),
+        ("a later event survived a lost one", "survived"),
+        ("never ended", "never ended"),
+        ("out of order", " after "),
+    ];
+    let mut counts: Vec<(&'static str, usize)> = KINDS.iter().map(|(name, _)| (*name, 0)).collect();
+    let mut other = 0;
+    for violation in violations {
+        match KINDS.iter().position(|(_, marker)| violation.contains(marker)) {
+            Some(at) => counts[at].1 += 1,
+            None => other += 1,
+        }
+    }
+    counts.push(("other", other));
+    counts.retain(|(_, n)| *n > 0);
+    counts
 }
 
 /// A primary and its replica; the clients' address follows the primary.
