@@ -193,6 +193,31 @@ impl VirtualServer {
             }
         };
         let catalog = self.merged_catalog(listed);
+        self.look(&catalog);
+        if let Some(session) = session {
+            let members = session.local::<Members>();
+            // What the session's client last saw down; told when it changes.
+            let mut seen = members.down.lock();
+            if seen.as_ref() != Some(&catalog.down) {
+                let before = seen.replace(catalog.down.clone());
+                drop(seen);
+                if before.is_some() {
+                    for method in LISTS {
+                        tell(&session, &members, method);
+                    }
+                }
+            }
+        }
+        catalog
+    }
+
+    /// Notes what `catalog` shows down, for `on_member_down = "fail"` and
+    /// the listen streams (told when it changes). Nothing to write while
+    /// every member is up and was up at the last look: the usual call.
+    fn look(&self, catalog: &Catalog) {
+        if catalog.down.is_empty() && self.down.lock().as_ref().is_some_and(Vec::is_empty) {
+            return;
+        }
         *self.looked.lock() = Some(Instant::now());
         let before = self.down.lock().replace(catalog.down.clone());
         if before.is_some_and(|before| before != catalog.down) {
@@ -200,16 +225,6 @@ impl VirtualServer {
                 self.changes.publish(method);
             }
         }
-        if let Some(session) = session {
-            let members = session.local::<Members>();
-            let before = members.down.lock().replace(catalog.down.clone());
-            if before.is_some_and(|before| before != catalog.down) {
-                for method in LISTS {
-                    tell(&session, &members, method);
-                }
-            }
-        }
-        catalog
     }
 
     /// The catalog of `listed`: the one last made when the members' lists

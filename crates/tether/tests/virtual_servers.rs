@@ -15,8 +15,20 @@ use support::*;
 
 /// A stdio member `name`: the fixture, named `name`, with `args`.
 fn stdio_member(name: &str, args: &[&str]) -> String {
+    stdio_member_with(name, args, &[])
+}
+
+/// [`stdio_member`] with more of the fixture's environment (`FIXTURE_RECORD`, `FIXTURE_MANY_TOOLS`).
+fn stdio_member_with(name: &str, args: &[&str], env: &[(&str, &str)]) -> String {
     let command: Vec<String> = ["python3".to_owned(), fixture()].into_iter().chain(args.iter().map(|a| a.to_string())).collect();
-    format!("[upstreams.{name}]\ncommand = {command:?}\nenv = {{ FIXTURE_NAME = \"{name}\" }}\n")
+    let env: String = env.iter().map(|(k, v)| format!(", {k} = {:?}", v)).collect();
+    format!("[upstreams.{name}]\ncommand = {command:?}\nenv = {{ FIXTURE_NAME = \"{name}\"{env} }}\n")
+}
+
+/// The messages of `method` a fixture with `FIXTURE_RECORD = path` has read.
+fn recorded(path: &Path, method: &str) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).filter(|m| m["method"] == method).collect()
 }
 
 fn write_config(dir: &Path, text: &str) -> PathBuf {
@@ -716,10 +728,9 @@ async fn a_members_policy_holds_through_the_virtual_server_in_both_eras_and_the_
 async fn a_call_whose_name_is_not_a_string_is_refused_with_invalid_params_and_never_forwarded() {
     let dir = tempfile::tempdir().unwrap();
     let record = dir.path().join("a-record.jsonl");
-    let command: Vec<String> = vec!["python3".into(), fixture()];
     let config = format!(
-        "[upstreams.a]\ncommand = {command:?}\nenv = {{ FIXTURE_NAME = \"a\", FIXTURE_RECORD = \"{}\" }}\n[servers.team]\nupstreams = [\"a\"]\n[[policies]]\nendpoint = \"a\"\ntools = [\"whoami\"]\nallow = 'false'\n",
-        record.display()
+        "{}[servers.team]\nupstreams = [\"a\"]\n[[policies]]\nendpoint = \"a\"\ntools = [\"whoami\"]\nallow = 'false'\n",
+        stdio_member_with("a", &[], &[("FIXTURE_RECORD", record.to_str().unwrap())])
     );
     let path = write_config(dir.path(), &config);
     let (_tether, url) = Tether::start(&dir.path().join("t.db"), &["--config", path.to_str().unwrap()]);
@@ -733,9 +744,7 @@ async fn a_call_whose_name_is_not_a_string_is_refused_with_invalid_params_and_ne
         // The child answers what it gets: this one it does.
         assert_eq!(structured(&c.call(&sid, 2, if endpoint == "a" { "echo" } else { "a__echo" }, json!({"x": 1})).await)["x"], 1);
     }
-    let text = std::fs::read_to_string(&record).unwrap_or_default();
-    let calls: Vec<Value> =
-        text.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).filter(|m| m["method"] == "tools/call").collect();
+    let calls = recorded(&record, "tools/call");
     assert_eq!(calls.len(), 2, "only the echo calls reached the child: {calls:?}");
 }
 
@@ -747,17 +756,10 @@ async fn a_call_whose_name_is_not_a_string_is_refused_with_invalid_params_and_ne
 async fn members_lists_are_read_once_for_every_session_and_cut_at_max_list_bytes() {
     let dir = tempfile::tempdir().unwrap();
     let record = dir.path().join("a-record.jsonl");
-    let command: Vec<String> = vec!["python3".into(), fixture()];
-    let config = format!(
-        "[upstreams.a]\ncommand = {command:?}\nenv = {{ FIXTURE_NAME = \"a\", FIXTURE_MANY_TOOLS = \"3000\", FIXTURE_RECORD = \"{}\" }}\n{}[servers.team]\nupstreams = [\"a\", \"b\"]\nmax_list_bytes = 262144\n",
-        record.display(),
-        stdio_member("b", &[])
-    );
+    let a = stdio_member_with("a", &[], &[("FIXTURE_MANY_TOOLS", "3000"), ("FIXTURE_RECORD", record.to_str().unwrap())]);
+    let config = format!("{a}{}[servers.team]\nupstreams = [\"a\", \"b\"]\nmax_list_bytes = 262144\n", stdio_member("b", &[]));
     let (_tether, c) = start(&dir, &config);
-    let tools_lists = || {
-        let text = std::fs::read_to_string(&record).unwrap_or_default();
-        text.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).filter(|m| m["method"] == "tools/list").count()
-    };
+    let tools_lists = || recorded(&record, "tools/list").len();
     let (first, _) = initialized(&c).await;
     let tools = all_names(&c, &first, "tools/list", "tools").await;
     let many = tools.iter().filter(|t| t.starts_with("a__many_")).count();
@@ -797,11 +799,8 @@ async fn members_lists_are_read_once_for_every_session_and_cut_at_max_list_bytes
 async fn a_member_never_takes_a_name_another_holds_and_the_admin_api_shows_the_contest() {
     let dir = tempfile::tempdir().unwrap();
     // b alone offers `many_00000` at first; a, listed first, adds it later.
-    let command: Vec<String> = vec!["python3".into(), fixture()];
-    let config = format!(
-        "{}[upstreams.b]\ncommand = {command:?}\nenv = {{ FIXTURE_NAME = \"b\", FIXTURE_MANY_TOOLS = \"1\" }}\n[servers.team]\nupstreams = [\"a\", \"b\"]\nnames = \"priority\"\n",
-        stdio_member("a", &[])
-    );
+    let b = stdio_member_with("b", &[], &[("FIXTURE_MANY_TOOLS", "1")]);
+    let config = format!("{}{b}[servers.team]\nupstreams = [\"a\", \"b\"]\nnames = \"priority\"\n", stdio_member("a", &[]));
     let path = write_config(dir.path(), &config);
     let (child, url) = start_binary_with_env(
         &format!("sqlite:{}", dir.path().join("t.db").display()),
