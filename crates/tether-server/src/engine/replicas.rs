@@ -84,8 +84,9 @@ pub(crate) fn start(inner: &Arc<Inner>) {
                                 None => match a.stream.strip_prefix(CHECK).and_then(|c| c.split_once('.')) {
                                     Some((stream, owner)) => {
                                         let Some(inner) = weak.upgrade() else { return };
-                                        if owner == inner.instance || (owner.is_empty() && inner.running.knows(stream)) {
-                                            check_own_stream(inner, a.session.clone(), stream.to_owned());
+                                        let anyone = owner.is_empty();
+                                        if owner == inner.instance || (anyone && inner.running.knows(stream)) {
+                                            check_own_stream(inner, a.session.clone(), stream.to_owned(), anyone);
                                         }
                                     }
                                     None => hub.nudge(&a.session, &a.stream, a.seq),
@@ -186,22 +187,18 @@ pub(crate) async fn find_lost_stream(
     Ok(inner.store.stream(&session.id, stream).await?)
 }
 
-/// Another replica asked this one, the owner of `stream`, to look at it
-/// (or asked every replica, the store not having it): a request this
-/// replica no longer runs whose final response the store does not have is
-/// ended, a stream the store lost while its request runs here is started
-/// again ([`Inner::close_if_orphaned`]).
-fn check_own_stream(inner: Arc<Inner>, session: String, stream: String) {
+/// Another replica asked this one, the owner of `stream`, to look at it,
+/// or asked every replica (`lost`: the store does not have the stream): a
+/// request this replica no longer runs whose final response the store does
+/// not have is ended, a stream the store lost while its request runs here
+/// is started again ([`Inner::revive_own`], [`Inner::close_if_orphaned`]).
+fn check_own_stream(inner: Arc<Inner>, session: String, stream: String, lost: bool) {
     let tracker = inner.clone();
     tracker.life.spawn(async move {
         let checked = match inner.load(&session).await {
-            // What this replica knows of the stream first (it may run it),
-            // then what the store's record of it says.
-            Ok(Some(loaded)) => match inner.revive_own(&loaded, &stream).await {
-                Ok(true) => Ok(()),
-                Ok(false) => inner.close_if_orphaned(&loaded, &stream, super::recovery::AskOwner::No).await,
-                Err(e) => Err(e),
-            },
+            // A lost stream: what this replica knows of it (it may run it).
+            Ok(Some(loaded)) if lost => inner.revive_own(&loaded, &stream).await.map(|_| ()),
+            Ok(Some(loaded)) => inner.close_if_orphaned(&loaded, &stream, super::recovery::AskOwner::No).await,
             Ok(None) => Ok(()),
             Err(e) => Err(e),
         };

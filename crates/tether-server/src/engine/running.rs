@@ -19,8 +19,9 @@
 //! ever end the stream: recovery ends it with [`super::LOST_MESSAGE`]
 //! (`engine/recovery.rs`). A stream the store lost altogether while its
 //! request runs here is started again with its priming event. Guarded by
-//! the `a_final_lost_in_a_failover_…` and `…priming_event_a_failover_took_back…`
-//! tests (`tests/redis_failover.rs`).
+//! the `a_final_lost_in_a_failover_…`, `a_final_lost_with_its_priming_event_…`
+//! and `a_request_whose_priming_event_was_lost_…` tests
+//! (`tests/redis_failover.rs`).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -31,7 +32,7 @@ use serde_json::Value;
 
 use super::request_stream::RequestStream;
 
-/// Ended streams kept at most (about 100 bytes each)...
+/// Ended streams kept at most (about 150 bytes each)...
 const ENDED_KEPT: usize = 16_384;
 /// ...and for at most this long: a failover takes back only what its
 /// replica had not copied, and a client resumes a stream that broke at once.
