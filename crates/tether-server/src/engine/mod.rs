@@ -340,7 +340,7 @@ impl Engine {
         let stream = session.standalone_stream.clone();
         let sub = self.inner.hub.subscribe(&session.id, &stream, StreamKind::Standalone);
         let cursor = self.inner.store.cursor(&session.id, &stream).await?;
-        Ok(self.inner.clone().standalone_pump(session, cursor, sub))
+        Ok(self.inner.clone().standalone_pump(session, cursor, sub).await)
     }
 
     /// A GET with `Last-Event-ID`: replays the rest of exactly that event's
@@ -360,7 +360,7 @@ impl Engine {
                 return Err(unknown("names an event this session never sent"));
             }
             let sub = self.inner.hub.subscribe(&session.id, &event.stream, StreamKind::Standalone);
-            return Ok(self.inner.clone().standalone_pump(session, event.seq.min(head), sub));
+            return Ok(self.inner.clone().standalone_pump(session, event.seq.min(head), sub).await);
         }
         if !event.is_request_stream() {
             return Err(unknown(if summary.is_some() {
@@ -668,15 +668,19 @@ impl Inner {
         Ok(seq)
     }
 
-    fn standalone_pump(self: Arc<Self>, session: Arc<Session>, after: u64, sub: live::Subscription) -> Frames {
+    /// The standalone stream's pump for a GET that takes it over: ends the
+    /// one open here, and on a shared store records this replica as its
+    /// holder and tells the others before the client sees a frame (so the
+    /// holder in the store follows the order of the clients' GETs).
+    async fn standalone_pump(self: Arc<Self>, session: Arc<Session>, after: u64, sub: live::Subscription) -> Frames {
         let mut generation = 0;
         session.standalone_owner.send_modify(|g| {
             *g += 1;
             generation = *g;
         });
         if self.store.is_shared() {
-            let (inner, id) = (self.clone(), session.id.clone());
-            self.life.spawn(async move { replicas::announce_takeover(&inner, &id, generation).await });
+            replicas::take_standalone(&self, &session.id).await;
+            replicas::announce_takeover(&self, &session.id, generation).await;
         }
         let stream = session.standalone_stream.clone();
         let spec = PumpSpec {

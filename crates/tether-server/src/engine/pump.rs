@@ -236,8 +236,8 @@ impl Pump {
 
     async fn run(mut self, sub: Subscription) {
         let standalone_shared = self.standalone_generation.is_some() && self.inner.store.is_shared();
+        // Held in the store already (`Inner::standalone_pump`); let go when the stream ends.
         let _mark = if standalone_shared {
-            super::replicas::mark_standalone(&self.inner, &self.session.id).await;
             Some(StandaloneMark { inner: self.inner.clone(), session: self.session.id.clone() })
         } else {
             None
@@ -247,6 +247,8 @@ impl Pump {
 
     async fn follow(&mut self, mut sub: Subscription, standalone_shared: bool) {
         let mut owner = self.session.standalone_owner.subscribe();
+        // A takeover before this subscription is seen at once.
+        owner.mark_changed();
         // Not `interval(..)` + a first `tick().await`: that first tick goes
         // through the timer wheel and costs up to a millisecond per stream.
         let period = self.inner.config.keepalive;

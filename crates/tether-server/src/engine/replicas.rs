@@ -70,11 +70,9 @@ pub(crate) fn start(inner: &Arc<Inner>) {
                         Ok(a) => match a.stream.strip_prefix(TAKEOVER) {
                             Some(by) => {
                                 let Some(inner) = weak.upgrade() else { return };
-                                if by != inner.instance
-                                    && let Some(session) = inner.cached(&a.session) {
-                                        // A GET on another replica took over: end ours.
-                                        session.standalone_owner.send_modify(|g| *g += 1);
-                                    }
+                                if by != inner.instance && inner.cached(&a.session).is_some() {
+                                    taken_over(inner, a.session.clone());
+                                }
                             }
                             None => match a.stream.strip_prefix(ANSWERED) {
                                 Some(request) => {
@@ -208,7 +206,25 @@ fn check_own_stream(inner: Arc<Inner>, session: String, stream: String, lost: bo
     });
 }
 
-/// A GET opened the standalone stream here: other replicas end theirs.
+/// Another replica announced that a GET there took the session's
+/// standalone stream: ours ends, unless the store says this replica holds
+/// it now (a GET here came after that one, and its announcement arrived
+/// late: pub/sub orders nothing across a cluster's nodes).
+fn taken_over(inner: Arc<Inner>, session: String) {
+    let task = inner.clone();
+    inner.life.spawn(async move {
+        let held = task.store.kv_get(STANDALONE_NAMESPACE, &session, now_ms()).await.ok().flatten();
+        if held.is_some_and(|v| v.value.as_ref() == task.instance.as_bytes()) {
+            return;
+        }
+        if let Some(session) = task.cached(&session) {
+            session.standalone_owner.send_modify(|g| *g += 1);
+        }
+    });
+}
+
+/// A GET opened the standalone stream here (and holds it in the store
+/// already): other replicas end theirs.
 pub(crate) async fn announce_takeover(inner: &Inner, session: &str, generation: u64) {
     let stream = format!("{TAKEOVER}{}", inner.instance);
     if let Err(e) = inner.store.announce(session, &stream, generation).await {
@@ -216,26 +232,51 @@ pub(crate) async fn announce_takeover(inner: &Inner, session: &str, generation: 
     }
 }
 
-/// Records that this replica holds the session's standalone stream (renewed
-/// on every keep-alive; it lapses by itself if the replica dies).
-pub(crate) async fn mark_standalone(inner: &Inner, session: &str) {
+/// Attempts of a GET to take the standalone stream's record from the
+/// keep-alives of the replica that held it (each may renew it meanwhile).
+const TAKE_ATTEMPTS: usize = 8;
+
+/// Writes that this replica holds the session's standalone stream if the
+/// record is still at `seen` (its revision as read; `None`: no record).
+/// Ok(false) when it changed meanwhile.
+async fn hold_standalone(inner: &Inner, session: &str, seen: Option<u64>) -> Result<bool, StoreError> {
+    // Renewed on every keep-alive; it lapses by itself if the replica dies.
     let expires = Some(now_ms() + 2 * inner.config.keepalive.as_millis() as i64);
-    let current = inner.store.kv_get(STANDALONE_NAMESPACE, session, now_ms()).await.ok().flatten().map(|v| v.revision);
     let value = Bytes::from(inner.instance.clone());
-    let _ = inner.store.kv_compare_and_set(STANDALONE_NAMESPACE, session, current, value, expires).await;
+    Ok(inner.store.kv_compare_and_set(STANDALONE_NAMESPACE, session, seen, value, expires).await?.is_some())
+}
+
+/// A GET here took the session's standalone stream: the record names this
+/// replica, whoever held it (a renewal of the old holder racing the write
+/// is tried again).
+pub(crate) async fn take_standalone(inner: &Inner, session: &str) {
+    for _ in 0..TAKE_ATTEMPTS {
+        let seen = inner.store.kv_get(STANDALONE_NAMESPACE, session, now_ms()).await.ok().flatten().map(|v| v.revision);
+        match hold_standalone(inner, session, seen).await {
+            Ok(true) => return,
+            Ok(false) => continue,
+            Err(e) => {
+                tracing::warn!(%session, error = %e, "could not record this replica's hold of a standalone stream");
+                return;
+            }
+        }
+    }
+    tracing::warn!(%session, "could not record this replica's hold of a standalone stream; the replica that held it ends its stream at its next keep-alive");
 }
 
 /// Renews this replica's hold of the session's standalone stream on a
 /// keep-alive; false when another replica's GET holds it now (its
 /// announcement may have been lost: pub/sub keeps nothing), so this
-/// stream ends instead of taking the hold back.
+/// stream ends instead of taking the hold back. The renewal is written
+/// only over the record it read, so a GET elsewhere that took the stream
+/// meanwhile keeps it.
 pub(crate) async fn renew_standalone(inner: &Inner, session: &str) -> bool {
     let held = inner.store.kv_get(STANDALONE_NAMESPACE, session, now_ms()).await.ok().flatten();
     if held.as_ref().is_some_and(|v| v.value.as_ref() != inner.instance.as_bytes()) {
         return false;
     }
-    mark_standalone(inner, session).await;
-    true
+    // A store that does not answer keeps the stream: the hold lapses by itself.
+    hold_standalone(inner, session, held.map(|v| v.revision)).await.unwrap_or(true)
 }
 
 /// The standalone stream is no longer held here (unless another replica took it).
