@@ -72,6 +72,9 @@ pub(crate) struct MemberLists {
     server: String,
     members: Vec<Member>,
     max_bytes: usize,
+    /// Bumped with any member's generation: a catalog merged from reads no
+    /// older than this value is still good.
+    changes: AtomicU64,
 }
 
 impl MemberLists {
@@ -86,7 +89,7 @@ impl MemberLists {
                 down: parking_lot::Mutex::new(false),
             })
             .collect();
-        Self { server: server.to_owned(), members, max_bytes }
+        Self { server: server.to_owned(), members, max_bytes, changes: AtomicU64::new(0) }
     }
 
     /// Member `member`'s lists as `principal` sees them (`None`: the same
@@ -158,6 +161,12 @@ impl MemberLists {
     /// or its connection died under a call).
     pub fn changed(&self, member: usize) {
         self.members[member].generation.fetch_add(1, Ordering::AcqRel);
+        self.changes.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// How many changes the members announced so far.
+    pub fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
     }
 }
 

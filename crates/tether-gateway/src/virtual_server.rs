@@ -71,6 +71,12 @@ pub struct VirtualServer {
     lists: Arc<MemberLists>,
     /// The members' lists last merged and their catalog (see [`Self::merged_catalog`]).
     current: parking_lot::Mutex<Option<(AllListed, Arc<Catalog>)>>,
+    /// A catalog with every member up, shared by every member's lists, and
+    /// [`MemberLists::changes`] before they were read: good for every
+    /// request until a member announces a change (the usual call's one look).
+    settled: parking_lot::RwLock<Option<(u64, Arc<Catalog>)>>,
+    /// Whether a member's lists are read per principal (then nothing is settled).
+    per_caller: bool,
     /// The contested names already logged.
     logged: parking_lot::Mutex<HashSet<(&'static str, String)>>,
 }
@@ -93,6 +99,7 @@ impl VirtualServer {
                 None => Err(format!("[servers.{}] upstreams: `{name}` is not an upstream", config.name)),
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let per_caller = members.iter().any(|m| m.answers_per_caller());
         Ok(Arc::new(Self {
             config,
             members,
@@ -101,6 +108,8 @@ impl VirtualServer {
             looked: parking_lot::Mutex::default(),
             lists,
             current: parking_lot::Mutex::default(),
+            settled: parking_lot::RwLock::default(),
+            per_caller,
             logged: parking_lot::Mutex::default(),
         }))
     }
@@ -171,6 +180,11 @@ impl VirtualServer {
     /// through this request's session or pool when none are fresh), merged.
     async fn catalog(&self, ctx: &RequestCtx) -> Arc<Catalog> {
         let session = ctx.session();
+        if let Some(catalog) = self.settled() {
+            self.seen_by(session, &catalog);
+            return catalog;
+        }
+        let changes = self.lists.changes();
         let principal = |member: usize| self.members[member].answers_per_caller().then(|| ctx.principal());
         let listed = match (0..self.members.len()).map(|m| self.lists.cached(m, principal(m))).collect() {
             Some(listed) => listed,
@@ -193,7 +207,25 @@ impl VirtualServer {
             }
         };
         let catalog = self.merged_catalog(listed);
+        if catalog.down.is_empty() && !self.per_caller {
+            *self.settled.write() = Some((changes, catalog.clone()));
+        }
         self.look(&catalog);
+        self.seen_by(session, &catalog);
+        catalog
+    }
+
+    /// The settled catalog, if no member announced a change since it was read.
+    fn settled(&self) -> Option<Arc<Catalog>> {
+        match &*self.settled.read() {
+            Some((changes, catalog)) if *changes == self.lists.changes() => Some(catalog.clone()),
+            _ => None,
+        }
+    }
+
+    /// Tells the session's client `list_changed` when the members down
+    /// changed since it last looked.
+    fn seen_by(&self, session: Option<SessionCtx>, catalog: &Catalog) {
         if let Some(session) = session {
             let members = session.local::<Members>();
             // What the session's client last saw down; told when it changes.
@@ -208,7 +240,6 @@ impl VirtualServer {
                 }
             }
         }
-        catalog
     }
 
     /// Notes what `catalog` shows down, for `on_member_down = "fail"` and
