@@ -14,92 +14,6 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde_json::{Value, json};
 use support::*;
 
-/// The authorization server, killed when dropped.
-struct Provider {
-    child: std::process::Child,
-    issuer: String,
-    /// Its signing key (PEM) and kid, for tokens a test makes itself.
-    key_pem: String,
-    kid: String,
-}
-
-impl Drop for Provider {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-fn start_provider(dir: &std::path::Path) -> Provider {
-    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let ensure = std::process::Command::new("bash").arg(root.join("interop/servers/ensure.sh")).output().unwrap();
-    assert!(ensure.status.success(), "interop/servers/ensure.sh failed: {}", String::from_utf8_lossy(&ensure.stderr));
-    let port = free_port();
-    let key_file = dir.join("provider-key.pem");
-    let mut child = std::process::Command::new("node")
-        .arg(root.join("interop/oauth/provider.mjs"))
-        .args([&port.to_string(), key_file.to_str().unwrap()])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("node runs the authorization server");
-    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    assert_eq!(lines.next().and_then(Result::ok).as_deref(), Some("READY"), "the authorization server did not start");
-    std::thread::spawn(move || for _ in lines {});
-    let text = std::fs::read_to_string(&key_file).unwrap();
-    let kid = text.lines().next().and_then(|l| l.strip_prefix("# kid: ")).unwrap().to_owned();
-    let key_pem = text.lines().skip(1).collect::<Vec<_>>().join("\n");
-    Provider { child, issuer: format!("http://127.0.0.1:{port}"), key_pem, kid }
-}
-
-impl Provider {
-    /// A token by client credentials for `resource`.
-    async fn token(&self, client: &str, resource: &str, scope: &str) -> String {
-        let secret = format!("{client}-secret");
-        let form = [
-            ("grant_type", "client_credentials"),
-            ("client_id", client),
-            ("client_secret", &secret),
-            ("resource", resource),
-            ("scope", scope),
-        ];
-        let body: Vec<String> = form.iter().map(|(k, v)| format!("{k}={}", url_encoded(v))).collect();
-        let answer: Value = reqwest::Client::new()
-            .post(format!("{}/token", self.issuer))
-            .header("content-type", "application/x-www-form-urlencoded")
-            .body(body.join("&"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        answer["access_token"].as_str().unwrap_or_else(|| panic!("no token: {answer}")).to_owned()
-    }
-
-    /// A token of our own making, signed with the provider's key.
-    fn sign(&self, claims: &Value, kid: &str) -> String {
-        let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::RS256);
-        header.kid = Some(kid.to_owned());
-        let key = jsonwebtoken::EncodingKey::from_rsa_pem(self.key_pem.as_bytes()).unwrap();
-        jsonwebtoken::encode(&header, claims, &key).unwrap()
-    }
-}
-
-fn url_encoded(value: &str) -> String {
-    value
-        .bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 fn now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
 }
@@ -651,14 +565,6 @@ async fn another_subject_gets_neither_the_replay_of_a_session_nor_its_tasks() {
     assert!(own["result"]["status"].is_string(), "the owner's tasks/get: {own}");
 }
 
-/// What the authorization server was asked to introspect so far: how many
-/// requests, and their tokens.
-async fn introspected(provider: &Provider) -> (u64, Vec<String>) {
-    let answer: Value = reqwest::get(format!("{}/test/introspected", provider.issuer)).await.unwrap().json().await.unwrap();
-    let tokens = answer["tokens"].as_array().unwrap().iter().filter_map(Value::as_str).map(str::to_owned).collect();
-    (answer["count"].as_u64().unwrap(), tokens)
-}
-
 #[tokio::test]
 async fn a_token_of_the_token_file_is_never_sent_to_the_authorization_server() {
     const STATIC: &str = "static-token-of-alice-0123456789abcdef";
@@ -701,7 +607,7 @@ async fn a_token_of_the_token_file_is_never_sent_to_the_authorization_server() {
     let (sid, _) = client.initialize_params(params).await;
     let listed = client.request(&sid, 1, "tools/list", json!({})).await.last().unwrap().json();
     assert!(listed["result"]["tools"].as_array().unwrap().iter().any(|t| t["name"] == "thought"), "{listed}");
-    let (count, seen) = introspected(&provider).await;
+    let (count, seen) = provider.introspected().await;
     assert!(seen.contains(&opaque), "the opaque token was introspected: {count} requests");
     // ...and it never saw the static token.
     assert!(!seen.iter().any(|t| t == STATIC), "the token file's token was sent to the authorization server");
@@ -727,7 +633,7 @@ async fn made_up_opaque_tokens_are_introspected_within_the_limits_and_remembered
     let opaque = provider.token("opaque", &mcp, "tools:read").await;
     assert_eq!(post_initialize(&mcp, Some(&opaque)).await.status(), 200);
     let start = std::time::Instant::now();
-    let (before, _) = introspected(&provider).await;
+    let (before, _) = provider.introspected().await;
 
     // One address sends many made-up tokens: its burst is introspected,
     // the rest are refused with 401 without asking, saying to retry later.
@@ -746,7 +652,7 @@ async fn made_up_opaque_tokens_are_introspected_within_the_limits_and_remembered
             assert!(message.contains("not active"), "{message}");
         }
     }
-    let (after_one, _) = introspected(&provider).await;
+    let (after_one, _) = provider.introspected().await;
     let allowed_one = INTROSPECT_BURST_PER_CLIENT + INTROSPECT_RATE_PER_CLIENT * start.elapsed().as_secs_f64();
     assert!(
         (after_one - before) as f64 <= allowed_one + 1.0,
@@ -770,7 +676,7 @@ async fn made_up_opaque_tokens_are_introspected_within_the_limits_and_remembered
             .unwrap();
         assert_eq!(response.status(), 401);
     }
-    let (after_many, _) = introspected(&provider).await;
+    let (after_many, _) = provider.introspected().await;
     let allowed = INTROSPECT_BURST + INTROSPECT_RATE * start.elapsed().as_secs_f64();
     assert!(
         (after_many - before) as f64 <= allowed + 1.0,

@@ -11,83 +11,15 @@
 
 mod support;
 
-use std::io::BufRead;
 use std::time::Instant;
 
 use serde_json::{Value, json};
 use support::*;
 use tether_gateway::credentials::RENEW_EVERY;
 
-/// The authorization server, killed when dropped.
-struct Provider {
-    child: std::process::Child,
-    issuer: String,
-}
-
-impl Drop for Provider {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// The client tether fetches its upstream tokens as (opaque tokens, so they
 /// can be introspected and revoked).
 const CLIENT: &str = "opaque";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-fn root() -> std::path::PathBuf {
-    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn ensure_interop() {
-    let ensure = std::process::Command::new("bash").arg(root().join("interop/servers/ensure.sh")).output().unwrap();
-    assert!(ensure.status.success(), "interop/servers/ensure.sh failed: {}", String::from_utf8_lossy(&ensure.stderr));
-}
-
-/// Waits for the child's `READY` line, then drains its stdout.
-fn ready(child: &mut std::process::Child, what: &str) {
-    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    assert_eq!(lines.next().and_then(Result::ok).as_deref(), Some("READY"), "{what} did not start");
-    std::thread::spawn(move || for _ in lines {});
-}
-
-fn start_provider(dir: &std::path::Path) -> Provider {
-    ensure_interop();
-    let port = free_port();
-    let mut child = std::process::Command::new("node")
-        .arg(root().join("interop/oauth/provider.mjs"))
-        .args([&port.to_string(), dir.join("provider-key.pem").to_str().unwrap()])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("node runs the authorization server");
-    ready(&mut child, "the authorization server");
-    Provider { child, issuer: format!("http://127.0.0.1:{port}") }
-}
-
-impl Provider {
-    /// How many tokens it issued to `client` so far.
-    async fn issued(&self, client: &str) -> u64 {
-        let issued: Value = reqwest::get(format!("{}/test/tokens-issued", self.issuer)).await.unwrap().json().await.unwrap();
-        issued[client].as_u64().unwrap_or(0)
-    }
-
-    /// Revokes `token` of `client` (RFC 7009).
-    async fn revoke(&self, client: &str, token: &str) {
-        let response = reqwest::Client::new()
-            .post(format!("{}/token/revocation", self.issuer))
-            .basic_auth(client, Some(format!("{client}-secret")))
-            .form(&[("token", token), ("token_type_hint", "access_token")])
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), 200, "revocation: {}", response.text().await.unwrap_or_default());
-    }
-}
 
 /// The upstream: `interop/servers/py_introspected.py SHAPE`, killed when dropped.
 struct Upstream {
@@ -97,14 +29,14 @@ struct Upstream {
 
 fn start_upstream(shape: &str, issuer: &str) -> Upstream {
     let port = free_port();
-    let mut child = std::process::Command::new(root().join("interop/py/.venv/bin/python"))
-        .arg(root().join("interop/servers/py_introspected.py"))
+    let mut child = std::process::Command::new(repo_root().join("interop/py/.venv/bin/python"))
+        .arg(repo_root().join("interop/servers/py_introspected.py"))
         .args([shape, &port.to_string(), issuer])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("the introspecting fixture starts");
-    ready(&mut child, "py_introspected.py");
+    wait_ready(&mut child, "py_introspected.py");
     Upstream { _server: PyServer(child), url: format!("http://127.0.0.1:{port}/mcp") }
 }
 

@@ -6,6 +6,9 @@
 pub mod procs;
 #[allow(unused_imports)]
 pub use procs::*;
+pub mod provider;
+#[allow(unused_imports)]
+pub use provider::*;
 
 use std::sync::Arc;
 use std::time::Duration;
