@@ -1,0 +1,11 @@
+//! The keeper: `tether serve`'s supervisor process. It binds the listening
+//! sockets, starts the engine (`tether engine …`) as its child and restarts
+//! it when it dies, and owns every stdio upstream child, carrying their
+//! bytes to and from the engine over a control socket ([`proto`]) so that
+//! neither a crash nor an upgrade of the engine loses a byte or a child.
+//!
+//! - [`proto`]: the control protocol, without I/O;
+//! - [`client`]: the engine's side of it (spawn, attach, write, acknowledge).
+
+// pub mod client;
+pub mod proto;
