@@ -5,7 +5,11 @@
 //! neither a crash nor an upgrade of the engine loses a byte or a child.
 //!
 //! - [`proto`]: the control protocol, without I/O;
-//! - [`client`]: the engine's side of it (spawn, attach, write, acknowledge).
+//! - [`client`]: the engine's side of it (spawn, attach, write, acknowledge);
+//! - [`children`]: the keeper's children and its side of the protocol;
+//! - [`spawn`]: starting a process that dies with the keeper.
 
+pub mod children;
 // pub mod client;
 pub mod proto;
+pub mod spawn;
