@@ -7,9 +7,11 @@
 //! - [`proto`]: the control protocol, without I/O;
 //! - [`client`]: the engine's side of it (spawn, attach, write, acknowledge);
 //! - [`children`]: the keeper's children and its side of the protocol;
+//! - [`supervisor`]: the keeper process (sockets, engine, reaper, signals);
 //! - [`spawn`]: starting a process that dies with the keeper.
 
 pub mod children;
 // pub mod client;
 pub mod proto;
 pub mod spawn;
+pub mod supervisor;

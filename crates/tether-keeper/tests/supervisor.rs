@@ -1,0 +1,301 @@
+//! The keeper process, run for real (this test binary started again as the
+//! keeper, see [`keeper_process`]) with a fake engine: a Python script that
+//! speaks just enough of the control protocol (Hello, the listening socket
+//! from Welcome's SCM_RIGHTS, a Spawn, Handover) and answers every
+//! connection on the port with `hi`. Every wait is on an event, bounded by
+//! a generous deadline.
+
+use std::io::Read;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, Signal};
+use tether_keeper::supervisor::{KeeperConfig, run};
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// Not a test: the keeper itself, when this binary is started with
+/// `KEEPER_TEST=ADDR|PROGRAM|ARG…` (see [`Keeper::start`]).
+#[test]
+fn keeper_process() {
+    let Ok(config) = std::env::var("KEEPER_TEST") else { return };
+    let mut parts = config.split('|');
+    let addr: SocketAddr = parts.next().unwrap().parse().unwrap();
+    let program = PathBuf::from(parts.next().unwrap());
+    let engine_args = parts.map(Into::into).collect();
+    tracing_subscriber::fmt().with_writer(std::io::stderr).with_ansi(false).init();
+    let code = run(KeeperConfig { listeners: vec![("listen".into(), addr)], program, engine_args });
+    std::process::exit(code);
+}
+
+const FAKE_ENGINE: &str = r#"#!/usr/bin/env python3
+import os, socket, struct, sys, threading
+VERSION = @VERSION@
+if sys.argv[1] == 'keeper-protocol':
+    print(VERSION)
+    sys.exit(0)
+assert sys.argv[1] == 'engine', sys.argv
+out, modes = sys.argv[2], sys.argv[3:]
+def frame(kind, body): return struct.pack('<IB', len(body) + 1, kind) + body
+def b(x): x = x.encode(); return struct.pack('<I', len(x)) + x
+def note(name, line):
+    with open(os.path.join(out, name), 'a') as f: f.write(line + '\n')
+ctl = socket.socket(fileno=0)
+ctl.sendall(frame(1, struct.pack('<II', 1, os.getpid())))
+data, fds, _, _ = socket.recv_fds(ctl, 1 << 20, 8)
+assert data[4] == 1 and len(fds) == 1, (data, fds)
+buf = bytearray(data[4 + struct.unpack('<I', data[:4])[0]:])
+def next_frame():
+    global buf
+    while len(buf) < 4 or len(buf) < 4 + struct.unpack('<I', buf[:4])[0]:
+        more = ctl.recv(1 << 16)
+        if not more: os._exit(3)
+        buf += more
+    n = struct.unpack('<I', buf[:4])[0]
+    f, buf = bytes(buf[4:4 + n]), buf[4 + n:]
+    return f
+if 'spawn' in modes:
+    spec = (b('sleep') + struct.pack('<I', 1) + b('1000') + struct.pack('<I', 1) + b('PATH') + b(os.environ['PATH'])
+            + b'\0' + struct.pack('<QQQ', 1 << 20, 1 << 20, 600000) + b('sleep'))
+    ctl.sendall(frame(2, struct.pack('<Q', 1) + spec))
+    f = next_frame()
+    assert f[0] == 3, f
+    note('children', str(struct.unpack('<I', f[17:21])[0]))
+def control():
+    while True:
+        if next_frame()[0] == 13:  # Handover
+            os._exit(0)
+threading.Thread(target=control, daemon=True).start()
+listener = socket.socket(fileno=fds[0])
+note('engines', '%d %s' % (os.getpid(), os.environ['TETHER_KEEPER_LISTENERS']))
+while True:
+    conn, _ = listener.accept()
+    conn.sendall(b'hi\n')
+    conn.close()
+"#;
+
+struct Keeper {
+    process: Child,
+    dir: tempfile::TempDir,
+    addr: SocketAddr,
+}
+
+impl Keeper {
+    fn start(version: u32, modes: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let program = dir.path().join("fake-tether");
+        std::fs::write(&program, FAKE_ENGINE.replace("@VERSION@", &version.to_string())).unwrap();
+        std::fs::set_permissions(&program, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let addr = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let mut config = format!("{addr}|{}|{}", program.display(), dir.path().display());
+        for mode in modes {
+            config.push('|');
+            config.push_str(mode);
+        }
+        let log = std::fs::File::create(dir.path().join("keeper.log")).unwrap();
+        let process = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "keeper_process", "--nocapture"])
+            .env("KEEPER_TEST", config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        Self { process, dir, addr }
+    }
+
+    fn pid(&self) -> u32 {
+        self.process.id()
+    }
+
+    fn lines(&self, name: &str) -> Vec<String> {
+        std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default().lines().map(str::to_owned).collect()
+    }
+
+    /// The engines started so far, in order.
+    fn engines(&self) -> Vec<u32> {
+        self.lines("engines").iter().map(|l| l.split(' ').next().unwrap().parse().unwrap()).collect()
+    }
+
+    fn children(&self) -> Vec<u32> {
+        self.lines("children").iter().map(|l| l.parse().unwrap()).collect()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("keeper.log")).unwrap_or_default()
+    }
+
+    fn signal(&self, signal: Signal) {
+        kill(self.pid(), signal);
+    }
+
+    /// Waits for the keeper to exit: its exit code (None: killed).
+    fn exit(&mut self) -> Option<i32> {
+        until("the keeper to exit", || self.process.try_wait().unwrap().is_some());
+        self.process.wait().unwrap().code()
+    }
+}
+
+impl Drop for Keeper {
+    fn drop(&mut self) {
+        if self.process.try_wait().ok().flatten().is_none() {
+            kill(self.pid(), Signal::KILL);
+            let _ = self.process.wait();
+        }
+    }
+}
+
+fn kill(pid: u32, signal: Signal) {
+    rustix::process::kill_process(Pid::from_raw(pid as i32).unwrap(), signal).unwrap();
+}
+
+fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + DEADLINE;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether the process is gone (no such pid, or a zombie).
+fn gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')),
+    }
+}
+
+/// Connects to the port again and again: answered, refused, other failures.
+struct ConnectLoop {
+    stop: Arc<AtomicBool>,
+    counts: Arc<[AtomicU64; 3]>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl ConnectLoop {
+    fn start(addr: SocketAddr) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let counts: Arc<[AtomicU64; 3]> = Arc::new(Default::default());
+        let (s, c) = (stop.clone(), counts.clone());
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                let outcome = match TcpStream::connect(addr) {
+                    Ok(mut stream) => {
+                        stream.set_read_timeout(Some(DEADLINE)).unwrap();
+                        let mut answer = String::new();
+                        match stream.read_to_string(&mut answer) {
+                            Ok(_) if answer == "hi\n" => 0,
+                            _ => 2,
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => 1,
+                    Err(_) => 2,
+                };
+                c[outcome].fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+        Self { stop, counts, thread }
+    }
+
+    fn answered(&self) -> u64 {
+        self.counts[0].load(Ordering::Relaxed)
+    }
+
+    fn wait_answers(&self, more: u64) {
+        let target = self.answered() + more;
+        until("connections answered", || self.answered() >= target);
+    }
+
+    /// (answered, refused, failed otherwise)
+    fn finish(self) -> (u64, u64, u64) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap();
+        let [a, r, f] = &*self.counts;
+        (a.load(Ordering::Relaxed), r.load(Ordering::Relaxed), f.load(Ordering::Relaxed))
+    }
+}
+
+fn port_free(addr: SocketAddr) -> bool {
+    TcpListener::bind(addr).is_ok()
+}
+
+#[test]
+fn the_port_stays_open_while_a_dead_engine_is_restarted() {
+    let mut keeper = Keeper::start(1, &[]);
+    until("the first engine", || keeper.engines().len() == 1);
+    assert_eq!(keeper.lines("engines")[0].split(' ').nth(1), Some("listen"));
+    let connects = ConnectLoop::start(keeper.addr);
+    connects.wait_answers(5);
+    let first = keeper.engines()[0];
+    kill(first, Signal::KILL);
+    until("a second engine", || keeper.engines().len() == 2);
+    connects.wait_answers(5);
+    let (answered, refused, failed) = connects.finish();
+    assert_eq!((refused, failed), (0, 0), "{answered} answered");
+    assert_ne!(keeper.engines()[1], first);
+    assert!(gone(first));
+    let log = keeper.log();
+    assert!(log.contains("WARN") && log.contains(&format!("the engine (pid {first}) was killed by signal 9")), "{log}");
+    keeper.signal(Signal::TERM);
+    assert_eq!(keeper.exit(), Some(0));
+    assert!(port_free(keeper.addr));
+}
+
+#[test]
+fn sigterm_stops_the_engine_and_every_child_and_frees_the_port() {
+    let mut keeper = Keeper::start(1, &["spawn"]);
+    until("the engine's child", || keeper.children().len() == 1);
+    let (engine, child) = (keeper.engines()[0], keeper.children()[0]);
+    assert!(!gone(child));
+    keeper.signal(Signal::TERM);
+    assert_eq!(keeper.exit(), Some(0));
+    assert!(gone(engine) && gone(child));
+    assert!(port_free(keeper.addr));
+}
+
+#[test]
+fn when_the_keeper_is_killed_its_engine_and_children_die_and_the_port_is_freed() {
+    let mut keeper = Keeper::start(1, &["spawn"]);
+    until("the engine's child", || keeper.children().len() == 1);
+    let (engine, child) = (keeper.engines()[0], keeper.children()[0]);
+    keeper.signal(Signal::KILL);
+    assert_eq!(keeper.exit(), None);
+    until("the engine to die with the keeper", || gone(engine));
+    until("the child to die with the keeper", || gone(child));
+    until("the port to be free", || port_free(keeper.addr));
+}
+
+#[test]
+fn sigusr2_with_a_binary_of_another_protocol_changes_nothing() {
+    let keeper = Keeper::start(99, &[]);
+    until("the first engine", || keeper.engines().len() == 1);
+    keeper.signal(Signal::USR2);
+    let refusal = "speaks keeper protocol 99, this keeper 1: not upgrading; the engine serving now goes on";
+    until("the upgrade to be refused", || keeper.log().contains(refusal));
+    assert_eq!(keeper.engines().len(), 1);
+    assert!(!gone(keeper.engines()[0]));
+    assert!(keeper.log().contains("ERROR"));
+}
+
+#[test]
+fn sigusr2_hands_over_to_a_new_engine_without_a_refused_connection() {
+    let keeper = Keeper::start(1, &["spawn"]);
+    until("the engine's child", || keeper.children().len() == 1);
+    let connects = ConnectLoop::start(keeper.addr);
+    connects.wait_answers(5);
+    let first = keeper.engines()[0];
+    keeper.signal(Signal::USR2);
+    until("the new engine", || keeper.engines().len() == 2);
+    connects.wait_answers(5);
+    let (_, refused, failed) = connects.finish();
+    assert_eq!((refused, failed), (0, 0));
+    until("the old engine to exit", || gone(first));
+    assert!(keeper.log().contains("handed over"), "{}", keeper.log());
+    // The child it started is kept for the new one.
+    assert!(!gone(keeper.children()[0]));
+}
