@@ -694,6 +694,7 @@ async fn send_with_fds(stream: &mut UnixStream, frame: &[u8], fds: &[BorrowedFd<
 async fn write_engine(inner: Arc<Inner>, conn: Arc<Conn>, mut write: OwnedWriteHalf, mut queue: mpsc::Receiver<Out>) {
     let mut held: BTreeMap<u64, (Arc<Child>, u64)> = BTreeMap::new();
     let mut buf = BytesMut::new();
+    let mut round = 0usize;
     let take = |out: Out, buf: &mut BytesMut, held: &mut BTreeMap<u64, (Arc<Child>, u64)>| match out {
         Out::Msg(msg) => proto::encode(&msg, buf),
         Out::Hold { child, after, msg } => {
@@ -708,45 +709,39 @@ async fn write_engine(inner: Arc<Inner>, conn: Arc<Conn>, mut write: OwnedWriteH
                 Err(_) => break,
             }
         }
-        let mut settled = Vec::new();
-        held.retain(|_, (child, cursor)| {
-            let mut st = child.state.lock();
-            if st.forgotten || st.holder.as_ref().is_none_or(|h| h.id != conn.id) {
-                return false;
+        // Every held child in turn, from a different one each round, until
+        // one write's worth is ready (a flooding child cannot starve the rest).
+        let ids: Vec<u64> = held.keys().copied().collect();
+        round = round.wrapping_add(1);
+        for i in 0..ids.len() {
+            if buf.len() >= PUMP_BATCH {
+                conn.pump.notify_one();
+                break;
             }
-            let first = st.frames.front().map_or(st.last_frame + 1, |(n, _)| *n);
-            let skip = usize::try_from((*cursor + 1).saturating_sub(first)).unwrap_or(usize::MAX);
-            let mut batch = 0;
-            for (n, frame) in st.frames.iter().skip(skip) {
-                proto::encode(&frame.to_engine(child.id, *n), &mut buf);
-                *cursor = *n;
-                batch += frame.size() as usize;
-                if batch >= PUMP_BATCH {
-                    conn.pump.notify_one();
-                    break;
+            let id = ids[(round + i) % ids.len()];
+            let Some((child, cursor)) = held.get_mut(&id) else { continue };
+            match pump(child, cursor, conn.id, &mut buf) {
+                Pumped::More => conn.pump.notify_one(),
+                Pumped::Now => {}
+                Pumped::Over { told } => {
+                    if let Some((child, _)) = held.remove(&id)
+                        && told
+                    {
+                        inner.settle(&child);
+                    }
                 }
             }
-            if st.eof
-                && *cursor >= st.last_frame
-                && !st.told_exit
-                && let Some((status, _)) = &st.exit
-            {
-                proto::encode(&ToEngine::Exited { child: child.id, status: status.clone() }, &mut buf);
-                st.told_exit = true;
-                settled.push(child.clone());
-                return false;
-            }
-            true
-        });
-        for child in settled {
-            inner.settle(&child);
         }
         if !buf.is_empty() {
             if let Err(e) = write.write_all(&buf).await {
                 tracing::debug!("writing to the engine failed: {e}");
                 return;
             }
+            // No capacity kept after a huge line.
             buf.clear();
+            if buf.capacity() > 2 * PUMP_BATCH {
+                buf = BytesMut::new();
+            }
             continue;
         }
         tokio::select! {
@@ -757,6 +752,44 @@ async fn write_engine(inner: Arc<Inner>, conn: Arc<Conn>, mut write: OwnedWriteH
             () = conn.pump.notified() => {}
         }
     }
+}
+
+enum Pumped {
+    /// More frames wait than one batch.
+    More,
+    /// Every frame read so far is sent.
+    Now,
+    /// The engine no longer holds it, or was told it exited.
+    Over { told: bool },
+}
+
+/// Puts the child's frames after `cursor` (one batch at most) in `buf`,
+/// then `Exited` if that was the last.
+fn pump(child: &Child, cursor: &mut u64, conn: u64, buf: &mut BytesMut) -> Pumped {
+    let mut st = child.state.lock();
+    if st.forgotten || st.holder.as_ref().is_none_or(|h| h.id != conn) {
+        return Pumped::Over { told: false };
+    }
+    let first = st.frames.front().map_or(st.last_frame + 1, |(n, _)| *n);
+    let skip = usize::try_from((*cursor + 1).saturating_sub(first)).unwrap_or(usize::MAX);
+    let mut batch = 0;
+    for (n, frame) in st.frames.iter().skip(skip) {
+        proto::encode(&frame.to_engine(child.id, *n), buf);
+        *cursor = *n;
+        batch += frame.size() as usize;
+        if batch >= PUMP_BATCH && *n < st.last_frame {
+            return Pumped::More;
+        }
+    }
+    if st.eof
+        && !st.told_exit
+        && let Some((status, _)) = &st.exit
+    {
+        proto::encode(&ToEngine::Exited { child: child.id, status: status.clone() }, buf);
+        st.told_exit = true;
+        return Pumped::Over { told: true };
+    }
+    Pumped::Now
 }
 
 async fn read_stdout(inner: Arc<Inner>, child: Arc<Child>, stdout: pipe::Receiver, max_line: usize) {

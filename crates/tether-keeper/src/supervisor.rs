@@ -69,7 +69,14 @@ pub fn run(config: KeeperConfig) -> i32 {
     let mut listeners = Vec::new();
     for (name, addr) in &config.listeners {
         match bind(*addr) {
-            Ok(fd) => listeners.push(fd),
+            Ok(fd) => {
+                let listener = std::net::TcpListener::from(fd);
+                match listener.local_addr() {
+                    Ok(bound) => tracing::info!("listening on {bound} ({name})"),
+                    Err(_) => tracing::info!("listening on {addr} ({name})"),
+                }
+                listeners.push(listener);
+            }
             Err(e) => {
                 tracing::error!("cannot listen on {addr}: {e}; is another server using it? pick another with --{name}");
                 return 1;
@@ -101,7 +108,7 @@ type Waiters = Arc<Mutex<HashMap<u32, oneshot::Sender<WaitStatus>>>>;
 
 struct Keeper {
     config: KeeperConfig,
-    listeners: Arc<Vec<OwnedFd>>,
+    listeners: Arc<Vec<std::net::TcpListener>>,
     children: Children,
     waiters: Waiters,
 }
@@ -119,7 +126,7 @@ fn send_signal(pid: u32, signal: Signal) {
 }
 
 impl Keeper {
-    fn new(config: KeeperConfig, listeners: Vec<OwnedFd>) -> Self {
+    fn new(config: KeeperConfig, listeners: Vec<std::net::TcpListener>) -> Self {
         Self { config, listeners: Arc::new(listeners), children: Children::new(), waiters: Arc::default() }
     }
 
@@ -141,11 +148,6 @@ impl Keeper {
             }
         };
         tokio::spawn(reap(sigchld, self.children.clone(), self.waiters.clone()));
-        for fd in self.listeners.iter() {
-            if let Ok(addr) = rustix::net::getsockname(fd) {
-                tracing::info!("listening on {addr:?}");
-            }
-        }
         let (preflight_tx, mut preflight_rx) = mpsc::channel::<Result<(), String>>(1);
         let mut engine: Option<Engine> = None;
         let mut epoch = 0u64;

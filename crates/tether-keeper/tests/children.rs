@@ -216,14 +216,32 @@ async fn lines_survive_an_engine_crash_numbered_none_lost_none_twice() {
 async fn exited_comes_after_every_frame_with_the_status_as_a_person_reads_it() {
     let children = children();
     let (mut engine, _) = Engine::connect(&children, 1).await;
-    let (child, _) = engine.spawn(python("import sys\nfor i in range(3): print(i)\nsys.exit(3)")).await;
-    for n in 1..=3 {
-        assert_eq!(line_of(&engine.next_main().await).1, n);
+    let script = "import sys\nsys.stderr.write('careful\\n')\nsys.stderr.flush()\nfor i in range(3): print(i)\nsys.exit(3)";
+    let (child, _) = engine.spawn(python(script)).await;
+    let mut stderr = Vec::new();
+    let mut n = 0;
+    while n < 3 {
+        match engine.next().await {
+            ToEngine::Stderr { child: c, line } => stderr.push((c, line)),
+            ToEngine::Line { frame, .. } => {
+                n += 1;
+                assert_eq!(frame, n);
+            }
+            other => panic!("{other:?}"),
+        }
     }
-    match engine.next_main().await {
-        ToEngine::Exited { child: c, status } => assert_eq!((c, status.as_str()), (child, "exited (exit status: 3)")),
-        other => panic!("{other:?}"),
+    loop {
+        match engine.next().await {
+            ToEngine::Stderr { child: c, line } => stderr.push((c, line)),
+            ToEngine::Exited { child: c, status } => {
+                assert_eq!((c, status.as_str()), (child, "exited (exit status: 3)"));
+                break;
+            }
+            other => panic!("{other:?}"),
+        }
     }
+    // Its stderr went to the engine that holds it, tagged with the child.
+    assert_eq!(stderr, [(child, Bytes::from("careful"))]);
     let mut failed = spec("/nonexistent/server", &[]);
     failed.cwd = Some("/".into());
     engine.send(ToKeeper::Spawn { req: 9, spec: failed }).await;
@@ -309,6 +327,10 @@ async fn a_flooding_child_with_no_engine_is_paused_and_then_everything_arrives_i
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(!gone(pid), "the child is blocked on its pipe, not gone");
+    // A paused child blocks nobody else.
+    let (echo, _) = engine.spawn(python(ECHO)).await;
+    engine.send(ToKeeper::Write { child: echo, seq: 1, tag: Bytes::new(), line: Bytes::from("still here") }).await;
+    assert_eq!(line_of(&engine.next_main().await), (echo, 1, "echo: still here".into()));
 
     engine.send(ToKeeper::Attach { child, after: 0 }).await;
     assert!(matches!(engine.next_main().await, ToEngine::Attached { .. }));
@@ -404,4 +426,29 @@ async fn an_engine_of_another_version_is_refused_and_the_connection_closes() {
     engine.stream.write_all(&[1, 0, 0, 0, 200]).await.unwrap();
     assert!(engine.try_next().await.is_none());
     assert!(matches!(engine.serving.await.unwrap(), EngineGone::Broken(_)));
+}
+
+#[tokio::test]
+async fn an_attach_waits_for_the_engine_holding_the_child_to_let_go_or_to_go() {
+    let children = children();
+    let (mut first, _) = Engine::connect(&children, 1).await;
+    let (child, _) = first.spawn(python(ECHO)).await;
+    let (mut second, _) = Engine::connect(&children, 2).await;
+    second.send(ToKeeper::Attach { child, after: 0 }).await;
+    // Still waiting: the Status asked after it is answered first.
+    second.send(ToKeeper::Status { req: 5 }).await;
+    assert!(matches!(second.next_main().await, ToEngine::Status { req: 5, .. }));
+    first.send(ToKeeper::Release { child }).await;
+    assert!(matches!(second.next_main().await, ToEngine::Attached { child: c, .. } if c == child));
+
+    // A third waits for the second, which crashes.
+    let (mut third, _) = Engine::connect(&children, 3).await;
+    third.send(ToKeeper::Attach { child, after: 0 }).await;
+    third.send(ToKeeper::Status { req: 6 }).await;
+    assert!(matches!(third.next_main().await, ToEngine::Status { req: 6, .. }));
+    second.crash().await;
+    assert!(matches!(third.next_main().await, ToEngine::Attached { child: c, .. } if c == child));
+    third.send(ToKeeper::Write { child, seq: 1, tag: Bytes::new(), line: Bytes::from("mine") }).await;
+    assert_eq!(line_of(&third.next_main().await), (child, 1, "echo: mine".into()));
+    children.stop_all(Duration::from_secs(2)).await;
 }

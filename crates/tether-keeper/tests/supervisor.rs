@@ -33,7 +33,7 @@ fn keeper_process() {
 }
 
 const FAKE_ENGINE: &str = r#"#!/usr/bin/env python3
-import os, socket, struct, sys, threading
+import os, select, socket, struct, sys, threading
 VERSION = @VERSION@
 if sys.argv[1] == 'keeper-protocol':
     print(VERSION)
@@ -58,6 +58,7 @@ def next_frame():
     n = struct.unpack('<I', buf[:4])[0]
     f, buf = bytes(buf[4:4 + n]), buf[4 + n:]
     return f
+note('engines', '%d %s' % (os.getpid(), os.environ['TETHER_KEEPER_LISTENERS']))
 if 'spawn' in modes:
     spec = (b('sleep') + struct.pack('<I', 1) + b('1000') + struct.pack('<I', 1) + b('PATH') + b(os.environ['PATH'])
             + b'\0' + struct.pack('<QQQ', 1 << 20, 1 << 20, 600000) + b('sleep'))
@@ -65,17 +66,21 @@ if 'spawn' in modes:
     f = next_frame()
     assert f[0] == 3, f
     note('children', str(struct.unpack('<I', f[17:21])[0]))
+handover = threading.Event()
 def control():
     while True:
-        if next_frame()[0] == 13:  # Handover
-            os._exit(0)
+        if next_frame()[0] == 13:
+            handover.set()
 threading.Thread(target=control, daemon=True).start()
+# The listening socket's file description is shared with the keeper and the
+# next engine: select, never settimeout (that would make it non-blocking for all).
 listener = socket.socket(fileno=fds[0])
-note('engines', '%d %s' % (os.getpid(), os.environ['TETHER_KEEPER_LISTENERS']))
-while True:
-    conn, _ = listener.accept()
-    conn.sendall(b'hi\n')
-    conn.close()
+while not handover.is_set():
+    if select.select([listener], [], [], 0.05)[0]:
+        conn, _ = listener.accept()
+        conn.sendall(b'hi\n')
+        conn.close()
+os._exit(0)
 "#;
 
 struct Keeper {
@@ -85,12 +90,21 @@ struct Keeper {
 }
 
 impl Keeper {
+    /// A keeper on a port of its own (it binds port 0; its log says which).
     fn start(version: u32, modes: &[&str]) -> Self {
+        let mut keeper = Self::start_on("127.0.0.1:0".parse().unwrap(), version, modes);
+        until("the keeper to listen", || keeper.log().contains("listening on"));
+        let log = keeper.log();
+        let bound = log.split("listening on ").nth(1).and_then(|rest| rest.split(' ').next()).unwrap();
+        keeper.addr = bound.parse().unwrap();
+        keeper
+    }
+
+    fn start_on(addr: SocketAddr, version: u32, modes: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let program = dir.path().join("fake-tether");
         std::fs::write(&program, FAKE_ENGINE.replace("@VERSION@", &version.to_string())).unwrap();
         std::fs::set_permissions(&program, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-        let addr = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
         let mut config = format!("{addr}|{}|{}", program.display(), dir.path().display());
         for mode in modes {
             config.push('|');
@@ -142,6 +156,9 @@ impl Keeper {
 
 impl Drop for Keeper {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("the keeper's log (and its engines' stderr):\n{}", self.log());
+        }
         if self.process.try_wait().ok().flatten().is_none() {
             kill(self.pid(), Signal::KILL);
             let _ = self.process.wait();
@@ -220,8 +237,9 @@ impl ConnectLoop {
     }
 }
 
+/// Nobody listens there any more.
 fn port_free(addr: SocketAddr) -> bool {
-    TcpListener::bind(addr).is_ok()
+    TcpStream::connect(addr).is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
 }
 
 #[test]
@@ -243,7 +261,7 @@ fn the_port_stays_open_while_a_dead_engine_is_restarted() {
     assert!(log.contains("WARN") && log.contains(&format!("the engine (pid {first}) was killed by signal 9")), "{log}");
     keeper.signal(Signal::TERM);
     assert_eq!(keeper.exit(), Some(0));
-    assert!(port_free(keeper.addr));
+    until("the port to be free", || port_free(keeper.addr));
 }
 
 #[test]
@@ -255,7 +273,7 @@ fn sigterm_stops_the_engine_and_every_child_and_frees_the_port() {
     keeper.signal(Signal::TERM);
     assert_eq!(keeper.exit(), Some(0));
     assert!(gone(engine) && gone(child));
-    assert!(port_free(keeper.addr));
+    until("the port to be free", || port_free(keeper.addr));
 }
 
 #[test]
@@ -298,4 +316,15 @@ fn sigusr2_hands_over_to_a_new_engine_without_a_refused_connection() {
     assert!(keeper.log().contains("handed over"), "{}", keeper.log());
     // The child it started is kept for the new one.
     assert!(!gone(keeper.children()[0]));
+}
+
+#[test]
+fn a_port_in_use_is_a_clear_error_and_exit_code_1() {
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut keeper = Keeper::start_on(taken.local_addr().unwrap(), 1, &[]);
+    assert_eq!(keeper.exit(), Some(1));
+    let log = keeper.log();
+    assert!(log.contains(&format!("cannot listen on {}: ", taken.local_addr().unwrap())), "{log}");
+    assert!(log.contains("is another server using it? pick another with --listen"), "{log}");
+    assert!(keeper.engines().is_empty());
 }
