@@ -178,11 +178,11 @@ struct Conn {
 
 enum Out {
     Msg(ToEngine),
-    /// Send `msg`, then the child's frames after `after`.
+    /// Send `msg`, then the child's frames after `after`, then `Exited`.
     Hold {
         child: Arc<Child>,
         after: u64,
-        msg: ToEngine,
+        msg: Option<ToEngine>,
     },
 }
 
@@ -412,7 +412,7 @@ impl Children {
             ToKeeper::Spawn { req, spec } => match self.spawn(conn, spec) {
                 Ok(child) => {
                     let msg = ToEngine::Spawned { req, child: child.id, pid: child.pid };
-                    send(Out::Hold { child, after: 0, msg }).await?;
+                    send(Out::Hold { child, after: 0, msg: Some(msg) }).await?;
                 }
                 Err(error) => send(Out::Msg(ToEngine::SpawnFailed { req, error })).await?,
             },
@@ -464,17 +464,27 @@ impl Children {
                     let status = "is not kept by this keeper".to_owned();
                     return send(Out::Msg(ToEngine::Exited { child, status })).await;
                 };
-                let mut st = c.state.lock();
-                if st.holder.as_ref().is_some_and(|h| h.id != conn.id) {
-                    tracing::warn!(child, "an engine stopping a child another engine holds: ignored");
-                    return Ok(());
-                }
-                st.stopped = true;
-                if st.exit.is_none() {
-                    signal_group(c.pid, Signal::KILL);
-                }
-                drop(st);
+                // An unheld child becomes this engine's, so that it hears `Exited`.
+                let watch = {
+                    let mut st = c.state.lock();
+                    if st.holder.as_ref().is_some_and(|h| h.id != conn.id) {
+                        tracing::warn!(child, "an engine stopping a child another engine holds: ignored");
+                        return Ok(());
+                    }
+                    st.stopped = true;
+                    if st.exit.is_none() {
+                        signal_group(c.pid, Signal::KILL);
+                    }
+                    let watch = st.holder.is_none().then_some(st.last_frame);
+                    if watch.is_some() {
+                        (st.holder, st.unattached_since, st.told_exit) = (Some(conn.clone()), None, false);
+                    }
+                    watch
+                };
                 c.room.notify_one();
+                if let Some(after) = watch {
+                    send(Out::Hold { child: c, after, msg: None }).await?;
+                }
             }
             ToKeeper::Status { req } => {
                 let children = self.kept();
@@ -624,7 +634,7 @@ impl Inner {
         let msg = ToEngine::Attached { child: id, written: st.written, open: st.open.iter().cloned().collect() };
         drop(st);
         child.room.notify_one();
-        Attach::Now(Out::Hold { child, after, msg })
+        Attach::Now(Out::Hold { child, after, msg: Some(msg) })
     }
 
     /// Forgets the child if nothing more can come of it.
@@ -698,7 +708,9 @@ async fn write_engine(inner: Arc<Inner>, conn: Arc<Conn>, mut write: OwnedWriteH
     let take = |out: Out, buf: &mut BytesMut, held: &mut BTreeMap<u64, (Arc<Child>, u64)>| match out {
         Out::Msg(msg) => proto::encode(&msg, buf),
         Out::Hold { child, after, msg } => {
-            proto::encode(&msg, buf);
+            if let Some(msg) = msg {
+                proto::encode(&msg, buf);
+            }
             held.insert(child.id, (child, after));
         }
     };

@@ -406,6 +406,16 @@ async fn an_orphan_is_stopped_after_its_time_and_stop_kills_the_whole_group() {
     }
     assert!(gone(leader));
     until("the grandchild to go with its group", || gone(grandchild)).await;
+
+    // A child no engine holds, stopped by one that never attached it: it hears `Exited` too.
+    let (unheld, _) = engine.spawn(spec("sleep", &["1000"])).await;
+    engine.send(ToKeeper::Release { child: unheld }).await;
+    engine.send(ToKeeper::Stop { child: unheld }).await;
+    match engine.next_main().await {
+        ToEngine::Exited { child, status } => assert_eq!((child, status.as_str()), (unheld, "was killed by signal 9")),
+        other => panic!("{other:?}"),
+    }
+    until("the stopped child to be forgotten", || children.kept().iter().all(|k| k.child != unheld)).await;
 }
 
 #[tokio::test]
@@ -451,4 +461,21 @@ async fn an_attach_waits_for_the_engine_holding_the_child_to_let_go_or_to_go() {
     third.send(ToKeeper::Write { child, seq: 1, tag: Bytes::new(), line: Bytes::from("mine") }).await;
     assert_eq!(line_of(&third.next_main().await), (child, 1, "echo: mine".into()));
     children.stop_all(Duration::from_secs(2)).await;
+}
+
+#[tokio::test]
+async fn an_over_long_line_is_one_frame_of_its_length_head_and_tail() {
+    let children = children();
+    let (mut engine, _) = Engine::connect(&children, 1).await;
+    let mut long = python("print('{' + 'x' * 998 + '}')\nprint('short')");
+    long.max_line = 100;
+    let (child, _) = engine.spawn(long).await;
+    match engine.next_main().await {
+        ToEngine::TooLong { child: c, frame: 1, len: 1000, head, tail } => {
+            assert_eq!((c, head.len(), tail.len()), (child, 100, 512));
+            assert!(head.starts_with(b"{x") && tail.ends_with(b"x}"));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(line_of(&engine.next_main().await), (child, 2, "short".into()));
 }
