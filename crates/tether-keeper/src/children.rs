@@ -371,38 +371,26 @@ impl Children {
         self.inner.table.lock().conns.insert(conn.id, conn.clone());
         let (mut read, write) = stream.into_split();
         let writer = tokio::spawn(write_engine(self.inner.clone(), conn.clone(), write, queue));
+        // Whether this ends or is dropped (aborted), the engine's children are let go.
+        let _leave = Leave { inner: self.inner.clone(), conn: conn.clone(), writer: writer.abort_handle() };
         let mut attaches = JoinSet::new();
-        let gone = loop {
+        loop {
             match decoder.next::<ToKeeper>() {
                 Ok(Some(message)) => match self.handle(&conn, message, &mut attaches).await {
                     Ok(()) => continue,
-                    Err(why) => break EngineGone::Broken(why),
+                    Err(why) => return EngineGone::Broken(why),
                 },
                 Ok(None) => {}
-                Err(e) => break EngineGone::Broken(e.to_string()),
+                Err(e) => return EngineGone::Broken(e.to_string()),
             }
             while attaches.try_join_next().is_some() {}
             decoder.buffer().reserve(64 * 1024);
             match read.read_buf(decoder.buffer()).await {
-                Ok(0) => break EngineGone::Closed,
+                Ok(0) => return EngineGone::Closed,
                 Ok(_) => {}
-                Err(e) => break EngineGone::Broken(format!("reading it failed: {e}")),
-            }
-        };
-        attaches.abort_all();
-        writer.abort();
-        self.inner.table.lock().conns.remove(&conn.id);
-        let children: Vec<_> = self.inner.table.lock().children.values().cloned().collect();
-        for child in children {
-            let mut st = child.state.lock();
-            if st.holder.as_ref().is_some_and(|h| h.id == conn.id) {
-                st.holder = None;
-                st.unattached_since = Some(Instant::now());
-                drop(st);
-                child.released.notify_waiters();
+                Err(e) => return EngineGone::Broken(format!("reading it failed: {e}")),
             }
         }
-        gone
     }
 
     async fn handle(&self, conn: &Arc<Conn>, message: ToKeeper, attaches: &mut JoinSet<()>) -> Result<(), String> {
@@ -562,6 +550,30 @@ impl Children {
         tokio::spawn(read_stderr(child.clone(), stderr));
         tracing::info!(child = id, label = %child.label, "started `{}` (pid {pid})", spec.program);
         Ok(child)
+    }
+}
+
+/// An engine connection's end: its writer stops, its children wait unattached.
+struct Leave {
+    inner: Arc<Inner>,
+    conn: Arc<Conn>,
+    writer: AbortHandle,
+}
+
+impl Drop for Leave {
+    fn drop(&mut self) {
+        self.writer.abort();
+        self.inner.table.lock().conns.remove(&self.conn.id);
+        let children: Vec<_> = self.inner.table.lock().children.values().cloned().collect();
+        for child in children {
+            let mut st = child.state.lock();
+            if st.holder.as_ref().is_some_and(|h| h.id == self.conn.id) {
+                st.holder = None;
+                st.unattached_since = Some(Instant::now());
+                drop(st);
+                child.released.notify_waiters();
+            }
+        }
     }
 }
 

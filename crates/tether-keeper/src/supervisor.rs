@@ -117,7 +117,14 @@ struct Engine {
     pid: u32,
     started: Instant,
     exit: oneshot::Receiver<WaitStatus>,
+    /// Its control connection, served.
+    serving: tokio::task::JoinHandle<()>,
 }
+
+/// How long an exited engine's connection may still be read (what it sent
+/// last), before it is closed: something the engine started may hold its
+/// end open.
+pub const LAST_WORDS: Duration = Duration::from_secs(1);
 
 fn send_signal(pid: u32, signal: Signal) {
     if let Some(pid) = i32::try_from(pid).ok().and_then(Pid::from_raw) {
@@ -180,6 +187,12 @@ impl Keeper {
                 status = engine_exit(&mut engine) => {
                     let Some(ended) = engine.take() else { continue };
                     self.children.engine_ended();
+                    let mut serving = ended.serving;
+                    tokio::spawn(async move {
+                        if tokio::time::timeout(LAST_WORDS, &mut serving).await.is_err() {
+                            serving.abort();
+                        }
+                    });
                     let how = describe(status);
                     let up = ended.started.elapsed();
                     if stopping {
@@ -299,14 +312,14 @@ impl Keeper {
         drop(command);
         tracing::info!("started the engine (pid {pid}, engine #{epoch}): {}", program.display());
         let (children, listeners) = (self.children.clone(), self.listeners.clone());
-        tokio::spawn(async move {
+        let serving = tokio::spawn(async move {
             let fds: Vec<BorrowedFd<'_>> = listeners.iter().map(|fd| fd.as_fd()).collect();
             match children.serve_engine(ours, &fds, epoch).await {
                 EngineGone::Closed => tracing::debug!("engine {pid}: {}", EngineGone::Closed),
                 gone => tracing::error!("engine {pid}: {gone}"),
             }
         });
-        Ok(Engine { pid, started: Instant::now(), exit })
+        Ok(Engine { pid, started: Instant::now(), exit, serving })
     }
 }
 

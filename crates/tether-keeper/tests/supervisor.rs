@@ -33,7 +33,7 @@ fn keeper_process() {
 }
 
 const FAKE_ENGINE: &str = r#"#!/usr/bin/env python3
-import os, select, socket, struct, sys, threading
+import os, select, socket, struct, subprocess, sys, threading
 VERSION = @VERSION@
 if sys.argv[1] == 'keeper-protocol':
     print(VERSION)
@@ -59,7 +59,19 @@ def next_frame():
     f, buf = bytes(buf[4:4 + n]), buf[4 + n:]
     return f
 note('engines', '%d %s' % (os.getpid(), os.environ['TETHER_KEEPER_LISTENERS']))
-if 'spawn' in modes:
+welcome = data[5:4 + struct.unpack('<I', data[:4])[0]]
+count, at, kept = struct.unpack('<I', welcome[20:24])[0], 24, []
+for _ in range(count):
+    kept.append(struct.unpack('<Q', welcome[at:at + 8])[0])
+    at += 16 + struct.unpack('<I', welcome[at + 12:at + 16])[0] + 1
+if 'attach' in modes:
+    for child in kept:
+        ctl.sendall(frame(3, struct.pack('<QQ', child, 0)))
+        note('attached', '%d %s' % (child, {5: 'attached', 6: 'failed'}.get(next_frame()[0], '?')))
+if 'leak' in modes and not kept:
+    # Something the engine starts keeps its stdin (the control socket) open.
+    note('leaks', str(subprocess.Popen(['sleep', '1000']).pid))
+if 'spawn' in modes and not kept:
     spec = (b('sleep') + struct.pack('<I', 1) + b('1000') + struct.pack('<I', 1) + b('PATH') + b(os.environ['PATH'])
             + b'\0' + struct.pack('<QQQ', 1 << 20, 1 << 20, 600000) + b('sleep'))
     ctl.sendall(frame(2, struct.pack('<Q', 1) + spec))
@@ -163,6 +175,15 @@ impl Drop for Keeper {
             kill(self.pid(), Signal::KILL);
             let _ = self.process.wait();
         }
+    }
+}
+
+/// A process the test started outside the keeper's care.
+struct KillOnDrop(u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = rustix::process::kill_process(Pid::from_raw(self.0 as i32).unwrap(), Signal::KILL);
     }
 }
 
@@ -327,4 +348,20 @@ fn a_port_in_use_is_a_clear_error_and_exit_code_1() {
     assert!(log.contains(&format!("cannot listen on {}: ", taken.local_addr().unwrap())), "{log}");
     assert!(log.contains("is another server using it? pick another with --listen"), "{log}");
     assert!(keeper.engines().is_empty());
+}
+
+#[test]
+fn a_restarted_engine_takes_the_children_even_if_the_old_one_left_its_socket_open() {
+    let keeper = Keeper::start(1, &["spawn", "attach", "leak"]);
+    until("the engine's child", || keeper.children().len() == 1);
+    let leak: u32 = keeper.lines("leaks")[0].parse().unwrap();
+    let _leak = KillOnDrop(leak);
+    kill(keeper.engines()[0], Signal::KILL);
+    let restarted = Instant::now();
+    until("the new engine to attach the child", || !keeper.lines("attached").is_empty());
+    let attached = keeper.lines("attached");
+    assert_eq!(attached, ["1 attached"]);
+    // Not the 30 s an Attach waits for a live engine: the dead one's connection was closed.
+    assert!(restarted.elapsed() < Duration::from_secs(10), "{:?}", restarted.elapsed());
+    assert_eq!(keeper.children().len(), 1, "the new engine started no child of its own");
 }
