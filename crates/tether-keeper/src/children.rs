@@ -397,15 +397,14 @@ impl Children {
         let send = |out: Out| async move { conn.out.send(out).await.map_err(|_| "its writer is gone".to_owned()) };
         match message {
             ToKeeper::Hello { .. } => return Err("a second Hello".into()),
-            ToKeeper::Spawn { req, spec } => match self.spawn(conn, spec) {
-                Ok(child) => {
-                    let msg = ToEngine::Spawned { req, child: child.id, pid: child.pid };
-                    send(Out::Hold { child, after: 0, msg: Some(msg) }).await?;
-                }
+            ToKeeper::Spawn { req, spec } => match self.spawn(conn, req, spec) {
+                Ok(queued) => queued?,
                 Err(error) => send(Out::Msg(ToEngine::SpawnFailed { req, error })).await?,
             },
             ToKeeper::Attach { child, after } => match self.inner.try_attach(conn, child, after) {
-                Attach::Now(out) => send(out).await?,
+                Attach::Failed(out) => send(out).await?,
+                Attach::Done => {}
+                Attach::Full => return Err(not_reading()),
                 Attach::Busy => {
                     if attaches.len() >= PENDING_ATTACHES {
                         return Err(format!("more than {PENDING_ATTACHES} attaches waiting"));
@@ -488,7 +487,9 @@ impl Children {
     }
 
     /// Starts a child held by `conn`.
-    fn spawn(&self, conn: &Arc<Conn>, spec: SpawnSpec) -> Result<Arc<Child>, String> {
+    /// Starts a child held by `conn` and queues `Spawned` before anything
+    /// of the child's can be (its `Stderr`); `Ok(Err)` if the queue is full.
+    fn spawn(&self, conn: &Arc<Conn>, req: u64, spec: SpawnSpec) -> Result<Result<(), String>, String> {
         let mut command = Command::new(&spec.program);
         command.args(&spec.args).env_clear().envs(spec.env.iter().map(|(k, v)| (k, v)));
         if let Some(cwd) = &spec.cwd {
@@ -544,12 +545,15 @@ impl Children {
         table.children.insert(id, child.clone());
         table.by_pid.insert(pid, id);
         drop(table);
+        let spawned = ToEngine::Spawned { req, child: id, pid };
+        let queued =
+            conn.out.try_send(Out::Hold { child: child.clone(), after: 0, msg: Some(spawned) }).map_err(|_| not_reading());
         let reader = tokio::spawn(read_stdout(self.inner.clone(), child.clone(), stdout, max_line));
         child.state.lock().reader = Some(reader.abort_handle());
         tokio::spawn(write_stdin(child.clone(), stdin, stdin_rx));
         tokio::spawn(read_stderr(child.clone(), stderr));
         tracing::info!(child = id, label = %child.label, "started `{}` (pid {pid})", spec.program);
-        Ok(child)
+        Ok(queued)
     }
 }
 
@@ -578,8 +582,18 @@ impl Drop for Leave {
 }
 
 enum Attach {
-    Now(Out),
+    /// Refused: the answer to send.
+    Failed(Out),
+    /// Held now; `Attached` is queued.
+    Done,
+    /// Another engine holds it.
     Busy,
+    /// The engine's queue is full.
+    Full,
+}
+
+fn not_reading() -> String {
+    format!("more than {OUT_QUEUE} answers wait for the engine: it does not read them")
 }
 
 impl Inner {
@@ -624,7 +638,7 @@ impl Inner {
     }
 
     fn try_attach(&self, conn: &Arc<Conn>, id: u64, after: u64) -> Attach {
-        let failed = |reason: &str| Attach::Now(Out::Msg(ToEngine::AttachFailed { child: id, reason: reason.into() }));
+        let failed = |reason: &str| Attach::Failed(Out::Msg(ToEngine::AttachFailed { child: id, reason: reason.into() }));
         let Some(child) = self.child(id) else {
             return failed("no such child: the keeper that ran it is gone or it exited");
         };
@@ -635,6 +649,12 @@ impl Inner {
         if st.holder.as_ref().is_some_and(|h| h.id != conn.id) {
             return Attach::Busy;
         }
+        // Queued under the child's lock: nothing of the child's (`Written`,
+        // `Stderr`) reaches this engine before `Attached`.
+        let msg = ToEngine::Attached { child: id, written: st.written, open: st.open.iter().cloned().collect() };
+        if conn.out.try_send(Out::Hold { child: child.clone(), after, msg: Some(msg) }).is_err() {
+            return Attach::Full;
+        }
         st.holder = Some(conn.clone());
         st.unattached_since = None;
         st.told_exit = false;
@@ -643,10 +663,9 @@ impl Inner {
                 st.held -= frame.size();
             }
         }
-        let msg = ToEngine::Attached { child: id, written: st.written, open: st.open.iter().cloned().collect() };
         drop(st);
         child.room.notify_one();
-        Attach::Now(Out::Hold { child, after, msg: Some(msg) })
+        Attach::Done
     }
 
     /// Forgets the child if nothing more can come of it.
@@ -673,10 +692,11 @@ async fn attach_later(inner: Arc<Inner>, conn: Arc<Conn>, id: u64, after: u64) {
         tokio::pin!(released);
         released.as_mut().enable();
         match inner.try_attach(&conn, id, after) {
-            Attach::Now(out) => {
+            Attach::Failed(out) => {
                 let _ = conn.out.send(out).await;
                 return;
             }
+            Attach::Done | Attach::Full => return,
             Attach::Busy if tokio::time::timeout_at(deadline, released).await.is_ok() => {}
             Attach::Busy => {
                 let reason = format!("another engine holds child {id} and did not let go of it within {ATTACH_WAIT:?}");
@@ -685,7 +705,7 @@ async fn attach_later(inner: Arc<Inner>, conn: Arc<Conn>, id: u64, after: u64) {
             }
         }
     }
-    if let Attach::Now(out) = inner.try_attach(&conn, id, after) {
+    if let Attach::Failed(out) = inner.try_attach(&conn, id, after) {
         let _ = conn.out.send(out).await;
     }
 }

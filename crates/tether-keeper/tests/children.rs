@@ -217,7 +217,9 @@ async fn exited_comes_after_every_frame_with_the_status_as_a_person_reads_it() {
     let children = children();
     let (mut engine, _) = Engine::connect(&children, 1).await;
     let script = "import sys\nsys.stderr.write('careful\\n')\nsys.stderr.flush()\nfor i in range(3): print(i)\nsys.exit(3)";
-    let (child, _) = engine.spawn(python(script)).await;
+    engine.send(ToKeeper::Spawn { req: 1, spec: python(script) }).await;
+    // Nothing of the child's comes before the answer that names it.
+    let ToEngine::Spawned { req: 1, child, .. } = engine.next().await else { panic!("Spawned first") };
     let mut stderr = Vec::new();
     let mut n = 0;
     while n < 3 {
