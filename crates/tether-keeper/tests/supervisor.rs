@@ -33,7 +33,7 @@ fn keeper_process() {
 }
 
 const FAKE_ENGINE: &str = r#"#!/usr/bin/env python3
-import os, select, socket, struct, subprocess, sys, threading
+import os, select, signal, socket, struct, subprocess, sys, threading
 VERSION = @VERSION@
 if sys.argv[1] == 'keeper-protocol':
     print(VERSION)
@@ -44,6 +44,12 @@ def frame(kind, body): return struct.pack('<IB', len(body) + 1, kind) + body
 def b(x): x = x.encode(); return struct.pack('<I', len(x)) + x
 def note(name, line):
     with open(os.path.join(out, name), 'a') as f: f.write(line + '\n')
+if 'stubborn' in modes:
+    # Notes SIGHUP and SIGTERM, and drains forever.
+    signal.signal(signal.SIGHUP, lambda *_: note('signals', 'HUP'))
+    signal.signal(signal.SIGTERM, lambda *_: note('signals', 'TERM'))
+elif 'fails' in modes:
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(3))
 ctl = socket.socket(fileno=0)
 ctl.sendall(frame(1, struct.pack('<II', 1, os.getpid())))
 data, fds, _, _ = socket.recv_fds(ctl, 1 << 20, 8)
@@ -364,4 +370,30 @@ fn a_restarted_engine_takes_the_children_even_if_the_old_one_left_its_socket_ope
     // Not the 30 s an Attach waits for a live engine: the dead one's connection was closed.
     assert!(restarted.elapsed() < Duration::from_secs(10), "{:?}", restarted.elapsed());
     assert_eq!(keeper.children().len(), 1, "the new engine started no child of its own");
+}
+
+#[test]
+fn sighup_reaches_the_engine_and_a_second_sigterm_stops_a_draining_engine_at_once() {
+    let mut keeper = Keeper::start(1, &["spawn", "stubborn"]);
+    until("the engine's child", || keeper.children().len() == 1);
+    let (engine, child) = (keeper.engines()[0], keeper.children()[0]);
+    keeper.signal(Signal::HUP);
+    until("the engine to get SIGHUP", || keeper.lines("signals") == ["HUP"]);
+    keeper.signal(Signal::TERM);
+    until("the engine to get SIGTERM", || keeper.lines("signals") == ["HUP", "TERM"]);
+    // It drains (forever): the keeper waits, and so does the child.
+    assert!(keeper.process.try_wait().unwrap().is_none());
+    assert!(!gone(child));
+    keeper.signal(Signal::TERM);
+    assert_eq!(keeper.exit(), Some(128 + 9));
+    assert!(gone(engine) && gone(child));
+    assert!(keeper.log().contains("told to stop again: killing the engine and every child now"));
+}
+
+#[test]
+fn the_keeper_exits_with_the_code_its_engine_failed_with_when_stopping() {
+    let mut keeper = Keeper::start(1, &["fails"]);
+    until("the first engine", || keeper.engines().len() == 1);
+    keeper.signal(Signal::TERM);
+    assert_eq!(keeper.exit(), Some(3));
 }
