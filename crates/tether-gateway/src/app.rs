@@ -312,6 +312,7 @@ impl Gateway {
         let mut params = params;
         let progress = Progress::issue(params.as_mut());
         let issued = progress.as_ref().map(|p| p.issued.clone());
+        let kept_progress = connection.upstream.keeps_calls().then(|| progress.clone()).flatten();
         let _in_flight = link.enter(ctx, progress);
         let replayed = Replayed::of(method, params.as_ref());
         let timer = tether_server::metrics::upstream_request_started();
@@ -320,6 +321,10 @@ impl Gateway {
         let again = self.connector.forgets_sessions().then(|| params.clone());
         let track = tether_client::RequestTrack::new();
         let mut result = match notes {
+            // A kept child's call outlives this process without a note.
+            Notes::Leave if connection.upstream.keeps_calls() => {
+                connection.upstream.request_for(ctx, method, params, kept_progress.as_ref()).await
+            }
             Notes::Leave => request_with_note(ctx, &connection, &self.slot, method, params, issued.clone(), &track).await,
             Notes::None => connection.upstream.request_tracked(method, params, &track).await,
         };
@@ -681,21 +686,33 @@ impl McpApp for Gateway {
         tether_server::trace::record_upstream(&self.config.name);
         let session = ctx.require_session()?;
         let note = &cut_off.note;
-        let (Some(request_id), Some(after)) = (note.get(NOTE_REQUEST_ID), note.get(NOTE_AFTER_EVENT).and_then(Value::as_str))
-        else {
-            return Err(RpcError::internal(crate::upstream::UPSTREAM_RESTARTED));
+        let (request_id, after, connection, progress) = if note.is_null() {
+            // No note: a kept child's call, found by its client request.
+            let Some(stream) = ctx.stream_name() else { return Err(RpcError::internal(crate::upstream::UPSTREAM_RESTARTED)) };
+            let key = crate::upstream::request_key(session.session_id(), stream);
+            let connection = self.upstream(&session, None).await?;
+            let Some(call) = connection.upstream.cut_off_call(&key) else {
+                return Err(RpcError::internal(tether_server::engine::INTERRUPTED_MESSAGE));
+            };
+            (call.id, String::new(), connection, call.progress)
+        } else {
+            let (Some(request_id), Some(after)) = (note.get(NOTE_REQUEST_ID), note.get(NOTE_AFTER_EVENT).and_then(Value::as_str))
+            else {
+                return Err(RpcError::internal(crate::upstream::UPSTREAM_RESTARTED));
+            };
+            let connection = self.upstream(&session, None).await?;
+            // Only what carries the token the upstream was given for this
+            // very request (or none) is this request's.
+            let progress = match (note.get(NOTE_PROGRESS_TOKEN), ctx.progress_token()) {
+                (Some(issued), Some(client)) => Some(Progress { issued: issued.clone(), client: client.clone() }),
+                _ => None,
+            };
+            (request_id.clone(), after.to_owned(), connection, progress)
         };
-        let connection = self.upstream(&session, None).await?;
         let link = self.slot.link(&session);
-        // Only what carries the token the upstream was given for this very
-        // request (or none) is this request's.
-        let progress = match (note.get(NOTE_PROGRESS_TOKEN), ctx.progress_token()) {
-            (Some(issued), Some(client)) => Some(Progress { issued: issued.clone(), client: client.clone() }),
-            _ => None,
-        };
         let _in_flight = link.enter(&ctx, progress.clone());
         let (tx, mut rx) = tokio::sync::mpsc::channel(link::RESUMED_BUFFER);
-        let resumed = connection.upstream.resume(request_id.clone(), after, tx);
+        let resumed = connection.upstream.resume(request_id, &after, tx);
         let mut resumed = std::pin::pin!(resumed);
         let mut already = link::AlreadySent::new(cut_off.sent);
         tracing::info!(upstream = %self.config.name, session = session.session_id(), "picking up a request cut off by a restart from its upstream");
@@ -718,6 +735,11 @@ impl McpApp for Gateway {
                 }
             }
         }
+    }
+
+    /// A kept child's calls are found again without a note (see [`crate::kept`]).
+    fn recovers_unnoted(&self) -> bool {
+        crate::kept::keeper().is_some() && matches!(self.config.target, crate::config::Target::Command(_))
     }
 
     async fn on_notification(&self, ctx: SessionCtx, method: &str, params: Option<Map<String, Value>>) {
@@ -784,7 +806,7 @@ impl McpApp for Gateway {
         }
         let closing = self.links.live().into_iter().map(|link| async move {
             if let Some(connection) = link.live.lock().await.take() {
-                connection.upstream.close(false).await;
+                connection.upstream.leave().await;
             }
         });
         futures::future::join(futures::future::join_all(closing), self.pool.close_all()).await;

@@ -26,6 +26,8 @@
 //!   carrying on connections, capacity, passthrough; [`stdio`] (a child
 //!   process per session) and [`http`] (an upstream HTTP session per
 //!   session) implement it and [`upstream`], one live connection.
+//! - [`kept`]: a command's child held by the keeper (under `tether serve`),
+//!   whose calls outlive the engine.
 
 mod app;
 mod backoff;
@@ -35,6 +37,7 @@ pub mod config;
 mod connector;
 pub mod credentials;
 pub mod http;
+pub mod kept;
 mod link;
 mod links;
 mod member_lists;

@@ -76,7 +76,7 @@ struct InFlight {
 
 /// A request's progress token upstream, and the client's it stands for.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Progress {
+pub struct Progress {
     pub issued: Value,
     pub client: Value,
 }

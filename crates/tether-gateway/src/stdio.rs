@@ -65,7 +65,7 @@ use crate::processes::{ProcessPermit, Processes};
 use crate::upstream::{PeerMessage, PeerSink, Started, UPSTREAM_RESTARTED, Upstream};
 
 /// Lines queued for the child's stdin.
-const WRITE_QUEUE: usize = 256;
+pub(crate) const WRITE_QUEUE: usize = 256;
 /// Lines written before one flush, at most.
 const WRITE_BATCH: usize = 64;
 /// Requests waiting for one child's answer, at most (the engine bounds
@@ -90,7 +90,7 @@ const LAST_STDERR_MAX: usize = 300;
 /// open forever).
 const EXIT_GRACE: Duration = Duration::from_secs(1);
 /// How long `close` (and a failed start) waits for the child to be gone.
-const CLOSE_WAIT: Duration = Duration::from_secs(5);
+pub(crate) const CLOSE_WAIT: Duration = Duration::from_secs(5);
 
 /// A command upstream's transport: a child per connection, under the
 /// upstream's `max_processes`.
@@ -127,7 +127,23 @@ impl Connector for StdioConnector {
                 self.name
             )));
         };
+        if crate::kept::keeper().is_some() {
+            let (spec, name) = (&self.spec, &self.name);
+            return crate::kept::start(spec, name, request.session, request.params, self.init_timeout, permit, request.sink)
+                .await;
+        }
         start(&self.spec, &self.name, request.session, request.params, self.init_timeout, permit, request.sink).await
+    }
+
+    /// A child the keeper kept for the session (after an engine restart).
+    async fn attach(
+        &self,
+        session: &str,
+        carry_on: &Value,
+        _authorization: Option<String>,
+        sink: Arc<dyn PeerSink>,
+    ) -> Option<Arc<dyn Upstream>> {
+        crate::kept::attach(&self.spec, &self.name, session, carry_on, sink).await
     }
 }
 
@@ -171,15 +187,7 @@ pub async fn start(
         return Err(RpcError::internal(format!("upstream {upstream_name} (`{command}`): its stdio pipes are missing")));
     };
 
-    let shared = Arc::new(Shared {
-        upstream: upstream_name.to_owned(),
-        session: SessionTag(parking_lot::RwLock::new(session.to_owned())),
-        command,
-        alive: AtomicBool::new(true),
-        pending: Mutex::new(Pending::default()),
-        last_stderr: Mutex::new(None),
-        unreadable: Mutex::new(Burst::new(UNREADABLE_PER_WINDOW, UNREADABLE_WINDOW)),
-    });
+    let shared = Arc::new(Shared::new(upstream_name, session, command, None));
     let kill = Arc::new(Notify::new());
     let (writer, write_rx) = mpsc::channel(WRITE_QUEUE);
     let (exited_tx, exited) = watch::channel(None);
@@ -191,11 +199,23 @@ pub async fn start(
     tether_server::metrics::upstream_processes(upstream_name, 1);
     tokio::spawn(supervise(child, tasks, shared.clone(), kill.clone(), exited_tx, permit));
     let request_timeout = spec.request_timeout;
-    let upstream = Arc::new(StdioUpstream { shared, writer, next_id: AtomicU64::new(0), kill, exited, request_timeout });
+    let upstream =
+        Arc::new(StdioUpstream { shared, writer, next_id: AtomicU64::new(0), kill, exited, request_timeout, kept: None });
+    let (upstream, initialize_result) = initialize(upstream, initialize_params, init_timeout).await?;
+    Ok(Started { upstream, initialize_result, carry_on: None })
+}
 
+/// Sends `initialize` on a started child and waits at most `init_timeout`
+/// for its answer; a child that does not answer is stopped.
+pub(crate) async fn initialize(
+    upstream: Arc<StdioUpstream>,
+    initialize_params: Value,
+    init_timeout: Duration,
+) -> Result<(Arc<StdioUpstream>, Box<RawValue>), RpcError> {
+    let upstream_name = upstream.shared.upstream.clone();
     let who = format!("upstream {upstream_name} (`{}`)", upstream.shared.command);
     match tokio::time::timeout(init_timeout, upstream.request("initialize", Some(initialize_params))).await {
-        Ok(Ok(initialize_result)) => Ok(Started { upstream, initialize_result, carry_on: None }),
+        Ok(Ok(initialize_result)) => Ok((upstream, initialize_result)),
         Ok(Err(e)) if !upstream.is_alive() => {
             let exit = upstream.wait_exit(CLOSE_WAIT).await;
             // Ours (the connection ended) or the child's own refusal, which it exited after.
@@ -220,34 +240,52 @@ pub async fn start(
 
 /// A running child, as an [`Upstream`]. Dropping it stops the child.
 pub struct StdioUpstream {
-    shared: Arc<Shared>,
-    writer: mpsc::Sender<Bytes>,
-    next_id: AtomicU64,
-    kill: Arc<Notify>,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) writer: mpsc::Sender<Outgoing>,
+    pub(crate) next_id: AtomicU64,
+    pub(crate) kill: Arc<Notify>,
     /// How the child ended, once it has (`"exited (exit status: 3)"`).
-    exited: watch::Receiver<Option<String>>,
+    pub(crate) exited: watch::Receiver<Option<String>>,
     /// How long a request (but `initialize`) may wait for its answer.
-    request_timeout: Duration,
+    pub(crate) request_timeout: Duration,
+    /// The keeper's part, for a child the keeper holds.
+    pub(crate) kept: Option<Arc<crate::kept::KeptChild>>,
+}
+
+/// A line for the child's stdin, and what it is for (a kept child's
+/// requests name their client request: see [`crate::kept`]; else empty).
+pub(crate) struct Outgoing {
+    pub line: Bytes,
+    pub tag: Bytes,
+}
+
+impl From<Bytes> for Outgoing {
+    fn from(line: Bytes) -> Self {
+        Self { line, tag: Bytes::new() }
+    }
 }
 
 /// What the tasks and the upstream share (never the upstream itself: its
 /// drop is what stops the child).
-struct Shared {
-    upstream: String,
-    session: SessionTag,
+pub(crate) struct Shared {
+    pub(crate) upstream: String,
+    pub(crate) session: SessionTag,
     /// The command as typed, for messages.
-    command: String,
-    alive: AtomicBool,
+    pub(crate) command: String,
+    pub(crate) alive: AtomicBool,
     pending: Mutex<Pending>,
     last_stderr: Mutex<Option<String>>,
     /// Warnings about unreadable lines (bounded per window).
     unreadable: Mutex<Burst>,
+    /// A kept child's frames: an answer's frame is held until the client's
+    /// final response is stored.
+    pub(crate) frames: Option<Arc<crate::kept::Frames>>,
 }
 
 /// The tether session a child serves, as its log lines name it: the one it
 /// started for, renamed if that turns out to be another (a client that
 /// resumed an existing session in its `initialize`).
-struct SessionTag(parking_lot::RwLock<String>);
+pub(crate) struct SessionTag(pub(crate) parking_lot::RwLock<String>);
 
 impl std::fmt::Display for SessionTag {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -255,7 +293,7 @@ impl std::fmt::Display for SessionTag {
     }
 }
 
-type Answer = Result<Box<RawValue>, RpcError>;
+pub(crate) type Answer = Result<Box<RawValue>, RpcError>;
 
 #[derive(Default)]
 struct Pending {
@@ -272,6 +310,21 @@ struct Tasks {
 }
 
 impl Shared {
+    /// The state of a child's connection, for `upstream` (named `command`)
+    /// serving `session`; `frames` for a kept child.
+    pub(crate) fn new(upstream: &str, session: &str, command: String, frames: Option<Arc<crate::kept::Frames>>) -> Self {
+        Self {
+            upstream: upstream.to_owned(),
+            session: SessionTag(parking_lot::RwLock::new(session.to_owned())),
+            command,
+            alive: AtomicBool::new(true),
+            pending: Mutex::new(Pending::default()),
+            last_stderr: Mutex::new(None),
+            unreadable: Mutex::new(Burst::new(UNREADABLE_PER_WINDOW, UNREADABLE_WINDOW)),
+            frames,
+        }
+    }
+
     fn register(&self, id: u64, tx: oneshot::Sender<Answer>) -> Result<(), RpcError> {
         let mut pending = self.pending.lock();
         if pending.ended {
@@ -309,7 +362,12 @@ impl Shared {
         };
         match waiter {
             // The caller may have just gone; its answer has no one to go to.
-            Some(tx) => drop(tx.send(answer)),
+            Some(tx) => {
+                if let (Some(frames), Some(n)) = (&self.frames, n) {
+                    frames.hold_answer(n);
+                }
+                drop(tx.send(answer));
+            }
             None if given_up => {
                 tracing::debug!(upstream = %self.upstream, session = %self.session, "late answer to cancelled request {id}")
             }
@@ -321,7 +379,7 @@ impl Shared {
     /// `tail` are the start and the end. If it names a request waiting, or
     /// is an answer while only one request waits, that request ends with an
     /// error saying so; otherwise it is counted and skipped.
-    fn unreadable(&self, head: &[u8], tail: &[u8], why: &str) {
+    pub(crate) fn unreadable(&self, head: &[u8], tail: &[u8], why: &str) {
         let salvaged = ndjson::salvage_id(head, tail);
         let waiter = {
             let mut pending = self.pending.lock();
@@ -354,7 +412,7 @@ impl Shared {
     }
 
     /// The connection is gone: every request in flight ends, nothing new starts.
-    fn end(&self) {
+    pub(crate) fn end(&self) {
         self.alive.store(false, Ordering::Release);
         let waiting = {
             let mut pending = self.pending.lock();
@@ -366,7 +424,7 @@ impl Shared {
         }
     }
 
-    fn gone(&self) -> RpcError {
+    pub(crate) fn gone(&self) -> RpcError {
         RpcError::internal(format!(
             "upstream {} (`{}`) is not running{}; a new request starts it again",
             self.upstream,
@@ -376,7 +434,7 @@ impl Shared {
     }
 
     /// "; its last stderr line: …" for error messages.
-    fn stderr_hint(&self) -> String {
+    pub(crate) fn stderr_hint(&self) -> String {
         match self.last_stderr.lock().as_deref() {
             Some(line) => format!("; its last stderr line: {line}"),
             None => "; it wrote nothing on stderr".to_owned(),
@@ -386,7 +444,7 @@ impl Shared {
     /// One line the child wrote on stdout. A message of the child's own is
     /// delivered before the next line is read (a slow delivery
     /// back-pressures the child: it blocks on a full stdout pipe).
-    async fn dispatch(&self, line: &[u8], sink: &dyn PeerSink) {
+    pub(crate) async fn dispatch(&self, line: &[u8], sink: &dyn PeerSink) {
         // The common case, an answer to one of our requests, is read once
         // and its result kept as the child wrote it (no field reordered).
         if let Ok(response) = serde_json::from_slice::<ResponseLine<'_>>(line)
@@ -416,7 +474,7 @@ impl Shared {
 }
 
 /// Our ids are numbers; a child that echoes them as strings is forgiven.
-fn our_id(id: &Value) -> Option<u64> {
+pub(crate) fn our_id(id: &Value) -> Option<u64> {
     id.as_u64().or_else(|| id.as_str().and_then(|s| s.parse().ok()))
 }
 
@@ -433,7 +491,7 @@ struct ResponseLine<'a> {
 }
 
 /// The start of a line as text, for logs.
-fn preview(line: &[u8], max: usize) -> String {
+pub(crate) fn preview(line: &[u8], max: usize) -> String {
     let text = String::from_utf8_lossy(&line[..line.len().min(max)]);
     let mut text: String = text.chars().filter(|c| !c.is_control()).collect();
     if line.len() > max {
@@ -443,6 +501,62 @@ fn preview(line: &[u8], max: usize) -> String {
 }
 
 impl StdioUpstream {
+    /// Sends request `id` (its line tagged `tag`) and waits for its answer,
+    /// bounded by `request_timeout` (but `initialize`); with the hold on
+    /// the answer's frame, for a kept child.
+    async fn exchange(
+        &self,
+        id: u64,
+        tag: Bytes,
+        method: &str,
+        mut params: Option<Value>,
+    ) -> Result<(Box<RawValue>, Option<crate::kept::FrameHold>), RpcError> {
+        // The W3C trace context of this request's span (`--otlp-endpoint`):
+        // a child has no headers, so it goes in `params._meta`.
+        tether_server::trace::inject_meta(&mut params);
+        let (tx, rx) = oneshot::channel();
+        self.shared.register(id, tx)?;
+        // `initialize` is bounded by the caller (`upstream_init_timeout`).
+        let initialize = method == "initialize";
+        let mut in_flight = InFlight {
+            upstream: self,
+            id,
+            sent: false,
+            done: false,
+            cancellable: !initialize,
+            reason: Cow::Borrowed("the gateway's client is no longer waiting for this request"),
+        };
+        let line = envelope::outbound_message(Some(&json!(id)), method, params.as_ref());
+        // Queuing the line counts too: a child that stops reading its stdin
+        // holds a request no longer than one that never answers.
+        let exchange = async {
+            self.writer.send(Outgoing { line, tag }).await.map_err(|_| self.shared.gone())?;
+            in_flight.sent = true;
+            let answer = rx.await;
+            in_flight.done = true;
+            // A dropped sender means the connection ended without a word.
+            let answer = answer.unwrap_or_else(|_| Err(RpcError::internal(UPSTREAM_RESTARTED)));
+            let hold = self.shared.frames.as_ref().and_then(|frames| frames.take_hold(id));
+            answer.map(|a| (a, hold))
+        };
+        if initialize {
+            return exchange.await;
+        }
+        match tokio::time::timeout(self.request_timeout, exchange).await {
+            Ok(answer) => answer,
+            Err(_) => {
+                let waited = humantime::format_duration(self.request_timeout);
+                let shared = &self.shared;
+                tracing::warn!(upstream = %shared.upstream, session = %shared.session, "request {id} ({method:?}) got no answer within {waited} (request_timeout); ending it and cancelling it upstream");
+                in_flight.reason =
+                    format!("no answer within {waited}, the request_timeout of tether's upstream {}", shared.upstream).into();
+                // Dropping it removes the waiting entry and sends the cancellation.
+                drop(in_flight);
+                Err(self.timed_out(method))
+            }
+        }
+    }
+
     /// The error of a request that got no answer within `request_timeout`.
     fn timed_out(&self, method: &str) -> RpcError {
         let (name, waited) = (&self.shared.upstream, humantime::format_duration(self.request_timeout));
@@ -457,7 +571,7 @@ impl StdioUpstream {
         if !self.is_alive() {
             return Err(self.shared.gone());
         }
-        self.writer.send(line).await.map_err(|_| self.shared.gone())
+        self.writer.send(line.into()).await.map_err(|_| self.shared.gone())
     }
 
     /// How the child ended ("exited (exit status: 3)"), waiting at most `limit`.
@@ -504,7 +618,7 @@ impl Drop for InFlight<'_> {
         let line = envelope::outbound_message(None, "notifications/cancelled", Some(&params));
         // No await in drop: if the queue is full the child is far behind and
         // the answer, when it comes, is dropped as a late one.
-        if self.upstream.writer.try_send(line).is_err() {
+        if self.upstream.writer.try_send(line.into()).is_err() {
             let shared = &self.upstream.shared;
             tracing::debug!(upstream = %shared.upstream, session = %shared.session, "could not queue notifications/cancelled for request {}", self.id);
         }
@@ -513,50 +627,57 @@ impl Drop for InFlight<'_> {
 
 #[async_trait]
 impl Upstream for StdioUpstream {
-    async fn request(&self, method: &str, mut params: Option<Value>) -> Result<Box<RawValue>, RpcError> {
-        // The W3C trace context of this request's span (`--otlp-endpoint`):
-        // a child has no headers, so it goes in `params._meta`.
-        tether_server::trace::inject_meta(&mut params);
+    async fn request(&self, method: &str, params: Option<Value>) -> Result<Box<RawValue>, RpcError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        self.shared.register(id, tx)?;
-        // `initialize` is bounded by the caller (`upstream_init_timeout`).
-        let initialize = method == "initialize";
-        let mut in_flight = InFlight {
-            upstream: self,
-            id,
-            sent: false,
-            done: false,
-            cancellable: !initialize,
-            reason: Cow::Borrowed("the gateway's client is no longer waiting for this request"),
-        };
-        let line = envelope::outbound_message(Some(&json!(id)), method, params.as_ref());
-        // Queuing the line counts too: a child that stops reading its stdin
-        // holds a request no longer than one that never answers.
-        let exchange = async {
-            self.writer.send(line).await.map_err(|_| self.shared.gone())?;
-            in_flight.sent = true;
-            let answer = rx.await;
-            in_flight.done = true;
-            // A dropped sender means the connection ended without a word.
-            answer.unwrap_or_else(|_| Err(RpcError::internal(UPSTREAM_RESTARTED)))
-        };
-        if initialize {
-            return exchange.await;
-        }
-        match tokio::time::timeout(self.request_timeout, exchange).await {
-            Ok(answer) => answer,
-            Err(_) => {
-                let waited = humantime::format_duration(self.request_timeout);
-                let shared = &self.shared;
-                tracing::warn!(upstream = %shared.upstream, session = %shared.session, "request {id} ({method:?}) got no answer within {waited} (request_timeout); ending it and cancelling it upstream");
-                in_flight.reason =
-                    format!("no answer within {waited}, the request_timeout of tether's upstream {}", shared.upstream).into();
-                // Dropping it removes the waiting entry and sends the cancellation.
-                drop(in_flight);
-                Err(self.timed_out(method))
+        // A kept child's answer is let go of at once: nobody stores it.
+        self.exchange(id, Bytes::new(), method, params).await.map(|(answer, _)| answer)
+    }
+
+    fn keeps_calls(&self) -> bool {
+        self.kept.is_some()
+    }
+
+    async fn request_for(
+        &self,
+        ctx: &tether_server::RequestCtx,
+        method: &str,
+        params: Option<Value>,
+        progress: Option<&crate::link::Progress>,
+    ) -> Result<Box<RawValue>, RpcError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let Some(kept) = &self.kept else { return self.exchange(id, Bytes::new(), method, params).await.map(|(a, _)| a) };
+        let tag = kept.tag_for(ctx, id, progress);
+        let outcome = self.exchange(id, tag.clone(), method, params).await;
+        let (answer, hold) = match outcome {
+            Ok(answered) => answered,
+            Err(e) => {
+                kept.done(tag);
+                return Err(e);
             }
+        };
+        kept.settle_after_final(ctx, hold, tag);
+        Ok(answer)
+    }
+
+    fn cut_off_call(&self, key: &str) -> Option<crate::upstream::CutOffCall> {
+        self.kept.as_ref()?.cut_off_call(key)
+    }
+
+    async fn resume(
+        &self,
+        request_id: Value,
+        _after: &str,
+        messages: mpsc::Sender<PeerMessage>,
+    ) -> Result<Box<RawValue>, RpcError> {
+        let Some(kept) = &self.kept else { return Err(RpcError::internal(UPSTREAM_RESTARTED)) };
+        kept.resume(&request_id, messages, self.request_timeout, &self.shared).await
+    }
+
+    async fn leave(&self) {
+        if let Some(kept) = &self.kept {
+            kept.leave();
         }
+        self.close(false).await;
     }
 
     async fn notify(&self, method: &str, params: Option<Value>) -> Result<(), RpcError> {
@@ -633,6 +754,12 @@ async fn supervise(
         stderr.abort();
     }
     writer.abort();
+    gone(&shared, Some(permit), &exited, description);
+}
+
+/// The child is gone (`description`: how): its place under `max_processes`
+/// is free, then every request in flight ends and nothing new starts.
+pub(crate) fn gone(shared: &Shared, permit: Option<ProcessPermit>, exited: &watch::Sender<Option<String>>, description: String) {
     tracing::info!(upstream = %shared.upstream, session = %shared.session, "upstream `{}` {description}", shared.command);
     // Reaped: its place is free before anyone hears it has gone.
     drop(permit);
@@ -668,14 +795,14 @@ fn kill_group(pid: Option<u32>) {
     }
 }
 
-async fn write_stdin(stdin: ChildStdin, mut lines: mpsc::Receiver<Bytes>, shared: Arc<Shared>) {
+async fn write_stdin(stdin: ChildStdin, mut lines: mpsc::Receiver<Outgoing>, shared: Arc<Shared>) {
     let mut out = BufWriter::new(stdin);
     while let Some(first) = lines.recv().await {
         let mut next = Some(first);
         let mut written = 0;
         let result = async {
             // Whatever is queued goes out with one flush.
-            while let Some(line) = next.take() {
+            while let Some(Outgoing { line, .. }) = next.take() {
                 out.write_all(&line).await?;
                 out.write_all(b"\n").await?;
                 written += 1;
@@ -720,12 +847,34 @@ async fn read_stdout(stdout: ChildStdout, max: usize, sink: Arc<dyn PeerSink>, s
 async fn read_stderr(stderr: ChildStderr, shared: Arc<Shared>) {
     let mut reader = BufReader::new(stderr);
     let mut decoder = LineDecoder::new(STDERR_LINE_MAX);
-    let mut burst = Burst::new(STDERR_LINES_PER_WINDOW, LOG_WINDOW);
+    let mut log = StderrLog::new();
     while let Ok(Some(line)) = ndjson::read_line(&mut reader, &mut decoder).await {
         let text = match line {
             Line::Text(text) => preview(&text, STDERR_LINE_MAX),
             Line::TooLong { len, head, .. } => format!("{} ({len} bytes)", preview(&head, STDERR_LINE_MAX)),
         };
+        log.line(&shared, text);
+    }
+}
+
+/// A child's stderr lines in tether's log: at most
+/// [`STDERR_LINES_PER_WINDOW`] per [`LOG_WINDOW`], then a count of what was
+/// left out; the last one kept for error messages.
+pub(crate) struct StderrLog {
+    burst: Burst,
+}
+
+impl StderrLog {
+    pub(crate) fn new() -> Self {
+        Self { burst: Burst::new(STDERR_LINES_PER_WINDOW, LOG_WINDOW) }
+    }
+
+    pub(crate) fn bytes(&mut self, shared: &Shared, line: &[u8]) {
+        self.line(shared, preview(line, STDERR_LINE_MAX));
+    }
+
+    fn line(&mut self, shared: &Shared, text: String) {
+        let burst = &mut self.burst;
         match burst.admit() {
             Admit::Log { left_out: 0 } => {
                 tracing::info!(upstream = %shared.upstream, session = %shared.session, "stderr: {text}");

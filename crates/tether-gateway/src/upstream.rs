@@ -40,6 +40,19 @@ pub struct Started {
     pub carry_on: Option<Value>,
 }
 
+/// A request an engine that died had sent upstream (see
+/// [`Upstream::cut_off_call`]): its ID there and its progress tokens.
+#[derive(Debug, Clone)]
+pub struct CutOffCall {
+    pub id: Value,
+    pub progress: Option<crate::link::Progress>,
+}
+
+/// What names a client request across processes: its session and stream.
+pub fn request_key(session: &str, stream: &str) -> String {
+    format!("{session}/{stream}")
+}
+
 /// A live upstream connection.
 #[async_trait]
 pub trait Upstream: Send + Sync + 'static {
@@ -73,6 +86,44 @@ pub trait Upstream: Send + Sync + 'static {
         _messages: mpsc::Sender<PeerMessage>,
     ) -> Result<Box<RawValue>, RpcError> {
         Err(RpcError::internal(UPSTREAM_RESTARTED))
+    }
+
+    /// Whether requests sent with [`Upstream::request_for`] outlive this
+    /// process: a child a keeper holds keeps running them, and the next
+    /// engine finds them again ([`Upstream::cut_off_call`]) with no
+    /// recovery note. Default: no.
+    fn keeps_calls(&self) -> bool {
+        false
+    }
+
+    /// [`Upstream::request`] for the client request `ctx`, whose progress
+    /// goes upstream under `progress`'s issued token: a transport that
+    /// [`keeps_calls`](Upstream::keeps_calls) names it so that the next
+    /// engine finds it again, and lets go of its answer only once the
+    /// client's final response is stored.
+    async fn request_for(
+        &self,
+        _ctx: &tether_server::RequestCtx,
+        method: &str,
+        params: Option<Value>,
+        _progress: Option<&crate::link::Progress>,
+    ) -> Result<Box<RawValue>, RpcError> {
+        self.request(method, params).await
+    }
+
+    /// The request sent for the client request named `key` (its session and
+    /// stream: [`request_key`]) by an engine that died since, if this
+    /// connection has it still running: pick its answer up with
+    /// [`Upstream::resume`].
+    fn cut_off_call(&self, _key: &str) -> Option<CutOffCall> {
+        None
+    }
+
+    /// This process lets go of the connection for good (it stops or hands
+    /// over to a new engine): a kept child stays with its keeper; anything
+    /// else closes as [`Upstream::close`] without ending its session.
+    async fn leave(&self) {
+        self.close(false).await;
     }
 
     /// Sends a notification.

@@ -11,7 +11,7 @@
 //! - [`spawn`]: starting a process that dies with the keeper.
 
 pub mod children;
-// pub mod client;
+pub mod client;
 pub mod proto;
 pub mod spawn;
 pub mod supervisor;

@@ -95,33 +95,79 @@ pub enum ToEngine {
     /// The answer to `Hello`: `keeper` identifies this keeper process (child
     /// IDs mean something only to it), `epoch` counts the engines it started
     /// (this one's), `children` are the ones it keeps.
-    Welcome { version: u32, keeper: u64, epoch: u64, children: Vec<Kept> },
+    Welcome {
+        version: u32,
+        keeper: u64,
+        epoch: u64,
+        children: Vec<Kept>,
+    },
     /// The engine is refused (another protocol version); the keeper closes.
-    Refused { reason: String },
-    Spawned { req: u64, child: u64, pid: u32 },
-    SpawnFailed { req: u64, error: String },
+    Refused {
+        reason: String,
+    },
+    Spawned {
+        req: u64,
+        child: u64,
+        pid: u32,
+    },
+    SpawnFailed {
+        req: u64,
+        error: String,
+    },
     /// The child is this engine's now: `written` is the last `seq` its stdin
     /// got; `open` the tags of lines whose requests have not ended.
-    Attached { child: u64, written: u64, open: Vec<Bytes> },
-    AttachFailed { child: u64, reason: String },
+    Attached {
+        child: u64,
+        written: u64,
+        open: Vec<Bytes>,
+    },
+    AttachFailed {
+        child: u64,
+        reason: String,
+    },
     /// Frame `frame` of the child's stdout: one line, without its newline.
-    Line { child: u64, frame: u64, line: Bytes },
+    Line {
+        child: u64,
+        frame: u64,
+        line: Bytes,
+    },
     /// Frame `frame`: a line over the child's `max_line`, of `len` bytes,
     /// its head and tail.
-    TooLong { child: u64, frame: u64, len: u64, head: Bytes, tail: Bytes },
+    TooLong {
+        child: u64,
+        frame: u64,
+        len: u64,
+        head: Bytes,
+        tail: Bytes,
+    },
     /// Lines up to `seq` reached the child's stdin.
-    Written { child: u64, seq: u64 },
+    Written {
+        child: u64,
+        seq: u64,
+    },
     /// One line of the child's stderr (not numbered: dropped while no engine
     /// holds the child).
-    Stderr { child: u64, line: Bytes },
+    Stderr {
+        child: u64,
+        line: Bytes,
+    },
     /// The child is gone (`status` as a person reads it); every frame of its
     /// stdout was sent before this.
-    Exited { child: u64, status: String },
+    Exited {
+        child: u64,
+        status: String,
+    },
     /// The keeper's counts, for the engine's metrics and admin API:
     /// engines started after the first, the last restart's duration (from
     /// the old engine's exit to the new one's `Hello`), the stdout bytes
     /// held unacknowledged, every child kept.
-    Status { req: u64, restarts: u64, last_restart_ms: u64, held_bytes: u64, children: Vec<Kept> },
+    Status {
+        req: u64,
+        restarts: u64,
+        last_restart_ms: u64,
+        held_bytes: u64,
+        children: Vec<Kept>,
+    },
     /// Hand over (an upgrade): stop accepting connections, release every
     /// child (do not stop them), leave what runs to the next engine, exit.
     Handover,
@@ -184,6 +230,7 @@ impl Decoder {
     }
 
     /// The next whole frame, if one has arrived.
+    #[allow(clippy::should_implement_trait)] // fallible and typed: not an iterator
     pub fn next<M: Message>(&mut self) -> Result<Option<M>, ProtoError> {
         if self.buf.len() < 4 {
             return Ok(None);
@@ -457,12 +504,7 @@ impl Message for ToEngine {
 
     fn take(kind: u8, b: &mut Bytes) -> Result<Self, ProtoError> {
         Ok(match kind {
-            1 => Self::Welcome {
-                version: u32_of(b)?,
-                keeper: u64_of(b)?,
-                epoch: u64_of(b)?,
-                children: list_of(b, kept_of)?,
-            },
+            1 => Self::Welcome { version: u32_of(b)?, keeper: u64_of(b)?, epoch: u64_of(b)?, children: list_of(b, kept_of)? },
             2 => Self::Refused { reason: string_of(b)? },
             3 => Self::Spawned { req: u64_of(b)?, child: u64_of(b)?, pid: u32_of(b)? },
             4 => Self::SpawnFailed { req: u64_of(b)?, error: string_of(b)? },
@@ -530,7 +572,13 @@ mod tests {
             ToEngine::Attached { child: 3, written: 10, open: vec![Bytes::from_static(b"s/r1")] },
             ToEngine::AttachFailed { child: 4, reason: "gone".into() },
             ToEngine::Line { child: 3, frame: 11, line: Bytes::from_static(b"{\"id\":1}") },
-            ToEngine::TooLong { child: 3, frame: 12, len: 1 << 30, head: Bytes::from_static(b"{"), tail: Bytes::from_static(b"}") },
+            ToEngine::TooLong {
+                child: 3,
+                frame: 12,
+                len: 1 << 30,
+                head: Bytes::from_static(b"{"),
+                tail: Bytes::from_static(b"}"),
+            },
             ToEngine::Written { child: 3, seq: 10 },
             ToEngine::Stderr { child: 3, line: Bytes::from_static(b"warn") },
             ToEngine::Exited { child: 3, status: "exit status: 0".into() },

@@ -356,6 +356,16 @@ pub trait McpApp: Send + Sync + 'static {
         Err(RpcError::internal(crate::engine::INTERRUPTED_MESSAGE))
     }
 
+    /// Whether a request a crash cut off without a note
+    /// ([`RequestCtx::leave_recovery_note`]) is still handed to
+    /// [`McpApp::recover_request`] (with a `null` note): for an application
+    /// that finds such requests again by themselves (a gateway whose stdio
+    /// children a keeper kept, which knows the requests they were sent by
+    /// their stream). Default: no (they end "interrupted").
+    fn recovers_unnoted(&self) -> bool {
+        false
+    }
+
     /// Where the tools, prompts and resources this application serves come
     /// from when they are another endpoint's under names of its own (a
     /// virtual server's members), as this request sees them: a policy

@@ -18,7 +18,12 @@
 //! `tether_upstream_dropped_messages_total{upstream,reason}` (`unreadable`:
 //! a line that could not be read or matched to a request; `foreign`: a
 //! message on a resumed stream that does not belong to the call),
-//! `tether_upstream_process_refusals_total{upstream}`.
+//! `tether_upstream_process_refusals_total{upstream}`; under a keeper
+//! (`tether serve` runs the engine as its child): `tether_keeper_engine_restarts_total`,
+//! `tether_keeper_last_restart_seconds`, `tether_keeper_children`,
+//! `tether_keeper_children_taken_over` (children this engine found kept
+//! when it started), `tether_keeper_held_bytes` (children's output the
+//! keeper holds for the engine).
 //! Every label value comes from a closed set (HTTP methods and statuses, the
 //! MCP method names, configured upstream names), never from a peer's text.
 
@@ -95,6 +100,12 @@ struct Metrics {
     upstream_dropped: Family<DroppedLabels, Counter>,
     upstream_process_refusals: Family<UpstreamLabel, Counter>,
     member_lists_cut: Family<MemberLabels, Counter>,
+    keeper_restarts: Counter,
+    keeper_restarts_seen: std::sync::atomic::AtomicU64,
+    keeper_last_restart: Gauge<f64, std::sync::atomic::AtomicU64>,
+    keeper_children: Gauge,
+    keeper_taken_over: Gauge,
+    keeper_held_bytes: Gauge,
 }
 
 static ENABLED: AtomicBool = AtomicBool::new(true);
@@ -123,6 +134,12 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         upstream_dropped: Family::default(),
         upstream_process_refusals: Family::default(),
         member_lists_cut: Family::default(),
+        keeper_restarts: Counter::default(),
+        keeper_restarts_seen: std::sync::atomic::AtomicU64::new(0),
+        keeper_last_restart: Gauge::default(),
+        keeper_children: Gauge::default(),
+        keeper_taken_over: Gauge::default(),
+        keeper_held_bytes: Gauge::default(),
     };
     // Counters get their `_total` suffix from the encoder.
     registry.register("tether_sessions_live", "Sessions held in this process's memory", m.sessions_live.clone());
@@ -164,6 +181,27 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         m.audit_failing.clone(),
     );
     registry.register("tether_upstream_processes", "Running stdio upstream processes", m.upstream_processes.clone());
+    registry.register(
+        "tether_keeper_engine_restarts",
+        "Engines the keeper started again after one died (as the keeper counts them)",
+        m.keeper_restarts.clone(),
+    );
+    registry.register(
+        "tether_keeper_last_restart_seconds",
+        "The last engine restart: from the old engine's exit to the new one's greeting",
+        m.keeper_last_restart.clone(),
+    );
+    registry.register("tether_keeper_children", "Stdio upstream processes the keeper holds", m.keeper_children.clone());
+    registry.register(
+        "tether_keeper_children_taken_over",
+        "Stdio upstream processes the keeper had kept when this engine started",
+        m.keeper_taken_over.clone(),
+    );
+    registry.register(
+        "tether_keeper_held_bytes",
+        "Output of stdio upstream processes the keeper holds until the engine has stored it",
+        m.keeper_held_bytes.clone(),
+    );
     registry.register(
         "tether_upstream_restarts",
         "Upstream connections started again after one died",
@@ -383,6 +421,24 @@ impl Drop for SseConnection {
         if self.0 {
             METRICS.sse_connections.dec();
         }
+    }
+}
+
+/// What the keeper says of itself (polled by the engine it runs).
+pub fn keeper_status(restarts: u64, last_restart: Duration, children: usize, held_bytes: u64) {
+    if let Some(m) = on() {
+        let seen = m.keeper_restarts_seen.swap(restarts, Ordering::Relaxed);
+        m.keeper_restarts.inc_by(restarts.saturating_sub(seen));
+        m.keeper_last_restart.set(last_restart.as_secs_f64());
+        m.keeper_children.set(i64::try_from(children).unwrap_or(i64::MAX));
+        m.keeper_held_bytes.set(i64::try_from(held_bytes).unwrap_or(i64::MAX));
+    }
+}
+
+/// How many children the keeper had kept when this engine started.
+pub fn keeper_taken_over(children: usize) {
+    if let Some(m) = on() {
+        m.keeper_taken_over.set(i64::try_from(children).unwrap_or(i64::MAX));
     }
 }
 

@@ -4,6 +4,7 @@
 mod bridge_cmd;
 mod call_cmd;
 mod client_config;
+mod keeper;
 mod otel;
 mod serve;
 mod serve_config;
@@ -32,6 +33,13 @@ enum Command {
     /// Run the MCP server (Streamable HTTP at /mcp) with durable sessions.
     // Boxed: its many flags made the enum several times the size of the others.
     Serve(Box<serve::ServeArgs>),
+    /// The server itself, as the keeper (`tether serve`) runs it; not for typing.
+    #[command(hide = true)]
+    Engine(Box<serve::ServeArgs>),
+    /// Prints the keeper control protocol's version (the keeper asks a new
+    /// binary before an upgrade).
+    #[command(hide = true)]
+    KeeperProtocol,
     /// List the tools of an MCP server (a URL or a server name from the config).
     Tools(tools_cmd::ToolsArgs),
     /// Call a tool of an MCP server and print its complete result.
@@ -42,6 +50,9 @@ enum Command {
     /// List, show and end sessions: through a running server's admin API
     /// (`--url`, token from $TETHER_ADMIN_TOKEN) or in a stopped server's store.
     Sessions(sessions_cmd::SessionsArgs),
+    /// Ask a running server's keeper to start a new engine from the binary
+    /// now on disk (through the admin API; as `kill -USR2` of `tether serve`).
+    Upgrade(keeper::UpgradeArgs),
     /// Print a shell completion script (e.g. `tether completions bash > /etc/bash_completion.d/tether`).
     Completions {
         #[arg(value_enum)]
@@ -58,18 +69,30 @@ fn main() -> std::process::ExitCode {
         }
     };
     let cli = Cli::parse_from(argv);
-    if let Command::Completions { shell } = cli.command {
-        use clap::CommandFactory;
-        clap_complete::generate(shell, &mut Cli::command(), "tether", &mut std::io::stdout());
-        return std::process::ExitCode::SUCCESS;
+    match &cli.command {
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(*shell, &mut Cli::command(), "tether", &mut std::io::stdout());
+            return std::process::ExitCode::SUCCESS;
+        }
+        Command::KeeperProtocol => {
+            println!("{}", tether_keeper::proto::VERSION);
+            return std::process::ExitCode::SUCCESS;
+        }
+        _ => {}
     }
     // Client commands keep stderr for their one-line reasons.
     let default_filter =
-        if matches!(cli.command, Command::Tools(_) | Command::Call(_) | Command::Sessions(_)) { "warn" } else { "info" };
+        if matches!(cli.command, Command::Tools(_) | Command::Call(_) | Command::Sessions(_) | Command::Upgrade(_)) {
+            "warn"
+        } else {
+            "info"
+        };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_filter.into());
-    let json = matches!(&cli.command, Command::Serve(args) if args.log_format == serve::LogFormat::Json);
+    let json = matches!(&cli.command, Command::Serve(args) | Command::Engine(args) if args.log_format == serve::LogFormat::Json);
     let otlp = match &cli.command {
-        Command::Serve(args) => args.otlp_endpoint.as_deref(),
+        Command::Engine(args) => args.otlp_endpoint.as_deref(),
+        Command::Serve(args) if args.no_keeper || !keeper::SUPPORTED => args.otlp_endpoint.as_deref(),
         _ => None,
     };
     let traces = match otlp.map(otel::provider).transpose() {
@@ -80,6 +103,22 @@ fn main() -> std::process::ExitCode {
         }
     };
     otel::init_logging(json, filter, traces.as_ref());
+    // `tether serve` is the keeper, unless asked not to be: it runs the
+    // server as `tether engine` with the same arguments.
+    let cli = match cli.command {
+        Command::Serve(args) if !args.no_keeper && keeper::SUPPORTED => return keeper::run(&args),
+        command => Cli { command },
+    };
+    let welcomed = match &cli.command {
+        Command::Engine(_) => match tether_keeper::client::handshake() {
+            Ok(welcomed) => welcomed,
+            Err(e) => {
+                eprintln!("tether engine: {e}");
+                return std::process::ExitCode::FAILURE;
+            }
+        },
+        _ => None,
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -89,12 +128,14 @@ fn main() -> std::process::ExitCode {
     };
     let code = runtime.block_on(async {
         match cli.command {
-            Command::Serve(args) => report(serve::run(*args).await),
+            Command::Serve(args) | Command::Engine(args) => report(serve::run(*args, welcomed).await),
+            Command::KeeperProtocol => std::process::ExitCode::SUCCESS,
             // Client commands choose their exit codes (0, 1 isError, 2 usage, 3 connection).
             Command::Tools(args) => tools_cmd::run(args).await,
             Command::Call(args) => call_cmd::run(args).await,
             Command::Bridge(args) => report(bridge_cmd::run(args).await),
             Command::Sessions(args) => report(sessions_cmd::run(args).await),
+            Command::Upgrade(args) => report(keeper::upgrade(args).await),
             Command::Completions { .. } => std::process::ExitCode::SUCCESS,
         }
     });

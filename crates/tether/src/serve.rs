@@ -1,9 +1,11 @@
 //! `tether serve`: flags, store and notebook wiring, signals.
 
 use std::net::SocketAddr;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::net::TcpListener;
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
@@ -174,6 +176,13 @@ pub struct ServeArgs {
     /// needs no token to load and sends the one typed in it on its MCP requests).
     #[arg(long, env = "TETHER_NO_CONSOLE")]
     no_console: bool,
+    /// Run as one process, without the keeper: by default `tether serve` is
+    /// a small supervisor (the keeper) that holds the listening sockets and
+    /// the stdio upstreams' processes and runs the server itself as its
+    /// child (`tether engine`), restarting it when it dies, so that calls
+    /// through stdio upstreams survive a crash or an upgrade of the server.
+    #[arg(long, env = "TETHER_NO_KEEPER")]
+    pub no_keeper: bool,
     /// Serve `GET /metrics` (Prometheus) on this address of its own instead
     /// of the public listener (where it is then absent).
     #[arg(long, env = "TETHER_METRICS_LISTEN", value_name = "ADDR")]
@@ -313,7 +322,50 @@ fn allowed_hosts(args: &ServeArgs) -> Option<AllowedHosts> {
     Some(AllowedHosts::loopback_and(&names))
 }
 
-pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+/// The sockets a keeper holds for this server, by the names it gives them
+/// ([`tether_keeper::client::LISTENERS_ENV`]): the MCP listener and the
+/// metrics listener, if it has its own.
+pub fn keeper_listeners(args: &ServeArgs) -> Vec<(String, std::net::SocketAddr)> {
+    let mut listeners = vec![(LISTEN.to_owned(), args.listen)];
+    if let (false, Some(addr)) = (args.no_metrics, args.metrics_listen) {
+        listeners.push((METRICS_LISTEN.to_owned(), addr));
+    }
+    listeners
+}
+
+const LISTEN: &str = "listen";
+const METRICS_LISTEN: &str = "metrics-listen";
+
+/// A listening socket: the keeper's, or bound here.
+async fn take_listener(
+    held: &mut Vec<(String, std::net::TcpListener)>,
+    name: &str,
+    addr: SocketAddr,
+) -> anyhow::Result<TcpListener> {
+    if let Some(at) = held.iter().position(|(n, _)| n == name) {
+        let (_, listener) = held.swap_remove(at);
+        listener.set_nonblocking(true)?;
+        return Ok(TcpListener::from_std(listener)?);
+    }
+    let flag = if name == LISTEN { "--listen" } else { "--metrics-listen" };
+    TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}: is another server using it? pick one with {flag}"))
+}
+
+/// Runs the server: alone, or as the engine of a keeper (`keeper`: the
+/// handshake's outcome, whose listening sockets it serves on).
+pub async fn run(args: ServeArgs, keeper: Option<tether_keeper::client::Welcomed>) -> anyhow::Result<()> {
+    let (keeper, mut held) = match keeper {
+        Some(welcomed) => {
+            let (keeper, held) = welcomed.start().map_err(anyhow::Error::msg)?;
+            tracing::info!(epoch = keeper.epoch(), kept = keeper.kept_at_start().len(), "engine started by the keeper");
+            tether_gateway::kept::install(keeper.clone());
+            crate::keeper::watch(keeper.clone());
+            (Some(keeper), held)
+        }
+        None => (None, Vec::new()),
+    };
     let auth = auth(args.auth_tokens.as_deref(), !args.oauth_issuers.is_empty())?;
     tether_server::metrics::set_enabled(!args.no_metrics);
     let admin_token = match &args.admin_token_env {
@@ -369,9 +421,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
         ..HttpConfig::default()
     };
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}: is another server using it? pick one with --listen", args.listen))?;
+    let listener = take_listener(&mut held, LISTEN, args.listen).await?;
     let local = listener.local_addr()?;
     let auth = match args.oauth_issuers.as_slice() {
         [] => auth,
@@ -440,9 +490,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         (true, _) => tracing::info!("metrics off (--no-metrics)"),
         (false, None) => extra = extra.merge(tether_server::http::metrics_router(engine.clone())),
         (false, Some(addr)) => {
-            let metrics = tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("cannot listen on {addr} for --metrics-listen"))?;
+            let metrics = take_listener(&mut held, METRICS_LISTEN, addr).await?;
             let at = metrics.local_addr()?;
             tracing::info!(%at, "metrics at http://{at}/metrics");
             let engine = engine.clone();
@@ -461,9 +509,23 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             args.admin_token_env.as_deref().unwrap_or("")
         );
         extra = extra.merge(tether_server::http::admin_router(engine.clone(), token));
+        if let Some(keeper) = &keeper {
+            extra = extra.merge(tether_server::http::admin_guarded(token, crate::keeper::admin_routes(keeper.clone())));
+        }
     }
-    tether_server::http::serve_with(listener, extra, engine, auth, http, shutdown_signal()).await?;
+    tether_server::http::serve_with(listener, extra, engine, auth, http, stop_signal(keeper)).await?;
     Ok(())
+}
+
+/// What ends serving: SIGTERM or ctrl-c (a drain), or, under a keeper, its
+/// request to hand over to a new engine (an upgrade: the same drain, with
+/// the stdio upstreams' processes left to the keeper).
+async fn stop_signal(keeper: Option<Arc<tether_keeper::client::Keeper>>) {
+    let Some(keeper) = keeper else { return shutdown_signal().await };
+    tokio::select! {
+        () = shutdown_signal() => {}
+        () = keeper.handover_asked() => tracing::info!("the keeper asked for a handover (an upgrade): draining; the next engine takes over"),
+    }
 }
 
 /// On every SIGHUP, opens the audit log's path anew (after a rotation).

@@ -78,31 +78,45 @@ pub async fn run(args: SessionsArgs) -> anyhow::Result<()> {
 // ---- through the admin API -------------------------------------------------------
 
 async fn remote(args: &SessionsArgs, url: &str) -> anyhow::Result<Value> {
+    admin_call(url, |http, base| {
+        Ok(match &args.command {
+            SessionsCommand::List { principal, upstream, idle, limit } => {
+                let mut url =
+                    reqwest::Url::parse(&format!("{base}/admin/sessions")).with_context(|| format!("`{base}` is not a URL"))?;
+                url.query_pairs_mut().append_pair("limit", &limit.to_string());
+                for (key, value) in [("principal", principal), ("upstream", upstream), ("idle", idle)] {
+                    if let Some(v) = value {
+                        url.query_pairs_mut().append_pair(key, v);
+                    }
+                }
+                http.get(url)
+            }
+            SessionsCommand::Show { id } => http.get(format!("{base}/admin/sessions/{}", path_segment(id)?)),
+            SessionsCommand::Delete { id } => http.delete(format!("{base}/admin/sessions/{}", path_segment(id)?)),
+        })
+    })
+    .await
+}
+
+/// One call of a running server's admin API at `url` (its base, or its
+/// `/mcp`), with the token from `$TETHER_ADMIN_TOKEN`: `request` makes it
+/// from a client and the base URL. Its JSON answer, or an error that says
+/// what to do.
+pub(crate) async fn admin_call(
+    url: &str,
+    request: impl FnOnce(&reqwest::Client, &str) -> anyhow::Result<reqwest::RequestBuilder>,
+) -> anyhow::Result<Value> {
     let token = std::env::var(TOKEN_VAR)
         .with_context(|| format!("set ${TOKEN_VAR} to the server's admin token (its `serve --admin-token-env` variable)"))?;
     let base = url.trim_end_matches('/');
     let base = base.strip_suffix("/mcp").unwrap_or(base);
     let http = reqwest::Client::builder().timeout(HTTP_TIMEOUT).build()?;
-    let request = match &args.command {
-        SessionsCommand::List { principal, upstream, idle, limit } => {
-            let mut url =
-                reqwest::Url::parse(&format!("{base}/admin/sessions")).with_context(|| format!("`{url}` is not a URL"))?;
-            url.query_pairs_mut().append_pair("limit", &limit.to_string());
-            for (key, value) in [("principal", principal), ("upstream", upstream), ("idle", idle)] {
-                if let Some(v) = value {
-                    url.query_pairs_mut().append_pair(key, v);
-                }
-            }
-            http.get(url)
-        }
-        SessionsCommand::Show { id } => http.get(format!("{base}/admin/sessions/{}", path_segment(id)?)),
-        SessionsCommand::Delete { id } => http.delete(format!("{base}/admin/sessions/{}", path_segment(id)?)),
-    };
-    let response = request.bearer_auth(token.trim()).send().await.with_context(|| format!("cannot reach {base}"))?;
+    let response =
+        request(&http, base)?.bearer_auth(token.trim()).send().await.with_context(|| format!("cannot reach {base}"))?;
     let status = response.status();
     let body: Value = response.json().await.unwrap_or(Value::Null);
     match status.as_u16() {
-        200 => Ok(body),
+        200 | 202 => Ok(body),
         401 => bail!("{base} refused the admin token: check ${TOKEN_VAR}"),
         404 if body.is_null() => bail!("{base} has no admin API: start it with --admin-token-env VAR"),
         _ => bail!("{base} answered {status}: {}", body.get("error").and_then(Value::as_str).unwrap_or("(no reason given)")),

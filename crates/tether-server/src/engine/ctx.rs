@@ -306,6 +306,26 @@ impl RequestCtx {
         self.inner.write_recovery_note(&session.id, &stream.name, &record).await.map_err(storage_error)
     }
 
+    /// The request's stream (`r…`), where it has one: with the session ID,
+    /// what names this request in the store, across processes.
+    pub fn stream_name(&self) -> Option<&str> {
+        self.stream.as_deref().map(|s| s.name.as_str())
+    }
+
+    /// Runs `f` once this request's final response is stored (so that what
+    /// could have carried the request on after a crash may be let go then).
+    /// False, and `f` is dropped, if the request has no stored stream (a
+    /// JSON answer, a sessionless request): nothing could carry it on.
+    pub fn after_final_stored(&self, f: impl FnOnce() + Send + 'static) -> bool {
+        match &self.stream {
+            Some(stream) => {
+                stream.after_final(Box::new(f));
+                true
+            }
+            None => false,
+        }
+    }
+
     /// `notifications/progress`, if the client asked for progress.
     pub async fn progress(&self, progress: f64, total: Option<f64>, message: Option<&str>) -> Result<(), RpcError> {
         let Some(token) = &self.progress_token else { return Ok(()) };

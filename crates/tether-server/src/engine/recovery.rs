@@ -119,7 +119,12 @@ impl Inner {
             return Ok(()); // another process (or check) took it
         }
         let method = meta.get("method").and_then(Value::as_str).unwrap_or("").to_owned();
-        if let Some((note, progress_token)) = self.recovery_note(&session.id, stream).await? {
+        let noted = match self.recovery_note(&session.id, stream).await? {
+            Some(noted) => Some(noted),
+            None if self.app_of(session).recovers_unnoted() => Some((Value::Null, None)),
+            None => None,
+        };
+        if let Some((note, progress_token)) = noted {
             let sent = self.sent_on(&session.id, stream).await?;
             tracing::warn!(session = %session.id, %stream, %method, "carrying on a request cut off by a restart");
             let cut_off = CutOff { method, note, sent };

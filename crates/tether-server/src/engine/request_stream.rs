@@ -69,7 +69,12 @@ pub(crate) struct RequestStream {
     last_seq: AtomicU64,
     /// Its priming event is stored: a client may hold its ID.
     prime_stored: AtomicBool,
+    /// Run once its final response is stored ([`RequestStream::after_final`]).
+    after_final: parking_lot::Mutex<Vec<AfterFinal>>,
 }
+
+/// What to do once a request's final response is stored.
+pub(crate) type AfterFinal = Box<dyn FnOnce() + Send>;
 
 /// Keeps [`RequestStream::is_attached`] true while held by the POST (first
 /// while it waits, then inside its pump); dropping it detaches. It does not
@@ -95,6 +100,7 @@ impl RequestStream {
             attached: attached.clone(),
             last_seq: AtomicU64::new(0),
             prime_stored: AtomicBool::new(false),
+            after_final: parking_lot::Mutex::default(),
         });
         (stream, Attachment(attached), rx)
     }
@@ -111,6 +117,7 @@ impl RequestStream {
             attached: Arc::new(AtomicBool::new(false)),
             last_seq: AtomicU64::new(0),
             prime_stored: AtomicBool::new(true),
+            after_final: parking_lot::Mutex::default(),
         })
     }
 
@@ -201,7 +208,23 @@ impl RequestStream {
     /// If the commit fails, a waiting POST is told so ([`Quick::Failed`]),
     /// except when a write the request deferred failed: the caller then
     /// stores an error response instead, which the POST still waits for.
+    /// Runs `f` once the final response is stored (never if it is not: a
+    /// crash, a store that never took it).
+    pub fn after_final(&self, f: AfterFinal) {
+        self.after_final.lock().push(f);
+    }
+
+    /// Stores the final response; then runs what waited for it.
     pub async fn finish(&self, inner: &Inner, session: &str, response: Bytes) -> Result<(), StoreError> {
+        self.store_final(inner, session, response).await?;
+        let waiting = std::mem::take(&mut *self.after_final.lock());
+        for f in waiting {
+            f();
+        }
+        Ok(())
+    }
+
+    async fn store_final(&self, inner: &Inner, session: &str, response: Bytes) -> Result<(), StoreError> {
         let mut state = self.state.lock().await;
         if state.primed {
             self.emit(inner, session, EventKind::Final, response).await?;

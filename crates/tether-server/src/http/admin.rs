@@ -48,26 +48,39 @@ const MAX_SCANS: usize = 10;
 #[derive(Clone)]
 struct Admin {
     engine: Engine,
+}
+
+/// The admin token, as its digest.
+#[derive(Clone)]
+struct Guard {
     token_digest: [u8; 32],
 }
 
 /// The `/admin` routes, answering only to `Bearer token`.
 pub fn admin_router(engine: Engine, token: &str) -> Router {
-    let admin = Admin { engine, token_digest: Sha256::digest(token.as_bytes()).into() };
-    Router::new()
+    let admin = Admin { engine };
+    let routes = Router::new()
         .route("/admin/sessions", get(list))
         .route("/admin/sessions/{id}", get(show).delete(end))
         .route("/admin/notify", post(notify))
         .route("/admin/endpoints", get(endpoints))
-        .route_layer(axum::middleware::from_fn_with_state(admin.clone(), authorize))
-        .with_state(admin)
+        .with_state(admin);
+    admin_guarded(token, routes)
+}
+
+/// `routes` (under `/admin/`) answering only to `Bearer token`, as the
+/// admin API's own do: for admin routes of what runs the engine (the
+/// keeper's, in the `tether` binary).
+pub fn admin_guarded(token: &str, routes: Router) -> Router {
+    let guard = Guard { token_digest: Sha256::digest(token.as_bytes()).into() };
+    routes.route_layer(axum::middleware::from_fn_with_state(guard, authorize))
 }
 
 fn error(status: StatusCode, message: impl Into<String>) -> Response {
     (status, axum::Json(json!({"error": message.into()}))).into_response()
 }
 
-async fn authorize(State(admin): State<Admin>, request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+async fn authorize(State(admin): State<Guard>, request: axum::extract::Request, next: axum::middleware::Next) -> Response {
     if !authorized(&admin, request.headers()) {
         crate::metrics::auth_failure();
         let mut response =
@@ -78,7 +91,7 @@ async fn authorize(State(admin): State<Admin>, request: axum::extract::Request, 
     next.run(request).await
 }
 
-fn authorized(admin: &Admin, headers: &HeaderMap) -> bool {
+fn authorized(admin: &Guard, headers: &HeaderMap) -> bool {
     let Some(token) =
         headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(tether_wire::headers::bearer_token)
     else {

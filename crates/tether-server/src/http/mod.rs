@@ -27,7 +27,7 @@ use axum::routing::{get, post};
 use serde_json::json;
 use tokio::net::TcpListener;
 
-pub use admin::{admin_router, session_summary};
+pub use admin::{admin_guarded, admin_router, session_summary};
 pub use auth::{ANONYMOUS, Auth, TokenTable};
 pub use config::HttpConfig;
 pub use error::HttpError;

@@ -150,6 +150,10 @@ impl McpApp for Policed {
         self.inner.recover_request(ctx, cut_off).await
     }
 
+    fn recovers_unnoted(&self) -> bool {
+        self.inner.recovers_unnoted()
+    }
+
     async fn origins(&self, ctx: &RequestCtx) -> Option<Arc<dyn Origins>> {
         self.inner.origins(ctx).await
     }

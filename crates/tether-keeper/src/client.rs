@@ -1,0 +1,467 @@
+//! The engine's side of the control protocol: the engine's connection to
+//! the keeper that started it.
+//!
+//! [`handshake`] runs before the engine's runtime starts serving: under a
+//! keeper (the environment says so) the engine's standard input is its
+//! control socket; it says `Hello`, and the `Welcome` brings the listening
+//! sockets (as `SCM_RIGHTS`), the keeper's identity, this engine's epoch and
+//! the children kept. [`Welcomed::start`] then serves the socket: one task
+//! reads frames and routes each to the child it is about (a channel per
+//! child) or to the request waiting for it; one writes frames.
+//!
+//! Bounds: frames to the keeper wait in a queue of [`OUT_QUEUE`]; a child's
+//! stdin has at most [`WRITE_WINDOW`] lines the keeper has not confirmed
+//! (`Written`); a child's stdout frames reach its channel only as the
+//! keeper reads them, which it does only while it holds fewer than the
+//! child's `hold_bytes` unacknowledged: the channel holds no more than
+//! that. Stderr lines beyond [`STDERR_QUEUE`] waiting are dropped.
+//!
+//! The engine also asks the kernel to kill it when the keeper dies
+//! (`PR_SET_PDEATHSIG`), so that no engine outlives its keeper.
+
+use std::collections::HashMap;
+use std::io::{IoSliceMut, Write};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream as StdUnixStream;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use bytes::{Bytes, BytesMut};
+use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
+
+use crate::proto::{self, Decoder, Kept, SpawnSpec, ToEngine, ToKeeper};
+
+/// Names the listening sockets, comma-separated, in the order the keeper
+/// sends them; set only for an engine a keeper started.
+pub const LISTENERS_ENV: &str = "TETHER_KEEPER_LISTENERS";
+/// The keeper's process ID, for the engine to check its parent.
+pub const PID_ENV: &str = "TETHER_KEEPER_PID";
+
+/// Frames to the keeper waiting to be written, at most.
+pub const OUT_QUEUE: usize = 1024;
+/// Lines written to one child's stdin the keeper has not confirmed, at most.
+pub const WRITE_WINDOW: usize = 256;
+/// Stderr lines of one child waiting to be logged, at most.
+pub const STDERR_QUEUE: usize = 256;
+/// Listening sockets a keeper may hand over, at most.
+const MAX_LISTENERS: usize = 8;
+
+/// Listening sockets by name.
+pub type Listeners = Vec<(String, std::net::TcpListener)>;
+
+/// The handshake's outcome, before the engine serves.
+pub struct Welcomed {
+    stream: StdUnixStream,
+    decoder: Decoder,
+    keeper: u64,
+    epoch: u64,
+    children: Vec<Kept>,
+    /// The listening sockets, by the names the keeper gave them.
+    pub listeners: Listeners,
+}
+
+/// Runs the handshake if this process is an engine a keeper started
+/// (`None` if it is not). Blocking: call it before serving.
+pub fn handshake() -> Result<Option<Welcomed>, String> {
+    let Ok(names) = std::env::var(LISTENERS_ENV) else { return Ok(None) };
+    die_with_keeper()?;
+    let names: Vec<String> = names.split(',').filter(|n| !n.is_empty()).map(str::to_owned).collect();
+    let fd = std::io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|e| format!("the keeper's control socket (standard input) cannot be used: {e}"))?;
+    let mut stream = StdUnixStream::from(fd);
+    let hello = proto::frame(&ToKeeper::Hello { version: proto::VERSION, pid: std::process::id() });
+    stream.write_all(&hello).map_err(|e| format!("cannot greet the keeper: {e}"))?;
+    let mut decoder = Decoder::new();
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    let welcome = loop {
+        if let Some(message) = decoder.next::<ToEngine>().map_err(|e| e.to_string())? {
+            break message;
+        }
+        let mut chunk = [0u8; 64 * 1024];
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_LISTENERS))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let mut iov = [IoSliceMut::new(&mut chunk)];
+        let got = rustix::net::recvmsg(&stream, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC)
+            .map_err(|e| format!("cannot read the keeper's welcome: {e}"))?;
+        for message in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(received) = message {
+                fds.extend(received);
+            }
+        }
+        if got.bytes == 0 {
+            return Err("the keeper closed its control socket before welcoming this engine".into());
+        }
+        decoder.push(&chunk[..got.bytes]);
+    };
+    let (keeper, epoch, children) = match welcome {
+        ToEngine::Welcome { version, keeper, epoch, children } if version == proto::VERSION => (keeper, epoch, children),
+        ToEngine::Welcome { version, .. } => {
+            return Err(format!("the keeper speaks protocol {version}, this engine {}", proto::VERSION));
+        }
+        ToEngine::Refused { reason } => return Err(format!("the keeper refused this engine: {reason}")),
+        other => return Err(format!("the keeper answered hello with {other:?}")),
+    };
+    if fds.len() != names.len() {
+        return Err(format!("the keeper handed over {} listening sockets for {} names ({names:?})", fds.len(), names.len()));
+    }
+    let listeners = names.into_iter().zip(fds).map(|(name, fd)| (name, std::net::TcpListener::from(fd))).collect();
+    // Whatever followed the welcome in the same read stays in the decoder.
+    Ok(Some(Welcomed { stream, decoder, keeper, epoch, children, listeners }))
+}
+
+/// `PR_SET_PDEATHSIG`: the kernel kills this process when the keeper (its
+/// parent) dies; and if it died already, this process goes now.
+fn die_with_keeper() -> Result<(), String> {
+    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
+        .map_err(|e| format!("cannot ask to die with the keeper: {e}"))?;
+    let expected = std::env::var(PID_ENV).ok().and_then(|p| p.parse::<i32>().ok());
+    let parent = rustix::process::getppid().map(|p| p.as_raw_nonzero().get());
+    if expected.is_some() && parent != expected {
+        return Err("the keeper that started this engine is gone".into());
+    }
+    Ok(())
+}
+
+impl Welcomed {
+    /// Serves the control socket from now on (in tasks of the current runtime).
+    pub fn start(self) -> Result<(Arc<Keeper>, Listeners), String> {
+        self.stream.set_nonblocking(true).map_err(|e| format!("the keeper's control socket: {e}"))?;
+        let stream = tokio::net::UnixStream::from_std(self.stream).map_err(|e| format!("the keeper's control socket: {e}"))?;
+        let (read, write) = stream.into_split();
+        let (out, out_rx) = mpsc::channel(OUT_QUEUE);
+        let keeper = Arc::new(Keeper {
+            id: self.keeper,
+            epoch: self.epoch,
+            kept: self.children,
+            out,
+            routes: parking_lot::Mutex::new(Routes::default()),
+            next_req: AtomicU64::new(1),
+            handover: Notify::new(),
+            handover_asked: AtomicBool::new(false),
+            gone: Notify::new(),
+            is_gone: AtomicBool::new(false),
+        });
+        tokio::spawn(write_frames(write, out_rx));
+        tokio::spawn(read_frames(read, self.decoder, keeper.clone()));
+        Ok((keeper, self.listeners))
+    }
+}
+
+/// What a child's stdout and the keeper say of it, in order.
+#[derive(Debug)]
+pub enum ChildEvent {
+    /// Frame `frame`: one line of its stdout.
+    Line { frame: u64, line: Bytes },
+    /// Frame `frame`: a line over its `max_line`.
+    TooLong { frame: u64, len: u64, head: Bytes, tail: Bytes },
+    /// The child is gone; no frame follows.
+    Exited { status: String },
+    /// The keeper's connection ended (the keeper died): so will this engine.
+    KeeperGone,
+}
+
+/// A child this engine holds: its events and stderr lines.
+pub struct ChildPort {
+    pub child: u64,
+    pub pid: u32,
+    pub events: mpsc::UnboundedReceiver<ChildEvent>,
+    pub stderr: mpsc::Receiver<Bytes>,
+}
+
+/// A kept child as `attach` finds it.
+pub struct Attached {
+    pub port: ChildPort,
+    /// The last line its stdin got (the next one is `written + 1`).
+    pub written: u64,
+    /// Tags of lines whose requests had not ended.
+    pub open: Vec<Bytes>,
+}
+
+/// The keeper's counts (see [`ToEngine::Status`]).
+#[derive(Debug, Clone)]
+pub struct Status {
+    pub restarts: u64,
+    pub last_restart_ms: u64,
+    pub held_bytes: u64,
+    pub children: Vec<Kept>,
+}
+
+/// Where one child's events go.
+struct Route {
+    events: mpsc::UnboundedSender<ChildEvent>,
+    stderr: mpsc::Sender<Bytes>,
+    /// Stdin lines the keeper may still take before confirming some.
+    window: Arc<Semaphore>,
+    confirmed: u64,
+}
+
+#[derive(Default)]
+struct Routes {
+    children: HashMap<u64, Route>,
+    spawns: HashMap<u64, oneshot::Sender<Result<ChildPort, String>>>,
+    attaches: HashMap<u64, oneshot::Sender<Result<Attached, String>>>,
+    statuses: HashMap<u64, oneshot::Sender<Status>>,
+}
+
+/// The engine's connection to its keeper.
+pub struct Keeper {
+    id: u64,
+    epoch: u64,
+    kept: Vec<Kept>,
+    out: mpsc::Sender<Bytes>,
+    routes: parking_lot::Mutex<Routes>,
+    next_req: AtomicU64,
+    handover: Notify,
+    handover_asked: AtomicBool,
+    gone: Notify,
+    is_gone: AtomicBool,
+}
+
+/// The keeper is gone (its control socket closed).
+pub const KEEPER_GONE: &str = "the keeper's control socket is closed (the keeper died; this engine stops with it)";
+
+impl Keeper {
+    /// This keeper process's identity: a child ID means something only to it.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// How many engines the keeper started, this one included.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The children the keeper kept when this engine started.
+    pub fn kept_at_start(&self) -> &[Kept] {
+        &self.kept
+    }
+
+    async fn send(&self, message: &ToKeeper) -> Result<(), String> {
+        self.out.send(proto::frame(message)).await.map_err(|_| KEEPER_GONE.to_owned())
+    }
+
+    /// Starts a child, held by this engine.
+    pub async fn spawn(&self, spec: SpawnSpec) -> Result<ChildPort, String> {
+        let req = self.next_req.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.routes.lock().spawns.insert(req, tx);
+        self.send(&ToKeeper::Spawn { req, spec }).await?;
+        rx.await.map_err(|_| KEEPER_GONE.to_owned())?
+    }
+
+    /// Takes a kept child over; its stdout frames after `after` follow.
+    pub async fn attach(&self, child: u64, after: u64) -> Result<Attached, String> {
+        let (tx, rx) = oneshot::channel();
+        if self.routes.lock().attaches.insert(child, tx).is_some() {
+            return Err(format!("child {child} is being attached already"));
+        }
+        self.send(&ToKeeper::Attach { child, after }).await?;
+        rx.await.map_err(|_| KEEPER_GONE.to_owned())?
+    }
+
+    /// Writes one line to a child's stdin (once: see [`ToKeeper::Write`]),
+    /// waiting while [`WRITE_WINDOW`] lines are unconfirmed.
+    pub async fn write(&self, child: u64, seq: u64, tag: Bytes, line: Bytes) -> Result<(), String> {
+        let window = self.routes.lock().children.get(&child).map(|r| r.window.clone());
+        let Some(window) = window else { return Err(format!("child {child} is not held by this engine")) };
+        window.acquire().await.map_err(|_| KEEPER_GONE.to_owned())?.forget();
+        self.send(&ToKeeper::Write { child, seq, tag, line }).await
+    }
+
+    /// Every frame of the child up to `upto` is stored.
+    pub async fn ack(&self, child: u64, upto: u64) -> Result<(), String> {
+        self.send(&ToKeeper::Ack { child, upto }).await
+    }
+
+    /// The request `tag` named has ended.
+    pub async fn done(&self, child: u64, tag: Bytes) -> Result<(), String> {
+        self.send(&ToKeeper::Done { child, tag }).await
+    }
+
+    /// [`Keeper::done`] without waiting: dropped (with a debug line) when
+    /// [`OUT_QUEUE`] frames wait already; the keeper then keeps the tag
+    /// until its bound pushes it out.
+    pub fn done_soon(&self, child: u64, tag: Bytes) {
+        if self.out.try_send(proto::frame(&ToKeeper::Done { child, tag })).is_err() {
+            tracing::debug!(child, "the keeper's queue is full; a request's tag stays open there");
+        }
+    }
+
+    /// Lets go of a child: it lives on for the next engine.
+    pub async fn release(&self, child: u64) -> Result<(), String> {
+        self.routes.lock().children.remove(&child);
+        self.send(&ToKeeper::Release { child }).await
+    }
+
+    /// Stops a child; its `Exited` follows.
+    pub async fn stop(&self, child: u64) -> Result<(), String> {
+        self.send(&ToKeeper::Stop { child }).await
+    }
+
+    /// The keeper's counts.
+    pub async fn status(&self) -> Result<Status, String> {
+        let req = self.next_req.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.routes.lock().statuses.insert(req, tx);
+        self.send(&ToKeeper::Status { req }).await?;
+        rx.await.map_err(|_| KEEPER_GONE.to_owned())
+    }
+
+    /// Resolves once the keeper asked this engine to hand over (an upgrade).
+    pub async fn handover_asked(&self) {
+        let notified = self.handover.notified();
+        if self.handover_asked.load(Ordering::Acquire) {
+            return;
+        }
+        notified.await;
+    }
+
+    /// Resolves once the keeper's connection is gone.
+    pub async fn gone(&self) {
+        let notified = self.gone.notified();
+        if self.is_gone.load(Ordering::Acquire) {
+            return;
+        }
+        notified.await;
+    }
+
+    /// A route for a child that is this engine's from now on.
+    fn open_route(routes: &mut Routes, child: u64, pid: u32) -> ChildPort {
+        let (events_tx, events) = mpsc::unbounded_channel();
+        let (stderr_tx, stderr) = mpsc::channel(STDERR_QUEUE);
+        let window = Arc::new(Semaphore::new(WRITE_WINDOW));
+        routes.children.insert(child, Route { events: events_tx, stderr: stderr_tx, window, confirmed: 0 });
+        ChildPort { child, pid, events, stderr }
+    }
+
+    fn received(&self, message: ToEngine) {
+        let mut routes = self.routes.lock();
+        match message {
+            ToEngine::Spawned { req, child, pid } => {
+                let port = Self::open_route(&mut routes, child, pid);
+                if let Some(tx) = routes.spawns.remove(&req) {
+                    let _ = tx.send(Ok(port));
+                }
+            }
+            ToEngine::SpawnFailed { req, error } => {
+                if let Some(tx) = routes.spawns.remove(&req) {
+                    let _ = tx.send(Err(error));
+                }
+            }
+            ToEngine::Attached { child, written, open } => {
+                let pid = self.kept.iter().find(|k| k.child == child).map_or(0, |k| k.pid);
+                let mut port = Self::open_route(&mut routes, child, pid);
+                if let Some(route) = routes.children.get_mut(&child) {
+                    route.confirmed = written;
+                }
+                port.pid = pid;
+                if let Some(tx) = routes.attaches.remove(&child) {
+                    let _ = tx.send(Ok(Attached { port, written, open }));
+                }
+            }
+            ToEngine::AttachFailed { child, reason } => {
+                if let Some(tx) = routes.attaches.remove(&child) {
+                    let _ = tx.send(Err(reason));
+                }
+            }
+            ToEngine::Line { child, frame, line } => route_event(&routes, child, ChildEvent::Line { frame, line }),
+            ToEngine::TooLong { child, frame, len, head, tail } => {
+                route_event(&routes, child, ChildEvent::TooLong { frame, len, head, tail });
+            }
+            ToEngine::Written { child, seq } => {
+                if let Some(route) = routes.children.get_mut(&child)
+                    && seq > route.confirmed
+                {
+                    let more = usize::try_from(seq - route.confirmed).unwrap_or(WRITE_WINDOW).min(WRITE_WINDOW);
+                    route.confirmed = seq;
+                    route.window.add_permits(more);
+                }
+            }
+            ToEngine::Stderr { child, line } => {
+                if let Some(route) = routes.children.get(&child) {
+                    // A child that floods stderr loses lines from the log, nothing else.
+                    let _ = route.stderr.try_send(line);
+                }
+            }
+            ToEngine::Exited { child, status } => {
+                if let Some(route) = routes.children.remove(&child) {
+                    let _ = route.events.send(ChildEvent::Exited { status });
+                }
+            }
+            ToEngine::Status { req, restarts, last_restart_ms, held_bytes, children } => {
+                if let Some(tx) = routes.statuses.remove(&req) {
+                    let _ = tx.send(Status { restarts, last_restart_ms, held_bytes, children });
+                }
+            }
+            ToEngine::Handover => {
+                self.handover_asked.store(true, Ordering::Release);
+                self.handover.notify_waiters();
+            }
+            ToEngine::Welcome { .. } | ToEngine::Refused { .. } => {
+                tracing::warn!("the keeper greeted this engine a second time; ignored");
+            }
+        }
+    }
+
+    /// The connection ended: every child's owner hears it, every waiter fails.
+    fn ended(&self) {
+        let routes = std::mem::take(&mut *self.routes.lock());
+        for (_, route) in routes.children {
+            let _ = route.events.send(ChildEvent::KeeperGone);
+            route.window.close();
+        }
+        self.is_gone.store(true, Ordering::Release);
+        self.gone.notify_waiters();
+    }
+}
+
+fn route_event(routes: &Routes, child: u64, event: ChildEvent) {
+    match routes.children.get(&child) {
+        Some(route) => {
+            let _ = route.events.send(event);
+        }
+        None => tracing::debug!(child, "a frame of a child this engine does not hold; dropped"),
+    }
+}
+
+async fn write_frames(mut write: tokio::net::unix::OwnedWriteHalf, mut frames: mpsc::Receiver<Bytes>) {
+    while let Some(frame) = frames.recv().await {
+        if let Err(e) = write.write_all(&frame).await {
+            tracing::error!(error = %e, "cannot write to the keeper's control socket");
+            return;
+        }
+    }
+}
+
+async fn read_frames(mut read: tokio::net::unix::OwnedReadHalf, mut decoder: Decoder, keeper: Arc<Keeper>) {
+    let mut buf = BytesMut::with_capacity(64 * 1024);
+    loop {
+        loop {
+            match decoder.next::<ToEngine>() {
+                Ok(Some(message)) => keeper.received(message),
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::error!(error = %e, "the keeper sent a frame this engine cannot read; leaving its control socket");
+                    return keeper.ended();
+                }
+            }
+        }
+        buf.clear();
+        match read.read_buf(&mut buf).await {
+            Ok(0) => {
+                tracing::error!("{KEEPER_GONE}");
+                return keeper.ended();
+            }
+            Ok(_) => decoder.push(&buf),
+            Err(e) => {
+                tracing::error!(error = %e, "reading the keeper's control socket failed");
+                return keeper.ended();
+            }
+        }
+    }
+}
