@@ -104,6 +104,8 @@ struct Table {
     engine_ended: Option<Instant>,
     restarts: u64,
     last_restart_ms: u64,
+    /// An engine said it serves ([`ToKeeper::Ready`]).
+    ready: bool,
 }
 
 struct Child {
@@ -275,6 +277,11 @@ impl Children {
     /// The engine process ended (for the next restart's duration).
     pub fn engine_ended(&self) {
         self.inner.table.lock().engine_ended = Some(Instant::now());
+    }
+
+    /// Whether an engine ever said it serves ([`ToKeeper::Ready`]).
+    pub fn ever_ready(&self) -> bool {
+        self.inner.table.lock().ready
     }
 
     /// Asks every engine connected to hand over (an upgrade); false if none is.
@@ -473,6 +480,7 @@ impl Children {
                     send(Out::Hold { child: c, after, msg: None }).await?;
                 }
             }
+            ToKeeper::Ready => self.inner.table.lock().ready = true,
             ToKeeper::Status { req } => {
                 let children = self.kept();
                 let held = self.inner.table.lock().children.values().map(|c| c.state.lock().held).sum();

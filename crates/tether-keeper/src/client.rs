@@ -116,6 +116,12 @@ pub fn handshake() -> Result<Option<Welcomed>, String> {
 
 /// `PR_SET_PDEATHSIG`: the kernel kills this process when the keeper (its
 /// parent) dies; and if it died already, this process goes now.
+#[cfg(not(target_os = "linux"))]
+fn die_with_keeper() -> Result<(), String> {
+    Err("the keeper runs on Linux only: run tether serve --no-keeper".into())
+}
+
+#[cfg(target_os = "linux")]
 fn die_with_keeper() -> Result<(), String> {
     rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
         .map_err(|e| format!("cannot ask to die with the keeper: {e}"))?;
@@ -310,6 +316,11 @@ impl Keeper {
         self.routes.lock().statuses.insert(req, tx);
         self.send(&ToKeeper::Status { req }).await?;
         rx.await.map_err(|_| KEEPER_GONE.to_owned())
+    }
+
+    /// Tells the keeper this engine serves (see [`ToKeeper::Ready`]).
+    pub async fn ready(&self) -> Result<(), String> {
+        self.send(&ToKeeper::Ready).await
     }
 
     /// Resolves once the keeper asked this engine to hand over (an upgrade).

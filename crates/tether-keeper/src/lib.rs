@@ -10,8 +10,13 @@
 //! - [`supervisor`]: the keeper process (sockets, engine, reaper, signals);
 //! - [`spawn`]: starting a process that dies with the keeper.
 
+// The keeper relies on Linux's `PR_SET_PDEATHSIG`; elsewhere only the
+// protocol and the engine's side build (and no keeper starts an engine).
+#[cfg(target_os = "linux")]
 pub mod children;
 pub mod client;
 pub mod proto;
+#[cfg(target_os = "linux")]
 pub mod spawn;
+#[cfg(target_os = "linux")]
 pub mod supervisor;

@@ -87,6 +87,10 @@ pub enum ToKeeper {
     Stop { child: u64 },
     /// Answered with `Status` under `req`.
     Status { req: u64 },
+    /// The engine serves (its store is open, its listeners are taken): an
+    /// engine that exits before it said so failed to start, and the
+    /// keeper's first one doing so stops the keeper with its exit code.
+    Ready,
 }
 
 /// Keeper to engine.
@@ -406,6 +410,7 @@ impl Message for ToKeeper {
                 out.put_u8(9);
                 out.put_u64_le(*req);
             }
+            Self::Ready => out.put_u8(10),
         }
     }
 
@@ -420,6 +425,7 @@ impl Message for ToKeeper {
             7 => Self::Release { child: u64_of(b)? },
             8 => Self::Stop { child: u64_of(b)? },
             9 => Self::Status { req: u64_of(b)? },
+            10 => Self::Ready,
             other => return Err(ProtoError(format!("an engine frame of unknown kind {other}"))),
         })
     }
@@ -558,6 +564,7 @@ mod tests {
             ToKeeper::Release { child: 3 },
             ToKeeper::Stop { child: 3 },
             ToKeeper::Status { req: 4 },
+            ToKeeper::Ready,
         ];
         let to_engine = vec![
             ToEngine::Welcome {

@@ -203,6 +203,15 @@ impl Keeper {
                             (None, Some(signal)) => 128 + signal,
                             _ => 1,
                         };
+                    } else if !upgrading && !self.children.ever_ready() {
+                        // It never served: a bad flag, config or store, which a
+                        // restart would only repeat. Its error is in the log.
+                        tracing::error!("the engine (pid {}) {how} before it served: the keeper stops", ended.pid);
+                        code = match status.exit_status() {
+                            Some(0) | None => 1,
+                            Some(code) => code,
+                        };
+                        stopping = true;
                     } else if upgrading {
                         (upgrading, handover_deadline) = (false, None);
                         tracing::info!("the engine (pid {}) handed over and {how}: starting the new one", ended.pid);

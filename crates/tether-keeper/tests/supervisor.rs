@@ -65,6 +65,10 @@ def next_frame():
     f, buf = bytes(buf[4:4 + n]), buf[4 + n:]
     return f
 note('engines', '%d %s' % (os.getpid(), os.environ['TETHER_KEEPER_LISTENERS']))
+if 'never-ready' not in modes:
+    ctl.sendall(frame(10, b''))
+if 'exit-early' in modes:
+    os._exit(5)
 welcome = data[5:4 + struct.unpack('<I', data[:4])[0]]
 count, at, kept = struct.unpack('<I', welcome[20:24])[0], 24, []
 for _ in range(count):
@@ -396,4 +400,15 @@ fn the_keeper_exits_with_the_code_its_engine_failed_with_when_stopping() {
     until("the first engine", || keeper.engines().len() == 1);
     keeper.signal(Signal::TERM);
     assert_eq!(keeper.exit(), Some(3));
+}
+
+#[test]
+fn an_engine_that_exits_before_it_ever_served_stops_the_keeper_with_its_code() {
+    // A bad flag or config: restarting would only fail again, and a
+    // supervisor above (systemd, a container runtime) must see the failure.
+    let mut keeper = Keeper::start(1, &["never-ready", "exit-early"]);
+    assert_eq!(keeper.exit(), Some(5));
+    assert_eq!(keeper.engines().len(), 1, "not restarted");
+    assert!(keeper.log().contains("before it served: the keeper stops"), "{}", keeper.log());
+    until("the port to be free", || port_free(keeper.addr));
 }

@@ -28,9 +28,24 @@ pub fn run(args: &ServeArgs) -> std::process::ExitCode {
         Some(at) => argv[at + 1..].to_vec(),
         None => Vec::new(),
     };
-    let config = tether_keeper::supervisor::KeeperConfig { listeners: keeper_listeners(args), program, engine_args };
+    supervise(keeper_listeners(args), program, engine_args)
+}
+
+#[cfg(target_os = "linux")]
+fn supervise(
+    listeners: Vec<(String, std::net::SocketAddr)>,
+    program: std::path::PathBuf,
+    engine_args: Vec<OsString>,
+) -> std::process::ExitCode {
+    let config = tether_keeper::supervisor::KeeperConfig { listeners, program, engine_args };
     let code = tether_keeper::supervisor::run(config);
     std::process::ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn supervise(_: Vec<(String, std::net::SocketAddr)>, _: std::path::PathBuf, _: Vec<OsString>) -> std::process::ExitCode {
+    // Not reached: `SUPPORTED` is false here.
+    std::process::ExitCode::FAILURE
 }
 
 /// How often the engine asks its keeper for its counts (for `/metrics`).

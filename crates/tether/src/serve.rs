@@ -513,6 +513,10 @@ pub async fn run(args: ServeArgs, keeper: Option<tether_keeper::client::Welcomed
             extra = extra.merge(tether_server::http::admin_guarded(token, crate::keeper::admin_routes(keeper.clone())));
         }
     }
+    if let Some(keeper) = &keeper {
+        // From here on a restart is worth it: this engine got as far as serving.
+        keeper.ready().await.map_err(anyhow::Error::msg)?;
+    }
     tether_server::http::serve_with(listener, extra, engine, auth, http, stop_signal(keeper)).await?;
     Ok(())
 }

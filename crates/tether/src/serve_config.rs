@@ -21,9 +21,10 @@ const POLICIES: &str = "policies";
 const SCOPE_IMPLIES: &str = "scope_implies";
 
 /// `argv` with the flags of a `serve --config FILE` file put in front of
-/// the typed ones (unchanged for anything else).
+/// the typed ones (unchanged for anything else). The keeper's engine
+/// (`tether engine`, the same flags) reads the file itself, on each start.
 pub fn expand(argv: Vec<OsString>) -> anyhow::Result<Vec<OsString>> {
-    if argv.get(1).and_then(|a| a.to_str()) != Some("serve") {
+    if !matches!(argv.get(1).and_then(|a| a.to_str()), Some("serve" | "engine")) {
         return Ok(argv);
     }
     let Some(path) = config_path(&argv[2..]) else { return Ok(argv) };

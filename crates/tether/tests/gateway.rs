@@ -664,7 +664,9 @@ fn fixture_children(parent: u32) -> Vec<u32> {
             let mut after = stat.rsplit(')').next().unwrap_or_default().split_whitespace();
             let (state, ppid) = (after.next(), after.next().and_then(|p| p.parse::<u32>().ok()));
             let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            ppid == Some(parent) && state != Some("Z") && String::from_utf8_lossy(&cmdline).contains("stdio_server.py")
+            // The keeper's engine names the fixture in its arguments too.
+            let engine = cmdline.split(|b| *b == 0).nth(1) == Some(b"engine".as_slice());
+            ppid == Some(parent) && state != Some("Z") && !engine && String::from_utf8_lossy(&cmdline).contains("stdio_server.py")
         })
         .collect()
 }
