@@ -211,7 +211,7 @@ impl Gateway {
             stored.get("initialize").or_else(|| self.slot.sibling_initialize(&app)).cloned().unwrap_or_else(|| json!({}));
         let started =
             self.connect(session.session_id(), session.principal(), params, authorization, Some(link), sink.clone()).await?;
-        let Started { upstream, carry_on, .. } = started;
+        let Started { upstream, carry_on, resumed, .. } = started;
         // From here the upstream's requests can be answered (the replays below may bring some).
         let connection = Connection::new(upstream.clone(), sink);
         let carry_on = carry_on.unwrap_or(Value::Null);
@@ -220,7 +220,11 @@ impl Gateway {
                 self.slot.state_of(app).insert("carryOn".into(), carry_on.clone());
             })
             .await?;
-        // The client did all this once; the new connection must see it too.
+        // The client did all this once; a new connection must see it too
+        // (a child taken over as it was has seen it).
+        if resumed {
+            return Ok(self.go_live(session, link, live, connection));
+        }
         upstream.notify("notifications/initialized", None).await?;
         if let Some(level) = stored.get("logLevel").filter(|l| l.is_string()) {
             upstream.request("logging/setLevel", Some(json!({"level": level}))).await?;
@@ -422,7 +426,7 @@ impl Gateway {
         let started = self
             .connect(init.session_id(), &init.caller.principal, params.clone(), authorization, Some(link), sink.clone())
             .await?;
-        let Started { upstream, initialize_result, carry_on } = started;
+        let Started { upstream, initialize_result, carry_on, .. } = started;
         let result: Map<String, Value> = serde_json::from_str(initialize_result.get()).map_err(|e| {
             RpcError::internal(format!("upstream `{}` answered initialize with no object: {e}", self.config.name))
         })?;
@@ -492,8 +496,8 @@ impl Gateway {
         }
         let authorization = self.sessionless_authorization(ctx.client_authorization());
         let principal = ctx.principal();
-        let connect =
-            |sink| self.connect("(sessionless)", principal, sessionless::initialize_params(), authorization, None, sink);
+        let pooled = sessionless::pool_session(principal);
+        let connect = |sink| self.connect(&pooled, principal, sessionless::initialize_params(), authorization, None, sink);
         let held = self.pool.hold_for_request(&ctx, connect).await?;
         let level = ctx.request_meta().and_then(|m| m.get(meta::LOG_LEVEL)).and_then(Value::as_str);
         held.want_log_level(level).await;
@@ -525,7 +529,8 @@ impl OperationRunner for Gateway {
     async fn run_operation(&self, ctx: OperationCtx, tool: &str, arguments: Map<String, Value>) -> Result<(), RpcError> {
         let ctx = Arc::new(ctx);
         let principal = ctx.principal().to_owned();
-        let connect = |sink| self.connect("(task)", &principal, sessionless::initialize_params(), None, None, sink);
+        let pooled = sessionless::pool_session(&principal);
+        let connect = |sink| self.connect(&pooled, &principal, sessionless::initialize_params(), None, None, sink);
         let held = self.pool.hold_for_task(ctx.clone(), connect).await?;
         let params = json!({"name": tool, "arguments": arguments, "_meta": {"progressToken": "tether-task"}});
         let timer = tether_server::metrics::upstream_request_started();

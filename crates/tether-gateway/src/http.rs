@@ -132,7 +132,7 @@ pub async fn start(
     let refused = match connected {
         Ok((upstream, initialize_result)) => {
             let carry_on = upstream.carry_on();
-            return Ok(Started { upstream, initialize_result, carry_on });
+            return Ok(Started { upstream, initialize_result, carry_on, resumed: false });
         }
         Err(refused) => refused,
     };

@@ -81,6 +81,11 @@ pub(crate) async fn start(
     sink: Arc<dyn PeerSink>,
 ) -> Result<Started, RpcError> {
     let Some(keeper) = keeper() else { return Err(RpcError::internal("no keeper")) };
+    let label = format!("{upstream_name}/{session}");
+    let permit = match adopt(keeper, spec, upstream_name, session, &label, permit, &sink).await {
+        Ok(started) => return Ok(started),
+        Err(permit) => permit,
+    };
     let command = spec.display();
     let Some((program, args)) = spec.command.split_first() else {
         return Err(RpcError::internal(format!("upstream {upstream_name} has an empty command")));
@@ -96,7 +101,7 @@ pub(crate) async fn start(
         max_line: u64::try_from(spec.max_message_bytes).unwrap_or(u64::MAX),
         hold_bytes: hold_bytes(spec),
         orphan_ms: u64::try_from(spec.idle_timeout.as_millis()).unwrap_or(u64::MAX),
-        label: format!("{upstream_name}/{session}"),
+        label,
     };
     let port = keeper.spawn(spawn).await.map_err(|e| {
         let place = spec.cwd.as_ref().map(|cwd| format!(" in {}", cwd.display())).unwrap_or_default();
@@ -106,7 +111,49 @@ pub(crate) async fn start(
     let upstream = connect(keeper, spec, upstream_name, session, command, port, 0, &[], Some(permit), sink);
     let (upstream, initialize_result) = stdio::initialize(upstream, initialize_params, init_timeout).await?;
     let carry_on = json!({"keeper": format!("{:016x}", keeper.id()), "child": child});
-    Ok(Started { upstream, initialize_result, carry_on: Some(carry_on) })
+    Ok(Started { upstream, initialize_result, carry_on: Some(carry_on), resumed: false })
+}
+
+/// Children the keeper had kept when this engine started that a start took
+/// over already (each is taken once).
+static ADOPTED: OnceLock<Mutex<std::collections::HashSet<u64>>> = OnceLock::new();
+
+/// A child an earlier engine started for the same purpose (`label`: a
+/// session's, or a principal's pooled connection), kept by the keeper and
+/// held by no engine: taken over as it is (its state, no new
+/// `initialize`) instead of starting another.
+async fn adopt(
+    keeper: &Arc<Keeper>,
+    spec: &CommandSpec,
+    upstream_name: &str,
+    session: &str,
+    label: &str,
+    permit: ProcessPermit,
+    sink: &Arc<dyn PeerSink>,
+) -> Result<Started, ProcessPermit> {
+    let adopted = ADOPTED.get_or_init(Mutex::default);
+    let child = {
+        let mut taken = adopted.lock();
+        let found = keeper.kept_at_start().iter().find(|k| k.label == label && !k.attached && !taken.contains(&k.child));
+        let Some(child) = found.map(|k| k.child) else { return Err(permit) };
+        taken.insert(child);
+        child
+    };
+    let attached = match keeper.attach(child, 0).await {
+        Ok(attached) => attached,
+        Err(reason) => {
+            tracing::info!(upstream = %upstream_name, %session, child, %reason, "could not take over a kept child; starting a new one");
+            return Err(permit);
+        }
+    };
+    let (port, written, open) = (attached.port, attached.written, attached.open);
+    let pid = port.pid;
+    let upstream =
+        connect(keeper, spec, upstream_name, session, spec.display(), port, written, &open, Some(permit), sink.clone());
+    tracing::info!(upstream = %upstream_name, %session, pid, "took over the child the keeper kept (no new initialize)");
+    let carry_on = json!({"keeper": format!("{:016x}", keeper.id()), "child": child});
+    let initialize_result = serde_json::value::to_raw_value(&json!({})).unwrap_or_default();
+    Ok(Started { upstream, initialize_result, carry_on: Some(carry_on), resumed: true })
 }
 
 /// The child the keeper kept for `session` (`carry_on` as [`start`] gave

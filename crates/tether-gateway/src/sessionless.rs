@@ -36,6 +36,13 @@ use futures::future::BoxFuture;
 
 use crate::upstream::{PeerMessage, PeerSink, Started, Upstream};
 
+/// What a principal's pooled connections are started for, as logs and the
+/// keeper name them: a child an earlier engine started for the same
+/// principal is taken over by this name (see `crate::kept`).
+pub(crate) fn pool_session(principal: &str) -> String {
+    format!("(sessionless {principal})")
+}
+
 /// How long a pooled connection may sit unused before it is closed.
 pub(crate) const DEFAULT_POOL_IDLE: Duration = Duration::from_secs(300);
 /// How often idle pooled connections are looked for.
@@ -297,8 +304,10 @@ impl Pool {
             None => {
                 let permit = self.room().await?;
                 let sink = Arc::new(PoolSink::default());
-                let Started { upstream, .. } = connect(sink.clone()).await?;
-                upstream.notify("notifications/initialized", None).await?;
+                let Started { upstream, resumed, .. } = connect(sink.clone()).await?;
+                if !resumed {
+                    upstream.notify("notifications/initialized", None).await?;
+                }
                 let pooled = Arc::new(Pooled {
                     upstream,
                     holder: Mutex::new(None),

@@ -68,7 +68,7 @@ pub(crate) async fn start(
         log_level: Mutex::new(None),
         credentials,
     });
-    Some(Started { upstream, initialize_result, carry_on: None })
+    Some(Started { upstream, initialize_result, carry_on: None, resumed: false })
 }
 
 /// Asks a sessionless client's `server/discover` of the upstream: what it

@@ -202,7 +202,7 @@ pub async fn start(
     let upstream =
         Arc::new(StdioUpstream { shared, writer, next_id: AtomicU64::new(0), kill, exited, request_timeout, kept: None });
     let (upstream, initialize_result) = initialize(upstream, initialize_params, init_timeout).await?;
-    Ok(Started { upstream, initialize_result, carry_on: None })
+    Ok(Started { upstream, initialize_result, carry_on: None, resumed: false })
 }
 
 /// Sends `initialize` on a started child and waits at most `init_timeout`

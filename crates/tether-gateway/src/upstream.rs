@@ -38,6 +38,12 @@ pub struct Started {
     /// `initialize` (an HTTP upstream's session ID and revision), stored with
     /// the tether session; `None` when it cannot be carried on (a child).
     pub carry_on: Option<Value>,
+    /// The connection was taken over as it was (a child the keeper kept
+    /// from an earlier engine), not initialized now: what a new connection
+    /// is told after `initialize` (`notifications/initialized`, the log
+    /// level, subscriptions) it has had already. Its `initialize_result` is
+    /// then `{}`.
+    pub resumed: bool,
 }
 
 /// A request an engine that died had sent upstream (see

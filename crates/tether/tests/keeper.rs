@@ -364,3 +364,38 @@ async fn when_the_keeper_dies_nothing_it_started_lives_on_and_a_new_one_serves_t
     assert_ne!(pid, child, "a new child");
     assert_eq!((count, inits), (1, 1), "the session goes on with a new child, initialized as the client did");
 }
+
+#[tokio::test]
+async fn the_sessionless_pools_and_a_virtual_servers_children_are_kept_across_an_engine_kill_the_same_way() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("t.db");
+    let member = |name: &str| {
+        format!("[upstreams.{name}]\ncommand = [\"python3\", {:?}]\nenv = {{ FIXTURE_NAME = \"{name}\" }}\n", fixture())
+    };
+    let config = dir.path().join("tether.toml");
+    std::fs::write(&config, format!("{}{}[servers.team]\nupstreams = [\"a\", \"b\"]\n", member("a"), member("b"))).unwrap();
+    let (tether, url) = Tether::start(&db, &["--config", config.to_str().unwrap()]);
+    let keeper = tether.0.id();
+    let base = url.trim_end_matches("/mcp").to_owned();
+
+    // A sessionless client of `a`: its principal's pooled child.
+    let a = Client::new(&format!("{base}/mcp/a"));
+    let pooled_count = |n: u64| sessionless_request(n, "tools/call", json!({"name": "counter", "arguments": {}}));
+    let (_, first) = send_sessionless(&a, &pooled_count(1), Some("counter"), &[]).await;
+    let (pooled, count, inits) = counter(&first);
+    assert_eq!((count, inits), (1, 1), "{first}");
+    // A session of the virtual server: each member's child.
+    let team = Client::new(&format!("{base}/mcp/team"));
+    let sid = initialized(&team, "team-client").await;
+    let (member_b, count, _) = counter(&team.call(&sid, 1, "b__counter", json!({})).await);
+    assert_eq!(count, 1);
+
+    let engine = engine_of(keeper).expect("an engine");
+    kill(engine, "-KILL");
+    next_engine(keeper, Some(engine)).await;
+
+    let (_, again) = send_sessionless(&a, &pooled_count(2), Some("counter"), &[]).await;
+    assert_eq!(counter(&again), (pooled, 2, 1), "the pooled child is taken over, its count goes on: {again}");
+    let (b_again, count, inits) = counter(&team.call(&sid, 2, "b__counter", json!({})).await);
+    assert_eq!((b_again, count, inits), (member_b, 2, 1), "the member's child is the session's still");
+}
