@@ -399,3 +399,55 @@ async fn the_sessionless_pools_and_a_virtual_servers_children_are_kept_across_an
     let (b_again, count, inits) = counter(&team.call(&sid, 2, "b__counter", json!({})).await);
     assert_eq!((b_again, count, inits), (member_b, 2, 1), "the member's child is the session's still");
 }
+
+#[tokio::test]
+async fn the_admin_api_lists_the_kept_children_metrics_count_the_restarts_and_tether_upgrade_hands_over() {
+    const ADMIN: &str = "an-admin-token-of-the-keeper-test";
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("t.db");
+    let (child, url) = start_binary_with_env(
+        &format!("sqlite:{}", db.display()),
+        &db.with_extension("log"),
+        &["--upstream", &upstream_flag("state"), "--admin-token-env", "TETHER_TEST_ADMIN"],
+        &[("TETHER_TEST_ADMIN", ADMIN)],
+    );
+    let tether = Tether(child);
+    let keeper = tether.0.id();
+    let base = url.trim_end_matches("/mcp").to_owned();
+    let c = Client::new(&format!("{base}/mcp/state"));
+    let sid = initialized(&c, "admin").await;
+    let (pid, _, _) = counter(&c.call(&sid, 1, "counter", json!({})).await);
+    let engine = engine_of(keeper).expect("an engine");
+    kill(engine, "-KILL");
+    let engine = next_engine(keeper, Some(engine)).await;
+    let http = reqwest::Client::new();
+    let admin = |path: &str| http.get(format!("{base}{path}")).bearer_auth(ADMIN);
+
+    let refused = http.get(format!("{base}/admin/keeper")).send().await.unwrap();
+    assert_eq!(refused.status(), 401, "the keeper's admin routes need the admin token");
+    let status: Value = admin("/admin/keeper").send().await.unwrap().json().await.unwrap();
+    assert_eq!(status["restarts"], 1, "{status}");
+    assert_eq!(status["children_taken_over"], 1, "{status}");
+    let kept = status["children"].as_array().expect("children");
+    assert_eq!(kept.len(), 1, "{status}");
+    assert_eq!(kept[0]["pid"], pid, "{status}");
+    assert_eq!(kept[0]["label"], json!(format!("state/{sid}")), "{status}");
+
+    let metrics = admin("/metrics").send().await.unwrap().text().await.unwrap();
+    for line in ["tether_keeper_engine_restarts_total 1", "tether_keeper_children 1", "tether_keeper_children_taken_over 1"] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "/metrics has `{line}`:\n{}",
+            metrics.lines().filter(|l| l.contains("keeper")).collect::<Vec<_>>().join("\n")
+        );
+    }
+
+    // `tether upgrade` asks the keeper through the admin API.
+    let out =
+        std::process::Command::new(binary()).args(["upgrade", "--url", &url]).env("TETHER_ADMIN_TOKEN", ADMIN).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let upgraded = next_engine(keeper, Some(engine)).await;
+    assert_ne!(upgraded, engine);
+    let (again, count, inits) = counter(&c.call(&sid, 2, "counter", json!({})).await);
+    assert_eq!((again, count, inits), (pid, 2, 1), "the child is the new engine's, as it was");
+}
