@@ -6,7 +6,10 @@
 //!
 //! - [`proto`]: the control protocol, without I/O;
 //! - [`client`]: the engine's side of it (spawn, attach, write, acknowledge);
-//! - [`children`]: the keeper's children and its side of the protocol;
+//! - [`children`]: the keeper's table of children (spawn, stdout frames
+//!   held until acknowledged, stdin writes, stderr, orphans, exits, stop);
+//! - `engine_conn`: the keeper's side of the protocol, one engine connection
+//!   ([`children::Children::serve_engine`]: handshake, writer, each message);
 //! - [`supervisor`]: the keeper process (sockets, engine, reaper, signals);
 //! - [`spawn`]: starting a process that dies with the keeper.
 
@@ -15,6 +18,8 @@
 #[cfg(target_os = "linux")]
 pub mod children;
 pub mod client;
+#[cfg(target_os = "linux")]
+mod engine_conn;
 pub mod proto;
 #[cfg(target_os = "linux")]
 pub mod spawn;
