@@ -26,24 +26,30 @@
 //! unacknowledged (then the child blocks on write); at most
 //! [`PARKED_PER_CALL`] messages wait per cut-off call.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tether_keeper::client::{ChildEvent, ChildPort, Keeper};
 use tether_keeper::proto::SpawnSpec;
-use tether_wire::{Inbound as Message, RpcError, envelope};
-use tokio::sync::{Notify, mpsc, oneshot, watch};
+use tether_wire::RpcError;
+use tokio::sync::{Notify, mpsc, watch};
 
 use crate::config::CommandSpec;
 use crate::link::Progress;
 use crate::processes::ProcessPermit;
-use crate::stdio::{self, Answer, Outgoing, Shared, StderrLog, StdioUpstream};
-use crate::upstream::{CutOffCall, PeerMessage, PeerSink, Started, UPSTREAM_RESTARTED, Upstream, request_key};
+use crate::stdio::{self, Outgoing, Shared, StderrLog, StdioUpstream};
+use crate::upstream::{PeerSink, Started, Upstream, request_key};
+
+mod cut_off;
+mod frames;
+
+pub use cut_off::{CLAIM_WAIT, PARKED_PER_CALL};
+use cut_off::{CutOffs, Tag};
+pub(crate) use frames::{FrameHold, Frames};
 
 static KEEPER: OnceLock<Arc<Keeper>> = OnceLock::new();
 
@@ -56,11 +62,6 @@ pub fn install(keeper: Arc<Keeper>) {
 pub(crate) fn keeper() -> Option<&'static Arc<Keeper>> {
     KEEPER.get()
 }
-
-/// How long a call cut off by a crash waits for the new engine to claim it.
-pub const CLAIM_WAIT: Duration = Duration::from_secs(60);
-/// Messages of one cut-off call parked until it is claimed, at most.
-pub const PARKED_PER_CALL: usize = 256;
 
 /// Bytes of a child's stdout the keeper holds unacknowledged, at most: a
 /// few of its largest messages.
@@ -212,7 +213,7 @@ fn connect(
 ) -> Arc<StdioUpstream> {
     let ChildPort { child, events, stderr, .. } = port;
     let (acks, acked) = watch::channel(0);
-    let frames = Arc::new(Frames { state: Mutex::new(Book::default()), holds: Mutex::default(), acks });
+    let frames = Arc::new(Frames::new(acks));
     let shared = Arc::new(Shared::new(upstream_name, session, command, Some(frames.clone())));
     let kept = Arc::new(KeptChild {
         keeper: keeper.clone(),
@@ -288,310 +289,9 @@ impl KeptChild {
         let _ = ctx.after_final_stored(settle);
     }
 
-    pub(crate) fn cut_off_call(&self, key: &str) -> Option<CutOffCall> {
-        let cut_off = self.cut_off.lock();
-        let call = cut_off.calls.values().find(|c| c.tag.key == key)?;
-        let progress = match (&call.tag.issued, &call.tag.client) {
-            (Some(issued), Some(client)) => Some(Progress { issued: issued.clone(), client: client.clone() }),
-            _ => None,
-        };
-        Some(CutOffCall { id: json!(call.tag.id), progress })
-    }
-
-    /// Picks up the answer of a call cut off by a crash (see the module
-    /// doc); its messages go to `messages`, in order, first those parked.
-    pub(crate) async fn resume(
-        &self,
-        request_id: &Value,
-        messages: mpsc::Sender<PeerMessage>,
-        wait: Duration,
-        shared: &Shared,
-    ) -> Result<Box<serde_json::value::RawValue>, RpcError> {
-        let Some(id) = stdio::our_id(request_id) else { return Err(RpcError::internal(UPSTREAM_RESTARTED)) };
-        let (tx, rx) = oneshot::channel();
-        let mut tx = Some(tx);
-        loop {
-            let (parked, answer) = {
-                let mut cut_off = self.cut_off.lock();
-                let Some(call) = cut_off.calls.get_mut(&id) else {
-                    return Err(RpcError::internal(UPSTREAM_RESTARTED));
-                };
-                if call.parked.is_empty() {
-                    match call.answer.take() {
-                        Some(answer) => (Vec::new(), Some(answer)),
-                        None => {
-                            call.claim = Some(Claim { messages: messages.clone(), answer: tx.take() });
-                            (Vec::new(), None)
-                        }
-                    }
-                } else {
-                    (call.parked.drain(..).collect(), None)
-                }
-            };
-            for (message, hold) in parked {
-                let _ = messages.send(message).await;
-                drop(hold);
-            }
-            if let Some((answer, hold)) = answer {
-                self.forget_call(id);
-                drop(hold);
-                return answer;
-            }
-            if tx.is_none() {
-                break;
-            }
-        }
-        let answer = match tokio::time::timeout(wait, rx).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(_)) => Err(RpcError::internal(UPSTREAM_RESTARTED)),
-            Err(_) => Err(RpcError::internal(format!(
-                "upstream {} did not answer a call cut off by an engine restart within {} (its request_timeout)",
-                shared.upstream,
-                humantime::format_duration(wait)
-            ))),
-        };
-        self.forget_call(id);
-        answer
-    }
-
-    fn forget_call(&self, id: u64) {
-        let call = self.cut_off.lock().calls.remove(&id);
-        if let Some(call) = call {
-            self.done(Bytes::from(call.tag.to_json().to_string()));
-        }
-    }
-
     /// This engine lets go of the child for good (see [`Upstream::leave`]).
     pub(crate) fn leave(&self) {
         self.left.store(true, Ordering::Release);
-    }
-
-    /// Takes a frame that belongs to a cut-off call (true), else leaves it
-    /// to the usual dispatch (false).
-    async fn route_cut_off(&self, frame: u64, line: &[u8]) -> bool {
-        if self.cut_off.lock().calls.is_empty() {
-            return false;
-        }
-        self.expire_unclaimed();
-        let Ok(message) = envelope::parse_message(line) else { return false };
-        let (id, delivery) = {
-            let mut cut_off = self.cut_off.lock();
-            match message {
-                Message::Response { id, outcome } => {
-                    let Some(n) = stdio::our_id(&id) else { return false };
-                    let Some(call) = cut_off.calls.get_mut(&n) else { return false };
-                    let answer: Answer = match outcome {
-                        Ok(result) => serde_json::value::to_raw_value(&result).map_err(|e| RpcError::internal(e.to_string())),
-                        Err(error) => Err(RpcError::from_object(&error)),
-                    };
-                    let hold = self.frames.hold(frame);
-                    match call.claim.as_mut().and_then(|c| c.answer.take()) {
-                        Some(tx) => {
-                            let _ = tx.send(answer);
-                            drop(hold);
-                        }
-                        None => call.answer = Some((answer, hold)),
-                    }
-                    return true;
-                }
-                Message::Notification { method, params } => {
-                    let message = PeerMessage::Notification { method, params: params.map(Value::Object) };
-                    let Some(id) = cut_off.owner(&message) else { return false };
-                    (id, message)
-                }
-                Message::Request { id, method, params } => {
-                    let message = PeerMessage::Request { id, method, params: params.map(Value::Object) };
-                    let Some(id) = cut_off.owner(&message) else { return false };
-                    (id, message)
-                }
-            }
-        };
-        let hold = self.frames.hold(frame);
-        let claimed = {
-            let mut cut_off = self.cut_off.lock();
-            let Some(call) = cut_off.calls.get_mut(&id) else { return false };
-            match &call.claim {
-                Some(claim) => Some(claim.messages.clone()),
-                None => {
-                    if call.parked.len() >= PARKED_PER_CALL {
-                        tracing::warn!(
-                            child = self.child,
-                            "too many messages of a cut-off call before it was claimed; dropping the oldest"
-                        );
-                        call.parked.pop_front();
-                    }
-                    call.parked.push_back((delivery.clone(), hold.clone()));
-                    None
-                }
-            }
-        };
-        if let Some(messages) = claimed {
-            let _ = messages.send(delivery).await;
-        }
-        drop(hold);
-        true
-    }
-
-    /// Calls nobody claimed within [`CLAIM_WAIT`] of the attach are let go.
-    fn expire_unclaimed(&self) {
-        let expired: Vec<CutOffCallState> = {
-            let mut cut_off = self.cut_off.lock();
-            if cut_off.since.elapsed() < CLAIM_WAIT {
-                return;
-            }
-            let ids: Vec<u64> = cut_off.calls.iter().filter(|(_, c)| c.claim.is_none()).map(|(id, _)| *id).collect();
-            ids.into_iter().filter_map(|id| cut_off.calls.remove(&id)).collect()
-        };
-        for call in expired {
-            tracing::info!(child = self.child, "no request claimed a call cut off by the engine restart; letting it go");
-            self.done(Bytes::from(call.tag.to_json().to_string()));
-        }
-    }
-}
-
-/// What a request's line says of it (see the module doc).
-struct Tag {
-    key: String,
-    id: u64,
-    issued: Option<Value>,
-    client: Option<Value>,
-}
-
-impl Tag {
-    fn to_json(&self) -> Value {
-        json!({"key": self.key, "id": self.id, "issued": self.issued, "client": self.client})
-    }
-
-    fn parse(tag: &[u8]) -> Option<Self> {
-        let v: Value = serde_json::from_slice(tag).ok()?;
-        Some(Self {
-            key: v.get("key")?.as_str()?.to_owned(),
-            id: v.get("id")?.as_u64()?,
-            issued: v.get("issued").filter(|t| !t.is_null()).cloned(),
-            client: v.get("client").filter(|t| !t.is_null()).cloned(),
-        })
-    }
-}
-
-/// The calls an earlier engine left running on the child.
-struct CutOffs {
-    since: Instant,
-    calls: HashMap<u64, CutOffCallState>,
-}
-
-struct CutOffCallState {
-    tag: Tag,
-    answer: Option<(Answer, FrameHold)>,
-    parked: VecDeque<(PeerMessage, FrameHold)>,
-    claim: Option<Claim>,
-}
-
-struct Claim {
-    messages: mpsc::Sender<PeerMessage>,
-    answer: Option<oneshot::Sender<Answer>>,
-}
-
-impl CutOffs {
-    fn from_tags(open: &[Bytes]) -> Self {
-        let calls = open
-            .iter()
-            .filter_map(|t| Tag::parse(t))
-            .map(|tag| (tag.id, CutOffCallState { tag, answer: None, parked: VecDeque::new(), claim: None }))
-            .collect();
-        Self { since: Instant::now(), calls }
-    }
-
-    /// The cut-off call a message is about: by the progress token it was
-    /// issued.
-    fn owner(&self, message: &PeerMessage) -> Option<u64> {
-        let params = match message {
-            PeerMessage::Notification { params, .. } | PeerMessage::Request { params, .. } => params.as_ref()?,
-        };
-        let token = params.get("progressToken")?;
-        self.calls.iter().find(|(_, c)| c.tag.issued.as_ref() == Some(token)).map(|(id, _)| *id)
-    }
-}
-
-/// Which of a child's stdout frames are still needed (see the module doc).
-pub(crate) struct Frames {
-    state: Mutex<Book>,
-    /// Answers' frames held for their requests (by upstream request ID).
-    holds: Mutex<HashMap<u64, FrameHold>>,
-    acks: watch::Sender<u64>,
-}
-
-#[derive(Default)]
-struct Book {
-    /// The highest frame read.
-    read: u64,
-    /// Frames still needed, and by how many holders.
-    needed: BTreeMap<u64, u32>,
-}
-
-impl Frames {
-    fn seen(&self, frame: u64) {
-        let mut book = self.state.lock();
-        book.read = book.read.max(frame);
-        *book.needed.entry(frame).or_default() += 1;
-    }
-
-    /// One more holder of `frame`.
-    fn hold(self: &Arc<Self>, frame: u64) -> FrameHold {
-        *self.state.lock().needed.entry(frame).or_default() += 1;
-        FrameHold { _held: Arc::new(HoldInner { frames: self.clone(), frame }) }
-    }
-
-    fn release(&self, frame: u64) {
-        let upto = {
-            let mut book = self.state.lock();
-            if let Some(count) = book.needed.get_mut(&frame) {
-                *count -= 1;
-                if *count == 0 {
-                    book.needed.remove(&frame);
-                }
-            }
-            match book.needed.keys().next() {
-                Some(first) => first - 1,
-                None => book.read,
-            }
-        };
-        self.acks.send_if_modified(|acked| {
-            let advanced = upto > *acked;
-            if advanced {
-                *acked = upto;
-            }
-            advanced
-        });
-    }
-
-    /// The frame being dispatched holds the answer of request `id`.
-    pub(crate) fn hold_answer(self: &Arc<Self>, id: u64) {
-        // Only the reader dispatches, one frame at a time: the frame is the last seen.
-        let frame = self.state.lock().read;
-        let hold = self.hold(frame);
-        self.holds.lock().insert(id, hold);
-    }
-
-    /// The hold on request `id`'s answer, for its request to let go of.
-    pub(crate) fn take_hold(&self, id: u64) -> Option<FrameHold> {
-        self.holds.lock().remove(&id)
-    }
-}
-
-/// Keeps a frame from being acknowledged while alive.
-#[derive(Clone)]
-pub(crate) struct FrameHold {
-    _held: Arc<HoldInner>,
-}
-
-struct HoldInner {
-    frames: Arc<Frames>,
-    frame: u64,
-}
-
-impl Drop for HoldInner {
-    fn drop(&mut self) {
-        self.frames.release(self.frame);
     }
 }
 
@@ -686,71 +386,4 @@ async fn supervise(
         }
     };
     stdio::gone(&shared, permit, &exited, description);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn frames() -> (Arc<Frames>, watch::Receiver<u64>) {
-        let (acks, acked) = watch::channel(0);
-        (Arc::new(Frames { state: Mutex::new(Book::default()), holds: Mutex::default(), acks }), acked)
-    }
-
-    #[test]
-    fn a_frame_is_acknowledged_only_once_nothing_before_it_is_still_held() {
-        let (frames, acked) = frames();
-        // Frame 1: a notification, delivered (stored) at once.
-        frames.seen(1);
-        frames.release(1);
-        assert_eq!(*acked.borrow(), 1);
-        // Frame 2: an answer whose final response is not stored yet.
-        frames.seen(2);
-        frames.hold_answer(7);
-        frames.release(2);
-        assert_eq!(*acked.borrow(), 1, "the answer's frame waits for its request");
-        // Frames 3 and 4 are done, but 2 is not: nothing past 1 is acknowledged.
-        for f in [3, 4] {
-            frames.seen(f);
-            frames.release(f);
-        }
-        assert_eq!(*acked.borrow(), 1);
-        // The request's final response is stored: everything up to 4 goes.
-        drop(frames.take_hold(7));
-        assert_eq!(*acked.borrow(), 4);
-        assert!(frames.take_hold(7).is_none(), "a hold is taken once");
-    }
-
-    #[test]
-    fn a_hold_shared_by_clones_goes_with_the_last_one() {
-        let (frames, acked) = frames();
-        frames.seen(1);
-        let hold = frames.hold(1);
-        let parked = hold.clone();
-        frames.release(1);
-        drop(hold);
-        assert_eq!(*acked.borrow(), 0, "a parked copy still holds it");
-        drop(parked);
-        assert_eq!(*acked.borrow(), 1);
-    }
-
-    #[test]
-    fn a_tag_names_its_request_and_reads_back() {
-        let tag = Tag { key: "s/r1".into(), id: 4_294_967_301, issued: Some(json!("tether-ab")), client: Some(json!(7)) };
-        let read = Tag::parse(tag.to_json().to_string().as_bytes()).expect("a tag reads back");
-        assert_eq!(
-            (read.key.as_str(), read.id, read.issued, read.client),
-            ("s/r1", 4_294_967_301, Some(json!("tether-ab")), Some(json!(7)))
-        );
-        assert!(Tag::parse(b"not json").is_none());
-        let cut = CutOffs::from_tags(&[Bytes::from(tag.to_json().to_string()), Bytes::from_static(b"{}")]);
-        assert_eq!(cut.calls.len(), 1, "an unreadable tag is skipped");
-        let progress = PeerMessage::Notification {
-            method: "notifications/progress".into(),
-            params: Some(json!({"progressToken": "tether-ab", "progress": 1})),
-        };
-        assert_eq!(cut.owner(&progress), Some(4_294_967_301));
-        let other = PeerMessage::Notification { method: "notifications/message".into(), params: Some(json!({"data": 1})) };
-        assert_eq!(cut.owner(&other), None);
-    }
 }

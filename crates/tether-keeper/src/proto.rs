@@ -228,7 +228,7 @@ impl Decoder {
         self.buf.extend_from_slice(bytes);
     }
 
-    /// Where bytes can be read into directly (then [`Decoder::filled`]).
+    /// Where bytes can be read into directly (then [`Decoder::next`]).
     pub fn buffer(&mut self) -> &mut BytesMut {
         &mut self.buf
     }
