@@ -362,9 +362,14 @@ impl Gateway {
         let Some(link) = self.slot.ended_link(ended) else { return };
         if let Some(connection) = link.live.lock().await.take() {
             // Only a session that is gone for good ends its upstream session;
-            // one that merely left this process is carried on elsewhere.
-            let end_upstream_session = matches!(ended.reason, EndReason::Deleted | EndReason::Expired);
-            connection.upstream.close(end_upstream_session).await;
+            // one that merely left this process is carried on elsewhere, and
+            // at a shutdown (maybe a handover to a new engine) a kept child
+            // stays with the keeper, which stops it if no engine comes.
+            match ended.reason {
+                EndReason::Deleted | EndReason::Expired => connection.upstream.close(true).await,
+                EndReason::Shutdown => connection.upstream.leave().await,
+                EndReason::Evicted => connection.upstream.close(false).await,
+            }
         }
     }
 

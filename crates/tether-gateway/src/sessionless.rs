@@ -232,14 +232,15 @@ impl Pool {
         Err(self.busy())
     }
 
-    /// Closes every idle connection (at shutdown), in parallel, and stops
-    /// the sweep.
+    /// Lets go of every idle connection (at shutdown: a kept child stays
+    /// with the keeper for the next engine, see [`Upstream::leave`]), in
+    /// parallel, and stops the sweep.
     pub(crate) async fn close_all(&self) {
         if let Some(sweeper) = self.sweeper.lock().take() {
             sweeper.abort();
         }
         let idle: Vec<Arc<Pooled>> = self.idle.lock().drain().flat_map(|(_, list)| list).collect();
-        futures::future::join_all(idle.iter().map(|pooled| pooled.upstream.close(false))).await;
+        futures::future::join_all(idle.iter().map(|pooled| pooled.upstream.leave())).await;
     }
 
     /// Closes the least recently used idle connection (of `principal` only,
