@@ -368,6 +368,13 @@ impl Shared {
                 }
                 drop(tx.send(answer));
             }
+            // A call this engine left to the next one: its answer's frame
+            // stays unacknowledged, so the keeper gives it to that engine.
+            None if n.zip(self.frames.as_ref()).is_some_and(|(n, frames)| frames.is_left(n)) => {
+                if let (Some(frames), Some(n)) = (&self.frames, n) {
+                    frames.hold_answer(n);
+                }
+            }
             None if given_up => {
                 tracing::debug!(upstream = %self.upstream, session = %self.session, "late answer to cancelled request {id}")
             }
@@ -504,12 +511,16 @@ impl StdioUpstream {
     /// Sends request `id` (its line tagged `tag`) and waits for its answer,
     /// bounded by `request_timeout` (but `initialize`); with the hold on
     /// the answer's frame, for a kept child.
+    /// `cancelled`: the client request's cancellation; with it, dropping the
+    /// exchange tells the child only if the client cancelled (else the
+    /// process is leaving the call to the next engine).
     async fn exchange(
         &self,
         id: u64,
         tag: Bytes,
         method: &str,
         mut params: Option<Value>,
+        cancelled: Option<tokio_util::sync::CancellationToken>,
     ) -> Result<(Box<RawValue>, Option<crate::kept::FrameHold>), RpcError> {
         // The W3C trace context of this request's span (`--otlp-endpoint`):
         // a child has no headers, so it goes in `params._meta`.
@@ -525,6 +536,7 @@ impl StdioUpstream {
             done: false,
             cancellable: !initialize,
             reason: Cow::Borrowed("the gateway's client is no longer waiting for this request"),
+            unless_left: cancelled,
         };
         let line = envelope::outbound_message(Some(&json!(id)), method, params.as_ref());
         // Queuing the line counts too: a child that stops reading its stdin
@@ -550,6 +562,7 @@ impl StdioUpstream {
                 tracing::warn!(upstream = %shared.upstream, session = %shared.session, "request {id} ({method:?}) got no answer within {waited} (request_timeout); ending it and cancelling it upstream");
                 in_flight.reason =
                     format!("no answer within {waited}, the request_timeout of tether's upstream {}", shared.upstream).into();
+                in_flight.unless_left = None;
                 // Dropping it removes the waiting entry and sends the cancellation.
                 drop(in_flight);
                 Err(self.timed_out(method))
@@ -604,11 +617,25 @@ struct InFlight<'a> {
     cancellable: bool,
     /// Why it is given up, as the child's `notifications/cancelled` says.
     reason: Cow<'static, str>,
+    /// A kept child's call: cancelled upstream only when this token (the
+    /// client's cancellation) was, or its time ran out.
+    unless_left: Option<tokio_util::sync::CancellationToken>,
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        if self.done || !self.upstream.shared.give_up(self.id) {
+        if self.done {
+            return;
+        }
+        // Dropped by a process that leaves a kept child's call to the next
+        // engine (not by its client): the answer, when it comes, must stay
+        // unacknowledged for that engine; noted before the request stops
+        // waiting, so it cannot come in between.
+        let left = self.unless_left.as_ref().is_some_and(|client| !client.is_cancelled());
+        if left && let Some(frames) = &self.upstream.shared.frames {
+            frames.leave_answer(self.id);
+        }
+        if !self.upstream.shared.give_up(self.id) || left {
             return;
         }
         if !self.sent || !self.cancellable || !self.upstream.is_alive() {
@@ -630,7 +657,7 @@ impl Upstream for StdioUpstream {
     async fn request(&self, method: &str, params: Option<Value>) -> Result<Box<RawValue>, RpcError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         // A kept child's answer is let go of at once: nobody stores it.
-        self.exchange(id, Bytes::new(), method, params).await.map(|(answer, _)| answer)
+        self.exchange(id, Bytes::new(), method, params, None).await.map(|(answer, _)| answer)
     }
 
     fn keeps_calls(&self) -> bool {
@@ -645,9 +672,14 @@ impl Upstream for StdioUpstream {
         progress: Option<&crate::link::Progress>,
     ) -> Result<Box<RawValue>, RpcError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let Some(kept) = &self.kept else { return self.exchange(id, Bytes::new(), method, params).await.map(|(a, _)| a) };
+        let Some(kept) = &self.kept else {
+            return self.exchange(id, Bytes::new(), method, params, None).await.map(|(a, _)| a);
+        };
         let tag = kept.tag_for(ctx, id, progress);
-        let outcome = self.exchange(id, tag.clone(), method, params).await;
+        // The call outlives this process: a drain that runs out leaves it
+        // to the next engine, and the child is not told to cancel it then.
+        ctx.outlives_process();
+        let outcome = self.exchange(id, tag.clone(), method, params, Some(ctx.cancelled().clone())).await;
         let (answer, hold) = match outcome {
             Ok(answered) => answered,
             Err(e) => {

@@ -451,3 +451,25 @@ async fn the_admin_api_lists_the_kept_children_metrics_count_the_restarts_and_te
     let (again, count, inits) = counter(&c.call(&sid, 2, "counter", json!({})).await);
     assert_eq!((again, count, inits), (pid, 2, 1), "the child is the new engine's, as it was");
 }
+
+#[tokio::test]
+async fn an_upgrade_whose_drain_runs_out_leaves_the_calls_to_the_new_engine_and_they_end_with_their_results() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("t.db");
+    // A drain far shorter than the calls: they are left, not interrupted.
+    let (tether, url) = Tether::start(&db, &["--upstream", &upstream_flag("ticks"), "--drain-timeout", "200ms"]);
+    let keeper = tether.0.id();
+    let c = Client::new(&format!("{url}/ticks"));
+    let mut sessions = Vec::new();
+    for n in 0..3 {
+        sessions.push(initialized(&c, &format!("client-{n}")).await);
+    }
+    let engine = engine_of(keeper).expect("an engine");
+    let calls = start_calls(&c, &sessions, 0, 1).await;
+    kill(keeper, "-USR2");
+    next_engine(keeper, Some(engine)).await;
+    finish_calls(&c, calls.into_iter().map(|(call, _)| call).collect(), 0).await;
+    let log = log_of(&db);
+    assert!(log.contains("the request is left to the next process"), "the drain ran out and left them:\n{log}");
+    assert!(!log.contains("interrupted by a server restart"), "none ended interrupted");
+}

@@ -17,6 +17,9 @@ pub(crate) struct Frames {
     state: Mutex<Book>,
     /// Answers' frames held for their requests (by upstream request ID).
     holds: Mutex<HashMap<u64, FrameHold>>,
+    /// Requests this engine left to the next one (its drain ran out): their
+    /// answers, when they come, stay unacknowledged for it.
+    left: Mutex<std::collections::HashSet<u64>>,
     acks: watch::Sender<u64>,
 }
 
@@ -31,7 +34,7 @@ struct Book {
 impl Frames {
     /// The book of a child whose acknowledgements go to `acks`.
     pub(super) fn new(acks: watch::Sender<u64>) -> Self {
-        Self { state: Mutex::new(Book::default()), holds: Mutex::default(), acks }
+        Self { state: Mutex::new(Book::default()), holds: Mutex::default(), left: Mutex::default(), acks }
     }
 
     pub(super) fn seen(&self, frame: u64) {
@@ -75,6 +78,16 @@ impl Frames {
         let frame = self.state.lock().read;
         let hold = self.hold(frame);
         self.holds.lock().insert(id, hold);
+    }
+
+    /// Request `id` is left to the next engine (see [`Frames::left`]).
+    pub(crate) fn leave_answer(&self, id: u64) {
+        self.left.lock().insert(id);
+    }
+
+    /// Whether request `id` was left to the next engine.
+    pub(crate) fn is_left(&self, id: u64) -> bool {
+        self.left.lock().contains(&id)
     }
 
     /// The hold on request `id`'s answer, for its request to let go of.

@@ -326,6 +326,18 @@ impl RequestCtx {
         }
     }
 
+    /// This request is carried on by its application in whatever process
+    /// serves the session next (a gateway's call to a child the keeper
+    /// keeps): if the drain of a shutdown runs out before it ends, it is
+    /// left open for that process ([`McpApp::recovers_unnoted`](crate::McpApp::recovers_unnoted))
+    /// instead of ending "interrupted". Only for a request whose stream a
+    /// client can resume (primed); others end as usual.
+    pub fn outlives_process(&self) {
+        if let Some(stream) = &self.stream {
+            stream.set_outlives_process();
+        }
+    }
+
     /// `notifications/progress`, if the client asked for progress.
     pub async fn progress(&self, progress: f64, total: Option<f64>, message: Option<&str>) -> Result<(), RpcError> {
         let Some(token) = &self.progress_token else { return Ok(()) };

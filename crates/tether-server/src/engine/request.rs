@@ -196,6 +196,9 @@ impl Inner {
                     payload
                 }
             };
+            if left_to_next_process(&inner, &session, &stream) {
+                return;
+            }
             if !session.closed.is_cancelled() {
                 store_final(&inner, &session, &stream, &request_id, payload).await;
             }
@@ -274,11 +277,24 @@ impl Inner {
         self.life.spawn_request(tether_store::fence::scope(async move {
             let (_slot, _running) = (slot, running);
             let payload = run_work(&inner, ctx, work, cancel).await;
+            if left_to_next_process(&inner, &session, &stream) {
+                return;
+            }
             if !session.closed.is_cancelled() {
                 store_final(&inner, &session, &stream, &id, payload).await;
             }
         }));
     }
+}
+
+/// Whether a request the drain interrupted is left open for the next
+/// process rather than ended (see [`RequestCtx::outlives_process`]).
+fn left_to_next_process(inner: &Inner, session: &Session, stream: &RequestStream) -> bool {
+    let left = inner.life.interrupt.is_cancelled() && stream.outlives_process();
+    if left {
+        tracing::info!(session = %session.id, stream = %stream.name, "the drain ran out: the request is left to the next process, which carries it on");
+    }
+    left
 }
 
 /// The longest pause between two attempts to store a primed request's final response.

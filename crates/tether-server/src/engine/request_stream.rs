@@ -71,6 +71,9 @@ pub(crate) struct RequestStream {
     prime_stored: AtomicBool,
     /// Run once its final response is stored ([`RequestStream::after_final`]).
     after_final: parking_lot::Mutex<Vec<AfterFinal>>,
+    /// Its application carries it on in the next process: a drain that
+    /// runs out leaves it open rather than ending it interrupted.
+    outlives_process: AtomicBool,
 }
 
 /// What to do once a request's final response is stored.
@@ -101,6 +104,7 @@ impl RequestStream {
             last_seq: AtomicU64::new(0),
             prime_stored: AtomicBool::new(false),
             after_final: parking_lot::Mutex::default(),
+            outlives_process: AtomicBool::new(false),
         });
         (stream, Attachment(attached), rx)
     }
@@ -118,6 +122,7 @@ impl RequestStream {
             last_seq: AtomicU64::new(0),
             prime_stored: AtomicBool::new(true),
             after_final: parking_lot::Mutex::default(),
+            outlives_process: AtomicBool::new(false),
         })
     }
 
@@ -208,6 +213,16 @@ impl RequestStream {
     /// If the commit fails, a waiting POST is told so ([`Quick::Failed`]),
     /// except when a write the request deferred failed: the caller then
     /// stores an error response instead, which the POST still waits for.
+    /// See [`crate::RequestCtx::outlives_process`].
+    pub fn set_outlives_process(&self) {
+        self.outlives_process.store(true, Ordering::Release);
+    }
+
+    /// Whether a drain that runs out leaves it to the next process.
+    pub fn outlives_process(&self) -> bool {
+        self.outlives_process.load(Ordering::Acquire) && self.prime_stored()
+    }
+
     /// Runs `f` once the final response is stored (never if it is not: a
     /// crash, a store that never took it).
     pub fn after_final(&self, f: AfterFinal) {
