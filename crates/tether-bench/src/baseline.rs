@@ -42,7 +42,9 @@ pub fn comparison(rows: &[Row]) -> String {
             | Scenario::GatewayHttp
             | Scenario::GatewayStdio
             | Scenario::GatewayFederated => rps_ratio(current, twin),
-            Scenario::Replay10k | Scenario::Restart100kSessions | Scenario::Restart1mSessions => ratio(current.ms, twin.ms, "ms"),
+            Scenario::Replay10k | Scenario::Restart100kSessions | Scenario::Restart1mSessions | Scenario::EngineRestart => {
+                ratio(current.ms, twin.ms, "ms")
+            }
             Scenario::IdleSession | Scenario::GatewayMemory => ratio(current.bytes, twin.bytes, "bytes"),
             Scenario::Streams10k => ratio(current.rss_mib, twin.rss_mib, "MiB"),
         });

@@ -218,6 +218,71 @@ fn gateway_federated_memory_line(rows: &[Row]) -> String {
     format!("| {line} | {text} | <= {LIMIT}x | {met} |\n")
 }
 
+/// The keeper's lines, from engine_restart's row: `kill -9` of the engine
+/// to the first answered call on an old session within 1 s, judged by the
+/// slowest kill (the median beside it, and the time until every session
+/// with a child answered); and the keeper's RSS with the children under
+/// load below what it may hold for them (its bound per child times the
+/// children). A run with fewer sessions or children than the line's is
+/// shown, not judged.
+fn engine_restart_lines(rows: &[Row]) -> String {
+    const LIMIT_MS: f64 = 1000.0;
+    let (sessions, children) = (crate::engine_restart::SESSIONS as u64, crate::engine_restart::CHILDREN as u64);
+    let row = find(rows, "tether-gateway", Scenario::EngineRestart, None);
+    let short = row.is_some_and(|r| r.count.unwrap_or(0) < sessions || r.children.unwrap_or(0) < children);
+    let not_judged = "— (the budget is for 1,000 sessions and 100 stdio children)";
+    let timed = row.and_then(|r| Some((r, r.ms?, r.max_ms?)));
+    let (text, met) = match timed {
+        Some((r, median, max)) => {
+            let all = match (r.all_answered_ms, r.all_answered_max_ms) {
+                (Some(all), Some(all_max)) => {
+                    format!("; every session with a child answered: median {all:.0} ms, max {all_max:.0} ms")
+                }
+                _ => String::new(),
+            };
+            let text = format!(
+                "max {max:.0} ms, median {median:.0} ms of {} kills{all}; {} sessions, {} stdio children",
+                r.kills.len(),
+                r.count.unwrap_or(0),
+                r.children.unwrap_or(0)
+            );
+            (
+                text,
+                if short {
+                    not_judged
+                } else if max <= LIMIT_MS {
+                    "yes"
+                } else {
+                    "**no**"
+                },
+            )
+        }
+        None => ("not measured".to_string(), "—"),
+    };
+    let mut s = format!(
+        "| tether-gateway engine_restart: kill -9 of the engine to the first answered call <= 1 s (1000 sessions, 100 stdio children) | {text} | <= {LIMIT_MS} ms | {met} |\n"
+    );
+    let memory = row.and_then(|r| Some((r.keeper_rss_bytes?, r.keeper_bound_bytes?)));
+    let mib = |b: f64| b / 1048576.0;
+    let (text, met) = match memory {
+        Some((rss, bound)) => (
+            format!("{:.1} MiB (bound {:.0} MiB)", mib(rss), mib(bound)),
+            if short {
+                not_judged
+            } else if rss < bound {
+                "yes"
+            } else {
+                "**no**"
+            },
+        ),
+        None => ("not measured".to_string(), "—"),
+    };
+    s.push_str(&format!(
+        "| tether-gateway engine_restart: the keeper's RSS with 100 stdio children under load < max(2 × max_message_bytes, 4 MiB) × the children | {text} | < the bound | {met} |\n"
+    ));
+    s
+}
+
 /// The budget of the server and the gateway, each line with what this run measured. A
 /// ratio line is judged by the median of the paired rounds' ratios when the
 /// run had rounds, and shows the ratio of the two median rounds beside it.
@@ -263,9 +328,17 @@ pub fn budget(rows: &[Row]) -> String {
     ));
     s.push_str(&streams_lines(rows));
     s.push_str(&gateway_stdio_line(rows));
+    let stdio = |system: &str| find(rows, system, Scenario::GatewayStdio, Some(64));
+    s.push_str(&ratio_line(
+        "tether-gateway gateway_stdio (64 clients) >= 0.9x tether-gateway-no-keeper",
+        stdio("tether-gateway"),
+        stdio("tether-gateway-no-keeper"),
+        0.9,
+    ));
     s.push_str(&gateway_memory_line(rows));
     s.push_str(&gateway_federated_line(rows));
     s.push_str(&gateway_federated_memory_line(rows));
+    s.push_str(&engine_restart_lines(rows));
     for system in ["tether-memory", "tether-sqlite", "tether-redis"] {
         let line = |scenario: Scenario, figure: fn(&Row) -> Option<f64>, unit: &str, limit: f64| {
             let (text, met) = match find(rows, system, scenario, None).and_then(|r| Some((r.count, figure(r)?))) {
@@ -515,6 +588,84 @@ mod tests {
         let notes = table(&[memory(2_056_192.0, 6_082_560.0)], None);
         assert!(
             notes.contains("60 sessions; children +2056192 B/session; virtual server of 3 stdio members: tether +61440 B/session, children +6082560 B/session"),
+            "{notes}"
+        );
+    }
+
+    #[test]
+    fn the_keeper_line_judges_tether_gateway_against_its_no_keeper_twin_round_by_round() {
+        let stdio = |system, rounds: &[f64], median| Row {
+            rps: Some(median),
+            rounds_rps: rounds.to_vec(),
+            ..Row::new(system, Scenario::GatewayStdio, 64, false)
+        };
+        let line = "| tether-gateway gateway_stdio (64 clients) >= 0.9x tether-gateway-no-keeper |";
+        // Round 2 was slow for both: its ratio is still 0.95.
+        let rows = vec![
+            stdio(System::TetherGateway, &[2700.0, 1900.0, 2900.0], 2700.0),
+            stdio(System::TetherGatewayNoKeeper, &[3000.0, 2000.0, 3000.0], 3000.0),
+        ];
+        let b = budget(&rows);
+        assert!(
+            b.contains(&format!("{line} 0.95x (median of 3 paired rounds: 0.90, 0.95, 0.97); median rounds 0.90x (2700 / 3000 rps) | >= 0.9x | yes |")),
+            "{b}"
+        );
+        let slow = vec![stdio(System::TetherGateway, &[2400.0, 1600.0, 2600.0], 2400.0), rows[1].clone()];
+        assert!(budget(&slow).contains("0.80x (median of 3 paired rounds: 0.80, 0.80, 0.87)"), "{}", budget(&slow));
+        assert!(budget(&slow).contains("| >= 0.9x | **no** |"));
+        assert!(budget(&rows[..1]).contains(&format!("{line} not measured | >= 0.9x | — |")));
+        assert!(Scenario::GatewayStdio.runs(System::TetherGatewayNoKeeper));
+        assert!(
+            !Scenario::GatewayHttp.runs(System::TetherGatewayNoKeeper)
+                && !Scenario::ToolsCall.runs(System::TetherGatewayNoKeeper)
+        );
+    }
+
+    #[test]
+    fn the_engine_restart_lines_judge_the_slowest_kill_and_the_keepers_rss_against_its_bound() {
+        let restart = |kills: &[f64], sessions, children| {
+            let mut sorted = kills.to_vec();
+            sorted.sort_by(f64::total_cmp);
+            Row {
+                ms: Some(sorted[sorted.len() / 2]),
+                max_ms: sorted.last().copied(),
+                kills: kills.to_vec(),
+                all_answered_ms: Some(400.0),
+                all_answered_max_ms: Some(650.0),
+                count: Some(sessions),
+                children: Some(children),
+                keeper_rss_bytes: Some(12.5 * 1048576.0),
+                keeper_bound_bytes: Some(3200.0 * 1048576.0),
+                ..Row::new(System::TetherGateway, Scenario::EngineRestart, 100, false)
+            }
+        };
+        let time = "| tether-gateway engine_restart: kill -9 of the engine to the first answered call <= 1 s (1000 sessions, 100 stdio children) |";
+        let memory = "| tether-gateway engine_restart: the keeper's RSS with 100 stdio children under load < max(2 × max_message_bytes, 4 MiB) × the children |";
+        let b = budget(&[restart(&[180.0, 150.0, 210.0, 160.0, 170.0], 1000, 100)]);
+        assert!(
+            b.contains(&format!("{time} max 210 ms, median 170 ms of 5 kills; every session with a child answered: median 400 ms, max 650 ms; 1000 sessions, 100 stdio children | <= 1000 ms | yes |")),
+            "{b}"
+        );
+        assert!(b.contains(&format!("{memory} 12.5 MiB (bound 3200 MiB) | < the bound | yes |")), "{b}");
+        // One slow kill fails the line, whatever the median.
+        let b = budget(&[restart(&[180.0, 150.0, 1210.0, 160.0, 170.0], 1000, 100)]);
+        assert!(b.contains("max 1210 ms, median 170 ms of 5 kills"), "{b}");
+        assert!(b.contains("100 stdio children | <= 1000 ms | **no** |"), "{b}");
+        // Over the bound.
+        let over = Row { keeper_rss_bytes: Some(3300.0 * 1048576.0), ..restart(&[150.0], 1000, 100) };
+        assert!(budget(&[over]).contains(&format!("{memory} 3300.0 MiB (bound 3200 MiB) | < the bound | **no** |")));
+        // Fewer sessions or children: shown, not judged.
+        let b = budget(&[restart(&[150.0], 1000, 50)]);
+        assert!(
+            b.contains("50 stdio children | <= 1000 ms | — (the budget is for 1,000 sessions and 100 stdio children) |"),
+            "{b}"
+        );
+        let b = budget(&[]);
+        assert!(b.contains(&format!("{time} not measured | <= 1000 ms | — |")), "{b}");
+        assert!(b.contains(&format!("{memory} not measured | < the bound | — |")), "{b}");
+        let notes = table(&[restart(&[180.0, 150.0, 210.0], 1000, 100)], None);
+        assert!(
+            notes.contains("1,000 sessions; 100 stdio children; kill -9 of the engine ×3: first answered call median 180 ms, max 210 ms (180, 150, 210); every one of the 100 sessions with a child answered: median 400 ms, max 650 ms; the keeper's RSS under load 12.5 MiB (bound 3200 MiB)"),
             "{notes}"
         );
     }

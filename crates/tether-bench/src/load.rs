@@ -45,8 +45,9 @@ pub struct Outcome {
     pub measured: Duration,
     /// CPU time this load generator used inside the measure window (Linux).
     pub client_cpu: Option<Duration>,
-    /// CPU time the server process itself (not its upstream or children)
-    /// used inside the measure window (Linux).
+    /// CPU time the server's processes (tether with its keeper: the keeper
+    /// and the engine; not its upstream or stdio children) used inside the
+    /// measure window (Linux).
     pub server_cpu: Option<Duration>,
 }
 
@@ -154,16 +155,23 @@ impl Load {
     }
 
     /// Every client calls back to back for `lead_in` (not recorded), then
-    /// for `duration` (recorded); `server` is the server's process ID, whose
-    /// CPU time in the window is taken too.
-    pub async fn run(&mut self, lead_in: Duration, duration: Duration, server: Option<u32>) -> anyhow::Result<Outcome> {
+    /// for `duration` (recorded); `server` holds the server's process IDs
+    /// (none: not measured), whose CPU time in the window is taken too.
+    pub async fn run(&mut self, lead_in: Duration, duration: Duration, server: &[u32]) -> anyhow::Result<Outcome> {
         let measure_from = Instant::now() + lead_in;
         let window = Window { measure_from, end: measure_from + duration };
+        let server = server.to_vec();
         let cpu_in_window = tokio::spawn(async move {
+            let of_server = || -> Option<Duration> {
+                if server.is_empty() {
+                    return None;
+                }
+                server.iter().map(|pid| cpu_time(&pid.to_string())).sum()
+            };
             tokio::time::sleep_until(measure_from.into()).await;
-            let from = (cpu_time("self"), server.and_then(|pid| cpu_time(&pid.to_string())));
+            let from = (cpu_time("self"), of_server());
             tokio::time::sleep_until(window.end.into()).await;
-            let to = (cpu_time("self"), server.and_then(|pid| cpu_time(&pid.to_string())));
+            let to = (cpu_time("self"), of_server());
             let spent = |from: Option<Duration>, to: Option<Duration>| Some(to?.saturating_sub(from?));
             (spent(from.0, to.0), spent(from.1, to.1))
         });

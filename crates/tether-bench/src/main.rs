@@ -20,6 +20,8 @@
 //!   `idle_session` and the restart scenarios.
 //! - [`streams`]: `streams_10k`'s open streams and the fan-out to them.
 //! - [`gateway_memory`]: the `gateway_memory` scenario.
+//! - [`engine_restart`]: the `engine_restart` scenario (kill -9 of the
+//!   keeper's engine; the keeper's memory).
 //! - [`report`]: rows, table, chart. [`budget`]: the budget lines. SSE is
 //!   read with `tether_wire::sse`, the decoder the client and the tests use.
 //! - [`baseline`]: with `--baseline`, each tether figure against its twin's
@@ -29,6 +31,7 @@
 mod auth;
 mod baseline;
 mod budget;
+mod engine_restart;
 mod gateway_memory;
 mod load;
 mod redis_pair;
@@ -48,6 +51,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 
+use engine_restart::engine_restart;
 use gateway_memory::gateway_memory;
 use replay::replay_10k;
 use report::{Row, sort};
@@ -112,8 +116,9 @@ struct Args {
     pin_servers: Option<String>,
     /// Systems to run, comma-separated, in this order. Each scenario runs
     /// those of its systems that are listed: gateway_http tether-gateway,
-    /// rmcp-direct and relay-floor, gateway_stdio tether-gateway, supergateway and mcp-proxy,
-    /// gateway_memory and gateway_federated tether-gateway,
+    /// rmcp-direct and relay-floor, gateway_stdio tether-gateway,
+    /// tether-gateway-no-keeper, supergateway and mcp-proxy,
+    /// gateway_memory, gateway_federated and engine_restart tether-gateway,
     /// tools_call_modern tether-sqlite and tether-sqlite-modern,
     /// tools_call_oauth tether-sqlite-token and tether-sqlite-oauth,
     /// the others the first six.
@@ -121,7 +126,7 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "tether-memory,tether-sqlite,tether-redis,rmcp,ts-sdk,axum-floor,tether-gateway,rmcp-direct,relay-floor,supergateway,mcp-proxy,tether-sqlite-modern,tether-sqlite-token,tether-sqlite-oauth"
+        default_value = "tether-memory,tether-sqlite,tether-redis,rmcp,ts-sdk,axum-floor,tether-gateway,tether-gateway-no-keeper,rmcp-direct,relay-floor,supergateway,mcp-proxy,tether-sqlite-modern,tether-sqlite-token,tether-sqlite-oauth"
     )]
     systems: Vec<System>,
     /// Scenarios to run, comma-separated.
@@ -129,7 +134,7 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "tools_call,replay_10k,restart_100k_sessions,restart_1m_sessions,idle_session,gateway_http,gateway_stdio,gateway_memory,gateway_federated,tools_call_modern,streams_10k,tools_call_oauth"
+        default_value = "tools_call,replay_10k,restart_100k_sessions,restart_1m_sessions,idle_session,gateway_http,gateway_stdio,gateway_memory,gateway_federated,tools_call_modern,streams_10k,tools_call_oauth,engine_restart"
     )]
     scenarios: Vec<Scenario>,
     /// tools_call and the gateway scenarios of rounds (gateway_http, gateway_stdio, gateway_federated): concurrent
@@ -162,6 +167,10 @@ struct Args {
     /// below the gateway's default `max_processes` of 64 (per upstream), so none is stopped.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u16).range(1..=63))]
     gateway_sessions: u16,
+    /// engine_restart: kills of the engine (each after 31 s up; the median
+    /// and the slowest are reported; `--quick`: at most 3).
+    #[arg(long, default_value_t = 5)]
+    engine_kills: usize,
     /// Concurrent clients that create those sessions.
     #[arg(long, default_value_t = 64)]
     session_clients: usize,
@@ -179,7 +188,7 @@ struct Args {
     /// replay_10k: timed replays of those events (the median is reported).
     #[arg(long, default_value_t = 5)]
     replay_runs: usize,
-    /// Shorter runs of every scenario: --duration 1s --warmup 1s --rounds 3 --sessions 10000 --replay-runs 3.
+    /// Shorter runs of every scenario: --duration 1s --warmup 1s --rounds 3 --sessions 10000 --replay-runs 3 --engine-kills 3.
     #[arg(long)]
     quick: bool,
     /// Where the JSON rows are written.
@@ -202,6 +211,7 @@ fn main() -> ExitCode {
         args.sessions = args.sessions.min(10_000);
         args.million_sessions = args.million_sessions.min(20_000);
         args.replay_runs = args.replay_runs.min(3);
+        args.engine_kills = args.engine_kills.min(3);
         args.idle_window = args.idle_window.min(Duration::from_secs(20));
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -319,6 +329,11 @@ async fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
     if wants(Scenario::GatewayMemory) {
         for subject in of(Scenario::GatewayMemory) {
             rows.push(gateway_memory(args, &programs, subject).await);
+        }
+    }
+    if wants(Scenario::EngineRestart) {
+        for subject in of(Scenario::EngineRestart) {
+            rows.push(engine_restart(args, &programs, subject).await);
         }
     }
     if wants(Scenario::Streams10k) && systems.contains(&System::TetherSqlite) {

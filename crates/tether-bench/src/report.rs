@@ -70,6 +70,29 @@ pub struct Row {
     /// session (three children each; measured as `children_bytes`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub federated_children_bytes: Option<f64>,
+    /// engine_restart: the slowest kill's ms to the first answered call
+    /// (`ms` is the median kill's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_ms: Option<f64>,
+    /// engine_restart: every kill's ms to the first answered call, in kill order.
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub kills: Vec<f64>,
+    /// engine_restart: ms from the kill until every session with a child
+    /// answered once, the median kill's and the slowest's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub all_answered_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub all_answered_max_ms: Option<f64>,
+    /// engine_restart: the stdio children the keeper held (one per session that called).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub children: Option<u64>,
+    /// engine_restart: the keeper's own RSS (VmRSS, the largest sample) with
+    /// those children under load, and its bound: what it may hold per child
+    /// times the children.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keeper_rss_bytes: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keeper_bound_bytes: Option<f64>,
     /// How the system was set up for this row when it differs from its usual
     /// setup; for replay_10k also how many of the fill's notifications were
     /// sent again after a 429.
@@ -111,6 +134,13 @@ impl Row {
             children_bytes: None,
             federated_bytes: None,
             federated_children_bytes: None,
+            max_ms: None,
+            kills: Vec::new(),
+            all_answered_ms: None,
+            all_answered_max_ms: None,
+            children: None,
+            keeper_rss_bytes: None,
+            keeper_bound_bytes: None,
             cpu_percent: None,
             fanout_ms: None,
             note: None,
@@ -159,6 +189,23 @@ fn notes(r: &Row) -> String {
         ("streams_10k", Some(n)) => parts.push(format!("{} sessions, a stream each", thousands(n))),
         (_, Some(n)) => parts.push(format!("{} sessions", thousands(n))),
         _ => {}
+    }
+    if let Some(children) = r.children {
+        parts.push(format!("{children} stdio children"));
+    }
+    if let (Some(first), Some(max)) = (r.ms, r.max_ms) {
+        let each = r.kills.iter().map(|ms| format!("{ms:.0}")).collect::<Vec<_>>().join(", ");
+        parts.push(format!(
+            "kill -9 of the engine ×{}: first answered call median {first:.0} ms, max {max:.0} ms ({each})",
+            r.kills.len()
+        ));
+    }
+    if let (Some(all), Some(max)) = (r.all_answered_ms, r.all_answered_max_ms) {
+        let children = r.children.map_or(String::new(), |c| format!(" {c}"));
+        parts.push(format!("every one of the{children} sessions with a child answered: median {all:.0} ms, max {max:.0} ms"));
+    }
+    if let (Some(rss), Some(bound)) = (r.keeper_rss_bytes, r.keeper_bound_bytes) {
+        parts.push(format!("the keeper's RSS under load {:.1} MiB (bound {:.0} MiB)", rss / 1048576.0, bound / 1048576.0));
     }
     if let Some(spread) = &r.spread {
         parts.push(spread.clone());

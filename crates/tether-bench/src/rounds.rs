@@ -47,7 +47,7 @@ const SLICE_LEAD_IN: Duration = Duration::from_millis(100);
 /// slices a second apart see the same host. The gateway scenarios run in
 /// one set of rounds, so their rows pair up round by round across scenarios
 /// too. Peak RSS is the server's over the whole run (not its upstream's or
-/// children's).
+/// children's; with a keeper, the keeper's and the engine's summed).
 pub(crate) async fn interleaved(args: &Args, programs: &Programs, participants: &[(Scenario, Subject)]) -> Vec<Row> {
     let names: Vec<&str> = participants.iter().fold(Vec::new(), |mut names, (scenario, _)| {
         if !names.contains(&scenario.name()) {
@@ -83,12 +83,14 @@ pub(crate) async fn interleaved(args: &Args, programs: &Programs, participants: 
             let protocol = if scenario == Scenario::GatewayFederated { Protocol::Federated } else { subject.system.protocol() };
             let tokens = started.as_ref().map(|r| r.tokens.as_slice()).unwrap_or_default();
             let warmed = match load::Load::open(protocol, &server.mcp_url, clients, tokens).await {
-                Ok(mut load) => load.run(args.warmup, Duration::ZERO, None).await.map(|warm_up| (load, warm_up)),
+                Ok(mut load) => load.run(args.warmup, Duration::ZERO, &[]).await.map(|warm_up| (load, warm_up)),
                 Err(e) => Err(e),
             };
+            // With a keeper, its engine's CPU too (the engine runs throughout: none is killed here).
+            let pids = server.processes().unwrap_or_else(|_| vec![server.pid()]);
             match warmed {
                 Ok((load, warm_up)) if warm_up.errors == 0 => {
-                    loads.push((scenario, subject, server.pid(), load, Vec::with_capacity(args.rounds)))
+                    loads.push((scenario, subject, pids, load, Vec::with_capacity(args.rounds)))
                 }
                 Ok((_, warm_up)) => rows.push(row(format!("warm-up: {}", warm_up.first_errors.join("; ")))),
                 Err(e) => rows.push(row(format!("{e:#}"))),
@@ -96,8 +98,8 @@ pub(crate) async fn interleaved(args: &Args, programs: &Programs, participants: 
         }
         for round in 1..=args.rounds {
             eprintln!("== {name}, {clients} clients, round {round} of {}", args.rounds);
-            for (scenario, subject, pid, load, rounds) in &mut loads {
-                let outcome = load.run(SLICE_LEAD_IN, args.duration, Some(*pid)).await;
+            for (scenario, subject, pids, load, rounds) in &mut loads {
+                let outcome = load.run(SLICE_LEAD_IN, args.duration, pids).await;
                 rounds.push(measured(*subject, *scenario, clients, args.quick, outcome));
             }
         }

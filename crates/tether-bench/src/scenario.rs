@@ -45,10 +45,16 @@ pub enum Scenario {
     /// authorization server (tether-sqlite-oauth).
     #[value(name = "tools_call_oauth")]
     ToolsCallOauth,
+    /// tether-gateway with 1,000 live sessions and 100 stdio children:
+    /// `kill -9` of its engine (the keeper's child), then the time to the
+    /// first answered call on an old session and until every session with a
+    /// child answered; and the keeper's RSS with those children under load.
+    #[value(name = "engine_restart")]
+    EngineRestart,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 12] = [
+    pub const ALL: [Scenario; 13] = [
         Scenario::ToolsCall,
         Scenario::Replay10k,
         Scenario::Restart100kSessions,
@@ -61,6 +67,7 @@ impl Scenario {
         Scenario::ToolsCallModern,
         Scenario::Streams10k,
         Scenario::ToolsCallOauth,
+        Scenario::EngineRestart,
     ];
 
     pub fn name(self) -> &'static str {
@@ -77,6 +84,7 @@ impl Scenario {
             Scenario::ToolsCallModern => "tools_call_modern",
             Scenario::Streams10k => "streams_10k",
             Scenario::ToolsCallOauth => "tools_call_oauth",
+            Scenario::EngineRestart => "engine_restart",
         }
     }
 
@@ -90,8 +98,10 @@ impl Scenario {
                 matches!(system, System::TetherSqlite | System::TetherRedis | System::TetherRedisCluster)
             }
             Scenario::GatewayHttp => matches!(system, System::TetherGateway | System::RmcpDirect | System::RelayFloor),
-            Scenario::GatewayStdio => matches!(system, System::TetherGateway | System::Supergateway | System::McpProxy),
-            Scenario::GatewayMemory | Scenario::GatewayFederated => system == System::TetherGateway,
+            Scenario::GatewayStdio => {
+                matches!(system, System::TetherGateway | System::TetherGatewayNoKeeper | System::Supergateway | System::McpProxy)
+            }
+            Scenario::GatewayMemory | Scenario::GatewayFederated | Scenario::EngineRestart => system == System::TetherGateway,
             Scenario::ToolsCallModern => matches!(system, System::TetherSqlite | System::TetherSqliteModern),
             Scenario::Streams10k => system == System::TetherSqlite,
             Scenario::ToolsCallOauth => matches!(system, System::TetherSqliteToken | System::TetherSqliteOauth),

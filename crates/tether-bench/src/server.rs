@@ -22,7 +22,8 @@ mod procfs;
 mod store;
 
 pub use catalog::{
-    BASELINE_SUFFIX, FEDERATED_SEPARATOR, Launch, Programs, Protocol, Subject, System, Upstream, federated_config,
+    BASELINE_SUFFIX, FEDERATED_SEPARATOR, GATEWAY_UPSTREAM, Launch, Programs, Protocol, Subject, System, Upstream,
+    federated_config, stdio_config,
 };
 pub use process::{Server, free_port, origin};
 pub(crate) use procfs::settled_rss;

@@ -26,7 +26,7 @@ use crate::report::{Row, round};
 use crate::running::start;
 use crate::scenario::Scenario;
 use crate::server::{self, Launch, Programs, Subject, System};
-use crate::{Args, load, sessions};
+use crate::{Args, sessions};
 
 /// Streams being opened at once (connect, request, response head): the
 /// listener's accept backlog is not flooded, so no SYN waits for a retransmit.
@@ -354,10 +354,10 @@ pub(crate) async fn streams_10k(args: &Args, programs: &Programs) -> Row {
             tokio::time::sleep(Duration::from_secs(2)).await;
             let rss_open = server.rss_bytes()?;
             let per_stream = (rss_open as f64 - rss_sessions as f64) / n as f64;
-            let pid = server.pid().to_string();
-            let (cpu_before, at) = (load::cpu_time(&pid).context("cannot read the server's CPU time")?, Instant::now());
+            // With a keeper: the keeper's and the engine's CPU.
+            let (cpu_before, at) = (server.cpu_time().context("cannot read the server's CPU time")?, Instant::now());
             tokio::time::sleep(args.idle_window).await;
-            let cpu = load::cpu_time(&pid).context("cannot read the server's CPU time")?.saturating_sub(cpu_before);
+            let cpu = server.cpu_time().context("cannot read the server's CPU time")?.saturating_sub(cpu_before);
             let window = at.elapsed();
             let rss_idle = server.rss_bytes()?;
             streams.check()?;

@@ -45,7 +45,12 @@ pub enum System {
     /// gateway_http and gateway_stdio: `tether serve --store sqlite:FILE
     /// --upstream echo=…` in front of `rmcp_ref` or `stdio_echo`, at `/mcp/echo`;
     /// gateway_federated: `--config FILE` with the virtual server `fed`, at `/mcp/fed`.
+    /// `tether serve` runs the keeper, which runs the server as its child
+    /// (`tether engine …`) and holds the stdio children.
     TetherGateway,
+    /// gateway_stdio: tether-gateway with `--no-keeper`: one process, its
+    /// stdio children its own (the direct pipes the keeper is measured against).
+    TetherGatewayNoKeeper,
     /// gateway_http: `rmcp_ref` called directly (what tether-gateway fronts).
     RmcpDirect,
     /// gateway_http: `relay_floor`, a bare TCP relay, in front of an
@@ -107,7 +112,7 @@ pub enum Protocol {
 }
 
 impl System {
-    pub const ALL: [System; 18] = [
+    pub const ALL: [System; 19] = [
         System::TetherMemory,
         System::TetherSqlite,
         System::TetherSqliteNometrics,
@@ -119,6 +124,7 @@ impl System {
         System::TsSdk,
         System::AxumFloor,
         System::TetherGateway,
+        System::TetherGatewayNoKeeper,
         System::RmcpDirect,
         System::RelayFloor,
         System::Supergateway,
@@ -141,6 +147,7 @@ impl System {
             System::TsSdk => "ts-sdk",
             System::AxumFloor => "axum-floor",
             System::TetherGateway => "tether-gateway",
+            System::TetherGatewayNoKeeper => "tether-gateway-no-keeper",
             System::RmcpDirect => "rmcp-direct",
             System::RelayFloor => "relay-floor",
             System::Supergateway => "supergateway",
@@ -158,7 +165,15 @@ impl System {
 
     /// A system of the gateway scenarios (and of no other).
     pub fn gateway(self) -> bool {
-        matches!(self, System::TetherGateway | System::RmcpDirect | System::RelayFloor | System::Supergateway | System::McpProxy)
+        matches!(
+            self,
+            System::TetherGateway
+                | System::TetherGatewayNoKeeper
+                | System::RmcpDirect
+                | System::RelayFloor
+                | System::Supergateway
+                | System::McpProxy
+        )
     }
 
     /// The path of its health check: `/healthz`, or mcp-proxy's `/status`.
@@ -188,6 +203,7 @@ impl System {
                 | System::TetherRedisReplica
                 | System::TetherRedisStrict
                 | System::TetherGateway
+                | System::TetherGatewayNoKeeper
                 | System::TetherSqliteModern
                 | System::TetherSqliteToken
                 | System::TetherSqliteOauth
@@ -301,6 +317,10 @@ pub enum Upstream {
     /// tether-gateway only: a config file (`--config`) of upstreams and the
     /// virtual server [`FEDERATED_SERVER`] of them ([`federated_config`]).
     Config(PathBuf),
+    /// tether-gateway only: a config file (`--config`) of the one stdio
+    /// upstream [`GATEWAY_UPSTREAM`] ([`stdio_config`]), for what no flag sets
+    /// (its `max_processes`); served at `/mcp/echo` as with `--upstream`.
+    StdioConfig(PathBuf),
 }
 
 /// The upstream's name in tether-gateway's `--upstream NAME=…`, so its endpoint is `/mcp/echo`.
@@ -322,7 +342,7 @@ pub fn federated_config(members: &[(&str, Upstream)]) -> anyhow::Result<String> 
         match member {
             Upstream::Stdio(program) => toml.push_str(&format!("command = [{}]\n\n", quoted(&program.to_string_lossy()))),
             Upstream::Url(url) => toml.push_str(&format!("url = {}\n\n", quoted(url))),
-            Upstream::Config(_) => bail!("a member of a virtual server is a command or a URL"),
+            Upstream::Config(_) | Upstream::StdioConfig(_) => bail!("a member of a virtual server is a command or a URL"),
         }
     }
     let names: Vec<String> = members.iter().map(|(name, _)| quoted(name)).collect();
@@ -332,6 +352,17 @@ pub fn federated_config(members: &[(&str, Upstream)]) -> anyhow::Result<String> 
         quoted(FEDERATED_SEPARATOR)
     ));
     Ok(toml)
+}
+
+/// A config file's text: the stdio server `program` as the upstream
+/// [`GATEWAY_UPSTREAM`], with room for `max_processes` live children, all of
+/// which one principal may hold (the bench's clients are all one).
+pub fn stdio_config(program: &Path, max_processes: usize) -> String {
+    // A JSON string is a TOML basic string (the same escapes).
+    let quoted = serde_json::Value::from(program.to_string_lossy()).to_string();
+    format!(
+        "[upstreams.{GATEWAY_UPSTREAM}]\ncommand = [{quoted}]\nmax_processes = {max_processes}\nmax_processes_per_principal = {max_processes}\n"
+    )
 }
 
 impl Launch {
@@ -377,6 +408,7 @@ impl Launch {
             | System::TetherRedisReplica
             | System::TetherRedisStrict
             | System::TetherGateway
+            | System::TetherGatewayNoKeeper
             | System::TetherSqliteModern
             | System::TetherSqliteToken
             | System::TetherSqliteOauth => {
@@ -401,13 +433,16 @@ impl Launch {
                     System::TetherRedisStrict => {
                         cmd.args(["--durability", "strict", "--redis-replicas", "1"]);
                     }
+                    System::TetherGatewayNoKeeper => {
+                        cmd.arg("--no-keeper");
+                    }
                     _ => {}
                 }
-                if self.subject.system == System::TetherGateway {
+                if matches!(self.subject.system, System::TetherGateway | System::TetherGatewayNoKeeper) {
                     let target = match &self.upstream {
                         Some(Upstream::Url(url)) => url.clone(),
                         Some(Upstream::Stdio(_)) => format!("stdio:{}", shell_quote(&self.stdio_upstream()?.to_string_lossy())),
-                        Some(Upstream::Config(file)) => {
+                        Some(Upstream::Config(file) | Upstream::StdioConfig(file)) => {
                             cmd.arg("--config").arg(existing(file, "written by the bench")?);
                             String::new()
                         }
@@ -418,6 +453,8 @@ impl Launch {
                     }
                 }
                 cmd.args(&self.extra_args);
+                // Each system says itself whether it runs the keeper, whatever the bench's environment holds.
+                cmd.env_remove("TETHER_NO_KEEPER");
                 cmd.env("NO_COLOR", "1").env("RUST_LOG", "info");
                 cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
                 cmd
@@ -488,8 +525,8 @@ impl Launch {
     /// What follows the URL the server prints to make its MCP endpoint.
     pub(super) fn endpoint_suffix(&self) -> String {
         match (self.subject.system, &self.upstream) {
-            (System::TetherGateway, Some(Upstream::Config(_))) => format!("/{FEDERATED_SERVER}"),
-            (System::TetherGateway, _) => format!("/{GATEWAY_UPSTREAM}"),
+            (System::TetherGateway | System::TetherGatewayNoKeeper, Some(Upstream::Config(_))) => format!("/{FEDERATED_SERVER}"),
+            (System::TetherGateway | System::TetherGatewayNoKeeper, _) => format!("/{GATEWAY_UPSTREAM}"),
             _ => String::new(),
         }
     }
@@ -510,7 +547,7 @@ fn existing<'a>(path: &'a Path, hint: &str) -> anyhow::Result<&'a Path> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Upstream, federated_config, shell_quote};
+    use super::{Upstream, federated_config, shell_quote, stdio_config};
     use crate::server::origin;
 
     #[test]
@@ -527,6 +564,10 @@ mod tests {
              [servers.fed]\nupstreams = [\"s1\", \"web\", \"odd\"]\nnames = \"prefix\"\nseparator = \"__\"\n"
         );
         assert!(federated_config(&[("x", Upstream::Config("/c.toml".into()))]).is_err());
+        assert_eq!(
+            stdio_config(std::path::Path::new("/t/stdio \"echo\""), 100),
+            "[upstreams.echo]\ncommand = [\"/t/stdio \\\"echo\\\"\"]\nmax_processes = 100\nmax_processes_per_principal = 100\n"
+        );
     }
 
     #[test]

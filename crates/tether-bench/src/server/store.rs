@@ -36,6 +36,7 @@ impl Store {
             System::TetherSqlite
             | System::TetherSqliteNometrics
             | System::TetherGateway
+            | System::TetherGatewayNoKeeper
             | System::TetherSqliteModern
             | System::TetherSqliteToken
             | System::TetherSqliteOauth => {
