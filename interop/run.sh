@@ -20,6 +20,10 @@
 #   /mcp/pymodern         interop/servers/py_server.py modern-only (Python SDK, 2026-07-28 only), a URL
 #   /mcp/team             a virtual server over everything, pystdio and tsfixture
 #                         (names = "prefix": tools and prompts as MEMBER__NAME)
+# FastMCP's Client (PyPI fastmcp, a venv in interop/.cache/fastmcp-venv) and
+# MCP Inspector's CLI (npm ci into interop/inspector/node_modules) run checks
+# of their own on /mcp and /mcp/pystdio (those of the sessionless notebook only
+# with INTEROP_SESSIONLESS_NOTEBOOK=1). It
 # waits for /healthz, runs every check (the gateway durability check kills
 # tether with -9 and restarts it on the same SQLite file); then starts an
 # authorization server (interop/oauth/provider.mjs, oidc-provider) and a second
@@ -134,6 +138,34 @@ if [ "$(cat "$PY_STAMP" 2>/dev/null)" != "$(sha "$PY/requirements.txt")" ]; then
     sha "$PY/requirements.txt" >"$PY_STAMP"
 fi
 VPY="$PY/.venv/bin/python"
+
+# FastMCP's Client (interop/py/fastmcp_*.py), in a venv of its own under the
+# cache: its pinned set (interop/py/requirements-fastmcp.txt) is its own
+# resolution of the mcp SDK's dependencies, so it cannot disturb interop/py/.venv.
+FMVENV="$CACHE/fastmcp-venv"
+FM_STAMP="$FMVENV/.interop-stamp"
+if [ "$(cat "$FM_STAMP" 2>/dev/null)" != "$(sha "$PY/requirements-fastmcp.txt")" ]; then
+    echo "interop: creating venv interop/.cache/fastmcp-venv with $PYTHON (FastMCP)"
+    rm -rf "$FMVENV"
+    "$PYTHON" -m venv "$FMVENV" || die "python -m venv failed (Debian: apt-get install python3-venv)"
+    PIP_CACHE_DIR="$CACHE/pip" "$FMVENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+        -r "$PY/requirements-fastmcp.txt" || die "pip install -r interop/py/requirements-fastmcp.txt failed"
+    sha "$PY/requirements-fastmcp.txt" >"$FM_STAMP"
+fi
+FMPY="$FMVENV/bin/python"
+
+# MCP Inspector (@modelcontextprotocol/inspector), whose CLI (inspector --cli)
+# interop/py/inspector_cli.py runs.
+INSPECTOR_DIR="$HERE/inspector"
+INSPECTOR_STAMP="$INSPECTOR_DIR/node_modules/.interop-stamp"
+if [ "$(cat "$INSPECTOR_STAMP" 2>/dev/null)" != "$(sha "$INSPECTOR_DIR/package-lock.json")" ]; then
+    echo "interop: npm ci in interop/inspector"
+    (cd "$INSPECTOR_DIR" && npm ci --cache "$CACHE/npm" --no-audit --no-fund --loglevel=error) \
+        || die "npm ci failed in interop/inspector"
+    sha "$INSPECTOR_DIR/package-lock.json" >"$INSPECTOR_STAMP"
+fi
+INSPECTOR="$INSPECTOR_DIR/node_modules/.bin/inspector"
+[ -x "$INSPECTOR" ] || die "$INSPECTOR is missing after npm ci"
 
 # ---------------------------------------------------------------- servers
 TMP="$(mktemp -d "${TMPDIR:-/tmp}/tether-interop.XXXXXX")"
@@ -413,6 +445,32 @@ run_check gw-legacy-to-modern 90 bash -c '
 # seen as its own notifications/cancelled.
 run_check ts-virtual 120 node "$TS/gw_virtual.mjs" "$URL/team"
 run_check py-virtual 120 "$VPY" "$PY/gw_virtual.py" "$URL/team"
+# FastMCP's Client and MCP Inspector's CLI, as a user runs them, on the notebook
+# and through the gateway (the Python SDK stdio fixture, /mcp/pystdio). FastMCP's
+# default mode negotiates the sessionless revision (tether offers it); mode="legacy"
+# is its session mode. The Inspector CLI's default era is legacy; --protocol-era
+# modern is sessionless.
+run_check fastmcp-session 90 "$FMPY" "$PY/fastmcp_client.py" "$URL" session
+run_check fastmcp-default 90 "$FMPY" "$PY/fastmcp_client.py" "$URL" default
+run_check fastmcp-gw-session 90 "$FMPY" "$PY/fastmcp_client.py" "$URL/pystdio" gw-session
+run_check fastmcp-gw-default 90 "$FMPY" "$PY/fastmcp_client.py" "$URL/pystdio" gw-default
+run_check inspector-notebook-legacy 120 "$VPY" "$PY/inspector_cli.py" "$INSPECTOR" "$URL" notebook-legacy
+run_check inspector-notebook-modern 120 "$VPY" "$PY/inspector_cli.py" "$INSPECTOR" "$URL" notebook-modern
+run_check inspector-gw-legacy 90 "$VPY" "$PY/inspector_cli.py" "$INSPECTOR" "$URL/pystdio" gateway-legacy
+run_check inspector-gw-modern 90 "$VPY" "$PY/inspector_cli.py" "$INSPECTOR" "$URL/pystdio" gateway-modern
+# The whole notebook for clients that declare no extension in the sessionless
+# era (init and session for FastMCP's default mode and the Inspector CLI's
+# modern era), and results over 64 KiB whole (a ~104 KB session export) in
+# both eras. Off until tether serves them: INTEROP_SESSIONLESS_NOTEBOOK=1 runs them.
+if [ "${INTEROP_SESSIONLESS_NOTEBOOK:-0}" = 1 ]; then
+    for check in init session init-no-root export-100k-default export-100k-session; do
+        run_check "fastmcp-default-$check" 120 "$FMPY" "$PY/fastmcp_default.py" "$URL" "$check"
+    done
+    run_check inspector-notebook-modern-init 90 "$VPY" "$PY/inspector_cli.py" "$INSPECTOR" "$URL" notebook-modern-init
+    run_check inspector-export-100k 120 "$VPY" "$PY/inspector_cli.py" "$INSPECTOR" "$URL" export-100k
+else
+    echo "interop: the sessionless notebook's checks (interop/py/fastmcp_default.py, inspector-notebook-modern-init, inspector-export-100k) are off; INTEROP_SESSIONLESS_NOTEBOOK=1 runs them"
+fi
 # Durability through the gateway: a session on /mcp/everything, kill -9 of
 # tether, a restart on the same SQLite file with the same flags; the same
 # Mcp-Session-Id goes on without initialize.
