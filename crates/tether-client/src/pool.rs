@@ -513,11 +513,13 @@ impl Pool {
         arguments: Value,
         progress: Option<ProgressHandler>,
     ) -> Result<Value, ClientError> {
-        let mut params = json!({"name": name, "arguments": arguments});
+        // This client follows `nextResumeToken`: it asks tether for pages
+        // rather than a result cut at the server's cap.
+        let mut params = json!({"name": name, "arguments": arguments, "_meta": {(tether_wire::meta::PAGING): true}});
         let route = progress.as_ref().map(|p| {
             let token = format!("tether-{}-{}", std::process::id(), self.inner.next_token.fetch_add(1, Ordering::Relaxed));
             self.inner.progress.lock().insert(token.clone(), p.clone());
-            params["_meta"] = json!({"progressToken": token});
+            params["_meta"]["progressToken"] = json!(token);
             RouteGuard { routes: self.inner.progress.clone(), token }
         });
         let result = resume::follow(

@@ -488,10 +488,10 @@ impl Gateway {
             "tools/call" => {
                 let tool = params.get("name").and_then(Value::as_str).unwrap_or_default();
                 if self.config.is_task_tool(tool) {
-                    let mut unbound = params;
-                    unbound.remove("_meta");
+                    // A task for a client that declared the extension; else
+                    // inline (whole, or in pages for a client that asked).
                     let spec = OperationSpec { restartable: false, expected_duration_ms: 0 };
-                    return raw_result(&ctx.call_as_task(self.runner()?, unbound, spec).await?);
+                    return raw_result(&ctx.call_operation(self.runner()?, params, spec).await?);
                 }
             }
             _ => {}

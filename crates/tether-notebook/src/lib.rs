@@ -10,11 +10,13 @@
 //! - [`tools`]: tool definitions (schemas) offered to clients.
 //! - [`roots`]: the client's MCP roots and the bound root.
 //! - `ops`: the `init` and `session` tools.
+//! - `sessionless`: `init` for a client without a session (2026-07-28).
 
 mod export;
 mod ops;
 pub mod repo;
 pub mod roots;
+mod sessionless;
 pub mod thought;
 pub mod tools;
 
@@ -187,7 +189,8 @@ impl ToolApp for Notebook {
         Some(
             "A durable reasoning notebook. Record each step with `thought`; your thoughts survive \
              reconnects and server restarts. After a context reset, call `init` with operation \
-             `load_context` (no sessionId needed): it finds the latest session of this project's root."
+             `load_context` (no sessionId needed): it finds the latest session of this project's root \
+             (a client without a session passes `root`, the project's directory as a file:// URI)."
                 .into(),
         )
     }

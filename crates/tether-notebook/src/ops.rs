@@ -4,6 +4,7 @@
 
 use rmcp::model::{CallToolResult, ContentBlock};
 use serde_json::{Map, Value, json};
+use tether_server::tether_wire::meta;
 use tether_server::{OperationCtx, RequestCtx, RpcError};
 
 use crate::repo::{NotebookSession, SessionFilter};
@@ -31,7 +32,7 @@ pub fn ago(ms: i64) -> String {
     }
 }
 
-fn str_arg<'a>(args: &'a Map<String, Value>, key: &str) -> Option<&'a str> {
+pub(crate) fn str_arg<'a>(args: &'a Map<String, Value>, key: &str) -> Option<&'a str> {
     args.get(key).and_then(Value::as_str).filter(|s| !s.is_empty())
 }
 
@@ -39,7 +40,7 @@ fn limit_arg(args: &Map<String, Value>, default: usize) -> usize {
     args.get("limit").and_then(Value::as_u64).map(|n| (n as usize).clamp(1, MAX_LIST_LIMIT)).unwrap_or(default)
 }
 
-fn tool_error(message: impl Into<String>) -> CallToolResult {
+pub(crate) fn tool_error(message: impl Into<String>) -> CallToolResult {
     CallToolResult::error(vec![ContentBlock::text(message.into())])
 }
 
@@ -51,7 +52,7 @@ fn summary(s: &NotebookSession) -> Value {
     })
 }
 
-fn context_result(success: bool, session: Option<&NotebookSession>, message: String) -> CallToolResult {
+pub(crate) fn context_result(success: bool, session: Option<&NotebookSession>, message: String) -> CallToolResult {
     let v = json!({
         "success": success,
         "sessionId": session.map(|s| s.id.clone()),
@@ -66,6 +67,9 @@ fn context_result(success: bool, session: Option<&NotebookSession>, message: Str
 
 impl Notebook {
     pub(crate) async fn init(&self, ctx: &RequestCtx, args: Map<String, Value>) -> Result<CallToolResult, RpcError> {
+        if let Some(request_meta) = ctx.request_meta() {
+            return self.sessionless_init(ctx, request_meta, args).await;
+        }
         let principal = ctx.principal().to_owned();
         match str_arg(&args, "operation") {
             Some("list_roots") => {
@@ -196,7 +200,7 @@ impl Notebook {
         }
     }
 
-    async fn list(&self, principal: &str, args: &Map<String, Value>) -> Result<CallToolResult, RpcError> {
+    pub(crate) async fn list(&self, principal: &str, args: &Map<String, Value>) -> Result<CallToolResult, RpcError> {
         let filter = SessionFilter {
             root: str_arg(args, "rootUri").map(str::to_owned),
             tag: str_arg(args, "tag").map(str::to_owned),
@@ -222,7 +226,12 @@ impl Notebook {
     pub(crate) async fn session_operation(&self, ctx: OperationCtx, args: Map<String, Value>) -> Result<(), RpcError> {
         let principal = ctx.principal().to_owned();
         let app = ctx.app_state().await;
-        let current = app.get(CURRENT_SESSION).and_then(Value::as_str);
+        // The MCP session's current notebook session, or the one a
+        // sessionless request names in its `_meta`.
+        let current = app
+            .get(CURRENT_SESSION)
+            .or_else(|| ctx.request_meta().and_then(|m| m.get(meta::NOTEBOOK_SESSION)))
+            .and_then(Value::as_str);
         let result = match str_arg(&args, "operation") {
             Some("list") => self.list(&principal, &args).await?,
             Some("get") => match self.named_or_current(&principal, current, &args).await? {

@@ -99,15 +99,21 @@ pub(crate) async fn refresh(ctx: SessionCtx) {
     }
 }
 
-/// The one root of a sessionless (2026-07-28) caller that declared roots,
+/// The roots of a sessionless (2026-07-28) caller that declared roots,
 /// asked through the request itself (the engine turns the ask into an
-/// `input_required` round); `None` if it has no roots or several.
-pub(crate) async fn sessionless_root(ctx: &RequestCtx) -> Result<Option<String>, tether_server::RpcError> {
+/// `input_required` round); `None` if it did not declare roots.
+pub(crate) async fn sessionless_roots(ctx: &RequestCtx) -> Result<Option<Vec<Root>>, tether_server::RpcError> {
     if !client_supports_roots(ctx.caller().client_capabilities()) {
         return Ok(None);
     }
     let answer = ctx.request_client("roots/list", None, IN_CALL_WAIT).await?;
-    let mut roots = parse_answer(&answer);
+    Ok(Some(parse_answer(&answer)))
+}
+
+/// The one root of a sessionless caller that declared roots (see
+/// [`sessionless_roots`]); `None` if it has no roots or several.
+pub(crate) async fn sessionless_root(ctx: &RequestCtx) -> Result<Option<String>, tether_server::RpcError> {
+    let mut roots = sessionless_roots(ctx).await?.unwrap_or_default();
     Ok(if roots.len() == 1 { roots.pop().map(|r| r.uri) } else { None })
 }
 

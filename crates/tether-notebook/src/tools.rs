@@ -60,6 +60,7 @@ pub fn init() -> Tool {
             "title": {"type": "string", "description": "start_new: session title"},
             "tags": {"type": "array", "items": {"type": "string"}, "description": "start_new: tags"},
             "sessionId": {"type": "string", "description": "load_context: a specific session (else the latest of the bound root)"},
+            "root": {"type": "string", "description": "load_context, start_new: your project's directory as a URI (file:///…), for a client without a session that does not report roots"},
             "tag": {"type": "string", "description": "list_sessions: only sessions with this tag"},
             "limit": {"type": "integer", "minimum": 1, "maximum": 200}
         },

@@ -28,8 +28,13 @@ pub struct EngineConfig {
     /// How long a resumable call waits for its result before answering with
     /// a `nextResumeToken` (`--resume-wait`).
     pub resume_wait: Duration,
-    /// Largest chunk of a paged result (`--result-chunk-bytes`).
+    /// Largest chunk of a paged result (`--result-chunk-bytes`), for a
+    /// client that asked for pages.
     pub result_chunk_bytes: usize,
+    /// Largest result of an operation answered whole, to a client that did
+    /// not ask for pages (`--max-result-bytes`); past it the result ends
+    /// with a note of what was left out and how to get it.
+    pub max_result_bytes: usize,
     /// Operations and their stored chunks are forgotten after this long.
     pub operation_ttl: Duration,
     /// With a shared store: a replica that has not renewed its lease for
@@ -72,6 +77,7 @@ impl Default for EngineConfig {
             reap_interval: Duration::from_secs(30),
             resume_wait: Duration::from_secs(2),
             result_chunk_bytes: 64 * 1024,
+            max_result_bytes: 16 * 1024 * 1024,
             operation_ttl: Duration::from_secs(3600),
             replica_lease: Duration::from_secs(10),
             drain_timeout: Duration::from_secs(10),

@@ -1,8 +1,8 @@
 //! The provided tool router: an [`McpApp`] for applications made of tools
 //! (the notebook). It answers `initialize` with the tools capability,
 //! `ping`, `tools/list` and `tools/call`, and runs the tools that are durable
-//! operations (`_meta.nextResumeToken` / `_meta.resumeToken`) through the
-//! engine's operations.
+//! operations through the engine's operations (whole, in pages or as tasks:
+//! [`RequestCtx::call_operation`]).
 
 use std::sync::Arc;
 
@@ -12,7 +12,7 @@ use serde_json::{Map, Value, json};
 use tether_wire::meta;
 
 use crate::app::{Initialize, McpApp, OperationRunner, OperationSpec, RawResult, RpcError, SessionEnd, raw_result};
-use crate::engine::{OperationCtx, RequestCtx, SessionCtx, operations};
+use crate::engine::{OperationCtx, RequestCtx, SessionCtx};
 
 /// An MCP application made of tools.
 #[async_trait]
@@ -60,8 +60,10 @@ impl<T: ToolApp> ToolRouter<T> {
     }
 
     /// The tools; resumable ones carry `dev.tether/resumable` and an
-    /// expected-duration hint in their `_meta`.
-    fn advertised_tools(&self) -> Vec<Value> {
+    /// expected-duration hint in their `_meta`, and, for a sessionless
+    /// client, `execution.taskSupport: "optional"`: a client that declared
+    /// the Tasks extension may get a task, any other its result inline.
+    fn advertised_tools(&self, sessionless: bool) -> Vec<Value> {
         self.tools
             .tools()
             .into_iter()
@@ -75,6 +77,9 @@ impl<T: ToolApp> ToolRouter<T> {
                         m.insert(meta::EXPECTED_DURATION_MS.into(), json!(spec.expected_duration_ms));
                         m.insert(meta::RESTARTABLE.into(), json!(spec.restartable));
                     }
+                    if sessionless {
+                        obj.insert("execution".into(), json!({"taskSupport": "optional"}));
+                    }
                 }
                 v
             })
@@ -86,33 +91,16 @@ impl<T: ToolApp> ToolRouter<T> {
             Some(Value::String(n)) => n.clone(),
             _ => return Err(RpcError::invalid_params("tools/call needs params.name (the tool's name as a string)")),
         };
-        // A resume token is bound to everything but `_meta` (copied only
-        // for the tools that run as operations).
-        let operation = self.tools.operation_spec(&name).map(|spec| {
-            let mut unbound = params.clone();
-            unbound.remove("_meta");
-            (spec, unbound)
-        });
+        if let Some(spec) = self.tools.operation_spec(&name) {
+            // Pages, a task or the whole result, as the client can take it.
+            let runner: Arc<dyn OperationRunner> = Arc::new(Runner(self.tools.clone()));
+            return raw_result(&ctx.call_operation(runner, params, spec).await?);
+        }
         let arguments = match params.remove("arguments") {
             None | Some(Value::Null) => Map::new(),
             Some(Value::Object(a)) => a,
             Some(_) => return Err(RpcError::invalid_params("tools/call params.arguments must be an object")),
         };
-        if let Some((spec, unbound)) = operation {
-            let token = match params.get("_meta").and_then(|m| m.get(meta::RESUME_TOKEN)) {
-                None | Some(Value::Null) => None,
-                Some(Value::String(t)) => Some(t.clone()),
-                Some(_) => return Err(RpcError::invalid_params("invalid resumeToken: it must be the string the server sent")),
-            };
-            let runner: Arc<dyn OperationRunner> = Arc::new(Runner(self.tools.clone()));
-            if ctx.session().is_none() {
-                // A sessionless client follows long work as a task.
-                return raw_result(&ctx.call_as_task(runner, unbound, spec).await?);
-            }
-            let binding = operations::binding(ctx.principal(), "tools/call", &Value::Object(unbound));
-            let result = operations::call(&ctx, runner, &name, arguments, binding, token.as_deref(), spec).await?;
-            return raw_result(&result);
-        }
         let mut result = self.tools.call_tool(ctx, &name, arguments).await?;
         // Only the sessionless revision knows `resultType`; the ones served here do not.
         result.result_type = None;
@@ -166,7 +154,7 @@ impl<T: ToolApp> McpApp for ToolRouter<T> {
     ) -> Result<RawResult, RpcError> {
         match method {
             "ping" => raw_result(&json!({})),
-            "tools/list" => raw_result(&json!({"tools": self.advertised_tools()})),
+            "tools/list" => raw_result(&json!({"tools": self.advertised_tools(ctx.session().is_none())})),
             "tools/call" => self.call(ctx, params.unwrap_or_default()).await,
             // The Tasks extension is the sessionless revision's.
             "tasks/get" | "tasks/update" | "tasks/cancel" if ctx.session().is_none() => {

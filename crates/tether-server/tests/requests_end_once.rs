@@ -283,9 +283,11 @@ async fn two_replicas_resuming_an_orphaned_operation_restart_its_work_once() {
     // (its work is left running in the store, its lease released).
     let first = harness_on(store.clone(), replica());
     let session = open_session(&first).await;
+    // A client that pages: the first answer comes after `resume_wait`, with a token.
+    let paged = json!({"name": "count", "arguments": {}, "_meta": {"dev.tether/paging": true}});
+    let first_call = Inbound::Request { id: json!(1), method: "tools/call".into(), params: paged.as_object().cloned() };
     let (_, answers) =
-        messages(first.engine.post(session.clone(), call(1, "count", json!({})), Reply::Stream, None).await.expect("accepted"))
-            .await;
+        messages(first.engine.post(session.clone(), first_call, Reply::Stream, None).await.expect("accepted")).await;
     let token = answers[0]["result"]["_meta"]["nextResumeToken"].as_str().expect("a pending answer with a token").to_owned();
     first.engine.shutdown().await;
 

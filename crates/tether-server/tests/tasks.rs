@@ -3,7 +3,7 @@
 //! `tasks/get` follows it to its end (also from another engine on the same
 //! store after the first one stopped: restartable work continues, the rest
 //! fails "interrupted"), `tasks/cancel`, principals, the undeclared
-//! extension, and a session-era call followed as a task.
+//! extension (the call answered inline), and a session-era call followed as a task.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -151,8 +151,10 @@ async fn tasks_are_bound_to_their_principal_and_need_the_extension() {
     let undeclared = get(&engine, caller("alice", false), &id).await;
     assert_eq!(undeclared["error"]["code"], -32021, "{undeclared}");
     assert!(undeclared["error"]["data"]["requiredCapabilities"]["extensions"][meta::TASKS_EXTENSION].is_object());
+    // A client without the extension is never given a task: the call waits for the whole result.
     let call = ask(&engine, caller("alice", false), "tools/call", json!({"name": "count"})).await;
-    assert_eq!(call["error"]["code"], -32021, "a task tool for a client without the extension: {call}");
+    assert_eq!(call["result"]["resultType"], "complete", "{call}");
+    assert_eq!(texts(&call["result"]), ["0", "1", "2"], "a task tool for a client without the extension, inline: {call}");
     for removed in ["tasks/result", "tasks/list"] {
         let r = ask(&engine, caller("alice", true), removed, json!({"taskId": id})).await;
         assert_eq!(r["error"]["code"], -32601, "{removed}: {r}");
@@ -212,7 +214,8 @@ async fn a_call_of_a_session_can_be_followed_as_a_task() {
     let call = Inbound::Request {
         id: json!(1),
         method: "tools/call".into(),
-        params: json!({"name": "count", "arguments": {}}).as_object().cloned(),
+        // A client that pages gets a first page naming the task.
+        params: json!({"name": "count", "arguments": {}, "_meta": {(meta::PAGING): true}}).as_object().cloned(),
     };
     let frames = match engine.post(session, call, Reply::Stream, None).await.expect("taken") {
         PostOutcome::Complete { frames, .. } => frames,

@@ -16,6 +16,11 @@ pub const RESUME_REFUSED: &str = "dev.tether/resumeRefused";
 pub const NEXT_RESUME_TOKEN: &str = "nextResumeToken";
 /// In a repeated request: the token of the part asked for.
 pub const RESUME_TOKEN: &str = "resumeToken";
+/// In a `tools/call` request's `_meta`, `true`: this client follows
+/// `nextResumeToken`, so a tool that runs as an operation answers in pages
+/// of at most `--result-chunk-bytes` (without it: the whole result, up to
+/// `--max-result-bytes`). The same key in both eras.
+pub const PAGING: &str = "dev.tether/paging";
 /// In a partial result: nothing new was ready yet.
 pub const PENDING: &str = "dev.tether/pending";
 

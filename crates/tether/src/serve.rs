@@ -108,9 +108,16 @@ pub struct ServeArgs {
     /// a `nextResumeToken` (e.g. 2s, 500ms).
     #[arg(long, env = "TETHER_RESUME_WAIT", default_value = "2s", value_parser = humantime::parse_duration)]
     resume_wait: Duration,
-    /// Largest chunk of a paged result such as a notebook export.
+    /// Largest page of a result such as a notebook export, for a client
+    /// that asked for pages (`_meta["dev.tether/paging"]`).
     #[arg(long, env = "TETHER_RESULT_CHUNK_BYTES", default_value = "64KiB", value_parser = parse_size)]
     result_chunk_bytes: usize,
+    /// Largest result of a tool that runs as an operation (a notebook
+    /// export, a task), answered whole to a client that did not ask for
+    /// pages; past it the result ends with a note saying how much was left
+    /// out and how to get all of it.
+    #[arg(long, env = "TETHER_MAX_RESULT_BYTES", default_value = "16MiB", value_parser = parse_size)]
+    max_result_bytes: usize,
     /// Live sessions one principal may hold; `initialize` beyond it gets 429.
     #[arg(long, env = "TETHER_MAX_SESSIONS_PER_PRINCIPAL", default_value_t = 100_000)]
     max_sessions_per_principal: usize,
@@ -400,6 +407,7 @@ pub async fn run(args: ServeArgs, keeper: Option<tether_keeper::client::Welcomed
         session_ttl: args.session_ttl,
         resume_wait: args.resume_wait,
         result_chunk_bytes: args.result_chunk_bytes,
+        max_result_bytes: args.max_result_bytes,
         max_sessions_per_principal: args.max_sessions_per_principal,
         max_sessionless_requests: args.max_sessionless,
         max_sessionless_requests_per_principal: args.max_sessionless_per_principal,

@@ -231,7 +231,8 @@ async fn the_pool_speaks_2026_07_28_where_offered_answering_roots_rounds_and_fol
     let again = other.call_tool(&spec, "thought", args, None).await.unwrap();
     assert_eq!(again["_meta"]["dev.tether/notebookSession"], notebook, "{again}");
     assert_eq!(again["structuredContent"]["thoughtHistoryLength"], 2, "{again}");
-    // `session` runs as a task here (--resume-wait 0s): followed to its result.
+    // `session` answers the pool in pages (it asks for them; --resume-wait 0s
+    // makes the first one pending): followed to its result.
     let listed = pool.call_tool(&spec, "session", json!({"operation": "list"}), None).await.unwrap();
     assert!(text(&listed).contains("file:///pool/project"), "{listed}");
     let legacy = pool.call_tool(&spec.clone().protocol(Protocol::Session), "session", json!({"operation": "list"}), None).await;

@@ -558,9 +558,11 @@ async fn a_task_tool_of_an_upstream_runs_as_a_durable_task_and_one_cut_off_by_a_
 
     let (_, discovered) = send_sessionless(&c, &sessionless_request(1, "server/discover", json!({})), None, &[]).await;
     assert!(discovered["result"]["capabilities"]["extensions"][tether_wire::meta::TASKS_EXTENSION].is_object(), "{discovered}");
+    // A client without the extension is never given a task: it waits for the result.
     let (_, undeclared) =
         send_sessionless(&c, &sessionless_call(2, "slow", json!({"ms": 10}), sessionless_meta()), Some("slow"), &[]).await;
-    assert_eq!(undeclared["error"]["code"], -32021, "{undeclared}");
+    assert_eq!(undeclared["result"]["resultType"], "complete", "{undeclared}");
+    assert_eq!(undeclared["result"]["structuredContent"]["slept"], 10, "the upstream's result, inline: {undeclared}");
     // Other tools are plain calls.
     let (_, echoed) = send_sessionless(&c, &sessionless_call(3, "echo", json!({"z": 3}), tasks.clone()), Some("echo"), &[]).await;
     assert_eq!(echoed["result"]["structuredContent"], json!({"z": 3}), "{echoed}");

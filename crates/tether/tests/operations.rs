@@ -15,6 +15,11 @@ fn config() -> EngineConfig {
     EngineConfig { resume_wait: Duration::from_millis(300), ..quick_config() }
 }
 
+/// The `_meta` of a first call that asks for pages.
+fn paging() -> Value {
+    json!({"dev.tether/paging": true})
+}
+
 fn next_token(response: &Value) -> Option<String> {
     response["result"]["_meta"]["nextResumeToken"].as_str().map(str::to_owned)
 }
@@ -29,10 +34,10 @@ async fn a_quick_operation_answers_at_once_without_a_token() {
     let server = TestServer::start(Backend::Sqlite, AppKind::Test, config()).await;
     let c = Client::new(&server.url);
     let sid = c.initialize().await;
-    let r = c.call_meta(&sid, 1, "count", &json!({"n": 1}), json!({})).await;
+    let r = c.call_meta(&sid, 1, "count", &json!({"n": 1}), paging()).await;
     assert_eq!(r["result"]["content"][0]["text"], "chunk 0;");
     assert!(next_token(&r).is_none(), "final result carries no nextResumeToken");
-    let tools = c.request(&sid, 2, "tools/list", json!({})).await.last().unwrap().json();
+    let tools = c.request(&sid, 2, "tools/list", paging()).await.last().unwrap().json();
     let count = tools["result"]["tools"].as_array().unwrap().iter().find(|t| t["name"] == "count").unwrap().clone();
     assert_eq!(count["_meta"]["dev.tether/resumable"], true, "resumable tools are advertised");
     assert_eq!(count["_meta"]["dev.tether/expectedDurationMs"], 1000);
@@ -56,7 +61,7 @@ async fn long_work_is_paged_with_tokens_in_order_and_tokens_are_stable() {
         assert!(next_token(responses.last().unwrap()).is_none());
 
         // Stability: asking again with the same token gives the same chunk and the same next token.
-        let first = c.call_meta(&sid, 1, "count", &json!({"n": 3}), json!({})).await;
+        let first = c.call_meta(&sid, 1, "count", &json!({"n": 3}), paging()).await;
         let t1 = next_token(&first).expect("more to come");
         let a = c.call_meta(&sid, 2, "count", &json!({"n": 3}), json!({"resumeToken": t1})).await;
         let b = c.call_meta(&sid, 3, "count", &json!({"n": 3}), json!({"resumeToken": t1})).await;
@@ -75,7 +80,7 @@ async fn invalid_tokens_get_invalid_params_with_a_short_reason() {
     let bob = Client::with_token(&server.url, "bob-token-0123456789abcdef00");
     let sid = alice.initialize().await;
     let args = json!({"n": 3, "pause_ms": 400});
-    let first = alice.call_meta(&sid, 1, "count", &args, json!({})).await;
+    let first = alice.call_meta(&sid, 1, "count", &args, paging()).await;
     let token = next_token(&first).expect("a token while the work runs");
     assert!(!token.contains(&sid) && !token.contains("alice"), "token reveals nothing");
 
@@ -129,7 +134,7 @@ async fn a_failed_operation_returns_its_error_and_no_token() {
     let c = Client::new(&server.url);
     let sid = c.initialize().await;
     let args = json!({"pause_ms": 500, "fail": true});
-    let first = c.call_meta(&sid, 1, "fragile", &args, json!({})).await;
+    let first = c.call_meta(&sid, 1, "fragile", &args, paging()).await;
     let token = next_token(&first).expect("still running after the wait budget");
     tokio::time::sleep(Duration::from_millis(600)).await;
     let r = c.call_meta(&sid, 2, "fragile", &args, json!({"resumeToken": token})).await;
@@ -175,7 +180,7 @@ async fn work_continues_after_a_disconnect_and_progress_reaches_a_waiting_client
         .post(
             Some(&sid),
             &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-            "params": {"name": "count", "arguments": args}}),
+            "params": {"name": "count", "arguments": args, "_meta": paging()}}),
         )
         .send()
         .await
@@ -202,8 +207,8 @@ async fn after_a_crash_restartable_work_continues_and_other_work_reports_the_int
     let sid = c.initialize().await;
     let count_args = json!({"n": 5, "pause_ms": 150});
     let fragile_args = json!({"pause_ms": 5000});
-    let count = c.call_meta(&sid, 1, "count", &count_args, json!({})).await;
-    let fragile = c.call_meta(&sid, 2, "fragile", &fragile_args, json!({})).await;
+    let count = c.call_meta(&sid, 1, "count", &count_args, paging()).await;
+    let fragile = c.call_meta(&sid, 2, "fragile", &fragile_args, paging()).await;
     let (count_token, fragile_token) = (next_token(&count).unwrap(), next_token(&fragile).unwrap());
     let before = joined_text(std::slice::from_ref(&count));
     let dir = server.crash();

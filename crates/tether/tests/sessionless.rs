@@ -325,3 +325,100 @@ async fn subscriptions_listen_acknowledges_what_it_honours_and_follows_a_task_to
     assert_eq!(refused["error"]["code"], -32021, "{refused}");
     let _ = server.kill();
 }
+
+/// A `tools/call` of a sessionless client that declared no capability and no
+/// extension; the answer's `result` (or the whole answer if it has none).
+async fn plain_call(c: &Client, id: u64, tool: &str, arguments: Value, extra_meta: Value) -> Value {
+    let mut m = sessionless_meta();
+    if let (Some(m), Some(extra)) = (m.as_object_mut(), extra_meta.as_object()) {
+        m.extend(extra.clone());
+    }
+    let params = json!({"name": tool, "arguments": arguments, "_meta": m});
+    let (status, answer) = send(c, &request(id, "tools/call", params), Some(tool), &[]).await;
+    assert_eq!(status, 200, "{tool}: {answer}");
+    if answer.get("result").is_some() { answer["result"].clone() } else { answer }
+}
+
+#[tokio::test]
+async fn a_sessionless_client_without_extensions_uses_every_notebook_tool_and_gets_a_100_kb_export_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut server, url) = start_binary(&dir.path().join("t.db"), &[]);
+    let c = Client::new(&url);
+    let root = "file:///home/me/project";
+
+    // tools/list says which tools may answer with a task: only `session`.
+    let (_, listed) = send(&c, &request(1, "tools/list", json!({})), None, &[]).await;
+    let tools = listed["result"]["tools"].as_array().expect("tools").clone();
+    let by_name = |name: &str| tools.iter().find(|t| t["name"] == name).cloned().unwrap_or(Value::Null);
+    assert_eq!(by_name("session")["execution"]["taskSupport"], "optional", "{listed}");
+    assert!(by_name("thought")["execution"].is_null() && by_name("init")["execution"].is_null(), "{listed}");
+
+    // init without a way to know the project says what to pass.
+    let lost = plain_call(&c, 2, "init", json!({"operation": "load_context"}), json!({})).await;
+    assert_eq!(lost["isError"], true, "{lost}");
+    let message = lost["structuredContent"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("pass `root`") && message.contains("roots capability"), "{message}");
+    let roots = plain_call(&c, 3, "init", json!({"operation": "list_roots"}), json!({})).await;
+    assert_eq!(roots["structuredContent"]["rootsSupported"], false, "{roots}");
+    assert!(roots["structuredContent"]["message"].as_str().unwrap_or_default().contains("pass `root`"), "{roots}");
+
+    // start_new with the root, then thoughts in the session it names.
+    let started = plain_call(&c, 4, "init", json!({"operation": "start_new", "title": "plain", "root": root}), json!({})).await;
+    assert_eq!(started["structuredContent"]["success"], true, "{started}");
+    assert_eq!(started["structuredContent"]["mcpRootUri"], root, "{started}");
+    let notebook = started["_meta"][meta::NOTEBOOK_SESSION].as_str().expect("start_new names its session").to_owned();
+    let pin = json!({(meta::NOTEBOOK_SESSION): notebook});
+    let mut expected = Vec::new();
+    for n in 1..=100u64 {
+        let text = format!("{n:04} ") + &"é∑x".repeat(165) + "yyyyy";
+        let args = json!({"thought": text, "thoughtNumber": n, "totalThoughts": 100, "nextThoughtNeeded": n < 100});
+        let r = plain_call(&c, 100 + n, "thought", args, pin.clone()).await;
+        assert_eq!(r["structuredContent"]["thoughtHistoryLength"], n, "{r}");
+        expected.push(text);
+    }
+
+    // load_context by root finds it again; list_sessions and get_state work.
+    let found = plain_call(&c, 5, "init", json!({"operation": "load_context", "root": root}), json!({})).await;
+    assert_eq!(found["structuredContent"]["sessionId"], notebook.as_str(), "{found}");
+    assert_eq!(found["_meta"][meta::NOTEBOOK_SESSION], notebook.as_str(), "{found}");
+    assert!(found["structuredContent"]["message"].as_str().unwrap_or_default().starts_with("Auto-recovered"), "{found}");
+    let listed = plain_call(&c, 6, "init", json!({"operation": "list_sessions"}), json!({})).await;
+    assert!(listed["structuredContent"]["sessions"].to_string().contains(&notebook), "{listed}");
+    let state = plain_call(&c, 7, "init", json!({"operation": "get_state"}), pin.clone()).await;
+    assert_eq!(state["structuredContent"]["thoughtCount"], 100, "{state}");
+
+    // `session`: list, get, search and a ~100 KB export, each answered inline and whole.
+    let list = plain_call(&c, 8, "session", json!({"operation": "list"}), json!({})).await;
+    assert_eq!(list["resultType"], "complete", "{list}");
+    assert!(list["structuredContent"]["sessions"].to_string().contains(&notebook), "{list}");
+    let got = plain_call(&c, 9, "session", json!({"operation": "get", "sessionId": notebook}), json!({})).await;
+    assert_eq!(got["structuredContent"]["thoughts"].as_array().map(Vec::len), Some(100), "get: all 100 thoughts");
+    let search = plain_call(&c, 10, "session", json!({"operation": "search", "query": "0042 "}), json!({})).await;
+    assert!(search["structuredContent"]["hits"].as_array().is_some_and(|h| !h.is_empty()), "{search}");
+    // The current session is the one the request names in its `_meta`.
+    let export = plain_call(&c, 11, "session", json!({"operation": "export", "format": "markdown"}), pin).await;
+    assert_eq!(export["resultType"], "complete", "{}", export.to_string().chars().take(300).collect::<String>());
+    assert!(export["_meta"][meta::NEXT_RESUME_TOKEN].is_null(), "no pages for a client that did not ask");
+    let content = export["content"].as_array().expect("content");
+    assert_eq!(content.len(), 1, "one text block");
+    let document = content[0]["text"].as_str().expect("the export");
+    assert!(document.len() > 100_000, "the whole export: {} bytes", document.len());
+    let mut at = 0;
+    for t in &expected {
+        at += document[at..].find(t.as_str()).expect("every thought, in order") + t.len();
+    }
+
+    // A client that declared roots is asked them (an input_required round) and finds the same session.
+    let with_roots = json!({(meta::PROTOCOL_VERSION): SESSIONLESS, (meta::CLIENT_CAPABILITIES): {"roots": {}}});
+    let load = json!({"name": "init", "arguments": {"operation": "load_context"}, "_meta": with_roots});
+    let (_, round) = send(&c, &request(12, "tools/call", load.clone()), Some("init"), &[]).await;
+    assert_eq!(round["result"]["resultType"], "input_required", "{round}");
+    let (key, asked) = round["result"]["inputRequests"].as_object().and_then(|m| m.iter().next()).expect("one ask");
+    assert_eq!(asked["method"], "roots/list");
+    let mut answered = load;
+    answered["inputResponses"] = json!({(key.as_str()): {"roots": [{"uri": root}]}});
+    answered["requestState"] = round["result"]["requestState"].clone();
+    let (_, loaded) = send(&c, &request(13, "tools/call", answered), Some("init"), &[]).await;
+    assert_eq!(loaded["result"]["structuredContent"]["sessionId"], notebook.as_str(), "{loaded}");
+    let _ = server.kill();
+}

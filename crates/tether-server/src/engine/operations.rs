@@ -11,6 +11,7 @@
 //! module is the operation itself: its record, chunks, work and claims.
 
 mod token;
+pub(super) mod whole;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -77,6 +78,28 @@ pub(super) struct OpRecord {
     pub created_at_ms: i64,
     #[serde(default)]
     pub updated_at_ms: i64,
+    /// The largest chunk its work should push: a page for a client that
+    /// pages, the whole result (up to the cap) for the others. Records
+    /// written before it was kept were all paged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunk_bytes: Option<usize>,
+    /// A sessionless request's `_meta`, which carries what a session would
+    /// hold, for the work to read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_meta: Option<Map<String, Value>>,
+}
+
+/// What a new operation is: who started it, for what, answered how.
+pub(super) struct NewOperation {
+    /// The MCP session that started it; empty for a sessionless request.
+    pub session: String,
+    pub principal: String,
+    pub tool: String,
+    pub arguments: Map<String, Value>,
+    pub binding: String,
+    pub spec: OperationSpec,
+    pub chunk_bytes: usize,
+    pub request_meta: Option<Map<String, Value>>,
 }
 
 /// What the waiting request watches while the work runs in this process.
@@ -106,6 +129,8 @@ pub struct OperationCtx {
     session: String,
     status: watch::Sender<Status>,
     resume_from: u64,
+    chunk_bytes: usize,
+    request_meta: Option<Arc<Map<String, Value>>>,
 }
 
 fn invalid(reason: &str) -> RpcError {
@@ -144,9 +169,17 @@ impl OperationCtx {
         self.resume_from
     }
 
-    /// Largest chunk the server wants (`--result-chunk-bytes`).
+    /// Largest chunk to push: `--result-chunk-bytes` for a client that
+    /// pages, `--max-result-bytes` for one that gets the result whole.
     pub fn chunk_bytes(&self) -> usize {
-        self.inner.config.result_chunk_bytes
+        self.chunk_bytes
+    }
+
+    /// The `_meta` of the sessionless (2026-07-28) request that started the
+    /// operation, which carries what a session would hold; `None` for one
+    /// started in a session.
+    pub fn request_meta(&self) -> Option<&Map<String, Value>> {
+        self.request_meta.as_deref()
     }
 
     /// Stores the next chunk of the result.
@@ -297,6 +330,8 @@ impl Operations {
             session: record.session.clone(),
             status: tx,
             resume_from: record.chunks,
+            chunk_bytes: record.chunk_bytes.unwrap_or(inner.config.result_chunk_bytes),
+            request_meta: record.request_meta.clone().map(Arc::new),
         };
         let (tool, arguments) = (record.tool.clone(), record.arguments.clone());
         let tracker = inner.clone();
@@ -339,24 +374,20 @@ impl Operations {
     }
 }
 
-/// Runs one `tools/call` of a resumable tool (a new call or a resumed one).
-pub(crate) async fn call(
+/// Runs one `tools/call` of a resumable tool for a client that pages (a
+/// new call or a resumed one): one chunk per answer.
+pub(super) async fn call(
     ctx: &RequestCtx,
     runner: Arc<dyn OperationRunner>,
-    tool: &str,
-    arguments: Map<String, Value>,
-    binding: String,
+    new: NewOperation,
     token: Option<&str>,
-    spec: OperationSpec,
 ) -> Result<Value, RpcError> {
     let inner = ctx.inner().clone();
-    let principal = ctx.principal().to_owned();
-    let session = ctx.require_session()?;
     let key = inner.key.get(inner.store.as_ref()).await.map_err(storage)?;
 
     let (id, index) = match token {
         None => {
-            let (raw, _) = create(&inner, runner, session.session_id(), principal, tool, arguments, binding, spec).await?;
+            let (raw, _) = create(&inner, runner, new).await?;
             (raw, 0)
         }
         Some(token) => {
@@ -364,7 +395,7 @@ pub(crate) async fn call(
             let id = hex::encode(raw);
             let record = load(&inner, &id).await?.ok_or_else(|| invalid("unknown or expired token"))?;
             let index = index_of(&key, &raw, &presented, record.chunks).ok_or_else(|| invalid("unknown token"))?;
-            if record.principal != principal || record.binding != binding {
+            if record.principal != new.principal || record.binding != new.binding {
                 return Err(invalid(
                     "it does not match this request (resend the original request, changing only _meta.resumeToken)",
                 ));
@@ -405,27 +436,22 @@ pub(crate) async fn call(
 
 /// Stores a new operation's record (committed before this returns: a
 /// `tasks/get` on any replica finds it) and starts its work here.
-#[allow(clippy::too_many_arguments)]
 pub(super) async fn create(
     inner: &Arc<Inner>,
     runner: Arc<dyn OperationRunner>,
-    session: &str,
-    principal: String,
-    tool: &str,
-    arguments: Map<String, Value>,
-    binding: String,
-    spec: OperationSpec,
+    new: NewOperation,
 ) -> Result<([u8; 16], OpRecord), RpcError> {
+    let NewOperation { session, principal, tool, arguments, binding, spec, chunk_bytes, request_meta } = new;
     // Refused before anything is stored: a refusal leaves no task behind.
     let slot = inner.operations.slot(&principal)?;
     let raw: [u8; 16] = rand::random();
     let id = hex::encode(raw);
     let now = now_ms();
     let record = OpRecord {
-        session: session.to_owned(),
+        session,
         principal,
         binding,
-        tool: tool.to_owned(),
+        tool,
         arguments,
         restartable: spec.restartable,
         state: OpState::Running,
@@ -436,6 +462,8 @@ pub(super) async fn create(
         expires_at_ms: now + inner.config.operation_ttl.as_millis() as i64,
         created_at_ms: now,
         updated_at_ms: now,
+        chunk_bytes: Some(chunk_bytes),
+        request_meta,
     };
     inner
         .store
@@ -443,8 +471,8 @@ pub(super) async fn create(
         .await
         .map_err(storage)?
         .ok_or_else(|| RpcError::internal("operation id collision"))?;
-    if !session.is_empty() {
-        index_for_session(inner, session, &id, record.expires_at_ms).await;
+    if !record.session.is_empty() {
+        index_for_session(inner, &record.session, &id, record.expires_at_ms).await;
     }
     inner.operations.start(inner.clone(), runner, id, &record, slot);
     Ok((raw, record))
@@ -519,6 +547,45 @@ pub(super) async fn orphaned(inner: &Inner, id: &str, record: &OpRecord) -> bool
         && !(inner.store.is_shared() && super::replicas::is_alive(inner, &record.owner).await.unwrap_or(true))
 }
 
+/// Forwards the work's progress to the waiting request when it changed.
+async fn forward_progress(
+    ctx: &RequestCtx,
+    progress: &Option<(f64, Option<f64>, Option<String>)>,
+    last: &mut Option<(f64, Option<f64>, Option<String>)>,
+) {
+    if progress.is_some() && progress != last {
+        if let Some((done, total, message)) = progress {
+            let _ = ctx.progress(*done, *total, message.as_deref()).await;
+        }
+        last.clone_from(progress);
+    }
+}
+
+/// Waits until the work of operation `id`, running here, has finished,
+/// forwarding its progress to the waiting request; at most the operation's
+/// lifetime (`operation_ttl`), after which its record is gone anyway.
+/// Returns at once if it does not run here (it finished already).
+pub(super) async fn wait_finished(ctx: &RequestCtx, inner: &Inner, id: &str) {
+    let Some(mut status) = inner.operations.status(id) else { return };
+    let deadline = tokio::time::Instant::now() + inner.config.operation_ttl;
+    let mut last_progress = None;
+    loop {
+        let (finished, progress) = {
+            let s = status.borrow_and_update();
+            (s.finished, s.progress.clone())
+        };
+        forward_progress(ctx, &progress, &mut last_progress).await;
+        if finished {
+            return;
+        }
+        match tokio::time::timeout_at(deadline, status.changed()).await {
+            Ok(Ok(())) => continue,
+            // The work's task is gone (the process is being interrupted) or the lifetime is over.
+            _ => return,
+        }
+    }
+}
+
 /// Waits (bounded) for chunk `index`, then answers with it or a pending result.
 async fn respond(ctx: &RequestCtx, inner: &Arc<Inner>, key: &[u8; 32], raw: &[u8; 16], index: u64) -> Result<Value, RpcError> {
     let id = hex::encode(raw);
@@ -532,12 +599,7 @@ async fn respond(ctx: &RequestCtx, inner: &Arc<Inner>, key: &[u8; 32], raw: &[u8
                 // answer can say whether this chunk is the last.
                 (s.chunks > index + 1 || s.finished, s.progress.clone())
             };
-            if progress.is_some() && progress != last_progress {
-                if let Some((done, total, message)) = &progress {
-                    let _ = ctx.progress(*done, *total, message.as_deref()).await;
-                }
-                last_progress = progress;
-            }
+            forward_progress(ctx, &progress, &mut last_progress).await;
             if ready {
                 break;
             }

@@ -18,9 +18,10 @@ use serde_json::{Map, Value, json};
 use tether_store::now_ms;
 use tether_wire::{RpcError, code, meta};
 
-use super::operations::{self, OpRecord, OpState, storage};
+use super::operations::whole::assemble;
+use super::operations::{self, NewOperation, OpRecord, OpState};
 use super::{Inner, RequestCtx};
-use crate::app::{OperationRunner, OperationSpec};
+use crate::app::OperationRunner;
 
 /// How often a client should ask `tasks/get` (the spec's `pollIntervalMs`).
 const POLL_INTERVAL: Duration = Duration::from_millis(500);
@@ -58,21 +59,12 @@ fn iso8601(ms: i64) -> String {
 }
 
 /// A `tools/call` of a tool that runs as an operation, from a sessionless
-/// client: the work starts, and the answer is its result if it finishes
-/// within `--resume-wait`, else a task (`resultType: "task"`).
-async fn call(
-    ctx: &RequestCtx,
-    runner: Arc<dyn OperationRunner>,
-    tool: &str,
-    arguments: Map<String, Value>,
-    binding: String,
-    spec: OperationSpec,
-) -> Result<Value, RpcError> {
-    if !declared(ctx) {
-        return Err(extension_required(&format!("`{tool}` runs as a task")));
-    }
+/// client that declared the Tasks extension (the decision is
+/// `operations/whole.rs`'s): the work starts, and the answer is its result if
+/// it finishes within `--resume-wait`, else a task (`resultType: "task"`).
+pub(super) async fn call(ctx: &RequestCtx, runner: Arc<dyn OperationRunner>, new: NewOperation) -> Result<Value, RpcError> {
     let inner = ctx.inner().clone();
-    let (raw, _) = operations::create(&inner, runner, "", ctx.principal().to_owned(), tool, arguments, binding, spec).await?;
+    let (raw, _) = operations::create(&inner, runner, new).await?;
     let id = hex::encode(raw);
     // `--resume-wait 0s`: always a task, however quick the work.
     let wait = inner.config.resume_wait;
@@ -81,7 +73,7 @@ async fn call(
     if finished {
         match record.state {
             OpState::Done => {
-                let result = final_result(&inner, &id, &record).await?;
+                let result = assemble(&inner, &id, &record).await?;
                 operations::finish(&inner, &id, record.chunks).await;
                 return Ok(result);
             }
@@ -98,27 +90,6 @@ async fn call(
 }
 
 impl RequestCtx {
-    /// Runs this sessionless `tools/call` as a durable operation that the
-    /// client follows as a task (`params`: the request's params without
-    /// `_meta`, to which the task is bound): its result if the work ends
-    /// within `--resume-wait`, else `resultType: "task"`. A client that did
-    /// not declare the Tasks extension gets `-32021`.
-    pub async fn call_as_task(
-        &self,
-        runner: Arc<dyn OperationRunner>,
-        params: Map<String, Value>,
-        spec: OperationSpec,
-    ) -> Result<Value, RpcError> {
-        let tool = params.get("name").and_then(Value::as_str).unwrap_or_default().to_owned();
-        let arguments = match params.get("arguments") {
-            None | Some(Value::Null) => Map::new(),
-            Some(Value::Object(a)) => a.clone(),
-            Some(_) => return Err(RpcError::invalid_params("tools/call params.arguments must be an object")),
-        };
-        let binding = operations::binding(self.principal(), "tools/call", &Value::Object(params));
-        call(self, runner, &tool, arguments, binding, spec).await
-    }
-
     /// Answers `tasks/get`, `tasks/update` or `tasks/cancel` of a
     /// sessionless client (`runner` restarts restartable work whose process
     /// died).
@@ -216,7 +187,7 @@ async fn detailed(inner: &Inner, id: &str, record: &OpRecord) -> Result<Value, R
     let mut detailed = task(id, record, inner);
     match record.state {
         OpState::Done => {
-            detailed.insert("result".into(), final_result(inner, id, record).await?);
+            detailed.insert("result".into(), assemble(inner, id, record).await?);
         }
         OpState::Failed => {
             let error = record.error.clone().unwrap_or_else(|| RpcError::internal("the task failed").to_object());
@@ -251,40 +222,6 @@ fn task(id: &str, record: &OpRecord, inner: &Inner) -> Map<String, Value> {
     task.insert("ttlMs".into(), json!(inner.config.operation_ttl.as_millis() as u64));
     task.insert("pollIntervalMs".into(), json!(POLL_INTERVAL.as_millis() as u64));
     task
-}
-
-/// The whole result of a finished operation: its chunks as one
-/// `CallToolResult` (contents in order; the last structured content; an
-/// error if any chunk was one).
-async fn final_result(inner: &Inner, id: &str, record: &OpRecord) -> Result<Value, RpcError> {
-    let mut content = Vec::new();
-    let mut structured = None;
-    let mut is_error = false;
-    for index in 0..record.chunks {
-        let key = operations::chunk_key(id, index);
-        let stored = inner
-            .store
-            .kv_get(operations::CHUNK_NAMESPACE, &key, now_ms())
-            .await
-            .map_err(storage)?
-            .ok_or_else(|| RpcError::internal("the task's result was dropped (it expired)"))?;
-        let chunk: Value = serde_json::from_slice(&stored.value).map_err(|e| RpcError::internal(e.to_string()))?;
-        if let Some(items) = chunk.get("content").and_then(Value::as_array) {
-            content.extend(items.iter().cloned());
-        }
-        if let Some(s) = chunk.get("structuredContent") {
-            structured = Some(s.clone());
-        }
-        is_error |= chunk.get("isError").and_then(Value::as_bool).unwrap_or(false);
-    }
-    let mut result = json!({"content": content});
-    if let Some(s) = structured {
-        result["structuredContent"] = s;
-    }
-    if is_error {
-        result["isError"] = json!(true);
-    }
-    Ok(result)
 }
 
 #[cfg(test)]

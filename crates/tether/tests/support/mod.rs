@@ -627,11 +627,12 @@ impl Client {
         events.last().expect("a response").json()
     }
 
-    /// Follows `nextResumeToken` until the final result; returns every
-    /// response in order (pending ones included).
+    /// A call that asks for pages (`_meta["dev.tether/paging"]`), following
+    /// `nextResumeToken` until the final result; returns every response in
+    /// order (pending ones included).
     pub async fn resume_loop(&self, session: &str, tool: &str, args: &Value) -> Vec<Value> {
         let mut out = Vec::new();
-        let mut resume = json!({});
+        let mut resume = json!({(meta::PAGING): true});
         for round in 0..500u64 {
             let response = self.call_meta(session, 5000 + round, tool, args, resume.clone()).await;
             let next = response["result"]["_meta"][meta::NEXT_RESUME_TOKEN].as_str().map(str::to_owned);
