@@ -23,6 +23,10 @@ use tether_wire::{Inbound, meta};
 /// `once` (not restartable, the same work).
 struct Counting(Arc<AtomicUsize>);
 
+/// The principals whose work ran to its end (any test's, so each test
+/// looks for a principal of its own).
+static ENDED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
 #[async_trait::async_trait]
 impl ToolApp for Counting {
     fn server_info(&self) -> Implementation {
@@ -44,6 +48,7 @@ impl ToolApp for Counting {
             tokio::time::sleep(Duration::from_millis(200)).await;
             ctx.push(CallToolResult::success(vec![ContentBlock::text(format!("{i}"))])).await?;
         }
+        ENDED.lock().unwrap_or_else(|e| e.into_inner()).push(ctx.principal().to_owned());
         Ok(())
     }
 
@@ -240,4 +245,31 @@ async fn a_call_of_a_session_can_be_followed_as_a_task() {
     let done = until_done(&engine, &caller("alice", true), &id).await;
     assert_eq!(done["result"]["status"], "completed", "{done}");
     assert_eq!(get(&engine, caller("bob", true), &id).await["error"]["code"], -32602, "still bound to its principal");
+}
+
+#[tokio::test]
+async fn a_call_answered_whole_whose_client_goes_away_stops_its_work() {
+    let engine = engine_on(memory(), Arc::default());
+    let ended = |who: &str| ENDED.lock().unwrap_or_else(|e| e.into_inner()).iter().filter(|p| *p == who).count();
+    // Waited for to its end: the work ran whole.
+    let whole = ask(&engine, caller("carol", false), "tools/call", json!({"name": "count"})).await;
+    assert_eq!(texts(&whole["result"]), ["0", "1", "2"], "{whole}");
+    assert_eq!(ended("carol"), 1);
+    // The client closes its stream while the work runs: nobody else can
+    // reach the result, so the work stops.
+    let request = SessionlessRequest {
+        endpoint: String::new(),
+        caller: caller("dave", false),
+        id: json!(1),
+        method: "tools/call".into(),
+        params: json!({"name": "count"}).as_object().cloned(),
+        authorization: None,
+        log_level: None,
+        param_headers: Vec::new(),
+    };
+    let reply = engine.call_sessionless(request).await.expect("taken");
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    drop(reply);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(ended("dave"), 0, "the work of a call nobody waits for was stopped");
 }
