@@ -222,12 +222,15 @@ fn connect(
         cut_off: Mutex::new(CutOffs::from_tags(open)),
         next_seq: AtomicU64::new(written + 1),
         left: AtomicBool::new(false),
+        done: Mutex::default(),
+        flush: Notify::new(),
+        closed: AtomicBool::new(false),
     });
     let kill = Arc::new(Notify::new());
     let (writer, write_rx) = mpsc::channel(stdio::WRITE_QUEUE);
     let (exited_tx, exited) = watch::channel(None);
     tether_server::metrics::upstream_processes(upstream_name, 1);
-    tokio::spawn(send_acks(keeper.clone(), child, acked));
+    tokio::spawn(send_acks(kept.clone(), acked));
     tokio::spawn(write_lines(kept.clone(), write_rx));
     tokio::spawn(log_stderr(stderr, shared.clone()));
     let reader = tokio::spawn(read_frames(events, sink, shared.clone(), kept.clone()));
@@ -256,6 +259,12 @@ pub(crate) struct KeptChild {
     /// This engine let go of it for good (it stops or hands over): the
     /// child stays with the keeper.
     left: AtomicBool,
+    /// Tags of requests that ended, for the next `Done`.
+    done: Mutex<Vec<Bytes>>,
+    /// Wakes [`send_acks`] for them, or to end.
+    flush: Notify,
+    /// The connection is over: [`send_acks`] ends.
+    closed: AtomicBool,
 }
 
 impl KeptChild {
@@ -271,10 +280,18 @@ impl KeptChild {
         Bytes::from(tag.to_json().to_string())
     }
 
-    /// The request `tag` named has ended.
+    /// The request `tag` named has ended: the keeper hears it with the
+    /// next acknowledgement ([`send_acks`]).
     pub(crate) fn done(&self, tag: Bytes) {
-        if !tag.is_empty() {
-            self.keeper.done_soon(self.child, tag);
+        if tag.is_empty() {
+            return;
+        }
+        let mut done = self.done.lock();
+        done.push(tag);
+        let wake = done.len() == 1 || done.len() >= DONE_AT_ONCE;
+        drop(done);
+        if wake {
+            self.flush.notify_one();
         }
     }
 
@@ -295,11 +312,38 @@ impl KeptChild {
     }
 }
 
-/// Acknowledges frames as they stop being needed.
-async fn send_acks(keeper: Arc<Keeper>, child: u64, mut acked: watch::Receiver<u64>) {
-    while acked.changed().await.is_ok() {
+/// How long acknowledgements and ended requests' tags gather before they
+/// go to the keeper in one frame each: many calls' worth, not one a call.
+/// (An acknowledgement frees the keeper's memory only; a tag's end only
+/// spares it a look after a crash.)
+const GATHER: Duration = Duration::from_millis(10);
+/// Ended requests' tags that go at once, without gathering longer.
+const DONE_AT_ONCE: usize = 1024;
+
+/// Acknowledges frames as they stop being needed and tells the keeper the
+/// requests that ended, gathered for [`GATHER`].
+async fn send_acks(kept: Arc<KeptChild>, mut acked: watch::Receiver<u64>) {
+    let mut sent = 0;
+    loop {
+        tokio::select! {
+            changed = acked.changed() => if changed.is_err() { return },
+            () = kept.flush.notified() => {}
+        }
+        if kept.closed.load(Ordering::Acquire) {
+            return;
+        }
+        if kept.done.lock().len() < DONE_AT_ONCE {
+            tokio::time::sleep(GATHER).await;
+        }
         let upto = *acked.borrow_and_update();
-        if keeper.ack(child, upto).await.is_err() {
+        if upto > sent {
+            sent = upto;
+            if kept.keeper.ack(kept.child, upto).await.is_err() {
+                return;
+            }
+        }
+        let tags = std::mem::take(&mut *kept.done.lock());
+        if !tags.is_empty() && kept.keeper.done(kept.child, tags).await.is_err() {
             return;
         }
     }
@@ -386,4 +430,6 @@ async fn supervise(
         }
     };
     stdio::gone(&shared, permit, &exited, description);
+    kept.closed.store(true, Ordering::Release);
+    kept.flush.notify_one();
 }

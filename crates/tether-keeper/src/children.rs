@@ -436,8 +436,14 @@ async fn read_stdout(inner: Arc<Inner>, child: Arc<Child>, stdout: pipe::Receive
     inner.settle(&child);
 }
 
+/// Lines written before the engine hears of them (`Written`), at most: one
+/// frame for many lines, and far below the engine's window
+/// ([`crate::client::WRITE_WINDOW`]), which therefore always reopens.
+pub const WRITTEN_EVERY: u64 = 64;
+
 async fn write_stdin(child: Arc<Child>, stdin: pipe::Sender, mut lines: mpsc::Receiver<(u64, Bytes)>) {
     let mut out = BufWriter::new(stdin);
+    let mut reported = 0u64;
     while let Some((mut seq, line)) = lines.recv().await {
         let mut next = Some((seq, line));
         let result = async {
@@ -459,7 +465,8 @@ async fn write_stdin(child: Arc<Child>, stdin: pipe::Sender, mut lines: mpsc::Re
             st.written = seq;
             st.holder.clone()
         };
-        if let Some(holder) = holder {
+        if let Some(holder) = holder.filter(|_| seq >= reported + WRITTEN_EVERY) {
+            reported = seq;
             let _ = holder.out.send(Out::Msg(ToEngine::Written { child: child.id, seq })).await;
         }
     }

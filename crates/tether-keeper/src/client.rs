@@ -42,7 +42,9 @@ pub const PID_ENV: &str = "TETHER_KEEPER_PID";
 
 /// Frames to the keeper waiting to be written, at most.
 pub const OUT_QUEUE: usize = 1024;
-/// Lines written to one child's stdin the keeper has not confirmed, at most.
+/// Lines written to one child's stdin the keeper has not confirmed, at most
+/// (the keeper confirms every [`crate::children::WRITTEN_EVERY`] lines, fewer
+/// than this, so the window always reopens).
 pub const WRITE_WINDOW: usize = 256;
 /// Stderr lines of one child waiting to be logged, at most.
 pub const STDERR_QUEUE: usize = 256;
@@ -284,18 +286,9 @@ impl Keeper {
         self.send(&ToKeeper::Ack { child, upto }).await
     }
 
-    /// The request `tag` named has ended.
-    pub async fn done(&self, child: u64, tag: Bytes) -> Result<(), String> {
-        self.send(&ToKeeper::Done { child, tag }).await
-    }
-
-    /// [`Keeper::done`] without waiting: dropped (with a debug line) when
-    /// [`OUT_QUEUE`] frames wait already; the keeper then keeps the tag
-    /// until its bound pushes it out.
-    pub fn done_soon(&self, child: u64, tag: Bytes) {
-        if self.out.try_send(proto::frame(&ToKeeper::Done { child, tag })).is_err() {
-            tracing::debug!(child, "the keeper's queue is full; a request's tag stays open there");
-        }
+    /// The requests these tags named have ended.
+    pub async fn done(&self, child: u64, tags: Vec<Bytes>) -> Result<(), String> {
+        self.send(&ToKeeper::Done { child, tags }).await
     }
 
     /// Lets go of a child: it lives on for the next engine.

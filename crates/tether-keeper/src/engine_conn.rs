@@ -212,9 +212,9 @@ impl Children {
                 c.room.notify_one();
                 self.inner.settle(&c);
             }
-            ToKeeper::Done { child, tag } => {
+            ToKeeper::Done { child, tags } => {
                 if let Some(c) = self.inner.held_by(conn, child) {
-                    c.state.lock().open.retain(|t| *t != tag);
+                    c.state.lock().open.retain(|t| !tags.contains(t));
                 }
             }
             ToKeeper::Release { child } => {

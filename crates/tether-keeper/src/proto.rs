@@ -79,8 +79,9 @@ pub enum ToKeeper {
     Write { child: u64, seq: u64, tag: Bytes, line: Bytes },
     /// Every stdout frame up to `upto` is stored: the keeper lets go of it.
     Ack { child: u64, upto: u64 },
-    /// The request `tag` named has ended: forget the tag.
-    Done { child: u64, tag: Bytes },
+    /// The requests these tags named have ended: forget the tags (an
+    /// engine gathers them, a frame now and then rather than one a call).
+    Done { child: u64, tags: Vec<Bytes> },
     /// This engine lets go of the child; it lives on for the next one.
     Release { child: u64 },
     /// Stop the child (its whole process group).
@@ -393,10 +394,10 @@ impl Message for ToKeeper {
                 out.put_u64_le(*child);
                 out.put_u64_le(*upto);
             }
-            Self::Done { child, tag } => {
+            Self::Done { child, tags } => {
                 out.put_u8(6);
                 out.put_u64_le(*child);
-                put_bytes(out, tag);
+                put_list(out, tags, |o, t| put_bytes(o, t));
             }
             Self::Release { child } => {
                 out.put_u8(7);
@@ -421,7 +422,7 @@ impl Message for ToKeeper {
             3 => Self::Attach { child: u64_of(b)?, after: u64_of(b)? },
             4 => Self::Write { child: u64_of(b)?, seq: u64_of(b)?, tag: bytes_of(b)?, line: bytes_of(b)? },
             5 => Self::Ack { child: u64_of(b)?, upto: u64_of(b)? },
-            6 => Self::Done { child: u64_of(b)?, tag: bytes_of(b)? },
+            6 => Self::Done { child: u64_of(b)?, tags: list_of(b, bytes_of)? },
             7 => Self::Release { child: u64_of(b)? },
             8 => Self::Stop { child: u64_of(b)? },
             9 => Self::Status { req: u64_of(b)? },
@@ -560,7 +561,7 @@ mod tests {
             ToKeeper::Attach { child: 3, after: 9 },
             ToKeeper::Write { child: 3, seq: 10, tag: Bytes::from_static(b"s/r1"), line: Bytes::from_static(b"{}") },
             ToKeeper::Ack { child: 3, upto: 10 },
-            ToKeeper::Done { child: 3, tag: Bytes::from_static(b"s/r1") },
+            ToKeeper::Done { child: 3, tags: vec![Bytes::from_static(b"s/r1"), Bytes::from_static(b"s/r2")] },
             ToKeeper::Release { child: 3 },
             ToKeeper::Stop { child: 3 },
             ToKeeper::Status { req: 4 },
