@@ -41,8 +41,8 @@ use crate::proto;
 pub const BACKLOG: i32 = 4096;
 pub const BACKOFF_FIRST: Duration = Duration::from_millis(100);
 pub const BACKOFF_MAX: Duration = Duration::from_secs(5);
-/// An engine up this long was healthy: the next restart starts from
-/// [`BACKOFF_FIRST`] again.
+/// An engine up this long was healthy: it is restarted at once, and the
+/// wait for one that dies earlier starts from [`BACKOFF_FIRST`] again.
 pub const STEADY: Duration = Duration::from_secs(30);
 /// How long children get between SIGTERM and SIGKILL when the keeper stops.
 pub const CHILD_GRACE: Duration = Duration::from_secs(5);
@@ -217,16 +217,22 @@ impl Keeper {
                         tracing::info!("the engine (pid {}) handed over and {how}: starting the new one", ended.pid);
                         next_start = Some(tokio::time::Instant::now());
                     } else {
-                        if up >= STEADY {
+                        // An engine that ran steadily is restarted at once;
+                        // one that keeps dying early, after a doubling wait.
+                        let wait = if up >= STEADY {
                             backoff = BACKOFF_FIRST;
-                        }
+                            Duration::ZERO
+                        } else {
+                            let wait = backoff;
+                            backoff = (backoff * 2).min(BACKOFF_MAX);
+                            wait
+                        };
                         tracing::warn!(
-                            "the engine (pid {}) {how} after {:.1} s up; restarting it in {backoff:?} (restart {epoch}); its sockets and children are kept",
+                            "the engine (pid {}) {how} after {:.1} s up; restarting it in {wait:?} (restart {epoch}); its sockets and children are kept",
                             ended.pid,
                             up.as_secs_f64()
                         );
-                        next_start = Some(tokio::time::Instant::now() + backoff);
-                        backoff = (backoff * 2).min(BACKOFF_MAX);
+                        next_start = Some(tokio::time::Instant::now() + wait);
                     }
                 }
                 () = sleep_until(next_start), if engine.is_none() => {}
