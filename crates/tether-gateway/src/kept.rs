@@ -413,7 +413,10 @@ async fn supervise(
     let description = tokio::select! {
         ended = &mut reader => match ended {
             Ok(Some(status)) => status,
-            _ => "was lost with the keeper".to_owned(),
+            // The keeper died: this engine is being killed with it
+            // (`PR_SET_PDEATHSIG`). Its calls must not end here with an
+            // error that could be stored first: nothing more happens.
+            _ => return std::future::pending().await,
         },
         () = kill.notified() => {
             if kept.left.load(Ordering::Acquire) {

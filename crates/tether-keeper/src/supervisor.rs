@@ -68,7 +68,7 @@ pub struct KeeperConfig {
 pub fn run(config: KeeperConfig) -> i32 {
     let mut listeners = Vec::new();
     for (name, addr) in &config.listeners {
-        match bind(*addr) {
+        match bind_when_free(*addr) {
             Ok(fd) => {
                 let listener = std::net::TcpListener::from(fd);
                 match listener.local_addr() {
@@ -92,6 +92,31 @@ pub fn run(config: KeeperConfig) -> i32 {
     };
     // Inside the runtime: the children's sweep starts on it.
     runtime.block_on(async move { Keeper::new(config, listeners).run().await })
+}
+
+/// How long a port in use is tried again: the processes of a server
+/// killed just before (its engine, which dies with its keeper a moment
+/// later) may still hold it.
+pub const BIND_RETRY: Duration = Duration::from_secs(3);
+
+/// [`bind`], trying a port in use again for [`BIND_RETRY`].
+fn bind_when_free(addr: SocketAddr) -> std::io::Result<OwnedFd> {
+    let started = Instant::now();
+    let mut said = false;
+    loop {
+        match bind(addr) {
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && started.elapsed() < BIND_RETRY => {
+                if !said {
+                    said = true;
+                    tracing::info!(
+                        "{addr} is in use; trying again for {BIND_RETRY:?} (a server stopped just now may still be exiting)"
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            other => return other,
+        }
+    }
 }
 
 fn bind(addr: SocketAddr) -> std::io::Result<OwnedFd> {

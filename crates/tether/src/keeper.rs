@@ -48,6 +48,18 @@ fn supervise(_: Vec<(String, std::net::SocketAddr)>, _: std::path::PathBuf, _: V
     std::process::ExitCode::FAILURE
 }
 
+/// The engine's side: when the keeper's control socket closes, the keeper
+/// is dead and the kernel is about to kill this engine too
+/// (`PR_SET_PDEATHSIG`); it exits at once rather than act on children it
+/// no longer has (as a `kill -9` would end it).
+pub fn die_with(keeper: std::sync::Arc<tether_keeper::client::Keeper>) {
+    tokio::spawn(async move {
+        keeper.gone().await;
+        tracing::error!("the keeper is gone: this engine stops with it");
+        std::process::exit(1);
+    });
+}
+
 /// How often the engine asks its keeper for its counts (for `/metrics`).
 const STATUS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
