@@ -85,6 +85,9 @@ struct Args {
     /// gateway_http: the bare TCP relay (default: `relay_floor` next to this binary).
     #[arg(long)]
     relay_floor: Option<PathBuf>,
+    /// gateway_stdio: the bare stdio relay (default: `stdio_relay` next to this binary).
+    #[arg(long)]
+    stdio_relay: Option<PathBuf>,
     /// Node.js for the TypeScript SDK reference.
     #[arg(long, default_value = "node")]
     node: PathBuf,
@@ -117,7 +120,7 @@ struct Args {
     /// Systems to run, comma-separated, in this order. Each scenario runs
     /// those of its systems that are listed: gateway_http tether-gateway,
     /// rmcp-direct and relay-floor, gateway_stdio tether-gateway,
-    /// tether-gateway-no-keeper, supergateway and mcp-proxy,
+    /// tether-gateway-no-keeper, tether-gateway-stdio-relay, supergateway and mcp-proxy,
     /// gateway_memory, gateway_federated and engine_restart tether-gateway,
     /// tools_call_modern tether-sqlite and tether-sqlite-modern,
     /// tools_call_oauth tether-sqlite-token and tether-sqlite-oauth,
@@ -126,7 +129,7 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "tether-memory,tether-sqlite,tether-redis,rmcp,ts-sdk,axum-floor,tether-gateway,tether-gateway-no-keeper,rmcp-direct,relay-floor,supergateway,mcp-proxy,tether-sqlite-modern,tether-sqlite-token,tether-sqlite-oauth"
+        default_value = "tether-memory,tether-sqlite,tether-redis,rmcp,ts-sdk,axum-floor,tether-gateway,tether-gateway-no-keeper,tether-gateway-stdio-relay,rmcp-direct,relay-floor,supergateway,mcp-proxy,tether-sqlite-modern,tether-sqlite-token,tether-sqlite-oauth"
     )]
     systems: Vec<System>,
     /// Scenarios to run, comma-separated.
@@ -260,6 +263,7 @@ async fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
         rmcp_ref: args.rmcp_ref.clone().unwrap_or_else(|| sibling("rmcp_ref")),
         axum_floor: args.axum_floor.clone().unwrap_or_else(|| sibling("axum_floor")),
         relay_floor: args.relay_floor.clone().unwrap_or_else(|| sibling("relay_floor")),
+        stdio_relay: args.stdio_relay.clone().unwrap_or_else(|| sibling("stdio_relay")),
         node: args.node.clone(),
         ts_server: args.ts_server.clone(),
         redis_url: args.redis.clone(),

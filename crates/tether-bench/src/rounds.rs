@@ -11,7 +11,7 @@ use crate::load;
 use crate::report::{Row, round};
 use crate::running::start_for;
 use crate::scenario::Scenario;
-use crate::server::{Programs, Protocol, Subject};
+use crate::server::{Programs, Protocol, Subject, System};
 
 /// The row of one system and client count from its tools_call rounds: the
 /// round with the median requests/s, with the spread and every round's
@@ -87,7 +87,13 @@ pub(crate) async fn interleaved(args: &Args, programs: &Programs, participants: 
                 Err(e) => Err(e),
             };
             // With a keeper, its engine's CPU too (the engine runs throughout: none is killed here).
-            let pids = server.processes().unwrap_or_else(|_| vec![server.pid()]);
+            let mut pids = server.processes().unwrap_or_else(|_| vec![server.pid()]);
+            // tether-gateway-stdio-relay: its relays' CPU too (each a child of
+            // tether, open with its session), as the keeper's is counted for
+            // tether-gateway; the echo servers behind them are not, as nowhere.
+            if subject.system == System::TetherGatewayStdioRelay {
+                pids.extend(server.children().unwrap_or_default());
+            }
             match warmed {
                 Ok((load, warm_up)) if warm_up.errors == 0 => {
                     loads.push((scenario, subject, pids, load, Vec::with_capacity(args.rounds)))

@@ -99,7 +99,14 @@ impl Scenario {
             }
             Scenario::GatewayHttp => matches!(system, System::TetherGateway | System::RmcpDirect | System::RelayFloor),
             Scenario::GatewayStdio => {
-                matches!(system, System::TetherGateway | System::TetherGatewayNoKeeper | System::Supergateway | System::McpProxy)
+                matches!(
+                    system,
+                    System::TetherGateway
+                        | System::TetherGatewayNoKeeper
+                        | System::TetherGatewayStdioRelay
+                        | System::Supergateway
+                        | System::McpProxy
+                )
             }
             Scenario::GatewayMemory | Scenario::GatewayFederated | Scenario::EngineRestart => system == System::TetherGateway,
             Scenario::ToolsCallModern => matches!(system, System::TetherSqlite | System::TetherSqliteModern),

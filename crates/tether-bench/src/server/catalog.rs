@@ -51,6 +51,10 @@ pub enum System {
     /// gateway_stdio: tether-gateway with `--no-keeper`: one process, its
     /// stdio children its own (the direct pipes the keeper is measured against).
     TetherGatewayNoKeeper,
+    /// gateway_stdio: tether-gateway-no-keeper whose stdio command is
+    /// `stdio_relay` running `stdio_echo`: a bare process hop that copies
+    /// bytes both ways, the floor under the keeper's hop.
+    TetherGatewayStdioRelay,
     /// gateway_http: `rmcp_ref` called directly (what tether-gateway fronts).
     RmcpDirect,
     /// gateway_http: `relay_floor`, a bare TCP relay, in front of an
@@ -112,7 +116,7 @@ pub enum Protocol {
 }
 
 impl System {
-    pub const ALL: [System; 19] = [
+    pub const ALL: [System; 20] = [
         System::TetherMemory,
         System::TetherSqlite,
         System::TetherSqliteNometrics,
@@ -125,6 +129,7 @@ impl System {
         System::AxumFloor,
         System::TetherGateway,
         System::TetherGatewayNoKeeper,
+        System::TetherGatewayStdioRelay,
         System::RmcpDirect,
         System::RelayFloor,
         System::Supergateway,
@@ -148,6 +153,7 @@ impl System {
             System::AxumFloor => "axum-floor",
             System::TetherGateway => "tether-gateway",
             System::TetherGatewayNoKeeper => "tether-gateway-no-keeper",
+            System::TetherGatewayStdioRelay => "tether-gateway-stdio-relay",
             System::RmcpDirect => "rmcp-direct",
             System::RelayFloor => "relay-floor",
             System::Supergateway => "supergateway",
@@ -169,6 +175,7 @@ impl System {
             self,
             System::TetherGateway
                 | System::TetherGatewayNoKeeper
+                | System::TetherGatewayStdioRelay
                 | System::RmcpDirect
                 | System::RelayFloor
                 | System::Supergateway
@@ -204,6 +211,7 @@ impl System {
                 | System::TetherRedisStrict
                 | System::TetherGateway
                 | System::TetherGatewayNoKeeper
+                | System::TetherGatewayStdioRelay
                 | System::TetherSqliteModern
                 | System::TetherSqliteToken
                 | System::TetherSqliteOauth
@@ -233,6 +241,8 @@ pub struct Programs {
     pub rmcp_ref: PathBuf,
     pub axum_floor: PathBuf,
     pub relay_floor: PathBuf,
+    /// gateway_stdio: the bare stdio relay (`stdio_relay`) of tether-gateway-stdio-relay.
+    pub stdio_relay: PathBuf,
     pub node: PathBuf,
     pub ts_server: PathBuf,
     pub redis_url: String,
@@ -409,6 +419,7 @@ impl Launch {
             | System::TetherRedisStrict
             | System::TetherGateway
             | System::TetherGatewayNoKeeper
+            | System::TetherGatewayStdioRelay
             | System::TetherSqliteModern
             | System::TetherSqliteToken
             | System::TetherSqliteOauth => {
@@ -433,14 +444,21 @@ impl Launch {
                     System::TetherRedisStrict => {
                         cmd.args(["--durability", "strict", "--redis-replicas", "1"]);
                     }
-                    System::TetherGatewayNoKeeper => {
+                    System::TetherGatewayNoKeeper | System::TetherGatewayStdioRelay => {
                         cmd.arg("--no-keeper");
                     }
                     _ => {}
                 }
-                if matches!(self.subject.system, System::TetherGateway | System::TetherGatewayNoKeeper) {
+                if matches!(
+                    self.subject.system,
+                    System::TetherGateway | System::TetherGatewayNoKeeper | System::TetherGatewayStdioRelay
+                ) {
                     let target = match &self.upstream {
                         Some(Upstream::Url(url)) => url.clone(),
+                        Some(Upstream::Stdio(_)) if self.subject.system == System::TetherGatewayStdioRelay => {
+                            let relay = existing(&programs.stdio_relay, "cargo build --release -p tether-bench")?;
+                            relay_command(relay, self.stdio_upstream()?)
+                        }
                         Some(Upstream::Stdio(_)) => format!("stdio:{}", shell_quote(&self.stdio_upstream()?.to_string_lossy())),
                         Some(Upstream::Config(file) | Upstream::StdioConfig(file)) => {
                             cmd.arg("--config").arg(existing(file, "written by the bench")?);
@@ -525,11 +543,24 @@ impl Launch {
     /// What follows the URL the server prints to make its MCP endpoint.
     pub(super) fn endpoint_suffix(&self) -> String {
         match (self.subject.system, &self.upstream) {
-            (System::TetherGateway | System::TetherGatewayNoKeeper, Some(Upstream::Config(_))) => format!("/{FEDERATED_SERVER}"),
-            (System::TetherGateway | System::TetherGatewayNoKeeper, _) => format!("/{GATEWAY_UPSTREAM}"),
+            (
+                System::TetherGateway | System::TetherGatewayNoKeeper | System::TetherGatewayStdioRelay,
+                Some(Upstream::Config(_)),
+            ) => {
+                format!("/{FEDERATED_SERVER}")
+            }
+            (System::TetherGateway | System::TetherGatewayNoKeeper | System::TetherGatewayStdioRelay, _) => {
+                format!("/{GATEWAY_UPSTREAM}")
+            }
             _ => String::new(),
         }
     }
+}
+
+/// tether-gateway-stdio-relay's `--upstream` target: `program` run by the
+/// stdio relay (`stdio:RELAY PROGRAM`, each a word of its own).
+fn relay_command(relay: &Path, program: &Path) -> String {
+    format!("stdio:{} {}", shell_quote(&relay.to_string_lossy()), shell_quote(&program.to_string_lossy()))
 }
 
 /// `text` as one word for a POSIX shell (and for tether's shell-like split).
@@ -547,7 +578,7 @@ fn existing<'a>(path: &'a Path, hint: &str) -> anyhow::Result<&'a Path> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Upstream, federated_config, shell_quote, stdio_config};
+    use super::{Upstream, federated_config, relay_command, shell_quote, stdio_config};
     use crate::server::origin;
 
     #[test]
@@ -576,5 +607,10 @@ mod tests {
         assert_eq!(origin("http://127.0.0.1:4567"), "http://127.0.0.1:4567");
         assert_eq!(shell_quote("/work/target/release/stdio_echo"), "/work/target/release/stdio_echo");
         assert_eq!(shell_quote("/a b/it's"), "'/a b/it'\\''s'");
+        // The stdio relay's floor: the relay runs the echo server, each path a word.
+        assert_eq!(
+            relay_command("/t/stdio_relay".as_ref(), "/a b/stdio_echo".as_ref()),
+            "stdio:/t/stdio_relay '/a b/stdio_echo'"
+        );
     }
 }

@@ -37,6 +37,7 @@ impl Store {
             | System::TetherSqliteNometrics
             | System::TetherGateway
             | System::TetherGatewayNoKeeper
+            | System::TetherGatewayStdioRelay
             | System::TetherSqliteModern
             | System::TetherSqliteToken
             | System::TetherSqliteOauth => {
