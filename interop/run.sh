@@ -22,8 +22,7 @@
 #                         (names = "prefix": tools and prompts as MEMBER__NAME)
 # FastMCP's Client (PyPI fastmcp, a venv in interop/.cache/fastmcp-venv) and
 # MCP Inspector's CLI (npm ci into interop/inspector/node_modules) run checks
-# of their own on /mcp and /mcp/pystdio (those of the sessionless notebook only
-# with INTEROP_SESSIONLESS_NOTEBOOK=1). It
+# of their own on /mcp and /mcp/pystdio. It
 # waits for /healthz, runs every check (the gateway durability check kills
 # tether with -9 and restarts it on the same SQLite file); then starts an
 # authorization server (interop/oauth/provider.mjs, oidc-provider) and a second
@@ -461,16 +460,12 @@ run_check inspector-gw-modern 90 "$VPY" "$PY/inspector_cli.py" "$INSPECTOR" "$UR
 # The whole notebook for clients that declare no extension in the sessionless
 # era (init and session for FastMCP's default mode and the Inspector CLI's
 # modern era), and results over 64 KiB whole (a ~104 KB session export) in
-# both eras. Off until tether serves them: INTEROP_SESSIONLESS_NOTEBOOK=1 runs them.
-if [ "${INTEROP_SESSIONLESS_NOTEBOOK:-0}" = 1 ]; then
-    for check in init session init-no-root export-100k-default export-100k-session; do
-        run_check "fastmcp-default-$check" 120 "$FMPY" "$PY/fastmcp_default.py" "$URL" "$check"
-    done
-    run_check inspector-notebook-modern-init 90 "$VPY" "$PY/inspector_cli.py" "$INSPECTOR" "$URL" notebook-modern-init
-    run_check inspector-export-100k 120 "$VPY" "$PY/inspector_cli.py" "$INSPECTOR" "$URL" export-100k
-else
-    echo "interop: the sessionless notebook's checks (interop/py/fastmcp_default.py, inspector-notebook-modern-init, inspector-export-100k) are off; INTEROP_SESSIONLESS_NOTEBOOK=1 runs them"
-fi
+# both eras.
+for check in init session init-no-root export-100k-default export-100k-session; do
+    run_check "fastmcp-default-$check" 120 "$FMPY" "$PY/fastmcp_default.py" "$URL" "$check"
+done
+run_check inspector-notebook-modern-init 90 "$VPY" "$PY/inspector_cli.py" "$INSPECTOR" "$URL" notebook-modern-init
+run_check inspector-export-100k 120 "$VPY" "$PY/inspector_cli.py" "$INSPECTOR" "$URL" export-100k
 # Durability through the gateway: a session on /mcp/everything, kill -9 of
 # tether, a restart on the same SQLite file with the same flags; the same
 # Mcp-Session-Id goes on without initialize.

@@ -178,11 +178,14 @@ impl Notebook {
         let RootsView { reported, bound } = roots::ensure(ctx).await?;
         let Some(root) = bound else {
             let known: Vec<String> = reported.unwrap_or_default().into_iter().map(|r| r.uri).collect();
-            return Ok(context_result(
-                false,
-                None,
-                format!("No root is bound: call init bind_root with one of [{}], or pass sessionId", known.join(", ")),
-            ));
+            let message = if known.is_empty() {
+                "No root is bound, and the client lists no roots: add your project's directory as a root in the \
+                 client, or pass sessionId (see init list_sessions)"
+                    .to_owned()
+            } else {
+                format!("No root is bound: call init bind_root with one of [{}], or pass sessionId", known.join(", "))
+            };
+            return Ok(context_result(false, None, message));
         };
         match self.repo.latest_for_root(principal, &root).await.map_err(repo_error)? {
             Some(session) => {

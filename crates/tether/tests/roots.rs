@@ -261,3 +261,18 @@ async fn session_tool_lists_gets_searches_and_exports() {
         assert_eq!(parsed["thoughts"][1]["thought"], "Use 100% of 50_ms");
     }
 }
+
+#[tokio::test]
+async fn a_client_that_declares_roots_but_lists_none_is_told_what_to_do() {
+    let server = TestServer::start(Backend::Memory, AppKind::Notebook, quick_config()).await;
+    let c = Client::new(&server.url);
+    let mut agent = Agent::connect(&c, Some(roots(&[]))).await;
+    let loaded = agent.init(json!({"operation": "load_context"})).await;
+    let s = structured(&loaded);
+    assert_eq!(s["success"], false, "{loaded}");
+    let message = s["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("lists no roots") && message.contains("sessionId") && !message.contains("[]"),
+        "an empty roots list gets advice, not `one of []`: {message}"
+    );
+}
