@@ -473,3 +473,25 @@ async fn an_upgrade_whose_drain_runs_out_leaves_the_calls_to_the_new_engine_and_
     assert!(log.contains("the request is left to the next process"), "the drain ran out and left them:\n{log}");
     assert!(!log.contains("interrupted by a server restart"), "none ended interrupted");
 }
+
+#[tokio::test]
+async fn with_no_keeper_tether_serve_is_one_process_and_its_children_are_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("t.db");
+    let (tether, url) = Tether::start(&db, &["--upstream", &upstream_flag("state"), "--no-keeper"]);
+    let server = tether.0.id();
+    let c = Client::new(&format!("{url}/state"));
+    let sid = initialized(&c, "one-process").await;
+    let (pid, count, _) = counter(&c.call(&sid, 1, "counter", json!({})).await);
+    assert_eq!(count, 1);
+    assert_eq!(engine_of(server), None, "no engine process: {:?}", children_of(server));
+    assert!(children_of(server).iter().any(|(p, _)| *p == pid), "the child is the server's own");
+    // A crash ends the child with the process; the session carries on with a new one.
+    tether.crash();
+    gone(pid).await;
+    let (_tether, url) = Tether::start(&db, &["--upstream", &upstream_flag("state"), "--no-keeper"]);
+    let c = Client::new(&format!("{url}/state"));
+    let (again, count, inits) = counter(&c.call(&sid, 2, "counter", json!({})).await);
+    assert_ne!(again, pid);
+    assert_eq!((count, inits), (1, 1), "a new child, initialized as the client initialized the session");
+}
