@@ -368,6 +368,9 @@ else
 fi
 run_check py-legacy 90 "$VPY" "$PY/client.py" "$URL" legacy
 run_check py-auto 90 "$VPY" "$PY/client.py" "$URL" auto
+# The same default mode through the whole notebook: init start_new with a root,
+# 100 thoughts, session list/get/search, a ~112 KB export whole, load_context by root.
+run_check py-auto-notebook 150 "$VPY" "$PY/client.py" "$URL" auto-notebook
 # The sessionless revision (2026-07-28) on the same endpoint; and through the
 # gateway to a session-era stdio server (the Python SDK fixture): discover,
 # calls, and the upstream's roots/list as an input_required round.

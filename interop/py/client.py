@@ -2,14 +2,22 @@
 """Interop checks: the official MCP Python SDK client (``mcp`` 2.x) against tether.
 
 usage: client.py URL [CHECK ...]
-       CHECK: legacy | auto | modern | gw-auto | gw-roots-modern | gw-legacy-to-modern | no-header | roots
-       (default: legacy auto modern no-header roots)
+       CHECK: legacy | auto | auto-notebook | modern | roots-modern | gw-auto | gw-roots-modern
+              | gw-legacy-to-modern | no-header | roots
+       (default: legacy auto auto-notebook modern no-header roots roots-modern)
 
   legacy     Client(..., mode="legacy"): initialize handshake, tools/list, tools/call thought.
   auto       Client(...) with the default mode="auto": the SDK probes server/discover
              (protocol 2026-07-28), tether answers it, and the SDK goes on sessionless:
              no initialize, no session, no DELETE; tools/list, tools/call thought, whose
              result names the notebook session in _meta.
+  auto-notebook  the whole notebook for Client(...) in that default mode (sessionless):
+             init start_new with an explicit root (a file:// URI), 100 thoughts of 1,100
+             characters in that notebook session (named in _meta), session list, get,
+             search and export; the export is one text block of over 100,000 bytes with
+             the first and the last thought and no _meta.nextResumeToken (whole, not
+             paged); a second Client's init load_context with the same root finds that
+             notebook session. No initialize, GET or DELETE in its HTTP log.
   modern     Client(..., mode="2026-07-28"): the same, without the probe's choice.
   roots-modern  Client(..., mode="2026-07-28", list_roots_callback=...): a sessionless
              thought without a notebook session makes tether ask roots/list through an
@@ -39,9 +47,11 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import traceback
 import urllib.error
 import urllib.request
+import uuid
 from typing import Any
 
 import anyio
@@ -59,6 +69,10 @@ THOUGHT_ARGS: dict[str, Any] = {
     "nextThoughtNeeded": True,
 }
 TIMEOUT_S = 60
+# auto-notebook: 100 thoughts of 1,100 characters, so that the export is over 100 KB
+NOTEBOOK_THOUGHTS = 100
+NOTEBOOK_THOUGHT_CHARS = 1100
+NOTEBOOK_TIMEOUT_S = 120
 
 
 class CheckFailed(Exception):
@@ -215,6 +229,124 @@ async def sdk_check(url: str, mode: str, expect: str) -> str:
     if fallback:
         detail += f" ({fallback}, then initialize)"
     return detail
+
+
+def first_check_failed(e: BaseException) -> CheckFailed | None:
+    """The CheckFailed in e, or in the exception groups e wraps it in."""
+    if isinstance(e, CheckFailed):
+        return e
+    for inner in getattr(e, "exceptions", ()):
+        found = first_check_failed(inner)
+        if found:
+            return found
+    return None
+
+
+def notebook_thought(run: str, i: int) -> str:
+    """Thought i of an auto-notebook run: unique to the run, NOTEBOOK_THOUGHT_CHARS long."""
+    head = f"py auto notebook {run} thought {i:03d} "
+    return head + "y" * (NOTEBOOK_THOUGHT_CHARS - len(head))
+
+
+async def auto_notebook_check(url: str) -> str:
+    """The whole notebook for the SDK's default mode (sessionless): every tool, a large export whole."""
+    run = uuid.uuid4().hex[:8]
+    root = f"file:///tmp/interop-py-auto-{run}"
+    title = f"python sdk default mode {run}"
+    first, last = notebook_thought(run, 1), notebook_thought(run, NOTEBOOK_THOUGHTS)
+
+    async def call(client: Client, tool: str, args: dict[str, Any], meta: dict[str, Any] | None = None) -> Any:
+        result = await client.call_tool(tool, args, meta=meta)
+        text = "".join(getattr(c, "text", "") for c in result.content)
+        label = {k: (v if len(str(v)) < 80 else f"{str(v)[:40]}...") for k, v in args.items()}
+        check(not result.is_error, f"{tool} {label}: isError: {text[:500]!r}")
+        return result
+
+    log = HttpLog()
+    started_at = time.monotonic()
+    try:
+        with anyio.fail_after(NOTEBOOK_TIMEOUT_S):
+            async with log.client() as http:
+                client = Client(streamable_http_client(url, http_client=http))  # the default mode
+                check(client.mode == "auto", f"Client.mode is {client.mode!r}, want the default 'auto'")
+                async with client:
+                    check(client.protocol_version == MODERN_VERSION,
+                          f"the default mode negotiated {client.protocol_version!r}, want {MODERN_VERSION}")
+                    names = {t.name for t in (await client.list_tools()).tools}
+                    check({"init", "thought", "session"} <= names, f"tools/list lacks a notebook tool: {names}")
+
+                    started = await call(client, "init", {"operation": "start_new", "root": root, "title": title})
+                    sc = started.structured_content or {}
+                    sid = sc.get("sessionId")
+                    check(isinstance(sid, str) and sid and sc.get("success") is True,
+                          f"init start_new names no notebook session: {sc!r}")
+                    check(sc.get("mcpRootUri") == root, f"init start_new bound {sc.get('mcpRootUri')!r}, not {root}")
+                    check((started.meta or {}).get(NOTEBOOK_SESSION_META) == sid,
+                          f"init start_new's _meta does not name {sid}: {started.meta!r}")
+
+                    pin = {NOTEBOOK_SESSION_META: sid}
+                    thoughts_at = time.monotonic()
+                    for i in range(1, NOTEBOOK_THOUGHTS + 1):
+                        args = {"thought": notebook_thought(run, i), "thoughtNumber": i,
+                                "totalThoughts": NOTEBOOK_THOUGHTS, "nextThoughtNeeded": i < NOTEBOOK_THOUGHTS}
+                        r = await call(client, "thought", args, meta=pin)
+                        check((r.meta or {}).get(NOTEBOOK_SESSION_META) == sid,
+                              f"thought {i} went on in {r.meta!r}, not {sid}")
+                        length = (r.structured_content or {}).get("thoughtHistoryLength")
+                        check(length == i, f"thought {i}: thoughtHistoryLength {length}")
+                    thoughts_s = time.monotonic() - thoughts_at
+
+                    listed = (await call(client, "session", {"operation": "list"})).structured_content or {}
+                    mine = [s for s in listed.get("sessions", []) if s.get("sessionId") == sid]
+                    check(mine and mine[0].get("thoughtCount") == NOTEBOOK_THOUGHTS and mine[0].get("mcpRootUri") == root,
+                          f"session list: {sid} missing or wrong: {mine!r}")
+
+                    got = (await call(client, "session", {"operation": "get", "sessionId": sid})).structured_content or {}
+                    texts = [t.get("thought") for t in got.get("thoughts", [])]
+                    check(len(texts) == NOTEBOOK_THOUGHTS and texts[0] == first and texts[-1] == last,
+                          f"session get {sid}: {len(texts)} thoughts, want {NOTEBOOK_THOUGHTS} from the first to the last")
+
+                    query = f"{run} thought {NOTEBOOK_THOUGHTS:03d}"
+                    hits = (await call(client, "session", {"operation": "search", "query": query})).structured_content or {}
+                    found = [(h.get("sessionId"), h.get("thoughtNumber")) for h in hits.get("hits", [])]
+                    check(found == [(sid, NOTEBOOK_THOUGHTS)], f"session search {query!r} found {found}")
+
+                    exported = await call(client, "session", {"operation": "export", "sessionId": sid})
+                    blocks = [(getattr(c, "type", None), len(getattr(c, "text", "") or "")) for c in exported.content]
+                    check(len(blocks) == 1 and blocks[0][0] == "text", f"session export: content blocks {blocks}, want one text block")
+                    export = exported.content[0].text
+                    size = len(export.encode())
+                    token = (exported.meta or {}).get("nextResumeToken")
+                    check(token is None, f"session export came with _meta.nextResumeToken after {size} bytes: paged, not whole")
+                    check(size > 100_000, f"session export is {size} bytes, want > 100,000")
+                    check(first in export and last in export,
+                          f"session export ({size} bytes) lacks the first or the last thought (cut?)")
+
+            async with log.client() as http:
+                async with Client(streamable_http_client(url, http_client=http)) as again:
+                    loaded = await call(again, "init", {"operation": "load_context", "root": root})
+                    sc = loaded.structured_content or {}
+                    check(sc.get("success") is True and sc.get("sessionId") == sid
+                          and sc.get("thoughtCount") == NOTEBOOK_THOUGHTS,
+                          f"a second Client's init load_context (root {root}) gave {sc!r}, want {sid}")
+                    check((loaded.meta or {}).get(NOTEBOOK_SESSION_META) == sid,
+                          f"init load_context's _meta does not name {sid}: {loaded.meta!r}")
+        rpcs = [e["rpc"] for e in log.entries if e["method"] == "POST"]
+        check("initialize" not in rpcs, f"a sessionless client sent initialize: {rpcs[:5]}")
+        check(not [e for e in log.entries if e["method"] in ("GET", "DELETE")],
+              "a sessionless client opened a GET stream or sent DELETE")
+        bad = [(e["rpc"], e["status"]) for e in log.entries if e["status"] != 200]
+        check(not bad, f"POSTs not answered 200: {bad}")
+    except BaseException as e:  # a CheckFailed inside `async with Client` comes wrapped in an ExceptionGroup
+        tail = "\n".join(log.render().splitlines()[-12:])
+        failed = first_check_failed(e)
+        what = str(failed) if failed else f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+        raise CheckFailed(f"{what}\nHTTP log (last 12 requests):\n{tail}") from None
+    total_s = time.monotonic() - started_at
+    return (f"protocol={MODERN_VERSION} (sessionless); init start_new {sid} (root {root}), "
+            f"{NOTEBOOK_THOUGHTS} thoughts of {NOTEBOOK_THOUGHT_CHARS} chars in {thoughts_s:.1f}s, session list/get/search, "
+            f"export whole: one text block of {size} bytes with the first and last thought, no nextResumeToken; "
+            f"a second Client's init load_context by root found {sid}; {len(rpcs)} POSTs in {total_s:.1f}s")
 
 
 async def roots_check(url: str) -> str:
@@ -457,7 +589,7 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     url = argv[1]
-    checks = argv[2:] or ["legacy", "auto", "modern", "no-header", "roots", "roots-modern"]
+    checks = argv[2:] or ["legacy", "auto", "auto-notebook", "modern", "no-header", "roots", "roots-modern"]
     sdk_checks = {
         "legacy": ("legacy", "legacy"),
         "auto": ("auto", "modern"),
@@ -469,6 +601,8 @@ def main(argv: list[str]) -> int:
         try:
             if name in sdk_checks:
                 detail = anyio.run(sdk_check, url, *sdk_checks[name])
+            elif name == "auto-notebook":
+                detail = anyio.run(auto_notebook_check, url)
             elif name == "no-header":
                 detail = no_header_check(url)
             elif name == "roots":
