@@ -48,6 +48,8 @@ pub const OUT_QUEUE: usize = 1024;
 pub const WRITE_WINDOW: usize = 256;
 /// Stderr lines of one child waiting to be logged, at most.
 pub const STDERR_QUEUE: usize = 256;
+/// Children this engine remembers having seen exit, at most.
+const EXITED_KEPT: usize = 4096;
 /// Listening sockets a keeper may hand over, at most.
 const MAX_LISTENERS: usize = 8;
 
@@ -211,6 +213,10 @@ struct Route {
 #[derive(Default)]
 struct Routes {
     children: HashMap<u64, Route>,
+    /// Children this engine saw exit (the latest [`EXITED_KEPT`]): never
+    /// attached again, though the keeper may keep their record a moment
+    /// longer (until their last frames are acknowledged).
+    exited: std::collections::VecDeque<u64>,
     spawns: HashMap<u64, oneshot::Sender<Result<ChildPort, String>>>,
     attaches: HashMap<u64, oneshot::Sender<Result<Attached, String>>>,
     statuses: HashMap<u64, oneshot::Sender<Status>>,
@@ -265,8 +271,14 @@ impl Keeper {
     /// Takes a kept child over; its stdout frames after `after` follow.
     pub async fn attach(&self, child: u64, after: u64) -> Result<Attached, String> {
         let (tx, rx) = oneshot::channel();
-        if self.routes.lock().attaches.insert(child, tx).is_some() {
-            return Err(format!("child {child} is being attached already"));
+        {
+            let mut routes = self.routes.lock();
+            if routes.exited.contains(&child) {
+                return Err(format!("child {child} exited"));
+            }
+            if routes.attaches.insert(child, tx).is_some() {
+                return Err(format!("child {child} is being attached already"));
+            }
         }
         self.send(&ToKeeper::Attach { child, after }).await?;
         rx.await.map_err(|_| KEEPER_GONE.to_owned())?
@@ -393,6 +405,10 @@ impl Keeper {
                 }
             }
             ToEngine::Exited { child, status } => {
+                if routes.exited.len() >= EXITED_KEPT {
+                    routes.exited.pop_front();
+                }
+                routes.exited.push_back(child);
                 if let Some(route) = routes.children.remove(&child) {
                     let _ = route.events.send(ChildEvent::Exited { status });
                 }
