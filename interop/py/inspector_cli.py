@@ -23,9 +23,9 @@ usage: inspector_cli.py INSPECTOR URL CHECK     (INSPECTOR: the path of the insp
   gateway-legacy   /mcp/NAME (the Python SDK stdio fixture) with --transport http:
                    tools/list names greet; greet answers.
   gateway-modern   the same with --protocol-era modern.
- Run by interop/run.sh only with INTEROP_SESSIONLESS_NOTEBOOK=1:
+ And the sessionless notebook:
   notebook-modern-init  --protocol-era modern: init list_sessions, and init load_context
-                   with a sessionId, answer (today: "this request needs a session").
+                   with a sessionId, answer (no session needed).
   export-100k      a notebook session of 26 thoughts of 4,000 characters (~104 KB) written
                    with --protocol-era modern; session export in each era answers it
                    whole (every thought), not cut at 64 KiB.
