@@ -177,6 +177,13 @@ impl CommandSpec {
         }
     }
 
+    /// The child's whole environment: `PATH` and `HOME` of this process (a
+    /// value that is not UTF-8 is left out), then the configured `env`.
+    pub fn environment(&self) -> Vec<(String, String)> {
+        let inherited = ["PATH", "HOME"].into_iter().filter_map(|key| std::env::var(key).ok().map(|v| (key.to_owned(), v)));
+        inherited.chain(self.env.iter().map(|(k, v)| (k.clone(), v.clone()))).collect()
+    }
+
     /// The command as a person would type it (for messages and logs).
     pub fn display(&self) -> String {
         shell_words::join(&self.command)

@@ -91,13 +91,10 @@ pub(crate) async fn start(
     let Some((program, args)) = spec.command.split_first() else {
         return Err(RpcError::internal(format!("upstream {upstream_name} has an empty command")));
     };
-    let mut env: Vec<(String, String)> =
-        ["PATH", "HOME"].into_iter().filter_map(|key| std::env::var(key).ok().map(|value| (key.to_owned(), value))).collect();
-    env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
     let spawn = SpawnSpec {
         program: program.clone(),
         args: args.to_vec(),
-        env,
+        env: spec.environment(),
         cwd: spec.cwd.as_ref().map(|cwd| cwd.display().to_string()),
         max_line: u64::try_from(spec.max_message_bytes).unwrap_or(u64::MAX),
         hold_bytes: hold_bytes(spec),

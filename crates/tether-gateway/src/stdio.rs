@@ -167,13 +167,7 @@ pub async fn start(
         return Err(RpcError::internal(format!("upstream {upstream_name} has an empty command")));
     };
     let mut cmd = Command::new(program);
-    cmd.args(args).env_clear();
-    for key in ["PATH", "HOME"] {
-        if let Some(value) = std::env::var_os(key) {
-            cmd.env(key, value);
-        }
-    }
-    cmd.envs(&spec.env);
+    cmd.args(args).env_clear().envs(spec.environment());
     if let Some(cwd) = &spec.cwd {
         cmd.current_dir(cwd);
     }
