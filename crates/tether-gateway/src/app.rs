@@ -802,6 +802,11 @@ impl McpApp for Gateway {
         Some(json!([self.session_view(app_state, local)]))
     }
 
+    /// Its state, connections and shares (`describe.rs`).
+    fn describe(&self) -> Option<Value> {
+        Some(crate::describe::upstream(&self.config, &self.links, &self.backoff, self.processes.as_deref()))
+    }
+
     async fn on_session_end(&self, ended: SessionEnd) {
         self.session_ended(&ended).await;
     }

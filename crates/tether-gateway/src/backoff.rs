@@ -58,6 +58,17 @@ impl Backoff {
     pub(crate) fn succeeded(&self) {
         *self.0.lock() = Failures::default();
     }
+
+    /// What operators see (`describe.rs`): failures within the window, how
+    /// long new connections are still refused, the last error.
+    pub(crate) fn seen(&self) -> (usize, Option<Duration>, Option<String>) {
+        let failures = self.0.lock();
+        let now = Instant::now();
+        let recent = failures.at.iter().filter(|at| now.duration_since(**at) < FAILURE_WINDOW).count();
+        let wait = failures.blocked_until.and_then(|until| until.checked_duration_since(now));
+        let last = Some(failures.last_error.clone()).filter(|e| !e.is_empty());
+        (recent, wait, last)
+    }
 }
 
 #[cfg(test)]

@@ -36,6 +36,7 @@ mod catalog;
 pub mod config;
 mod connector;
 pub mod credentials;
+mod describe;
 pub mod http;
 pub mod kept;
 mod link;

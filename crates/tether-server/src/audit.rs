@@ -29,6 +29,12 @@
 //! write (then writing what failed into the new file once). So after a
 //! removal without SIGHUP, at most a second of lines still goes to the
 //! removed file.
+//!
+//! The latest decisions are also kept in memory for the admin API's
+//! `GET /admin/audit` ([`AuditLog::recent`]): a ring of at most
+//! [`RECENT_LINES`] lines and [`RECENT_BYTES`] bytes, the oldest going
+//! first; a line longer than [`RECENT_LINE_BYTES`] is kept with its `name`
+//! cut (it is whole in the file).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -51,6 +57,13 @@ const QUEUE_BYTES: usize = 64 << 20;
 const BATCH_BYTES: usize = 1 << 20;
 /// How often, at most, the writer checks that the path still names its file.
 const CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// Decisions kept in memory for `GET /admin/audit` at most...
+pub const RECENT_LINES: usize = 1000;
+/// ...and their bytes at most.
+pub const RECENT_BYTES: usize = 4 << 20;
+/// A line kept in memory longer than this has its `name` cut.
+pub const RECENT_LINE_BYTES: usize = 4096;
 
 /// Audit logs whose writer runs in this process, and those of them failing (see [`health`]).
 static RUNNING: AtomicUsize = AtomicUsize::new(0);
@@ -96,11 +109,37 @@ impl Shared {
     }
 }
 
+/// One decision kept in memory.
+struct Recent {
+    principal: String,
+    decision: &'static str,
+    line: String,
+}
+
+/// The latest decisions, newest last (see the module doc).
+#[derive(Default)]
+struct RecentRing {
+    lines: std::collections::VecDeque<Recent>,
+    bytes: usize,
+}
+
+impl RecentRing {
+    fn push(&mut self, recent: Recent) {
+        self.bytes += recent.line.len() + recent.principal.len();
+        self.lines.push_back(recent);
+        while self.lines.len() > RECENT_LINES || self.bytes > RECENT_BYTES {
+            let Some(old) = self.lines.pop_front() else { break };
+            self.bytes -= old.line.len() + old.principal.len();
+        }
+    }
+}
+
 /// Where policy decisions are written; cheap to clone.
 #[derive(Clone)]
 pub struct AuditLog {
     queue: SyncSender<Message>,
     shared: Arc<Shared>,
+    recent: Arc<parking_lot::Mutex<RecentRing>>,
 }
 
 impl std::fmt::Debug for AuditLog {
@@ -134,7 +173,7 @@ impl AuditLog {
             RUNNING.fetch_sub(1, Ordering::Relaxed);
             format!("cannot start the audit log's writer: {e}")
         })?;
-        Ok(Self { queue, shared })
+        Ok(Self { queue, shared, recent: Arc::default() })
     }
 
     /// Records one decision (see the module doc for the fields).
@@ -169,7 +208,33 @@ impl AuditLog {
             line["member"] = json!(origin.endpoint);
             line["member_name"] = json!(origin.name);
         }
-        self.send(line.to_string());
+        let text = line.to_string();
+        let kept = if text.len() <= RECENT_LINE_BYTES {
+            text.clone()
+        } else {
+            let name: String = target.name().chars().take(200).collect();
+            line["name"] = json!(format!("{name}… (cut: the whole name is in the audit file)"));
+            if let Some(origin) = origin {
+                line["member_name"] = json!(origin.name.chars().take(200).collect::<String>());
+            }
+            line["principal"] = json!(principal.chars().take(200).collect::<String>());
+            line.to_string()
+        };
+        self.recent.lock().push(Recent { principal: principal.to_owned(), decision: verdict, line: kept });
+        self.send(text);
+    }
+
+    /// The latest decisions kept in memory, newest first, at most `limit`,
+    /// of `principal` and with `decision` (`allow`, `deny`, `hidden`) where given.
+    pub fn recent(&self, principal: Option<&str>, decision: Option<&str>, limit: usize) -> Vec<serde_json::Value> {
+        let ring = self.recent.lock();
+        ring.lines
+            .iter()
+            .rev()
+            .filter(|r| principal.is_none_or(|p| p == r.principal) && decision.is_none_or(|d| d == r.decision))
+            .take(limit)
+            .filter_map(|r| serde_json::from_str(&r.line).ok())
+            .collect()
     }
 
     /// Queues `line` for the writer, or drops and counts it.
@@ -595,5 +660,28 @@ mod tests {
         let (mut torn, mut written) = (false, 0);
         assert!(write_batch(&mut disk, &mut torn, batch, &ends, &mut written).is_err());
         assert_eq!((written, torn), (8, false), "cut between lines: nothing to end");
+    }
+
+    #[test]
+    fn the_latest_decisions_are_kept_in_a_bounded_ring_newest_first_and_filtered() {
+        let dir = tempfile::tempdir().unwrap();
+        let audit = AuditLog::open(&dir.path().join("audit.jsonl")).unwrap();
+        let allow = Decision::Allow { rules: vec![] };
+        for i in 0..RECENT_LINES + 5 {
+            audit.record("", "tools/call", Target::Tool(&format!("t{i}")), None, "alice", &allow);
+        }
+        deny(&audit, "file:///secret");
+        let latest = audit.recent(None, None, 10);
+        assert_eq!(latest.len(), 10);
+        assert_eq!(latest[0]["name"], "file:///secret", "newest first");
+        assert_eq!(latest[1]["name"], format!("t{}", RECENT_LINES + 4));
+        assert_eq!(audit.recent(None, None, usize::MAX).len(), RECENT_LINES, "bounded");
+        let denied = audit.recent(Some("bob"), Some("deny"), 10);
+        assert_eq!(denied.len(), 1);
+        assert!(audit.recent(Some("alice"), Some("deny"), 10).is_empty());
+        // A name a client chose, huge: kept cut in memory.
+        deny(&audit, &"x".repeat(100_000));
+        let cut = &audit.recent(Some("bob"), None, 1)[0];
+        assert!(cut["name"].as_str().is_some_and(|n| n.len() < 1000 && n.contains("cut")), "{cut}");
     }
 }

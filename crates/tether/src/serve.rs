@@ -206,7 +206,8 @@ pub struct ServeArgs {
     #[arg(long, env = "TETHER_OTLP_ENDPOINT", value_name = "URL", value_parser = crate::otel::parse_endpoint)]
     pub otlp_endpoint: Option<String>,
     /// The name of an environment variable holding the admin token: turns
-    /// on /admin/sessions (`tether sessions`), which needs it as a Bearer token.
+    /// on the admin API /admin/* (`tether sessions`), which needs it as a
+    /// Bearer token, and the admin page /console/admin (unless --no-console).
     #[arg(long, env = "TETHER_ADMIN_TOKEN_ENV", value_name = "VAR")]
     admin_token_env: Option<String>,
     /// An MCP server to serve at /mcp/NAME: `NAME=URL` or 'NAME=stdio:COMMAND ARGS…' (repeat for more).
@@ -456,6 +457,8 @@ pub async fn run(args: ServeArgs, keeper: Option<tether_keeper::client::Welcomed
         Some(path) => crate::serve_config::policies(path)?,
         None => Default::default(),
     };
+    // The audit log's latest decisions are the admin API's too.
+    let mut audited = None;
     let auth = match (policies.policies.len(), &args.audit_log) {
         (0, None) => auth,
         (0, Some(path)) => {
@@ -466,6 +469,7 @@ pub async fn run(args: ServeArgs, keeper: Option<tether_keeper::client::Welcomed
             if let Some(path) = audit_log {
                 let audit = AuditLog::open(path).map_err(anyhow::Error::msg)?;
                 reopen_audit_on_sighup(audit.clone());
+                audited = Some(audit.clone());
                 policy = policy.with_audit(audit);
                 tracing::info!(file = %path.display(), "policy decisions audited (the file is opened anew on SIGHUP)");
             }
@@ -517,9 +521,11 @@ pub async fn run(args: ServeArgs, keeper: Option<tether_keeper::client::Welcomed
             "admin API at http://{local}/admin/sessions (Bearer token from ${})",
             args.admin_token_env.as_deref().unwrap_or("")
         );
-        extra = extra.merge(tether_server::http::admin_router(engine.clone(), token));
+        let origins = &http.allowed_origins;
+        extra = extra.merge(tether_server::http::admin_router(engine.clone(), token, origins, audited));
         if let Some(keeper) = &keeper {
-            extra = extra.merge(tether_server::http::admin_guarded(token, crate::keeper::admin_routes(keeper.clone())));
+            let routes = crate::keeper::admin_routes(keeper.clone());
+            extra = extra.merge(tether_server::http::admin_guarded(token, origins, routes));
         }
     }
     if let Some(keeper) = &keeper {

@@ -13,6 +13,7 @@
 //! flushed, once.
 
 mod cache;
+pub mod calls;
 mod ctx;
 mod initialize;
 mod keys;
@@ -160,6 +161,8 @@ pub(crate) struct Inner {
     instance: String,
     /// The request streams this process runs now (`running.rs`).
     running: Arc<running::RunningStreams>,
+    /// The calls running now, for operators (`calls.rs`).
+    calls: Arc<calls::Calls>,
     tokens: resume::ResumeTokens,
     key: keys::ServerKey,
     operations: operations::Operations,
@@ -207,6 +210,7 @@ impl Engine {
                 cache: cache::SessionCache::default(),
                 instance: ids::new_instance_id(),
                 running: Arc::default(),
+                calls: Arc::default(),
                 tokens: resume::ResumeTokens,
                 key: keys::ServerKey::default(),
                 operations: operations::Operations::new(quota::Admission::new(
@@ -307,8 +311,13 @@ impl Engine {
                 let span = crate::trace::rpc_span(&method, Some(&session.id), params.as_ref());
                 let app = self.inner.app_of(&session);
                 let owned = method.clone();
-                let work: request::Work =
-                    Box::new(move |ctx| Box::pin(async move { app.handle_request(ctx, &owned, params).await }));
+                let call = self.inner.calls.enter_session(&session, &method, &id, params.as_ref());
+                let work: request::Work = Box::new(move |ctx| {
+                    Box::pin(async move {
+                        let _call = call;
+                        app.handle_request(ctx, &owned, params).await
+                    })
+                });
                 let head = RequestHead { id, progress_token, authorization };
                 self.inner.clone().start_request(session, head, &method, reply, work).instrument(span).await
             }

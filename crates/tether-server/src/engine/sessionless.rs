@@ -153,7 +153,13 @@ impl Engine {
         let head = RequestHead { id: id.clone(), progress_token, authorization };
         let ctx = RequestCtx::sessionless(inner.clone(), caller, head, cancel.clone(), sink);
         let cacheable = CACHEABLE.contains(&method.as_str());
-        let work: Work = Box::new(move |ctx| Box::pin(async move { app.handle_request(ctx, &method, params).await }));
+        let call = inner.calls.enter(None, &principal, &request.endpoint, &method, &id, params.as_ref());
+        let work: Work = Box::new(move |ctx| {
+            Box::pin(async move {
+                let _call = call;
+                app.handle_request(ctx, &method, params).await
+            })
+        });
         let worker = inner.clone();
         let cancelled = cancel.clone();
         // Writes the work defers are waited for before the answer leaves

@@ -1,4 +1,6 @@
-//! The admin API (`--admin-token-env VAR`): find and end sessions.
+//! The admin API (`--admin-token-env VAR`): find and end sessions, see the
+//! endpoints, the calls running and the latest policy decisions. The page
+//! `/console/admin` (the `tether-console` crate) is built on it.
 //!
 //! - `GET /admin/sessions?limit=&cursor=&principal=&upstream=&idle=`: one
 //!   page of live sessions (every principal), filtered; `next` is the cursor
@@ -22,9 +24,19 @@
 //!   its application says of itself: a virtual server its members, the
 //!   members down and the names two members contest (who keeps each).
 //!
+//! - `GET /admin/calls?principal=&upstream=&session=&limit=` and
+//!   `GET /admin/calls/stream`: the calls this process runs now, and the
+//!   same pushed as they start and end (SSE; `admin/calls.rs`).
+//! - `GET /admin/audit?principal=&decision=&limit=`: the latest policy
+//!   decisions, when the audit log is on (`admin/audit.rs`).
+//!
 //! Every request needs `Authorization: Bearer <the token>`; a missing or
 //! wrong one gets 401 (compared in constant time, on digests, so neither
-//! the content nor the length leaks).
+//! the content nor the length leaks). Before that, a request whose
+//! `Origin` is neither a localhost origin nor one of `--allowed-origin` is
+//! refused (403), as on `/mcp`: a page of another site cannot use the
+//! admin API through an operator's browser. The token travels in a header
+//! only, never in a cookie or a URL, so a browser never sends it on its own.
 
 use axum::Router;
 use axum::extract::{Path, Query, State};
@@ -37,7 +49,11 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tether_store::{SessionRecord, now_ms};
 
+use crate::audit::AuditLog;
 use crate::engine::Engine;
+
+mod audit;
+mod calls;
 
 /// Sessions per page at most, and by default.
 const MAX_PAGE: usize = 1000;
@@ -48,31 +64,41 @@ const MAX_SCANS: usize = 10;
 #[derive(Clone)]
 struct Admin {
     engine: Engine,
+    audit: Option<AuditLog>,
+    /// Open `/admin/calls/stream` connections (at most `calls::MAX_WATCHERS`).
+    watchers: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
-/// The admin token, as its digest.
+/// The admin token, as its digest, and the origins allowed besides localhost ones.
 #[derive(Clone)]
 struct Guard {
     token_digest: [u8; 32],
+    origins: std::sync::Arc<[String]>,
 }
 
-/// The `/admin` routes, answering only to `Bearer token`.
-pub fn admin_router(engine: Engine, token: &str) -> Router {
-    let admin = Admin { engine };
+/// The `/admin` routes, answering only to `Bearer token` and, when a
+/// request has an `Origin`, only to a localhost origin or one of
+/// `origins` (`--allowed-origin`); `audit` is the audit log whose latest
+/// decisions `GET /admin/audit` shows.
+pub fn admin_router(engine: Engine, token: &str, origins: &[String], audit: Option<AuditLog>) -> Router {
+    let admin = Admin { engine, audit, watchers: Default::default() };
     let routes = Router::new()
         .route("/admin/sessions", get(list))
         .route("/admin/sessions/{id}", get(show).delete(end))
         .route("/admin/notify", post(notify))
         .route("/admin/endpoints", get(endpoints))
+        .route("/admin/calls", get(calls::list))
+        .route("/admin/calls/stream", get(calls::stream))
+        .route("/admin/audit", get(audit::recent))
         .with_state(admin);
-    admin_guarded(token, routes)
+    admin_guarded(token, origins, routes)
 }
 
-/// `routes` (under `/admin/`) answering only to `Bearer token`, as the
-/// admin API's own do: for admin routes of what runs the engine (the
-/// keeper's, in the `tether` binary).
-pub fn admin_guarded(token: &str, routes: Router) -> Router {
-    let guard = Guard { token_digest: Sha256::digest(token.as_bytes()).into() };
+/// `routes` (under `/admin/`) answering only to `Bearer token` and to the
+/// origins [`admin_router`] allows, as the admin API's own do: for admin
+/// routes of what runs the engine (the keeper's, in the `tether` binary).
+pub fn admin_guarded(token: &str, origins: &[String], routes: Router) -> Router {
+    let guard = Guard { token_digest: Sha256::digest(token.as_bytes()).into(), origins: origins.into() };
     routes.route_layer(axum::middleware::from_fn_with_state(guard, authorize))
 }
 
@@ -81,6 +107,10 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
 }
 
 async fn authorize(State(admin): State<Guard>, request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    // The Origin check comes first, as on `/mcp`.
+    if let Err(refused) = super::validate::origin(request.headers(), &admin.origins) {
+        return error(refused.status, refused.message);
+    }
     if !authorized(&admin, request.headers()) {
         crate::metrics::auth_failure();
         let mut response =
@@ -139,8 +169,13 @@ fn last_active(engine: &Engine, record: &SessionRecord) -> i64 {
         .unwrap_or_else(|| record.expires_at_ms.saturating_sub(engine.config().session_ttl.as_millis() as i64))
 }
 
+/// [`session_summary`] with what this process knows of it now: its
+/// requests running here and its SSE connections open here.
 fn summary(engine: &Engine, record: &SessionRecord, now: i64) -> Value {
-    session_summary(record, last_active(engine, record), engine.last_seen(&record.id).is_some(), now)
+    let mut out = session_summary(record, last_active(engine, record), engine.last_seen(&record.id).is_some(), now);
+    out["in_flight"] = json!(engine.in_flight(&record.id).len());
+    out["connections"] = json!(engine.open_connections(&record.id));
+    out
 }
 
 /// One session as the admin API and `tether sessions` show it; `last` is
