@@ -1,21 +1,26 @@
 //! [`Connector`]: how the gateway reaches one upstream, one implementation
-//! per transport ([`crate::stdio::StdioConnector`], [`crate::http::UrlConnector`]).
+//! per transport (`stdio::StdioConnector`, `url::UrlConnector`, picked in
+//! `connect.rs`).
 //! The gateway application asks it to start a connection, to carry on a
 //! stored upstream session, for its capacity (how many connections may
 //! live, when an idle one stops) and for a 2026-07-28 upstream to pass
-//! sessionless clients through to; it never matches on the transport.
+//! sessionless clients through to ([`Passthrough`]); it never matches on
+//! the transport. The transports depend on this module, never the other
+//! way round.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::{Map, Value};
+use tether_server::{RawResult, RequestCtx};
 use tether_wire::RpcError;
 
-use crate::config::{Target, UpstreamConfig};
-use crate::passthrough::Passthrough;
 use crate::processes::{ProcessPermit, Processes};
 use crate::upstream::{PeerSink, Started, Upstream};
+
+/// How long a pooled connection may sit unused before it is closed.
+pub(crate) const DEFAULT_POOL_IDLE: Duration = Duration::from_secs(300);
 
 /// How many connections of an upstream may live, and for how long idle.
 #[derive(Clone)]
@@ -80,15 +85,15 @@ pub(crate) trait Connector: Send + Sync + 'static {
 
     /// The upstream as a 2026-07-28 server, with what it says of itself
     /// (as an `initialize` result), if it speaks that revision.
-    async fn passthrough(&self) -> Option<(Passthrough, Map<String, Value>)> {
+    async fn passthrough(&self) -> Option<(Arc<dyn Passthrough>, Map<String, Value>)> {
         None
     }
 }
 
-/// The connector of an upstream as configured.
-pub(crate) fn for_config(config: &UpstreamConfig) -> Arc<dyn Connector> {
-    match &config.target {
-        Target::Command(spec) => Arc::new(crate::stdio::StdioConnector::new(spec.clone(), &config.name, config.init_timeout)),
-        Target::Url(spec) => Arc::new(crate::http::UrlConnector::new(spec.clone(), &config.name, config.init_timeout)),
-    }
+/// A 2026-07-28 upstream's own sessionless service: a sessionless client's
+/// requests are passed through to it as the client sent them.
+#[async_trait]
+pub(crate) trait Passthrough: Send + Sync + 'static {
+    /// Forwards one request of a sessionless client as it sent it.
+    async fn request(&self, ctx: &RequestCtx, method: &str, params: Map<String, Value>) -> Result<RawResult, RpcError>;
 }

@@ -29,77 +29,12 @@ use tether_wire::RpcError;
 use tokio::sync::mpsc;
 
 use crate::config::UrlSpec;
-use crate::connector::{Capacity, Connector, StartRequest};
 use crate::credentials::{Credentials, TokenSource};
-use crate::passthrough::Passthrough;
 use crate::upstream::{PeerSink, Started, UPSTREAM_FORGOT_SESSION, Upstream};
 
 /// The longest one upstream request may take. The client decides when to
 /// give up (and cancels); this only bounds a request nobody cancels.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(3600);
-
-/// A URL upstream's transport: an upstream session per connection, carried
-/// on across processes; a 2026-07-28 upstream is passed through.
-pub(crate) struct UrlConnector {
-    spec: UrlSpec,
-    name: String,
-    init_timeout: Duration,
-    /// tether's own OAuth tokens for the upstream (`[upstreams.NAME.oauth]`).
-    tokens: Option<Arc<TokenSource>>,
-}
-
-impl UrlConnector {
-    pub(crate) fn new(spec: UrlSpec, name: &str, init_timeout: Duration) -> Self {
-        let tokens = spec.oauth.clone().and_then(|grant| match TokenSource::new(grant, name, &spec.url) {
-            Ok(tokens) => Some(Arc::new(tokens)),
-            Err(e) => {
-                tracing::error!(upstream = %name, error = %e, "the upstream's OAuth tokens cannot be had; its requests go without");
-                None
-            }
-        });
-        Self { spec, name: name.to_owned(), init_timeout, tokens }
-    }
-}
-
-#[async_trait]
-impl Connector for UrlConnector {
-    fn capacity(&self) -> Capacity {
-        Capacity {
-            processes: None,
-            idle_timeout: None,
-            pool_max: crate::config::DEFAULT_MAX_PROCESSES,
-            pool_idle: crate::sessionless::DEFAULT_POOL_IDLE,
-        }
-    }
-
-    async fn start(&self, request: StartRequest<'_>) -> Result<Started, RpcError> {
-        let StartRequest { session, params, authorization, sink, .. } = request;
-        let tokens = self.tokens.as_ref();
-        start(&self.spec, &self.name, session, params, self.init_timeout, authorization, tokens, sink).await
-    }
-
-    async fn attach(
-        &self,
-        session: &str,
-        carry_on: &Value,
-        authorization: Option<String>,
-        sink: Arc<dyn PeerSink>,
-    ) -> Option<Arc<dyn Upstream>> {
-        attach(&self.spec, &self.name, session, carry_on, authorization, self.tokens.as_ref(), sink).await
-    }
-
-    fn needs_client_authorization(&self) -> bool {
-        self.spec.forward_auth || self.tokens.as_ref().is_some_and(|t| t.per_caller())
-    }
-
-    fn forgets_sessions(&self) -> bool {
-        true
-    }
-
-    async fn passthrough(&self) -> Option<(Passthrough, serde_json::Map<String, Value>)> {
-        Passthrough::discover(&self.spec, &self.name, self.tokens.clone(), self.init_timeout).await
-    }
-}
 
 /// Opens an upstream session: `initialize` with `initialize_params` as
 /// given (then `notifications/initialized`, which the client runtime sends

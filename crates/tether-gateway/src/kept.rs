@@ -39,8 +39,8 @@ use tether_wire::RpcError;
 use tokio::sync::{Notify, mpsc, watch};
 
 use crate::config::CommandSpec;
-use crate::link::Progress;
 use crate::processes::ProcessPermit;
+use crate::progress::Progress;
 use crate::stdio::{self, Outgoing, Shared, StderrLog, StdioUpstream};
 use crate::upstream::{PeerSink, Started, Upstream, request_key};
 

@@ -23,6 +23,7 @@
 
 use std::time::Duration;
 
+use async_trait::async_trait;
 use serde_json::{Map, Value, json};
 use tether_client::{ClientError, PeerMessage, Session};
 use tether_server::{RawResult, RequestCtx, RpcError};
@@ -32,13 +33,14 @@ use tokio::sync::mpsc;
 use std::sync::Arc;
 
 use crate::config::UrlSpec;
+use crate::connector::Passthrough;
 use crate::credentials::TokenSource;
 
 /// Messages of one request's stream waiting to be relayed.
 const STREAM_BUFFER: usize = 64;
 
 /// A 2026-07-28 URL upstream, for sessionless clients.
-pub(crate) struct Passthrough {
+pub(crate) struct UrlPassthrough {
     name: String,
     spec: UrlSpec,
     /// tether's own OAuth tokens for the upstream, if it has `oauth`.
@@ -47,7 +49,7 @@ pub(crate) struct Passthrough {
     shared: Session,
 }
 
-impl Passthrough {
+impl UrlPassthrough {
     /// The upstream, if its `server/discover` names the sessionless
     /// revision; with what it says of itself (as an `initialize` result).
     pub(crate) async fn discover(
@@ -64,46 +66,6 @@ impl Passthrough {
         let described = crate::sessionless_url::discover(&shared, timeout).await?;
         tracing::info!(upstream = %name, url = %spec.url, "the upstream speaks 2026-07-28: its sessionless clients are passed through");
         Some((Self { name: name.to_owned(), spec: spec.clone(), tokens, shared }, described))
-    }
-
-    /// Forwards one request of a sessionless client as it sent it.
-    pub(crate) async fn request(
-        &self,
-        ctx: &RequestCtx,
-        method: &str,
-        mut params: Map<String, Value>,
-    ) -> Result<RawResult, RpcError> {
-        if let Some(Value::Object(m)) = params.get_mut("_meta") {
-            m.retain(|k, _| !k.starts_with(meta::TETHER_PREFIX));
-        }
-        let presented = ctx.client_authorization().map(|a| a.header_value().to_owned());
-        let mut params = Some(Value::Object(params));
-        tether_server::trace::inject_meta(&mut params);
-        let (client, token) = match (&self.tokens, self.spec.forward_auth) {
-            // tether's own token, current for this caller (a cache hit while good).
-            (Some(tokens), _) => {
-                let token = tokens.token(presented.as_deref()).await?;
-                (session(&self.spec, None, Some(token.clone())).map_err(|e| self.failed(e))?, Some((tokens, token)))
-            }
-            (None, true) if presented.is_some() => {
-                (session(&self.spec, presented.clone(), None).map_err(|e| self.failed(e))?, None)
-            }
-            _ => (self.shared.clone(), None),
-        };
-        let Some((tokens, sent)) = token else {
-            return self.forward(ctx, &client, method, params).await.map_err(|e| self.failed(e));
-        };
-        let again = params.clone();
-        match self.forward(ctx, &client, method, params).await {
-            // Refused with 401: the upstream ran nothing.
-            Err(refused @ ClientError::Auth { status: 401, .. }) => {
-                let Some(token) = tokens.renew(presented.as_deref(), &sent).await? else { return Err(self.failed(refused)) };
-                tracing::info!(upstream = %self.name, "sending again with a renewed token");
-                let client = session(&self.spec, None, Some(token)).map_err(|e| self.failed(e))?;
-                self.forward(ctx, &client, method, again).await.map_err(|e| self.failed(e))
-            }
-            done => done.map_err(|e| self.failed(e)),
-        }
     }
 
     /// Sends one request on `client`, relaying what comes on its stream.
@@ -156,6 +118,44 @@ impl Passthrough {
         match e {
             ClientError::Rpc(error) => error,
             other => RpcError::internal(format!("upstream {} at {}: {other}", self.name, self.spec.url)),
+        }
+    }
+}
+
+#[async_trait]
+impl Passthrough for UrlPassthrough {
+    /// Forwards one request of a sessionless client as it sent it.
+    async fn request(&self, ctx: &RequestCtx, method: &str, mut params: Map<String, Value>) -> Result<RawResult, RpcError> {
+        if let Some(Value::Object(m)) = params.get_mut("_meta") {
+            m.retain(|k, _| !k.starts_with(meta::TETHER_PREFIX));
+        }
+        let presented = ctx.client_authorization().map(|a| a.header_value().to_owned());
+        let mut params = Some(Value::Object(params));
+        tether_server::trace::inject_meta(&mut params);
+        let (client, token) = match (&self.tokens, self.spec.forward_auth) {
+            // tether's own token, current for this caller (a cache hit while good).
+            (Some(tokens), _) => {
+                let token = tokens.token(presented.as_deref()).await?;
+                (session(&self.spec, None, Some(token.clone())).map_err(|e| self.failed(e))?, Some((tokens, token)))
+            }
+            (None, true) if presented.is_some() => {
+                (session(&self.spec, presented.clone(), None).map_err(|e| self.failed(e))?, None)
+            }
+            _ => (self.shared.clone(), None),
+        };
+        let Some((tokens, sent)) = token else {
+            return self.forward(ctx, &client, method, params).await.map_err(|e| self.failed(e));
+        };
+        let again = params.clone();
+        match self.forward(ctx, &client, method, params).await {
+            // Refused with 401: the upstream ran nothing.
+            Err(refused @ ClientError::Auth { status: 401, .. }) => {
+                let Some(token) = tokens.renew(presented.as_deref(), &sent).await? else { return Err(self.failed(refused)) };
+                tracing::info!(upstream = %self.name, "sending again with a renewed token");
+                let client = session(&self.spec, None, Some(token)).map_err(|e| self.failed(e))?;
+                self.forward(ctx, &client, method, again).await.map_err(|e| self.failed(e))
+            }
+            done => done.map_err(|e| self.failed(e)),
         }
     }
 }

@@ -43,8 +43,6 @@ pub(crate) fn pool_session(principal: &str) -> String {
     format!("(sessionless {principal})")
 }
 
-/// How long a pooled connection may sit unused before it is closed.
-pub(crate) const DEFAULT_POOL_IDLE: Duration = Duration::from_secs(300);
 /// How often idle pooled connections are looked for.
 const POOL_SWEEP: Duration = Duration::from_secs(5);
 

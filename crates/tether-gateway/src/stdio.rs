@@ -37,10 +37,10 @@
 //! the child sends later is dropped (logged at debug): ids are never
 //! reused, so it cannot reach another request.
 //!
-//! The parts: [`shared`] (what the tasks and the connection share: the
-//! requests waiting, reading what the child writes), [`upstream`]
+//! The parts: `shared` (what the tasks and the connection share: the
+//! requests waiting, reading what the child writes), `upstream`
 //! ([`StdioUpstream`]: a request's exchange, from its line to its answer or
-//! its cancellation) and [`stderr`] (the child's stderr in the log, bounded).
+//! its cancellation) and `stderr` (the child's stderr in the log, bounded).
 
 mod shared;
 mod stderr;
@@ -67,7 +67,7 @@ use self::stderr::read_stderr;
 pub(crate) use self::upstream::Outgoing;
 pub use self::upstream::StdioUpstream;
 use crate::config::CommandSpec;
-use crate::connector::{Capacity, Connector, StartRequest};
+use crate::connector::{Capacity, Connector, DEFAULT_POOL_IDLE, StartRequest};
 use crate::processes::{ProcessPermit, Processes};
 use crate::upstream::{PeerSink, Started, UPSTREAM_RESTARTED, Upstream};
 
@@ -105,7 +105,7 @@ impl Connector for StdioConnector {
             processes: Some(self.processes.clone()),
             idle_timeout: Some(self.spec.idle_timeout),
             pool_max: self.spec.max_processes,
-            pool_idle: self.spec.idle_timeout.min(crate::sessionless::DEFAULT_POOL_IDLE),
+            pool_idle: self.spec.idle_timeout.min(DEFAULT_POOL_IDLE),
         }
     }
 

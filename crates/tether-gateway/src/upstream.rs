@@ -51,7 +51,7 @@ pub struct Started {
 #[derive(Debug, Clone)]
 pub struct CutOffCall {
     pub id: Value,
-    pub progress: Option<crate::link::Progress>,
+    pub progress: Option<crate::progress::Progress>,
 }
 
 /// What names a client request across processes: its session and stream.
@@ -112,7 +112,7 @@ pub trait Upstream: Send + Sync + 'static {
         _ctx: &tether_server::RequestCtx,
         method: &str,
         params: Option<Value>,
-        _progress: Option<&crate::link::Progress>,
+        _progress: Option<&crate::progress::Progress>,
     ) -> Result<Box<RawValue>, RpcError> {
         self.request(method, params).await
     }

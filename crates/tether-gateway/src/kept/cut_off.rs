@@ -13,7 +13,7 @@ use tether_wire::{Inbound as Message, RpcError, envelope};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{FrameHold, KeptChild};
-use crate::link::Progress;
+use crate::progress::Progress;
 use crate::stdio::{self, Answer, Shared};
 use crate::upstream::{CutOffCall, PeerMessage, UPSTREAM_RESTARTED};
 

@@ -210,7 +210,7 @@ impl Upstream for StdioUpstream {
         ctx: &tether_server::RequestCtx,
         method: &str,
         params: Option<Value>,
-        progress: Option<&crate::link::Progress>,
+        progress: Option<&crate::progress::Progress>,
     ) -> Result<Box<RawValue>, RpcError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let Some(kept) = &self.kept else {
