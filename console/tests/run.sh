@@ -20,8 +20,15 @@
 # oauth-sign-in (a fourth tether with --oauth-issuer in front of
 # interop/oauth/provider.mjs, oidc-provider: the console signs in through the
 # provider's login and consent pages).
+# Then console/tests/admin.mjs: the admin page /console/admin against a tether
+# with --admin-token-env, gateway upstreams of console/tests/admin_server.py (a
+# slow tool and one whose name is HTML), a broken upstream, a virtual server
+# and an audit log, driven by the official TypeScript SDK's clients:
+# sign-in, session-and-calls, upstreams, audit, end-session (ADMIN_BOOK_SHOT=1
+# also writes the book's picture, docs/src/operations/admin.png).
 # Screenshots of every step go to target/console-shots/.
-# CONSOLE_CHECKS=name,name runs only those checks.
+# CONSOLE_CHECKS=name,name runs only those console checks, ADMIN_CHECKS those
+# of the admin page; CONSOLE_SUITES=console or =admin runs one file of checks.
 #
 # Needs node >= 20 with npm and python3 >= 3.8. CONSOLE_VERBOSE=1 prints tether's log.
 set -uo pipefail
@@ -87,4 +94,14 @@ mkdir -p "$OAUTH_CACHE"
 
 # Any TETHER_* settings of the caller are dropped: the checks expect the defaults.
 for v in $(compgen -e | grep '^TETHER_'); do unset "$v"; done
-exec node "$HERE/console.mjs" "$BIN" "$PYTHON_EXE" "$CHROMIUM"
+# The console's checks, then the admin page's (admin.mjs); CONSOLE_SUITES=console
+# or CONSOLE_SUITES=admin runs one of them.
+SUITES="${CONSOLE_SUITES:-console,admin}"
+status=0
+if [[ ",$SUITES," == *,console,* ]]; then
+    node "$HERE/console.mjs" "$BIN" "$PYTHON_EXE" "$CHROMIUM" || status=1
+fi
+if [[ ",$SUITES," == *,admin,* ]]; then
+    node "$HERE/admin.mjs" "$BIN" "$PYTHON_EXE" "$CHROMIUM" || status=1
+fi
+exit $status

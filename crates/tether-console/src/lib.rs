@@ -21,6 +21,14 @@
 //! only to origins that tether's metadata names, and it shows nothing it did
 //! not write itself. The console page, which shows what servers return,
 //! keeps `connect-src 'self'`.
+//!
+//! The operators' page, `/console/admin` ([`admin_router`]), is served only
+//! when the admin API is on (tether merges it with the admin routes). It
+//! talks only to its own origin (`/admin/*` with the admin token in a
+//! header, `/metrics`), and its policy is stricter still: nothing but its
+//! own files, no `data:` images, and Trusted Types required, so no string
+//! can reach an HTML sink (`innerHTML` and the like throw): every name a
+//! client or an upstream chose is shown as text.
 
 use axum::Router;
 use axum::extract::{Path, RawQuery};
@@ -33,8 +41,17 @@ use axum::routing::get;
 pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; style-src 'self'; connect-src 'self'; \
      img-src 'self' data:; object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
+/// The admin page's policy: its own files only, and Trusted Types with no
+/// policy, so the page cannot turn a string into HTML or script.
+pub const ADMIN_CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
+     img-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'; \
+     require-trusted-types-for 'script'; trusted-types 'none'";
+
 /// The path the page is served at.
 pub const PATH: &str = "/console";
+
+/// The admin page's path; its files are under `/console/admin/`.
+pub const ADMIN_PATH: &str = "/console/admin";
 
 /// The sign-in page (also the OAuth `redirect_uri`).
 pub const SIGN_IN_PATH: &str = "/console/sign-in";
@@ -68,6 +85,54 @@ const ASSETS: &[Asset] = &[
     Asset { name: "sign-in.js", content_type: "text/javascript; charset=utf-8", body: include_str!("../web/sign-in.js") },
     Asset { name: "favicon.svg", content_type: "image/svg+xml", body: include_str!("../web/favicon.svg") },
 ];
+
+const ADMIN_INDEX: Asset =
+    Asset { name: "admin.html", content_type: "text/html; charset=utf-8", body: include_str!("../web/admin.html") };
+
+/// Everything under `/console/admin/`.
+const ADMIN_ASSETS: &[Asset] = &[
+    ADMIN_INDEX,
+    Asset { name: "admin.css", content_type: "text/css; charset=utf-8", body: include_str!("../web/admin.css") },
+    Asset { name: "admin.js", content_type: "text/javascript; charset=utf-8", body: include_str!("../web/admin.js") },
+    Asset { name: "dom.js", content_type: "text/javascript; charset=utf-8", body: include_str!("../web/admin/dom.js") },
+    Asset { name: "api.js", content_type: "text/javascript; charset=utf-8", body: include_str!("../web/admin/api.js") },
+    Asset { name: "health.js", content_type: "text/javascript; charset=utf-8", body: include_str!("../web/admin/health.js") },
+    Asset { name: "sse.js", content_type: "text/javascript; charset=utf-8", body: include_str!("../web/sse.js") },
+    Asset { name: "favicon.svg", content_type: "image/svg+xml", body: include_str!("../web/favicon.svg") },
+];
+
+/// `GET /console/admin` and `GET /console/admin/ASSET`: the operators'
+/// page. Merge it only where the admin API is on. Needs no token to load:
+/// the operator types it into the page, which sends it in a header.
+pub fn admin_router() -> Router {
+    Router::new()
+        .route(ADMIN_PATH, get(admin_index))
+        .route("/console/admin/", get(admin_index))
+        .route("/console/admin/{asset}", get(admin_asset))
+}
+
+async fn admin_index() -> Response {
+    admin_respond(&ADMIN_INDEX)
+}
+
+async fn admin_asset(Path(name): Path<String>) -> Response {
+    match ADMIN_ASSETS.iter().find(|a| a.name == name) {
+        Some(a) => admin_respond(a),
+        None => {
+            let mut response = (StatusCode::NOT_FOUND, "no such admin page file\n").into_response();
+            secure_with(&mut response, ADMIN_CONTENT_SECURITY_POLICY);
+            response
+        }
+    }
+}
+
+fn admin_respond(asset: &Asset) -> Response {
+    let mut response =
+        (StatusCode::OK, [(header::CONTENT_TYPE, asset.content_type), (header::CACHE_CONTROL, "no-cache")], asset.body)
+            .into_response();
+    secure_with(&mut response, ADMIN_CONTENT_SECURITY_POLICY);
+    response
+}
 
 /// `GET /console`, `GET /console/`, `GET /console/sign-in` and `GET
 /// /console/ASSET`. Needs no token: the page holds none; the person types it
@@ -213,8 +278,12 @@ fn respond(asset: &Asset) -> Response {
 }
 
 fn secure(response: &mut Response) {
+    secure_with(response, CONTENT_SECURITY_POLICY);
+}
+
+fn secure_with(response: &mut Response, policy: &'static str) {
     let headers = response.headers_mut();
-    headers.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CONTENT_SECURITY_POLICY));
+    headers.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(policy));
     headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
     headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));

@@ -180,3 +180,80 @@ async fn unknown_files_are_404_with_the_same_policy() {
     let (status, _, _) = get("/console/a/b").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
+
+async fn get_from(app: axum::Router, path: &str) -> (StatusCode, axum::http::HeaderMap, String) {
+    let request = Request::get(path).body(Body::empty()).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let response = app.oneshot(request).await.unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, headers, String::from_utf8(body.to_vec()).unwrap())
+}
+
+/// The console and the admin page, merged as `tether serve` does when the admin API is on.
+fn with_admin() -> axum::Router {
+    tether_console::router().merge(tether_console::admin_router())
+}
+
+#[tokio::test]
+async fn the_admin_page_is_only_where_it_is_merged_with_its_files_and_a_stricter_policy() {
+    // The console alone (no admin API): no admin page, none of its files.
+    for path in ["/console/admin", "/console/admin/", "/console/admin/admin.js"] {
+        let (status, _, _) = get(path).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path} without the admin API");
+    }
+    for (path, kind) in [
+        ("/console/admin", "text/html"),
+        ("/console/admin/", "text/html"),
+        ("/console/admin/admin.js", "text/javascript"),
+        ("/console/admin/dom.js", "text/javascript"),
+        ("/console/admin/api.js", "text/javascript"),
+        ("/console/admin/health.js", "text/javascript"),
+        ("/console/admin/sse.js", "text/javascript"),
+        ("/console/admin/admin.css", "text/css"),
+        ("/console/admin/favicon.svg", "image/svg+xml"),
+    ] {
+        let (status, headers, body) = get_from(with_admin(), path).await;
+        assert_eq!(status, StatusCode::OK, "{path}");
+        let ty = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
+        assert!(ty.starts_with(kind), "{path}: {ty}");
+        let csp = headers.get(header::CONTENT_SECURITY_POLICY).and_then(|v| v.to_str().ok()).unwrap_or_default();
+        assert_eq!(csp, tether_console::ADMIN_CONTENT_SECURITY_POLICY, "{path}");
+        for directive in [
+            "default-src 'none'",
+            "script-src 'self'",
+            "connect-src 'self'",
+            "require-trusted-types-for 'script'",
+            "trusted-types 'none'",
+            "frame-ancestors 'none'",
+        ] {
+            assert!(csp.contains(directive), "{path}: {csp} lacks {directive}");
+        }
+        assert!(!csp.contains("unsafe-") && !csp.contains("data:"), "{csp}");
+        assert!(!body.is_empty(), "{path} is empty");
+    }
+    // The console's own pages keep theirs.
+    let (_, headers, _) = get_from(with_admin(), "/console/app.js").await;
+    assert_eq!(headers.get(header::CONTENT_SECURITY_POLICY).unwrap().to_str().unwrap(), tether_console::CONTENT_SECURITY_POLICY);
+    let (status, _, _) = get_from(with_admin(), "/console/admin/nope.js").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn the_admin_page_has_no_inline_code_and_never_builds_html_from_strings() {
+    let (_, _, html) = get_from(with_admin(), "/console/admin").await;
+    assert!(html.contains(r#"<script type="module" src="/console/admin/admin.js"></script>"#), "{html}");
+    assert_eq!(html.matches("<script").count(), 1);
+    assert!(!html.contains("<style") && !html.contains(" style="), "inline style in admin.html");
+    for handler in [" onclick=", " onload=", " onerror=", " onsubmit=", " onchange=", "javascript:"] {
+        assert!(!html.contains(handler), "inline handler {handler} in admin.html");
+    }
+    for script in ["admin.js", "dom.js", "api.js", "health.js"] {
+        let (_, _, js) = get_from(with_admin(), &format!("/console/admin/{script}")).await;
+        for sink in ["innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function", "localStorage"] {
+            assert!(!js.contains(sink), "{script} uses {sink}");
+        }
+        let foreign = js.replace("http://www.w3.org/2000/svg", "");
+        assert!(!foreign.contains("http://") && !foreign.contains("https://"), "{script} names another origin");
+    }
+}

@@ -527,6 +527,10 @@ pub async fn run(args: ServeArgs, keeper: Option<tether_keeper::client::Welcomed
             let routes = crate::keeper::admin_routes(keeper.clone());
             extra = extra.merge(tether_server::http::admin_guarded(token, origins, routes));
         }
+        if !args.no_console {
+            tracing::info!("admin page at http://{local}{}", tether_console::ADMIN_PATH);
+            extra = extra.merge(tether_console::admin_router());
+        }
     }
     if let Some(keeper) = &keeper {
         // From here on a restart is worth it: this engine got as far as serving.
