@@ -169,7 +169,9 @@ function chart(points, now, spec) {
   const H = 64;
   const values = points.map(([, v]) => v).filter((v) => v !== null && v !== undefined);
   const max = Math.max(...values, 0) || 1;
-  const x = (t) => ((t - (now - WINDOW_MS)) / WINDOW_MS) * W;
+  // The window, or less while the page has sampled less: the line spans the chart.
+  const start = Math.max(now - WINDOW_MS, (points[0]?.[0] ?? now) - SAMPLE_MS);
+  const x = (t) => ((t - start) / Math.max(now - start, 1)) * W;
   const y = (v) => H - 2 - (v / max) * (H - 6);
   const lines = [];
   let run = [];
@@ -182,7 +184,8 @@ function chart(points, now, spec) {
     }
   }
   if (run.length) lines.push(run);
-  const title = `${spec.title}: at most ${spec.unit(max)} over the last ${WINDOW_MS / 60000} minutes`;
+  const minutes = Math.max(1, Math.round((now - start) / 60000));
+  const title = `${spec.title}: at most ${spec.unit(max)} over the last ${minutes} minute${minutes === 1 ? '' : 's'}`;
   return svg('svg', { viewBox: `0 0 ${W} ${H}`, class: spec.bad ? 'spark bad' : 'spark', role: 'img', 'aria-label': title },
     svg('title', {}, title),
     svg('line', { x1: 0, y1: H - 2, x2: W, y2: H - 2, class: 'axis' }),
