@@ -20,11 +20,15 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 pub use crate::engine::{OperationCtx, RequestCtx, SessionCtx};
+pub use crate::authorized::Authorized;
 pub use tether_wire::RpcError;
 
 /// A request's result, passed to the client as it is (no typed model in
 /// between that could drop fields it does not know).
 pub type RawResult = Box<RawValue>;
+
+/// The principal of every request while authentication is off.
+pub const ANONYMOUS: &str = "anonymous";
 
 /// Who sent a request: the authenticated principal and what the client
 /// declared in `initialize` (or, later, in a sessionless request's `_meta`).
@@ -63,28 +67,9 @@ impl Caller {
     }
 }
 
-/// The client's `Authorization` header as it came with a request, for an
-/// application that forwards it (the gateway's `forward_auth`). Held in
-/// memory for the request only: never stored, and its `Debug` never shows it.
-#[derive(Clone, PartialEq)]
-pub struct ClientAuthorization(Arc<str>);
-
-impl ClientAuthorization {
-    pub fn new(header_value: &str) -> Self {
-        Self(Arc::from(header_value))
-    }
-
-    /// The header's value, as the client sent it (`Bearer …`).
-    pub fn header_value(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for ClientAuthorization {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ClientAuthorization(<redacted>)")
-    }
-}
+/// Until the gateway reads [`Authorized`] by its own name.
+#[doc(hidden)]
+pub type ClientAuthorization = Authorized;
 
 /// An `initialize` as the application sees it: the caller, the params as
 /// sent, and what the application wants the new (or resumed) session to start
@@ -93,7 +78,7 @@ impl std::fmt::Debug for ClientAuthorization {
 pub struct Initialize<'a> {
     pub caller: &'a Caller,
     pub params: &'a Map<String, Value>,
-    pub(crate) authorization: Option<&'a ClientAuthorization>,
+    pub(crate) authorized: Option<&'a Authorized>,
     pub(crate) session_id: &'a str,
     pub(crate) app_state: Map<String, Value>,
     pub(crate) local: Option<Arc<dyn Any + Send + Sync>>,
@@ -103,10 +88,10 @@ impl<'a> Initialize<'a> {
     pub(crate) fn new(
         caller: &'a Caller,
         params: &'a Map<String, Value>,
-        authorization: Option<&'a ClientAuthorization>,
+        authorized: Option<&'a Authorized>,
         session_id: &'a str,
     ) -> Self {
-        Self { caller, params, authorization, session_id, app_state: Map::new(), local: None }
+        Self { caller, params, authorized, session_id, app_state: Map::new(), local: None }
     }
 
     /// The ID of the session this `initialize` makes. A client that presents
@@ -116,9 +101,15 @@ impl<'a> Initialize<'a> {
         self.session_id
     }
 
-    /// The client's `Authorization` header of this `initialize`, if it sent one.
-    pub fn client_authorization(&self) -> Option<&ClientAuthorization> {
-        self.authorization
+    /// What the HTTP front established about this `initialize` (its
+    /// verified token and claims), if it came through the front.
+    pub fn authorized(&self) -> Option<&Authorized> {
+        self.authorized
+    }
+
+    #[doc(hidden)]
+    pub fn client_authorization(&self) -> Option<&Authorized> {
+        self.authorized
     }
 
     /// Stored in the session's durable app state once the session exists

@@ -13,6 +13,7 @@
 //! The wire format (envelope, error codes, header names, `_meta` keys) is
 //! the `tether-wire` crate's.
 
+pub mod authorized;
 pub mod app;
 pub mod audit;
 pub mod config;
@@ -25,7 +26,7 @@ pub mod tools;
 pub mod trace;
 
 pub use app::{
-    Caller, ClientAuthorization, ClientDeclaration, CutOff, EndReason, Endpoints, Initialize, McpApp, OperationCtx,
+    Authorized, Caller, ClientAuthorization, ClientDeclaration, CutOff, EndReason, Endpoints, Initialize, McpApp, OperationCtx,
     OperationRunner, OperationSpec, Origin, Origins, ROOT_ENDPOINT, RawResult, RequestCtx, RpcError, SessionCtx, SessionEnd,
     raw_result,
 };

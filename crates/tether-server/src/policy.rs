@@ -30,6 +30,7 @@
 //! the scopes a request needs.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
@@ -178,7 +179,7 @@ pub enum Decision {
 pub struct Subject {
     pub principal: String,
     /// The access token's claims (`Value::Null` for a static token).
-    pub claims: Value,
+    pub claims: Arc<Value>,
 }
 
 impl Decision {
@@ -338,7 +339,12 @@ impl Policy {
         origin: Option<&Origin>,
         subject: &Subject,
     ) -> Decision {
-        let seen = self.decide(endpoint, method, target, subject);
+        self.through(self.decide(endpoint, method, target, subject), method, target, origin, subject)
+    }
+
+    /// `seen`, the decision on the name the client sees, joined with the
+    /// rules of the member `origin` names (as [`Self::decide_through`]).
+    pub fn through(&self, seen: Decision, method: &str, target: Target<'_>, origin: Option<&Origin>, subject: &Subject) -> Decision {
         match origin {
             Some(origin) => seen.and(self.decide(&origin.endpoint, method, target.renamed(&origin.name), subject)),
             None => seen,
@@ -373,7 +379,7 @@ impl Policy {
             None => String::new(),
         };
         let head = format!("`{}` may not use the {} `{}`{through} here", subject.principal, target.kind(), target.name());
-        match (scopes.is_empty(), subject.claims.is_null() && subject.principal != crate::http::ANONYMOUS) {
+        match (scopes.is_empty(), subject.claims.is_null() && subject.principal != crate::app::ANONYMOUS) {
             (true, _) => format!("{head}: the endpoint's policy refuses it"),
             (false, false) => format!("{head} without the scope {}; get a token with it and retry", scopes.join(" ")),
             (false, true) => format!(
@@ -442,7 +448,7 @@ mod tests {
     }
 
     fn subject(scope: &str) -> Subject {
-        Subject { principal: "svc@http://as".into(), claims: json!({"sub": "svc", "scope": scope}) }
+        Subject { principal: "svc@http://as".into(), claims: Arc::new(json!({"sub": "svc", "scope": scope})) }
     }
 
     #[test]
@@ -474,7 +480,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // A static token has no claims: scope rules deny it.
-        let static_token = Subject { principal: "alice".into(), claims: Value::Null };
+        let static_token = Subject { principal: "alice".into(), claims: Arc::new(Value::Null) };
         assert!(!allowed(policy.decide("", "tools/call", Target::Tool("write_a"), &static_token)));
     }
 
@@ -499,7 +505,7 @@ mod tests {
         let message = Policy::refusal_message(&reader, Target::Tool("u1__delete"), Some(&origin), &through);
         assert!(message.contains("`delete` of `/mcp/u1`") && message.contains("tools:write"), "{message}");
         // A token of the token file has no claims: told so.
-        let file_token = Subject { principal: "alice".into(), claims: Value::Null };
+        let file_token = Subject { principal: "alice".into(), claims: Arc::new(Value::Null) };
         let denied = policy.decide_through("team", "tools/call", Target::Tool("u1__delete"), Some(&origin), &file_token);
         let message = Policy::refusal_message(&file_token, Target::Tool("u1__delete"), Some(&origin), &denied);
         assert!(message.contains("token file carries no OAuth scopes"), "{message}");

@@ -85,7 +85,7 @@ async fn ask(engine: &Engine, caller: Caller, method: &str, params: Value) -> Va
         id: json!(1),
         method: method.to_owned(),
         params: params.as_object().cloned(),
-        authorization: None,
+        authorized: None,
         log_level: None,
         param_headers: Vec::new(),
     };
@@ -263,7 +263,7 @@ async fn a_call_answered_whole_whose_client_goes_away_stops_its_work() {
         id: json!(1),
         method: "tools/call".into(),
         params: json!({"name": "count"}).as_object().cloned(),
-        authorization: None,
+        authorized: None,
         log_level: None,
         param_headers: Vec::new(),
     };

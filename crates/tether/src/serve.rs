@@ -478,7 +478,7 @@ pub async fn run(args: ServeArgs, keeper: Option<tether_keeper::client::Welcomed
         }
     };
     let notebook: Arc<dyn tether_server::McpApp> = Arc::new(ToolRouter::new(Notebook::new(notebook)));
-    let endpoints = Endpoints::new(Policed::wrap(notebook, "", &[], &auth));
+    let endpoints = Endpoints::new(Policed::wrap(notebook, "", &[], auth.policy()));
     tether_gateway::processes::ServerProcesses::global().set_max(args.max_stdio_processes);
     let configured = Gateways::read(&args.upstreams, args.config.as_deref())?;
     let mut gateways = Gateways { auth: auth.clone(), ..Gateways::default() };
@@ -686,14 +686,14 @@ impl Gateways {
             let verb = if self.upstreams.contains_key(name) { "changed: new connections use the new settings" } else { "added" };
             tracing::info!(upstream = %name, "upstream {verb}; gateway endpoint /mcp/{name}");
             if let Some(gateway) = upstreams.get(name) {
-                endpoints.set(name.clone(), Policed::wrap(gateway.clone(), name, &[], &self.auth));
+                endpoints.set(name.clone(), Policed::wrap(gateway.clone(), name, &[], self.auth.policy()));
             }
         }
         for server in servers {
             tracing::info!(server = %server.name(), "virtual server endpoint /mcp/{}", server.name());
             let name = server.name().to_owned();
             let members = server.members().to_vec();
-            endpoints.set(name.clone(), Policed::wrap(server, &name, &members, &self.auth));
+            endpoints.set(name.clone(), Policed::wrap(server, &name, &members, self.auth.policy()));
         }
         self.upstreams = upstreams;
         self.configured = wanted;

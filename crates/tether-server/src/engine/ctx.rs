@@ -20,7 +20,7 @@ use super::request::RequestHead;
 use super::request_stream::RequestStream;
 use super::session::Session;
 use super::sessionless::Sink;
-use crate::app::{Caller, ClientAuthorization, RpcError};
+use crate::app::{Authorized, Caller, RpcError};
 
 /// Bounded retries of a state update racing with another writer.
 const STATE_UPDATE_ATTEMPTS: usize = 8;
@@ -52,7 +52,7 @@ pub struct RequestCtx {
     request_id: Value,
     progress_token: Option<Value>,
     cancel: CancellationToken,
-    authorization: Option<ClientAuthorization>,
+    authorized: Option<Authorized>,
     /// A sessionless request's response, where its notifications go.
     sink: Option<Sink>,
 }
@@ -175,7 +175,7 @@ impl RequestCtx {
         request_id: Value,
         progress_token: Option<Value>,
         cancel: CancellationToken,
-        authorization: Option<ClientAuthorization>,
+        authorized: Option<Authorized>,
     ) -> Self {
         Self {
             caller: session.caller(),
@@ -185,7 +185,7 @@ impl RequestCtx {
             request_id,
             progress_token,
             cancel,
-            authorization,
+            authorized,
             sink: None,
         }
     }
@@ -198,7 +198,7 @@ impl RequestCtx {
         cancel: CancellationToken,
         sink: Sink,
     ) -> Self {
-        let RequestHead { id, progress_token, authorization } = head;
+        let RequestHead { id, progress_token, authorized } = head;
         Self {
             inner,
             caller,
@@ -207,7 +207,7 @@ impl RequestCtx {
             request_id: id,
             progress_token,
             cancel,
-            authorization,
+            authorized,
             sink: Some(sink),
         }
     }
@@ -225,10 +225,15 @@ impl RequestCtx {
         &self.caller.principal
     }
 
-    /// The client's `Authorization` header of this request, if it sent one
-    /// (for an application that forwards it; never stored).
-    pub fn client_authorization(&self) -> Option<&ClientAuthorization> {
-        self.authorization.as_ref()
+    /// What the HTTP front established about this request (its verified
+    /// token, claims and policy decision), if it came through the front.
+    pub fn authorized(&self) -> Option<&Authorized> {
+        self.authorized.as_ref()
+    }
+
+    #[doc(hidden)]
+    pub fn client_authorization(&self) -> Option<&Authorized> {
+        self.authorized.as_ref()
     }
 
     /// The session the request belongs to; `None` for a request served

@@ -16,7 +16,7 @@ use tracing::Instrument;
 
 use super::request::RequestHead;
 use super::{Engine, EngineError, PostOutcome, Refusal, Reply, Session, SessionCtx, SessionState, request, resume, unavailable};
-use crate::app::{Caller, ClientAuthorization, ClientDeclaration, Initialize};
+use crate::app::{Caller, Authorized, ClientDeclaration, Initialize};
 use crate::ids;
 
 impl Engine {
@@ -32,10 +32,10 @@ impl Engine {
         id: Value,
         params: Option<Map<String, Value>>,
         reply: Reply,
-        authorization: Option<ClientAuthorization>,
+        authorized: Option<Authorized>,
     ) -> Result<PostOutcome, EngineError> {
         let span = crate::trace::rpc_span("initialize", None, params.as_ref());
-        self.initialize_in_span(endpoint, principal, id, params, reply, authorization).instrument(span).await
+        self.initialize_in_span(endpoint, principal, id, params, reply, authorized).instrument(span).await
     }
 
     async fn initialize_in_span(
@@ -45,7 +45,7 @@ impl Engine {
         id: Value,
         params: Option<Map<String, Value>>,
         reply: Reply,
-        authorization: Option<ClientAuthorization>,
+        authorized: Option<Authorized>,
     ) -> Result<PostOutcome, EngineError> {
         if self.inner.life.shutdown.is_cancelled() {
             return Err(EngineError::ShuttingDown);
@@ -73,7 +73,7 @@ impl Engine {
         // The ID a new session gets, known to the application from the start
         // (its logs carry it); a resumed session keeps its own.
         let new_id = ids::new_session_id();
-        let mut init = Initialize::new(&caller, &params, authorization.as_ref(), &new_id);
+        let mut init = Initialize::new(&caller, &params, authorized.as_ref(), &new_id);
         let answered = std::panic::AssertUnwindSafe(app.initialize(&mut init)).catch_unwind().await;
         let (initial_app_state, initial_local) = (std::mem::take(&mut init.app_state), init.local.take());
         let mut result = match answered {
@@ -152,7 +152,7 @@ impl Engine {
             .clone()
             .start_request(
                 session,
-                RequestHead { id, progress_token: None, authorization: None },
+                RequestHead { id, progress_token: None, authorized: None },
                 "initialize",
                 reply,
                 Box::new(move |_| Box::pin(async move { Ok(raw) })),

@@ -53,7 +53,7 @@ pub use pump::{Frame, Frames};
 pub use request::PANICKED_MESSAGE;
 pub use session::{Session, SessionState};
 
-use crate::app::{ClientAuthorization, EndReason, Endpoints, Initialize, McpApp, SessionEnd};
+use crate::app::{Authorized, EndReason, Endpoints, Initialize, McpApp, SessionEnd};
 use crate::config::EngineConfig;
 use crate::ids::{self, EventId};
 pub use listen::filter as listen_filter;
@@ -289,14 +289,14 @@ impl Engine {
     }
 
     /// Handles a POSTed message other than `initialize` for an existing session.
-    /// `authorization` is the client's `Authorization` header, handed to the
-    /// application with a request (never stored).
+    /// `authorized` is what the HTTP front established about the request,
+    /// handed to the application with it (never stored).
     pub async fn post(
         &self,
         session: Arc<Session>,
         message: Inbound,
         reply: Reply,
-        authorization: Option<ClientAuthorization>,
+        authorized: Option<Authorized>,
     ) -> Result<PostOutcome, EngineError> {
         match message {
             Inbound::Request { id, method, .. } if method == "initialize" => Err(EngineError::BadRequest {
@@ -318,7 +318,7 @@ impl Engine {
                         app.handle_request(ctx, &owned, params).await
                     })
                 });
-                let head = RequestHead { id, progress_token, authorization };
+                let head = RequestHead { id, progress_token, authorized };
                 self.inner.clone().start_request(session, head, &method, reply, work).instrument(span).await
             }
             Inbound::Notification { method, params } => {

@@ -21,7 +21,7 @@ use super::pump::{PumpSpec, spawn_pump};
 use super::request_stream::{self, RequestStream};
 use super::session::Session;
 use super::{EngineError, Frame, INTERRUPTED_MESSAGE, Inner, PostOutcome};
-use crate::app::{ClientAuthorization, RawResult};
+use crate::app::{Authorized, RawResult};
 use crate::ids::{self, EventId};
 
 /// A request's work: what the application does with its context.
@@ -113,8 +113,8 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
 pub(crate) struct RequestHead {
     pub id: Value,
     pub progress_token: Option<Value>,
-    /// The client's `Authorization` header, for the application (never stored).
-    pub authorization: Option<ClientAuthorization>,
+    /// What the HTTP front established about it, for the application (never stored).
+    pub authorized: Option<Authorized>,
 }
 
 impl Inner {
@@ -128,7 +128,7 @@ impl Inner {
         reply: super::Reply,
         work: Work,
     ) -> Result<PostOutcome, EngineError> {
-        let RequestHead { id, progress_token, authorization } = head;
+        let RequestHead { id, progress_token, authorized } = head;
         if self.life.shutdown.is_cancelled() {
             return Err(EngineError::ShuttingDown);
         }
@@ -139,7 +139,7 @@ impl Inner {
         if reply == super::Reply::Json {
             let (tx, rx) = oneshot::channel();
             let ctx =
-                RequestCtx::new(self.clone(), session.clone(), None, id.clone(), progress_token, cancel.clone(), authorization);
+                RequestCtx::new(self.clone(), session.clone(), None, id.clone(), progress_token, cancel.clone(), authorized);
             let inner = self.clone();
             self.life.spawn_request(async move {
                 let _slot = slot;
@@ -161,7 +161,7 @@ impl Inner {
             id,
             progress_token,
             cancel.clone(),
-            authorization,
+            authorized,
         );
         let prime_delay = self.config.prime_delay;
         let worker_session = session.clone();

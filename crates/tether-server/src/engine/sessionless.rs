@@ -21,7 +21,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::request::{self, RequestHead, Work};
 use super::{Engine, EngineError, Inner};
-use crate::app::{Caller, ClientAuthorization, McpApp, RawResult};
+use crate::app::{Caller, Authorized, McpApp, RawResult};
 use crate::engine::RequestCtx;
 
 /// Methods whose 2026-07-28 results say how long they may be cached
@@ -38,7 +38,7 @@ pub struct SessionlessRequest {
     pub id: Value,
     pub method: String,
     pub params: Option<Map<String, Value>>,
-    pub authorization: Option<ClientAuthorization>,
+    pub authorized: Option<Authorized>,
     /// `_meta`'s log level: `notifications/message` at or above it go out; none without it.
     pub log_level: Option<String>,
     /// The request's `Mcp-Param-*` headers as sent (names lowercased), for
@@ -120,7 +120,7 @@ impl Engine {
             inner.apps.get(&request.endpoint).ok_or_else(|| EngineError::UnknownEndpoint(request.endpoint.clone()))?.clone();
         let permit = inner.sessionless.admit(&request.caller.principal).map_err(|r| EngineError::TooMany(r.message()))?;
         let server_info = self.discover(&request.endpoint).await?.and_then(|d| d.get("serverInfo").cloned());
-        let SessionlessRequest { caller, id, method, mut params, authorization, log_level, param_headers, .. } = request;
+        let SessionlessRequest { caller, id, method, mut params, authorized, log_level, param_headers, .. } = request;
         let span = crate::trace::rpc_span(&method, None, params.as_ref());
         let principal = caller.principal.clone();
         // An application that passes the rounds through gets them as sent.
@@ -150,7 +150,7 @@ impl Engine {
             rounds: rounds.clone(),
         };
         let cancel = CancellationToken::new();
-        let head = RequestHead { id: id.clone(), progress_token, authorization };
+        let head = RequestHead { id: id.clone(), progress_token, authorized };
         let ctx = RequestCtx::sessionless(inner.clone(), caller, head, cancel.clone(), sink);
         let cacheable = CACHEABLE.contains(&method.as_str());
         let call = inner.calls.enter(None, &principal, &request.endpoint, &method, &id, params.as_ref());

@@ -22,14 +22,16 @@ use std::sync::Arc;
 use axum::http::{HeaderMap, StatusCode, header};
 use parking_lot::RwLock;
 use sha2::{Digest, Sha256};
+use serde_json::Value;
 use subtle::ConstantTimeEq;
 
 use super::HttpError;
 use super::oauth::{Refusal, ResourceServer};
+use crate::app::Authorized;
 use crate::policy::{Decision, Policy, Subject, Target};
 
 /// The principal of every request while authentication is off.
-pub const ANONYMOUS: &str = "anonymous";
+pub use crate::app::ANONYMOUS;
 
 /// Parsed token file.
 #[derive(Debug, Default)]
@@ -180,20 +182,6 @@ impl Auth {
         }
     }
 
-    /// Who is asking as policies see it: the principal and, for an access
-    /// token, its claims (its check is remembered, so this costs a hash). A
-    /// token of the token file has none (`Value::Null`) and goes nowhere.
-    pub async fn subject(&self, authorization: Option<&str>, endpoint: &str, principal: &str) -> Subject {
-        let token = authorization.and_then(tether_wire::headers::bearer_token);
-        let claims = match (&self.oauth, token.map(|t| self.lookup(t))) {
-            (Some(oauth), Some(Lookup::Unlisted(token))) => {
-                oauth.verify(token, endpoint, None).await.map(|t| t.claims).unwrap_or(serde_json::Value::Null)
-            }
-            _ => serde_json::Value::Null,
-        };
-        Subject { principal: principal.to_owned(), claims }
-    }
-
     /// The refusal of a use `decision` denies: 403, with the
     /// `insufficient_scope` challenge when a rule names the scope it needs
     /// (worded by [`Policy::refusal_message`]: a token of the token file is
@@ -235,19 +223,26 @@ impl Auth {
         Ok(n)
     }
 
-    /// [`Self::principal_from`] a client whose address is not known (all
-    /// such clients share one count of introspections).
+    /// The principal of a request to `endpoint` from a client whose address
+    /// is not known (all such clients share one count of introspections).
     pub async fn principal(&self, headers: &HeaderMap, endpoint: &str) -> Result<String, HttpError> {
-        self.principal_from(headers, endpoint, None).await
+        self.authenticate(headers, endpoint, None).await.map(|(principal, _)| principal)
     }
 
-    /// The principal of a request to `endpoint` from the client at
-    /// `client`, or 401 with a `WWW-Authenticate: Bearer` challenge (with
-    /// `Retry-After` past the limit on introspections; 503 while the
-    /// authorization server's keys cannot be had).
-    pub async fn principal_from(&self, headers: &HeaderMap, endpoint: &str, client: Option<IpAddr>) -> Result<String, HttpError> {
+    /// Who sent a request to `endpoint` from the client at `client`: its
+    /// principal and what the request carries on ([`Authorized`]: the
+    /// token verified here, once, and its claims), or 401 with a
+    /// `WWW-Authenticate: Bearer` challenge (with `Retry-After` past the
+    /// limit on introspections; 503 while the authorization server's keys
+    /// cannot be had).
+    pub async fn authenticate(
+        &self,
+        headers: &HeaderMap,
+        endpoint: &str,
+        client: Option<IpAddr>,
+    ) -> Result<(String, Authorized), HttpError> {
         if !self.is_enabled() {
-            return Ok(ANONYMOUS.to_owned());
+            return Ok((ANONYMOUS.to_owned(), Authorized::default()));
         }
         let unauthorized = |m: &str, refusal: Option<&str>| {
             crate::metrics::auth_failure();
@@ -265,9 +260,9 @@ impl Auth {
             .and_then(|v| v.to_str().ok())
             .and_then(tether_wire::headers::bearer_token)
             .ok_or_else(|| unauthorized("authentication required: send `Authorization: Bearer <token>`", None))?;
-        let token = match self.lookup(token) {
-            Lookup::Listed(principal) => return Ok(principal),
-            Lookup::Unlisted(token) => token,
+        let unlisted = match self.lookup(token) {
+            Lookup::Listed(principal) => return Ok((principal, Authorized::verified(token, Arc::new(Value::Null)))),
+            Lookup::Unlisted(unlisted) => unlisted,
         };
         let Some(oauth) = &self.oauth else {
             return Err(unauthorized(
@@ -275,8 +270,8 @@ impl Auth {
                 None,
             ));
         };
-        match oauth.verify(token, endpoint, client).await {
-            Ok(checked) => Ok(checked.principal),
+        match oauth.verify(unlisted, endpoint, client).await {
+            Ok(checked) => Ok((checked.principal, Authorized::verified(token, checked.claims))),
             Err(Refusal::Invalid(reason)) => {
                 Err(unauthorized(&format!("the access token is refused: {reason}; get a new one and retry"), Some(&reason)))
             }

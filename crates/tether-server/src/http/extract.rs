@@ -13,6 +13,7 @@ use axum::http::request::Parts;
 use tether_wire::Inbound;
 
 use super::{AppState, HttpError, validate};
+use crate::app::Authorized;
 
 /// A present `Origin` is a localhost origin or one of `--allowed-origin`
 /// (403 otherwise). The first extractor of every `/mcp` handler, so it is
@@ -31,8 +32,9 @@ impl FromRequestParts<AppState> for OriginAllowed {
 
 /// Who is asking: the principal of the bearer token (401 without a valid one
 /// while `--auth-tokens` is on), checked with the client's address (which
-/// the accept loop puts on every request) for the limits per client.
-pub(super) struct Principal(pub String);
+/// the accept loop puts on every request) for the limits per client, and
+/// what the request carries on of that check ([`Authorized`]).
+pub(super) struct Principal(pub String, pub Authorized);
 
 impl FromRequestParts<AppState> for Principal {
     type Rejection = HttpError;
@@ -44,7 +46,8 @@ impl FromRequestParts<AppState> for Principal {
             ));
         }
         let client = parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|ConnectInfo(peer)| peer.ip());
-        state.auth.principal_from(&parts.headers, endpoint_of(parts.uri.path()), client).await.map(Principal)
+        let (principal, authorized) = state.auth.authenticate(&parts.headers, endpoint_of(parts.uri.path()), client).await?;
+        Ok(Principal(principal, authorized))
     }
 }
 

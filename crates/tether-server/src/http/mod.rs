@@ -35,9 +35,8 @@ pub use ops::metrics_router;
 
 use tether_wire::{Inbound, code, headers};
 
-use crate::app::ClientAuthorization;
 use crate::engine::{Engine, PostOutcome, Refusal, Reply, Session};
-use crate::policy::Target;
+use crate::policy::{Subject, Target};
 use extract::{AcceptsAnswers, AcceptsStream, Endpoint, Message, OriginAllowed, Principal};
 
 #[derive(Clone)]
@@ -149,23 +148,15 @@ pub async fn serve_with(
     result
 }
 
-/// The client's `Authorization` header, handed to the application with the
-/// request (the gateway forwards it only where `forward_auth` opts in).
-fn client_authorization(headers: &HeaderMap) -> Option<ClientAuthorization> {
-    headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).map(ClientAuthorization::new)
-}
-
 async fn post_mcp(
     _: OriginAllowed,
     State(state): State<AppState>,
     Endpoint(endpoint): Endpoint,
-    Principal(principal): Principal,
+    Principal(principal, mut authorized): Principal,
     _: AcceptsAnswers,
     Message(message, headers): Message,
 ) -> Result<Response, HttpError> {
-    if let Some(refused) = refused_call(&state.auth, &endpoint, &principal, &headers, &message).await {
-        return Err(refused);
-    }
+    decide_use(&state.auth, &endpoint, &principal, &mut authorized, &message)?;
     if let Some(down) = state.engine.unavailable(&endpoint) {
         let id = match &message {
             Inbound::Request { id, .. } => Some(id.clone()),
@@ -179,17 +170,17 @@ async fn post_mcp(
         });
     }
     if sessionless::is_sessionless(&message, &headers) {
-        return sessionless::post(&state, &endpoint, principal, &headers, message).await;
+        return sessionless::post(&state, &endpoint, principal, authorized, &headers, message).await;
     }
     let engine = &state.engine;
     let reply = if state.http.json_response { Reply::Json } else { Reply::Stream };
     let outcome = match message {
         Inbound::Request { id, method, params } if method == "initialize" => {
-            engine.initialize(&endpoint, &principal, id, params, reply, client_authorization(&headers)).await?
+            engine.initialize(&endpoint, &principal, id, params, reply, Some(authorized)).await?
         }
         message => {
             let session = existing_session(&state, &endpoint, &headers, &principal).await?;
-            engine.post(session, message, reply, client_authorization(&headers)).await?
+            engine.post(session, message, reply, Some(authorized)).await?
         }
     };
     let retry = state.http.sse_retry_ms;
@@ -205,21 +196,31 @@ async fn post_mcp(
     })
 }
 
-/// A `tools/call`, `prompts/get`, `resources/read` or `resources/subscribe`
-/// the endpoint's policy refuses this principal, refused here, before it
-/// reaches the engine (403; see [`crate::policy`]). The refusal is audited
-/// here; an allowed use is audited where the application is asked.
-async fn refused_call(auth: &Auth, endpoint: &str, principal: &str, headers: &HeaderMap, message: &Inbound) -> Option<HttpError> {
-    let policy = auth.policy().filter(|p| p.covers(endpoint))?;
-    let Inbound::Request { method, params, id } = message else { return None };
+/// The endpoint's policy on the use a `tools/call`, `prompts/get`,
+/// `resources/read` or `resources/subscribe` makes, decided here, once: a
+/// refusal is audited and answered 403 before anything reaches the engine;
+/// an allowed use goes on with its decision in `authorized`, which
+/// [`crate::policy::Policed`] takes instead of deciding again (and audits,
+/// with the member a virtual server's name comes from).
+fn decide_use(
+    auth: &Auth,
+    endpoint: &str,
+    principal: &str,
+    authorized: &mut crate::app::Authorized,
+    message: &Inbound,
+) -> Result<(), HttpError> {
+    let Some(policy) = auth.policy().filter(|p| p.covers(endpoint)) else { return Ok(()) };
+    let Inbound::Request { method, params, id } = message else { return Ok(()) };
     // A malformed use goes on to the application's policy, which refuses it (-32602).
-    let target = Target::of(method, params.as_ref()).ok()??;
-    let authorization = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    let subject = auth.subject(authorization, endpoint, principal).await;
+    let Ok(Some(target)) = Target::of(method, params.as_ref()) else { return Ok(()) };
+    let subject = Subject { principal: principal.to_owned(), claims: authorized.claims().clone() };
     let decision = policy.decide(endpoint, method, target, &subject);
-    let refused = auth.refusal(endpoint, &subject, target, &decision)?;
-    policy.record(endpoint, method, target, None, principal, &decision);
-    Some(HttpError { id: Some(id.clone()), ..refused })
+    if let Some(refused) = auth.refusal(endpoint, &subject, target, &decision) {
+        policy.record(endpoint, method, target, None, principal, &decision);
+        return Err(HttpError { id: Some(id.clone()), ..refused });
+    }
+    authorized.decide(method, target, decision);
+    Ok(())
 }
 
 fn json_response(body: bytes::Bytes, session_id: Option<&str>) -> Response {
@@ -274,7 +275,7 @@ async fn get_mcp(
     _: OriginAllowed,
     State(state): State<AppState>,
     Endpoint(endpoint): Endpoint,
-    Principal(principal): Principal,
+    Principal(principal, _): Principal,
     _: AcceptsStream,
     headers: HeaderMap,
 ) -> Result<Response, HttpError> {
@@ -294,7 +295,7 @@ async fn delete_mcp(
     _: OriginAllowed,
     State(state): State<AppState>,
     Endpoint(endpoint): Endpoint,
-    Principal(principal): Principal,
+    Principal(principal, _): Principal,
     headers: HeaderMap,
 ) -> Result<Response, HttpError> {
     if sessionless::header_is_sessionless(&headers) {

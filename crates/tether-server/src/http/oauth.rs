@@ -53,6 +53,7 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
@@ -152,7 +153,7 @@ pub struct Token {
     pub principal: String,
     pub scopes: Vec<String>,
     /// Its claims, for policies.
-    pub claims: Value,
+    pub claims: Arc<Value>,
     /// Until when (seconds since the epoch) it is remembered: its `exp` and
     /// [`LEEWAY`] for a JWT, at most [`INTROSPECTED_KEEP`] for an opaque one.
     until: u64,
@@ -464,7 +465,7 @@ impl ResourceServer {
         // `exp` is required above, so it is there.
         let until = claims.get("exp").and_then(Value::as_u64).unwrap_or(0).saturating_add(LEEWAY.as_secs());
         let principal = format!("{sub}@{}", issuer.url);
-        Ok(Token { principal, scopes, claims, until })
+        Ok(Token { principal, scopes, claims: Arc::new(claims), until })
     }
 
     /// The issuer's key `kid` (fetched if unknown, at most once per
@@ -716,7 +717,7 @@ fn active_token(claims: Value, issuer: &str, resource: &str) -> Result<Token, Re
     };
     let principal = format!("{sub}@{issuer}");
     let scopes = claims.get("scope").and_then(Value::as_str).map(|s| s.split_whitespace().map(str::to_owned).collect());
-    Ok(Token { principal, scopes: scopes.unwrap_or_default(), claims, until })
+    Ok(Token { principal, scopes: scopes.unwrap_or_default(), claims: Arc::new(claims), until })
 }
 
 /// A JWK's key and the one algorithm tokens signed with it may use; none

@@ -17,7 +17,7 @@ use serde_json::{Map, Value, json};
 use tether_wire::{Inbound, RpcError, code, envelope, headers, meta, revision};
 
 use super::{AppState, HttpError};
-use crate::app::{Caller, ClientAuthorization, ClientDeclaration};
+use crate::app::{Authorized, Caller, ClientDeclaration};
 use crate::engine::{Outbound, SessionlessRequest, discover_result};
 
 /// Methods of the session era that the sessionless revision removed.
@@ -87,6 +87,7 @@ pub(super) async fn post(
     state: &AppState,
     endpoint: &str,
     principal: String,
+    authorized: Authorized,
     headers: &HeaderMap,
     message: Inbound,
 ) -> Result<Response, HttpError> {
@@ -184,7 +185,6 @@ pub(super) async fn post(
     }
     let caller = caller_of(principal, version, request_meta, capabilities);
     let log_level = request_meta.and_then(|m| m.get(meta::LOG_LEVEL)).and_then(Value::as_str).map(str::to_owned);
-    let authorization = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).map(ClientAuthorization::new);
     let param_headers = headers
         .iter()
         .filter(|(name, _)| name.as_str().starts_with(headers::MCP_PARAM_PREFIX))
@@ -196,7 +196,7 @@ pub(super) async fn post(
         id,
         method,
         params: Some(params),
-        authorization,
+        authorized: Some(authorized),
         log_level,
         param_headers,
     };

@@ -12,7 +12,6 @@ use tether_wire::RpcError;
 use super::{Policy, Subject, Target};
 use crate::app::{CutOff, Initialize, McpApp, Origins, RawResult, SessionEnd, raw_result};
 use crate::engine::{RequestCtx, SessionCtx};
-use crate::http::Auth;
 
 /// A `tools/list`, `prompts/list` or `resources/list` result with only what
 /// `subject` may use (what is left out is audited as `hidden`); other
@@ -53,25 +52,27 @@ pub fn filter_list(
 pub struct Policed {
     inner: Arc<dyn McpApp>,
     endpoint: String,
-    auth: Auth,
+    policy: Arc<Policy>,
 }
 
 impl Policed {
-    /// `app` served at `endpoint` under `auth`'s policy (as it is when no
-    /// rule covers the endpoint nor any of `members`, the endpoints whose
-    /// tools it serves under its own names: a virtual server's members).
-    pub fn wrap(app: Arc<dyn McpApp>, endpoint: &str, members: &[String], auth: &Auth) -> Arc<dyn McpApp> {
-        match auth.policy() {
+    /// `app` served at `endpoint` under `policy` (as it is without one, or
+    /// when no rule covers the endpoint nor any of `members`, the endpoints
+    /// whose tools it serves under its own names: a virtual server's members).
+    pub fn wrap(app: Arc<dyn McpApp>, endpoint: &str, members: &[String], policy: Option<&Arc<Policy>>) -> Arc<dyn McpApp> {
+        match policy {
             Some(policy) if policy.covers(endpoint) || members.iter().any(|m| policy.covers(m)) => {
-                Arc::new(Self { inner: app, endpoint: endpoint.to_owned(), auth: auth.clone() })
+                Arc::new(Self { inner: app, endpoint: endpoint.to_owned(), policy: policy.clone() })
             }
             _ => app,
         }
     }
 
-    async fn subject(&self, ctx: &RequestCtx) -> Subject {
-        let authorization = ctx.client_authorization().map(|a| a.header_value());
-        self.auth.subject(authorization, &self.endpoint, ctx.principal()).await
+    /// Who asks, as the front verified it (no claims for a request that did
+    /// not come through the front).
+    fn subject(ctx: &RequestCtx) -> Subject {
+        let claims = ctx.authorized().map(|a| a.claims().clone()).unwrap_or_default();
+        Subject { principal: ctx.principal().to_owned(), claims }
     }
 }
 
@@ -87,9 +88,9 @@ impl McpApp for Policed {
         method: &str,
         params: Option<Map<String, Value>>,
     ) -> Result<RawResult, RpcError> {
-        let Some(policy) = self.auth.policy() else { return self.inner.handle_request(ctx, method, params).await };
+        let policy = &self.policy;
         if matches!(method, "tools/list" | "prompts/list" | "resources/list") {
-            let subject = self.subject(&ctx).await;
+            let subject = Self::subject(&ctx);
             let raw = self.inner.handle_request(ctx.clone(), method, params).await?;
             let result: Map<String, Value> = serde_json::from_str(raw.get())
                 .map_err(|e| RpcError::internal(format!("{method} answered with no object: {e}")))?;
@@ -100,9 +101,14 @@ impl McpApp for Policed {
         let Some(target) = Target::of(method, params.as_ref())? else {
             return self.inner.handle_request(ctx, method, params).await;
         };
-        let subject = self.subject(&ctx).await;
+        let subject = Self::subject(&ctx);
         let origin = self.inner.origins(&ctx).await.and_then(|o| o.origin(target));
-        let decision = policy.decide_through(&self.endpoint, method, target, origin.as_ref(), &subject);
+        // The front's decision on the name the client sees, where it made
+        // one; then only the rule of the member the name comes from.
+        let decision = match ctx.authorized().and_then(|a| a.decision_on(method, target)) {
+            Some(seen) => policy.through(seen.clone(), method, target, origin.as_ref(), &subject),
+            None => policy.decide_through(&self.endpoint, method, target, origin.as_ref(), &subject),
+        };
         policy.record(&self.endpoint, method, target, origin.as_ref(), &subject.principal, &decision);
         if decision.is_allowed() {
             return self.inner.handle_request(ctx, method, params).await;
