@@ -181,6 +181,12 @@ async function sessionAndCalls(page, requests) {
   const rowText = await row.textContent();
   assert(rowText.includes(HTML_CLIENT), `the client name is shown as text: ${rowText}`);
   assert((await row.locator('img, b').count()) === 0, 'the client name made no element');
+  // Its detail view: the record, its streams and heads, its operations.
+  await row.getByRole('button', { name: 'Details' }).click();
+  const detail = page.locator('#session-detail');
+  await detail.getByText('Streams and their heads').waitFor();
+  const detailText = await detail.textContent();
+  assert(detailText.includes(sid) && detailText.includes('anonymous') && detailText.includes('Operations'), `the detail view: ${detailText}`);
 
   // The slow call: listed while it runs, gone when it ends.
   const slow = client.callTool({ name: 'slow', arguments: { ms: 4000 } });
@@ -208,7 +214,7 @@ async function sessionAndCalls(page, requests) {
   // Pushed, not polled.
   assert(requests.some((u) => u.endsWith('/admin/calls/stream')), 'the page follows /admin/calls/stream');
   assert(!requests.some((u) => /\/admin\/calls(\?|$)/.test(u)), `the page never polls /admin/calls: ${requests.filter((u) => u.includes('/admin/calls')).join(', ')}`);
-  return `session ${sid.slice(0, 12)}… listed with its HTML client name as text; the 4 s slow call listed while it ran and gone after; the HTML tool name shown literally, window.__pwned undefined; calls pushed on /admin/calls/stream`;
+  return `session ${sid.slice(0, 12)}… listed with its HTML client name as text, its detail view shown; the 4 s slow call listed while it ran and gone after; the HTML tool name shown literally, window.__pwned undefined; calls pushed on /admin/calls/stream`;
 }
 
 async function upstreams(page) {
