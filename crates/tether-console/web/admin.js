@@ -186,6 +186,7 @@ async function loadUpstreams() {
   } catch {
     keeper = null; // no keeper (--no-keeper, or not Linux): pids are not known here
   }
+  if (!running) return; // signed out meanwhile: show nothing
   const children = keeper?.children || [];
   const upstreams = endpoints.filter((e) => e.app && e.app.kind === 'upstream');
   const virtuals = endpoints.filter((e) => e.app && e.app.kind === 'virtual_server');
@@ -282,6 +283,7 @@ async function loadSessions(cursor, quiet = false) {
     }
     return;
   }
+  if (!running) return;
   $('sessions-error').hidden = true;
   page.cursor = cursor;
   page.next = answer.next || null;
@@ -389,7 +391,7 @@ async function openDetail(id) {
     if (e.status !== 401) fill(box, el('p', { class: 'error', text: e.message }));
     return;
   }
-  if (detailOf !== id) return;
+  if (detailOf !== id || !running) return;
   const time = (ms) => (ms ? new Date(ms).toLocaleString() : '–');
   const facts = [
     ['Session', s.id], ['Principal', str(s.principal)], ['Endpoint', endpointPath(s.upstream)], ['Client', clientName(s.client)],
@@ -421,6 +423,7 @@ async function loadAudit() {
     if (e.status !== 401) $('audit-note').textContent = e.message;
     return;
   }
+  if (!running) return;
   if (!answer.enabled) {
     $('audit-note').textContent = 'The audit log is off: start tether with --audit-log FILE (and [[policies]] in its --config) to see decisions here.';
     fill($('audit-rows'));
