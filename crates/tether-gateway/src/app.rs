@@ -42,6 +42,7 @@ use crate::links::Links;
 use crate::processes::{Limit, Processes};
 use crate::sessionless::Pool;
 use crate::slot::Slot;
+use crate::state::SessionState;
 use crate::upstream::{PeerSink, Started};
 
 /// One upstream, served to every session of its endpoint (or, as a member
@@ -181,8 +182,10 @@ impl Gateway {
 impl McpApp for Gateway {
     async fn initialize(&self, init: &mut Initialize<'_>) -> Result<Map<String, Value>, RpcError> {
         let link = self.slot.link_for(init);
-        let (result, state) = self.open(init, &link).await?;
-        init.set_app_state(self.slot.state_key(), state);
+        let (result, part) = self.open(init, &link).await?;
+        let mut state = SessionState::default();
+        self.keep(&mut state, part);
+        state.keep_in(init);
         Ok(result)
     }
 

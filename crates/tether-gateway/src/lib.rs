@@ -13,6 +13,9 @@
 //!   stored state), `app/forward` (forwarding both ways), `app/notes`
 //!   (recovery notes), `app/sessionless` (sessionless clients and the task
 //!   runner), `app/discover` (`server/discover`).
+//! - `state`: what the gateway stores of a session (`SessionState`: one
+//!   versioned struct under one app-state key; the layout before versions
+//!   read and converted, a newer one refused).
 //! - `slot`: where a gateway keeps its part of a session, alone or as a
 //!   virtual server's member.
 //! - `link`: one session's link to its upstream and the sink of what the
@@ -67,6 +70,7 @@ mod progress;
 mod sessionless;
 mod sessionless_url;
 mod slot;
+mod state;
 pub mod stdio;
 pub mod upstream;
 mod url;

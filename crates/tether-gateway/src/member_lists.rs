@@ -99,7 +99,7 @@ impl MemberLists {
         &self,
         member: usize,
         principal: Option<&str>,
-        capabilities: Option<&Value>,
+        capabilities: Option<&Map<String, Value>>,
         ask: &Ask<'_>,
     ) -> Option<Arc<Listed>> {
         let m = &self.members[member];
@@ -175,7 +175,7 @@ impl MemberLists {
 /// listed (it cannot be reached); a list it does not offer is empty.
 pub(crate) async fn read_lists(
     ask: &Ask<'_>,
-    capabilities: Option<&Value>,
+    capabilities: Option<&Map<String, Value>>,
     max_bytes: usize,
 ) -> Result<(Listed, bool), RpcError> {
     // A member whose `initialize` declared its capabilities is not asked for

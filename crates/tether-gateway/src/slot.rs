@@ -1,22 +1,21 @@
 //! [`Slot`]: where one upstream's part of a tether session lives. An
 //! upstream served alone at `/mcp/NAME` has the session to itself: its
-//! [`Link`] is the session's local state and its durable state sits under
-//! the app-state key `gateway`. A member of a virtual server shares the
-//! session with the other members: each has its link in the session's
-//! [`Members`] and its durable state under `member:NAME`, so the members'
-//! upstream sessions are held, stored and recovered one by one.
+//! [`Link`] is the session's local state and its durable part is the
+//! `upstream` of the session's [`SessionState`]. A member of a virtual
+//! server shares the session with the other members: each has its link in
+//! the session's [`Members`] and its durable part under its name in the
+//! state's `members`, so the members' upstream sessions are held, stored
+//! and recovered one by one.
+//!
+//! [`SessionState`]: crate::state::SessionState
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use serde_json::{Map, Value, json};
 use tether_server::{Initialize, SessionCtx, SessionEnd};
 
 use crate::link::Link;
-
-/// The app-state key of a member's durable state is this and its name.
-const MEMBER_KEY_PREFIX: &str = "member:";
 
 /// Where a gateway keeps its part of a session.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,14 +49,6 @@ impl Members {
 }
 
 impl Slot {
-    /// The app-state key of this part's durable state.
-    pub fn state_key(&self) -> String {
-        match self {
-            Slot::Alone => "gateway".to_owned(),
-            Slot::Member(name) => format!("{MEMBER_KEY_PREFIX}{name}"),
-        }
-    }
-
     /// The session's link of this part (a fresh one if it had none).
     pub fn link(&self, session: &SessionCtx) -> Arc<Link> {
         match self {
@@ -86,35 +77,11 @@ impl Slot {
         }
     }
 
-    /// The client's `initialize` params as another member of the same
-    /// virtual server stored them (none for an upstream alone).
-    pub fn sibling_initialize<'a>(&self, app: &'a Map<String, Value>) -> Option<&'a Value> {
-        match self {
-            Slot::Alone => None,
-            Slot::Member(_) => app
-                .iter()
-                .filter(|(key, _)| key.starts_with(MEMBER_KEY_PREFIX))
-                .find_map(|(_, state)| state.get("initialize").filter(|i| i.is_object())),
-        }
-    }
-
     /// Whether a session's local state holds a live connection of this part.
     pub fn is_connected(&self, local: &(dyn std::any::Any + Send + Sync)) -> bool {
         match self {
             Slot::Alone => local.downcast_ref::<Link>().is_some_and(Link::has_live),
             Slot::Member(name) => local.downcast_ref::<Members>().and_then(|m| m.get(name)).is_some_and(|l| l.has_live()),
-        }
-    }
-
-    /// This part's object in an app state (made one if it was not).
-    pub fn state_of<'a>(&self, app: &'a mut Map<String, Value>) -> &'a mut Map<String, Value> {
-        let entry = app.entry(self.state_key()).or_insert_with(|| json!({}));
-        if !entry.is_object() {
-            *entry = json!({});
-        }
-        match entry {
-            Value::Object(map) => map,
-            _ => unreachable!("made an object just above"),
         }
     }
 }

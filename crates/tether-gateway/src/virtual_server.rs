@@ -17,7 +17,7 @@
 //! is answered back to the member that asked, and progress and
 //! cancellation follow the call to its member. A member's `list_changed`
 //! becomes one notification to the client however many members change
-//! within [`DEBOUNCE`]. A member that cannot be reached is hidden (its
+//! within a moment (`changes`). A member that cannot be reached is hidden (its
 //! tools leave the lists, `list_changed` tells the client, its calls get
 //! an error naming it) or, with `on_member_down = "fail"`, refuses every
 //! request until it is back.
@@ -25,12 +25,19 @@
 //! Policies see through the merge: [`McpApp::origins`] gives them the
 //! catalog, so a rule of `/mcp/MEMBER` decides on the member's tools here too.
 //!
+//! Here: the server, its members' `initialize` merged, the catalog a
+//! request sees and who is down; `route` sends each request to its member;
+//! `changes` tells a member's `list_changed` once.
+//!
 //! [`Slot`]: crate::slot::Slot
 //! [`MemberLists`]: crate::member_lists::MemberLists
 
+mod changes;
+mod route;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use async_trait::async_trait;
 use futures::future::{BoxFuture, join_all};
@@ -38,23 +45,19 @@ use serde_json::{Map, Value, json};
 use tether_server::{CutOff, Initialize, McpApp, Origins, RawResult, RequestCtx, RpcError, SessionCtx, SessionEnd, raw_result};
 use tokio::sync::broadcast;
 
+use self::changes::{Changes, LISTS, Relay, tell};
 use crate::app::{Gateway, NOTE_MEMBER, Notes};
-use crate::catalog::{self, Catalog, Collision, Listed};
-use crate::config::{MemberDown, Naming, ServerConfig};
-use crate::link::ListChanges;
+use crate::catalog::{Catalog, Collision, Listed};
+use crate::config::{MemberDown, ServerConfig};
 use crate::member_lists::{DOWN_RECHECK, MemberLists, read_lists};
 use crate::slot::Members;
+use crate::state::SessionState;
 
 /// What each member listed (`None`: it could not be reached), in member order.
 type AllListed = Vec<Option<Arc<Listed>>>;
 
-/// How long `list_changed` notifications of members are gathered into one.
-const DEBOUNCE: Duration = Duration::from_millis(100);
 /// Contested names logged at most (each once).
 const MAX_LOGGED_COLLISIONS: usize = 10_000;
-/// The lists a client sees `list_changed` for when a member goes or comes.
-const LISTS: [&str; 3] =
-    ["notifications/tools/list_changed", "notifications/prompts/list_changed", "notifications/resources/list_changed"];
 
 /// Several upstreams behind one endpoint.
 pub struct VirtualServer {
@@ -189,18 +192,20 @@ impl VirtualServer {
         let listed = match (0..self.members.len()).map(|m| self.lists.cached(m, principal(m))).collect() {
             Some(listed) => listed,
             None => {
-                let app_state = match &session {
-                    Some(session) => session.app_state().await,
-                    None => Map::new(),
+                // A state that cannot be read asks a member for every list;
+                // the request itself then says why it cannot be served.
+                let state = match &session {
+                    Some(session) => SessionState::read(&session.app_state().await).unwrap_or_default(),
+                    None => SessionState::default(),
                 };
-                let app_state = &app_state;
+                let state = &state;
                 join_all((0..self.members.len()).map(|member| async move {
                     let ask = |method: &'static str,
                                params: Option<Map<String, Value>>|
                      -> BoxFuture<'_, Result<RawResult, RpcError>> {
                         Box::pin(self.ask(ctx, member, method, params, Notes::None))
                     };
-                    let capabilities = self.members[member].stored_capabilities(app_state);
+                    let capabilities = self.members[member].stored_capabilities(state);
                     self.lists.get(member, principal(member), capabilities, &ask).await
                 }))
                 .await
@@ -291,134 +296,6 @@ impl VirtualServer {
         }
     }
 
-    /// With `on_member_down = "fail"`: the refusal while a member is down.
-    fn refuse_if_failing(&self, catalog: &Catalog) -> Result<(), RpcError> {
-        match catalog.down.first() {
-            Some(&member) if self.config.on_member_down == MemberDown::Fail => Err(self.member_down(member)),
-            _ => Ok(()),
-        }
-    }
-
-    fn member_down(&self, member: usize) -> RpcError {
-        let name = self.members[member].name();
-        RpcError::unavailable(
-            format!(
-                "member `{name}` of virtual server `{}` cannot be reached now; try again later, or see tether's log for why",
-                self.config.name
-            ),
-            name,
-        )
-    }
-
-    /// The error for a name no member offers (or whose member is down).
-    fn unknown(&self, catalog: &Catalog, what: &str, name: &str) -> RpcError {
-        if let Some(member) = catalog.reserved_for(what, name) {
-            return self.member_down(member);
-        }
-        if self.config.names == Naming::Prefix
-            && let Some(&member) = catalog
-                .down
-                .iter()
-                .find(|&&m| name.starts_with(&format!("{}{}", self.config.upstreams[m], self.config.separator)))
-        {
-            return self.member_down(member);
-        }
-        RpcError::invalid_params(format!(
-            "virtual server `{}` offers no {what} `{name}`; list them with {what}s/list",
-            self.config.name
-        ))
-    }
-
-    async fn list(&self, ctx: &RequestCtx, key: &str, params: Option<&Map<String, Value>>) -> Result<RawResult, RpcError> {
-        let catalog = self.catalog(ctx).await;
-        self.refuse_if_failing(&catalog)?;
-        let items = match key {
-            "tools" => &catalog.tools,
-            "prompts" => &catalog.prompts,
-            "resources" => &catalog.resources,
-            _ => &catalog.templates,
-        };
-        let cursor = params.and_then(|p| p.get("cursor")).and_then(Value::as_str);
-        let (page, next) = catalog::page(items, cursor, self.config.page_size).map_err(RpcError::invalid_params)?;
-        raw_result(&catalog::list_result(key, page, next))
-    }
-
-    /// A request for one named thing, sent to its member under its own name.
-    async fn routed(&self, ctx: &RequestCtx, method: &str, mut params: Map<String, Value>) -> Result<RawResult, RpcError> {
-        let catalog = self.catalog(ctx).await;
-        self.refuse_if_failing(&catalog)?;
-        let text = |p: &Map<String, Value>, k: &str| p.get(k).and_then(Value::as_str).map(str::to_owned);
-        let member = match method {
-            "tools/call" | "prompts/get" => {
-                let name =
-                    text(&params, "name").ok_or_else(|| RpcError::invalid_params(format!("{method} needs params.name")))?;
-                let (what, route) = match method {
-                    "tools/call" => ("tool", catalog.tool(&name)),
-                    _ => ("prompt", catalog.prompt(&name)),
-                };
-                let route = route.ok_or_else(|| self.unknown(&catalog, what, &name))?;
-                params.insert("name".into(), Value::String(route.name.clone()));
-                route.member
-            }
-            "completion/complete" => {
-                let reference = params.get_mut("ref").and_then(Value::as_object_mut).ok_or_else(|| {
-                    RpcError::invalid_params("completion/complete needs params.ref (a ref/prompt or ref/resource)")
-                })?;
-                match (text(reference, "type").as_deref(), text(reference, "name"), text(reference, "uri")) {
-                    (Some("ref/prompt"), Some(name), _) => {
-                        let route = catalog.prompt(&name).ok_or_else(|| self.unknown(&catalog, "prompt", &name))?;
-                        reference.insert("name".into(), Value::String(route.name.clone()));
-                        route.member
-                    }
-                    (Some("ref/resource"), _, Some(uri)) => self.owner_of(&catalog, &uri)?,
-                    _ => {
-                        return Err(RpcError::invalid_params(
-                            "completion/complete: params.ref must be a ref/prompt with a name or a ref/resource with a uri",
-                        ));
-                    }
-                }
-            }
-            _ => {
-                let uri = text(&params, "uri").ok_or_else(|| RpcError::invalid_params(format!("{method} needs params.uri")))?;
-                self.owner_of(&catalog, &uri)?
-            }
-        };
-        let answer = self.ask(ctx, member, method, Some(params), Notes::Leave).await;
-        // A member whose connection died under the call may be down: the
-        // lists are read again next time (and the client told if it is).
-        if answer.is_err()
-            && let Some(session) = ctx.session()
-            && !self.members[member].is_live(&session)
-        {
-            self.lists.changed(member);
-        }
-        answer
-    }
-
-    fn owner_of(&self, catalog: &Catalog, uri: &str) -> Result<usize, RpcError> {
-        catalog.resource(uri).ok_or_else(|| {
-            RpcError::invalid_params(format!(
-                "no member of virtual server `{}` serves resource `{uri}`; list them with resources/list",
-                self.config.name
-            ))
-        })
-    }
-
-    /// `logging/setLevel` for every member that is up; answered once.
-    async fn set_level(&self, ctx: &RequestCtx, params: Option<Map<String, Value>>) -> Result<RawResult, RpcError> {
-        let catalog = self.catalog(ctx).await;
-        let asked = (0..self.members.len()).filter(|m| !catalog.down.contains(m)).map(|member| {
-            let params = params.clone();
-            async move { (member, self.ask(ctx, member, "logging/setLevel", params, Notes::None).await) }
-        });
-        for (member, answer) in join_all(asked).await {
-            if let Err(e) = answer {
-                tracing::warn!(server = %self.config.name, member = self.members[member].name(), error = %e.message, "logging/setLevel not taken by a member");
-            }
-        }
-        raw_result(&json!({}))
-    }
-
     /// The members' `initialize` results (or descriptions) as one: the
     /// capabilities any member has (lists always `listChanged`: tether
     /// relays them), the oldest revision a member answered, and their
@@ -479,63 +356,6 @@ impl VirtualServer {
     }
 }
 
-/// Tells the session's client `method` (a `list_changed`) once within
-/// [`DEBOUNCE`], however often it is asked meanwhile.
-fn tell(session: &SessionCtx, members: &Arc<Members>, method: &str) {
-    if !members.pending.lock().insert(method.to_owned()) {
-        return;
-    }
-    let (task_session, members, method) = (session.clone(), members.clone(), method.to_owned());
-    session.spawn(async move {
-        tokio::time::sleep(DEBOUNCE).await;
-        members.pending.lock().remove(&method);
-        if let Err(e) = task_session.notify(&method, None).await {
-            tracing::debug!(session = task_session.session_id(), %method, error = %e.message, "list_changed not delivered");
-        }
-    });
-}
-
-/// The list changes of a virtual server for its listen streams: each
-/// method goes out once within [`DEBOUNCE`], however often it comes.
-struct Changes {
-    sender: broadcast::Sender<String>,
-    pending: parking_lot::Mutex<HashSet<String>>,
-}
-
-impl Changes {
-    fn publish(self: &Arc<Self>, method: &str) {
-        if self.sender.receiver_count() == 0 || !self.pending.lock().insert(method.to_owned()) {
-            return;
-        }
-        let (changes, method) = (self.clone(), method.to_owned());
-        // At most one per list method at a time, ending after DEBOUNCE.
-        tokio::spawn(async move {
-            tokio::time::sleep(DEBOUNCE).await;
-            changes.pending.lock().remove(&method);
-            let _ = changes.sender.send(method);
-        });
-    }
-}
-
-/// Where a member's `list_changed` go: its lists are read again next time
-/// (for every session), the session's client is told once, and so are the
-/// listen streams.
-struct Relay {
-    changes: Arc<Changes>,
-    lists: Arc<MemberLists>,
-    member: usize,
-}
-
-impl ListChanges for Relay {
-    fn changed<'a>(&'a self, session: &'a SessionCtx, method: &'a str) -> BoxFuture<'a, ()> {
-        Box::pin(async move {
-            self.lists.changed(self.member);
-            tell(session, &session.local::<Members>(), method);
-            self.changes.publish(method);
-        })
-    }
-}
-
 #[async_trait]
 impl McpApp for VirtualServer {
     /// Every member's `initialize` at once, into the same session; a member
@@ -548,15 +368,16 @@ impl McpApp for VirtualServer {
         let opened = join_all(self.members.iter().zip(&links).map(|(gateway, link)| gateway.open(shared, link))).await;
         let mut answered = Vec::new();
         let mut down = Vec::new();
+        let mut state = SessionState::default();
         for ((member, gateway), opened) in self.members.iter().enumerate().zip(opened) {
             match opened {
-                Ok((result, state)) => {
-                    gateway.keep(init, state);
+                Ok((result, part)) => {
+                    gateway.keep(&mut state, part);
                     answered.push((member, result));
                 }
                 Err(e) if self.config.on_member_down == MemberDown::Hide => {
                     tracing::warn!(server = %self.config.name, member = gateway.name(), error = %e.message, "member not reachable; hidden until it is");
-                    gateway.initialize_later(init);
+                    gateway.initialize_later(&mut state, init);
                     down.push(member);
                 }
                 Err(e) => {
@@ -575,6 +396,7 @@ impl McpApp for VirtualServer {
                 &self.config.name,
             ));
         }
+        state.keep_in(init);
         *init.local::<Members>().down.lock() = Some(down);
         let requested = init.caller.protocol_version().to_owned();
         Ok(self.merged(&answered, &requested))

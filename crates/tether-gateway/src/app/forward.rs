@@ -6,12 +6,13 @@
 //! durable state once the upstream took it; an upstream that forgot its
 //! session gets a request again on a new one where that is safe.
 
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 use tether_server::{RawResult, RequestCtx, RpcError, SessionCtx};
 
 use super::Gateway;
 use super::notes::{Notes, request_with_note};
 use crate::progress::Progress;
+use crate::state::SessionState;
 
 impl Gateway {
     /// Forwards a session's request to the session's upstream connection
@@ -73,29 +74,20 @@ impl Gateway {
     /// After a request that changes what a new connection must replay.
     async fn remember(&self, session: &SessionCtx, replayed: Replayed) -> Result<(), RpcError> {
         match replayed {
-            Replayed::Nothing => return Ok(()),
+            Replayed::Nothing => Ok(()),
             Replayed::LogLevel(level) => {
-                session
-                    .update_app_state(|app| {
-                        self.slot.state_of(app).insert("logLevel".into(), level.clone());
-                    })
-                    .await?;
+                SessionState::update(session, &self.slot, |part| part.log_level.clone_from(&level)).await
             }
             Replayed::Subscription { uri, subscribe } => {
-                session
-                    .update_app_state(|app| {
-                        let list = self.slot.state_of(app).entry("subscriptions").or_insert_with(|| json!([]));
-                        if let Some(list) = list.as_array_mut() {
-                            list.retain(|u| u != &uri);
-                            if subscribe {
-                                list.push(uri.clone());
-                            }
-                        }
-                    })
-                    .await?;
+                SessionState::update(session, &self.slot, |part| {
+                    part.subscriptions.retain(|u| u != &uri);
+                    if subscribe {
+                        part.subscriptions.push(uri.clone());
+                    }
+                })
+                .await
             }
         }
-        Ok(())
     }
 
     /// A client notification, forwarded to the session's connection (made
@@ -134,20 +126,22 @@ fn is_repeatable(method: &str) -> bool {
 }
 
 /// What a request changes in what a new connection must replay, taken
-/// before the params go upstream (only these two kinds copy anything).
+/// before the params go upstream (only these two kinds copy anything). A
+/// level or a URI that is not a string is not replayed (the level is
+/// forgotten).
 enum Replayed {
     Nothing,
-    LogLevel(Value),
-    Subscription { uri: Value, subscribe: bool },
+    LogLevel(Option<String>),
+    Subscription { uri: String, subscribe: bool },
 }
 
 impl Replayed {
     fn of(method: &str, params: Option<&Map<String, Value>>) -> Self {
-        let field = |k: &str| params.and_then(|p| p.get(k)).cloned();
+        let field = |k: &str| params.and_then(|p| p.get(k));
         match method {
-            "logging/setLevel" => Self::LogLevel(field("level").unwrap_or(Value::Null)),
-            "resources/subscribe" | "resources/unsubscribe" => match field("uri") {
-                Some(uri) => Self::Subscription { uri, subscribe: method == "resources/subscribe" },
+            "logging/setLevel" => Self::LogLevel(field("level").and_then(Value::as_str).map(str::to_owned)),
+            "resources/subscribe" | "resources/unsubscribe" => match field("uri").and_then(Value::as_str) {
+                Some(uri) => Self::Subscription { uri: uri.to_owned(), subscribe: method == "resources/subscribe" },
                 None => Self::Nothing,
             },
             _ => Self::Nothing,

@@ -15,6 +15,7 @@ use tether_wire::meta;
 use super::Gateway;
 use crate::link::{Connection, Link, LinkSink};
 use crate::slot::Slot;
+use crate::state::{Part, SessionState};
 use crate::upstream::Started;
 
 impl Gateway {
@@ -59,13 +60,13 @@ impl Gateway {
             tether_server::metrics::upstream_restart(&self.config.name);
             tracing::info!(upstream = %self.config.name, session = session.session_id(), "upstream connection gone; starting a new one");
         }
-        let app = session.app_state().await;
-        let stored = app.get(&self.slot.state_key()).cloned().unwrap_or(Value::Null);
+        let stored = SessionState::read(&session.app_state().await)?;
+        let part = stored.part(&self.slot);
         // An HTTP upstream session opened by another replica (or before a
         // restart) is carried on as it is: the upstream keeps its state.
         let sink = LinkSink::new(link, &self.config.name, self.changes.clone());
         sink.attach(session).await;
-        if let Some(carry_on) = stored.get("carryOn").filter(|c| !c.is_null()) {
+        if let Some(carry_on) = part.and_then(|p| p.carry_on.as_ref()) {
             let attached = self.connector.attach(session.session_id(), carry_on, authorization.clone(), sink.clone()).await;
             if let Some(upstream) = attached {
                 return Ok(self.go_live(session, link, live, Connection::new(upstream, sink)));
@@ -73,29 +74,24 @@ impl Gateway {
         }
         // A member added to its virtual server after the session began is
         // initialized the way the client initialized the others.
-        let params =
-            stored.get("initialize").or_else(|| self.slot.sibling_initialize(&app)).cloned().unwrap_or_else(|| json!({}));
+        let params = Value::Object(stored.initialize_of(&self.slot).cloned().unwrap_or_default());
         let started =
             self.connect(session.session_id(), session.principal(), params, authorization, Some(link), sink.clone()).await?;
         let Started { upstream, carry_on, resumed, .. } = started;
         // From here the upstream's requests can be answered (the replays below may bring some).
         let connection = Connection::new(upstream.clone(), sink);
-        let carry_on = carry_on.unwrap_or(Value::Null);
-        session
-            .update_app_state(|app| {
-                self.slot.state_of(app).insert("carryOn".into(), carry_on.clone());
-            })
-            .await?;
+        SessionState::update(session, &self.slot, |part| part.carry_on.clone_from(&carry_on)).await?;
         // The client did all this once; a new connection must see it too
         // (a child taken over as it was has seen it).
         if resumed {
             return Ok(self.go_live(session, link, live, connection));
         }
         upstream.notify("notifications/initialized", None).await?;
-        if let Some(level) = stored.get("logLevel").filter(|l| l.is_string()) {
+        let Some(part) = part else { return Ok(self.go_live(session, link, live, connection)) };
+        if let Some(level) = &part.log_level {
             upstream.request("logging/setLevel", Some(json!({"level": level}))).await?;
         }
-        for uri in stored.get("subscriptions").and_then(Value::as_array).into_iter().flatten() {
+        for uri in &part.subscriptions {
             upstream.request("resources/subscribe", Some(json!({"uri": uri}))).await?;
         }
         Ok(self.go_live(session, link, live, connection))
@@ -151,21 +147,28 @@ impl Gateway {
 
     /// This upstream's part of a session, for operators: `connected` (this
     /// process holds a live connection), `stored` (a later request connects,
-    /// carrying on the stored upstream session where the transport can) or
-    /// `not started`; and the upstream's session ID, for an HTTP upstream.
+    /// carrying on the stored upstream session where the transport can),
+    /// `not started`, or `unreadable` (with the `error`: a newer tether's
+    /// state, see [`SessionState::read`]); and the upstream's session ID,
+    /// for an HTTP upstream.
     pub(crate) fn session_view(
         &self,
         app_state: &Map<String, Value>,
         local: Option<&(dyn std::any::Any + Send + Sync)>,
     ) -> Value {
-        let stored = app_state.get(&self.slot.state_key());
-        let state = match (stored, local) {
-            (None, _) => "not started",
-            (Some(_), Some(local)) if self.slot.is_connected(local) => "connected",
-            (Some(_), _) => "stored",
+        let stored = SessionState::read(app_state);
+        let part = stored.as_ref().ok().and_then(|s| s.part(&self.slot));
+        let state = match (&stored, part, local) {
+            (Err(_), ..) => "unreadable",
+            (Ok(_), None, _) => "not started",
+            (Ok(_), Some(_), Some(local)) if self.slot.is_connected(local) => "connected",
+            (Ok(_), Some(_), _) => "stored",
         };
-        let upstream_session = stored.and_then(|s| s.get("carryOn")).and_then(|c| c.get("sessionId")).cloned();
+        let upstream_session = part.and_then(|p| p.carry_on.as_ref()).and_then(|c| c.get("sessionId")).cloned();
         let mut view = json!({"upstream": self.config.name, "state": state, "upstream_session": upstream_session});
+        if let Err(e) = stored {
+            view["error"] = json!(e.message);
+        }
         if let Slot::Member(member) = &self.slot {
             view["member"] = json!(member);
         }
@@ -179,9 +182,9 @@ impl Gateway {
 
     /// A new session's connection, on `link`: started and initialized with
     /// the client's params. Returns the upstream's `initialize` result and
-    /// this part's durable state (for [`Slot::state_key`]). Takes the
-    /// `initialize` shared, so a virtual server opens its members at once.
-    pub(crate) async fn open(&self, init: &Initialize<'_>, link: &Arc<Link>) -> Result<(Map<String, Value>, Value), RpcError> {
+    /// this part of the session's durable state (see [`Self::keep`]). Takes
+    /// the `initialize` shared, so a virtual server opens its members at once.
+    pub(crate) async fn open(&self, init: &Initialize<'_>, link: &Arc<Link>) -> Result<(Map<String, Value>, Part), RpcError> {
         tether_server::trace::record_upstream(&self.config.name);
         let params = upstream_params(init.params);
         link.set_principal(init.caller.principal.as_str());
@@ -189,14 +192,21 @@ impl Gateway {
         // What the upstream sends before the session exists waits in the sink.
         let sink = LinkSink::new(link, &self.config.name, self.changes.clone());
         let started = self
-            .connect(init.session_id(), &init.caller.principal, params.clone(), authorization, Some(link), sink.clone())
+            .connect(
+                init.session_id(),
+                &init.caller.principal,
+                Value::Object(params.clone()),
+                authorization,
+                Some(link),
+                sink.clone(),
+            )
             .await?;
         let Started { upstream, initialize_result, carry_on, .. } = started;
         let result: Map<String, Value> = serde_json::from_str(initialize_result.get()).map_err(|e| {
             RpcError::internal(format!("upstream `{}` answered initialize with no object: {e}", self.config.name))
         })?;
-        let capabilities = result.get("capabilities").cloned().unwrap_or(Value::Null);
-        let state = json!({"initialize": without_trace_context(params), "carryOn": carry_on, "capabilities": capabilities});
+        let capabilities = result.get("capabilities").and_then(Value::as_object).cloned();
+        let state = Part { initialize: Some(without_trace_context(params)), carry_on, capabilities, ..Part::default() };
         *link.live.lock().await = Some(Connection::new(upstream, sink));
         // Idle from now on until a request uses it (so it can make room).
         link.touch();
@@ -206,37 +216,37 @@ impl Gateway {
 
     /// The capabilities the upstream declared when this part of the session
     /// was opened (none before, or for a session opened before they were kept).
-    pub(crate) fn stored_capabilities<'a>(&self, app_state: &'a Map<String, Value>) -> Option<&'a Value> {
-        app_state.get(&self.slot.state_key())?.get("capabilities").filter(|c| c.is_object())
+    pub(crate) fn stored_capabilities<'a>(&self, state: &'a SessionState) -> Option<&'a Map<String, Value>> {
+        state.part(&self.slot)?.capabilities.as_ref()
     }
 
-    /// Keeps this part's durable state from [`Self::open`] in the new session.
-    pub(crate) fn keep(&self, init: &mut Initialize<'_>, state: Value) {
-        init.set_app_state(self.slot.state_key(), state);
+    /// Keeps this part of a new session's durable state (from [`Self::open`]).
+    pub(crate) fn keep(&self, state: &mut SessionState, part: Part) {
+        state.put(&self.slot, part);
     }
 
     /// A member's part of an `initialize` it could not answer (its upstream
     /// is down): the client's params are kept, so the first request that
     /// needs the member starts its connection the way the client asked.
-    pub(crate) fn initialize_later(&self, init: &mut Initialize<'_>) {
-        let params = upstream_params(init.params);
-        init.set_app_state(self.slot.state_key(), json!({"initialize": without_trace_context(params), "carryOn": null}));
+    pub(crate) fn initialize_later(&self, state: &mut SessionState, init: &Initialize<'_>) {
+        let params = without_trace_context(upstream_params(init.params));
+        state.put(&self.slot, Part { initialize: Some(params), ..Part::default() });
     }
 }
 
 /// The client's `initialize` params as the upstream should see them:
 /// without tether's own `_meta` keys (the resume token is tether's).
-fn upstream_params(params: &Map<String, Value>) -> Value {
+fn upstream_params(params: &Map<String, Value>) -> Map<String, Value> {
     let mut params = params.clone();
     if let Some(Value::Object(m)) = params.get_mut("_meta") {
         m.retain(|k, _| !k.starts_with(meta::TETHER_PREFIX));
     }
-    Value::Object(params)
+    params
 }
 
 /// `initialize` params to keep for later connections: a trace context
 /// belongs to the request that carried it, not to the replays.
-fn without_trace_context(mut params: Value) -> Value {
+fn without_trace_context(mut params: Map<String, Value>) -> Map<String, Value> {
     if let Some(Value::Object(m)) = params.get_mut("_meta") {
         m.remove(meta::TRACEPARENT);
         m.remove(meta::TRACESTATE);
