@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use serde_json::Value;
-use tether_server::{ClientAuthorization, RequestCtx, SessionCtx};
+use tether_server::{Authorized, RequestCtx, SessionCtx};
 
 use futures::future::BoxFuture;
 
@@ -59,7 +59,8 @@ pub struct Link {
     next: AtomicU64,
     last_used: Mutex<Option<Instant>>,
     /// The client's latest `Authorization` (for `forward_auth`; in memory only).
-    authorization: Mutex<Option<ClientAuthorization>>,
+    /// The latest bearer token a client request of the session presented.
+    authorization: Mutex<Option<Arc<str>>>,
     /// Whose session this is (known once it connected).
     principal: Mutex<Option<String>>,
 }
@@ -84,15 +85,17 @@ impl Drop for InFlightGuard<'_> {
 }
 
 impl Link {
-    /// The client's `Authorization` to use now: this request's, remembered
-    /// for later, or (for a request or notification without one) the
-    /// latest remembered.
-    pub(crate) fn authorization(&self, presented: Option<&ClientAuthorization>) -> Option<ClientAuthorization> {
+    /// The client's `Authorization` to send upstream now (`Bearer` and the
+    /// token): this request's token, remembered for later, or (for a
+    /// request or notification without one) the latest remembered.
+    pub(crate) fn authorization(&self, presented: Option<&Authorized>) -> Option<String> {
         let mut latest = self.authorization.lock();
-        if let Some(presented) = presented {
-            *latest = Some(presented.clone());
+        if let Some(token) = presented.and_then(Authorized::bearer_token)
+            && latest.as_deref() != Some(token)
+        {
+            *latest = Some(Arc::from(token));
         }
-        latest.clone()
+        latest.as_deref().map(bearer_header)
     }
 
     /// Notes a client request going through the link (until the guard drops).
@@ -397,4 +400,9 @@ mod tests {
         let ask = PeerMessage::Request { id: json!(5), method: "elicitation/create".into(), params: Some(json!({"m": 1})) };
         assert!(AlreadySent::new(vec![stored(&ask)]).contains(&ask));
     }
+}
+
+/// The `Authorization` header value that presents `token` upstream.
+pub(crate) fn bearer_header(token: &str) -> String {
+    format!("Bearer {token}")
 }

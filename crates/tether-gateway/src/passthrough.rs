@@ -26,7 +26,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::{Map, Value, json};
 use tether_client::{ClientError, PeerMessage, Session};
-use tether_server::{RawResult, RequestCtx, RpcError};
+use tether_server::{Authorized, RawResult, RequestCtx, RpcError};
 use tether_wire::{code, meta};
 use tokio::sync::mpsc;
 
@@ -129,7 +129,7 @@ impl Passthrough for UrlPassthrough {
         if let Some(Value::Object(m)) = params.get_mut("_meta") {
             m.retain(|k, _| !k.starts_with(meta::TETHER_PREFIX));
         }
-        let presented = ctx.client_authorization().map(|a| a.header_value().to_owned());
+        let presented = ctx.authorized().and_then(Authorized::bearer_token).map(crate::link::bearer_header);
         let mut params = Some(Value::Object(params));
         tether_server::trace::inject_meta(&mut params);
         let (client, token) = match (&self.tokens, self.spec.forward_auth) {

@@ -67,10 +67,6 @@ impl Caller {
     }
 }
 
-/// Until the gateway reads [`Authorized`] by its own name.
-#[doc(hidden)]
-pub type ClientAuthorization = Authorized;
-
 /// An `initialize` as the application sees it: the caller, the params as
 /// sent, and what the application wants the new (or resumed) session to start
 /// with: durable app state and in-memory local state (for example a child
@@ -104,11 +100,6 @@ impl<'a> Initialize<'a> {
     /// What the HTTP front established about this `initialize` (its
     /// verified token and claims), if it came through the front.
     pub fn authorized(&self) -> Option<&Authorized> {
-        self.authorized
-    }
-
-    #[doc(hidden)]
-    pub fn client_authorization(&self) -> Option<&Authorized> {
         self.authorized
     }
 

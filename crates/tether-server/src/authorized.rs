@@ -42,7 +42,8 @@ struct Decided {
 }
 
 impl Authorized {
-    /// A request that presented `token` (verified), whose claims are `claims`.
+    /// A request that presented `token` (verified, unless authentication is
+    /// off), whose claims are `claims`.
     pub fn verified(token: &str, claims: Arc<Value>) -> Self {
         Self { claims, token: Some(Arc::from(token)), decided: None }
     }
@@ -52,16 +53,11 @@ impl Authorized {
         &self.claims
     }
 
-    /// The bearer token the client presented, verified: only for an
-    /// application that must present it on and is configured to.
+    /// The bearer token the client presented (verified, unless
+    /// authentication is off): only for an application that must present it
+    /// on and is configured to.
     pub fn bearer_token(&self) -> Option<&str> {
         self.token.as_deref()
-    }
-
-    /// `Bearer <token>`, for the gateway until it formats it itself.
-    #[doc(hidden)]
-    pub fn header_value(&self) -> String {
-        self.token.as_deref().map(|t| format!("Bearer {t}")).unwrap_or_default()
     }
 
     /// The front decided `decision` on `method`'s use of `target`.

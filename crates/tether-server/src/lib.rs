@@ -26,7 +26,7 @@ pub mod tools;
 pub mod trace;
 
 pub use app::{
-    Authorized, Caller, ClientAuthorization, ClientDeclaration, CutOff, EndReason, Endpoints, Initialize, McpApp, OperationCtx,
+    Authorized, Caller, ClientDeclaration, CutOff, EndReason, Endpoints, Initialize, McpApp, OperationCtx,
     OperationRunner, OperationSpec, Origin, Origins, ROOT_ENDPOINT, RawResult, RequestCtx, RpcError, SessionCtx, SessionEnd,
     raw_result,
 };

@@ -26,7 +26,7 @@ impl Gateway {
         params: Option<Map<String, Value>>,
         notes: Notes,
     ) -> Result<RawResult, RpcError> {
-        let mut connection = self.upstream(session, ctx.client_authorization()).await?;
+        let mut connection = self.upstream(session, ctx.authorized()).await?;
         let link = self.slot.link(session);
         let mut params = params;
         let progress = Progress::issue(params.as_mut());
@@ -56,7 +56,7 @@ impl Gateway {
             && (track.point().is_none() || is_repeatable(method))
         {
             tracing::info!(upstream = %self.config.name, session = session.session_id(), %method, "the upstream forgot its session; sending the request again on a new one");
-            connection = self.upstream(session, ctx.client_authorization()).await?;
+            connection = self.upstream(session, ctx.authorized()).await?;
             let track = tether_client::RequestTrack::new();
             result = match notes {
                 Notes::Leave => request_with_note(ctx, &connection, &self.slot, method, params, issued, &track).await,

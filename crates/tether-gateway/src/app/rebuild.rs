@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use serde_json::{Map, Value, json};
-use tether_server::{ClientAuthorization, EndReason, Initialize, RpcError, SessionCtx, SessionEnd};
+use tether_server::{Authorized, EndReason, Initialize, RpcError, SessionCtx, SessionEnd};
 use tether_wire::meta;
 
 use super::Gateway;
@@ -21,15 +21,15 @@ use crate::upstream::Started;
 impl Gateway {
     /// The session's live connection, made (and initialized the way the
     /// client initialized this session) if there is none.
-    /// `authorization` is the client's header of the request that needs it
-    /// (sent upstream only with `forward_auth`).
+    /// `authorized` is what the front established about the request that
+    /// needs it (its token sent upstream only with `forward_auth`).
     pub(super) async fn upstream(
         &self,
         session: &SessionCtx,
-        authorization: Option<&ClientAuthorization>,
+        authorized: Option<&Authorized>,
     ) -> Result<Connection, RpcError> {
         let link = self.slot.link(session);
-        let authorization = self.forwarded(&link, authorization);
+        let authorization = self.forwarded(&link, authorized);
         let mut live = link.live.lock().await;
         if let Some(connection) = live.as_ref().filter(|c| c.upstream.is_alive()) {
             connection.upstream.present(authorization.as_deref());
@@ -100,11 +100,11 @@ impl Gateway {
     /// The client's `Authorization` for the connector, where it needs it
     /// (`forward_auth`, a token exchange): this request's (remembered in
     /// memory for connections a notification opens), else none.
-    pub(super) fn forwarded(&self, link: &Link, authorization: Option<&ClientAuthorization>) -> Option<String> {
+    pub(super) fn forwarded(&self, link: &Link, authorized: Option<&Authorized>) -> Option<String> {
         if !self.connector.needs_client_authorization() {
             return None;
         }
-        link.authorization(authorization).map(|a| a.header_value().to_owned())
+        link.authorization(authorized)
     }
 
     /// A new connection becomes the session's live one.
@@ -188,7 +188,7 @@ impl Gateway {
         tether_server::trace::record_upstream(&self.config.name);
         let params = upstream_params(init.params);
         link.set_principal(init.caller.principal.as_str());
-        let authorization = self.forwarded(link, init.client_authorization());
+        let authorization = self.forwarded(link, init.authorized());
         // What the upstream sends before the session exists waits in the sink.
         let sink = LinkSink::new(link, &self.config.name, self.changes.clone());
         let started = self

@@ -9,7 +9,7 @@ use std::sync::{Arc, OnceLock};
 use async_trait::async_trait;
 use serde_json::{Map, Value, json};
 use tether_server::{
-    ClientAuthorization, OperationCtx, OperationRunner, OperationSpec, RawResult, RequestCtx, RpcError, raw_result,
+    Authorized, OperationCtx, OperationRunner, OperationSpec, RawResult, RequestCtx, RpcError, raw_result,
 };
 use tether_wire::meta;
 
@@ -62,7 +62,7 @@ impl Gateway {
         if let Some(passthrough) = self.sessionless.passthrough.get() {
             return passthrough.request(&ctx, method, params).await;
         }
-        let authorization = self.sessionless_authorization(ctx.client_authorization());
+        let authorization = self.sessionless_authorization(ctx.authorized());
         let principal = ctx.principal();
         let pooled = sessionless::pool_session(principal);
         let connect = |sink| self.connect(&pooled, principal, sessionless::initialize_params(), authorization, None, sink);
@@ -77,11 +77,9 @@ impl Gateway {
 
     /// The client's `Authorization` for a sessionless request's upstream
     /// connection (only with `forward_auth`).
-    fn sessionless_authorization(&self, presented: Option<&ClientAuthorization>) -> Option<String> {
-        match presented {
-            Some(presented) if self.connector.needs_client_authorization() => Some(presented.header_value().to_owned()),
-            _ => None,
-        }
+    fn sessionless_authorization(&self, presented: Option<&Authorized>) -> Option<String> {
+        let token = presented.and_then(Authorized::bearer_token)?;
+        self.connector.needs_client_authorization().then(|| crate::link::bearer_header(token))
     }
 
     fn runner(&self) -> Result<Arc<dyn OperationRunner>, RpcError> {

@@ -231,11 +231,6 @@ impl RequestCtx {
         self.authorized.as_ref()
     }
 
-    #[doc(hidden)]
-    pub fn client_authorization(&self) -> Option<&Authorized> {
-        self.authorized.as_ref()
-    }
-
     /// The session the request belongs to; `None` for a request served
     /// without one.
     pub fn session(&self) -> Option<SessionCtx> {

@@ -241,8 +241,12 @@ impl Auth {
         endpoint: &str,
         client: Option<IpAddr>,
     ) -> Result<(String, Authorized), HttpError> {
+        let presented =
+            headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(tether_wire::headers::bearer_token);
         if !self.is_enabled() {
-            return Ok((ANONYMOUS.to_owned(), Authorized::default()));
+            // Nothing checks it here; an upstream with `forward_auth` may.
+            let authorized = presented.map(|t| Authorized::verified(t, Arc::new(Value::Null))).unwrap_or_default();
+            return Ok((ANONYMOUS.to_owned(), authorized));
         }
         let unauthorized = |m: &str, refusal: Option<&str>| {
             crate::metrics::auth_failure();
@@ -255,11 +259,7 @@ impl Auth {
                 ..HttpError::new(StatusCode::UNAUTHORIZED, tether_wire::code::INVALID_REQUEST, m)
             }
         };
-        let token = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(tether_wire::headers::bearer_token)
-            .ok_or_else(|| unauthorized("authentication required: send `Authorization: Bearer <token>`", None))?;
+        let token = presented.ok_or_else(|| unauthorized("authentication required: send `Authorization: Bearer <token>`", None))?;
         let unlisted = match self.lookup(token) {
             Lookup::Listed(principal) => return Ok((principal, Authorized::verified(token, Arc::new(Value::Null)))),
             Lookup::Unlisted(unlisted) => unlisted,
