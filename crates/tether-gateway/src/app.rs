@@ -32,7 +32,7 @@ use parking_lot::Mutex;
 use serde_json::{Map, Value, json};
 use tether_server::{CutOff, Initialize, McpApp, RawResult, RequestCtx, RpcError, SessionCtx, SessionEnd};
 
-pub(crate) use self::notes::{NOTE_MEMBER, Notes};
+pub(crate) use self::notes::{Note, Notes};
 use self::sessionless::Sessionless;
 use crate::backoff::Backoff;
 use crate::config::UpstreamConfig;

@@ -46,7 +46,7 @@ use tether_server::{CutOff, Initialize, McpApp, Origins, RawResult, RequestCtx, 
 use tokio::sync::broadcast;
 
 use self::changes::{Changes, LISTS, Relay, tell};
-use crate::app::{Gateway, NOTE_MEMBER, Notes};
+use crate::app::{Gateway, Note, Notes};
 use crate::catalog::{Catalog, Collision, Listed};
 use crate::config::{MemberDown, ServerConfig};
 use crate::member_lists::{DOWN_RECHECK, MemberLists, read_lists};
@@ -433,8 +433,8 @@ impl McpApp for VirtualServer {
 
     /// A call cut off by a crash is picked up by the member that ran it.
     async fn recover_request(&self, ctx: RequestCtx, cut_off: CutOff) -> Result<RawResult, RpcError> {
-        let member = cut_off.note.get(NOTE_MEMBER).and_then(Value::as_str);
-        match member.and_then(|m| self.config.upstreams.iter().position(|u| u == m)) {
+        let member = Note::of(&cut_off).and_then(|note| note.member);
+        match member.and_then(|m| self.config.upstreams.iter().position(|u| *u == m)) {
             Some(member) => self.members[member].recover_request(ctx, cut_off).await,
             None => Err(RpcError::internal(crate::upstream::UPSTREAM_RESTARTED)),
         }

@@ -8,7 +8,8 @@
 
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use tether_server::{CutOff, RawResult, RequestCtx, RpcError};
 
 use super::Gateway;
@@ -29,14 +30,31 @@ pub(crate) enum Notes {
 /// How long a request runs before it leaves a recovery note (quick ones,
 /// most of them, never write one).
 const NOTE_AFTER: Duration = Duration::from_millis(100);
-/// The recovery note's fields: the upstream's ID of the request, the
-/// first event ID of its answer stream there, and the progress token the
-/// upstream was given for it (if any).
-const NOTE_REQUEST_ID: &str = "upstreamRequestId";
-const NOTE_AFTER_EVENT: &str = "after";
-const NOTE_PROGRESS_TOKEN: &str = "progressToken";
-/// The member of a virtual server that runs the request.
-pub(crate) const NOTE_MEMBER: &str = "member";
+
+/// A recovery note, as the engine stores it with the request:
+/// `{"upstreamRequestId", "after", "progressToken"?, "member"?}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Note {
+    /// The upstream's ID of the request.
+    upstream_request_id: Value,
+    /// The first event ID of its answer stream there.
+    after: String,
+    /// The progress token the upstream was given for it, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    progress_token: Option<Value>,
+    /// The member of a virtual server that runs it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) member: Option<String>,
+}
+
+impl Note {
+    /// The note a cut-off request left, if it is one (none for a kept
+    /// child's call, or what this build cannot read).
+    pub(crate) fn of(cut_off: &CutOff) -> Option<Self> {
+        Self::deserialize(&cut_off.note).ok()
+    }
+}
 
 /// Sends a request upstream; once it has run for [`NOTE_AFTER`] and the
 /// upstream named a point of its answer stream, leaves a recovery note
@@ -60,15 +78,14 @@ pub(super) async fn request_with_note(
             biased;
             result = &mut request => return result,
             () = &mut check, if !noted => {
-                if let Some((request_id, after)) = track.point() {
+                if let Some((upstream_request_id, after)) = track.point() {
                     noted = true;
-                    let mut note = json!({NOTE_REQUEST_ID: request_id, NOTE_AFTER_EVENT: after});
-                    if let Some(token) = &issued_progress_token {
-                        note[NOTE_PROGRESS_TOKEN] = token.clone();
-                    }
-                    if let Slot::Member(member) = slot {
-                        note[NOTE_MEMBER] = json!(member);
-                    }
+                    let member = match slot {
+                        Slot::Member(member) => Some(member.clone()),
+                        Slot::Alone => None,
+                    };
+                    let note = Note { upstream_request_id, after, progress_token: issued_progress_token.clone(), member };
+                    let note = serde_json::to_value(note).unwrap_or(Value::Null);
                     if let Err(e) = ctx.leave_recovery_note(note).await {
                         tracing::warn!(error = %e.message, "could not store a request's recovery note; a crash now ends it as interrupted");
                     }
@@ -90,8 +107,7 @@ impl Gateway {
     pub(super) async fn recover(&self, ctx: RequestCtx, cut_off: CutOff) -> Result<RawResult, RpcError> {
         tether_server::trace::record_upstream(&self.config.name);
         let session = ctx.require_session()?;
-        let note = &cut_off.note;
-        let (request_id, after, connection, progress) = if note.is_null() {
+        let (request_id, after, connection, progress) = if cut_off.note.is_null() {
             // No note: a kept child's call, found by its client request.
             let Some(stream) = ctx.stream_name() else { return Err(RpcError::internal(crate::upstream::UPSTREAM_RESTARTED)) };
             let key = crate::upstream::request_key(session.session_id(), stream);
@@ -101,18 +117,15 @@ impl Gateway {
             };
             (call.id, String::new(), connection, call.progress)
         } else {
-            let (Some(request_id), Some(after)) = (note.get(NOTE_REQUEST_ID), note.get(NOTE_AFTER_EVENT).and_then(Value::as_str))
-            else {
-                return Err(RpcError::internal(crate::upstream::UPSTREAM_RESTARTED));
-            };
+            let Some(note) = Note::of(&cut_off) else { return Err(RpcError::internal(crate::upstream::UPSTREAM_RESTARTED)) };
             let connection = self.upstream(&session, None).await?;
             // Only what carries the token the upstream was given for this
             // very request (or none) is this request's.
-            let progress = match (note.get(NOTE_PROGRESS_TOKEN), ctx.progress_token()) {
-                (Some(issued), Some(client)) => Some(Progress { issued: issued.clone(), client: client.clone() }),
+            let progress = match (note.progress_token, ctx.progress_token()) {
+                (Some(issued), Some(client)) => Some(Progress { issued, client: client.clone() }),
                 _ => None,
             };
-            (request_id.clone(), after.to_owned(), connection, progress)
+            (note.upstream_request_id, note.after, connection, progress)
         };
         let link = self.slot.link(&session);
         let _in_flight = link.enter(&ctx, progress.clone());
@@ -139,6 +152,28 @@ impl Gateway {
                     return result;
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// The note as gateways before it was typed wrote it, and read it.
+    #[test]
+    fn a_note_keeps_its_stored_shape() {
+        let stored = json!({"upstreamRequestId": "t1-7", "after": "r1.3", "progressToken": "tether-ab", "member": "tickets"});
+        let note = Note::deserialize(&stored).unwrap();
+        assert_eq!(note.member.as_deref(), Some("tickets"));
+        assert_eq!(serde_json::to_value(&note).unwrap(), stored);
+        let plain = json!({"upstreamRequestId": 7, "after": "r1.0"});
+        assert_eq!(serde_json::to_value(Note::deserialize(&plain).unwrap()).unwrap(), plain);
+        // Not a note this build can pick up from: the request ends as restarted.
+        for unreadable in [json!({"after": "r1.0"}), json!({"upstreamRequestId": 7, "after": 3}), json!(null)] {
+            assert!(Note::deserialize(&unreadable).is_err(), "{unreadable}");
         }
     }
 }
