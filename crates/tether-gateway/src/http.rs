@@ -390,6 +390,10 @@ impl Upstream for HttpUpstream {
         self.send(params, |client, params| async move { client.request_json_tracked(method, params, track).await }).await
     }
 
+    fn resumable(&self) -> bool {
+        true
+    }
+
     async fn resume(
         &self,
         request_id: Value,

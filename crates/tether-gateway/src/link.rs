@@ -360,6 +360,11 @@ impl PeerSink for LinkSink {
     }
 }
 
+/// The `Authorization` header value that presents `token` upstream.
+pub(crate) fn bearer_header(token: &str) -> String {
+    format!("Bearer {token}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -400,9 +405,4 @@ mod tests {
         let ask = PeerMessage::Request { id: json!(5), method: "elicitation/create".into(), params: Some(json!({"m": 1})) };
         assert!(AlreadySent::new(vec![stored(&ask)]).contains(&ask));
     }
-}
-
-/// The `Authorization` header value that presents `token` upstream.
-pub(crate) fn bearer_header(token: &str) -> String {
-    format!("Bearer {token}")
 }

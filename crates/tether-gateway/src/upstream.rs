@@ -81,6 +81,14 @@ pub trait Upstream: Send + Sync + 'static {
         self.request(method, params).await
     }
 
+    /// Whether [`Upstream::request_tracked`] can name a point of a request's
+    /// answer stream that another process picks it up from
+    /// ([`Upstream::resume`]): only then can a recovery note help, so only
+    /// then does a slow request wait to leave one. Default: no.
+    fn resumable(&self) -> bool {
+        false
+    }
+
     /// Picks up the answer to a request an earlier connection (maybe of a
     /// process that died since) sent on this upstream session, after the
     /// event `after` of its stream (both from a [`RequestTrack`]). What the

@@ -19,8 +19,8 @@ use async_trait::async_trait;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-pub use crate::engine::{OperationCtx, RequestCtx, SessionCtx};
 pub use crate::authorized::Authorized;
+pub use crate::engine::{OperationCtx, RequestCtx, SessionCtx};
 pub use tether_wire::RpcError;
 
 /// A request's result, passed to the client as it is (no typed model in

@@ -82,3 +82,22 @@ impl std::fmt::Debug for Authorized {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fronts_decision_holds_only_for_the_use_it_was_made_on_and_the_token_never_shows() {
+        let mut authorized = Authorized::verified("s3cret", Arc::new(serde_json::json!({"sub": "alice"})));
+        let allowed = Decision::Allow { rules: vec!["tools".into()] };
+        authorized.decide("tools/call", Target::Tool("echo"), allowed.clone());
+        assert_eq!(authorized.decision_on("tools/call", Target::Tool("echo")), Some(&allowed));
+        assert_eq!(authorized.decision_on("tools/call", Target::Tool("other")), None, "another tool is decided again");
+        assert_eq!(authorized.decision_on("prompts/get", Target::Prompt("echo")), None, "another kind is decided again");
+        assert_eq!(authorized.bearer_token(), Some("s3cret"));
+        assert_eq!(authorized.claims()["sub"], "alice");
+        assert!(!format!("{authorized:?}").contains("s3cret"), "Debug shows no token");
+        assert_eq!(Authorized::default().decision_on("tools/call", Target::Tool("echo")), None);
+    }
+}

@@ -13,9 +13,9 @@
 //! The wire format (envelope, error codes, header names, `_meta` keys) is
 //! the `tether-wire` crate's.
 
-pub mod authorized;
 pub mod app;
 pub mod audit;
+pub mod authorized;
 pub mod config;
 pub mod engine;
 pub mod http;
@@ -26,9 +26,8 @@ pub mod tools;
 pub mod trace;
 
 pub use app::{
-    Authorized, Caller, ClientDeclaration, CutOff, EndReason, Endpoints, Initialize, McpApp, OperationCtx,
-    OperationRunner, OperationSpec, Origin, Origins, ROOT_ENDPOINT, RawResult, RequestCtx, RpcError, SessionCtx, SessionEnd,
-    raw_result,
+    Authorized, Caller, ClientDeclaration, CutOff, EndReason, Endpoints, Initialize, McpApp, OperationCtx, OperationRunner,
+    OperationSpec, Origin, Origins, ROOT_ENDPOINT, RawResult, RequestCtx, RpcError, SessionCtx, SessionEnd, raw_result,
 };
 pub use config::EngineConfig;
 pub use engine::Engine;

@@ -344,7 +344,14 @@ impl Policy {
 
     /// `seen`, the decision on the name the client sees, joined with the
     /// rules of the member `origin` names (as [`Self::decide_through`]).
-    pub fn through(&self, seen: Decision, method: &str, target: Target<'_>, origin: Option<&Origin>, subject: &Subject) -> Decision {
+    pub fn through(
+        &self,
+        seen: Decision,
+        method: &str,
+        target: Target<'_>,
+        origin: Option<&Origin>,
+        subject: &Subject,
+    ) -> Decision {
         match origin {
             Some(origin) => seen.and(self.decide(&origin.endpoint, method, target.renamed(&origin.name), subject)),
             None => seen,

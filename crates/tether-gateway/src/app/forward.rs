@@ -44,7 +44,12 @@ impl Gateway {
             Notes::Leave if connection.upstream.keeps_calls() => {
                 connection.upstream.request_for(ctx, method, params, kept_progress.as_ref()).await
             }
-            Notes::Leave => request_with_note(ctx, &connection, &self.slot, method, params, issued.clone(), &track).await,
+            Notes::Leave if connection.upstream.resumable() => {
+                request_with_note(ctx, &connection, &self.slot, method, params, issued.clone(), &track).await
+            }
+            // No note could help (a child of this process dies with it):
+            // no timer either.
+            Notes::Leave => connection.upstream.request(method, params).await,
             Notes::None => connection.upstream.request_tracked(method, params, &track).await,
         };
         // The upstream forgot its session: a new one, initialized as the

@@ -23,11 +23,7 @@ impl Gateway {
     /// client initialized this session) if there is none.
     /// `authorized` is what the front established about the request that
     /// needs it (its token sent upstream only with `forward_auth`).
-    pub(super) async fn upstream(
-        &self,
-        session: &SessionCtx,
-        authorized: Option<&Authorized>,
-    ) -> Result<Connection, RpcError> {
+    pub(super) async fn upstream(&self, session: &SessionCtx, authorized: Option<&Authorized>) -> Result<Connection, RpcError> {
         let link = self.slot.link(session);
         let authorization = self.forwarded(&link, authorized);
         let mut live = link.live.lock().await;

@@ -8,9 +8,7 @@ use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
 use serde_json::{Map, Value, json};
-use tether_server::{
-    Authorized, OperationCtx, OperationRunner, OperationSpec, RawResult, RequestCtx, RpcError, raw_result,
-};
+use tether_server::{Authorized, OperationCtx, OperationRunner, OperationSpec, RawResult, RequestCtx, RpcError, raw_result};
 use tether_wire::meta;
 
 use super::Gateway;

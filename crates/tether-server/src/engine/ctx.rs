@@ -199,17 +199,7 @@ impl RequestCtx {
         sink: Sink,
     ) -> Self {
         let RequestHead { id, progress_token, authorized } = head;
-        Self {
-            inner,
-            caller,
-            session: None,
-            stream: None,
-            request_id: id,
-            progress_token,
-            cancel,
-            authorized,
-            sink: Some(sink),
-        }
+        Self { inner, caller, session: None, stream: None, request_id: id, progress_token, cancel, authorized, sink: Some(sink) }
     }
 
     pub(crate) fn inner(&self) -> &Arc<Inner> {

@@ -16,7 +16,7 @@ use tracing::Instrument;
 
 use super::request::RequestHead;
 use super::{Engine, EngineError, PostOutcome, Refusal, Reply, Session, SessionCtx, SessionState, request, resume, unavailable};
-use crate::app::{Caller, Authorized, ClientDeclaration, Initialize};
+use crate::app::{Authorized, Caller, ClientDeclaration, Initialize};
 use crate::ids;
 
 impl Engine {

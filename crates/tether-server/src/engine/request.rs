@@ -154,15 +154,8 @@ impl Inner {
         let name = stream.name.clone();
         let running = self.running.enter(&stream, &session.id);
         let request_id = id.clone();
-        let ctx = RequestCtx::new(
-            self.clone(),
-            session.clone(),
-            Some(stream.clone()),
-            id,
-            progress_token,
-            cancel.clone(),
-            authorized,
-        );
+        let ctx =
+            RequestCtx::new(self.clone(), session.clone(), Some(stream.clone()), id, progress_token, cancel.clone(), authorized);
         let prime_delay = self.config.prime_delay;
         let worker_session = session.clone();
         let inner = self.clone();

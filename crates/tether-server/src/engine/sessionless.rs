@@ -21,7 +21,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::request::{self, RequestHead, Work};
 use super::{Engine, EngineError, Inner};
-use crate::app::{Caller, Authorized, McpApp, RawResult};
+use crate::app::{Authorized, Caller, McpApp, RawResult};
 use crate::engine::RequestCtx;
 
 /// Methods whose 2026-07-28 results say how long they may be cached

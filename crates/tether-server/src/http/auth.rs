@@ -21,8 +21,8 @@ use std::sync::Arc;
 
 use axum::http::{HeaderMap, StatusCode, header};
 use parking_lot::RwLock;
-use sha2::{Digest, Sha256};
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::HttpError;
@@ -259,7 +259,8 @@ impl Auth {
                 ..HttpError::new(StatusCode::UNAUTHORIZED, tether_wire::code::INVALID_REQUEST, m)
             }
         };
-        let token = presented.ok_or_else(|| unauthorized("authentication required: send `Authorization: Bearer <token>`", None))?;
+        let token =
+            presented.ok_or_else(|| unauthorized("authentication required: send `Authorization: Bearer <token>`", None))?;
         let unlisted = match self.lookup(token) {
             Lookup::Listed(principal) => return Ok((principal, Authorized::verified(token, Arc::new(Value::Null)))),
             Lookup::Unlisted(unlisted) => unlisted,
