@@ -285,7 +285,14 @@ fn the_port_stays_open_while_a_dead_engine_is_restarted() {
     until("a second engine", || keeper.engines().len() == 2);
     connects.wait_answers(5);
     let (answered, refused, failed) = connects.finish();
-    assert_eq!((refused, failed), (0, 0), "{answered} answered");
+    // Never refused: the keeper holds the port. A connection the killed
+    // engine had already accepted dies with it; the loop makes one at a
+    // time, so at most one can have been there.
+    assert_eq!(refused, 0, "{answered} answered, {failed} failed otherwise");
+    assert!(
+        failed <= 1,
+        "{failed} connections failed otherwise ({answered} answered): more than the one the killed engine could hold"
+    );
     assert_ne!(keeper.engines()[1], first);
     assert!(gone(first));
     let log = keeper.log();
