@@ -102,6 +102,37 @@ fn gateway_stdio_line(rows: &[Row]) -> String {
     format!("| {line} | {} | {target} | {verdict} |\n", parts.join("; "))
 }
 
+/// The lines against agentgateway, one per gateway scenario: tether-gateway's
+/// requests/s at 64 clients at least agentgateway's, judged as every ratio
+/// line; beside the ratio, where the difference goes: each one's own CPU per
+/// call (tether with its keeper: the keeper's and the engine's; neither
+/// one's upstream or stdio children), the load generator's CPU per call
+/// against each, p99 and peak RSS.
+fn agentgateway_lines(rows: &[Row]) -> String {
+    let mut s = String::new();
+    for scenario in [Scenario::GatewayHttp, Scenario::GatewayStdio] {
+        let line = format!("tether-gateway {} (64 clients) >= agentgateway", scenario.name());
+        let (ours, theirs) = (find(rows, "tether-gateway", scenario, Some(64)), find(rows, "agentgateway", scenario, Some(64)));
+        let Some(((text, ratio), (ours, theirs))) = ours.zip(theirs).and_then(|(a, b)| Some((rps_ratio(a, b)?, (a, b)))) else {
+            s.push_str(&format!("| {line} | not measured | >= 1x | — |\n"));
+            continue;
+        };
+        let pair = |figure: fn(&Row) -> Option<f64>, digits: usize| {
+            let show = |r: &Row| figure(r).map_or("—".to_string(), |v| format!("{v:.digits$}"));
+            format!("{} / {}", show(ours), show(theirs))
+        };
+        let measured = format!(
+            "{text}; server CPU per call {} µs; load generator CPU per call {} µs; p99 {} ms; peak RSS {} MiB",
+            pair(|r| r.server_us_per_call, 1),
+            pair(|r| r.client_us_per_call, 1),
+            pair(|r| r.p99_ms, 3),
+            pair(|r| r.rss_mib, 1)
+        );
+        s.push_str(&format!("| {line} | {measured} | >= 1x | {} |\n", if ratio >= 1.0 { "yes" } else { "**no**" }));
+    }
+    s
+}
+
 /// How close to the floor the keeper must come to be called at it: its
 /// rate at least this share of the floor's.
 const AT_THE_FLOOR: f64 = 0.95;
@@ -364,6 +395,7 @@ pub fn budget(rows: &[Row]) -> String {
     ));
     s.push_str(&streams_lines(rows));
     s.push_str(&gateway_stdio_line(rows));
+    s.push_str(&agentgateway_lines(rows));
     s.push_str(&keeper_line(rows));
     s.push_str(&gateway_memory_line(rows));
     s.push_str(&gateway_federated_line(rows));
@@ -498,6 +530,32 @@ mod tests {
         // The relay floor is a gateway_http system only.
         assert!(Scenario::GatewayHttp.runs(System::RelayFloor) && !Scenario::GatewayStdio.runs(System::RelayFloor));
         assert!(!Scenario::ToolsCall.runs(System::RelayFloor) && !Scenario::GatewayFederated.runs(System::RelayFloor));
+    }
+
+    #[test]
+    fn the_agentgateway_lines_show_where_the_difference_goes() {
+        let at_64 = |system, scenario, rps, server_us| Row {
+            rps: Some(rps),
+            p99_ms: Some(4.0),
+            rss_mib: Some(20.0),
+            server_us_per_call: Some(server_us),
+            client_us_per_call: Some(30.0),
+            ..Row::new(system, scenario, 64, false)
+        };
+        let rows = vec![
+            at_64(System::TetherGateway, Scenario::GatewayHttp, 900.0, 120.0),
+            at_64(System::Agentgateway, Scenario::GatewayHttp, 1000.0, 80.0),
+            at_64(System::TetherGateway, Scenario::GatewayStdio, 3000.0, 60.0),
+        ];
+        let b = budget(&rows);
+        assert!(
+            b.contains("| tether-gateway gateway_http (64 clients) >= agentgateway | 0.90x (900 / 1000 rps); server CPU per call 120.0 / 80.0 µs; load generator CPU per call 30.0 / 30.0 µs; p99 4.000 / 4.000 ms; peak RSS 20.0 / 20.0 MiB | >= 1x | **no** |"),
+            "{b}"
+        );
+        assert!(b.contains("| tether-gateway gateway_stdio (64 clients) >= agentgateway | not measured | >= 1x | — |"), "{b}");
+        assert!(Scenario::GatewayHttp.runs(System::Agentgateway) && Scenario::GatewayStdio.runs(System::Agentgateway));
+        assert!(!Scenario::GatewayFederated.runs(System::Agentgateway) && !Scenario::ToolsCall.runs(System::Agentgateway));
+        assert!(!Scenario::GatewayMemory.runs(System::Agentgateway));
     }
 
     #[test]

@@ -103,6 +103,20 @@ struct Args {
     /// gateway_stdio: mcp-proxy's command (skipped when missing).
     #[arg(long, default_value = "bench/mcp-proxy/.venv/bin/mcp-proxy")]
     mcp_proxy: PathBuf,
+    /// gateway_http and gateway_stdio: agentgateway's binary, which
+    /// scripts/bench builds from --agentgateway-src (skipped when it does not
+    /// run or the source is missing).
+    #[arg(long, env = "AGENTGATEWAY_BIN", default_value = "bench/agentgateway/target/release/agentgateway")]
+    agentgateway: PathBuf,
+    /// agentgateway's source, at the pinned release (docs/benchmarks.md says
+    /// how to bring it; git ignores the default).
+    #[arg(long, env = "AGENTGATEWAY_SRC", default_value = "bench/agentgateway/src")]
+    agentgateway_src: PathBuf,
+    /// Prints the release of the agentgateway source (`TAG COMMIT` when it is
+    /// the pinned one, else `unpinned unknown`, with why on stderr) and
+    /// exits: what scripts/bench stamps its build with.
+    #[arg(long)]
+    agentgateway_release: bool,
     /// tools_call_oauth: the authorization server's script, run with --node
     /// (oidc-provider; its node_modules next to it).
     #[arg(long, default_value = "interop/oauth/provider.mjs")]
@@ -119,8 +133,8 @@ struct Args {
     pin_servers: Option<String>,
     /// Systems to run, comma-separated, in this order. Each scenario runs
     /// those of its systems that are listed: gateway_http tether-gateway,
-    /// rmcp-direct and relay-floor, gateway_stdio tether-gateway,
-    /// tether-gateway-no-keeper, tether-gateway-stdio-relay, supergateway and mcp-proxy,
+    /// rmcp-direct, relay-floor and agentgateway, gateway_stdio tether-gateway,
+    /// tether-gateway-no-keeper, tether-gateway-stdio-relay, supergateway, mcp-proxy and agentgateway,
     /// gateway_memory, gateway_federated and engine_restart tether-gateway,
     /// tools_call_modern tether-sqlite and tether-sqlite-modern,
     /// tools_call_oauth tether-sqlite-token and tether-sqlite-oauth,
@@ -129,7 +143,7 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "tether-memory,tether-sqlite,tether-redis,rmcp,ts-sdk,axum-floor,tether-gateway,tether-gateway-no-keeper,tether-gateway-stdio-relay,rmcp-direct,relay-floor,supergateway,mcp-proxy,tether-sqlite-modern,tether-sqlite-token,tether-sqlite-oauth"
+        default_value = "tether-memory,tether-sqlite,tether-redis,rmcp,ts-sdk,axum-floor,tether-gateway,tether-gateway-no-keeper,tether-gateway-stdio-relay,rmcp-direct,relay-floor,supergateway,mcp-proxy,agentgateway,tether-sqlite-modern,tether-sqlite-token,tether-sqlite-oauth"
     )]
     systems: Vec<System>,
     /// Scenarios to run, comma-separated.
@@ -207,6 +221,16 @@ struct Args {
 
 fn main() -> ExitCode {
     let mut args = Args::parse();
+    if args.agentgateway_release {
+        match server::agentgateway::release_of(&args.agentgateway_src) {
+            Ok(_) => println!("{} {}", server::agentgateway::PINNED_TAG, server::agentgateway::PINNED_COMMIT),
+            Err(why) => {
+                eprintln!("tether-bench: the agentgateway source {} is {why}", args.agentgateway_src.display());
+                println!("unpinned unknown");
+            }
+        }
+        return ExitCode::SUCCESS;
+    }
     if args.quick {
         args.duration = Duration::from_secs(1);
         args.warmup = Duration::from_secs(1);
@@ -271,6 +295,8 @@ async fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
         stdio_echo: args.stdio_echo.clone().unwrap_or_else(|| sibling("stdio_echo")),
         supergateway: args.supergateway.clone(),
         mcp_proxy: args.mcp_proxy.clone(),
+        agentgateway: args.agentgateway.clone(),
+        agentgateway_src: args.agentgateway_src.clone(),
         oauth_provider: args.oauth_provider.clone(),
         pin_servers: args.pin_servers.clone(),
     };
@@ -296,6 +322,8 @@ async fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
     let needing_tools = [
         (Scenario::GatewayStdio, System::Supergateway),
         (Scenario::GatewayStdio, System::McpProxy),
+        (Scenario::GatewayHttp, System::Agentgateway),
+        (Scenario::GatewayStdio, System::Agentgateway),
         (Scenario::ToolsCallOauth, System::TetherSqliteOauth),
     ];
     for (scenario, system) in needing_tools {
@@ -303,6 +331,25 @@ async fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
             eprintln!("== {}: skipped, {why}", system.name());
             skipped.push(why);
             systems.retain(|&s| s != system);
+        }
+    }
+    // agentgateway runs from whatever its source is; one that is not the pinned release is said so.
+    let mut notes = Vec::new();
+    let agentgateway_runs =
+        systems.contains(&System::Agentgateway) && (wants(Scenario::GatewayHttp) || wants(Scenario::GatewayStdio));
+    let mut agentgateway_unpinned = None;
+    if agentgateway_runs {
+        let src = args.agentgateway_src.display();
+        match server::agentgateway::release_of(&args.agentgateway_src) {
+            Ok(release) => {
+                eprintln!("== agentgateway: {release}, built from {src}");
+                notes.push(format!("agentgateway: {release}, built from {src}."));
+            }
+            Err(why) => {
+                eprintln!("== agentgateway: its source {src} is {why}; measured as it is");
+                notes.push(format!("agentgateway: its source {src} is {why}."));
+                agentgateway_unpinned = Some(format!("not the pinned {}", server::agentgateway::PINNED_TAG));
+            }
         }
     }
     // With --baseline, each tether system is followed by its baseline twin.
@@ -366,6 +413,11 @@ async fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
             rows.extend(idle_and_restart(args, &programs, subject, plan).await);
         }
     }
+    if let Some(unpinned) = &agentgateway_unpinned {
+        for row in rows.iter_mut().filter(|r| r.system == System::Agentgateway.name()) {
+            row.note = Some(row.note.take().map_or(unpinned.clone(), |n| format!("{n}; {unpinned}")));
+        }
+    }
     sort(&mut rows);
 
     let caption = args.quick.then(|| {
@@ -385,6 +437,9 @@ async fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
     markdown.push_str(&table);
     if !skipped.is_empty() {
         markdown.push_str(&format!("\nNot run: {}.\n", skipped.join(", ")));
+    }
+    for note in &notes {
+        markdown.push_str(&format!("\n{note}\n"));
     }
     markdown.push('\n');
     markdown.push_str(&budget);

@@ -25,7 +25,8 @@ pub(crate) struct Running {
     pub(crate) server: Server,
     /// Its store (removed when this is dropped).
     _store: Option<Store>,
-    /// tether-gateway in gateway_http and gateway_federated, relay-floor: the `rmcp_ref` it fronts.
+    /// tether-gateway in gateway_http and gateway_federated, relay-floor,
+    /// agentgateway in gateway_http: the `rmcp_ref` it fronts.
     upstream: Option<Server>,
     /// tether-gateway with a virtual server: the dir of its config file
     /// (tether-sqlite-token: of its token file).
@@ -48,13 +49,11 @@ impl Running {
 
 /// An `rmcp_ref` for tether-gateway to front (gateway_http, gateway_federated).
 async fn rmcp_upstream(programs: &Programs) -> anyhow::Result<Server> {
-    Server::start(&Launch::new(System::RmcpDirect.into()), programs, None)
-        .await
-        .context("the rmcp_ref upstream of tether-gateway")
+    Server::start(&Launch::new(System::RmcpDirect.into()), programs, None).await.context("the rmcp_ref upstream of a gateway")
 }
 
 /// Starts `subject` as `scenario` runs it: for tools_call as it is; for
-/// gateway_http tether-gateway and relay-floor each in front of an `rmcp_ref`
+/// gateway_http tether-gateway, relay-floor and agentgateway each in front of an `rmcp_ref`
 /// of its own (started first) and rmcp-direct as that `rmcp_ref`; for gateway_stdio each system
 /// serving `stdio_echo`; for gateway_federated tether-gateway serving the
 /// virtual server of two `stdio_echo` members and an `rmcp_ref` of its own
@@ -63,7 +62,7 @@ pub(crate) async fn start_for(programs: &Programs, scenario: Scenario, subject: 
     let mut launch = Launch::new(subject);
     let mut upstream = None;
     match (scenario, subject.system) {
-        (Scenario::GatewayHttp, System::TetherGateway | System::RelayFloor) => {
+        (Scenario::GatewayHttp, System::TetherGateway | System::RelayFloor | System::Agentgateway) => {
             let rmcp = rmcp_upstream(programs).await?;
             launch.upstream = Some(Upstream::Url(rmcp.mcp_url.clone()));
             upstream = Some(rmcp);

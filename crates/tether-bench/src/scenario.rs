@@ -18,10 +18,10 @@ pub enum Scenario {
     Restart1mSessions,
     #[value(name = "idle_session")]
     IdleSession,
-    /// tools_call's load through tether-gateway to `rmcp_ref`, and to `rmcp_ref` directly.
+    /// tools_call's load through tether-gateway and agentgateway to `rmcp_ref`, and to `rmcp_ref` directly.
     #[value(name = "gateway_http")]
     GatewayHttp,
-    /// tools_call's load to `stdio_echo` through tether-gateway, supergateway and mcp-proxy.
+    /// tools_call's load to `stdio_echo` through tether-gateway, supergateway, mcp-proxy and agentgateway.
     #[value(name = "gateway_stdio")]
     GatewayStdio,
     /// tether-gateway's RSS growth per live command-upstream session (a
@@ -97,7 +97,9 @@ impl Scenario {
             Scenario::Restart1mSessions => {
                 matches!(system, System::TetherSqlite | System::TetherRedis | System::TetherRedisCluster)
             }
-            Scenario::GatewayHttp => matches!(system, System::TetherGateway | System::RmcpDirect | System::RelayFloor),
+            Scenario::GatewayHttp => {
+                matches!(system, System::TetherGateway | System::RmcpDirect | System::RelayFloor | System::Agentgateway)
+            }
             Scenario::GatewayStdio => {
                 matches!(
                     system,
@@ -106,6 +108,7 @@ impl Scenario {
                         | System::TetherGatewayStdioRelay
                         | System::Supergateway
                         | System::McpProxy
+                        | System::Agentgateway
                 )
             }
             Scenario::GatewayMemory | Scenario::GatewayFederated | Scenario::EngineRestart => system == System::TetherGateway,

@@ -15,7 +15,10 @@
 //!   `--pin-servers`), waiting for its health check, its log, stopping and
 //!   killing it.
 //! - [`procfs`]: what `/proc` says about it: RSS, peak RSS, live children.
+//! - [`agentgateway`]: agentgateway's pinned release, the check of its
+//!   source against it, and its config.
 
+pub mod agentgateway;
 mod catalog;
 mod process;
 mod procfs;

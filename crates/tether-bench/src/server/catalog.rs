@@ -66,6 +66,11 @@ pub enum System {
     /// gateway_stdio: mcp-proxy (PyPI, `bench/mcp-proxy/.venv`) serving `stdio_echo`
     /// over Streamable HTTP, stateful.
     McpProxy,
+    /// gateway_http and gateway_stdio: agentgateway (Rust, built from its
+    /// source at the pinned release, [`super::agentgateway`]) with one MCP
+    /// target, in front of an `rmcp_ref` of its own or serving `stdio_echo`,
+    /// stateful, at `/mcp`.
+    Agentgateway,
     /// tools_call_modern: tether-sqlite called over the sessionless 2026-07-28 wire.
     TetherSqliteModern,
     /// tools_call_oauth: tether-sqlite with `--auth-tokens`, a static token per client.
@@ -116,7 +121,7 @@ pub enum Protocol {
 }
 
 impl System {
-    pub const ALL: [System; 20] = [
+    pub const ALL: [System; 21] = [
         System::TetherMemory,
         System::TetherSqlite,
         System::TetherSqliteNometrics,
@@ -134,6 +139,7 @@ impl System {
         System::RelayFloor,
         System::Supergateway,
         System::McpProxy,
+        System::Agentgateway,
         System::TetherSqliteModern,
         System::TetherSqliteToken,
         System::TetherSqliteOauth,
@@ -158,6 +164,7 @@ impl System {
             System::RelayFloor => "relay-floor",
             System::Supergateway => "supergateway",
             System::McpProxy => "mcp-proxy",
+            System::Agentgateway => "agentgateway",
             System::TetherSqliteModern => "tether-sqlite-modern",
             System::TetherSqliteToken => "tether-sqlite-token",
             System::TetherSqliteOauth => "tether-sqlite-oauth",
@@ -180,10 +187,12 @@ impl System {
                 | System::RelayFloor
                 | System::Supergateway
                 | System::McpProxy
+                | System::Agentgateway
         )
     }
 
-    /// The path of its health check: `/healthz`, or mcp-proxy's `/status`.
+    /// The path of its health check: `/healthz`, or mcp-proxy's `/status`
+    /// (agentgateway's is on a port of its own: [`Launch::command`]).
     pub(super) fn health_path(self) -> &'static str {
         match self {
             System::McpProxy => "/status",
@@ -253,6 +262,10 @@ pub struct Programs {
     pub supergateway: PathBuf,
     /// mcp-proxy's command (`bench/mcp-proxy/.venv/bin/mcp-proxy`).
     pub mcp_proxy: PathBuf,
+    /// agentgateway's binary (`bench/agentgateway/target/release/agentgateway`, built by scripts/bench).
+    pub agentgateway: PathBuf,
+    /// agentgateway's source (`AGENTGATEWAY_SRC`, else `bench/agentgateway/src`): without it, the system is skipped.
+    pub agentgateway_src: PathBuf,
     /// tools_call_oauth's authorization server (`interop/oauth/provider.mjs`), run with `node`.
     pub oauth_provider: PathBuf,
     /// `--pin-servers CPUS`: every server runs on these CPUs (with what it
@@ -278,6 +291,16 @@ impl Programs {
             System::McpProxy if !self.mcp_proxy.is_file() => {
                 Some(format!("mcp-proxy (no {}: run scripts/bench, which installs it)", self.mcp_proxy.display()))
             }
+            System::Agentgateway if !self.agentgateway_src.join("Cargo.toml").is_file() => Some(format!(
+                "agentgateway (no source at {}: bring its {} release there, see docs/benchmarks.md)",
+                self.agentgateway_src.display(),
+                super::agentgateway::PINNED_TAG
+            )),
+            System::Agentgateway if !runs(&self.agentgateway) => Some(format!(
+                "agentgateway (`{} --version` does not run: scripts/bench builds it from {})",
+                self.agentgateway.display(),
+                self.agentgateway_src.display()
+            )),
             System::TetherRedisReplica | System::TetherRedisStrict
                 if !runs(Path::new(crate::redis_pair::REDIS_SERVER)) || !runs(Path::new("redis-cli")) =>
             {
@@ -315,6 +338,15 @@ pub struct Launch {
     pub extra_args: Vec<String>,
     /// Environment variables set for the process (the admin token).
     pub env: Vec<(String, String)>,
+}
+
+/// A system's command as [`Launch::command`] makes it.
+pub(super) struct Launched {
+    pub(super) cmd: Command,
+    /// The MCP URL, when it is known before the server prints anything.
+    pub(super) known_url: Option<String>,
+    /// The health check's URL, when it is not on the MCP URL's origin.
+    pub(super) health_url: Option<String>,
 }
 
 /// What a gateway system serves.
@@ -406,9 +438,12 @@ impl Launch {
         }
     }
 
-    /// The command, and the MCP URL when it is known before the server prints anything.
-    pub(super) fn command(&self, programs: &Programs, store: Option<&Store>) -> anyhow::Result<(Command, Option<String>)> {
+    /// The command, the MCP URL when it is known before the server prints
+    /// anything, and its health check's URL when that is not the MCP URL's
+    /// origin with [`System::health_path`].
+    pub(super) fn command(&self, programs: &Programs, store: Option<&Store>) -> anyhow::Result<Launched> {
         let mut known_url = None;
+        let mut health_url = None;
         let mut cmd = match self.subject.system {
             System::TetherMemory
             | System::TetherSqlite
@@ -532,12 +567,33 @@ impl Launch {
                 known_url = Some(format!("http://127.0.0.1:{port}/mcp"));
                 cmd
             }
+            System::Agentgateway => {
+                let program = existing(&programs.agentgateway, "scripts/bench builds it from its source")?;
+                let target = match &self.upstream {
+                    Some(Upstream::Url(url)) => super::agentgateway::Target::Url(url),
+                    Some(Upstream::Stdio(_)) => super::agentgateway::Target::Stdio(self.stdio_upstream()?),
+                    _ => bail!("agentgateway needs a URL or a stdio upstream"),
+                };
+                // Its MCP port, and its readiness probe's (the health check) on a port of its own.
+                let (port, ready) = (self.port()?, free_port()?);
+                let mut cmd = Command::new(program);
+                cmd.arg("--config").arg(super::agentgateway::config(port, ready, &target));
+                // What it reads from the environment over its config file: the bench's config decides.
+                for var in super::agentgateway::ENVIRONMENT {
+                    cmd.env_remove(var);
+                }
+                known_url = Some(format!("http://127.0.0.1:{port}/mcp"));
+                health_url = Some(format!("http://127.0.0.1:{ready}/healthz/ready"));
+                cmd
+            }
         };
         if let Some(cpus) = &programs.pin_servers {
             cmd = pinned(&cmd, cpus);
         }
-        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).kill_on_drop(true);
-        Ok((cmd, known_url))
+        // agentgateway logs on stdout: read as the others' stderr (its WARN and ERROR lines counted).
+        let stdout = if self.subject.system == System::Agentgateway { Stdio::piped() } else { Stdio::null() };
+        cmd.stdin(Stdio::null()).stdout(stdout).stderr(Stdio::piped()).kill_on_drop(true);
+        Ok(Launched { cmd, known_url, health_url })
     }
 
     /// What follows the URL the server prints to make its MCP endpoint.

@@ -1,7 +1,8 @@
 //! A server as a process: spawning it (under `taskset` with
 //! `--pin-servers`), draining its stderr (the URL it prints, the last lines,
-//! its WARN and ERROR lines), waiting until it answers its health check,
-//! and stopping it (SIGTERM) or killing it (SIGKILL).
+//! its WARN and ERROR lines; agentgateway's stdout too, where it logs),
+//! waiting until it answers its health check, and stopping it (SIGTERM) or
+//! killing it (SIGKILL).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -9,11 +10,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use parking_lot::Mutex;
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::oneshot;
 
-use super::catalog::{Launch, Programs, Subject};
+use super::catalog::{Launch, Launched, Programs, Subject};
 use super::store::Store;
 
 /// How long a server may take to print its URL and to answer `/healthz`.
@@ -50,10 +51,12 @@ pub struct Server {
     /// The MCP endpoint, e.g. `http://127.0.0.1:41234/mcp` (known once `ready` returned).
     pub mcp_url: String,
     url_rx: Option<oneshot::Receiver<String>>,
+    /// Its health check's URL when it is not on the MCP URL's origin (agentgateway's readiness probe).
+    health_url: Option<String>,
     /// The last lines of its stderr.
     log: Arc<Mutex<VecDeque<String>>>,
     /// How many of its stderr lines were at WARN or ERROR level, and the last of them.
-    problems: Arc<Mutex<(u64, VecDeque<String>)>>,
+    problems: Problems,
 }
 
 impl Server {
@@ -64,48 +67,36 @@ impl Server {
 
     /// Spawns the process and returns at once (the restart scenario times from here).
     pub fn spawn(launch: &Launch, programs: &Programs, store: Option<&Store>) -> anyhow::Result<Server> {
-        let (mut cmd, known_url) = launch.command(programs, store)?;
+        let Launched { mut cmd, known_url, health_url } = launch.command(programs, store)?;
         let mut child = cmd.spawn().with_context(|| format!("cannot start {}", launch.subject.name()))?;
         let pid = child.id().context("the server exited at once")?;
         let stderr = child.stderr.take().context("no stderr pipe")?;
         let log = Arc::new(Mutex::new(VecDeque::new()));
         let (url_tx, url_rx) = oneshot::channel();
         let suffix = launch.endpoint_suffix();
-        let mut url_tx = match known_url {
+        let url_tx = match known_url {
             Some(url) => {
                 let _ = url_tx.send(url);
                 None
             }
-            None => Some(url_tx),
+            None => Some((url_tx, suffix)),
         };
-        let kept = log.clone();
         let problems = Arc::new(Mutex::new((0, VecDeque::new())));
-        let kept_problems = problems.clone();
-        // Drain stderr for the server's whole life so it never blocks on a full pipe.
-        tokio::spawn(async move {
-            let mut lines = BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                if let Some(url) = mcp_url_in(&line)
-                    && let Some(tx) = url_tx.take()
-                {
-                    let _ = tx.send(url + &suffix);
-                }
-                if is_problem(&line) {
-                    let mut problems = kept_problems.lock();
-                    problems.0 += 1;
-                    if problems.1.len() == KEPT_PROBLEMS {
-                        problems.1.pop_front();
-                    }
-                    problems.1.push_back(line.clone());
-                }
-                let mut kept = kept.lock();
-                if kept.len() == KEPT_LINES {
-                    kept.pop_front();
-                }
-                kept.push_back(line);
-            }
-        });
-        Ok(Server { subject: launch.subject, child, pid, mcp_url: String::new(), url_rx: Some(url_rx), log, problems })
+        // Drain stderr (and a piped stdout) for the server's whole life so it never blocks on a full pipe.
+        tokio::spawn(drain(stderr, url_tx, log.clone(), problems.clone()));
+        if let Some(stdout) = child.stdout.take() {
+            tokio::spawn(drain(stdout, None, log.clone(), problems.clone()));
+        }
+        Ok(Server {
+            subject: launch.subject,
+            child,
+            pid,
+            mcp_url: String::new(),
+            url_rx: Some(url_rx),
+            health_url,
+            log,
+            problems,
+        })
     }
 
     /// Spawns the process and waits until it printed its URL and answers `/healthz`.
@@ -123,7 +114,10 @@ impl Server {
             Ok(Err(_)) => bail!("{} exited before printing its URL; its stderr:\n{}", self.subject.name(), self.log_tail()),
             Err(_) => bail!("{} printed no URL within {START_TIMEOUT:?}; its stderr:\n{}", self.subject.name(), self.log_tail()),
         };
-        let url = format!("{}{}", origin(&self.mcp_url), self.subject.system.health_path());
+        let url = match &self.health_url {
+            Some(url) => url.clone(),
+            None => format!("{}{}", origin(&self.mcp_url), self.subject.system.health_path()),
+        };
         let client = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(2)).build()?;
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
@@ -180,6 +174,41 @@ impl Server {
         let status = tokio::time::timeout(STOP_TIMEOUT, self.child.wait()).await.context("a SIGKILLed server did not exit")??;
         anyhow::ensure!(!status.success(), "{} exited cleanly instead of being killed", self.subject.name());
         Ok(())
+    }
+}
+
+/// A server's log lines (how many were WARN or ERROR, and the last of them)
+type Problems = Arc<Mutex<(u64, VecDeque<String>)>>;
+
+/// Reads a server's output line by line until it closes: the first MCP URL
+/// in it goes to `url_tx` (with the endpoint's suffix), the last lines to
+/// `log`, its WARN and ERROR lines to `problems`.
+async fn drain(
+    output: impl AsyncRead + Unpin,
+    mut url_tx: Option<(oneshot::Sender<String>, String)>,
+    log: Arc<Mutex<VecDeque<String>>>,
+    problems: Problems,
+) {
+    let mut lines = BufReader::new(output).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        if let Some(url) = mcp_url_in(&line)
+            && let Some((tx, suffix)) = url_tx.take()
+        {
+            let _ = tx.send(url + &suffix);
+        }
+        if is_problem(&line) {
+            let mut problems = problems.lock();
+            problems.0 += 1;
+            if problems.1.len() == KEPT_PROBLEMS {
+                problems.1.pop_front();
+            }
+            problems.1.push_back(line.clone());
+        }
+        let mut kept = log.lock();
+        if kept.len() == KEPT_LINES {
+            kept.pop_front();
+        }
+        kept.push_back(line);
     }
 }
 
