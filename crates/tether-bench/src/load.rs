@@ -49,6 +49,10 @@ pub struct Outcome {
     /// and the engine; not its upstream or stdio children) used inside the
     /// measure window (Linux).
     pub server_cpu: Option<Duration>,
+    /// CPU time what the server fronts used inside the measure window (the
+    /// gateway scenarios: its `rmcp_ref`, its stdio servers), summed over
+    /// those of its processes alive at both ends of the window (Linux).
+    pub upstream_cpu: Option<Duration>,
 }
 
 impl Outcome {
@@ -67,6 +71,13 @@ impl Outcome {
     /// moves, read beside the throughput it buys.
     pub fn server_us_per_call(&self) -> Option<f64> {
         let cpu = self.server_cpu?;
+        (self.ok_in_window > 0).then(|| cpu.as_secs_f64() * 1e6 / self.ok_in_window as f64)
+    }
+    /// The CPU per counted call of what the server fronts: beside the
+    /// server's, where a gateway's difference goes when it makes its upstream
+    /// work more (or less) per call.
+    pub fn upstream_us_per_call(&self) -> Option<f64> {
+        let cpu = self.upstream_cpu?;
         (self.ok_in_window > 0).then(|| cpu.as_secs_f64() * 1e6 / self.ok_in_window as f64)
     }
     pub fn quantile_ms(&self, q: f64) -> f64 {
@@ -156,11 +167,18 @@ impl Load {
 
     /// Every client calls back to back for `lead_in` (not recorded), then
     /// for `duration` (recorded); `server` holds the server's process IDs
-    /// (none: not measured), whose CPU time in the window is taken too.
-    pub async fn run(&mut self, lead_in: Duration, duration: Duration, server: &[u32]) -> anyhow::Result<Outcome> {
+    /// (none: not measured), whose CPU time in the window is taken too, and
+    /// `upstream` those of what it fronts (none: not measured).
+    pub async fn run(
+        &mut self,
+        lead_in: Duration,
+        duration: Duration,
+        server: &[u32],
+        upstream: &[u32],
+    ) -> anyhow::Result<Outcome> {
         let measure_from = Instant::now() + lead_in;
         let window = Window { measure_from, end: measure_from + duration };
-        let server = server.to_vec();
+        let (server, upstream) = (server.to_vec(), upstream.to_vec());
         let cpu_in_window = tokio::spawn(async move {
             let of_server = || -> Option<Duration> {
                 if server.is_empty() {
@@ -168,12 +186,16 @@ impl Load {
                 }
                 server.iter().map(|pid| cpu_time(&pid.to_string())).sum()
             };
+            let of_upstream = || -> Vec<Option<Duration>> { upstream.iter().map(|&pid| cpu_time_exact(pid)).collect() };
             tokio::time::sleep_until(measure_from.into()).await;
-            let from = (cpu_time("self"), of_server());
+            let from = (cpu_time("self"), of_server(), of_upstream());
             tokio::time::sleep_until(window.end.into()).await;
-            let to = (cpu_time("self"), of_server());
+            let to = (cpu_time("self"), of_server(), of_upstream());
             let spent = |from: Option<Duration>, to: Option<Duration>| Some(to?.saturating_sub(from?));
-            (spent(from.0, to.0), spent(from.1, to.1))
+            // An upstream process that exits (or starts) inside the window counts nothing.
+            let upstream = (!from.2.is_empty())
+                .then(|| from.2.iter().zip(&to.2).filter_map(|(&from, &to)| spent(from, to)).sum::<Duration>());
+            (spent(from.0, to.0), spent(from.1, to.1), upstream)
         });
         let tasks: Vec<_> = std::mem::take(&mut self.clients)
             .into_iter()
@@ -188,6 +210,7 @@ impl Load {
             measured: duration,
             client_cpu: None,
             server_cpu: None,
+            upstream_cpu: None,
         };
         for task in tasks {
             let (client, r) = task.await?;
@@ -201,7 +224,7 @@ impl Load {
             }
             out.latency_us.add(&r.latency_us)?;
         }
-        (out.client_cpu, out.server_cpu) = cpu_in_window.await.unwrap_or_default();
+        (out.client_cpu, out.server_cpu, out.upstream_cpu) = cpu_in_window.await.unwrap_or_default();
         Ok(out)
     }
 }
@@ -216,6 +239,18 @@ pub fn cpu_time(proc: &str) -> Option<Duration> {
     // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
     let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
     Some(Duration::from_millis(ticks * 10))
+}
+
+/// A process's CPU time so far to the nanosecond, from `/proc/PID/schedstat`
+/// (its first field: time on a CPU), else [`cpu_time`]. For many small
+/// processes (64 stdio servers), `/proc/PID/stat`'s whole ticks (10 ms each)
+/// would lose most of a slice's time.
+pub fn cpu_time_exact(pid: u32) -> Option<Duration> {
+    let exact = std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .map(Duration::from_nanos);
+    exact.or_else(|| cpu_time(&pid.to_string()))
 }
 
 /// A keep-alive connection idle this long is dropped by the client, and the

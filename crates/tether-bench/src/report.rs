@@ -58,6 +58,10 @@ pub struct Row {
     /// The server process's own CPU per call (not its upstream's or children's).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_us_per_call: Option<f64>,
+    /// The gateway scenarios: the CPU per call of what the server fronts
+    /// (the `rmcp_ref` behind it, its stdio servers and what runs under them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream_us_per_call: Option<f64>,
     /// gateway_memory: the live children's RSS (their `VmRSS` summed) per
     /// live session; `bytes` is tether's own growth.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -131,6 +135,7 @@ impl Row {
             rounds_rps: Vec::new(),
             client_us_per_call: None,
             server_us_per_call: None,
+            upstream_us_per_call: None,
             children_bytes: None,
             federated_bytes: None,
             federated_children_bytes: None,
@@ -218,6 +223,9 @@ fn notes(r: &Row) -> String {
     }
     if let Some(us) = r.server_us_per_call {
         parts.push(format!("server {us:.1} µs CPU/call"));
+    }
+    if let Some(us) = r.upstream_us_per_call {
+        parts.push(format!("upstream {us:.1} µs CPU/call"));
     }
     if let Some(us) = r.client_us_per_call {
         parts.push(format!("load generator {us:.1} µs CPU/call"));

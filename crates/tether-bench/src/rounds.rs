@@ -83,20 +83,26 @@ pub(crate) async fn interleaved(args: &Args, programs: &Programs, participants: 
             let protocol = if scenario == Scenario::GatewayFederated { Protocol::Federated } else { subject.system.protocol() };
             let tokens = started.as_ref().map(|r| r.tokens.as_slice()).unwrap_or_default();
             let warmed = match load::Load::open(protocol, &server.mcp_url, clients, tokens).await {
-                Ok(mut load) => load.run(args.warmup, Duration::ZERO, &[]).await.map(|warm_up| (load, warm_up)),
+                Ok(mut load) => load.run(args.warmup, Duration::ZERO, &[], &[]).await.map(|warm_up| (load, warm_up)),
                 Err(e) => Err(e),
             };
             // With a keeper, its engine's CPU too (the engine runs throughout: none is killed here).
             let mut pids = server.processes().unwrap_or_else(|_| vec![server.pid()]);
             // tether-gateway-stdio-relay: its relays' CPU too (each a child of
             // tether, open with its session), as the keeper's is counted for
-            // tether-gateway; the echo servers behind them are not, as nowhere.
+            // tether-gateway; the echo servers behind them are its upstream's, as everywhere.
             if subject.system == System::TetherGatewayStdioRelay {
                 pids.extend(server.children().unwrap_or_default());
             }
+            // The gateway scenarios: what it fronts, its upstream and its stdio
+            // servers (started by now: every session has called), measured apart.
+            let upstream = match started {
+                Ok(running) if scenario.gateway() => running.upstream_processes(&pids),
+                _ => Vec::new(),
+            };
             match warmed {
                 Ok((load, warm_up)) if warm_up.errors == 0 => {
-                    loads.push((scenario, subject, pids, load, Vec::with_capacity(args.rounds)))
+                    loads.push((scenario, subject, (pids, upstream), load, Vec::with_capacity(args.rounds)))
                 }
                 Ok((_, warm_up)) => rows.push(row(format!("warm-up: {}", warm_up.first_errors.join("; ")))),
                 Err(e) => rows.push(row(format!("{e:#}"))),
@@ -105,7 +111,7 @@ pub(crate) async fn interleaved(args: &Args, programs: &Programs, participants: 
         for round in 1..=args.rounds {
             eprintln!("== {name}, {clients} clients, round {round} of {}", args.rounds);
             for (scenario, subject, pids, load, rounds) in &mut loads {
-                let outcome = load.run(SLICE_LEAD_IN, args.duration, pids).await;
+                let outcome = load.run(SLICE_LEAD_IN, args.duration, &pids.0, &pids.1).await;
                 rounds.push(measured(*subject, *scenario, clients, args.quick, outcome));
             }
         }
@@ -150,16 +156,18 @@ fn measured(subject: Subject, scenario: Scenario, clients: usize, quick: bool, o
             row.p99_ms = Some(round(outcome.quantile_ms(0.99), 3));
             row.client_us_per_call = outcome.client_us_per_call().map(|us| round(us, 1));
             row.server_us_per_call = outcome.server_us_per_call().map(|us| round(us, 1));
+            row.upstream_us_per_call = outcome.upstream_us_per_call().map(|us| round(us, 1));
             row.errors = outcome.errors;
             row.error = outcome.first_errors.first().cloned();
             eprintln!(
-                "   {:<40} {:>8.0} rps, p50 {:.3} ms, p99 {:.3} ms, {} errors, CPU per call: server {:.1} µs, load generator {:.1} µs",
+                "   {:<40} {:>8.0} rps, p50 {:.3} ms, p99 {:.3} ms, {} errors, CPU per call: server {:.1} µs, upstream {:.1} µs, load generator {:.1} µs",
                 format!("{} {}", subject.name(), scenario.name()),
                 outcome.rps(),
                 outcome.quantile_ms(0.5),
                 outcome.quantile_ms(0.99),
                 outcome.errors,
                 outcome.server_us_per_call().unwrap_or(f64::NAN),
+                outcome.upstream_us_per_call().unwrap_or(f64::NAN),
                 outcome.client_us_per_call().unwrap_or(f64::NAN)
             );
         }

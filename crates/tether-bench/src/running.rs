@@ -38,6 +38,16 @@ pub(crate) struct Running {
 }
 
 impl Running {
+    /// The processes of what the server fronts, for their CPU per call: the
+    /// `rmcp_ref` it forwards to, and every process under the server but
+    /// those in `counted` (the server's own: with a keeper, the engine; for
+    /// tether-gateway-stdio-relay, its relays): its stdio servers.
+    pub(crate) fn upstream_processes(&self, counted: &[u32]) -> Vec<u32> {
+        let mut pids = self.upstream.as_ref().map(|u| u.processes().unwrap_or_else(|_| vec![u.pid()])).unwrap_or_default();
+        pids.extend(self.server.descendants().unwrap_or_default().into_iter().filter(|pid| !counted.contains(pid)));
+        pids
+    }
+
     pub(crate) async fn stop(self) -> anyhow::Result<()> {
         let stopped = self.server.stop().await;
         if let Some(upstream) = self.upstream {

@@ -118,6 +118,12 @@ impl Scenario {
         }
     }
 
+    /// A gateway scenario of rounds: its systems front an upstream (an
+    /// `rmcp_ref`, stdio servers), whose CPU per call is measured beside theirs.
+    pub fn gateway(self) -> bool {
+        matches!(self, Scenario::GatewayHttp | Scenario::GatewayStdio | Scenario::GatewayFederated)
+    }
+
     /// Whether its rows come from interleaved rounds of the tools_call load.
     pub fn interleaved(self) -> bool {
         matches!(

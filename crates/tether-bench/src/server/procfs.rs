@@ -91,6 +91,23 @@ impl Server {
         Ok(self.own_children()?.into_iter().filter(|&pid| !is_engine(pid)).collect())
     }
 
+    /// The PIDs of every live process under it (its children, theirs, …),
+    /// zombies not counted: with a keeper, the engine too.
+    pub fn descendants(&self) -> anyhow::Result<Vec<u32>> {
+        let parents = live_parents()?;
+        let mut found = Vec::new();
+        let mut frontier = vec![self.pid];
+        while let Some(parent) = frontier.pop() {
+            for &(pid, ppid) in &parents {
+                if ppid == parent && !found.contains(&pid) {
+                    found.push(pid);
+                    frontier.push(pid);
+                }
+            }
+        }
+        Ok(found)
+    }
+
     /// The PIDs of every live child process, found by reading every `/proc/PID/stat`.
     fn own_children(&self) -> anyhow::Result<Vec<u32>> {
         let mut pids = Vec::new();
@@ -111,6 +128,23 @@ impl Server {
         }
         Ok(pids)
     }
+}
+
+/// Every live process (not a zombie) with its parent, from every `/proc/PID/stat`.
+fn live_parents() -> anyhow::Result<Vec<(u32, u32)>> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").context("cannot list /proc")? {
+        let entry = entry?;
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        // A process may exit between the listing and the read.
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        if let Some((state, ppid)) = state_and_parent(&stat)
+            && state != "Z"
+        {
+            found.push((pid, ppid));
+        }
+    }
+    Ok(found)
 }
 
 /// Whether process `pid` is a tether engine (its argv[1] is `engine`); a
