@@ -241,15 +241,19 @@ pub fn cpu_time(proc: &str) -> Option<Duration> {
     Some(Duration::from_millis(ticks * 10))
 }
 
-/// A process's CPU time so far to the nanosecond, from `/proc/PID/schedstat`
-/// (its first field: time on a CPU), else [`cpu_time`]. For many small
-/// processes (64 stdio servers), `/proc/PID/stat`'s whole ticks (10 ms each)
-/// would lose most of a slice's time.
+/// A process's CPU time so far to the nanosecond: its threads' time on a
+/// CPU (the first field of each `/proc/PID/task/TID/schedstat`; a thread that
+/// exited no longer counts), else [`cpu_time`]. For many small processes (64
+/// stdio servers), `/proc/PID/stat`'s whole ticks (10 ms each) would lose
+/// most of a slice's time.
 pub fn cpu_time_exact(pid: u32) -> Option<Duration> {
-    let exact = std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-        .map(Duration::from_nanos);
+    let exact = std::fs::read_dir(format!("/proc/{pid}/task")).ok().map(|tasks| {
+        // A thread may exit between the listing and the read.
+        let on_cpu = |task: std::fs::DirEntry| -> Option<u64> {
+            std::fs::read_to_string(task.path().join("schedstat")).ok()?.split_whitespace().next()?.parse().ok()
+        };
+        Duration::from_nanos(tasks.filter_map(Result::ok).filter_map(on_cpu).sum())
+    });
     exact.or_else(|| cpu_time(&pid.to_string()))
 }
 
