@@ -32,11 +32,11 @@
 
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
-import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { chromium } from 'playwright-core';
+import { assert, freePort, sleep, waitFor } from './support.mjs';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 
@@ -56,33 +56,6 @@ fs.mkdirSync(SHOTS, { recursive: true });
 let base;
 let server = null;
 const clients = [];
-
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-
-function assert(ok, message) {
-  if (!ok) throw new Error(message);
-}
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const s = net.createServer();
-    s.once('error', reject);
-    s.listen(0, '127.0.0.1', () => {
-      const p = s.address().port;
-      s.close(() => resolve(p));
-    });
-  });
-}
-
-async function waitFor(what, fn, ms = 30_000) {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const value = await fn();
-    if (value) return value;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await sleep(100);
-  }
-}
 
 async function shot(page, name) {
   await page.screenshot({ path: path.join(SHOTS, `admin-${name}.png`), fullPage: true });

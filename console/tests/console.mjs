@@ -42,11 +42,11 @@
 
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
-import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { chromium } from 'playwright-core';
+import { assert, freePort, sleep, waitFor } from './support.mjs';
 
 const [BIN, PYTHON, CHROMIUM] = process.argv.slice(2);
 const HERE = path.dirname(fileURLToPath(import.meta.url));
@@ -68,17 +68,6 @@ let server = null;
 // tether's URL upstream /mcp/remote. It is not killed with the first.
 let upstream = null;
 let upstreamBase;
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const s = net.createServer();
-    s.once('error', reject);
-    s.listen(0, '127.0.0.1', () => {
-      const p = s.address().port;
-      s.close(() => resolve(p));
-    });
-  });
-}
 
 const slowUpstream = () => `slow=stdio:${shq(PYTHON)} ${shq(path.join(HERE, 'slow_server.py'))} ${shq(RUNLOG)}`;
 
@@ -127,12 +116,6 @@ async function stopTether(signal = 'SIGTERM') {
   }
 }
 
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-
-function assert(ok, message) {
-  if (!ok) throw new Error(message);
-}
-
 function runs(prefix) {
   return fs.readFileSync(RUNLOG, 'utf8').split('\n').filter((l) => l.startsWith(prefix)).length;
 }
@@ -169,16 +152,6 @@ async function call(page, tool, args) {
 async function seen(card) {
   const text = (await card.getAttribute('data-progress-seen')) || '';
   return text ? text.split(',').map(Number) : [];
-}
-
-async function waitFor(what, fn, ms = 30_000) {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const value = await fn();
-    if (value) return value;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await sleep(100);
-  }
 }
 
 const counting = (n) => Array.from({ length: n }, (_, i) => i + 1).join(',');
