@@ -30,7 +30,7 @@ use tokio::sync::mpsc;
 
 use crate::config::UrlSpec;
 use crate::credentials::{Credentials, TokenSource};
-use crate::upstream::{PeerSink, Started, UPSTREAM_FORGOT_SESSION, Upstream};
+use crate::upstream::{PeerSink, Started, Upstream, UpstreamError, UpstreamResult};
 
 /// The longest one upstream request may take. The client decides when to
 /// give up (and cancels); this only bounds a request nobody cancels.
@@ -286,7 +286,7 @@ impl HttpUpstream {
     }
 
     /// The client runtime session, with a current token in its credentials.
-    async fn ready(&self) -> Result<Session, RpcError> {
+    async fn ready(&self) -> Result<Session, UpstreamError> {
         if let Some(credentials) = &self.credentials {
             credentials.refresh().await?;
         }
@@ -297,7 +297,7 @@ impl HttpUpstream {
     /// current token. Refused with HTTP 401, it was not run: the token is
     /// renewed ([`Credentials::renew`]) and the message sent once more (a
     /// copy is kept for that only with OAuth credentials).
-    async fn send<M, T, F, Fut>(&self, message: M, send: F) -> Result<T, RpcError>
+    async fn send<M, T, F, Fut>(&self, message: M, send: F) -> Result<T, UpstreamError>
     where
         M: Clone,
         F: Fn(Session, M) -> Fut,
@@ -311,12 +311,12 @@ impl HttpUpstream {
         match send(self.client()?, message).await {
             Err(refused @ ClientError::Auth { status: 401, .. }) => {
                 if !credentials.renew(&sent).await? {
-                    let mut error = self.failed(refused);
+                    let mut error = RpcError::from(self.failed(refused));
                     error.message.push_str(&format!(
                         " (a new token was fetched less than {} ago; none is fetched again before then)",
                         humantime::format_duration(crate::credentials::RENEW_EVERY)
                     ));
-                    return Err(error);
+                    return Err(error.into());
                 }
                 tracing::info!(upstream = %self.name, session = %self.session, "sending again with a renewed token");
                 send(self.client()?, again).await.map_err(|e| self.failed(e))
@@ -325,10 +325,10 @@ impl HttpUpstream {
         }
     }
 
-    fn client(&self) -> Result<Session, RpcError> {
+    fn client(&self) -> Result<Session, UpstreamError> {
         match self.client.lock().as_ref() {
             Some(client) if self.is_alive() => Ok(client.clone()),
-            _ => Err(RpcError::internal(format!(
+            _ => Err(UpstreamError::NotRunning(format!(
                 "upstream {} at {}: this upstream session has ended; a new request opens another",
                 self.name, self.url
             ))),
@@ -343,34 +343,34 @@ impl HttpUpstream {
     }
 
     /// Maps a failure; a 404 (the upstream forgot the session) ends this connection.
-    fn failed(&self, e: ClientError) -> RpcError {
+    fn failed(&self, e: ClientError) -> UpstreamError {
         match e {
             ClientError::SessionNotFound => {
                 tracing::info!(upstream = %self.name, session = %self.session, "the upstream at {} forgot its session (HTTP 404)", self.url);
                 self.die();
-                RpcError::internal(UPSTREAM_FORGOT_SESSION)
+                UpstreamError::ForgotSession
             }
-            ClientError::Rpc(error) => error,
+            ClientError::Rpc(error) => error.into(),
             // OAuth credentials change in place (renewed by
             // [`HttpUpstream::send`]): the connection stays.
             e @ ClientError::Auth { .. } if self.credentials.is_some() => {
-                RpcError::internal(format!("upstream {} at {}: {}", self.name, self.url, describe(&e, true)))
+                RpcError::internal(format!("upstream {} at {}: {}", self.name, self.url, describe(&e, true))).into()
             }
             // Other credentials are taken when a connection is made: the
             // next request makes one with the current ones (a rotated token,
             // the client's newer `Authorization` with forward_auth).
             e @ ClientError::Auth { .. } => {
                 self.die();
-                RpcError::internal(format!("upstream {} at {}: {}", self.name, self.url, describe(&e, false)))
+                RpcError::internal(format!("upstream {} at {}: {}", self.name, self.url, describe(&e, false))).into()
             }
-            other => RpcError::internal(format!("upstream {} at {}: {}", self.name, self.url, describe(&other, false))),
+            other => RpcError::internal(format!("upstream {} at {}: {}", self.name, self.url, describe(&other, false))).into(),
         }
     }
 }
 
 #[async_trait]
 impl Upstream for HttpUpstream {
-    async fn request(&self, method: &str, mut params: Option<Value>) -> Result<Box<RawValue>, RpcError> {
+    async fn request(&self, method: &str, mut params: Option<Value>) -> UpstreamResult {
         // The W3C trace context of this request's span (`--otlp-endpoint`),
         // in `params._meta`; the client runtime sends it as the
         // `traceparent` header too.
@@ -380,12 +380,7 @@ impl Upstream for HttpUpstream {
         self.send(params, |client, params| async move { client.request_json(method, params).await }).await
     }
 
-    async fn request_tracked(
-        &self,
-        method: &str,
-        mut params: Option<Value>,
-        track: &RequestTrack,
-    ) -> Result<Box<RawValue>, RpcError> {
+    async fn request_tracked(&self, method: &str, mut params: Option<Value>, track: &RequestTrack) -> UpstreamResult {
         tether_server::trace::inject_meta(&mut params);
         self.send(params, |client, params| async move { client.request_json_tracked(method, params, track).await }).await
     }
@@ -394,12 +389,7 @@ impl Upstream for HttpUpstream {
         true
     }
 
-    async fn resume(
-        &self,
-        request_id: Value,
-        after: &str,
-        messages: mpsc::Sender<PeerMessage>,
-    ) -> Result<Box<RawValue>, RpcError> {
+    async fn resume(&self, request_id: Value, after: &str, messages: mpsc::Sender<PeerMessage>) -> UpstreamResult {
         let client = self.ready().await?;
         client.resume_request(request_id, after, messages).await.map_err(|e| self.failed(e))
     }
@@ -410,12 +400,14 @@ impl Upstream for HttpUpstream {
         if method == "notifications/initialized" {
             return Ok(());
         }
-        self.send(params, |client, params| async move { client.notify(method, params).await }).await
+        self.send(params, |client, params| async move { client.notify(method, params).await }).await.map_err(Into::into)
     }
 
     async fn answer(&self, id: Value, outcome: Result<Value, RpcError>) -> Result<(), RpcError> {
         let outcome = outcome.map_err(|e| e.to_object());
-        self.send((id, outcome), |client, (id, outcome)| async move { client.respond(id, outcome).await }).await
+        self.send((id, outcome), |client, (id, outcome)| async move { client.respond(id, outcome).await })
+            .await
+            .map_err(Into::into)
     }
 
     fn is_alive(&self) -> bool {

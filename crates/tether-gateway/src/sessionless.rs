@@ -171,7 +171,7 @@ impl Held {
         }
         let set = self.pooled.upstream.request("logging/setLevel", Some(json!({"level": level}))).await;
         if let Err(e) = set {
-            tracing::debug!(level, error = %e.message, "the upstream did not take a log level");
+            tracing::debug!(level, error = %e, "the upstream did not take a log level");
         }
     }
 
@@ -185,7 +185,7 @@ impl Held {
             _ => CancellationToken::new(),
         };
         tokio::select! {
-            result = self.pooled.upstream.request(method, params) => result,
+            result = self.pooled.upstream.request(method, params) => result.map_err(Into::into),
             // The round ends here; the engine answers `input_required`.
             () = asked.cancelled() => Err(RpcError::internal("input required from the client")),
         }

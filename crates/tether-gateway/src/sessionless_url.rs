@@ -21,7 +21,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
-use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use tether_client::{ClientError, Session};
 use tether_wire::{RpcError, meta, revision};
@@ -29,7 +28,7 @@ use tokio::sync::oneshot;
 
 use crate::config::UrlSpec;
 use crate::credentials::Credentials;
-use crate::upstream::{PeerMessage, PeerSink, Started, Upstream};
+use crate::upstream::{PeerMessage, PeerSink, Started, Upstream, UpstreamResult};
 
 /// How long the session's client may take to answer an ask.
 const ASK_WAIT: Duration = Duration::from_secs(600);
@@ -144,19 +143,20 @@ impl Drop for Forget<'_> {
 
 #[async_trait]
 impl Upstream for SessionlessUrlUpstream {
-    async fn request(&self, method: &str, mut params: Option<Value>) -> Result<Box<RawValue>, RpcError> {
+    async fn request(&self, method: &str, mut params: Option<Value>) -> UpstreamResult {
         match method {
             // The session's log level goes with every request from now on.
             "logging/setLevel" => {
                 let level = params.as_ref().and_then(|p| p.get("level")).cloned();
                 *self.log_level.lock() = level;
-                return tether_server::raw_result(&json!({}));
+                return Ok(tether_server::raw_result(&json!({}))?);
             }
             "resources/subscribe" | "resources/unsubscribe" => {
                 return Err(RpcError::method_not_found(&format!(
                     "{method} (upstream {} speaks only the sessionless revision, whose subscriptions tether does not relay yet)",
                     self.name
-                )));
+                ))
+                .into());
             }
             _ => {}
         }
@@ -193,7 +193,7 @@ impl Upstream for SessionlessUrlUpstream {
             o.remove("resultType");
         }
         serde_json::value::to_raw_value(&result)
-            .map_err(|e| RpcError::internal(format!("upstream {}: unreadable result: {e}", self.name)))
+            .map_err(|e| RpcError::internal(format!("upstream {}: unreadable result: {e}", self.name)).into())
     }
 
     /// A sessionless server takes no notifications from its clients

@@ -26,7 +26,7 @@
 //! - the supervisor owns the child: it waits for its exit (or kills it when
 //!   asked: `close`, the upstream dropped, stdout closed), lets the readers
 //!   finish what the child wrote before it exited (bounded), then ends every
-//!   request in flight with [`UPSTREAM_RESTARTED`].
+//!   request in flight with [`UpstreamError::Restarted`].
 //!
 //! A request (but `initialize`, bounded by `upstream_init_timeout`) the
 //! child has not answered within the upstream's `request_timeout` ends
@@ -69,7 +69,7 @@ pub use self::upstream::StdioUpstream;
 use crate::config::CommandSpec;
 use crate::connector::{Capacity, Connector, DEFAULT_POOL_IDLE, StartRequest};
 use crate::processes::{ProcessPermit, Processes};
-use crate::upstream::{PeerSink, Started, UPSTREAM_RESTARTED, Upstream};
+use crate::upstream::{PeerSink, Started, Upstream, UpstreamError};
 
 /// Lines queued for the child's stdin.
 pub(crate) const WRITE_QUEUE: usize = 256;
@@ -203,12 +203,15 @@ pub(crate) async fn initialize(
         Ok(Err(e)) if !upstream.is_alive() => {
             let exit = upstream.wait_exit(CLOSE_WAIT).await;
             // Ours (the connection ended) or the child's own refusal, which it exited after.
-            let ours = e.message == UPSTREAM_RESTARTED || e.message.contains(" is not running");
-            let refusal = if ours { String::new() } else { format!(" after refusing it ({})", e.message) };
+            let refusal = match e {
+                UpstreamError::Restarted | UpstreamError::NotRunning(_) | UpstreamError::ForgotSession => String::new(),
+                UpstreamError::Failed(refused) => format!(" after refusing it ({})", refused.message),
+            };
             Err(RpcError::internal(format!("{who} {exit} during initialize{refusal}{}", upstream.shared.stderr_hint())))
         }
         Ok(Err(refused)) => {
             upstream.close(true).await;
+            let refused = RpcError::from(refused);
             Err(RpcError { message: format!("{who} refused initialize: {}", refused.message), ..refused })
         }
         Err(_) => {

@@ -18,11 +18,65 @@ use tether_wire::RpcError;
 use tokio::sync::mpsc;
 
 /// The error text of a request that was in flight when its upstream died.
-pub const UPSTREAM_RESTARTED: &str = "upstream restarted; the request may or may not have taken effect";
-/// The error of a request whose upstream answered 404 for its session: the
-/// upstream forgot it (a restart, an expiry). The connection is dead; the
-/// gateway makes a new one and, where it is safe, sends the request again.
-pub const UPSTREAM_FORGOT_SESSION: &str = "the upstream forgot its session (HTTP 404)";
+const UPSTREAM_RESTARTED: &str = "upstream restarted; the request may or may not have taken effect";
+/// The error text of a request whose upstream forgot its session.
+const UPSTREAM_FORGOT_SESSION: &str = "the upstream forgot its session (HTTP 404)";
+
+/// Why a request to an upstream did not get a result. The gateway decides
+/// on the kind (send again on a new connection, say the child died during
+/// `initialize`), never on an error's text; the client sees the
+/// [`RpcError`] each kind becomes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum UpstreamError {
+    /// The upstream answered with this error, or tether ended the request
+    /// with it (a timeout, a bound, an unreadable answer): the client sees
+    /// it as it is.
+    Failed(RpcError),
+    /// The connection ended with the request in flight: it may or may not
+    /// have taken effect (`-32603`, "upstream restarted; …").
+    Restarted,
+    /// The upstream answered 404 for its session: it forgot it (a restart,
+    /// an expiry). The connection is dead; the gateway makes a new one and,
+    /// where it is safe, sends the request again.
+    ForgotSession,
+    /// The connection was gone before the request went out, so it was not
+    /// sent; the text names the upstream and what it last said.
+    NotRunning(String),
+}
+
+impl std::fmt::Display for UpstreamError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Failed(error) => &error.message,
+            Self::Restarted => UPSTREAM_RESTARTED,
+            Self::ForgotSession => UPSTREAM_FORGOT_SESSION,
+            Self::NotRunning(message) => message,
+        })
+    }
+}
+
+impl std::error::Error for UpstreamError {}
+
+impl From<RpcError> for UpstreamError {
+    fn from(error: RpcError) -> Self {
+        Self::Failed(error)
+    }
+}
+
+impl From<UpstreamError> for RpcError {
+    fn from(error: UpstreamError) -> Self {
+        match error {
+            UpstreamError::Failed(error) => error,
+            UpstreamError::Restarted => RpcError::internal(UPSTREAM_RESTARTED),
+            UpstreamError::ForgotSession => RpcError::internal(UPSTREAM_FORGOT_SESSION),
+            UpstreamError::NotRunning(message) => RpcError::internal(message),
+        }
+    }
+}
+
+/// What a request to an upstream gives back: its result as the upstream
+/// wrote it, or why there is none.
+pub type UpstreamResult = Result<Box<RawValue>, UpstreamError>;
 
 /// A message the upstream sent that is not an answer to one of ours (a
 /// request's `id` is the upstream's own: pass it back to [`Upstream::answer`]),
@@ -65,19 +119,14 @@ pub trait Upstream: Send + Sync + 'static {
     /// Sends a request under an id of the upstream connection's own and waits
     /// for its answer (the result unparsed). Dropping the future before the
     /// answer sends `notifications/cancelled` upstream for that id. A request
-    /// in flight when the upstream dies ends with `-32603`
-    /// [`UPSTREAM_RESTARTED`].
-    async fn request(&self, method: &str, params: Option<Value>) -> Result<Box<RawValue>, RpcError>;
+    /// in flight when the upstream dies ends with
+    /// [`UpstreamError::Restarted`].
+    async fn request(&self, method: &str, params: Option<Value>) -> UpstreamResult;
 
     /// [`Upstream::request`], noting in `track` where its answer can be
     /// picked up from by another process ([`Upstream::resume`]). A
     /// transport that cannot leaves `track` empty.
-    async fn request_tracked(
-        &self,
-        method: &str,
-        params: Option<Value>,
-        _track: &RequestTrack,
-    ) -> Result<Box<RawValue>, RpcError> {
+    async fn request_tracked(&self, method: &str, params: Option<Value>, _track: &RequestTrack) -> UpstreamResult {
         self.request(method, params).await
     }
 
@@ -93,13 +142,8 @@ pub trait Upstream: Send + Sync + 'static {
     /// process that died since) sent on this upstream session, after the
     /// event `after` of its stream (both from a [`RequestTrack`]). What the
     /// upstream sends before the answer arrives on `messages`, in order.
-    async fn resume(
-        &self,
-        _request_id: Value,
-        _after: &str,
-        _messages: mpsc::Sender<PeerMessage>,
-    ) -> Result<Box<RawValue>, RpcError> {
-        Err(RpcError::internal(UPSTREAM_RESTARTED))
+    async fn resume(&self, _request_id: Value, _after: &str, _messages: mpsc::Sender<PeerMessage>) -> UpstreamResult {
+        Err(UpstreamError::Restarted)
     }
 
     /// Whether requests sent with [`Upstream::request_for`] outlive this
@@ -121,7 +165,7 @@ pub trait Upstream: Send + Sync + 'static {
         method: &str,
         params: Option<Value>,
         _progress: Option<&crate::progress::Progress>,
-    ) -> Result<Box<RawValue>, RpcError> {
+    ) -> UpstreamResult {
         self.request(method, params).await
     }
 

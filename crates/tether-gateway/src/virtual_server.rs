@@ -142,7 +142,7 @@ impl VirtualServer {
             };
             let ask = |method: &'static str, params: Option<Map<String, Value>>| -> BoxFuture<'_, Result<RawResult, RpcError>> {
                 let upstream = upstream.clone();
-                Box::pin(async move { upstream.request(method, params.map(Value::Object)).await })
+                Box::pin(async move { upstream.request(method, params.map(Value::Object)).await.map_err(Into::into) })
             };
             let listed = read_lists(&ask, None, self.config.max_list_bytes).await;
             upstream.close(true).await;
@@ -436,7 +436,7 @@ impl McpApp for VirtualServer {
         let member = Note::of(&cut_off).and_then(|note| note.member);
         match member.and_then(|m| self.config.upstreams.iter().position(|u| *u == m)) {
             Some(member) => self.members[member].recover_request(ctx, cut_off).await,
-            None => Err(RpcError::internal(crate::upstream::UPSTREAM_RESTARTED)),
+            None => Err(crate::upstream::UpstreamError::Restarted.into()),
         }
     }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use tether_gateway::config::UrlSpec;
 use tether_gateway::http;
-use tether_gateway::upstream::{PeerMessage, PeerSink, UPSTREAM_FORGOT_SESSION, Upstream};
+use tether_gateway::upstream::{PeerMessage, PeerSink, Upstream, UpstreamError};
 use tether_server::http::{ANONYMOUS, Auth};
 use tether_server::rmcp_model::{CallToolResult, Implementation, Tool};
 use tether_server::{Engine, EngineConfig, RequestCtx, RpcError, ToolApp, ToolRouter};
@@ -197,8 +197,11 @@ async fn a_404_makes_the_upstream_dead_and_its_request_fails_saying_the_upstream
     let session = within("session", engine.session("", &sid, ANONYMOUS)).await.unwrap();
     within("delete", engine.delete(session)).await.unwrap();
 
-    let error = call(upstream.as_ref(), "echo", json!({})).await.unwrap_err();
-    assert_eq!((error.code, error.message.as_str()), (code::INTERNAL_ERROR, UPSTREAM_FORGOT_SESSION));
+    let echo = upstream.request("tools/call", Some(json!({"name": "echo", "arguments": {}})));
+    let error = within("echo", echo).await.unwrap_err();
+    assert_eq!(error, UpstreamError::ForgotSession);
+    let error = RpcError::from(error);
+    assert_eq!((error.code, error.message.as_str()), (code::INTERNAL_ERROR, "the upstream forgot its session (HTTP 404)"));
     assert!(!upstream.is_alive());
     assert!(within("inbound closes", inbound.recv()).await.is_none());
     let after = call(upstream.as_ref(), "echo", json!({})).await.unwrap_err();

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use tether_gateway::config::CommandSpec;
 use tether_gateway::processes::{ProcessPermit, Processes};
 use tether_gateway::stdio;
-use tether_gateway::upstream::{PeerMessage, PeerSink, Started, UPSTREAM_RESTARTED, Upstream};
+use tether_gateway::upstream::{PeerMessage, PeerSink, Started, Upstream, UpstreamError};
 use tether_wire::code;
 use tokio::sync::mpsc;
 
@@ -234,13 +234,16 @@ async fn kill_9_of_the_child_mid_call_ends_the_call_with_upstream_restarted() {
     let killed = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
     assert!(killed.success());
     let error = within("the call in flight", call).await.unwrap().unwrap_err();
-    assert_eq!((error.code, error.message.as_str()), (code::INTERNAL_ERROR, UPSTREAM_RESTARTED));
+    assert_eq!(error, UpstreamError::Restarted);
+    let error = tether_wire::RpcError::from(error);
+    assert_eq!(error.code, code::INTERNAL_ERROR);
+    assert!(error.message.starts_with("upstream restarted; the request may or may not have taken effect"), "{error:?}");
     assert!(!upstream.is_alive());
     assert!(within("inbound closes", inbound.recv()).await.is_none());
 
     // Later requests fail at once, saying so.
     let after = within("a request after the death", upstream.request("ping", None)).await.unwrap_err();
-    assert!(after.message.contains("is not running"), "{after:?}");
+    assert!(matches!(&after, UpstreamError::NotRunning(m) if m.contains("is not running")), "{after:?}");
     assert!(upstream.notify("notifications/progress", None).await.is_err());
 }
 
@@ -401,7 +404,7 @@ async fn close_stops_the_child_and_later_requests_fail_clearly() {
     assert!(!process_exists(first));
     assert!(within("inbound closes", inbound.recv()).await.is_none());
     let error = within("request", upstream.request("ping", None)).await.unwrap_err();
-    assert!(error.message.contains("is not running"), "{error:?}");
+    assert!(matches!(&error, UpstreamError::NotRunning(m) if m.contains("is not running")), "{error:?}");
 
     // Dropping the last handle stops a child as well.
     let Child { upstream, mut inbound, .. } = start(&spec(None)).await;

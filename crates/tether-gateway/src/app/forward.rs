@@ -13,6 +13,7 @@ use super::Gateway;
 use super::notes::{Notes, request_with_note};
 use crate::progress::Progress;
 use crate::state::SessionState;
+use crate::upstream::UpstreamError;
 
 impl Gateway {
     /// Forwards a session's request to the session's upstream connection
@@ -57,7 +58,7 @@ impl Gateway {
         // upstream cannot have run it (its POST was refused) or running it
         // twice is harmless. The client sees only the result.
         if let (Err(e), Some(params)) = (&result, again)
-            && e.message == crate::upstream::UPSTREAM_FORGOT_SESSION
+            && *e == UpstreamError::ForgotSession
             && (track.point().is_none() || is_repeatable(method))
         {
             tracing::info!(upstream = %self.config.name, session = session.session_id(), %method, "the upstream forgot its session; sending the request again on a new one");

@@ -16,6 +16,7 @@ use super::Gateway;
 use crate::link::{self, Connection};
 use crate::progress::Progress;
 use crate::slot::Slot;
+use crate::upstream::UpstreamError;
 
 /// Whether a forwarded request leaves a recovery note once it runs long.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,7 +68,7 @@ pub(super) async fn request_with_note(
     params: Option<Value>,
     issued_progress_token: Option<Value>,
     track: &tether_client::RequestTrack,
-) -> Result<tether_server::RawResult, RpcError> {
+) -> crate::upstream::UpstreamResult {
     let request = connection.upstream.request_tracked(method, params, track);
     let mut request = std::pin::pin!(request);
     // A `Sleep` on the stack, re-armed: no allocation for the quick requests.
@@ -103,13 +104,13 @@ impl Gateway {
     /// (an HTTP upstream that keeps its streams: `Last-Event-ID`), and what
     /// the upstream sent meanwhile is delivered, less what the client had
     /// already. An upstream that cannot resume it ends it with
-    /// [`crate::upstream::UPSTREAM_RESTARTED`].
+    /// [`UpstreamError::Restarted`].
     pub(super) async fn recover(&self, ctx: RequestCtx, cut_off: CutOff) -> Result<RawResult, RpcError> {
         tether_server::trace::record_upstream(&self.config.name);
         let session = ctx.require_session()?;
         let (request_id, after, connection, progress) = if cut_off.note.is_null() {
             // No note: a kept child's call, found by its client request.
-            let Some(stream) = ctx.stream_name() else { return Err(RpcError::internal(crate::upstream::UPSTREAM_RESTARTED)) };
+            let Some(stream) = ctx.stream_name() else { return Err(UpstreamError::Restarted.into()) };
             let key = crate::upstream::request_key(session.session_id(), stream);
             let connection = self.upstream(&session, None).await?;
             let Some(call) = connection.upstream.cut_off_call(&key) else {
@@ -117,7 +118,7 @@ impl Gateway {
             };
             (call.id, String::new(), connection, call.progress)
         } else {
-            let Some(note) = Note::of(&cut_off) else { return Err(RpcError::internal(crate::upstream::UPSTREAM_RESTARTED)) };
+            let Some(note) = Note::of(&cut_off) else { return Err(UpstreamError::Restarted.into()) };
             let connection = self.upstream(&session, None).await?;
             // Only what carries the token the upstream was given for this
             // very request (or none) is this request's.
@@ -149,7 +150,7 @@ impl Gateway {
                     while let Ok(message) = rx.try_recv() {
                         deliver(message, &mut already).await;
                     }
-                    return result;
+                    return result.map_err(Into::into);
                 }
             }
         }

@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::{FrameHold, KeptChild};
 use crate::progress::Progress;
 use crate::stdio::{self, Answer, Shared};
-use crate::upstream::{CutOffCall, PeerMessage, UPSTREAM_RESTARTED};
+use crate::upstream::{CutOffCall, PeerMessage, UpstreamError, UpstreamResult};
 
 /// How long a call cut off by a crash waits for the new engine to claim it.
 pub const CLAIM_WAIT: Duration = Duration::from_secs(60);
@@ -41,15 +41,15 @@ impl KeptChild {
         messages: mpsc::Sender<PeerMessage>,
         wait: Duration,
         shared: &Shared,
-    ) -> Result<Box<serde_json::value::RawValue>, RpcError> {
-        let Some(id) = stdio::our_id(request_id) else { return Err(RpcError::internal(UPSTREAM_RESTARTED)) };
+    ) -> UpstreamResult {
+        let Some(id) = stdio::our_id(request_id) else { return Err(UpstreamError::Restarted) };
         let (tx, rx) = oneshot::channel();
         let mut tx = Some(tx);
         loop {
             let (parked, answer) = {
                 let mut cut_off = self.cut_off.lock();
                 let Some(call) = cut_off.calls.get_mut(&id) else {
-                    return Err(RpcError::internal(UPSTREAM_RESTARTED));
+                    return Err(UpstreamError::Restarted);
                 };
                 if call.parked.is_empty() {
                     match call.answer.take() {
@@ -78,12 +78,13 @@ impl KeptChild {
         }
         let answer = match tokio::time::timeout(wait, rx).await {
             Ok(Ok(answer)) => answer,
-            Ok(Err(_)) => Err(RpcError::internal(UPSTREAM_RESTARTED)),
+            Ok(Err(_)) => Err(UpstreamError::Restarted),
             Err(_) => Err(RpcError::internal(format!(
                 "upstream {} did not answer a call cut off by an engine restart within {} (its request_timeout)",
                 shared.upstream,
                 humantime::format_duration(wait)
-            ))),
+            ))
+            .into()),
         };
         self.forget_call(id);
         answer
@@ -111,8 +112,10 @@ impl KeptChild {
                     let Some(n) = stdio::our_id(&id) else { return false };
                     let Some(call) = cut_off.calls.get_mut(&n) else { return false };
                     let answer: Answer = match outcome {
-                        Ok(result) => serde_json::value::to_raw_value(&result).map_err(|e| RpcError::internal(e.to_string())),
-                        Err(error) => Err(RpcError::from_object(&error)),
+                        Ok(result) => {
+                            serde_json::value::to_raw_value(&result).map_err(|e| RpcError::internal(e.to_string()).into())
+                        }
+                        Err(error) => Err(RpcError::from_object(&error).into()),
                     };
                     let hold = self.frames.hold(frame);
                     match call.claim.as_mut().and_then(|c| c.answer.take()) {

@@ -20,7 +20,7 @@ use tether_wire::{Inbound as Message, RpcError, envelope};
 use tokio::sync::oneshot;
 
 use crate::burst::{Admit, Burst};
-use crate::upstream::{PeerMessage, PeerSink, UPSTREAM_RESTARTED};
+use crate::upstream::{PeerMessage, PeerSink, UpstreamError, UpstreamResult};
 
 /// Requests waiting for one child's answer, at most (the engine bounds
 /// requests per session far lower, and a pooled child serves one request
@@ -61,7 +61,7 @@ impl std::fmt::Display for SessionTag {
     }
 }
 
-pub(crate) type Answer = Result<Box<RawValue>, RpcError>;
+pub(crate) type Answer = UpstreamResult;
 
 #[derive(Default)]
 struct Pending {
@@ -87,7 +87,7 @@ impl Shared {
         }
     }
 
-    pub(super) fn register(&self, id: u64, tx: oneshot::Sender<Answer>) -> Result<(), RpcError> {
+    pub(super) fn register(&self, id: u64, tx: oneshot::Sender<Answer>) -> Result<(), UpstreamError> {
         let mut pending = self.pending.lock();
         if pending.ended {
             return Err(self.gone());
@@ -96,7 +96,8 @@ impl Shared {
             return Err(RpcError::internal(format!(
                 "upstream {} has {MAX_PENDING} requests in flight already; try again when some have finished",
                 self.upstream
-            )));
+            ))
+            .into());
         }
         pending.waiting.insert(id, tx);
         Ok(())
@@ -164,7 +165,7 @@ impl Shared {
         match waiter {
             Some((id, tx)) => {
                 tracing::warn!(upstream = %self.upstream, session = %self.session, "ending request {id}: the upstream answered it with {why}");
-                let _ = tx.send(Err(RpcError::internal(format!("upstream {} answered with {why}", self.upstream))));
+                let _ = tx.send(Err(RpcError::internal(format!("upstream {} answered with {why}", self.upstream)).into()));
             }
             None => self.skipped(format_args!("{why}: {}", preview(head, 120))),
         }
@@ -189,12 +190,13 @@ impl Shared {
             std::mem::take(&mut pending.waiting)
         };
         for (_, tx) in waiting {
-            let _ = tx.send(Err(RpcError::internal(UPSTREAM_RESTARTED)));
+            let _ = tx.send(Err(UpstreamError::Restarted));
         }
     }
 
-    pub(crate) fn gone(&self) -> RpcError {
-        RpcError::internal(format!(
+    /// The error of a request that found the connection gone (not sent).
+    pub(crate) fn gone(&self) -> UpstreamError {
+        UpstreamError::NotRunning(format!(
             "upstream {} (`{}`) is not running{}; a new request starts it again",
             self.upstream,
             self.command,
@@ -227,10 +229,10 @@ impl Shared {
         match envelope::parse_message(line) {
             Ok(Message::Response { id, outcome: Ok(result) }) => {
                 let raw = serde_json::value::to_raw_value(&result)
-                    .map_err(|e| RpcError::internal(format!("upstream {}: unreadable result: {e}", self.upstream)));
+                    .map_err(|e| RpcError::internal(format!("upstream {}: unreadable result: {e}", self.upstream)).into());
                 self.answered(&id, raw);
             }
-            Ok(Message::Response { id, outcome: Err(error) }) => self.answered(&id, Err(RpcError::from_object(&error))),
+            Ok(Message::Response { id, outcome: Err(error) }) => self.answered(&id, Err(RpcError::from_object(&error).into())),
             Ok(Message::Notification { method, params }) => {
                 sink.deliver(PeerMessage::Notification { method, params: params.map(Value::Object) }).await;
             }

@@ -19,7 +19,7 @@ use tether_wire::{RpcError, envelope};
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 
 use super::{CLOSE_WAIT, Shared};
-use crate::upstream::{PeerMessage, UPSTREAM_RESTARTED, Upstream};
+use crate::upstream::{PeerMessage, Upstream, UpstreamError, UpstreamResult};
 
 /// A running child, as an [`Upstream`]. Dropping it stops the child.
 pub struct StdioUpstream {
@@ -62,7 +62,7 @@ impl StdioUpstream {
         method: &str,
         mut params: Option<Value>,
         cancelled: Option<tokio_util::sync::CancellationToken>,
-    ) -> Result<(Box<RawValue>, Option<crate::kept::FrameHold>), RpcError> {
+    ) -> Result<(Box<RawValue>, Option<crate::kept::FrameHold>), UpstreamError> {
         // The W3C trace context of this request's span (`--otlp-endpoint`):
         // a child has no headers, so it goes in `params._meta`.
         tether_server::trace::inject_meta(&mut params);
@@ -88,7 +88,7 @@ impl StdioUpstream {
             let answer = rx.await;
             in_flight.done = true;
             // A dropped sender means the connection ended without a word.
-            let answer = answer.unwrap_or_else(|_| Err(RpcError::internal(UPSTREAM_RESTARTED)));
+            let answer = answer.unwrap_or(Err(UpstreamError::Restarted));
             let hold = self.shared.frames.as_ref().and_then(|frames| frames.take_hold(id));
             answer.map(|a| (a, hold))
         };
@@ -106,7 +106,7 @@ impl StdioUpstream {
                 in_flight.unless_left = None;
                 // Dropping it removes the waiting entry and sends the cancellation.
                 drop(in_flight);
-                Err(self.timed_out(method))
+                Err(self.timed_out(method).into())
             }
         }
     }
@@ -123,9 +123,9 @@ impl StdioUpstream {
 
     async fn send_line(&self, line: Bytes) -> Result<(), RpcError> {
         if !self.is_alive() {
-            return Err(self.shared.gone());
+            return Err(self.shared.gone().into());
         }
-        self.writer.send(line.into()).await.map_err(|_| self.shared.gone())
+        self.writer.send(line.into()).await.map_err(|_| self.shared.gone().into())
     }
 
     /// How the child ended ("exited (exit status: 3)"), waiting at most `limit`.
@@ -195,7 +195,7 @@ impl Drop for InFlight<'_> {
 
 #[async_trait]
 impl Upstream for StdioUpstream {
-    async fn request(&self, method: &str, params: Option<Value>) -> Result<Box<RawValue>, RpcError> {
+    async fn request(&self, method: &str, params: Option<Value>) -> UpstreamResult {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         // A kept child's answer is let go of at once: nobody stores it.
         self.exchange(id, Bytes::new(), method, params, None).await.map(|(answer, _)| answer)
@@ -211,7 +211,7 @@ impl Upstream for StdioUpstream {
         method: &str,
         params: Option<Value>,
         progress: Option<&crate::progress::Progress>,
-    ) -> Result<Box<RawValue>, RpcError> {
+    ) -> UpstreamResult {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let Some(kept) = &self.kept else {
             return self.exchange(id, Bytes::new(), method, params, None).await.map(|(a, _)| a);
@@ -236,13 +236,8 @@ impl Upstream for StdioUpstream {
         self.kept.as_ref()?.cut_off_call(key)
     }
 
-    async fn resume(
-        &self,
-        request_id: Value,
-        _after: &str,
-        messages: mpsc::Sender<PeerMessage>,
-    ) -> Result<Box<RawValue>, RpcError> {
-        let Some(kept) = &self.kept else { return Err(RpcError::internal(UPSTREAM_RESTARTED)) };
+    async fn resume(&self, request_id: Value, _after: &str, messages: mpsc::Sender<PeerMessage>) -> UpstreamResult {
+        let Some(kept) = &self.kept else { return Err(UpstreamError::Restarted) };
         kept.resume(&request_id, messages, self.request_timeout, &self.shared).await
     }
 
