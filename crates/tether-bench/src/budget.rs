@@ -134,6 +134,45 @@ fn agentgateway_lines(rows: &[Row]) -> String {
     s
 }
 
+/// The share of a bare TCP relay's rate the gateway's forwarded call must reach.
+const RELAY_TARGET: f64 = 0.85;
+
+/// The gateway's line against the floor of any gateway: tether-gateway's
+/// requests/s at 64 clients at least 0.85 times relay-floor's (a bare TCP
+/// relay in front of an `rmcp_ref` of its own). Beside the ratio, each
+/// one's own CPU per call, and what the line asks of tether: in the pinned
+/// placement each shares its core with the upstream it fronts, so reaching
+/// the line means tether's CPU per call at most (relay + its upstream) /
+/// 0.85 - tether's upstream. Where the run has tether-sqlite's
+/// `tools_call`, the durable call plus the bare hop is shown beside it: what
+/// a forwarded call that stores every message, as tether's does, costs at
+/// the least.
+fn relay_line(rows: &[Row]) -> String {
+    let line = format!("tether-gateway gateway_http (64 clients) >= {RELAY_TARGET}x relay-floor");
+    let http = |system: &str| find(rows, system, Scenario::GatewayHttp, Some(64));
+    let Some(((text, ratio), (ours, relay))) =
+        http("tether-gateway").zip(http("relay-floor")).and_then(|(a, b)| Some((rps_ratio(a, b)?, (a, b))))
+    else {
+        return format!("| {line} | not measured | >= {RELAY_TARGET}x | — |\n");
+    };
+    let mut measured = text;
+    if let (Some(tether), Some(hop)) = (ours.server_us_per_call, relay.server_us_per_call) {
+        measured.push_str(&format!("; own CPU per call {tether:.1} / {hop:.1} µs (tether-gateway / relay-floor)"));
+        if let (Some(up_ours), Some(up_relay)) = (ours.upstream_us_per_call, relay.upstream_us_per_call) {
+            let most = (hop + up_relay) / RELAY_TARGET - up_ours;
+            measured.push_str(&format!("; the line asks at most {most:.1} µs of tether's own"));
+        }
+        let durable = find(rows, "tether-sqlite", Scenario::ToolsCall, Some(64)).and_then(|r| r.server_us_per_call);
+        if let Some(durable) = durable {
+            measured.push_str(&format!(
+                "; a durable call (tether-sqlite tools_call) {durable:.1} µs + the bare hop {hop:.1} µs = {:.1} µs",
+                durable + hop
+            ));
+        }
+    }
+    format!("| {line} | {measured} | >= {RELAY_TARGET}x | {} |\n", if ratio >= RELAY_TARGET { "yes" } else { "**no**" })
+}
+
 /// How close to the floor the keeper must come to be called at it: its
 /// rate at least this share of the floor's.
 const AT_THE_FLOOR: f64 = 0.95;
@@ -395,6 +434,7 @@ pub fn budget(rows: &[Row]) -> String {
         0.8,
     ));
     s.push_str(&streams_lines(rows));
+    s.push_str(&relay_line(rows));
     s.push_str(&gateway_stdio_line(rows));
     s.push_str(&agentgateway_lines(rows));
     s.push_str(&keeper_line(rows));
@@ -531,6 +571,37 @@ mod tests {
         // The relay floor is a gateway_http system only.
         assert!(Scenario::GatewayHttp.runs(System::RelayFloor) && !Scenario::GatewayStdio.runs(System::RelayFloor));
         assert!(!Scenario::ToolsCall.runs(System::RelayFloor) && !Scenario::GatewayFederated.runs(System::RelayFloor));
+    }
+
+    #[test]
+    fn the_relay_line_shows_each_ones_cpu_and_what_the_line_asks_of_tether() {
+        let row = |system, scenario, rps: f64, cpu: f64, upstream: Option<f64>| Row {
+            rps: Some(rps),
+            server_us_per_call: Some(cpu),
+            upstream_us_per_call: upstream,
+            ..Row::new(system, scenario, 64, false)
+        };
+        let line = "| tether-gateway gateway_http (64 clients) >= 0.85x relay-floor |";
+        let b = budget(&[]);
+        assert!(b.contains(&format!("{line} not measured | >= 0.85x | — |")), "{b}");
+        let rows = vec![
+            row(System::TetherGateway, Scenario::GatewayHttp, 700.0, 98.0, Some(80.0)),
+            row(System::RelayFloor, Scenario::GatewayHttp, 1000.0, 48.0, Some(80.0)),
+            row(System::TetherSqlite, Scenario::ToolsCall, 20_000.0, 46.0, None),
+        ];
+        let b = budget(&rows);
+        // (48 + 80) / 0.85 - 80 = 70.6 µs of tether's own would meet the line.
+        assert!(
+            b.contains(&format!("{line} 0.70x (700 / 1000 rps); own CPU per call 98.0 / 48.0 µs (tether-gateway / relay-floor); the line asks at most 70.6 µs of tether's own; a durable call (tether-sqlite tools_call) 46.0 µs + the bare hop 48.0 µs = 94.0 µs | >= 0.85x | **no** |")),
+            "{b}"
+        );
+        let b = budget(&[row(System::TetherGateway, Scenario::GatewayHttp, 900.0, 60.0, None), rows[1].clone()]);
+        assert!(
+            b.contains(&format!(
+                "{line} 0.90x (900 / 1000 rps); own CPU per call 60.0 / 48.0 µs (tether-gateway / relay-floor) | >= 0.85x | yes |"
+            )),
+            "{b}"
+        );
     }
 
     #[test]
