@@ -41,12 +41,13 @@ impl PeerMessage {
         self.params().and_then(|p| p.get("progressToken"))
     }
 
-    /// The message from a parsed inbound one; `None` for an answer.
-    pub fn from_inbound(message: Inbound) -> Option<Self> {
+    /// The message from a parsed inbound one; an answer is given back as
+    /// its id and outcome (`Err`: the error object as sent).
+    pub fn from_inbound(message: Inbound) -> Result<Self, (Value, Result<Value, Value>)> {
         match message {
-            Inbound::Request { id, method, params } => Some(Self::Request { id, method, params: params.map(Value::Object) }),
-            Inbound::Notification { method, params } => Some(Self::Notification { method, params: params.map(Value::Object) }),
-            Inbound::Response { .. } => None,
+            Inbound::Request { id, method, params } => Ok(Self::Request { id, method, params: params.map(Value::Object) }),
+            Inbound::Notification { method, params } => Ok(Self::Notification { method, params: params.map(Value::Object) }),
+            Inbound::Response { id, outcome } => Err((id, outcome)),
         }
     }
 }

@@ -24,14 +24,9 @@ pub(super) enum Incoming {
 
 impl From<Inbound> for Incoming {
     fn from(message: Inbound) -> Self {
-        match message {
-            Inbound::Request { id, method, params } => {
-                Incoming::Server(PeerMessage::Request { id, method, params: params.map(Value::Object) })
-            }
-            Inbound::Notification { method, params } => {
-                Incoming::Server(PeerMessage::Notification { method, params: params.map(Value::Object) })
-            }
-            Inbound::Response { id, outcome } => {
+        match PeerMessage::from_inbound(message) {
+            Ok(message) => Incoming::Server(message),
+            Err((id, outcome)) => {
                 let outcome = match outcome {
                     Ok(result) => serde_json::value::to_raw_value(&result)
                         .map_err(|e| json!({"code": code::INTERNAL_ERROR, "message": e.to_string()})),

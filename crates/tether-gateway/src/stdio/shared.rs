@@ -11,12 +11,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use serde::Deserialize;
-use serde::de::IgnoredAny;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use tether_wire::ndjson;
-use tether_wire::{Inbound as Message, RpcError, envelope};
+use tether_wire::{RpcError, envelope};
 use tokio::sync::oneshot;
 
 use crate::burst::{Admit, Burst};
@@ -212,53 +210,48 @@ impl Shared {
         }
     }
 
-    /// One line the child wrote on stdout. A message of the child's own is
-    /// delivered before the next line is read (a slow delivery
-    /// back-pressures the child: it blocks on a full stdout pipe).
+    /// One line the child wrote on stdout, read once. A message of the
+    /// child's own is delivered before the next line is read (a slow
+    /// delivery back-pressures the child: it blocks on a full stdout pipe).
     pub(crate) async fn dispatch(&self, line: &[u8], sink: &dyn PeerSink) {
-        // The common case, an answer to one of our requests, is read once
-        // and its result kept as the child wrote it (no field reordered).
-        if let Ok(response) = serde_json::from_slice::<ResponseLine<'_>>(line)
-            && response.jsonrpc == "2.0"
-            && response.method.is_none()
-            && response.error.is_none()
-        {
-            self.answered(&json!(response.id), Ok(response.result.to_owned()));
-            return;
-        }
-        match envelope::parse_message(line) {
-            Ok(Message::Response { id, outcome: Ok(result) }) => {
+        let message = match envelope::Parts::read(line) {
+            Ok(Some(parts)) => {
+                // The common case, an answer to one of our requests: its
+                // result kept as the child wrote it (no field reordered).
+                if let Some((id, result)) = result_for_us(&parts) {
+                    self.answered(&json!(id), Ok(result.to_owned()));
+                    return;
+                }
+                parts.into_message()
+            }
+            // Not an object: the strict reading says what it is instead.
+            Ok(None) => envelope::parse_message(line),
+            Err(e) => Err(e),
+        };
+        match message.map(PeerMessage::from_inbound) {
+            Ok(Ok(own)) => sink.deliver(own).await,
+            Ok(Err((id, Ok(result)))) => {
                 let raw = serde_json::value::to_raw_value(&result)
                     .map_err(|e| RpcError::internal(format!("upstream {}: unreadable result: {e}", self.upstream)).into());
                 self.answered(&id, raw);
             }
-            Ok(Message::Response { id, outcome: Err(error) }) => self.answered(&id, Err(RpcError::from_object(&error).into())),
-            Ok(Message::Notification { method, params }) => {
-                sink.deliver(PeerMessage::Notification { method, params: params.map(Value::Object) }).await;
-            }
-            Ok(Message::Request { id, method, params }) => {
-                sink.deliver(PeerMessage::Request { id, method, params: params.map(Value::Object) }).await;
-            }
+            Ok(Err((id, Err(error)))) => self.answered(&id, Err(RpcError::from_object(&error).into())),
             Err(e) => self.unreadable(line, line, &format!("a line on stdout that is not a JSON-RPC message ({})", e.message)),
         }
     }
 }
 
+/// An answer with a result to one of our (numbered) requests, its result
+/// left unparsed; `None` for anything else, which is read the strict way.
+fn result_for_us<'a>(parts: &envelope::Parts<'a>) -> Option<(u64, &'a RawValue)> {
+    let result = parts.result.filter(|_| parts.method.is_none() && parts.error.is_none() && parts.is_2_0())?;
+    let id = serde_json::from_str::<u64>(parts.id?.get()).ok()?;
+    Some((id, result))
+}
+
 /// Our ids are numbers; a child that echoes them as strings is forgiven.
 pub(crate) fn our_id(id: &Value) -> Option<u64> {
     id.as_u64().or_else(|| id.as_str().and_then(|s| s.parse().ok()))
-}
-
-/// An answer with a result, read without parsing the result.
-#[derive(Deserialize)]
-struct ResponseLine<'a> {
-    #[serde(borrow)]
-    jsonrpc: &'a str,
-    id: u64,
-    #[serde(borrow)]
-    result: &'a RawValue,
-    method: Option<IgnoredAny>,
-    error: Option<IgnoredAny>,
 }
 
 /// The start of a line as text, for logs.
@@ -277,12 +270,14 @@ mod tests {
 
     #[test]
     fn answers_are_read_without_parsing_their_result() {
-        let line = br#"{"jsonrpc":"2.0","id":7,"result":{"z":1,"a":[1,2]}}"#;
-        let response: ResponseLine<'_> = serde_json::from_slice(line).unwrap();
-        assert_eq!((response.id, response.result.get()), (7, r#"{"z":1,"a":[1,2]}"#));
+        let read = |line: &'static [u8]| envelope::Parts::read(line).unwrap().unwrap();
+        let parts = read(br#"{"jsonrpc":"2.0","id":7,"result":{"z":1,"a":[1,2]}}"#);
+        assert_eq!(result_for_us(&parts).map(|(id, r)| (id, r.get())), Some((7, r#"{"z":1,"a":[1,2]}"#)));
         // Anything else goes the strict way.
-        assert!(serde_json::from_slice::<ResponseLine<'_>>(br#"{"jsonrpc":"2.0","id":"7","result":{}}"#).is_err());
-        assert!(serde_json::from_slice::<ResponseLine<'_>>(br#"{"jsonrpc":"2.0","id":7,"method":"x"}"#).is_err());
+        assert!(result_for_us(&read(br#"{"jsonrpc":"2.0","id":"7","result":{}}"#)).is_none());
+        assert!(result_for_us(&read(br#"{"jsonrpc":"2.0","id":7,"method":"x","result":{}}"#)).is_none());
+        assert!(result_for_us(&read(br#"{"jsonrpc":"1.0","id":7,"result":{}}"#)).is_none());
+        assert!(result_for_us(&read(br#"{"jsonrpc":"2.0","id":7,"result":{},"error":{}}"#)).is_none());
     }
 
     #[test]
