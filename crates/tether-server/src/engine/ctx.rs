@@ -365,7 +365,7 @@ async fn related_stream(inner: &Inner, session: &Session, own: Option<&RequestSt
     match own {
         Some((s, attached)) if attached || inner.hub.connections(&session.id, s) > 0 => s.to_owned(),
         _ if inner.hub.connections(&session.id, &session.standalone_stream) > 0 => session.standalone_stream.clone(),
-        Some(_) if inner.store.is_shared() && super::replicas::standalone_live_anywhere(inner, &session.id).await => {
+        Some(_) if inner.store.is_shared() && inner.replicas.standalone_live_anywhere(&session.id).await => {
             session.standalone_stream.clone()
         }
         Some((s, _)) => s.to_owned(),
@@ -424,7 +424,7 @@ async fn request_client(
     let answer = async {
         if inner.store.is_shared() {
             // The client may POST its answer to another replica.
-            tokio::time::timeout(timeout, super::replicas::await_answer(inner, &session.id, &key, rx)).await.map(Ok)
+            tokio::time::timeout(timeout, inner.replicas.await_answer(&session.id, &key, rx)).await.map(Ok)
         } else {
             tokio::time::timeout(timeout, rx).await
         }

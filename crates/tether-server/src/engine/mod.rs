@@ -159,6 +159,8 @@ pub(crate) struct Inner {
     cache: cache::SessionCache,
     /// Recorded as the owner of every request this process runs.
     instance: String,
+    /// This replica's records and asks in a shared store (`replicas.rs`).
+    replicas: replicas::Replicas,
     /// The request streams this process runs now (`running.rs`).
     running: Arc<running::RunningStreams>,
     /// The calls running now, for operators (`calls.rs`).
@@ -202,13 +204,15 @@ impl Engine {
 
     /// Several applications, one per endpoint.
     pub fn with_endpoints(store: Arc<dyn Store>, apps: Endpoints, config: EngineConfig) -> Self {
+        let instance = ids::new_instance_id();
         let engine = Self {
             inner: Arc::new(Inner {
+                replicas: replicas::Replicas::new(store.clone(), &instance, &config),
                 store,
                 apps,
                 hub: Arc::new(LiveHub::default()),
                 cache: cache::SessionCache::default(),
-                instance: ids::new_instance_id(),
+                instance,
                 running: Arc::default(),
                 calls: Arc::default(),
                 tokens: resume::ResumeTokens,
@@ -274,7 +278,7 @@ impl Engine {
         if session.principal != principal || session.endpoint != endpoint {
             return Err(EngineError::SessionNotFound);
         }
-        if self.inner.store.is_shared() && !replicas::refresh(&self.inner, &session).await? {
+        if self.inner.store.is_shared() && !self.inner.replicas.refresh(&session).await? {
             self.inner.forget(&session);
             return Err(EngineError::SessionNotFound);
         }
@@ -333,9 +337,7 @@ impl Engine {
                         let _ = tx.send(outcome);
                     }
                     // The request may wait on another replica.
-                    None if self.inner.store.is_shared() => {
-                        replicas::post_answer(&self.inner, &session.id, &key, outcome).await?
-                    }
+                    None if self.inner.store.is_shared() => self.inner.replicas.post_answer(&session.id, &key, outcome).await?,
                     None => tracing::debug!(session = %session.id, id = %key, "response to no pending request ignored"),
                 }
                 Ok(PostOutcome::Accepted)
@@ -599,7 +601,7 @@ impl Inner {
             tracing::warn!("the applications did not finish shutting down in time; exiting anyway");
         }
         if self.store.is_shared() {
-            replicas::release_lease(self).await;
+            self.replicas.release_lease().await;
         }
         if let Err(e) = self.store.flush().await {
             tracing::error!(error = %e, "store flush on shutdown failed");
@@ -688,8 +690,8 @@ impl Inner {
             generation = *g;
         });
         if self.store.is_shared() {
-            replicas::take_standalone(&self, &session.id).await;
-            replicas::announce_takeover(&self, &session.id, generation).await;
+            self.replicas.take_standalone(&session.id).await;
+            self.replicas.announce_takeover(&session.id, generation).await;
         }
         let stream = session.standalone_stream.clone();
         let spec = PumpSpec {

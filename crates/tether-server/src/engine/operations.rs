@@ -544,7 +544,7 @@ pub(super) async fn orphaned(inner: &Inner, id: &str, record: &OpRecord) -> bool
     record.state == OpState::Running
         && !inner.operations.runs_here(id)
         && record.owner != inner.instance
-        && !(inner.store.is_shared() && super::replicas::is_alive(inner, &record.owner).await.unwrap_or(true))
+        && !(inner.store.is_shared() && inner.replicas.is_alive(&record.owner).await.unwrap_or(true))
 }
 
 /// Forwards the work's progress to the waiting request when it changed.

@@ -293,7 +293,7 @@ impl Pump {
                 },
                 _ = keepalive.tick() => {
                     self.out.send(Frame::KeepAlive).await;
-                    if standalone_shared && !super::replicas::renew_standalone(&self.inner, &self.session.id).await {
+                    if standalone_shared && !self.inner.replicas.renew_standalone(&self.session.id).await {
                         // Another replica's GET took over the standalone stream.
                         return;
                     }
@@ -326,8 +326,8 @@ impl Drop for StandaloneMark {
         if tokio::runtime::Handle::try_current().is_err() {
             return;
         }
-        let (inner, session) = (self.inner.clone(), std::mem::take(&mut self.session));
-        self.inner.life.spawn(async move { super::replicas::unmark_standalone(&inner, &session).await });
+        let (replicas, session) = (self.inner.replicas.clone(), std::mem::take(&mut self.session));
+        self.inner.life.spawn(async move { replicas.unmark_standalone(&session).await });
     }
 }
 

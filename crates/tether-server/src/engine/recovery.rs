@@ -14,7 +14,7 @@ use crate::app::CutOff;
 
 use super::running::Known;
 use super::session::{Session, SessionState};
-use super::{EngineError, INTERRUPTED_MESSAGE, Inner, LOST_MESSAGE, replicas};
+use super::{EngineError, INTERRUPTED_MESSAGE, Inner, LOST_MESSAGE};
 
 impl Inner {
     /// The cached session, or the stored one rehydrated (and its interrupted
@@ -85,7 +85,7 @@ impl Inner {
             // Only a replica that knows its request can end it (a client
             // resuming it asked already; a waiting one asks again).
             if self.store.is_shared() && !self.revive_own(session, stream).await? && ask == AskOwner::Yes {
-                replicas::ask_anyone(self, &session.id, stream).await;
+                self.replicas.ask_anyone(&session.id, stream).await;
             }
             return Ok(());
         }
@@ -107,9 +107,9 @@ impl Inner {
             // It ended here (it is not running): the store lost its final.
             return self.end_lost(session, stream, &id).await;
         }
-        if self.store.is_shared() && replicas::is_alive(self, &owner).await? {
+        if self.store.is_shared() && self.replicas.is_alive(&owner).await? {
             if ask == AskOwner::Yes {
-                replicas::ask_to_check(self, &session.id, stream, &owner).await;
+                self.replicas.ask_to_check(&session.id, stream, &owner).await;
             }
             return Ok(());
         }
