@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde_json::{Value, json};
-use tether_wire::{Inbound as Message, RpcError, envelope};
+use tether_wire::{RpcError, envelope};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{FrameHold, KeptChild};
@@ -107,8 +107,8 @@ impl KeptChild {
         let Ok(message) = envelope::parse_message(line) else { return false };
         let (id, delivery) = {
             let mut cut_off = self.cut_off.lock();
-            match message {
-                Message::Response { id, outcome } => {
+            match PeerMessage::from_inbound(message) {
+                Err((id, outcome)) => {
                     let Some(n) = stdio::our_id(&id) else { return false };
                     let Some(call) = cut_off.calls.get_mut(&n) else { return false };
                     let answer: Answer = match outcome {
@@ -127,13 +127,7 @@ impl KeptChild {
                     }
                     return true;
                 }
-                Message::Notification { method, params } => {
-                    let message = PeerMessage::Notification { method, params: params.map(Value::Object) };
-                    let Some(id) = cut_off.owner(&message) else { return false };
-                    (id, message)
-                }
-                Message::Request { id, method, params } => {
-                    let message = PeerMessage::Request { id, method, params: params.map(Value::Object) };
+                Ok(message) => {
                     let Some(id) = cut_off.owner(&message) else { return false };
                     (id, message)
                 }
