@@ -205,6 +205,7 @@ impl Engine {
     /// Several applications, one per endpoint.
     pub fn with_endpoints(store: Arc<dyn Store>, apps: Endpoints, config: EngineConfig) -> Self {
         let instance = ids::new_instance_id();
+        let records = operations::OpRecords::new(store.clone(), &instance, config.operation_ttl);
         let engine = Self {
             inner: Arc::new(Inner {
                 replicas: replicas::Replicas::new(store.clone(), &instance, &config),
@@ -217,13 +218,16 @@ impl Engine {
                 calls: Arc::default(),
                 tokens: resume::ResumeTokens,
                 key: keys::ServerKey::default(),
-                operations: operations::Operations::new(quota::Admission::new(
-                    "tasks",
-                    "runs",
-                    ("max_tasks", config.max_tasks),
-                    ("max_tasks_per_principal", config.max_tasks_per_principal),
-                    "try again when one has ended",
-                )),
+                operations: operations::Operations::new(
+                    quota::Admission::new(
+                        "tasks",
+                        "runs",
+                        ("max_tasks", config.max_tasks),
+                        ("max_tasks_per_principal", config.max_tasks_per_principal),
+                        "try again when one has ended",
+                    ),
+                    records,
+                ),
                 life: lifecycle::Lifecycle::default(),
                 sessionless: quota::Admission::new(
                     "sessionless requests",

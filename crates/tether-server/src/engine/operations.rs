@@ -115,6 +115,20 @@ pub(super) struct Status {
 pub(crate) struct Operations {
     live: Mutex<HashMap<String, (watch::Sender<Status>, tokio_util::sync::CancellationToken)>>,
     admission: super::quota::Admission,
+    /// The operations' records in the store.
+    pub(super) records: OpRecords,
+}
+
+/// The operations' durable records (and their chunks) in the store: read,
+/// changed by compare-and-set, claimed from a dead owner, finished. Cheap
+/// to clone: what an operation's work holds, instead of the whole engine.
+#[derive(Clone)]
+pub(crate) struct OpRecords {
+    store: Arc<dyn Store>,
+    /// This process, the owner it writes.
+    instance: String,
+    /// How long a record and its chunks are kept (`--operation-ttl`).
+    ttl: std::time::Duration,
 }
 
 /// The room one operation's work takes while it runs here, given back when
@@ -123,7 +137,7 @@ pub(super) type Slot = super::quota::Admitted;
 
 /// What a resumable operation's work sees.
 pub struct OperationCtx {
-    inner: Arc<Inner>,
+    records: OpRecords,
     id: String,
     principal: String,
     session: String,
@@ -157,7 +171,7 @@ impl OperationCtx {
     /// The app state of the MCP session that started the operation, as
     /// stored now (empty if that session ended).
     pub async fn app_state(&self) -> Map<String, Value> {
-        match self.inner.store.get_session(&self.session, now_ms()).await {
+        match self.records.store.get_session(&self.session, now_ms()).await {
             Ok(Some(record)) => serde_json::from_value::<super::SessionState>(record.state).map(|s| s.app).unwrap_or_default(),
             _ => Map::new(),
         }
@@ -190,18 +204,18 @@ impl OperationCtx {
     /// Stores the next chunk of the result, a `CallToolResult` as JSON (as an
     /// upstream server answered it).
     pub async fn push_value(&self, mut value: Value) -> Result<(), RpcError> {
-        let store = &self.inner.store;
+        let store = &self.records.store;
         let index = self.status.borrow().chunks;
         if let Some(o) = value.as_object_mut() {
             o.remove("resultType");
         }
-        let expires = now_ms() + self.inner.config.operation_ttl.as_millis() as i64;
+        let expires = now_ms() + self.records.ttl.as_millis() as i64;
         let bytes = Bytes::from(value.to_string());
         store
             .kv_compare_and_set(CHUNK_NAMESPACE, &chunk_key(&self.id, index), None, bytes, Some(expires))
             .await
             .map_err(storage)?;
-        update_record(&self.inner, &self.id, |r| r.chunks = r.chunks.max(index + 1)).await?;
+        self.records.update(&self.id, |r| r.chunks = r.chunks.max(index + 1)).await?;
         self.status.send_modify(|s| s.chunks = index + 1);
         Ok(())
     }
@@ -213,59 +227,77 @@ impl OperationCtx {
     }
 }
 
-/// Compare-and-set loop on an operation record.
-pub(super) async fn update_record(inner: &Inner, id: &str, mut f: impl FnMut(&mut OpRecord)) -> Result<OpRecord, RpcError> {
-    let updated = update_record_if(inner, id, |r| {
-        f(r);
-        r.updated_at_ms = now_ms();
-        true
-    })
-    .await?;
-    updated.ok_or_else(|| RpcError::internal("operation record expired"))
-}
-
-/// Compare-and-set loop on an operation record that writes only when `f`
-/// says so; `None` when the record is gone or `f` declined.
-pub(super) async fn update_record_if(
-    inner: &Inner,
-    id: &str,
-    mut f: impl FnMut(&mut OpRecord) -> bool,
-) -> Result<Option<OpRecord>, RpcError> {
-    for _ in 0..8 {
-        let Some(stored) = inner.store.kv_get(OP_NAMESPACE, id, now_ms()).await.map_err(storage)? else { return Ok(None) };
-        let mut record: OpRecord =
-            serde_json::from_slice(&stored.value).map_err(|e| RpcError::internal(format!("operation record unreadable: {e}")))?;
-        if !f(&mut record) {
-            return Ok(None);
-        }
-        let done = inner
-            .store
-            .kv_compare_and_set(OP_NAMESPACE, id, Some(stored.revision), encode(&record)?, Some(record.expires_at_ms))
-            .await
-            .map_err(storage)?;
-        if done.is_some() {
-            return Ok(Some(record));
-        }
+impl OpRecords {
+    pub(crate) fn new(store: Arc<dyn Store>, instance: &str, ttl: std::time::Duration) -> Self {
+        Self { store, instance: instance.to_owned(), ttl }
     }
-    Err(RpcError::internal("operation record kept changing; try again"))
-}
 
-/// Moves a running operation from `dead_owner` to this process; `None` if
-/// someone else moved it first (or it is no longer running).
-pub(super) async fn claim(inner: &Inner, id: &str, dead_owner: &str) -> Result<Option<OpRecord>, RpcError> {
-    update_record_if(inner, id, |r| {
-        let still_orphaned = r.owner == dead_owner && r.state == OpState::Running;
-        if still_orphaned {
-            r.owner = inner.instance.clone();
+    /// Compare-and-set loop on an operation record.
+    pub(super) async fn update(&self, id: &str, mut f: impl FnMut(&mut OpRecord)) -> Result<OpRecord, RpcError> {
+        let updated = self
+            .update_if(id, |r| {
+                f(r);
+                r.updated_at_ms = now_ms();
+                true
+            })
+            .await?;
+        updated.ok_or_else(|| RpcError::internal("operation record expired"))
+    }
+
+    /// Compare-and-set loop on an operation record that writes only when `f`
+    /// says so; `None` when the record is gone or `f` declined.
+    pub(super) async fn update_if(
+        &self,
+        id: &str,
+        mut f: impl FnMut(&mut OpRecord) -> bool,
+    ) -> Result<Option<OpRecord>, RpcError> {
+        for _ in 0..8 {
+            let Some(stored) = self.store.kv_get(OP_NAMESPACE, id, now_ms()).await.map_err(storage)? else { return Ok(None) };
+            let mut record: OpRecord = serde_json::from_slice(&stored.value)
+                .map_err(|e| RpcError::internal(format!("operation record unreadable: {e}")))?;
+            if !f(&mut record) {
+                return Ok(None);
+            }
+            let done = self
+                .store
+                .kv_compare_and_set(OP_NAMESPACE, id, Some(stored.revision), encode(&record)?, Some(record.expires_at_ms))
+                .await
+                .map_err(storage)?;
+            if done.is_some() {
+                return Ok(Some(record));
+            }
         }
-        still_orphaned
-    })
-    .await
-}
+        Err(RpcError::internal("operation record kept changing; try again"))
+    }
 
-pub(super) async fn load(inner: &Inner, id: &str) -> Result<Option<OpRecord>, RpcError> {
-    let stored = inner.store.kv_get(OP_NAMESPACE, id, now_ms()).await.map_err(storage)?;
-    Ok(stored.and_then(|s| serde_json::from_slice(&s.value).ok()))
+    /// Moves a running operation from `dead_owner` to this process; `None` if
+    /// someone else moved it first (or it is no longer running).
+    pub(super) async fn claim(&self, id: &str, dead_owner: &str) -> Result<Option<OpRecord>, RpcError> {
+        self.update_if(id, |r| {
+            let still_orphaned = r.owner == dead_owner && r.state == OpState::Running;
+            if still_orphaned {
+                r.owner = self.instance.clone();
+            }
+            still_orphaned
+        })
+        .await
+    }
+
+    /// Stores the record of a new operation `id` (committed when this returns).
+    async fn insert(&self, id: &str, record: &OpRecord) -> Result<(), RpcError> {
+        self.store
+            .kv_compare_and_set(OP_NAMESPACE, id, None, encode(record)?, Some(record.expires_at_ms))
+            .await
+            .map_err(storage)?
+            .ok_or_else(|| RpcError::internal("operation id collision"))?;
+        Ok(())
+    }
+
+    /// The record of operation `id`, if stored.
+    pub(super) async fn load(&self, id: &str) -> Result<Option<OpRecord>, RpcError> {
+        let stored = self.store.kv_get(OP_NAMESPACE, id, now_ms()).await.map_err(storage)?;
+        Ok(stored.and_then(|s| serde_json::from_slice(&s.value).ok()))
+    }
 }
 
 impl Operations {
@@ -294,8 +326,8 @@ impl Operations {
         }
     }
 
-    pub(crate) fn new(admission: super::quota::Admission) -> Self {
-        Self { live: Mutex::default(), admission }
+    pub(crate) fn new(admission: super::quota::Admission, records: OpRecords) -> Self {
+        Self { live: Mutex::default(), admission, records }
     }
 
     /// Room for one more operation of `principal`'s to run here, or the
@@ -324,7 +356,7 @@ impl Operations {
         let cancel = tokio_util::sync::CancellationToken::new();
         self.live.lock().insert(id.clone(), (tx.clone(), cancel.clone()));
         let ctx = OperationCtx {
-            inner: inner.clone(),
+            records: self.records.clone(),
             id: id.clone(),
             principal: record.principal.clone(),
             session: record.session.clone(),
@@ -349,21 +381,24 @@ impl Operations {
                 _ = cancel.cancelled() => Err(RpcError::cancelled()),
             };
             // A cancelled operation stays cancelled, whatever its work did.
-            let update = update_record_if(&inner, &id, |r| {
-                if r.state != OpState::Running {
-                    return false;
-                }
-                match &outcome {
-                    Ok(()) => r.state = OpState::Done,
-                    Err(e) => {
-                        r.state = OpState::Failed;
-                        r.error = Some(e.to_object());
+            let update = inner
+                .operations
+                .records
+                .update_if(&id, |r| {
+                    if r.state != OpState::Running {
+                        return false;
                     }
-                }
-                r.updated_at_ms = now_ms();
-                true
-            })
-            .await;
+                    match &outcome {
+                        Ok(()) => r.state = OpState::Done,
+                        Err(e) => {
+                            r.state = OpState::Failed;
+                            r.error = Some(e.to_object());
+                        }
+                    }
+                    r.updated_at_ms = now_ms();
+                    true
+                })
+                .await;
             if let Err(e) = update {
                 tracing::error!(operation = %id, error = %e.message, "could not record the end of an operation");
             }
@@ -393,7 +428,7 @@ pub(super) async fn call(
         Some(token) => {
             let (raw, presented) = parse(token).ok_or_else(|| invalid("unknown token"))?;
             let id = hex::encode(raw);
-            let record = load(&inner, &id).await?.ok_or_else(|| invalid("unknown or expired token"))?;
+            let record = inner.operations.records.load(&id).await?.ok_or_else(|| invalid("unknown or expired token"))?;
             let index = index_of(&key, &raw, &presented, record.chunks).ok_or_else(|| invalid("unknown token"))?;
             if record.principal != new.principal || record.binding != new.binding {
                 return Err(invalid(
@@ -414,17 +449,20 @@ pub(super) async fn call(
                     // or two resumes here, must not both run it.
                     // Without room for it here, it stays orphaned for a later resume to restart.
                     if let Ok(slot) = inner.operations.slot(&record.principal)
-                        && let Some(claimed) = claim(&inner, &id, &record.owner).await?
+                        && let Some(claimed) = inner.operations.records.claim(&id, &record.owner).await?
                     {
                         tracing::info!(operation = %id, from_chunk = claimed.chunks, "restarting an interrupted operation");
                         inner.operations.start(inner.clone(), runner, id.clone(), &claimed, slot);
                     }
                 } else {
-                    update_record(&inner, &id, |r| {
-                        r.state = OpState::Interrupted;
-                        r.completed = true;
-                    })
-                    .await?;
+                    inner
+                        .operations
+                        .records
+                        .update(&id, |r| {
+                            r.state = OpState::Interrupted;
+                            r.completed = true;
+                        })
+                        .await?;
                     return Ok(json!({"content": [{"type": "text", "text": INTERRUPTED_MESSAGE}], "isError": true}));
                 }
             }
@@ -457,57 +495,65 @@ pub(super) async fn create(
         state: OpState::Running,
         chunks: 0,
         error: None,
-        owner: inner.instance.clone(),
+        owner: inner.operations.records.instance.clone(),
         completed: false,
-        expires_at_ms: now + inner.config.operation_ttl.as_millis() as i64,
+        expires_at_ms: now + inner.operations.records.ttl.as_millis() as i64,
         created_at_ms: now,
         updated_at_ms: now,
         chunk_bytes: Some(chunk_bytes),
         request_meta,
     };
-    inner
-        .store
-        .kv_compare_and_set(OP_NAMESPACE, &id, None, encode(&record)?, Some(record.expires_at_ms))
-        .await
-        .map_err(storage)?
-        .ok_or_else(|| RpcError::internal("operation id collision"))?;
+    inner.operations.records.insert(&id, &record).await?;
     if !record.session.is_empty() {
-        index_for_session(inner, &record.session, &id, record.expires_at_ms).await;
+        inner.operations.records.index_for_session(&record.session, &id, record.expires_at_ms).await;
     }
     inner.operations.start(inner.clone(), runner, id, &record, slot);
     Ok((raw, record))
 }
 
-/// Notes operation `id` in its session's index. The index serves operators
-/// only: a failure to write it is logged, never the operation's.
-async fn index_for_session(inner: &Inner, session: &str, id: &str, expires_at_ms: i64) {
-    for _ in 0..8 {
-        let current = match inner.store.kv_get(SESSION_INDEX_NAMESPACE, session, now_ms()).await {
-            Ok(current) => current,
-            Err(e) => {
-                tracing::warn!(%session, operation = %id, error = %e, "could not index an operation under its session");
-                return;
+impl OpRecords {
+    /// Notes operation `id` in its session's index. The index serves operators
+    /// only: a failure to write it is logged, never the operation's.
+    async fn index_for_session(&self, session: &str, id: &str, expires_at_ms: i64) {
+        for _ in 0..8 {
+            let current = match self.store.kv_get(SESSION_INDEX_NAMESPACE, session, now_ms()).await {
+                Ok(current) => current,
+                Err(e) => {
+                    tracing::warn!(%session, operation = %id, error = %e, "could not index an operation under its session");
+                    return;
+                }
+            };
+            let (mut ids, expected) = match current {
+                Some(v) => (serde_json::from_slice::<Vec<String>>(&v.value).unwrap_or_default(), Some(v.revision)),
+                None => (Vec::new(), None),
+            };
+            ids.push(id.to_owned());
+            let excess = ids.len().saturating_sub(MAX_INDEXED);
+            ids.drain(..excess);
+            let Ok(bytes) = serde_json::to_vec(&ids) else { return };
+            match self
+                .store
+                .kv_compare_and_set(SESSION_INDEX_NAMESPACE, session, expected, Bytes::from(bytes), Some(expires_at_ms))
+                .await
+            {
+                Ok(Some(_)) => return,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!(%session, operation = %id, error = %e, "could not index an operation under its session");
+                    return;
+                }
             }
-        };
-        let (mut ids, expected) = match current {
-            Some(v) => (serde_json::from_slice::<Vec<String>>(&v.value).unwrap_or_default(), Some(v.revision)),
-            None => (Vec::new(), None),
-        };
-        ids.push(id.to_owned());
-        let excess = ids.len().saturating_sub(MAX_INDEXED);
-        ids.drain(..excess);
-        let Ok(bytes) = serde_json::to_vec(&ids) else { return };
-        match inner
-            .store
-            .kv_compare_and_set(SESSION_INDEX_NAMESPACE, session, expected, Bytes::from(bytes), Some(expires_at_ms))
-            .await
-        {
-            Ok(Some(_)) => return,
-            Ok(None) => continue,
-            Err(e) => {
-                tracing::warn!(%session, operation = %id, error = %e, "could not index an operation under its session");
-                return;
-            }
+        }
+    }
+
+    /// The final answer went out: every token of the operation is now expired,
+    /// and its chunks are freed.
+    pub(super) async fn finish(&self, id: &str, chunks: u64) {
+        if let Err(e) = self.update(id, |r| r.completed = true).await {
+            tracing::warn!(operation = %id, error = %e.message, "could not mark an operation completed");
+        }
+        for i in 0..chunks {
+            let _ = self.store.kv_delete(CHUNK_NAMESPACE, &chunk_key(id, i)).await;
         }
     }
 }
@@ -611,20 +657,20 @@ async fn respond(ctx: &RequestCtx, inner: &Arc<Inner>, key: &[u8; 32], raw: &[u8
     } else {
         // Running elsewhere (another replica) or already over: poll the record.
         while tokio::time::Instant::now() < deadline {
-            match load(inner, &id).await? {
+            match inner.operations.records.load(&id).await? {
                 Some(r) if r.state == OpState::Running && r.chunks <= index + 1 => tokio::time::sleep(REMOTE_POLL).await,
                 _ => break,
             }
         }
     }
 
-    let record = load(inner, &id).await?.ok_or_else(|| invalid("unknown or expired token"))?;
+    let record = inner.operations.records.load(&id).await?.ok_or_else(|| invalid("unknown or expired token"))?;
     if record.state == OpState::Cancelled {
-        finish(inner, &id, record.chunks).await;
+        inner.operations.records.finish(&id, record.chunks).await;
         return Err(RpcError::cancelled());
     }
     if record.state == OpState::Failed {
-        finish(inner, &id, record.chunks).await;
+        inner.operations.records.finish(&id, record.chunks).await;
         let e = record.error.unwrap_or(Value::Null);
         return Err(RpcError::from_object(&e));
     }
@@ -638,7 +684,7 @@ async fn respond(ctx: &RequestCtx, inner: &Arc<Inner>, key: &[u8; 32], raw: &[u8
         let mut chunk: Value = serde_json::from_slice(&stored.value).map_err(|e| RpcError::internal(e.to_string()))?;
         let last = record.state == OpState::Done && index + 1 == record.chunks;
         if last {
-            finish(inner, &id, record.chunks).await;
+            inner.operations.records.finish(&id, record.chunks).await;
         } else {
             set_meta(&mut chunk, meta::NEXT_RESUME_TOKEN, json!(seal(key, raw, index + 1)));
             set_meta(&mut chunk, meta::TASK_ID, json!(id));
@@ -647,7 +693,7 @@ async fn respond(ctx: &RequestCtx, inner: &Arc<Inner>, key: &[u8; 32], raw: &[u8
     }
     if record.state == OpState::Done {
         // Finished without (more) chunks: an empty final result.
-        finish(inner, &id, record.chunks).await;
+        inner.operations.records.finish(&id, record.chunks).await;
         return Ok(json!({"content": []}));
     }
     // Not ready within the wait budget: same point of progress, same token.
@@ -664,16 +710,5 @@ fn set_meta(result: &mut Value, key: &str, value: Value) {
         if let Some(m) = meta.as_object_mut() {
             m.insert(key.to_owned(), value);
         }
-    }
-}
-
-/// The final answer went out: every token of the operation is now expired,
-/// and its chunks are freed.
-pub(super) async fn finish(inner: &Inner, id: &str, chunks: u64) {
-    if let Err(e) = update_record(inner, id, |r| r.completed = true).await {
-        tracing::warn!(operation = %id, error = %e.message, "could not mark an operation completed");
-    }
-    for i in 0..chunks {
-        let _ = inner.store.kv_delete(CHUNK_NAMESPACE, &chunk_key(id, i)).await;
     }
 }

@@ -69,16 +69,16 @@ pub(super) async fn call(ctx: &RequestCtx, runner: Arc<dyn OperationRunner>, new
     // `--resume-wait 0s`: always a task, however quick the work.
     let wait = inner.config.resume_wait;
     let finished = !wait.is_zero() && inner.operations.finished_by(&id, tokio::time::Instant::now() + wait).await;
-    let record = operations::load(&inner, &id).await?.ok_or_else(not_found)?;
+    let record = inner.operations.records.load(&id).await?.ok_or_else(not_found)?;
     if finished {
         match record.state {
             OpState::Done => {
                 let result = assemble(&inner, &id, &record).await?;
-                operations::finish(&inner, &id, record.chunks).await;
+                inner.operations.records.finish(&id, record.chunks).await;
                 return Ok(result);
             }
             OpState::Failed => {
-                operations::finish(&inner, &id, record.chunks).await;
+                inner.operations.records.finish(&id, record.chunks).await;
                 return Err(RpcError::from_object(record.error.as_ref().unwrap_or(&Value::Null)));
             }
             _ => {}
@@ -119,7 +119,7 @@ async fn handle(
         .ok_or_else(|| RpcError::invalid_params(format!("{method} needs params.taskId (a string)")))?;
     let inner = ctx.inner().clone();
     // Another principal's task is answered exactly as an unknown one.
-    let record = operations::load(&inner, id).await?.filter(|r| r.principal == ctx.principal()).ok_or_else(not_found)?;
+    let record = inner.operations.records.load(id).await?.filter(|r| r.principal == ctx.principal()).ok_or_else(not_found)?;
     if record.expires_at_ms <= now_ms() {
         return Err(not_found());
     }
@@ -130,15 +130,18 @@ async fn handle(
         // says to ignore.
         "tasks/update" => Ok(json!({})),
         "tasks/cancel" => {
-            let cancelled = operations::update_record_if(&inner, id, |r| {
-                let running = r.state == OpState::Running;
-                if running {
-                    r.state = OpState::Cancelled;
-                    r.updated_at_ms = now_ms();
-                }
-                running
-            })
-            .await?;
+            let cancelled = inner
+                .operations
+                .records
+                .update_if(id, |r| {
+                    let running = r.state == OpState::Running;
+                    if running {
+                        r.state = OpState::Cancelled;
+                        r.updated_at_ms = now_ms();
+                    }
+                    running
+                })
+                .await?;
             if cancelled.is_some() {
                 inner.operations.cancel(id);
                 tracing::info!(task = %id, "task cancelled by its client");
@@ -153,7 +156,7 @@ async fn handle(
 /// an orphaned one: that is `tasks/get`'s); `None` if it is not theirs or
 /// is gone.
 pub(crate) async fn snapshot(inner: &Inner, principal: &str, id: &str) -> Result<Option<Value>, RpcError> {
-    let record = operations::load(inner, id).await?.filter(|r| r.principal == principal && r.expires_at_ms > now_ms());
+    let record = inner.operations.records.load(id).await?.filter(|r| r.principal == principal && r.expires_at_ms > now_ms());
     match record {
         Some(record) => Ok(Some(detailed(inner, id, &record).await?)),
         None => Ok(None),
@@ -165,17 +168,20 @@ async fn get(inner: &Arc<Inner>, runner: Arc<dyn OperationRunner>, id: &str, mut
         if record.restartable {
             // Without room for it here, it stays orphaned for a later `tasks/get` to restart.
             if let Ok(slot) = inner.operations.slot(&record.principal)
-                && let Some(claimed) = operations::claim(inner, id, &record.owner).await?
+                && let Some(claimed) = inner.operations.records.claim(id, &record.owner).await?
             {
                 tracing::info!(task = %id, from_chunk = claimed.chunks, "restarting an interrupted task");
                 inner.operations.start(inner.clone(), runner, id.to_owned(), &claimed, slot);
                 record = claimed;
             }
         } else {
-            record = operations::update_record(inner, id, |r| {
-                r.state = OpState::Interrupted;
-            })
-            .await?;
+            record = inner
+                .operations
+                .records
+                .update(id, |r| {
+                    r.state = OpState::Interrupted;
+                })
+                .await?;
         }
     }
     detailed(inner, id, &record).await

@@ -126,17 +126,20 @@ async fn whole(ctx: &RequestCtx, runner: Arc<dyn OperationRunner>, new: NewOpera
     let mut stop = StopUnlessFinished { inner: &inner, id: &id, finished: false };
     super::wait_finished(ctx, &inner, &id).await;
     stop.finished = true;
-    let record = super::load(&inner, &id)
+    let record = inner
+        .operations
+        .records
+        .load(&id)
         .await?
         .ok_or_else(|| RpcError::internal("the operation's record expired before its work ended"))?;
     match record.state {
         OpState::Done => {
             let result = assemble(&inner, &id, &record).await?;
-            super::finish(&inner, &id, record.chunks).await;
+            inner.operations.records.finish(&id, record.chunks).await;
             Ok(result)
         }
         OpState::Failed => {
-            super::finish(&inner, &id, record.chunks).await;
+            inner.operations.records.finish(&id, record.chunks).await;
             Err(RpcError::from_object(record.error.as_ref().unwrap_or(&Value::Null)))
         }
         OpState::Cancelled => Err(RpcError::cancelled()),
