@@ -11,18 +11,27 @@ use crate::error::{RpcError, code};
 /// One message a peer sent.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Inbound {
+    /// A request: it wants an answer under its `id`.
     Request {
+        /// A string or an integer, never null.
         id: Value,
+        /// The method, as sent.
         method: String,
+        /// The params object; `None` when absent or null.
         params: Option<Map<String, Value>>,
     },
+    /// A notification: no `id`, no answer.
     Notification {
+        /// The method, as sent.
         method: String,
+        /// The params object; `None` when absent or null.
         params: Option<Map<String, Value>>,
     },
     /// An answer: `Err` holds the error object as sent.
     Response {
+        /// The id of the request it answers.
         id: Value,
+        /// The `result`, or the `error` object.
         outcome: Result<Value, Value>,
     },
 }
@@ -30,7 +39,9 @@ pub enum Inbound {
 /// Why a body is not one valid JSON-RPC message.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EnvelopeError {
+    /// The JSON-RPC code to answer with (`-32700`, `-32600` or `-32602`).
     pub code: i64,
+    /// What is wrong, in a sentence a person can act on.
     pub message: String,
     /// The request's id when it could be read, so the error can answer it.
     pub id: Option<Value>,
@@ -73,11 +84,17 @@ fn not_json(e: &serde_json::Error) -> EnvelopeError {
 /// given twice is the last one, as in a parsed JSON object.
 #[derive(Debug, Default)]
 pub struct Parts<'a> {
+    /// `jsonrpc`, which must be the string "2.0" ([`Parts::is_2_0`]).
     pub jsonrpc: Option<&'a RawValue>,
+    /// `id`: a request's or an answer's.
     pub id: Option<&'a RawValue>,
+    /// `method`: a request's or a notification's.
     pub method: Option<&'a RawValue>,
+    /// `params`.
     pub params: Option<&'a RawValue>,
+    /// `result`: a successful answer's.
     pub result: Option<&'a RawValue>,
+    /// `error`: a failed answer's.
     pub error: Option<&'a RawValue>,
 }
 

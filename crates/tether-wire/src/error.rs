@@ -9,10 +9,15 @@ use serde_json::{Value, json};
 
 /// The JSON-RPC and MCP error codes tether uses.
 pub mod code {
+    /// The text is not JSON.
     pub const PARSE_ERROR: i64 = -32700;
+    /// The JSON is not a valid JSON-RPC message (or not one this server takes).
     pub const INVALID_REQUEST: i64 = -32600;
+    /// No such method here.
     pub const METHOD_NOT_FOUND: i64 = -32601;
+    /// The method exists, its params are wrong.
     pub const INVALID_PARAMS: i64 = -32602;
+    /// The server failed; the message says how.
     pub const INTERNAL_ERROR: i64 = -32603;
     /// MCP: the request was cancelled (`notifications/cancelled`).
     pub const REQUEST_CANCELLED: i64 = -32800;
@@ -31,32 +36,42 @@ pub mod code {
 /// A JSON-RPC error object: `{"code", "message", "data"?}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RpcError {
+    /// The JSON-RPC code ([`code`]).
     pub code: i64,
+    /// What happened, and what to do next.
     pub message: String,
+    /// Anything a client can act on by program (a limit's name, a timeout).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<Value>,
 }
 
 impl RpcError {
+    /// An error with `code` and `message`, no data.
     pub fn new(code: i64, message: impl Into<String>) -> Self {
         Self { code, message: message.into(), data: None }
     }
+    /// The same error with `data`.
     pub fn with_data(mut self, data: Value) -> Self {
         self.data = Some(data);
         self
     }
+    /// `-32600` with `message`.
     pub fn invalid_request(message: impl Into<String>) -> Self {
         Self::new(code::INVALID_REQUEST, message)
     }
+    /// `-32602` with `message`.
     pub fn invalid_params(message: impl Into<String>) -> Self {
         Self::new(code::INVALID_PARAMS, message)
     }
+    /// `-32601`, naming `method`.
     pub fn method_not_found(method: &str) -> Self {
         Self::new(code::METHOD_NOT_FOUND, format!("method not found: {method}"))
     }
+    /// `-32603` with `message`.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(code::INTERNAL_ERROR, message)
     }
+    /// `-32800`: the request was cancelled.
     pub fn cancelled() -> Self {
         Self::new(code::REQUEST_CANCELLED, "request cancelled")
     }

@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 //! The MCP wire format as every tether crate speaks it: server, client,
 //! bridge, bench and tests share these definitions so that a header name, a
 //! `_meta` key or an error code is written down exactly once.

@@ -26,12 +26,16 @@ pub const TAIL_KEPT: usize = 512;
 /// One line, without its `\n` (or `\r\n`). Blank lines are skipped.
 #[derive(Debug, PartialEq)]
 pub enum Line {
+    /// A whole line within the bound.
     Text(Vec<u8>),
     /// Longer than the bound: its length, its first [`HEAD_KEPT`] bytes and
     /// its last [`TAIL_KEPT`] bytes (they overlap on a short line).
     TooLong {
+        /// The line's whole length in bytes.
         len: usize,
+        /// Its first bytes.
         head: Vec<u8>,
+        /// Its last bytes.
         tail: Vec<u8>,
     },
 }
@@ -48,6 +52,8 @@ pub struct LineDecoder {
 }
 
 impl LineDecoder {
+    /// A decoder of lines of at most `max` bytes (a longer one comes as
+    /// [`Line::TooLong`], never buffered whole).
     pub fn new(max: usize) -> Self {
         Self { max, buf: Vec::new(), len: 0, too_long: false, tail: Vec::new() }
     }
@@ -166,8 +172,11 @@ pub fn read_line_blocking<R: BufRead>(reader: &mut R, decoder: &mut LineDecoder)
 /// and whether it has a `result` or `error` (an answer).
 #[derive(Debug, Default, PartialEq)]
 pub struct Salvaged {
+    /// The top-level `id`, if it could be read whole (null is none).
     pub id: Option<Value>,
+    /// Whether a top-level `method` was seen.
     pub has_method: bool,
+    /// Whether a top-level `result` or `error` was seen.
     pub is_answer: bool,
 }
 

@@ -13,23 +13,31 @@ use crate::envelope::Inbound;
 pub enum PeerMessage {
     /// `id` is the peer's own; the answer goes back under it.
     Request {
+        /// The peer's id.
         id: Value,
+        /// The method, as sent.
         method: String,
+        /// The params, as sent.
         params: Option<Value>,
     },
+    /// A notification: nothing goes back.
     Notification {
+        /// The method, as sent.
         method: String,
+        /// The params, as sent.
         params: Option<Value>,
     },
 }
 
 impl PeerMessage {
+    /// Its method.
     pub fn method(&self) -> &str {
         match self {
             Self::Request { method, .. } | Self::Notification { method, .. } => method,
         }
     }
 
+    /// Its params, if any.
     pub fn params(&self) -> Option<&Value> {
         match self {
             Self::Request { params, .. } | Self::Notification { params, .. } => params.as_ref(),
@@ -57,6 +65,7 @@ impl PeerMessage {
 /// later answer) only once `deliver` returned. What a peer sent before an
 /// answer is therefore delivered before the answer, by construction.
 pub trait PeerSink: Send + Sync + 'static {
+    /// Hands over one message; the transport reads on once this returns.
     fn deliver(&self, message: PeerMessage) -> BoxFuture<'_, ()>;
 }
 

@@ -19,6 +19,7 @@ pub fn is_sessionless(v: &str) -> bool {
     v >= FIRST_SESSIONLESS
 }
 
+/// Whether tether serves revision `v`.
 pub fn is_supported(v: &str) -> bool {
     SUPPORTED.contains(&v)
 }

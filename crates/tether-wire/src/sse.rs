@@ -55,7 +55,10 @@ impl Event {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SseError {
     /// One event was longer than the reader's limit.
-    TooLarge { limit: usize },
+    TooLarge {
+        /// The reader's limit on one event, in bytes.
+        limit: usize,
+    },
     /// The bytes are not SSE (e.g. a field value that is not UTF-8).
     Malformed(String),
     /// The byte stream under the events failed (a connection that broke).
@@ -288,6 +291,7 @@ where
     S: Stream<Item = Result<Bytes, E>> + Unpin,
     E: fmt::Display,
 {
+    /// The events of `bytes`, with a [`Decoder`] of the default bound.
     pub fn new(bytes: S) -> Self {
         Self::with_decoder(bytes, Decoder::new())
     }
@@ -336,6 +340,7 @@ where
         }
     }
 
+    /// The decoder: the last event ID, `retry`, keep-alives seen.
     pub fn decoder(&self) -> &Decoder {
         &self.decoder
     }
