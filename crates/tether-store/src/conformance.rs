@@ -16,6 +16,7 @@ use bytes::Bytes;
 
 use crate::{EventKind, SessionRecord, Store, now_ms};
 
+/// A boxed future, as the harness's factories return.
 pub type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// Closes a store and opens it again on the same data (backends that keep data).
@@ -24,10 +25,13 @@ pub type Reopen = Box<dyn Fn(Arc<dyn Store>) -> BoxFut<Arc<dyn Store>> + Send + 
 /// Opens a store for a check. `reopen` (durable backends only) drops the
 /// given store without flushing and opens the same data again.
 pub struct Harness {
+    /// Opens a fresh, empty store.
     pub fresh: Box<dyn Fn() -> BoxFut<Arc<dyn Store>> + Send + Sync>,
+    /// Drops a store without flushing and opens its data again (durable backends).
     pub reopen: Option<Reopen>,
 }
 
+/// A session record for the checks: `id` of `principal`, expiring in `ttl_ms`.
 pub fn session(id: &str, principal: &str, ttl_ms: i64) -> SessionRecord {
     let now = now_ms();
     SessionRecord {
@@ -68,6 +72,7 @@ macro_rules! conformance_scenarios {
     };
 }
 
+/// Runs every check below on fresh stores from `h`.
 pub async fn run_all(h: &Harness) {
     macro_rules! run {
         ([] $($kind:ident $scenario:ident,)*) => {
@@ -88,6 +93,7 @@ pub async fn run_all(h: &Harness) {
     crate::conformance_scenarios!(run);
 }
 
+/// A session is read back as written; creating it again conflicts.
 pub async fn sessions_roundtrip(store: &Arc<dyn Store>) {
     let s = session("s1", "alice", 60_000);
     store.create_session(&s).await.unwrap();
@@ -108,6 +114,7 @@ pub async fn sessions_roundtrip(store: &Arc<dyn Store>) {
     assert!(!store.touch_session("ghost", now_ms()).await.unwrap());
 }
 
+/// Paging through the sessions yields each one once.
 pub async fn every_session_pages_through(store: &Arc<dyn Store>) {
     let now = now_ms();
     assert_eq!(store.scan_sessions(None, 10, now).await.unwrap(), crate::SessionPage::default(), "nothing stored yet");
@@ -135,6 +142,7 @@ pub async fn every_session_pages_through(store: &Arc<dyn Store>) {
     assert_eq!(pages, 3, "7 sessions in pages of 3");
 }
 
+/// A session's state changes only over the revision it was read at.
 pub async fn session_compare_and_set(store: &Arc<dyn Store>) {
     store.create_session(&session("cas", "p", 60_000)).await.unwrap();
     let r1 = store.update_session_state("cas", 0, &serde_json::json!({"v": 1})).await.unwrap();
@@ -152,6 +160,7 @@ pub async fn session_compare_and_set(store: &Arc<dyn Store>) {
     assert!(store.session_stamp("missing", now_ms()).await.unwrap().is_none());
 }
 
+/// An expired session is gone.
 pub async fn session_expiry(store: &Arc<dyn Store>) {
     store.create_session(&session("old", "p", 50)).await.unwrap();
     store.create_session(&session("young", "p", 600_000)).await.unwrap();
@@ -166,6 +175,7 @@ pub async fn session_expiry(store: &Arc<dyn Store>) {
     store.create_session(&session("old", "p", 60_000)).await.unwrap();
 }
 
+/// Appends are numbered in order and read back after any point.
 pub async fn append_ordering_and_read_after(store: &Arc<dyn Store>) {
     store.create_session(&session("s", "p", 60_000)).await.unwrap();
     let mut seqs = Vec::new();
@@ -232,6 +242,7 @@ pub async fn append_ordering_and_read_after(store: &Arc<dyn Store>) {
     assert_eq!(r4[0].payload, Bytes::from("p4"));
 }
 
+/// One stream's events never show in another's.
 pub async fn streams_are_independent(store: &Arc<dyn Store>) {
     store.create_session(&session("a", "p", 60_000)).await.unwrap();
     store.create_session(&session("b", "p", 60_000)).await.unwrap();
@@ -256,6 +267,7 @@ pub async fn streams_are_independent(store: &Arc<dyn Store>) {
     assert!(store.stream("a", "q").await.unwrap().is_some_and(|s| s.finished && s.first_seq == 1 && s.last_seq == 2));
 }
 
+/// A stream over its cap loses its oldest events, never its newest.
 pub async fn trimming_keeps_the_newest(h: &Harness) {
     // Backends under test are opened with max_events_per_stream = 100 (see the harnesses).
     let store = (h.fresh)().await;
@@ -271,6 +283,7 @@ pub async fn trimming_keeps_the_newest(h: &Harness) {
     assert_eq!((summary.first_seq, summary.last_seq), (51, 150));
 }
 
+/// Concurrent appends to one stream each get a number of their own.
 pub async fn concurrent_appenders(store: &Arc<dyn Store>) {
     store.create_session(&session("c", "p", 60_000)).await.unwrap();
     let mut tasks = Vec::new();
@@ -297,6 +310,7 @@ pub async fn concurrent_appenders(store: &Arc<dyn Store>) {
     assert_eq!(events.len(), 80);
 }
 
+/// A cursor never moves back, and goes with its session.
 pub async fn cursors(store: &Arc<dyn Store>) {
     store.create_session(&session("k", "p", 60_000)).await.unwrap();
     assert_eq!(store.cursor("k", "g").await.unwrap(), 0);
@@ -307,6 +321,7 @@ pub async fn cursors(store: &Arc<dyn Store>) {
     assert_eq!(store.cursor("k", "g").await.unwrap(), 0, "cursors go with their session");
 }
 
+/// Key/value records: compare-and-set on their revision, and expiry.
 pub async fn kv_compare_and_set_and_expiry(store: &Arc<dyn Store>) {
     let r1 = store.kv_compare_and_set("ops", "a", None, Bytes::from_static(b"one"), None).await.unwrap();
     let r1 = r1.expect("create when absent");
@@ -333,6 +348,7 @@ pub async fn kv_compare_and_set_and_expiry(store: &Arc<dyn Store>) {
     );
 }
 
+/// Deleting a session drops its streams; a new session of the same ID starts them from 1.
 pub async fn delete_drops_logs(store: &Arc<dyn Store>) {
     store.create_session(&session("d", "p", 60_000)).await.unwrap();
     store.append("d", "g", EventKind::Message, Bytes::from_static(b"x")).await.unwrap();
@@ -384,6 +400,7 @@ pub async fn finished_streams_are_dropped_by_age_or_kept(store: &Arc<dyn Store>)
     assert_eq!(store.drop_finished_streams("r", "r5", now_ms() + 60_000, 1_000).await.unwrap(), 0, "nothing twice");
 }
 
+/// What was committed is there after a reopen without a flush.
 pub async fn reopen_keeps_committed(h: &Harness) {
     let store = (h.fresh)().await;
     store.create_session(&session("r", "p", 60_000)).await.unwrap();

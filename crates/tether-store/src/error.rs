@@ -3,14 +3,20 @@
 /// What a store operation can fail with. Messages are written for operators.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
+    /// A record that must be new exists already.
     #[error("record already exists: {0}")]
     Conflict(String),
+    /// The store cannot be reached or written now (a full disk, Redis
+    /// down); trying again later may work.
     #[error("store is unavailable: {0}")]
     Unavailable(String),
+    /// The backend refused an operation.
     #[error("store backend error: {0}")]
     Backend(String),
+    /// What is stored cannot be read as what it should be.
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
+    /// The store's URL or settings are wrong; the message says which.
     #[error("invalid store configuration: {0}")]
     Config(String),
     /// A write the request deferred ([`crate::fence`]) failed, so what
@@ -19,6 +25,7 @@ pub enum StoreError {
     EarlierWriteFailed(String),
 }
 
+/// A store operation's outcome.
 pub type StoreResult<T> = Result<T, StoreError>;
 
 impl From<rusqlite::Error> for StoreError {

@@ -7,7 +7,7 @@
 //! before seen" still holds: the response is seen only after its own commit,
 //! which is the thought's or a later one. If the thought's write failed, the
 //! append that carries the response fails with
-//! [`StoreError::EarlierWriteFailed`](crate::StoreError::EarlierWriteFailed)
+//! [`StoreError::EarlierWriteFailed`]
 //! instead of claiming success.
 //!
 //! The scope is a tokio task-local: the engine runs each request in

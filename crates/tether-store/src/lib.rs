@@ -1,9 +1,10 @@
+#![warn(missing_docs)]
 //! Durable records for tether.
 //!
 //! The [`Store`] trait is what the server engine, the notebook and (later) the
 //! Redis backend agree on. It speaks of appends, ranges, compare-and-set and
 //! expiry, never of SQL, so every backend can pass the one shared
-//! [`conformance`] suite.
+//! `conformance` suite (the `conformance` feature).
 //!
 //! Backends: [`memory::MemoryStore`] (tests, `--store memory`) and
 //! [`sqlite::SqliteStore`] (embedded default: WAL, one writer with
@@ -246,6 +247,7 @@ pub trait Store: Send + Sync + 'static {
 /// A page of [`Store::scan_sessions`].
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SessionPage {
+    /// The sessions of this page, in ID order.
     pub sessions: Vec<SessionRecord>,
     /// Where the next page starts; `None` when this was the last.
     pub next: Option<String>,
@@ -254,7 +256,10 @@ pub struct SessionPage {
 /// "An event was committed on this stream" (from any replica).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RemoteAppend {
+    /// The session.
     pub session: String,
+    /// The stream of that session.
     pub stream: String,
+    /// The committed event's sequence number.
     pub seq: u64,
 }

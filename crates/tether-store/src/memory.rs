@@ -197,6 +197,7 @@ pub struct MemoryStore {
 }
 
 impl MemoryStore {
+    /// An empty store.
     pub fn new(config: StoreConfig) -> Self {
         Self { inner: Mutex::new(Inner::default()), config }
     }

@@ -39,7 +39,9 @@ impl Default for StoreConfig {
 /// A parsed `--store` value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreUrl {
+    /// `memory`: nothing outlives the process.
     Memory,
+    /// `sqlite:PATH`: the file at PATH (created, with its folder, 0700 and 0600).
     Sqlite(PathBuf),
     /// `redis://HOST:PORT/DB` or `rediss://…` (TLS); a Redis Cluster as
     /// `redis+cluster://HOST:PORT,HOST:PORT/` (or `rediss+cluster://`).

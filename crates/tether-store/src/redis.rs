@@ -1,8 +1,8 @@
 //! Redis backend, for several replicas sharing one store: a single Redis
 //! server (`redis://`, `rediss://`) or a Redis Cluster (`redis+cluster://`,
-//! [`conn`]).
+//! `conn`).
 //!
-//! Every multi-key step on one session is one Lua script ([`scripts`]), so
+//! Every multi-key step on one session is one Lua script (`scripts`), so
 //! it is atomic on the server and no lock is ever held across a network
 //! round trip. Every key of a session carries the session's hash tag
 //! (`{id}`, [`conn::hash_tag`]), so each script touches one cluster slot;
@@ -219,6 +219,7 @@ impl RedisStore {
         self.conn.clone()
     }
 
+    /// The prefix of every key this store writes (`--store-prefix`).
     pub fn prefix(&self) -> &str {
         &self.prefix
     }

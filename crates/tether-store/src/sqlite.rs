@@ -1,6 +1,6 @@
 //! Embedded backend on one SQLite file.
 //!
-//! Writes go through one writer ([`SqliteDb::write`], [`writer`]) that takes
+//! Writes go through one writer ([`SqliteDb::write`], `writer`) that takes
 //! every job queued at that moment and commits them in one transaction
 //! (group commit): a burst of appends costs one commit. Each job runs inside its own
 //! savepoint, so one failing job does not undo its neighbours. Its caller is
@@ -49,6 +49,7 @@ use crate::{StoreConfig, StoreError, StoreResult};
 
 /// What the writer holds besides its connection.
 pub struct WriterCtx {
+    /// The writer's own connection.
     pub conn: Connection,
     /// session -> stream -> last assigned seq (a cache of `MAX(seq)`).
     seqs: HashMap<String, HashMap<String, u64>>,
@@ -78,8 +79,8 @@ const WRITER_CACHE_KIB: i64 = 16 * 1024;
 /// lock once and its connections share the WAL index in heap memory, so a
 /// transaction takes no `fcntl` locks on a `-shm` file (they were a tenth of
 /// the writer's time under load). The file is this process's alone anyway
-/// (see [`prepare_path`]); another process that opens it meanwhile is told
-/// it is locked. `unix-excl` is wrapped by [`wal_gather`], which writes a
+/// (see `prepare_path`); another process that opens it meanwhile is told
+/// it is locked. `unix-excl` is wrapped by `wal_gather`, which writes a
 /// commit's WAL frames with one system call.
 pub fn open_connection(path: &Path) -> StoreResult<Connection> {
     let vfs = match wal_gather::register() {
@@ -233,13 +234,14 @@ impl SqliteDb {
         Ok(Self { writer, readers: readers::ReaderPool::new(path.clone()), path, _lock: Arc::new(lock) })
     }
 
+    /// The database file.
     pub fn path(&self) -> &Path {
         &self.path
     }
 
     /// Runs `f` on the writer inside the next group commit and returns its
     /// value once that commit is durable. `f` must not block on anything but
-    /// SQLite (it runs on a runtime worker), and may run twice (see [`writer`]): it must not change
+    /// SQLite (it runs on a runtime worker), and may run twice (see `writer`): it must not change
     /// anything outside the transaction but the [`WriterCtx`] caches.
     pub async fn write<T, F>(&self, f: F) -> StoreResult<T>
     where
@@ -340,6 +342,8 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
+    /// Opens (or creates) the store in the file at `path`; a file another
+    /// process holds, or a damaged one, is refused saying what to do.
     pub async fn open(path: &Path, config: StoreConfig) -> StoreResult<Self> {
         Ok(Self { db: SqliteDb::open(path, &config).await? })
     }

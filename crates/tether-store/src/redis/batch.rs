@@ -75,15 +75,18 @@ pub struct Call {
 }
 
 impl Call {
+    /// A call with no keys and no arguments yet.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// Adds a key (`KEYS[n]` of the script).
     pub fn key(mut self, key: impl Into<Bytes>) -> Self {
         self.keys.push(key.into());
         self
     }
 
+    /// Adds an argument (`ARGV[n]` of the script).
     pub fn arg(mut self, arg: impl Into<Bytes>) -> Self {
         self.args.push(arg.into());
         self

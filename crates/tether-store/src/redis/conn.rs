@@ -23,7 +23,10 @@ use crate::{StoreError, StoreResult};
 /// connection has none.
 #[derive(Clone)]
 pub enum RedisConn {
+    /// One Redis server: its connection, the batching task's queue, the
+    /// replicas `strict` waits for.
     Single(ConnectionManager, Option<BatchQueue>, Option<Replicas>),
+    /// A Redis Cluster, and the replicas `strict` waits for.
     Cluster(ClusterConnection, Option<Replicas>),
 }
 
@@ -47,6 +50,7 @@ impl RedisConn {
         RedisConn::Single(conn, Some(queue), replicas)
     }
 
+    /// Whether this is a Redis Cluster's connection.
     pub fn is_cluster(&self) -> bool {
         matches!(self, RedisConn::Cluster(..))
     }
