@@ -24,6 +24,7 @@ pub const AUTH_TOKEN_ENV: &str = "MCP_AUTH_TOKEN";
 /// The OAuth client (id and secret) a server's 401 challenge is followed
 /// with, for a URL that has no `oauth_client_id` of its own in the config.
 pub const OAUTH_CLIENT_ID_ENV: &str = "MCP_OAUTH_CLIENT_ID";
+/// The secret of the client [`OAUTH_CLIENT_ID_ENV`] names.
 pub const OAUTH_CLIENT_SECRET_ENV: &str = "MCP_OAUTH_CLIENT_SECRET";
 
 /// Whether a server needs `initialize` and a session before other requests.
@@ -40,6 +41,7 @@ pub enum RequiresSession {
 }
 
 impl RequiresSession {
+    /// As the config file spells it: `auto`, `true` or `false`.
     pub fn as_str(self) -> &'static str {
         match self {
             RequiresSession::Auto => "auto",
@@ -107,13 +109,18 @@ impl std::str::FromStr for Protocol {
 /// One server as the runtime sees it.
 #[derive(Debug, Clone)]
 pub struct ServerSpec {
+    /// The MCP endpoint's URL.
     pub url: String,
+    /// Whether it needs `initialize` first.
     pub requires_session: RequiresSession,
+    /// Which revision to speak to it.
     pub protocol: Protocol,
+    /// Token, headers and timeouts of its sessions.
     pub options: ClientOptions,
 }
 
 impl ServerSpec {
+    /// The server at `url`, everything else found out (`auto`).
     pub fn new(url: impl Into<String>) -> Self {
         Self {
             url: url.into(),
@@ -123,16 +130,19 @@ impl ServerSpec {
         }
     }
 
+    /// Speaks revision `p` to it.
     pub fn protocol(mut self, p: Protocol) -> Self {
         self.protocol = p;
         self
     }
 
+    /// Whether it needs a session.
     pub fn requires_session(mut self, r: RequiresSession) -> Self {
         self.requires_session = r;
         self
     }
 
+    /// The bearer token its requests carry, if any.
     pub fn bearer_token(mut self, token: Option<String>) -> Self {
         self.options.bearer_token = token;
         self
@@ -145,6 +155,7 @@ impl ServerSpec {
 pub struct Config {
     /// Server used when no target is given (and `MCP_SERVER_URL` is unset).
     pub default: Option<String>,
+    /// `[servers.NAME]`, by name.
     #[serde(default)]
     pub servers: BTreeMap<String, ServerEntry>,
 }
@@ -153,7 +164,9 @@ pub struct Config {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServerEntry {
+    /// The MCP endpoint's URL.
     pub url: String,
+    /// `auto` (the default), `true` or `false`.
     #[serde(default)]
     pub requires_session: RequiresSession,
     /// Name of the environment variable holding this server's bearer token.
@@ -175,6 +188,7 @@ pub struct ServerEntry {
 pub struct Resolved {
     /// The config name, when the target came from the config file.
     pub name: Option<String>,
+    /// The server as the runtime sees it.
     pub spec: ServerSpec,
     /// The environment variable the token comes from (or would).
     pub token_env: String,
@@ -233,6 +247,7 @@ impl Config {
         }
     }
 
+    /// Reads a config file's text; an error says which server and key are wrong.
     pub fn parse(text: &str) -> Result<Config, String> {
         let config: Config = toml::from_str(text).map_err(|e| e.to_string().trim().to_owned())?;
         for (name, entry) in &config.servers {

@@ -15,7 +15,12 @@ pub enum ClientError {
     Rpc(RpcError),
     /// 401/403.
     #[error("the server refused the credentials (HTTP {status}): {message}")]
-    Auth { status: u16, message: String },
+    Auth {
+        /// 401 or 403.
+        status: u16,
+        /// What the server said.
+        message: String,
+    },
     /// Connection, HTTP status or protocol failure.
     #[error("{0}")]
     Transport(String),

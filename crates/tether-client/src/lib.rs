@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 //! tether's MCP client runtime.
 //!
 //! - [`Session`]: one MCP session over Streamable HTTP (or the 2024-11-05

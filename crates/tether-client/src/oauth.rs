@@ -28,7 +28,9 @@ const MARGIN_SECS: u64 = 60;
 /// A confidential client of the authorization server (client credentials).
 #[derive(Clone, PartialEq, Eq)]
 pub struct OAuthClient {
+    /// Its client ID.
     pub client_id: String,
+    /// Its secret (never logged: `Debug` redacts it).
     pub client_secret: String,
 }
 
@@ -56,6 +58,7 @@ impl TokenCache {
         Some(Self { dir })
     }
 
+    /// The cache in folder `dir`.
     pub fn at(dir: PathBuf) -> Self {
         Self { dir }
     }
@@ -135,7 +138,9 @@ fn now() -> u64 {
 /// What the server's challenge points at.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Challenge {
+    /// The protected resource metadata's URL (RFC 9728).
     pub resource_metadata: String,
+    /// The scope the challenge asks for, if any.
     pub scope: Option<String>,
 }
 
@@ -212,6 +217,7 @@ pub async fn authorize(url: &str, client: &OAuthClient, cache: Option<&TokenCach
 /// What a token endpoint granted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Granted {
+    /// The token.
     pub access_token: String,
     /// Its lifetime in seconds, when the server says.
     pub expires_in: Option<u64>,

@@ -53,6 +53,7 @@ const MAX_LIST_PAGES: usize = 100;
 pub struct PoolOptions {
     /// `clientInfo` sent in `initialize`.
     pub client_name: String,
+    /// Its version.
     pub client_version: String,
     /// Protocol version asked for in `initialize` and sent by sessionless calls.
     pub protocol_version: String,
@@ -86,7 +87,14 @@ pub enum CallProgress {
     /// A round of the resume loop finished.
     Round(Round),
     /// The server sent `notifications/progress` for this call.
-    Progress { progress: f64, total: Option<f64>, message: Option<String> },
+    Progress {
+        /// How far it is.
+        progress: f64,
+        /// Out of how much, when the server knows.
+        total: Option<f64>,
+        /// What it is doing.
+        message: Option<String>,
+    },
 }
 
 /// A pool of MCP sessions. Cheap to clone; clones share the sessions.
@@ -197,6 +205,7 @@ impl Pool {
         Pool { inner }
     }
 
+    /// What the pool was built with.
     pub fn options(&self) -> &PoolOptions {
         &self.inner.options
     }

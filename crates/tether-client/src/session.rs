@@ -242,10 +242,12 @@ impl Session {
         self.inner.sessionless.is_some()
     }
 
+    /// The `Mcp-Session-Id` the server gave, if any.
     pub fn session_id(&self) -> Option<String> {
         self.inner.session_id.get().cloned()
     }
 
+    /// The protocol revision the session speaks (what `initialize` agreed on).
     pub fn protocol_version(&self) -> String {
         self.inner.protocol_version.get().cloned().unwrap_or_else(|| crate::DEFAULT_PROTOCOL_VERSION.to_owned())
     }
@@ -392,6 +394,7 @@ impl Session {
         }
     }
 
+    /// Sends a notification.
     pub async fn notify(&self, method: &str, params: Option<Value>) -> Result<(), ClientError> {
         let mut message = json!({"jsonrpc": "2.0", "method": method});
         if let Some(p) = params {

@@ -29,6 +29,7 @@ struct TrackPoint {
 }
 
 impl RequestTrack {
+    /// An empty track, to give a request.
     pub fn new() -> Self {
         Self::default()
     }
