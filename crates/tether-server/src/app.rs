@@ -54,14 +54,17 @@ pub struct ClientDeclaration {
 }
 
 impl Caller {
+    /// The protocol revision the client speaks.
     pub fn protocol_version(&self) -> &str {
         &self.client.protocol_version
     }
 
+    /// `clientInfo` as the client sent it.
     pub fn client_info(&self) -> &Value {
         &self.client.client_info
     }
 
+    /// The client's capabilities as it declared them.
     pub fn client_capabilities(&self) -> &Value {
         &self.client.client_capabilities
     }
@@ -72,7 +75,9 @@ impl Caller {
 /// with: durable app state and in-memory local state (for example a child
 /// process started to answer this very `initialize`).
 pub struct Initialize<'a> {
+    /// Who initializes.
     pub caller: &'a Caller,
+    /// The `initialize` params as sent.
     pub params: &'a Map<String, Value>,
     pub(crate) authorized: Option<&'a Authorized>,
     pub(crate) session_id: &'a str,
@@ -141,6 +146,7 @@ pub struct Endpoints {
 pub const ROOT_ENDPOINT: &str = "";
 
 impl Endpoints {
+    /// `root` served at `/mcp`, no other endpoint yet.
     pub fn new(root: Arc<dyn McpApp>) -> Self {
         let apps = std::collections::HashMap::from([(ROOT_ENDPOINT.to_owned(), root)]);
         Self { apps: Arc::new(parking_lot::RwLock::new(apps)) }
@@ -162,10 +168,12 @@ impl Endpoints {
         name != ROOT_ENDPOINT && self.apps.write().remove(name).is_some()
     }
 
+    /// The application at endpoint `name` (`""`: `/mcp`).
     pub fn get(&self, name: &str) -> Option<Arc<dyn McpApp>> {
         self.apps.read().get(name).cloned()
     }
 
+    /// Every application served.
     pub fn all(&self) -> std::vec::IntoIter<Arc<dyn McpApp>> {
         self.apps.read().values().cloned().collect::<Vec<_>>().into_iter()
     }
@@ -202,8 +210,11 @@ pub enum EndReason {
 
 /// A session that left this process, as told to [`McpApp::on_session_end`].
 pub struct SessionEnd {
+    /// The session that ended.
     pub session_id: String,
+    /// Whose it was.
     pub principal: String,
+    /// Why it ended.
     pub reason: EndReason,
     /// What the application kept in [`SessionCtx::local`], if anything.
     pub(crate) local: Option<Arc<dyn Any + Send + Sync>>,

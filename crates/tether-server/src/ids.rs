@@ -39,11 +39,14 @@ pub fn new_instance_id() -> String {
 /// What a client sends back in `Last-Event-ID`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EventId {
+    /// The stream's name.
     pub stream: String,
+    /// The event's number in it.
     pub seq: u64,
 }
 
 impl EventId {
+    /// The ID of event `seq` of `stream`.
     pub fn new(stream: &str, seq: u64) -> Self {
         Self { stream: stream.to_owned(), seq }
     }
@@ -60,6 +63,7 @@ impl EventId {
         Some(Self { stream: stream.to_owned(), seq: seq.parse().ok()? })
     }
 
+    /// Whether it names a request's stream (not the standalone one).
     pub fn is_request_stream(&self) -> bool {
         self.stream.starts_with('r')
     }

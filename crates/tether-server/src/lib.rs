@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 //! tether's server: a session engine that runs MCP sessions independent of
 //! any connection, and a Streamable HTTP front that maps POST/GET/DELETE onto
 //! it.

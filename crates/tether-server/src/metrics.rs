@@ -69,7 +69,9 @@ struct DroppedLabels {
 /// Why a message of an upstream was dropped (see the module doc).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dropped {
+    /// A line that is not a readable message (`reason="unreadable"`).
     Unreadable,
+    /// A message that belongs to no call or session of its connection (`reason="foreign"`).
     Foreign,
 }
 
@@ -244,6 +246,7 @@ pub fn set_enabled(enabled: bool) {
     }
 }
 
+/// Whether metrics are kept (not `--no-metrics`).
 pub fn enabled() -> bool {
     ENABLED.load(Ordering::Relaxed)
 }
@@ -284,6 +287,7 @@ pub fn stored_sessions_due(now_ms: i64) -> bool {
     now_ms - last >= 10_000 && STORED_AT.compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed).is_ok()
 }
 
+/// Sets `tether_sessions_stored`.
 pub fn set_stored_sessions(n: u64) {
     METRICS.sessions_stored.set(n.min(i64::MAX as u64) as i64);
 }
@@ -295,6 +299,7 @@ const FAST_METHODS: [&str; 3] = ["GET", "POST", "DELETE"];
 const FAST_STATUSES: [u16; 3] = [200, 202, 404];
 static FAST_HTTP: [[OnceLock<Counter>; FAST_STATUSES.len()]; FAST_METHODS.len()] = [const { [const { OnceLock::new() }; 3] }; 3];
 
+/// Counts an HTTP answer in `tether_http_requests`.
 pub fn http_request(method: &axum::http::Method, status: u16) {
     if let Some(m) = on() {
         let method = match *method {
@@ -344,11 +349,13 @@ static DURATIONS: [OnceLock<Histogram>; KNOWN.len() + 1] = [const { OnceLock::ne
 /// Started when a request starts; [`RequestTimer::done`] observes its duration.
 pub struct RequestTimer(Option<(usize, Instant)>);
 
+/// Starts timing a JSON-RPC request of `method` (`tether_request_duration_seconds`).
 pub fn request_started(method: &str) -> RequestTimer {
     RequestTimer(on().map(|_| (KNOWN.iter().position(|m| *m == method).unwrap_or(KNOWN.len()), Instant::now())))
 }
 
 impl RequestTimer {
+    /// The request ended: its duration is observed.
     pub fn done(self) {
         if let (Some((index, started)), Some(m)) = (self.0, on()) {
             let method = KNOWN.get(index).copied().unwrap_or("other");
@@ -359,24 +366,28 @@ impl RequestTimer {
     }
 }
 
+/// Counts `n` events committed (`tether_events_appended`).
 pub fn events_appended(n: usize) {
     if let Some(m) = on() {
         m.events_appended.inc_by(n as u64);
     }
 }
 
+/// Counts `n` events replayed (`tether_events_replayed`).
 pub fn events_replayed(n: usize) {
     if let Some(m) = on() {
         m.events_replayed.inc_by(n as u64);
     }
 }
 
+/// Counts a failed store call (`tether_store_errors`).
 pub fn store_error() {
     if let Some(m) = on() {
         m.store_errors.inc();
     }
 }
 
+/// Counts a request refused for its token (`tether_auth_failures`).
 pub fn auth_failure() {
     if let Some(m) = on() {
         m.auth_failures.inc();
@@ -390,6 +401,7 @@ pub fn audit_dropped(lines: u64) {
     }
 }
 
+/// Counts a failed write of the audit log (`tether_audit_write_errors`).
 pub fn audit_write_error() {
     if let Some(m) = on() {
         m.audit_write_errors.inc();
@@ -406,6 +418,7 @@ pub fn audit_failing(failing: bool) {
 /// Counts an open SSE stream while it lives.
 pub struct SseConnection(bool);
 
+/// Counts an SSE stream in `tether_sse_connections` while the returned guard lives.
 pub fn sse_connection() -> SseConnection {
     match on() {
         Some(m) => {
@@ -449,6 +462,7 @@ pub fn upstream_processes(upstream: &str, delta: i64) {
     }
 }
 
+/// Counts a dropped upstream message (`tether_upstream_dropped_messages`).
 pub fn upstream_dropped(upstream: &str, why: Dropped) {
     if let Some(m) = on() {
         let reason = match why {
@@ -459,6 +473,7 @@ pub fn upstream_dropped(upstream: &str, why: Dropped) {
     }
 }
 
+/// Counts a child refused under `max_processes` (`tether_upstream_process_refusals`).
 pub fn upstream_process_refused(upstream: &str) {
     if let Some(m) = on() {
         m.upstream_process_refusals.get_or_create(&UpstreamLabel { upstream: upstream.to_owned() }).inc();
@@ -472,6 +487,7 @@ pub fn virtual_member_lists_cut(server: &str, member: &str) {
     }
 }
 
+/// Counts a new connection to `upstream` after one ended (`tether_upstream_restarts`).
 pub fn upstream_restart(upstream: &str) {
     if let Some(m) = on() {
         m.upstream_restarts.get_or_create(&UpstreamLabel { upstream: upstream.to_owned() }).inc();
@@ -481,11 +497,13 @@ pub fn upstream_restart(upstream: &str) {
 /// Started when a request goes to an upstream; [`UpstreamTimer::done`] observes it.
 pub struct UpstreamTimer(Option<Instant>);
 
+/// Starts timing a request to an upstream (`tether_upstream_request_duration_seconds`).
 pub fn upstream_request_started() -> UpstreamTimer {
     UpstreamTimer(on().map(|_| Instant::now()))
 }
 
 impl UpstreamTimer {
+    /// The request ended: its duration is observed under `upstream`.
     pub fn done(self, upstream: &str) {
         if let (Some(started), Some(m)) = (self.0, on()) {
             m.upstream_request_duration

@@ -4,7 +4,7 @@
 //! wrapper that applies it.
 //!
 //! A rule covers the tools, prompts and resources whose names (a
-//! resource's URI, normalised by [`uri`], its globs likewise) match its
+//! resource's URI, normalised by `uri`, its globs likewise) match its
 //! `tools`, `prompts` and `resources` globs, on
 //! the endpoints whose names match its endpoint glob (`""` is `/mcp`); a
 //! rule that names none of the three covers every one of them. A
@@ -46,6 +46,7 @@ mod uri;
 /// The config file's policy keys: `[[policies]]` and `[scope_implies]`.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct PolicyConfig {
+    /// `[[policies]]`, in order.
     #[serde(default)]
     pub policies: Vec<RuleConfig>,
     /// A scope and the narrower scopes it brings along.
@@ -106,8 +107,11 @@ impl Rule {
 /// What a request uses: a tool, a prompt or a resource, by name (a resource by URI).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target<'a> {
+    /// A tool, by name.
     Tool(&'a str),
+    /// A prompt, by name.
     Prompt(&'a str),
+    /// A resource, by URI.
     Resource(&'a str),
 }
 
@@ -168,21 +172,31 @@ impl<'a> Target<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
     /// Allowed by these rules (their sources; none when no rule covers it).
-    Allow { rules: Vec<String> },
+    Allow {
+        /// The rules that allowed it.
+        rules: Vec<String>,
+    },
     /// Refused by these rules (their sources), asking for these scopes
     /// (none: no rule that denied names one).
-    Deny { rules: Vec<String>, scopes: Vec<String> },
+    Deny {
+        /// The rules that refused it.
+        rules: Vec<String>,
+        /// The scopes that would allow it.
+        scopes: Vec<String>,
+    },
 }
 
 /// Who is asking, as the rules see it.
 #[derive(Debug, Clone, Default)]
 pub struct Subject {
+    /// The principal.
     pub principal: String,
     /// The access token's claims (`Value::Null` for a static token).
     pub claims: Arc<Value>,
 }
 
 impl Decision {
+    /// Whether it allows.
     pub fn is_allowed(&self) -> bool {
         matches!(self, Self::Allow { .. })
     }

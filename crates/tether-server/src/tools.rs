@@ -17,8 +17,10 @@ use crate::engine::{OperationCtx, RequestCtx, SessionCtx};
 /// An MCP application made of tools.
 #[async_trait]
 pub trait ToolApp: Send + Sync + 'static {
+    /// `serverInfo` of `initialize`'s result.
     fn server_info(&self) -> Implementation;
 
+    /// `instructions` of `initialize`'s result; none by default.
     fn instructions(&self) -> Option<String> {
         None
     }
@@ -55,6 +57,7 @@ pub struct ToolRouter<T> {
 }
 
 impl<T: ToolApp> ToolRouter<T> {
+    /// A router over `tools`.
     pub fn new(tools: T) -> Self {
         Self { tools: Arc::new(tools) }
     }

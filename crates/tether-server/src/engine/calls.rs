@@ -37,9 +37,11 @@ pub struct Call {
     pub id: u64,
     /// Its session; `None` for a sessionless (2026-07-28) request.
     pub session: Option<String>,
+    /// Whose call it is.
     pub principal: String,
     /// The endpoint's name (`""`: `/mcp`).
     pub endpoint: String,
+    /// Its JSON-RPC method.
     pub method: String,
     /// What it calls: the tool's or prompt's `name`, or the resource's `uri`.
     pub name: Option<String>,
@@ -52,8 +54,15 @@ pub struct Call {
 /// A call started or ended.
 #[derive(Debug, Clone)]
 pub enum CallEvent {
+    /// A call started.
     Start(Arc<Call>),
-    End { id: u64, ended_ms: i64 },
+    /// A call ended.
+    End {
+        /// The call's number ([`Call::id`]).
+        id: u64,
+        /// When it ended (ms since the epoch).
+        ended_ms: i64,
+    },
 }
 
 /// The calls running in this process.
@@ -121,6 +130,7 @@ impl Calls {
         self.running.lock().len()
     }
 
+    /// Whether no call runs.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -62,10 +62,12 @@ impl SessionCtx {
         Self { inner, session }
     }
 
+    /// The session's ID.
     pub fn session_id(&self) -> &str {
         &self.session.id
     }
 
+    /// Whose session it is.
     pub fn principal(&self) -> &str {
         &self.session.principal
     }
@@ -75,6 +77,7 @@ impl SessionCtx {
         self.session.caller()
     }
 
+    /// The protocol revision the session speaks.
     pub fn protocol_version(&self) -> String {
         self.session.protocol_version()
     }
@@ -211,6 +214,7 @@ impl RequestCtx {
         &self.caller
     }
 
+    /// Who made the request.
     pub fn principal(&self) -> &str {
         &self.caller.principal
     }
@@ -232,6 +236,7 @@ impl RequestCtx {
         self.session().ok_or_else(|| RpcError::invalid_request("this request needs a session: send initialize first"))
     }
 
+    /// The client's JSON-RPC id of the request.
     pub fn request_id(&self) -> &Value {
         &self.request_id
     }

@@ -75,7 +75,14 @@ pub enum EngineError {
     SessionNotFound,
     /// The message is well-formed but not acceptable here (HTTP 400).
     #[error("{message}")]
-    BadRequest { code: i64, message: String, id: Option<Value> },
+    BadRequest {
+        /// The JSON-RPC code to answer with.
+        code: i64,
+        /// What is wrong.
+        message: String,
+        /// The request's id, when it could be read.
+        id: Option<Value>,
+    },
     /// A limit was reached (HTTP 429).
     #[error("{0}")]
     TooMany(String),
@@ -90,7 +97,12 @@ pub enum EngineError {
     #[error(
         "the server could not store its answer to this request, so it was not sent ({reason}); its store is failing (see /healthz): send the request again in a moment"
     )]
-    NotStored { id: Value, reason: String },
+    NotStored {
+        /// The request's id.
+        id: Value,
+        /// Why the store refused.
+        reason: String,
+    },
 }
 
 /// How the transport wants a request answered (its choice, e.g.
@@ -109,14 +121,34 @@ pub enum PostOutcome {
     /// A notification or response was taken (HTTP 202).
     Accepted,
     /// A request answered on a new SSE stream.
-    Stream { frames: Frames, session_id: String },
+    Stream {
+        /// The stream's frames, as they come.
+        frames: Frames,
+        /// The session (for `Mcp-Session-Id`).
+        session_id: String,
+    },
     /// A quick request: its whole SSE stream (priming event and response),
     /// already committed, written as one body.
-    Complete { frames: Vec<Frame>, session_id: String },
+    Complete {
+        /// The whole stream.
+        frames: Vec<Frame>,
+        /// The session (for `Mcp-Session-Id`).
+        session_id: String,
+    },
     /// A request answered with one JSON body (`--json-response`).
-    Json { body: oneshot::Receiver<Bytes>, session_id: String },
+    Json {
+        /// The body, once the work is done.
+        body: oneshot::Receiver<Bytes>,
+        /// The session (for `Mcp-Session-Id`).
+        session_id: String,
+    },
     /// An answer outside any session (a refused `initialize`): one JSON body.
-    Sessionless { body: Bytes, refusal: Refusal },
+    Sessionless {
+        /// The JSON-RPC answer.
+        body: Bytes,
+        /// What it refused, to pick the status by.
+        refusal: Refusal,
+    },
 }
 
 /// What an error answer tells a transport about it, to pick a status by:
@@ -125,7 +157,9 @@ pub enum PostOutcome {
 /// request needs cannot be reached now).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Refusal {
+    /// The error's JSON-RPC code.
     pub code: i64,
+    /// Whether the client may send it again later (a bound, something unreachable now).
     pub retry_later: bool,
     /// The caller holds its own share of a bound (HTTP 429, not 503).
     pub principal_limit: bool,
@@ -259,10 +293,12 @@ impl Engine {
         self.inner.apps.get(endpoint).is_some()
     }
 
+    /// What the engine was started with.
     pub fn config(&self) -> &EngineConfig {
         &self.inner.config
     }
 
+    /// The store the engine keeps its sessions in.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.inner.store
     }
@@ -454,6 +490,7 @@ impl Engine {
         inner.life.drain_once(inner.config.drain_timeout, inner.after_drain()).await;
     }
 
+    /// Cancelled when the engine starts shutting down.
     pub fn shutdown_token(&self) -> CancellationToken {
         self.inner.life.shutdown.clone()
     }

@@ -41,6 +41,7 @@ pub(super) const CHUNK_NAMESPACE: &str = "op-chunk";
 /// Pause between store polls when the operation runs in another process.
 const REMOTE_POLL: Duration = Duration::from_millis(100);
 
+/// The error of an operation a restart cut off that cannot be run again.
 pub const INTERRUPTED_MESSAGE: &str =
     "operation interrupted by a server restart before it finished; call the tool again without resumeToken";
 
@@ -164,6 +165,7 @@ pub(super) fn chunk_key(id: &str, index: u64) -> String {
 }
 
 impl OperationCtx {
+    /// Who started the operation.
     pub fn principal(&self) -> &str {
         &self.principal
     }

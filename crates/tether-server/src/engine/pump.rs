@@ -37,9 +37,17 @@ const FRAME_BUFFER: usize = 64;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Frame {
     /// An event with an ID and empty data, plus the `retry` hint.
-    Prime { id: EventId },
+    Prime {
+        /// The event's ID.
+        id: EventId,
+    },
     /// A JSON-RPC message.
-    Event { id: EventId, data: bytes::Bytes },
+    Event {
+        /// The event's ID.
+        id: EventId,
+        /// The message.
+        data: bytes::Bytes,
+    },
     /// A comment that keeps proxies and clients from timing out.
     KeepAlive,
     /// Sent before the server closes the stream on purpose (shutdown).

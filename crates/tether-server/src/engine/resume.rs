@@ -38,6 +38,7 @@ pub enum Refusal {
 }
 
 impl Refusal {
+    /// Why, in a word, for logs and metrics.
     pub fn as_str(self) -> &'static str {
         match self {
             Refusal::Tampered => "tampered",
@@ -84,6 +85,7 @@ pub fn open_token(key: &[u8; 32], token: &str) -> Option<[u8; 16]> {
     id.try_into().ok()
 }
 
+/// The resume token of stream `id`, sealed with `key`.
 pub fn seal_token(key: &[u8; 32], id: &[u8; 16]) -> String {
     format!("{TOKEN_PREFIX}{}{}", hex::encode(id), hex::encode(mac(key, id)))
 }

@@ -25,7 +25,9 @@ pub struct SessionState {
     /// (stored as top-level fields, as before they were a struct of their own).
     #[serde(flatten)]
     pub client: Arc<ClientDeclaration>,
+    /// The name of the session's standalone (GET) stream.
     pub standalone_stream: String,
+    /// Whether `notifications/initialized` came.
     #[serde(default)]
     pub initialized: bool,
     /// Bumped by every resume; only tokens of the current generation resume.
@@ -46,9 +48,13 @@ pub(crate) struct Durable {
 
 pub type ClientAnswer = Result<Value, Value>;
 
+/// One live session in memory: its identity and a cache of its stored state.
 pub struct Session {
+    /// The session ID.
     pub id: String,
+    /// Whose session it is.
     pub principal: String,
+    /// The name of its standalone (GET) stream.
     pub standalone_stream: String,
     /// The endpoint (application) this session belongs to.
     pub endpoint: String,
@@ -112,6 +118,7 @@ impl Session {
         }
     }
 
+    /// The protocol revision the session speaks.
     pub fn protocol_version(&self) -> String {
         self.client().protocol_version.clone()
     }

@@ -33,11 +33,17 @@ const OUTBOUND_BUFFER: usize = 64;
 
 /// One sessionless request, its envelope read and its `_meta` checked.
 pub struct SessionlessRequest {
+    /// The endpoint it came to (`""`: `/mcp`).
     pub endpoint: String,
+    /// Who asks, as its `_meta` declares.
     pub caller: Caller,
+    /// Its JSON-RPC id.
     pub id: Value,
+    /// Its method.
     pub method: String,
+    /// Its params.
     pub params: Option<Map<String, Value>>,
+    /// The verified token's principal, claims and decision, when authentication is on.
     pub authorized: Option<Authorized>,
     /// `_meta`'s log level: `notifications/message` at or above it go out; none without it.
     pub log_level: Option<String>,
@@ -52,7 +58,12 @@ pub enum Outbound {
     /// A notification of the request (progress, a log message).
     Notification(Bytes),
     /// The answer, the last message; `error` says what it refused, if it did.
-    Answer { body: Bytes, error: Option<super::Refusal> },
+    Answer {
+        /// The JSON-RPC answer.
+        body: Bytes,
+        /// What it refused, if it is an error.
+        error: Option<super::Refusal>,
+    },
     /// Nothing to say for a while (a listen stream): an SSE comment.
     KeepAlive,
 }
@@ -60,6 +71,7 @@ pub enum Outbound {
 /// The response side of a running sessionless request: dropping it cancels
 /// the work.
 pub struct SessionlessReply {
+    /// What goes to the client, in order; the answer last.
     pub messages: mpsc::Receiver<Outbound>,
     _cancel_on_drop: DropGuard,
 }

@@ -81,10 +81,12 @@ impl TokenTable {
         Ok(Self { entries })
     }
 
+    /// How many tokens the file holds.
     pub fn len(&self) -> usize {
         self.entries.len()
     }
 
+    /// Whether the file holds no token.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
@@ -115,6 +117,7 @@ impl TokenTable {
 pub struct Unlisted<'a>(&'a str);
 
 impl<'a> Unlisted<'a> {
+    /// The token itself, for the resource server that verifies it.
     pub fn as_str(&self) -> &'a str {
         self.0
     }
@@ -209,6 +212,7 @@ impl Auth {
         self.oauth.as_deref()
     }
 
+    /// Whether requests need a token (a token file or OAuth).
     pub fn is_enabled(&self) -> bool {
         self.path.is_some() || self.oauth.is_some()
     }

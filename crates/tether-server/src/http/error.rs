@@ -10,11 +10,16 @@ use tether_wire::{EnvelopeError, RpcError, envelope};
 
 use crate::engine::EngineError;
 
+/// An error answer: its HTTP status and its JSON-RPC error.
 #[derive(Debug)]
 pub struct HttpError {
+    /// The HTTP status.
     pub status: StatusCode,
+    /// The JSON-RPC code.
     pub code: i64,
+    /// What is wrong, and what to do next.
     pub message: String,
+    /// The request's id, when it could be read.
     pub id: Option<Value>,
     /// The `WWW-Authenticate` challenge of a 401.
     pub www_authenticate: Option<String>,
@@ -29,12 +34,15 @@ pub struct HttpError {
 const STORE_RETRY_AFTER_SECS: u32 = 1;
 
 impl HttpError {
+    /// An error with `status`, `code` and `message`, nothing else.
     pub fn new(status: StatusCode, code: i64, message: impl Into<String>) -> Self {
         Self { status, code, message: message.into(), id: None, www_authenticate: None, retry_after: None, data: None }
     }
+    /// 400, `-32600`.
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, INVALID_REQUEST, message)
     }
+    /// 500, `-32603`.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, INTERNAL_ERROR, message)
     }

@@ -10,7 +10,7 @@
 //! (`--oauth-client-id`).
 //!
 //! [`ResourceServer::verify`] takes only an [`Unlisted`] token, which only
-//! [`super::auth`] makes, after the token file (`--auth-tokens`) did not
+//! `http::auth` makes, after the token file (`--auth-tokens`) did not
 //! hold it: a static token is never sent to an authorization server.
 //!
 //! A token is accepted only when it is a JWT signed by a key of one of the
@@ -122,7 +122,9 @@ const LIMIT_WARNING_EVERY: Duration = Duration::from_secs(10);
 /// (`--oauth-client-id`, secret in `TETHER_OAUTH_CLIENT_SECRET`).
 #[derive(Clone, PartialEq)]
 pub struct ClientCredentials {
+    /// The client ID.
     pub id: String,
+    /// Its secret (never logged).
     pub secret: String,
 }
 
@@ -150,7 +152,9 @@ pub struct OAuthConfig {
 /// A token that passed: whose it is and what it may do.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Token {
+    /// Who the token is for: its `sub` (an opaque token's `sub` or `client_id`) at its issuer, `SUB@ISSUER`.
     pub principal: String,
+    /// The scopes it grants.
     pub scopes: Vec<String>,
     /// Its claims, for policies.
     pub claims: Arc<Value>,
@@ -201,6 +205,7 @@ pub struct ResourceServer {
 }
 
 impl ResourceServer {
+    /// The resource server `config` describes; an error says which setting is wrong.
     pub fn new(mut config: OAuthConfig) -> Result<Self, String> {
         if config.issuers.is_empty() {
             return Err("--oauth-issuer: name at least one authorization server".into());

@@ -49,6 +49,7 @@ fn token_tag(key: &[u8; 32], id: &[u8], index: u64) -> [u8; 16] {
     tag(key, b"tether-op-v1", &[id, &index.to_be_bytes()])
 }
 
+/// The resume token of chunk `index` of operation `id`, sealed with `key`.
 pub fn seal(key: &[u8; 32], id: &[u8; 16], index: u64) -> String {
     format!("{TOKEN_PREFIX}{}{}", hex::encode(id), hex::encode(token_tag(key, id, index)))
 }
