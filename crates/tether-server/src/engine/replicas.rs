@@ -111,9 +111,10 @@ pub(crate) fn start(inner: &Arc<Inner>) {
             }
         });
     }
-    let replicas = inner.replicas.clone();
+    // Held weakly: a dropped engine's heartbeat stops with it.
+    let weak = Arc::downgrade(inner);
     let shutdown = inner.life.shutdown.clone();
-    let lease = replicas.lease;
+    let lease = inner.replicas.lease;
     inner.life.spawn(async move {
         // Renew three times per lease, so one slow round does not kill it.
         // The lease outlives the shutdown signal: requests still draining
@@ -124,7 +125,8 @@ pub(crate) fn start(inner: &Arc<Inner>) {
                 _ = shutdown.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            if let Err(e) = replicas.renew_lease().await {
+            let Some(inner) = weak.upgrade() else { return };
+            if let Err(e) = inner.replicas.renew_lease().await {
                 tracing::warn!(error = %e, "could not renew this replica's lease");
             }
         }
