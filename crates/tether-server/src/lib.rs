@@ -9,6 +9,8 @@
 //!   validation, SSE framing, status codes.
 //! - [`app`]: the seam an MCP application implements ([`McpApp`]).
 //! - [`tools`]: the provided tool router, for applications made of tools.
+//! - [`server`]: the engine and the front put together for a program that
+//!   embeds tether ([`Server::builder`]).
 //! - [`trace`]: OpenTelemetry spans of HTTP and JSON-RPC requests (`--otlp-endpoint`).
 //!
 //! The wire format (envelope, error codes, header names, `_meta` keys) is
@@ -23,6 +25,7 @@ pub mod http;
 pub mod ids;
 pub mod metrics;
 pub mod policy;
+pub mod server;
 pub mod tools;
 pub mod trace;
 
@@ -32,6 +35,7 @@ pub use app::{
 };
 pub use config::EngineConfig;
 pub use engine::Engine;
+pub use server::{Server, ServerBuilder, ServerError};
 pub use tools::{ToolApp, ToolRouter};
 
 /// The rmcp model types the [`McpApp`] trait speaks, re-exported so apps

@@ -125,17 +125,8 @@ pub async fn serve_with(
         idle_timeout: config.idle_timeout,
         max_connections: config.max_connections,
     };
+    let app = layered_router(engine.clone(), auth, config, extra);
     let on_shutdown = engine.clone();
-    let hosts = host::HostLayer(config.allowed_hosts.clone().map(Arc::new));
-    let mut app = router(engine.clone(), auth, Arc::new(config)).merge(extra);
-    if crate::metrics::enabled() {
-        app = app.layer(ops::CountLayer);
-    }
-    if crate::trace::enabled() {
-        app = app.layer(crate::trace::TraceLayer);
-    }
-    // Outermost: a request for a name this server is not set up for goes no further.
-    app = app.layer(hosts);
     let result = conn::serve(listener, app, limits, async move {
         shutdown.await;
         tracing::info!("shutting down: asking open streams to reconnect");
@@ -146,6 +137,22 @@ pub async fn serve_with(
     engine.shutdown().await;
     tracing::info!("store flushed; bye");
     result
+}
+
+/// [`router`] with `extra` merged and the layers every request served goes
+/// through: request counting and trace spans where they are on, and,
+/// outermost, the `Host` check of `config.allowed_hosts` (a request for a
+/// name this server is not set up for goes no further).
+pub fn layered_router(engine: Engine, auth: Auth, config: HttpConfig, extra: Router) -> Router {
+    let hosts = host::HostLayer(config.allowed_hosts.clone().map(Arc::new));
+    let mut app = router(engine, auth, Arc::new(config)).merge(extra);
+    if crate::metrics::enabled() {
+        app = app.layer(ops::CountLayer);
+    }
+    if crate::trace::enabled() {
+        app = app.layer(crate::trace::TraceLayer);
+    }
+    app.layer(hosts)
 }
 
 async fn post_mcp(
