@@ -24,7 +24,18 @@
 # MCP Inspector's CLI (npm ci into interop/inspector/node_modules) run checks
 # of their own on /mcp and /mcp/pystdio. It
 # waits for /healthz, runs every check (the gateway durability check kills
-# tether with -9 and restarts it on the same SQLite file); then starts an
+# tether with -9 and restarts it on the same SQLite file). Then the rmcp example
+# next to the tether binary (`$(dirname BIN)/examples/rmcp_server`, from `cargo
+# build --release -p tether --example rmcp_server`; its checks fail when it is
+# missing): an rmcp handler (tools echo and slow) served by tether's engine, on a
+# free port and a fresh SQLite file: the TypeScript SDK client starts a slow call
+# with progress (interop/ts/rmcp_example.mjs call), the example is killed with -9
+# and restarted on the same port and store, and the client resumes the session
+# without initialize and the cut call with GET + Last-Event-ID (its progress
+# replayed, then one -32603 "interrupted" error; rmcp_example.mjs resume); the
+# Python SDK client (interop/py/rmcp_example.py) in a 2025-11-25 session and
+# sessionless (2026-07-28), and the TypeScript SDK v2 client
+# (interop/ts2/rmcp_example.mjs) sessionless. Then it starts an
 # authorization server (interop/oauth/provider.mjs, oidc-provider) and a second
 # tether that is an OAuth 2.1 resource server of it (--oauth-issuer), and runs
 # the TypeScript SDK client's own authorization against it (interop/ts/oauth.mjs:
@@ -174,6 +185,7 @@ EVERYTHING_HTTP_PID=""
 PYMODERN_PID=""
 OAUTH_AS_PID=""
 OAUTH_SERVER_PID=""
+RMCP_PID=""
 stop_pid() {
     local pid="$1"
     if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
@@ -190,6 +202,7 @@ cleanup() {
     stop_pid "$PYMODERN_PID"
     stop_pid "$OAUTH_SERVER_PID"
     stop_pid "$OAUTH_AS_PID"
+    stop_pid "$RMCP_PID"
     rm -rf "$TMP"
 }
 trap cleanup EXIT
@@ -231,13 +244,13 @@ node "$HERE/servers/ts_server.mjs" "$FIXTURE_PORT" >"$TMP/fixture.log" 2>&1 &
 FIXTURE_PID=$!
 wait_ready "$TMP/fixture.log" "$FIXTURE_PID" "the TypeScript SDK fixture"
 
-# wait_http URL PID any|200: waits (30 s at most) until URL answers HTTP
-# (any status, or 200 only) while process PID lives.
+# wait_http URL PID any|200 [SECONDS]: waits (SECONDS, 30 by default, at most)
+# until URL answers HTTP (any status, or 200 only) while process PID lives.
 wait_http() {
-    "$VPY" - "$1" "$2" "$3" <<'EOF'
+    "$VPY" - "$1" "$2" "$3" "${4:-30}" <<'EOF'
 import os, sys, time, urllib.error, urllib.request
-url, pid, want = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-deadline = time.monotonic() + 30
+url, pid, want, limit = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+deadline = time.monotonic() + limit
 while time.monotonic() < deadline:
     try:
         os.kill(pid, 0)
@@ -253,7 +266,7 @@ while time.monotonic() < deadline:
     except OSError:
         pass
     time.sleep(0.1)
-sys.exit(f"GET {url} did not answer {want} within 30 s")
+sys.exit(f"GET {url} did not answer {want} within {limit} s")
 EOF
 }
 
@@ -355,6 +368,13 @@ run_check() {
         sed 's/^/    /' "$out"
     fi
     return $rc
+}
+
+# fail_check NAME REASON: counts NAME as failed without running it.
+fail_check() {
+    FAILED=$((FAILED + 1))
+    SUMMARY+=("FAIL $1 ($2)")
+    echo "FAIL $1 ($2)"
 }
 
 STATE="$TMP/ts-state.json"
@@ -489,6 +509,100 @@ else
     FAILED=$((FAILED + 1))
     SUMMARY+=("FAIL gw-durable-resume (skipped: gw-durable-call failed)")
     echo "FAIL gw-durable-resume (skipped: gw-durable-call failed)"
+fi
+
+# ---------------------------------------------------------------- rmcp example
+# crates/tether/examples/rmcp_server.rs: an rmcp handler (tools echo and slow,
+# slow sending one progress notification per step, 0.25 s apart) served by
+# tether's engine, its sessions in SQLite. Built next to the tether binary
+# (target/release/examples/rmcp_server for target/release/tether). On a free
+# port and a fresh store file:
+#   rmcp-ts-call    the TypeScript SDK client: initialize, tools/list, echo, and
+#                   slow {steps: 40} left in flight once 2 progress notifications
+#                   came (the session ID and resumption token go to a state file)
+#   (kill -9 of the example, a restart on the same port and store file)
+#   rmcp-ts-resume  a new TypeScript SDK client with the stored session ID (no
+#                   initialize) resumes the cut call with GET + Last-Event-ID: the
+#                   progress stored before the kill, in order, then exactly one
+#                   JSON-RPC error -32603 "...interrupted..."; echo, tools/list, DELETE
+#   rmcp-py         the Python SDK client: a 2025-11-25 session (echo, slow {steps: 3}
+#                   with its 3 progress notifications in order, DELETE), then
+#                   sessionless 2026-07-28, pinned and by the default mode's
+#                   server/discover probe (tools/list, echo, slow, no Mcp-Session-Id)
+#   rmcp-ts2        the TypeScript SDK v2 client, sessionless (server/discover,
+#                   tools/list, echo, slow with progress)
+RMCP_BIN="$(dirname "$BIN")/examples/rmcp_server"
+RMCP_CHECKS=(rmcp-ts-call rmcp-ts-resume rmcp-py rmcp-ts2)
+: >"$TMP/rmcp.log"
+rmcp_log() {
+    echo "---- rmcp example log (last 60 lines) ----"
+    tail -n 60 "$TMP/rmcp.log"
+    echo "------------------------------------------"
+}
+# start_rmcp: the example on $RMCP_PORT with $TMP/rmcp.db (the same every
+# time); sets RMCP_PID and waits (60 s at most) for its /healthz.
+start_rmcp() {
+    echo "interop: starting $RMCP_BIN --listen 127.0.0.1:$RMCP_PORT --store sqlite:$TMP/rmcp.db"
+    echo "==== interop: rmcp example starting ($(date +%T)) ====" >>"$TMP/rmcp.log"
+    (
+        for v in $(compgen -e | grep '^TETHER_'); do unset "$v"; done
+        exec "$RMCP_BIN" --listen "127.0.0.1:$RMCP_PORT" --store "sqlite:$TMP/rmcp.db"
+    ) >>"$TMP/rmcp.log" 2>&1 &
+    RMCP_PID=$!
+    wait_http "$RMCP_BASE/healthz" "$RMCP_PID" 200 60
+}
+if [ ! -f "$RMCP_BIN" ] || [ ! -x "$RMCP_BIN" ]; then
+    for name in "${RMCP_CHECKS[@]}"; do
+        fail_check "$name" "$RMCP_BIN is missing: run cargo build --release -p tether --example rmcp_server"
+    done
+else
+    RMCP_PORT="$(free_port)"
+    RMCP_BASE="http://127.0.0.1:$RMCP_PORT"
+    RMCP_URL="$RMCP_BASE/mcp"
+    rmcp_failed=0
+    if ! start_rmcp; then
+        for name in "${RMCP_CHECKS[@]}"; do fail_check "$name" "the rmcp example did not become healthy"; done
+        rmcp_failed=1
+    else
+        RSTATE="$TMP/rmcp-ts-state.json"
+        if run_check rmcp-ts-call 60 node "$TS/rmcp_example.mjs" "$RMCP_URL" "$RSTATE" call; then
+            if kill -0 "$RMCP_PID" 2>/dev/null; then
+                # kill -9 while slow is still running; then the same port and store
+                kill -9 "$RMCP_PID"
+                wait "$RMCP_PID" 2>/dev/null
+                echo "interop: killed the rmcp example (kill -9 $RMCP_PID); restarting it on the same port and store"
+                if start_rmcp; then
+                    run_check rmcp-ts-resume 90 node "$TS/rmcp_example.mjs" "$RMCP_URL" "$RSTATE" resume || rmcp_failed=1
+                else
+                    fail_check rmcp-ts-resume "skipped: the rmcp example did not become healthy after kill -9"
+                    rmcp_failed=1
+                fi
+            else
+                fail_check rmcp-ts-resume "skipped: the rmcp example had exited"
+                rmcp_failed=1
+            fi
+        else
+            fail_check rmcp-ts-resume "skipped: rmcp-ts-call failed"
+            rmcp_failed=1
+        fi
+        # The other clients need it up (started again if it is not, e.g. after a
+        # failed restart).
+        if kill -0 "$RMCP_PID" 2>/dev/null || { stop_pid "$RMCP_PID"; start_rmcp; }; then
+            run_check rmcp-py 90 "$VPY" "$PY/rmcp_example.py" "$RMCP_URL" || rmcp_failed=1
+            run_check rmcp-ts2 60 node "$TS2/rmcp_example.mjs" "$RMCP_URL" || rmcp_failed=1
+            if ! kill -0 "$RMCP_PID" 2>/dev/null; then
+                fail_check "rmcp example" "exited during the checks"
+                rmcp_failed=1
+            fi
+        else
+            fail_check rmcp-py "skipped: the rmcp example is not running"
+            fail_check rmcp-ts2 "skipped: the rmcp example is not running"
+            rmcp_failed=1
+        fi
+    fi
+    stop_pid "$RMCP_PID"
+    RMCP_PID=""
+    [ $rmcp_failed -eq 1 ] && rmcp_log
 fi
 
 # ---------------------------------------------------------------- OAuth

@@ -1,7 +1,11 @@
 //! [`Guarded`]: a handler whose panics end only the request that caused
-//! them. rmcp runs each request in a task of its own and drops a panicked
-//! one without an answer, so the caller would wait until its timeout; here a
+//! them, and whose work on a request ends when the request is cancelled.
+//! rmcp runs each request in a task of its own and drops a panicked one
+//! without an answer, so the caller would wait until its timeout; here a
 //! panic becomes that request's internal error, and the session goes on.
+//! rmcp only signals a cancelled request's token, which a handler that never
+//! looks at it ignores; here its work is dropped then, so a handler that
+//! never answers holds nothing once its call has ended.
 
 use std::borrow::Cow;
 use std::panic::AssertUnwindSafe;

@@ -48,8 +48,8 @@
 //!   handler code (sessionless ones through one handler shared by the
 //!   process); `server/discover` answers with the handler's `get_info`.
 //! - A handler that panics ends that request with an internal error; the
-//!   session goes on. One that never answers is ended by the engine's request
-//!   timeout.
+//!   session goes on. One that never answers is ended by
+//!   [`RmcpApp::request_timeout`], and its work on the request is dropped.
 //!
 //! One handler is made per session (as rmcp's own HTTP server does), with
 //! the factory given to [`RmcpApp::new`].
@@ -58,6 +58,7 @@ mod guarded;
 mod served;
 
 use std::collections::HashSet;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use rmcp::ServerHandler;
@@ -67,6 +68,9 @@ use tether_server::{CutOff, Initialize, McpApp, RawResult, RequestCtx, RpcError,
 use tokio::sync::OnceCell;
 
 use served::Served;
+
+/// [`RmcpApp::request_timeout`]'s default.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Where a session's part of the app state is kept.
 const STATE_KEY: &str = "rmcp";
@@ -93,6 +97,7 @@ struct Local {
 pub struct RmcpApp<H> {
     factory: Box<dyn Fn() -> H + Send + Sync>,
     rerun: HashSet<String>,
+    timeout: Duration,
     /// The handler of sessionless (2026-07-28) requests, shared by the process.
     sessionless: OnceCell<Served>,
     /// `server/discover`'s answer: the handler's `get_info`.
@@ -109,7 +114,21 @@ impl<H: ServerHandler> RmcpApp<H> {
             _ => Map::new(),
         };
         described.retain(|key, _| matches!(key.as_str(), "capabilities" | "serverInfo" | "instructions"));
-        Self { factory: Box::new(factory), rerun: HashSet::new(), sessionless: OnceCell::new(), described }
+        Self {
+            factory: Box::new(factory),
+            rerun: HashSet::new(),
+            timeout: DEFAULT_TIMEOUT,
+            sessionless: OnceCell::new(),
+            described,
+        }
+    }
+
+    /// How long the handler may take to answer one request (default 10
+    /// minutes): then the request ends with an internal error for its
+    /// client, and the handler's work on it is cancelled and dropped.
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
     }
 
     /// Tools that are safe to run twice (idempotent): a call of one that a
@@ -168,7 +187,7 @@ fn stored_initialize(app_state: &Map<String, Value>) -> Result<InitializeRequest
 impl<H: ServerHandler> McpApp for RmcpApp<H> {
     async fn initialize(&self, init: &mut Initialize<'_>) -> Result<Map<String, Value>, RpcError> {
         let served = Served::start((self.factory)(), None);
-        let result = served.call(None, "initialize", Some(init.params.clone())).await?;
+        let result = served.call(None, "initialize", Some(init.params.clone()), self.timeout).await?;
         let result: Map<String, Value> = serde_json::from_str(result.get())
             .map_err(|e| RpcError::internal(format!("the handler's initialize result is not an object: {e}")))?;
         let stored = Stored { version: STATE_VERSION, initialize: init.params.clone() };
@@ -189,14 +208,14 @@ impl<H: ServerHandler> McpApp for RmcpApp<H> {
     ) -> Result<RawResult, RpcError> {
         let Some(session) = ctx.session() else {
             let served = self.sessionless.get_or_init(|| async { Served::start((self.factory)(), None) }).await;
-            return served.call(Some(ctx), method, params).await;
+            return served.call(Some(ctx), method, params, self.timeout).await;
         };
         let local = session.local::<Local>();
         let served = self.served(&session, &local).await?;
         if self.reruns(method, params.as_ref()) {
             ctx.leave_recovery_note(json!({"params": params})).await?;
         }
-        served.call(Some(ctx), method, params).await
+        served.call(Some(ctx), method, params, self.timeout).await
     }
 
     async fn on_notification(&self, ctx: SessionCtx, method: &str, params: Option<Map<String, Value>>) {
@@ -226,6 +245,30 @@ impl<H: ServerHandler> McpApp for RmcpApp<H> {
         let local = session.local::<Local>();
         let served = self.served(&session, &local).await?;
         tracing::info!(method = cut_off.method, "running a cut-off call again (rerun_after_restart)");
-        served.call(Some(ctx), &cut_off.method, params).await
+        served.call(Some(ctx), &cut_off.method, params, self.timeout).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(stored: Value) -> Map<String, Value> {
+        Map::from_iter([(STATE_KEY.to_owned(), stored)])
+    }
+
+    #[test]
+    fn the_stored_initialize_is_read_back_and_a_newer_layout_is_refused_clearly() {
+        let initialize =
+            json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "c", "version": "1"}});
+        let read = stored_initialize(&state(json!({"version": 1, "initialize": initialize}))).expect("version 1 reads");
+        assert_eq!(read.client_info.name, "c");
+
+        let newer = stored_initialize(&state(json!({"version": 2, "initialize": initialize}))).unwrap_err();
+        assert!(newer.message.contains("layout version 2") && newer.message.contains("reads version 1"), "{}", newer.message);
+        let foreign = stored_initialize(&Map::new()).unwrap_err();
+        assert!(foreign.message.contains("not made by tether-rmcp"), "{}", foreign.message);
+        let broken = stored_initialize(&state(json!({"version": 1}))).unwrap_err();
+        assert!(broken.message.contains("unreadable"), "{}", broken.message);
     }
 }

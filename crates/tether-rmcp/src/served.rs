@@ -108,14 +108,16 @@ impl Served {
         self.routes.fail_all("the session ended while the handler was answering");
     }
 
-    /// Sends `method` to the handler and waits for its answer. Cancelled by
-    /// `ctx`'s cancellation (the handler is told with
-    /// `notifications/cancelled`), or by dropping the future.
+    /// Sends `method` to the handler and waits for its answer, at most
+    /// `timeout`. Ended early by `ctx`'s cancellation or by dropping the
+    /// future; in every case the handler is told with
+    /// `notifications/cancelled`, and its work is dropped ([`Guarded`]).
     pub(crate) async fn call(
         &self,
         ctx: Option<RequestCtx>,
         method: &str,
         params: Option<Map<String, Value>>,
+        timeout: Duration,
     ) -> Result<RawResult, RpcError> {
         let id = self.routes.next_id.fetch_add(1, Ordering::Relaxed);
         let mut message = Map::with_capacity(4);
@@ -134,12 +136,19 @@ impl Served {
         if self.inbound.send(message).await.is_err() {
             return Err(stopped());
         }
-        let answer = match cancel {
-            Some(cancel) => tokio::select! {
-                answer = rx => answer,
-                _ = cancel.cancelled() => return Err(RpcError::internal("the request was cancelled")),
-            },
-            None => rx.await,
+        let cancelled = async {
+            match cancel {
+                Some(cancel) => cancel.cancelled().await,
+                None => std::future::pending().await,
+            }
+        };
+        let answer = tokio::select! {
+            answer = rx => answer,
+            _ = cancelled => return Err(RpcError::internal("the request was cancelled")),
+            _ = tokio::time::sleep(timeout) => return Err(RpcError::internal(format!(
+                "the handler did not answer {method} within {} s (RmcpApp::request_timeout); it was cancelled",
+                timeout.as_secs()
+            ))),
         };
         pending.answered();
         answer.unwrap_or_else(|_| Err(stopped()))

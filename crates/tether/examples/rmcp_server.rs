@@ -18,6 +18,9 @@ struct Args {
     /// Where sessions live: `sqlite:PATH`, `redis://HOST:PORT/DB` or `memory`.
     #[arg(long, default_value = "sqlite:./rmcp.db")]
     store: String,
+    /// A tool safe to run twice: a call of it cut by a crash runs again after the restart.
+    #[arg(long)]
+    rerun: Vec<String>,
 }
 
 #[derive(serde::Deserialize, schemars::JsonSchema)]
@@ -72,7 +75,7 @@ impl ServerHandler for Tools {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt().with_writer(std::io::stderr).init();
     let args = Args::parse();
-    let handler = tether_rmcp::RmcpApp::new(|| Tools { tool_router: Tools::tool_router() });
+    let handler = tether_rmcp::RmcpApp::new(|| Tools { tool_router: Tools::tool_router() }).rerun_after_restart(args.rerun);
     let server = tether_server::Server::builder().store(args.store).mount(Arc::new(handler)).build().await?;
     let stop = async {
         let _ = tokio::signal::ctrl_c().await;

@@ -158,6 +158,12 @@ impl Auth {
         Ok(auth)
     }
 
+    /// The bearer tokens of `table` (for a program that holds its tokens
+    /// itself rather than in an `--auth-tokens` file; not reloaded).
+    pub fn from_tokens(table: TokenTable) -> Self {
+        Self { table: Arc::new(RwLock::new(Some(Arc::new(table)))), ..Self::default() }
+    }
+
     /// Access tokens of `server`'s issuers are accepted too.
     pub fn with_oauth(mut self, server: ResourceServer) -> Self {
         self.oauth = Some(Arc::new(server));
@@ -212,9 +218,9 @@ impl Auth {
         self.oauth.as_deref()
     }
 
-    /// Whether requests need a token (a token file or OAuth).
+    /// Whether requests need a token (a token file or table, or OAuth).
     pub fn is_enabled(&self) -> bool {
-        self.path.is_some() || self.oauth.is_some()
+        self.path.is_some() || self.oauth.is_some() || self.table.read().is_some()
     }
 
     /// Re-reads the token file (SIGHUP). On error the old table stays.
