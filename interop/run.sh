@@ -25,8 +25,9 @@
 # of their own on /mcp and /mcp/pystdio. It
 # waits for /healthz, runs every check (the gateway durability check kills
 # tether with -9 and restarts it on the same SQLite file). Then the rmcp example
-# next to the tether binary (`$(dirname BIN)/examples/rmcp_server`, from `cargo
-# build --release -p tether --example rmcp_server`; its checks fail when it is
+# at $RMCP_EXAMPLE, else next to the tether binary (`$(dirname BIN)/examples/rmcp_server`,
+# from `cargo build --release -p tether --example rmcp_server`; scripts/test points
+# RMCP_EXAMPLE at the debug build the Rust tests made; its checks fail when it is
 # missing): an rmcp handler (tools echo and slow) served by tether's engine, on a
 # free port and a fresh SQLite file: the TypeScript SDK client starts a slow call
 # with progress (interop/ts/rmcp_example.mjs call), the example is killed with -9
@@ -531,7 +532,7 @@ fi
 #                   server/discover probe (tools/list, echo, slow, no Mcp-Session-Id)
 #   rmcp-ts2        the TypeScript SDK v2 client, sessionless (server/discover,
 #                   tools/list, echo, slow with progress)
-RMCP_BIN="$(dirname "$BIN")/examples/rmcp_server"
+RMCP_BIN="${RMCP_EXAMPLE:-$(dirname "$BIN")/examples/rmcp_server}"
 RMCP_CHECKS=(rmcp-ts-call rmcp-ts-resume rmcp-py rmcp-ts2)
 : >"$TMP/rmcp.log"
 rmcp_log() {
@@ -553,7 +554,7 @@ start_rmcp() {
 }
 if [ ! -f "$RMCP_BIN" ] || [ ! -x "$RMCP_BIN" ]; then
     for name in "${RMCP_CHECKS[@]}"; do
-        fail_check "$name" "$RMCP_BIN is missing: run cargo build --release -p tether --example rmcp_server"
+        fail_check "$name" "$RMCP_BIN is missing: run cargo build --release -p tether --example rmcp_server (or point RMCP_EXAMPLE at a build of it)"
     done
 else
     RMCP_PORT="$(free_port)"
