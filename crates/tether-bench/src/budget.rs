@@ -390,6 +390,40 @@ fn engine_restart_lines(rows: &[Row]) -> String {
     s
 }
 
+/// The embedded handler's lines: rmcp_ref's handler served by tether
+/// (tether-rmcp) against rmcp's own server of it, and against the notebook's
+/// call (tether-sqlite), at 1 and 64 clients. The first shows the floor
+/// beside it: the engine's own call (the notebook on SQLite and in memory)
+/// against the same rmcp, which no handler served by the engine can pass.
+fn rmcp_lines(rows: &[Row]) -> String {
+    let mut s = String::new();
+    for clients in [1, 64] {
+        let at = |system: &str| find(rows, system, Scenario::ToolsCall, Some(clients));
+        let plural = if clients == 1 { "client" } else { "clients" };
+        let line =
+            ratio_line(&format!("tether-rmcp tools_call ({clients} {plural}) >= 1.5x rmcp"), at("tether-rmcp"), at("rmcp"), 1.5);
+        let floor: Vec<String> = ["tether-sqlite", "tether-memory"]
+            .into_iter()
+            .filter_map(|notebook| Some(format!("{notebook} {:.2}x", rps_ratio(at(notebook)?, at("rmcp")?)?.1)))
+            .collect();
+        s.push_str(&match floor.is_empty() {
+            true => line,
+            false => line.replacen(
+                " | >= 1.5x |",
+                &format!("; the engine's own call (the notebook) against rmcp: {} | >= 1.5x |", floor.join(", ")),
+                1,
+            ),
+        });
+        s.push_str(&ratio_line(
+            &format!("tether-rmcp tools_call ({clients} {plural}) >= 0.8x tether-sqlite (within 20 % of the notebook's call)"),
+            at("tether-rmcp"),
+            at("tether-sqlite"),
+            0.8,
+        ));
+    }
+    s
+}
+
 /// The budget of the server and the gateway, each line with what this run measured. A
 /// ratio line is judged by the median of the paired rounds' ratios when the
 /// run had rounds, and shows the ratio of the two median rounds beside it.
@@ -405,6 +439,7 @@ pub fn budget(rows: &[Row]) -> String {
     ] {
         s.push_str(&ratio_line(line, sqlite, tools_call(other), target));
     }
+    s.push_str(&rmcp_lines(rows));
     let gateway_http = |system: &str| find(rows, system, Scenario::GatewayHttp, Some(64));
     s.push_str(&ratio_line(
         "tether-gateway gateway_http (64 clients) >= 0.6x rmcp-direct",
@@ -498,6 +533,26 @@ mod tests {
         assert!(b.contains(">= 0.8x tether-memory | 0.25x (4000 / 16000 rps) | >= 0.8x | **no** |"), "{b}");
         assert!(b.contains("ts-sdk | not measured"), "{b}");
         assert!(b.contains("| tether-sqlite replay_10k | 12.0 ms | <= 50 ms | yes |"), "{b}");
+    }
+
+    #[test]
+    fn the_embedded_handler_is_judged_against_rmcp_and_the_notebook_with_the_engines_own_call_beside_it() {
+        let rows = vec![
+            tools(System::TetherRmcp, 3000.0),
+            tools(System::Rmcp, 2500.0),
+            tools(System::TetherSqlite, 3400.0),
+            tools(System::TetherMemory, 4000.0),
+        ];
+        let b = budget(&rows);
+        assert!(
+            b.contains(
+                "| tether-rmcp tools_call (64 clients) >= 1.5x rmcp | 1.20x (3000 / 2500 rps); the engine's own call (the notebook) \
+                 against rmcp: tether-sqlite 1.36x, tether-memory 1.60x | >= 1.5x | **no** |"
+            ),
+            "{b}"
+        );
+        assert!(b.contains("| tether-rmcp tools_call (64 clients) >= 0.8x tether-sqlite (within 20 % of the notebook's call) | 0.88x (3000 / 3400 rps) | >= 0.8x | yes |"), "{b}");
+        assert!(b.contains("| tether-rmcp tools_call (1 client) >= 1.5x rmcp | not measured | >= 1.5x | — |"), "{b}");
     }
 
     #[test]

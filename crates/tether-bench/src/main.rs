@@ -285,6 +285,7 @@ async fn run(args: &Args) -> anyhow::Result<Vec<Row>> {
         tether: args.tether.clone(),
         baseline: args.baseline.clone(),
         rmcp_ref: args.rmcp_ref.clone().unwrap_or_else(|| sibling("rmcp_ref")),
+        rmcp_tether: sibling("rmcp_tether"),
         axum_floor: args.axum_floor.clone().unwrap_or_else(|| sibling("axum_floor")),
         relay_floor: args.relay_floor.clone().unwrap_or_else(|| sibling("relay_floor")),
         stdio_relay: args.stdio_relay.clone().unwrap_or_else(|| sibling("stdio_relay")),

@@ -92,7 +92,9 @@ impl Scenario {
     pub fn runs(self, system: System) -> bool {
         match self {
             Scenario::ToolsCall => !system.gateway() && !system.variant(),
-            Scenario::Replay10k | Scenario::IdleSession => !system.gateway() && !system.variant() && system != System::AxumFloor,
+            Scenario::Replay10k | Scenario::IdleSession => {
+                !system.gateway() && !system.variant() && !matches!(system, System::AxumFloor | System::TetherRmcp)
+            }
             Scenario::Restart100kSessions => system.durable_sessions(),
             Scenario::Restart1mSessions => {
                 matches!(system, System::TetherSqlite | System::TetherRedis | System::TetherRedisCluster)

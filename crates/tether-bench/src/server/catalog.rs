@@ -38,6 +38,8 @@ pub enum System {
     TetherRedisStrict,
     /// The rmcp reference (`rmcp_ref`: StreamableHttpService + LocalSessionManager).
     Rmcp,
+    /// rmcp_ref's handler served by tether's engine (`rmcp_tether`).
+    TetherRmcp,
     /// The TypeScript SDK v1 reference (`bench/ts-sdk-server/server.mjs` on node).
     TsSdk,
     /// A bare axum JSON echo route (`axum_floor`): the HTTP floor.
@@ -121,7 +123,7 @@ pub enum Protocol {
 }
 
 impl System {
-    pub const ALL: [System; 21] = [
+    pub const ALL: [System; 22] = [
         System::TetherMemory,
         System::TetherSqlite,
         System::TetherSqliteNometrics,
@@ -130,6 +132,7 @@ impl System {
         System::TetherRedisReplica,
         System::TetherRedisStrict,
         System::Rmcp,
+        System::TetherRmcp,
         System::TsSdk,
         System::AxumFloor,
         System::TetherGateway,
@@ -155,6 +158,7 @@ impl System {
             System::TetherRedisReplica => "tether-redis-replica",
             System::TetherRedisStrict => "tether-redis-strict",
             System::Rmcp => "rmcp",
+            System::TetherRmcp => "tether-rmcp",
             System::TsSdk => "ts-sdk",
             System::AxumFloor => "axum-floor",
             System::TetherGateway => "tether-gateway",
@@ -248,6 +252,8 @@ pub struct Programs {
     /// `--baseline`: an earlier tether build, for the baseline twins.
     pub baseline: Option<PathBuf>,
     pub rmcp_ref: PathBuf,
+    /// tether-rmcp: `rmcp_ref`'s handler on tether's engine (`rmcp_tether`, next to `rmcp_ref`).
+    pub rmcp_tether: PathBuf,
     pub axum_floor: PathBuf,
     pub relay_floor: PathBuf,
     /// gateway_stdio: the bare stdio relay (`stdio_relay`) of tether-gateway-stdio-relay.
@@ -518,6 +524,12 @@ impl Launch {
                 if let Some(n) = self.channel_capacity {
                     cmd.args(["--channel-capacity", &n.to_string()]);
                 }
+                cmd
+            }
+            System::TetherRmcp => {
+                let store = store.context("tether-rmcp needs a store")?;
+                let mut cmd = Command::new(existing(&programs.rmcp_tether, "cargo build --release -p tether-bench")?);
+                cmd.args(["--listen", &self.listen, "--store", &store.url()]);
                 cmd
             }
             System::AxumFloor => {

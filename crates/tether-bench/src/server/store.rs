@@ -34,6 +34,7 @@ impl Store {
         Ok(match system {
             System::TetherMemory => Some(Store::Memory),
             System::TetherSqlite
+            | System::TetherRmcp
             | System::TetherSqliteNometrics
             | System::TetherGateway
             | System::TetherGatewayNoKeeper
@@ -60,6 +61,15 @@ impl Store {
             }
             _ => None,
         })
+    }
+
+    /// The store as a `--store` value (a Redis prefix aside).
+    pub(super) fn url(&self) -> String {
+        match self {
+            Store::Memory => "memory".into(),
+            Store::Sqlite { file, .. } => format!("sqlite:{}", file.display()),
+            Store::Redis { url, .. } => url.clone(),
+        }
     }
 
     pub(super) fn args(&self) -> Vec<String> {
