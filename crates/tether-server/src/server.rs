@@ -138,8 +138,24 @@ impl ServerBuilder {
     }
 
     /// Opens the store and starts the engine (its reaper, and with a shared
-    /// store its lease). Needs a Tokio runtime.
+    /// store its lease). Needs a Tokio runtime. What is missing or wrong is
+    /// said in the error:
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let Err(e) = tether_server::Server::builder().store("memory").build().await else { panic!("built") };
+    /// assert_eq!(e.to_string(), "nothing to serve: mount an application with .mount(app) or .mount_at(\"NAME\", app)");
+    /// # }
+    /// ```
     pub async fn build(self) -> Result<Server, ServerError> {
+        let policy = self.auth.policy();
+        let members: &[String] = &[];
+        let root = match self.root {
+            Some(app) => app,
+            None if self.named.is_empty() => return Err(ServerError::NothingMounted),
+            None => Arc::new(NothingAtRoot { named: self.named.iter().map(|(name, _)| name.clone()).collect() }),
+        };
         let store = match self.store {
             StoreChoice::None => return Err(ServerError::NoStore),
             StoreChoice::Open(store) => store,
@@ -149,13 +165,6 @@ impl ServerBuilder {
                     .await
                     .map_err(|source| ServerError::Store { url: parsed.to_string(), source })?
             }
-        };
-        let policy = self.auth.policy();
-        let members: &[String] = &[];
-        let root = match self.root {
-            Some(app) => app,
-            None if self.named.is_empty() => return Err(ServerError::NothingMounted),
-            None => Arc::new(NothingAtRoot { named: self.named.iter().map(|(name, _)| name.clone()).collect() }),
         };
         let endpoints = Endpoints::new(Policed::wrap(root, crate::ROOT_ENDPOINT, members, policy));
         for (name, app) in self.named {

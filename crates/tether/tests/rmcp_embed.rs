@@ -269,6 +269,8 @@ async fn the_router_nests_in_an_application_with_routes_of_its_own() {
 
     let hello = reqwest::get(format!("http://{addr}/hello")).await.unwrap().text().await.unwrap();
     assert_eq!(hello, "hello from the application");
+    let health = reqwest::get(format!("http://{addr}/healthz")).await.unwrap();
+    assert_eq!(health.status(), 200);
     let c = Client::new(&format!("http://{addr}/mcp/probe"));
     let session = c.initialize().await;
     assert_eq!(text_of(&c.call(&session, 1, "echo", json!({"text": "nested"})).await), "nested");
@@ -287,6 +289,8 @@ async fn the_router_nests_in_an_application_with_routes_of_its_own() {
         .await
         .unwrap();
     assert!(refused.contains("nothing is served at /mcp; this server serves /mcp/probe"), "{refused}");
+    let metrics = reqwest::get(format!("http://{addr}/metrics")).await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("tether_http_requests_total{"), "{metrics}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -459,4 +463,22 @@ async fn tokens_and_policies_given_to_the_builder_hold_for_the_handler() {
         "params": {"name": "echo", "arguments": {"text": "refused"}}}),
     );
     assert_eq!(refused.send().await.unwrap().status(), 403);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_replicas_on_one_redis_serve_one_handlers_session() {
+    let prefix = support::fresh_prefix();
+    let replica = || async {
+        let config = tether_store::StoreConfig { redis_prefix: prefix.clone(), ..Default::default() };
+        let server = Server::builder().store(support::redis_url()).store_config(config).mount(Arc::new(probe_app())).build();
+        serve(server.await.expect("Redis answers (scripts/test starts it)")).await
+    };
+    let (a, b) = (Client::new(&replica().await), Client::new(&replica().await));
+    let session = a.initialize().await;
+    // The other replica starts a handler of its own for the session, from its stored initialize.
+    assert_eq!(text_of(&b.call(&session, 1, "client", json!({})).await), "tether-tests");
+    let messages = call_stream(&b, &session, 2, "slow", json!({"steps": 2}), Some(json!({"progressToken": "on-b"}))).await;
+    assert_eq!(progress_of(&messages), [1.0, 2.0], "{messages:?}");
+    assert_eq!(text_of(messages.last().unwrap()), "done after 2 steps");
+    assert_eq!(text_of(&a.call(&session, 3, "echo", json!({"text": "back on a"})).await), "back on a");
 }
