@@ -17,7 +17,7 @@
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { CreateMessageRequestSchema } from '@modelcontextprotocol/sdk/types.js';
-import { check, checkDeepEqual, fail, readJson, recordingFetch, renderLog, writeJson } from './lib.mjs';
+import { check, checkDeepEqual, fail, readJson, recordingFetch, renderLog, stepper, writeJson } from './lib.mjs';
 
 const [url, statePath, phase] = process.argv.slice(2);
 if (!url || !statePath || !['call', 'resume'].includes(phase)) {
@@ -28,15 +28,7 @@ const T = { timeout: 30000 };
 const { log, fetch: recFetch } = recordingFetch();
 const errors = [];
 
-async function step(name, fn) {
-    try {
-        const v = await fn();
-        console.log(`ok: ${name}`);
-        return v;
-    } catch (err) {
-        fail(`${name} threw: ${err?.stack ?? err}`, `HTTP log:\n${renderLog(log)}`);
-    }
-}
+const step = stepper(log);
 
 function checkTools(tools, label) {
     const names = tools.tools.map(t => t.name);

@@ -26,7 +26,7 @@ import {
     ListRootsRequestSchema,
     LoggingMessageNotificationSchema
 } from '@modelcontextprotocol/sdk/types.js';
-import { check, checkDeepEqual, fail, recordingFetch, renderLog } from './lib.mjs';
+import { check, checkDeepEqual, fail, recordingFetch, renderLog, stepper } from './lib.mjs';
 
 const url = process.argv[2];
 if (!url) {
@@ -41,15 +41,7 @@ const { log, fetch: recFetch } = recordingFetch();
 const errors = [];
 let closing = false;
 
-async function step(name, fn) {
-    try {
-        const v = await fn();
-        console.log(`ok: ${name}`);
-        return v;
-    } catch (err) {
-        fail(`${name} threw: ${err?.stack ?? err}`, `HTTP log:\n${renderLog(log)}`);
-    }
-}
+const step = stepper(log);
 
 function text(result, label) {
     const t = (result?.content ?? []).filter(c => c.type === 'text').map(c => c.text).join('\n');

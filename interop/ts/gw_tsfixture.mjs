@@ -12,7 +12,7 @@
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { ListRootsRequestSchema } from '@modelcontextprotocol/sdk/types.js';
-import { check, checkDeepEqual, fail, recordingFetch, renderLog } from './lib.mjs';
+import { check, checkDeepEqual, fail, recordingFetch, renderLog, stepper } from './lib.mjs';
 
 const [url, fixture] = process.argv.slice(2);
 if (!url || !fixture) {
@@ -24,15 +24,7 @@ const ROOT = { uri: 'file:///tmp/tether-interop-fixture-root', name: 'fixture-ro
 const { log, fetch: recFetch } = recordingFetch();
 const errors = [];
 
-async function step(name, fn) {
-    try {
-        const v = await fn();
-        console.log(`ok: ${name}`);
-        return v;
-    } catch (err) {
-        fail(`${name} threw: ${err?.stack ?? err}`, `HTTP log:\n${renderLog(log)}`);
-    }
-}
+const step = stepper(log);
 
 async function stats() {
     const res = await fetch(`${fixture}/stats`);

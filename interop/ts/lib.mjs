@@ -40,6 +40,22 @@ export function parseArgs(scriptName) {
 }
 
 /**
+ * `step(name, fn)`: runs `fn`, prints `ok: NAME`, and on a throw fails with
+ * the error and the HTTP log `log` (of `recordingFetch`).
+ */
+export function stepper(log) {
+    return async function step(name, fn) {
+        try {
+            const v = await fn();
+            console.log(`ok: ${name}`);
+            return v;
+        } catch (err) {
+            fail(`${name} threw: ${err?.stack ?? err}`, `HTTP log:\n${renderLog(log)}`);
+        }
+    };
+}
+
+/**
  * A fetch wrapper that records every HTTP request the SDK transport makes
  * (method, lower-cased headers, JSON-RPC body) and the response status, so the
  * scripts can assert on what actually went over the wire.
@@ -59,7 +75,7 @@ export function recordingFetch() {
                 body = init.body;
             }
         }
-        const entry = { method: init.method ?? 'GET', headers, body, status: undefined };
+        const entry = { method: init.method ?? 'GET', headers, body, status: undefined, contentType: undefined };
         log.push(entry);
         const res = await fetch(url, init);
         entry.status = res.status;

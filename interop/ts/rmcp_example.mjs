@@ -30,7 +30,7 @@
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { McpError } from '@modelcontextprotocol/sdk/types.js';
-import { check, checkDeepEqual, fail, readJson, recordingFetch, renderLog, writeJson } from './lib.mjs';
+import { check, checkDeepEqual, fail, readJson, recordingFetch, renderLog, stepper, writeJson } from './lib.mjs';
 
 const [urlArg, statePath, phase] = process.argv.slice(2);
 if (!urlArg || !statePath || !['call', 'resume'].includes(phase)) {
@@ -44,15 +44,7 @@ const { log, fetch: recFetch } = recordingFetch();
 const errors = [];
 let closing = false;
 
-async function step(name, fn) {
-    try {
-        const v = await fn();
-        console.log(`ok: ${name}`);
-        return v;
-    } catch (err) {
-        fail(`${name} threw: ${err?.stack ?? err}`, `HTTP log:\n${renderLog(log)}`);
-    }
-}
+const step = stepper(log);
 
 /** resolves once cond() holds (checked on every event that may change it), or fails after ms. */
 function waitFor(what, ms, cond, wake) {

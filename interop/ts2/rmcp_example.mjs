@@ -15,47 +15,11 @@
 import { inspect } from 'node:util';
 
 import { Client, StreamableHTTPClientTransport } from '@modelcontextprotocol/client';
+import { check, fail, recordingFetch } from '../ts/lib.mjs';
 
 const MODERN = '2026-07-28';
 const ECHO_TEXT = 'hello from the TypeScript SDK v2';
 const STEPS = 3;
-
-function fail(msg, extra) {
-    console.error(`FAIL: ${msg}`);
-    if (extra !== undefined) console.error(typeof extra === 'string' ? extra : inspect(extra, { depth: 10 }));
-    process.exit(1);
-}
-
-function check(cond, msg, extra) {
-    if (!cond) fail(msg, extra);
-}
-
-/** A fetch that records each request (method, headers, JSON-RPC body) and its response's status and session header. */
-function recordingFetch() {
-    const log = [];
-    const recFetch = async (url, init = {}) => {
-        const headers = {};
-        new Headers(init.headers ?? {}).forEach((v, k) => {
-            headers[k] = v;
-        });
-        let body;
-        if (typeof init.body === 'string') {
-            try {
-                body = JSON.parse(init.body);
-            } catch {
-                body = init.body;
-            }
-        }
-        const entry = { method: init.method ?? 'GET', headers, body, status: undefined, contentType: undefined };
-        log.push(entry);
-        const res = await fetch(url, init);
-        entry.status = res.status;
-        entry.contentType = res.headers.get('content-type');
-        entry.responseSessionId = res.headers.get('mcp-session-id');
-        return res;
-    };
-    return { log, fetch: recFetch };
-}
 
 function renderLog(log) {
     return log

@@ -371,6 +371,27 @@ pub trait McpApp: Send + Sync + 'static {
     }
 }
 
+/// An application that refuses every request with one error: what answers
+/// at an endpoint that serves nothing (a server that mounted only named
+/// endpoints, a session whose endpoint is no longer configured).
+pub(crate) struct Refuses(pub(crate) RpcError);
+
+#[async_trait]
+impl McpApp for Refuses {
+    async fn initialize(&self, _init: &mut Initialize<'_>) -> Result<Map<String, Value>, RpcError> {
+        Err(self.0.clone())
+    }
+
+    async fn handle_request(
+        &self,
+        _ctx: RequestCtx,
+        _method: &str,
+        _params: Option<Map<String, Value>>,
+    ) -> Result<RawResult, RpcError> {
+        Err(self.0.clone())
+    }
+}
+
 /// The endpoint that serves a tool, prompt or resource as its own, and its
 /// name (a resource's URI) there.
 #[derive(Debug, Clone, PartialEq, Eq)]

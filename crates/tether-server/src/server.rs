@@ -23,12 +23,10 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use axum::Router;
-use serde_json::{Map, Value};
 use tether_store::{Store, StoreConfig, StoreError, StoreUrl, open_store};
 
-use crate::app::{Endpoints, Initialize, McpApp, RawResult, RequestCtx, RpcError};
+use crate::app::{Endpoints, McpApp, RpcError};
 use crate::config::EngineConfig;
 use crate::engine::Engine;
 use crate::http::{AllowedHosts, Auth, HttpConfig};
@@ -154,7 +152,11 @@ impl ServerBuilder {
         let root = match self.root {
             Some(app) => app,
             None if self.named.is_empty() => return Err(ServerError::NothingMounted),
-            None => Arc::new(NothingAtRoot { named: self.named.iter().map(|(name, _)| name.clone()).collect() }),
+            None => {
+                let named: Vec<String> = self.named.iter().map(|(name, _)| format!("/mcp/{name}")).collect();
+                let refusal = format!("nothing is served at /mcp; this server serves {}", named.join(", "));
+                Arc::new(crate::app::Refuses(RpcError::invalid_request(refusal)))
+            }
         };
         let store = match self.store {
             StoreChoice::None => return Err(ServerError::NoStore),
@@ -245,33 +247,5 @@ impl Server {
     /// served [`Server::router`] itself. Bounded by the drain timeout.
     pub async fn shutdown(&self) {
         self.engine.shutdown().await;
-    }
-}
-
-/// The root endpoint of a server that mounted only named ones.
-struct NothingAtRoot {
-    named: Vec<String>,
-}
-
-impl NothingAtRoot {
-    fn refusal(&self) -> RpcError {
-        let named: Vec<String> = self.named.iter().map(|n| format!("/mcp/{n}")).collect();
-        RpcError::invalid_request(format!("nothing is served at /mcp; this server serves {}", named.join(", ")))
-    }
-}
-
-#[async_trait]
-impl McpApp for NothingAtRoot {
-    async fn initialize(&self, _init: &mut Initialize<'_>) -> Result<Map<String, Value>, RpcError> {
-        Err(self.refusal())
-    }
-
-    async fn handle_request(
-        &self,
-        _ctx: RequestCtx,
-        _method: &str,
-        _params: Option<Map<String, Value>>,
-    ) -> Result<RawResult, RpcError> {
-        Err(self.refusal())
     }
 }

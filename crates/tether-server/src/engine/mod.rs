@@ -40,7 +40,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::FutureExt;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 use tether_store::{EventKind, SessionRecord, Store, StoreError, now_ms};
 use tether_wire::{Inbound, RpcError, code, envelope, meta};
 use tokio::sync::oneshot;
@@ -53,7 +53,7 @@ pub use pump::{Frame, Frames};
 pub use request::PANICKED_MESSAGE;
 pub use session::{Session, SessionState};
 
-use crate::app::{Authorized, EndReason, Endpoints, Initialize, McpApp, SessionEnd};
+use crate::app::{Authorized, EndReason, Endpoints, McpApp, SessionEnd};
 use crate::config::EngineConfig;
 use crate::ids::{self, EventId};
 pub use listen::filter as listen_filter;
@@ -592,7 +592,12 @@ impl Inner {
     pub(crate) fn app_of(&self, session: &Session) -> Arc<dyn McpApp> {
         match self.apps.get(&session.endpoint) {
             Some(app) => app.clone(),
-            None => Arc::new(NoEndpoint(session.endpoint.clone())),
+            // The sessions of an endpoint no longer configured (removed from the
+            // config while sessions of it were stored): every request refused, saying so.
+            None => Arc::new(crate::app::Refuses(RpcError::invalid_request(format!(
+                "this session's endpoint /mcp/{} is no longer served; start a new session",
+                session.endpoint
+            )))),
         }
     }
 
@@ -745,32 +750,5 @@ impl Inner {
             attachment: None,
         };
         spawn_pump(self, session, spec, sub)
-    }
-}
-
-/// Serves the sessions of an endpoint that is no longer configured (removed
-/// from the config while sessions of it were stored): every request is
-/// refused with a sentence that says so.
-struct NoEndpoint(String);
-
-#[async_trait::async_trait]
-impl McpApp for NoEndpoint {
-    async fn initialize(&self, _init: &mut Initialize<'_>) -> Result<Map<String, Value>, RpcError> {
-        Err(self.refusal())
-    }
-
-    async fn handle_request(
-        &self,
-        _ctx: RequestCtx,
-        _method: &str,
-        _params: Option<Map<String, Value>>,
-    ) -> Result<crate::app::RawResult, RpcError> {
-        Err(self.refusal())
-    }
-}
-
-impl NoEndpoint {
-    fn refusal(&self) -> RpcError {
-        RpcError::invalid_request(format!("this session's endpoint /mcp/{} is no longer served; start a new session", self.0))
     }
 }
