@@ -14,7 +14,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use rmcp::handler::server::{router::tool::ToolRouter, wrapper::Parameters};
-use rmcp::model::{LoggingLevel, LoggingMessageNotificationParam, ProgressNotificationParam, ServerCapabilities, ServerConfig};
+use rmcp::model::{
+    ListResourcesResult, LoggingLevel, LoggingMessageNotificationParam, PaginatedRequestParams, ProgressNotificationParam,
+    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource, ResourceContents, ServerCapabilities,
+    ServerConfig,
+};
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, schemars, tool, tool_handler, tool_router};
 use serde_json::{Value, json};
@@ -102,8 +106,29 @@ impl Probe {
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for Probe {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_logging().build())
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_logging().enable_resources().build())
             .with_instructions("the probe of tests/rmcp_embed.rs")
+    }
+
+    async fn list_resources(
+        &self,
+        _: Option<PaginatedRequestParams>,
+        _: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        Ok(ListResourcesResult::with_all_items(vec![Resource::new("probe://notes/1", "note one")]))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        match request.uri.as_str() {
+            "probe://notes/1" => {
+                Ok(ReadResourceResult::new(vec![ResourceContents::text("the first note", request.uri.clone())]).into())
+            }
+            other => Err(ErrorData::resource_not_found(format!("no resource {other}"), None)),
+        }
     }
 }
 
@@ -170,6 +195,18 @@ async fn tools_are_listed_and_called_with_progress_on_the_calls_stream() {
     assert_eq!(progress, [1.0, 2.0, 3.0], "{messages:?}");
     let last = messages.last().unwrap();
     assert_eq!((last["id"].clone(), text_of(last)), (json!(3), "done after 3 steps"), "{messages:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn resources_are_listed_and_read_and_an_unknown_one_is_a_clear_error() {
+    let c = Client::new(&probe_server(probe_app()).await);
+    let session = c.initialize().await;
+    let listed = c.request(&session, 1, "resources/list", json!({})).await.last().unwrap().json();
+    assert_eq!(listed["result"]["resources"][0]["uri"], "probe://notes/1", "{listed}");
+    let read = c.request(&session, 2, "resources/read", json!({"uri": "probe://notes/1"})).await.last().unwrap().json();
+    assert_eq!(read["result"]["contents"][0]["text"], "the first note", "{read}");
+    let unknown = c.request(&session, 3, "resources/read", json!({"uri": "probe://notes/2"})).await.last().unwrap().json();
+    assert!(unknown["error"]["message"].as_str().unwrap_or_default().contains("no resource probe://notes/2"), "{unknown}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
