@@ -296,7 +296,7 @@ impl RequestCtx {
     pub async fn leave_recovery_note(&self, note: Value) -> Result<(), RpcError> {
         let session = self.session.as_ref().ok_or_else(no_session)?;
         let Some(stream) = self.stream.as_ref() else { return Ok(()) };
-        stream.ensure_primed(&self.inner, &session.id).await.map_err(storage_error)?;
+        stream.ensure_primed(&self.inner.events, &session.id).await.map_err(storage_error)?;
         let record = json!({"note": note, "progressToken": self.progress_token});
         self.inner.write_recovery_note(&session.id, &stream.name, &record).await.map_err(storage_error)
     }
@@ -382,10 +382,10 @@ async fn emit_related(inner: &Inner, session: &Session, own: Option<&RequestStre
     let stream = related_stream(inner, session, own).await;
     if let Some(own) = own.filter(|own| own.name == stream) {
         // The priming event comes first on its stream.
-        own.ensure_primed(inner, &session.id).await.map_err(storage_error)?;
-        return own.emit(inner, &session.id, EventKind::Message, payload).await.map(|_| ()).map_err(storage_error);
+        own.ensure_primed(&inner.events, &session.id).await.map_err(storage_error)?;
+        return own.emit(&inner.events, &session.id, EventKind::Message, payload).await.map(|_| ()).map_err(storage_error);
     }
-    inner.emit(&session.id, &stream, EventKind::Message, payload).await.map(|_| ()).map_err(storage_error)
+    inner.events.emit(&session.id, &stream, EventKind::Message, payload).await.map(|_| ()).map_err(storage_error)
 }
 
 /// Removes a pending server-to-client request from its session's map however

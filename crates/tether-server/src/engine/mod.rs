@@ -15,6 +15,7 @@
 mod cache;
 pub mod calls;
 mod ctx;
+mod events;
 mod initialize;
 mod keys;
 mod lifecycle;
@@ -57,7 +58,7 @@ use crate::app::{Authorized, EndReason, Endpoints, McpApp, SessionEnd};
 use crate::config::EngineConfig;
 use crate::ids::{self, EventId};
 pub use listen::filter as listen_filter;
-use live::{LiveEvent, LiveHub, StreamKind};
+use live::{LiveHub, StreamKind};
 use pump::{PumpSpec, spawn_pump};
 use request::RequestHead;
 pub use sessionless::{Outbound, SessionlessReply, SessionlessRequest, discover_result, missing_capability};
@@ -189,6 +190,8 @@ pub(crate) struct Inner {
     apps: Endpoints,
     config: EngineConfig,
     hub: Arc<LiveHub>,
+    /// Append, then publish: how everything is emitted (`events.rs`).
+    events: events::Events,
     /// The sessions held in memory (`cache.rs`).
     cache: cache::SessionCache,
     /// Recorded as the owner of every request this process runs.
@@ -239,13 +242,16 @@ impl Engine {
     /// Several applications, one per endpoint.
     pub fn with_endpoints(store: Arc<dyn Store>, apps: Endpoints, config: EngineConfig) -> Self {
         let instance = ids::new_instance_id();
+        let hub = Arc::new(LiveHub::default());
+        let events = events::Events::new(store.clone(), hub.clone(), &instance);
         let records = operations::OpRecords::new(store.clone(), &instance, config.operation_ttl);
         let engine = Self {
             inner: Arc::new(Inner {
                 replicas: replicas::Replicas::new(store.clone(), &instance, &config),
                 store,
                 apps,
-                hub: Arc::new(LiveHub::default()),
+                hub,
+                events,
                 cache: cache::SessionCache::default(),
                 instance,
                 running: Arc::default(),
@@ -555,7 +561,7 @@ impl Engine {
         let inner = &self.inner;
         let mut appends: futures::stream::FuturesUnordered<_> = held
             .iter()
-            .map(|session| inner.emit(&session.id, &session.standalone_stream, EventKind::Message, payload.clone()))
+            .map(|session| inner.events.emit(&session.id, &session.standalone_stream, EventKind::Message, payload.clone()))
             .collect();
         let (mut notified, mut failed) = (0, 0);
         while let Some(appended) = appends.next().await {
@@ -681,48 +687,6 @@ impl Inner {
             }
         });
         futures::future::join_all(apps).await;
-    }
-
-    /// Appends the first events of a stream this process just named, in one
-    /// commit, then publishes them.
-    pub(crate) async fn emit_first(
-        &self,
-        session: &str,
-        stream: &str,
-        events: Vec<(EventKind, Bytes)>,
-    ) -> Result<u64, StoreError> {
-        let first = self.store.start_stream(session, stream, events.clone()).await?;
-        crate::metrics::events_appended(events.len());
-        for (i, (kind, payload)) in events.into_iter().enumerate() {
-            self.hub.publish(session, stream, LiveEvent { seq: first + i as u64, kind, payload: Some(payload) });
-        }
-        Ok(first)
-    }
-
-    /// Appends to the store, then publishes: stored before seen.
-    pub(crate) async fn emit(&self, session: &str, stream: &str, kind: EventKind, payload: Bytes) -> Result<u64, StoreError> {
-        let seq = self.store.append(session, stream, kind, payload.clone()).await?;
-        crate::metrics::events_appended(1);
-        self.hub.publish(session, stream, LiveEvent { seq, kind, payload: Some(payload) });
-        Ok(seq)
-    }
-
-    /// [`Inner::emit`] on a request stream this process runs or ran, above
-    /// `floor` and started again with `restart` if the store lost it
-    /// ([`Store::append_continued`]).
-    pub(crate) async fn emit_continued(
-        &self,
-        session: &str,
-        stream: &str,
-        floor: u64,
-        restart: Bytes,
-        kind: EventKind,
-        payload: Bytes,
-    ) -> Result<u64, StoreError> {
-        let seq = self.store.append_continued(session, stream, floor, restart, vec![(kind, payload.clone())]).await?;
-        crate::metrics::events_appended(1);
-        self.hub.publish(session, stream, LiveEvent { seq, kind, payload: Some(payload) });
-        Ok(seq)
     }
 
     /// The standalone stream's pump for a GET that takes it over: ends the

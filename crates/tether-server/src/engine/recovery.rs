@@ -132,7 +132,7 @@ impl Inner {
             return Ok(());
         }
         let payload = envelope::error_message(Some(&id), &RpcError::internal(INTERRUPTED_MESSAGE));
-        self.emit(&session.id, stream, EventKind::Final, payload).await?;
+        self.events.emit(&session.id, stream, EventKind::Final, payload).await?;
         tracing::warn!(session = %session.id, %stream, "closed a request interrupted by a restart");
         Ok(())
     }
@@ -148,7 +148,9 @@ impl Inner {
         match self.running.known(&session.id, stream) {
             None => Ok(false),
             Some(Known::Running(running)) => {
-                if running.prime_stored() && self.store.restart_stream(&session.id, stream, running.prime_meta(self)).await? {
+                if running.prime_stored()
+                    && self.store.restart_stream(&session.id, stream, running.prime_meta(&self.events)).await?
+                {
                     tracing::warn!(session = %session.id, %stream, "started again a request stream the store lost (a failover?); its request runs on");
                 }
                 Ok(true)
@@ -190,7 +192,7 @@ impl Inner {
         };
         let payload = envelope::error_message(Some(id), &RpcError::internal(LOST_MESSAGE));
         let restart = super::prime_meta(id, "", &self.instance);
-        self.emit_continued(&session.id, stream, floor, restart, EventKind::Final, payload).await?;
+        self.events.continued(&session.id, stream, floor, restart, EventKind::Final, payload).await?;
         tracing::warn!(session = %session.id, %stream, "closed a request whose final response the store lost (a failover?)");
         Ok(())
     }

@@ -178,7 +178,7 @@ impl Inner {
                     // lock until its commit returns, and waiting for that
                     // lock without polling it would wait forever.
                     let prime = async {
-                        if let Err(e) = stream.ensure_primed(&inner, &session.id).await {
+                        if let Err(e) = stream.ensure_primed(&inner.events, &session.id).await {
                             // The POST was answered 503 ("not stored, send it
                             // again"): work nobody waits for is stopped.
                             tracing::warn!(session = %session.id, error = %e, "could not store a priming event; the request was refused with 503 and is cancelled");
@@ -303,11 +303,11 @@ const FINAL_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(5);
 /// next start then closes the request as interrupted).
 async fn store_final(inner: &Inner, session: &Arc<Session>, stream: &RequestStream, request_id: &Value, payload: Bytes) {
     let mut payload = payload;
-    let mut stored = stream.finish(inner, &session.id, payload.clone()).await;
+    let mut stored = stream.finish(&inner.events, &session.id, payload.clone()).await;
     if let Err(StoreError::EarlierWriteFailed(why)) = &stored {
         let error = RpcError::internal(format!("the request's changes were not stored: {why}"));
         payload = envelope::error_message(Some(request_id), &error);
-        stored = stream.finish(inner, &session.id, payload.clone()).await;
+        stored = stream.finish(&inner.events, &session.id, payload.clone()).await;
     }
     let Err(first) = stored else { return };
     if !stream.is_primed().await {
@@ -338,7 +338,7 @@ async fn store_final(inner: &Inner, session: &Arc<Session>, stream: &RequestStre
             }
             () = session.closed.cancelled() => return,
         }
-        match stream.finish(inner, &session.id, payload.clone()).await {
+        match stream.finish(&inner.events, &session.id, payload.clone()).await {
             Ok(()) => {
                 tracing::info!(session = %session.id, "the final response is stored after all");
                 return;

@@ -30,7 +30,7 @@ use bytes::Bytes;
 use tether_store::{EventKind, StoreError};
 use tokio::sync::oneshot;
 
-use super::Inner;
+use super::events::Events;
 
 /// What the waiting POST learns from its request's work.
 pub(crate) enum Quick {
@@ -151,20 +151,20 @@ impl RequestStream {
 
     /// The priming event's record: the request's id and method, and the
     /// instance that runs it (for recovery: `super::prime_meta`).
-    pub(crate) fn prime_meta(&self, inner: &Inner) -> bytes::Bytes {
-        super::prime_meta(&self.request_id, &self.method, &inner.instance)
+    pub(crate) fn prime_meta(&self, events: &Events) -> bytes::Bytes {
+        super::prime_meta(&self.request_id, &self.method, events.instance())
     }
 
     /// Appends a later event of this stream (not its first) and publishes
     /// it: on a shared store above every number the stream was given
     /// before, starting the stream again if the store lost it (see the
     /// module's documentation).
-    pub async fn emit(&self, inner: &Inner, session: &str, kind: EventKind, payload: Bytes) -> Result<u64, StoreError> {
-        let seq = if inner.store.is_shared() {
-            let restart = self.prime_meta(inner);
-            inner.emit_continued(session, &self.name, self.last_seq(), restart, kind, payload).await?
+    pub async fn emit(&self, events: &Events, session: &str, kind: EventKind, payload: Bytes) -> Result<u64, StoreError> {
+        let seq = if events.is_shared() {
+            let restart = self.prime_meta(events);
+            events.continued(session, &self.name, self.last_seq(), restart, kind, payload).await?
         } else {
-            inner.emit(session, &self.name, kind, payload).await?
+            events.emit(session, &self.name, kind, payload).await?
         };
         self.handed_out(seq, false);
         Ok(seq)
@@ -178,11 +178,11 @@ impl RequestStream {
     /// Stores (and publishes) the priming event unless that happened already;
     /// a waiting POST is then told to stream, or, if the store failed, to
     /// answer 503.
-    pub async fn ensure_primed(&self, inner: &Inner, session: &str) -> Result<(), StoreError> {
+    pub async fn ensure_primed(&self, events: &Events, session: &str) -> Result<(), StoreError> {
         let mut state = self.state.lock().await;
         if !state.primed {
-            let meta = self.prime_meta(inner);
-            match inner.emit_first(session, &self.name, vec![(EventKind::Prime, meta)]).await {
+            let meta = self.prime_meta(events);
+            match events.first(session, &self.name, vec![(EventKind::Prime, meta)]).await {
                 Ok(seq) => {
                     state.prime_seq = seq;
                     self.handed_out(seq, true);
@@ -230,8 +230,8 @@ impl RequestStream {
     }
 
     /// Stores the final response; then runs what waited for it.
-    pub async fn finish(&self, inner: &Inner, session: &str, response: Bytes) -> Result<(), StoreError> {
-        self.store_final(inner, session, response).await?;
+    pub async fn finish(&self, events: &Events, session: &str, response: Bytes) -> Result<(), StoreError> {
+        self.store_final(events, session, response).await?;
         let waiting = std::mem::take(&mut *self.after_final.lock());
         for f in waiting {
             f();
@@ -239,13 +239,13 @@ impl RequestStream {
         Ok(())
     }
 
-    async fn store_final(&self, inner: &Inner, session: &str, response: Bytes) -> Result<(), StoreError> {
+    async fn store_final(&self, events: &Events, session: &str, response: Bytes) -> Result<(), StoreError> {
         let mut state = self.state.lock().await;
         if state.primed {
-            self.emit(inner, session, EventKind::Final, response).await?;
+            self.emit(events, session, EventKind::Final, response).await?;
             return Ok(());
         }
-        let response_seq = match inner.emit_first(session, &self.name, vec![(EventKind::Final, response.clone())]).await {
+        let response_seq = match events.first(session, &self.name, vec![(EventKind::Final, response.clone())]).await {
             Ok(seq) => seq,
             Err(e) => {
                 if !matches!(e, StoreError::EarlierWriteFailed(_))
