@@ -29,7 +29,13 @@ impl<H: ServerHandler> Service<RoleServer> for Guarded<H> {
         request: ClientRequest,
         context: RequestContext<RoleServer>,
     ) -> Result<ServerResult, ErrorData> {
-        match AssertUnwindSafe(Service::handle_request(&self.0, request, context)).catch_unwind().await {
+        let cancelled = context.ct.clone();
+        let work = AssertUnwindSafe(Service::handle_request(&self.0, request, context)).catch_unwind();
+        let outcome = tokio::select! {
+            outcome = work => outcome,
+            _ = cancelled.cancelled() => return Err(ErrorData::internal_error("the request was cancelled", None)),
+        };
+        match outcome {
             Ok(answer) => answer,
             Err(panic) => {
                 let message = panic_message(panic.as_ref());

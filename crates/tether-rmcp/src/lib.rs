@@ -221,7 +221,7 @@ impl<H: ServerHandler> McpApp for RmcpApp<H> {
     async fn on_notification(&self, ctx: SessionCtx, method: &str, params: Option<Map<String, Value>>) {
         let local = ctx.local::<Local>();
         match self.served(&ctx, &local).await {
-            Ok(served) => served.notify(method, params),
+            Ok(served) => served.notify(method, params).await,
             Err(e) => tracing::warn!(method, error = %e.message, "a notification could not reach the session's handler"),
         }
     }

@@ -133,37 +133,41 @@ impl Served {
         let (answer, rx) = oneshot::channel();
         self.routes.calls.lock().insert(id, Call { answer, ctx });
         let pending = Pending { served: self, id };
-        if self.inbound.send(message).await.is_err() {
-            return Err(stopped());
-        }
         let cancelled = async {
             match cancel {
                 Some(cancel) => cancel.cancelled().await,
                 None => std::future::pending().await,
             }
         };
+        // The wait for room in the loop's queue counts too.
+        let exchange = async {
+            self.inbound.send(message).await.map_err(|_| stopped())?;
+            rx.await.unwrap_or_else(|_| Err(stopped()))
+        };
         let answer = tokio::select! {
-            answer = rx => answer,
+            answer = exchange => answer,
             _ = cancelled => return Err(RpcError::internal("the request was cancelled")),
             _ = tokio::time::sleep(timeout) => return Err(RpcError::internal(format!(
                 "the handler did not answer {method} within {} s (RmcpApp::request_timeout); it was cancelled",
                 timeout.as_secs()
             ))),
         };
-        pending.answered();
-        answer.unwrap_or_else(|_| Err(stopped()))
+        drop(pending);
+        answer
     }
 
-    /// Passes a client notification to the handler (dropped if the loop is full or gone).
-    pub(crate) fn notify(&self, method: &str, params: Option<Map<String, Value>>) {
+    /// Passes a client notification to the handler, in order (waiting for
+    /// room in the loop's queue; dropped if the loop is gone or the
+    /// notification is not one rmcp reads).
+    pub(crate) async fn notify(&self, method: &str, params: Option<Map<String, Value>>) {
         let mut message = json!({"jsonrpc": "2.0", "method": method});
         if let Some(params) = params {
             message["params"] = Value::Object(params);
         }
         match serde_json::from_value::<ClientJsonRpcMessage>(message) {
             Ok(message) => {
-                if self.inbound.try_send(message).is_err() {
-                    tracing::warn!(method, "the handler's service is busy or gone: notification dropped");
+                if self.inbound.send(message).await.is_err() {
+                    tracing::debug!(method, "the handler's service is gone: notification dropped");
                 }
             }
             Err(e) => tracing::debug!(method, error = %e, "a notification the handler does not know: dropped"),
@@ -175,17 +179,12 @@ fn stopped() -> RpcError {
     RpcError::internal("the handler's service stopped before it answered")
 }
 
-/// A call in flight: if its waiter goes away first (cancelled, timed out),
-/// the handler is told with `notifications/cancelled`.
+/// A call in flight: if its waiter goes away while the call is still
+/// waiting (cancelled, timed out, dropped), its entry goes and the handler is
+/// told with `notifications/cancelled`; an answered call's entry is already gone.
 struct Pending<'a> {
     served: &'a Served,
     id: i64,
-}
-
-impl Pending<'_> {
-    fn answered(self) {
-        std::mem::forget(self);
-    }
 }
 
 impl Drop for Pending<'_> {
@@ -198,8 +197,12 @@ impl Drop for Pending<'_> {
             "method": "notifications/cancelled",
             "params": {"requestId": self.id, "reason": "the request ended before the handler answered"}
         });
-        if let Ok(message) = serde_json::from_value::<ClientJsonRpcMessage>(cancelled) {
-            let _ = self.served.inbound.try_send(message);
+        let Ok(message) = serde_json::from_value::<ClientJsonRpcMessage>(cancelled) else { return };
+        // Told at once where the queue has room, else as soon as it has (one
+        // task per cancelled call, ending when the message is in or the loop gone).
+        if let Err(mpsc::error::TrySendError::Full(message)) = self.served.inbound.try_send(message) {
+            let inbound = self.served.inbound.clone();
+            tokio::spawn(async move { inbound.send(message).await });
         }
     }
 }

@@ -29,6 +29,25 @@ use tether_server::Server;
 /// Handlers made by the factories of this file's servers.
 static MADE: AtomicUsize = AtomicUsize::new(0);
 
+/// Calls of `hang` whose work is still held (nextest runs each test in a process of its own).
+static HANGING: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts a call of `hang` while its work is held.
+struct Hanging;
+
+impl Hanging {
+    fn new() -> Self {
+        HANGING.fetch_add(1, Ordering::SeqCst);
+        Self
+    }
+}
+
+impl Drop for Hanging {
+    fn drop(&mut self) {
+        HANGING.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 #[derive(serde::Deserialize, schemars::JsonSchema)]
 struct Echo {
     text: String,
@@ -81,6 +100,7 @@ impl Probe {
 
     #[tool(description = "Never answers")]
     async fn hang(&self) -> String {
+        let _held = Hanging::new();
         std::future::pending().await
     }
 
@@ -228,6 +248,12 @@ async fn a_handler_that_never_answers_is_ended_by_the_request_timeout() {
     let hang = c.call(&session, 1, "hang", json!({})).await;
     assert_eq!(hang["error"]["code"], -32603, "{hang}");
     assert!(hang["error"]["message"].as_str().unwrap_or_default().contains("did not answer"), "{hang}");
+    // The handler was told, and its work on the call dropped.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while HANGING.load(Ordering::SeqCst) > 0 {
+        assert!(tokio::time::Instant::now() < deadline, "the handler's work on the timed-out call is still held");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let echo = c.call(&session, 2, "echo", json!({"text": "after the timeout"})).await;
     assert_eq!(text_of(&echo), "after the timeout", "{echo}");
 }
