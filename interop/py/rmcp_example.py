@@ -115,12 +115,17 @@ async def legacy_check(url: str) -> str:
         dele = [e for e in log.entries if e["method"] == "DELETE"]
         check(len(dele) == 1 and dele[0]["status"] in (200, 202, 204), f"session DELETE on close: {[e['status'] for e in dele]}")
     except BaseException as e:  # noqa: BLE001
-        failed = first_check_failed(e)
-        what = str(failed) if failed else f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
-        raise CheckFailed(f"{what}\nHTTP log:\n{log.render()}") from None
+        raise failure(e, log) from None
     return (f"protocol={version} session={sid} tools={names}, echo ok, slow: progress "
             f"{progress} of {STEPS} then 'done after {STEPS} steps'; requests={rpcs} + DELETE")
 
+
+
+def failure(e: BaseException, log: "SessionLog") -> CheckFailed:
+    """The check that failed (or the error, with its traceback), with the HTTP log."""
+    failed = first_check_failed(e)
+    what = str(failed) if failed else f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+    return CheckFailed(f"{what}\nHTTP log:\n{log.render()}")
 
 async def modern_check(url: str, mode: str) -> str:
     log = SessionLog()
@@ -149,9 +154,7 @@ async def modern_check(url: str, mode: str) -> str:
         if mode == "auto":
             check(rpcs[0] == "server/discover", f"mode='auto' did not probe server/discover first: {rpcs}")
     except BaseException as e:  # noqa: BLE001
-        failed = first_check_failed(e)
-        what = str(failed) if failed else f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
-        raise CheckFailed(f"{what}\nHTTP log:\n{log.render()}") from None
+        raise failure(e, log) from None
     return (f"protocol={version} tools={names}, echo ok, slow: progress {progress} of {STEPS} then the result; "
             f"requests={rpcs}, no Mcp-Session-Id either way, no GET or DELETE")
 
