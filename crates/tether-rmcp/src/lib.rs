@@ -20,7 +20,7 @@
 //! }
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let server = tether_server::Server::builder()
+//! let server = tether_rmcp::Server::builder()
 //!     .store("sqlite:./sessions.db")
 //!     .mount(Arc::new(tether_rmcp::RmcpApp::new(|| Hello)))
 //!     .build()
@@ -68,6 +68,10 @@ use tether_server::{CutOff, Initialize, McpApp, RawResult, RequestCtx, RpcError,
 use tokio::sync::OnceCell;
 
 use served::Served;
+
+/// The embedding API, re-exported so that an rmcp server needs this crate
+/// only: [`Server::builder`] opens the store, mounts the app and serves.
+pub use tether_server::{Server, ServerBuilder, ServerError};
 
 /// [`RmcpApp::request_timeout`]'s default.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
