@@ -45,8 +45,8 @@
 //!   crash. A tool that is safe to run twice may opt in to running again
 //!   instead: [`RmcpApp::rerun_after_restart`].
 //! - 2025-11-25 sessions and 2026-07-28 sessionless requests reach the same
-//!   handler code (sessionless ones through one handler shared by the
-//!   process); `server/discover` answers with the handler's `get_info`.
+//!   handler code (each sessionless one with a handler of its own, as
+//!   rmcp's stateless mode); `server/discover` answers with `get_info`.
 //! - A handler that panics ends that request with an internal error; the
 //!   session goes on. One that never answers is ended by
 //!   [`RmcpApp::request_timeout`], and its work on the request is dropped.
@@ -102,15 +102,13 @@ pub struct RmcpApp<H> {
     factory: Box<dyn Fn() -> H + Send + Sync>,
     rerun: HashSet<String>,
     timeout: Duration,
-    /// The handler of sessionless (2026-07-28) requests, shared by the process.
-    sessionless: OnceCell<Served>,
     /// `server/discover`'s answer: the handler's `get_info`.
     described: Map<String, Value>,
 }
 
 impl<H: ServerHandler> RmcpApp<H> {
-    /// Serves the handlers `factory` makes: one per session, and one for
-    /// every sessionless request of the process.
+    /// Serves the handlers `factory` makes: one per session, and one per
+    /// sessionless request.
     pub fn new(factory: impl Fn() -> H + Send + Sync + 'static) -> Self {
         let info = factory().get_info();
         let mut described = match serde_json::to_value(&info) {
@@ -118,13 +116,7 @@ impl<H: ServerHandler> RmcpApp<H> {
             _ => Map::new(),
         };
         described.retain(|key, _| matches!(key.as_str(), "capabilities" | "serverInfo" | "instructions"));
-        Self {
-            factory: Box::new(factory),
-            rerun: HashSet::new(),
-            timeout: DEFAULT_TIMEOUT,
-            sessionless: OnceCell::new(),
-            described,
-        }
+        Self { factory: Box::new(factory), rerun: HashSet::new(), timeout: DEFAULT_TIMEOUT, described }
     }
 
     /// How long the handler may take to answer one request (default 10
@@ -211,7 +203,9 @@ impl<H: ServerHandler> McpApp for RmcpApp<H> {
         params: Option<Map<String, Value>>,
     ) -> Result<RawResult, RpcError> {
         let Some(session) = ctx.session() else {
-            let served = self.sessionless.get_or_init(|| async { Served::start((self.factory)(), None) }).await;
+            // A sessionless request gets a handler of its own, as in rmcp's
+            // stateless mode: nothing a handler keeps crosses requests (or principals).
+            let served = Served::start((self.factory)(), None);
             return served.call(Some(ctx), method, params, self.timeout).await;
         };
         let local = session.local::<Local>();

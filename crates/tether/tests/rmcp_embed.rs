@@ -61,6 +61,8 @@ struct Steps {
 #[derive(Clone)]
 struct Probe {
     tool_router: ToolRouter<Self>,
+    /// Calls of `count` this handler answered: what a handler keeps in its own memory.
+    counted: Arc<AtomicUsize>,
 }
 
 fn internal(e: impl std::fmt::Display) -> ErrorData {
@@ -71,7 +73,12 @@ fn internal(e: impl std::fmt::Display) -> ErrorData {
 impl Probe {
     fn new() -> Self {
         MADE.fetch_add(1, Ordering::SeqCst);
-        Self { tool_router: Self::tool_router() }
+        Self { tool_router: Self::tool_router(), counted: Arc::default() }
+    }
+
+    #[tool(description = "How many times this handler was asked")]
+    fn count(&self) -> String {
+        (self.counted.fetch_add(1, Ordering::SeqCst) + 1).to_string()
     }
 
     #[tool(description = "Returns its text")]
@@ -200,7 +207,7 @@ async fn tools_are_listed_and_called_with_progress_on_the_calls_stream() {
     let tools = listed.last().unwrap().json()["result"]["tools"].clone();
     let mut names: Vec<&str> = tools.as_array().unwrap().iter().filter_map(|t| t["name"].as_str()).collect();
     names.sort_unstable();
-    assert_eq!(names, ["boom", "client", "echo", "hang", "log", "roots", "slow"]);
+    assert_eq!(names, ["boom", "client", "count", "echo", "hang", "log", "roots", "slow"]);
 
     let echo = c.call(&session, 2, "echo", json!({"text": "hello"})).await;
     assert_eq!(text_of(&echo), "hello", "{echo}");
@@ -297,6 +304,17 @@ async fn a_sessionless_call_and_discover_reach_the_same_handler() {
     let (status, echo) = send_sessionless(&c, &body, Some("echo"), &[]).await;
     assert_eq!(status, 200, "{echo}");
     assert_eq!(text_of(&echo), "no session", "{echo}");
+
+    // Each sessionless request has a handler of its own (nothing it keeps
+    // crosses requests); a session keeps its one handler.
+    for id in [3, 4] {
+        let (_, counted) =
+            send_sessionless(&c, &sessionless_request(id, "tools/call", json!({"name": "count"})), Some("count"), &[]).await;
+        assert_eq!(text_of(&counted), "1", "{counted}");
+    }
+    let session = c.initialize().await;
+    assert_eq!(text_of(&c.call(&session, 5, "count", json!({})).await), "1");
+    assert_eq!(text_of(&c.call(&session, 6, "count", json!({})).await), "2");
 }
 
 #[tokio::test(flavor = "multi_thread")]
