@@ -563,3 +563,35 @@ async fn two_replicas_on_one_redis_serve_one_handlers_session() {
     assert_eq!(text_of(messages.last().unwrap()), "done after 2 steps");
     assert_eq!(text_of(&a.call(&session, 3, "echo", json!({"text": "back on a"})).await), "back on a");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_oauth_access_token_of_a_real_authorization_server_opens_a_handlers_session_bound_to_its_subject() {
+    use tether_server::http::Auth;
+    use tether_server::http::oauth::{OAuthConfig, ResourceServer};
+    let dir = tempfile::tempdir().unwrap();
+    let provider = support::provider::start_provider(dir.path());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let config =
+        OAuthConfig { issuers: vec![provider.issuer.clone()], public_url: base.clone(), scopes: vec![], introspection: None };
+    let auth = Auth::disabled().with_oauth(ResourceServer::new(config).unwrap());
+    let server = Server::builder().store("memory").auth(auth).mount(Arc::new(probe_app())).build().await.unwrap();
+    tokio::spawn(server.serve_on(listener, std::future::pending()));
+    let mcp = format!("{base}/mcp");
+
+    let nobody = Client::new(&mcp).post(
+        None,
+        &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}),
+    );
+    let refused = nobody.send().await.unwrap();
+    assert_eq!(refused.status(), 401);
+    assert!(refused.headers()["www-authenticate"].to_str().unwrap().contains("oauth-protected-resource/mcp"));
+
+    let svc = Client::with_token(&mcp, &provider.token("svc", &mcp, "tools:read").await);
+    let session = svc.initialize().await;
+    assert_eq!(text_of(&svc.call(&session, 1, "echo", json!({"text": "with a token"})).await), "with a token");
+    let other = Client::with_token(&mcp, &provider.token("reader", &mcp, "tools:read").await);
+    let foreign = other.post(Some(&session), &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})).send().await.unwrap();
+    assert_eq!(foreign.status(), 404, "a handler's session is bound to its token's subject");
+}
