@@ -41,7 +41,7 @@ use tokio::sync::{Notify, mpsc, watch};
 use crate::config::CommandSpec;
 use crate::processes::ProcessPermit;
 use crate::progress::Progress;
-use crate::stdio::{self, Outgoing, Shared, StderrLog, StdioUpstream};
+use crate::stdio::{self, Shared, StderrLog, Stdin, StdioUpstream};
 use crate::upstream::{PeerSink, Started, Upstream, request_key};
 
 mod cut_off;
@@ -224,11 +224,10 @@ fn connect(
         closed: AtomicBool::new(false),
     });
     let kill = Arc::new(Notify::new());
-    let (writer, write_rx) = mpsc::channel(stdio::WRITE_QUEUE);
     let (exited_tx, exited) = watch::channel(None);
     tether_server::metrics::upstream_processes(upstream_name, 1);
+    keeper.answer_inline(child, answer_inline(Arc::downgrade(&kept), shared.clone()));
     tokio::spawn(send_acks(kept.clone(), acked));
-    tokio::spawn(write_lines(kept.clone(), write_rx));
     tokio::spawn(log_stderr(stderr, shared.clone()));
     let reader = tokio::spawn(read_frames(events, sink, shared.clone(), kept.clone()));
     tokio::spawn(supervise(reader, kept.clone(), shared.clone(), kill.clone(), exited_tx, permit));
@@ -236,12 +235,31 @@ fn connect(
     let first_id = keeper.epoch() << 32;
     Arc::new(StdioUpstream {
         shared,
-        writer,
+        stdin: Stdin::Kept(kept.clone()),
         next_id: AtomicU64::new(first_id),
         kill,
         exited,
         request_timeout: spec.request_timeout,
         kept: Some(kept),
+    })
+}
+
+/// The keeper's reader hands a frame here first, while nothing of the
+/// child's waits in its queue: an answer to a request of ours goes to it at
+/// once, without waking [`read_frames`] (a quick call crosses the request's
+/// task and the keeper socket's reader only). Anything else, and anything
+/// while calls cut off by a crash wait to be claimed, takes the queue.
+fn answer_inline(kept: std::sync::Weak<KeptChild>, shared: Arc<Shared>) -> tether_keeper::client::Inline {
+    Arc::new(move |frame, line| {
+        let Some(kept) = kept.upgrade() else { return false };
+        if kept.has_cut_offs() {
+            return false;
+        }
+        let answered = shared.try_answer(line, || kept.frames.seen(frame));
+        if answered {
+            kept.frames.release(frame);
+        }
+        answered
     })
 }
 
@@ -303,6 +321,16 @@ impl KeptChild {
         let _ = ctx.after_final_stored(settle);
     }
 
+    /// Sends a line for the child's stdin, numbered as it goes out.
+    pub(crate) async fn write(&self, tag: Bytes, line: Bytes) -> Result<(), String> {
+        self.keeper.write(self.child, &self.next_seq, tag, line).await.map(drop)
+    }
+
+    /// [`Self::write`] if there is room now.
+    pub(crate) fn try_write(&self, line: Bytes) -> Result<(), String> {
+        self.keeper.try_write(self.child, &self.next_seq, Bytes::new(), line).map(drop)
+    }
+
     /// This engine lets go of the child for good (see [`Upstream::leave`]).
     pub(crate) fn leave(&self) {
         self.left.store(true, Ordering::Release);
@@ -346,17 +374,6 @@ async fn send_acks(kept: Arc<KeptChild>, mut acked: watch::Receiver<u64>) {
     }
 }
 
-/// Sends queued lines to the keeper, numbered.
-async fn write_lines(kept: Arc<KeptChild>, mut lines: mpsc::Receiver<Outgoing>) {
-    while let Some(Outgoing { line, tag }) = lines.recv().await {
-        let seq = kept.next_seq.fetch_add(1, Ordering::Relaxed);
-        if let Err(e) = kept.keeper.write(kept.child, seq, tag, line).await {
-            tracing::debug!(child = kept.child, error = %e, "cannot write to a kept child");
-            return;
-        }
-    }
-}
-
 async fn log_stderr(mut stderr: mpsc::Receiver<Bytes>, shared: Arc<Shared>) {
     let mut log = StderrLog::new();
     while let Some(line) = stderr.recv().await {
@@ -367,7 +384,7 @@ async fn log_stderr(mut stderr: mpsc::Receiver<Bytes>, shared: Arc<Shared>) {
 /// Dispatches the child's frames; ends with how the child ended (`None`:
 /// the keeper is gone).
 async fn read_frames(
-    mut events: mpsc::UnboundedReceiver<ChildEvent>,
+    mut events: tether_keeper::client::ChildEvents,
     sink: Arc<dyn PeerSink>,
     shared: Arc<Shared>,
     kept: Arc<KeptChild>,

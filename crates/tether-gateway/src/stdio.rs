@@ -4,10 +4,11 @@
 //! [`start`] spawns the command (no shell; only the configured environment
 //! plus `PATH` and `HOME`; in a process group of its own, so stopping it
 //! also stops what it started, such as `npx`'s `node`), sends `initialize`
-//! and returns the connection as an [`Upstream`]. Four tasks serve it:
+//! and returns the connection as an [`Upstream`]. A request's task writes
+//! its line to the child's stdin itself, through an outbox (bounded, so a
+//! child that stops reading back-pressures its callers; its flusher task
+//! runs only when the pipe is full), and three tasks serve the child:
 //!
-//! - the writer owns the child's stdin and writes queued lines (a bounded
-//!   queue, so a child that stops reading back-pressures its callers);
 //! - the reader reads stdout with a bound per line (`max_message_bytes`),
 //!   hands answers to the request waiting for them (by the connection's own
 //!   ids, a counter) and everything else to the caller's [`PeerSink`],
@@ -56,25 +57,22 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 use tether_wire::RpcError;
 use tether_wire::ndjson::{self, Line, LineDecoder};
-use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
-use tokio::process::{Child, ChildStdin, ChildStdout, Command};
-use tokio::sync::{Notify, mpsc, watch};
+use tether_wire::outbox::Outbox;
+use tokio::io::BufReader;
+use tokio::process::{Child, ChildStdout, Command};
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
 pub(crate) use self::shared::{Answer, Shared, our_id};
 pub(crate) use self::stderr::StderrLog;
 use self::stderr::read_stderr;
-pub(crate) use self::upstream::Outgoing;
+pub(crate) use self::upstream::Stdin;
 pub use self::upstream::StdioUpstream;
 use crate::config::CommandSpec;
 use crate::connector::{Capacity, Connector, DEFAULT_POOL_IDLE, StartRequest};
 use crate::processes::{ProcessPermit, Processes};
 use crate::upstream::{PeerSink, Started, Upstream, UpstreamError};
 
-/// Lines queued for the child's stdin.
-pub(crate) const WRITE_QUEUE: usize = 256;
-/// Lines written before one flush, at most.
-const WRITE_BATCH: usize = 64;
 /// How long the readers may go on after the child exited (what it wrote
 /// just before exiting is still in the pipes; a grandchild may hold them
 /// open forever).
@@ -171,12 +169,15 @@ pub async fn start(
         return Err(RpcError::internal(format!("upstream {upstream_name} (`{command}`): its stdio pipes are missing")));
     };
 
+    let stdin = stdin
+        .into_owned_fd()
+        .and_then(tokio::net::unix::pipe::Sender::from_owned_fd)
+        .map_err(|e| RpcError::internal(format!("upstream {upstream_name} (`{command}`): cannot use its stdin pipe: {e}")))?;
+    let stdin = Stdin::Pipe(Outbox::new(stdin, upstream::STDIN_BYTES));
     let shared = Arc::new(Shared::new(upstream_name, session, command, None));
     let kill = Arc::new(Notify::new());
-    let (writer, write_rx) = mpsc::channel(WRITE_QUEUE);
     let (exited_tx, exited) = watch::channel(None);
     let tasks = Tasks {
-        writer: tokio::spawn(write_stdin(stdin, write_rx, shared.clone())),
         reader: tokio::spawn(read_stdout(stdout, spec.max_message_bytes, sink, shared.clone())),
         stderr: tokio::spawn(read_stderr(stderr, shared.clone())),
     };
@@ -184,7 +185,7 @@ pub async fn start(
     tokio::spawn(supervise(child, tasks, shared.clone(), kill.clone(), exited_tx, permit));
     let request_timeout = spec.request_timeout;
     let upstream =
-        Arc::new(StdioUpstream { shared, writer, next_id: AtomicU64::new(0), kill, exited, request_timeout, kept: None });
+        Arc::new(StdioUpstream { shared, stdin, next_id: AtomicU64::new(0), kill, exited, request_timeout, kept: None });
     let (upstream, initialize_result) = initialize(upstream, initialize_params, init_timeout).await?;
     Ok(Started { upstream, initialize_result, carry_on: None, resumed: false })
 }
@@ -226,7 +227,6 @@ pub(crate) async fn initialize(
 }
 
 struct Tasks {
-    writer: JoinHandle<()>,
     reader: JoinHandle<()>,
     stderr: JoinHandle<()>,
 }
@@ -241,7 +241,7 @@ async fn supervise(
     permit: ProcessPermit,
 ) {
     let pid = child.id();
-    let Tasks { writer, mut reader, mut stderr } = tasks;
+    let Tasks { mut reader, mut stderr } = tasks;
     let mut reader_done = false;
     let description = tokio::select! {
         status = child.wait() => exited_with(status),
@@ -274,7 +274,6 @@ async fn supervise(
         reader.abort();
         stderr.abort();
     }
-    writer.abort();
     gone(&shared, Some(permit), &exited, description);
 }
 
@@ -313,32 +312,6 @@ async fn stop(child: &mut Child, pid: Option<u32>) -> String {
 fn kill_group(pid: Option<u32>) {
     if let Some(pgid) = pid.and_then(|p| i32::try_from(p).ok()).and_then(rustix::process::Pid::from_raw) {
         let _ = rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL);
-    }
-}
-
-async fn write_stdin(stdin: ChildStdin, mut lines: mpsc::Receiver<Outgoing>, shared: Arc<Shared>) {
-    let mut out = BufWriter::new(stdin);
-    while let Some(first) = lines.recv().await {
-        let mut next = Some(first);
-        let mut written = 0;
-        let result = async {
-            // Whatever is queued goes out with one flush.
-            while let Some(Outgoing { line, .. }) = next.take() {
-                out.write_all(&line).await?;
-                out.write_all(b"\n").await?;
-                written += 1;
-                if written < WRITE_BATCH {
-                    next = lines.try_recv().ok();
-                }
-            }
-            out.flush().await
-        }
-        .await;
-        if let Err(e) = result {
-            // The child is gone or closed its stdin; the supervisor ends the connection.
-            tracing::debug!(upstream = %shared.upstream, session = %shared.session, "writing to the child's stdin failed: {e}");
-            return;
-        }
     }
 }
 

@@ -7,9 +7,12 @@
 //! sockets (as `SCM_RIGHTS`), the keeper's identity, this engine's epoch and
 //! the children kept. [`Welcomed::start`] then serves the socket: one task
 //! reads frames and routes each to the child it is about (a channel per
-//! child) or to the request waiting for it; one writes frames.
+//! child, or the child's inline handler: [`Keeper::answer_inline`]) or to
+//! the request waiting for it. Frames to the keeper are written by the
+//! task that sends them, through an [`Outbox`]: a call's line reaches the
+//! keeper without waking another task.
 //!
-//! Bounds: frames to the keeper wait in a queue of [`OUT_QUEUE`]; a child's
+//! Bounds: frames to the keeper wait in an outbox of [`OUT_BYTES`]; a child's
 //! stdin has at most [`WRITE_WINDOW`] lines the keeper has not confirmed
 //! (`Written`); a child's stdout frames reach its channel only as the
 //! keeper reads them, which it does only while it holds fewer than the
@@ -25,11 +28,13 @@ use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream as StdUnixStream;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use bytes::{Bytes, BytesMut};
 use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tether_wire::outbox::{Message, Outbox};
+use tokio::io::AsyncReadExt;
+use tokio::net::unix::OwnedWriteHalf;
 use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
 
 use crate::proto::{self, Decoder, Kept, SpawnSpec, ToEngine, ToKeeper};
@@ -40,8 +45,8 @@ pub const LISTENERS_ENV: &str = "TETHER_KEEPER_LISTENERS";
 /// The keeper's process ID, for the engine to check its parent.
 pub const PID_ENV: &str = "TETHER_KEEPER_PID";
 
-/// Frames to the keeper waiting to be written, at most.
-pub const OUT_QUEUE: usize = 1024;
+/// Bytes of frames to the keeper waiting to be written, at most (plus one frame).
+pub const OUT_BYTES: usize = 4 << 20;
 /// Lines written to one child's stdin the keeper has not confirmed, at most
 /// (the keeper confirms every [`crate::children::WRITTEN_EVERY`] lines, fewer
 /// than this, so the window always reopens).
@@ -143,12 +148,11 @@ impl Welcomed {
         self.stream.set_nonblocking(true).map_err(|e| format!("the keeper's control socket: {e}"))?;
         let stream = tokio::net::UnixStream::from_std(self.stream).map_err(|e| format!("the keeper's control socket: {e}"))?;
         let (read, write) = stream.into_split();
-        let (out, out_rx) = mpsc::channel(OUT_QUEUE);
         let keeper = Arc::new(Keeper {
             id: self.keeper,
             epoch: self.epoch,
             kept: self.children,
-            out,
+            out: Outbox::new(write, OUT_BYTES),
             routes: parking_lot::Mutex::new(Routes::default()),
             next_req: AtomicU64::new(1),
             handover: Notify::new(),
@@ -156,7 +160,6 @@ impl Welcomed {
             gone: Notify::new(),
             is_gone: AtomicBool::new(false),
         });
-        tokio::spawn(write_frames(write, out_rx));
         tokio::spawn(read_frames(read, self.decoder, keeper.clone()));
         Ok((keeper, self.listeners))
     }
@@ -179,9 +182,35 @@ pub enum ChildEvent {
 pub struct ChildPort {
     pub child: u64,
     pub pid: u32,
-    pub events: mpsc::UnboundedReceiver<ChildEvent>,
+    pub events: ChildEvents,
     pub stderr: mpsc::Receiver<Bytes>,
 }
+
+/// One child's events, in order (see [`ChildEvent`]).
+pub struct ChildEvents {
+    rx: mpsc::UnboundedReceiver<ChildEvent>,
+    /// Events sent and not yet handled: the one [`Self::recv`] returned
+    /// last counts until the next call.
+    busy: Arc<AtomicUsize>,
+    holding: bool,
+}
+
+impl ChildEvents {
+    /// The next event, once the last one is handled (this call says so).
+    pub async fn recv(&mut self) -> Option<ChildEvent> {
+        if std::mem::take(&mut self.holding) {
+            self.busy.fetch_sub(1, Ordering::AcqRel);
+        }
+        let event = self.rx.recv().await;
+        self.holding = event.is_some();
+        event
+    }
+}
+
+/// Handles a child's stdout line at once, in the socket's reader (`frame`,
+/// `line`): `true` if it did, `false` to have it queued as a
+/// [`ChildEvent::Line`]. It must not block.
+pub type Inline = Arc<dyn Fn(u64, &Bytes) -> bool + Send + Sync>;
 
 /// A kept child as `attach` finds it.
 pub struct Attached {
@@ -204,6 +233,9 @@ pub struct Status {
 /// Where one child's events go.
 struct Route {
     events: mpsc::UnboundedSender<ChildEvent>,
+    /// Shared with its [`ChildEvents`]: 0 when every event sent is handled.
+    busy: Arc<AtomicUsize>,
+    inline: Option<Inline>,
     stderr: mpsc::Sender<Bytes>,
     /// Stdin lines the keeper may still take before confirming some.
     window: Arc<Semaphore>,
@@ -227,7 +259,7 @@ pub struct Keeper {
     id: u64,
     epoch: u64,
     kept: Vec<Kept>,
-    out: mpsc::Sender<Bytes>,
+    out: Outbox<OwnedWriteHalf>,
     routes: parking_lot::Mutex<Routes>,
     next_req: AtomicU64,
     handover: Notify,
@@ -256,7 +288,7 @@ impl Keeper {
     }
 
     async fn send(&self, message: &ToKeeper) -> Result<(), String> {
-        self.out.send(proto::frame(message)).await.map_err(|_| KEEPER_GONE.to_owned())
+        self.out.send(Message::new(proto::frame(message))).await.map_err(|_| KEEPER_GONE.to_owned())
     }
 
     /// Starts a child, held by this engine.
@@ -285,12 +317,52 @@ impl Keeper {
     }
 
     /// Writes one line to a child's stdin (once: see [`ToKeeper::Write`]),
-    /// waiting while [`WRITE_WINDOW`] lines are unconfirmed.
-    pub async fn write(&self, child: u64, seq: u64, tag: Bytes, line: Bytes) -> Result<(), String> {
+    /// waiting while [`WRITE_WINDOW`] lines are unconfirmed. Its number is
+    /// taken from `next_seq` as the frame goes into the outbox, so the
+    /// keeper gets the lines in the order of their numbers, whichever tasks
+    /// write them. Cancel-safe: a line is sent whole, numbered, or not at all.
+    pub async fn write(&self, child: u64, next_seq: &AtomicU64, tag: Bytes, line: Bytes) -> Result<u64, String> {
         let window = self.routes.lock().children.get(&child).map(|r| r.window.clone());
         let Some(window) = window else { return Err(format!("child {child} is not held by this engine")) };
-        window.acquire().await.map_err(|_| KEEPER_GONE.to_owned())?.forget();
-        self.send(&ToKeeper::Write { child, seq, tag, line }).await
+        let permit = window.acquire().await.map_err(|_| KEEPER_GONE.to_owned())?;
+        let seq = self
+            .out
+            .send_with(|| {
+                let seq = next_seq.fetch_add(1, Ordering::Relaxed);
+                (seq, Message::new(proto::frame(&ToKeeper::Write { child, seq, tag, line })))
+            })
+            .await
+            .map_err(|_| KEEPER_GONE.to_owned())?;
+        // Given back by the keeper's `Written`.
+        permit.forget();
+        Ok(seq)
+    }
+
+    /// [`Self::write`] without waiting: refused when the window or the
+    /// outbox is full.
+    pub fn try_write(&self, child: u64, next_seq: &AtomicU64, tag: Bytes, line: Bytes) -> Result<u64, String> {
+        let window = self.routes.lock().children.get(&child).map(|r| r.window.clone());
+        let Some(window) = window else { return Err(format!("child {child} is not held by this engine")) };
+        let permit = window.try_acquire().map_err(|_| format!("{WRITE_WINDOW} lines to child {child} are unconfirmed"))?;
+        let seq = self
+            .out
+            .try_send_with(|| {
+                let seq = next_seq.fetch_add(1, Ordering::Relaxed);
+                (seq, Message::new(proto::frame(&ToKeeper::Write { child, seq, tag, line })))
+            })
+            .map_err(|e| e.to_string())?;
+        permit.forget();
+        Ok(seq)
+    }
+
+    /// Has `inline` handle the child's stdout lines in the socket's reader
+    /// while nothing of the child's is queued (so the order holds): a
+    /// call's answer then reaches its request without waking the child's
+    /// own task.
+    pub fn answer_inline(&self, child: u64, inline: Inline) {
+        if let Some(route) = self.routes.lock().children.get_mut(&child) {
+            route.inline = Some(inline);
+        }
     }
 
     /// Every frame of the child up to `upto` is stored.
@@ -348,14 +420,19 @@ impl Keeper {
 
     /// A route for a child that is this engine's from now on.
     fn open_route(routes: &mut Routes, child: u64, pid: u32) -> ChildPort {
-        let (events_tx, events) = mpsc::unbounded_channel();
+        let (events_tx, rx) = mpsc::unbounded_channel();
         let (stderr_tx, stderr) = mpsc::channel(STDERR_QUEUE);
         let window = Arc::new(Semaphore::new(WRITE_WINDOW));
-        routes.children.insert(child, Route { events: events_tx, stderr: stderr_tx, window, confirmed: 0 });
-        ChildPort { child, pid, events, stderr }
+        let busy = Arc::new(AtomicUsize::new(0));
+        let route = Route { events: events_tx, busy: busy.clone(), inline: None, stderr: stderr_tx, window, confirmed: 0 };
+        routes.children.insert(child, route);
+        ChildPort { child, pid, events: ChildEvents { rx, busy, holding: false }, stderr }
     }
 
     fn received(&self, message: ToEngine) {
+        if let ToEngine::Line { child, frame, line } = message {
+            return self.line(child, frame, line);
+        }
         let mut routes = self.routes.lock();
         match message {
             ToEngine::Spawned { req, child, pid } => {
@@ -385,7 +462,8 @@ impl Keeper {
                     let _ = tx.send(Err(reason));
                 }
             }
-            ToEngine::Line { child, frame, line } => route_event(&routes, child, ChildEvent::Line { frame, line }),
+            // Taken by `line` above.
+            ToEngine::Line { .. } => {}
             ToEngine::TooLong { child, frame, len, head, tail } => {
                 route_event(&routes, child, ChildEvent::TooLong { frame, len, head, tail });
             }
@@ -410,7 +488,7 @@ impl Keeper {
                 }
                 routes.exited.push_back(child);
                 if let Some(route) = routes.children.remove(&child) {
-                    let _ = route.events.send(ChildEvent::Exited { status });
+                    route.push(ChildEvent::Exited { status });
                 }
             }
             ToEngine::Status { req, restarts, last_restart_ms, held_bytes, children } => {
@@ -432,7 +510,7 @@ impl Keeper {
     fn ended(&self) {
         let routes = std::mem::take(&mut *self.routes.lock());
         for (_, route) in routes.children {
-            let _ = route.events.send(ChildEvent::KeeperGone);
+            route.push(ChildEvent::KeeperGone);
             route.window.close();
         }
         self.is_gone.store(true, Ordering::Release);
@@ -440,21 +518,42 @@ impl Keeper {
     }
 }
 
-fn route_event(routes: &Routes, child: u64, event: ChildEvent) {
-    match routes.children.get(&child) {
-        Some(route) => {
-            let _ = route.events.send(event);
+impl Keeper {
+    /// A line of a child's stdout: handled inline when the child's handler
+    /// takes it and nothing of the child's waits before it, else queued.
+    fn line(&self, child: u64, frame: u64, line: Bytes) {
+        let route = self.routes.lock().children.get(&child).map(|r| (r.inline.clone(), r.busy.clone(), r.events.clone()));
+        let Some((inline, busy, events)) = route else {
+            return tracing::debug!(child, "a frame of a child this engine does not hold; dropped");
+        };
+        // Only this task queues a child's events: once they are all handled
+        // nothing can come before this line.
+        if let Some(inline) = inline
+            && busy.load(Ordering::Acquire) == 0
+            && inline(frame, &line)
+        {
+            return;
         }
-        None => tracing::debug!(child, "a frame of a child this engine does not hold; dropped"),
+        busy.fetch_add(1, Ordering::AcqRel);
+        if events.send(ChildEvent::Line { frame, line }).is_err() {
+            busy.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }
 
-async fn write_frames(mut write: tokio::net::unix::OwnedWriteHalf, mut frames: mpsc::Receiver<Bytes>) {
-    while let Some(frame) = frames.recv().await {
-        if let Err(e) = write.write_all(&frame).await {
-            tracing::error!(error = %e, "cannot write to the keeper's control socket");
-            return;
+impl Route {
+    fn push(&self, event: ChildEvent) {
+        self.busy.fetch_add(1, Ordering::AcqRel);
+        if self.events.send(event).is_err() {
+            self.busy.fetch_sub(1, Ordering::AcqRel);
         }
+    }
+}
+
+fn route_event(routes: &Routes, child: u64, event: ChildEvent) {
+    match routes.children.get(&child) {
+        Some(route) => route.push(event),
+        None => tracing::debug!(child, "a frame of a child this engine does not hold; dropped"),
     }
 }
 

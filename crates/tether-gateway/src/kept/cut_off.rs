@@ -99,6 +99,11 @@ impl KeptChild {
 
     /// Takes a frame that belongs to a cut-off call (true), else leaves it
     /// to the usual dispatch (false).
+    /// Whether calls cut off by a crash wait to be claimed.
+    pub(super) fn has_cut_offs(&self) -> bool {
+        !self.cut_off.lock().calls.is_empty()
+    }
+
     pub(super) async fn route_cut_off(&self, frame: u64, line: &[u8]) -> bool {
         if self.cut_off.lock().calls.is_empty() {
             return false;

@@ -210,6 +210,17 @@ impl Shared {
         }
     }
 
+    /// If `line` is an answer with a result to one of our requests, hands
+    /// it over (after `before`) and says `true`; else `false`, nothing done.
+    /// Never waits: the keeper socket's reader calls it.
+    pub(crate) fn try_answer(&self, line: &[u8], before: impl FnOnce()) -> bool {
+        let Ok(Some(parts)) = envelope::Parts::read(line) else { return false };
+        let Some((id, result)) = result_for_us(&parts) else { return false };
+        before();
+        self.answered(&json!(id), Ok(result.to_owned()));
+        true
+    }
+
     /// One line the child wrote on stdout, read once. A message of the
     /// child's own is delivered before the next line is read (a slow
     /// delivery back-pressures the child: it blocks on a full stdout pipe).

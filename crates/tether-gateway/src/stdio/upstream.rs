@@ -1,5 +1,6 @@
 //! [`StdioUpstream`]: a running child as an [`Upstream`]. A request is one
-//! exchange: its line queued for the child's stdin, its answer awaited
+//! exchange: its line written to the child's stdin by the request's own
+//! task ([`Stdin`]: an outbox, or frames to the keeper), its answer awaited
 //! (bounded by `request_timeout`, but `initialize`), and, if the caller
 //! stops waiting first, its waiting entry gone and the child told with
 //! `notifications/cancelled` ([`InFlight`]). A kept child's requests are
@@ -15,7 +16,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
+use tether_wire::outbox::{Message, Outbox};
 use tether_wire::{RpcError, envelope};
+use tokio::net::unix::pipe;
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 
 use super::{CLOSE_WAIT, Shared};
@@ -24,7 +27,7 @@ use crate::upstream::{PeerMessage, Upstream, UpstreamError, UpstreamResult};
 /// A running child, as an [`Upstream`]. Dropping it stops the child.
 pub struct StdioUpstream {
     pub(crate) shared: Arc<Shared>,
-    pub(crate) writer: mpsc::Sender<Outgoing>,
+    pub(crate) stdin: Stdin,
     pub(crate) next_id: AtomicU64,
     pub(crate) kill: Arc<Notify>,
     /// How the child ended, once it has (`"exited (exit status: 3)"`).
@@ -35,16 +38,34 @@ pub struct StdioUpstream {
     pub(crate) kept: Option<Arc<crate::kept::KeptChild>>,
 }
 
-/// A line for the child's stdin, and what it is for (a kept child's
-/// requests name their client request: see [`crate::kept`]; else empty).
-pub(crate) struct Outgoing {
-    pub line: Bytes,
-    pub tag: Bytes,
+/// Where the child's stdin lines go, written by the task that sends them
+/// (no writer task between): the stdin pipe of a child of this process,
+/// or numbered frames to the keeper for a child it holds.
+pub(crate) enum Stdin {
+    Pipe(Outbox<pipe::Sender>),
+    Kept(Arc<crate::kept::KeptChild>),
 }
 
-impl From<Bytes> for Outgoing {
-    fn from(line: Bytes) -> Self {
-        Self { line, tag: Bytes::new() }
+/// Bytes of lines waiting for a child's stdin pipe, at most (plus one line):
+/// a child that stops reading holds its callers here.
+pub(crate) const STDIN_BYTES: usize = 1 << 20;
+
+impl Stdin {
+    /// Sends `line` (a kept child's request tagged `tag`: see
+    /// [`crate::kept`]; else empty), waiting for room.
+    async fn send(&self, line: Bytes, tag: Bytes) -> Result<(), String> {
+        match self {
+            Self::Pipe(outbox) => outbox.send(Message::line(line)).await.map_err(|e| e.to_string()),
+            Self::Kept(kept) => kept.write(tag, line).await,
+        }
+    }
+
+    /// Sends `line` if there is room now.
+    fn try_send(&self, line: Bytes) -> Result<(), String> {
+        match self {
+            Self::Pipe(outbox) => outbox.try_send(Message::line(line)).map_err(|e| e.to_string()),
+            Self::Kept(kept) => kept.try_write(line),
+        }
     }
 }
 
@@ -83,7 +104,7 @@ impl StdioUpstream {
         // Queuing the line counts too: a child that stops reading its stdin
         // holds a request no longer than one that never answers.
         let exchange = async {
-            self.writer.send(Outgoing { line, tag }).await.map_err(|_| self.shared.gone())?;
+            self.write(line, tag).await?;
             in_flight.sent = true;
             let answer = rx.await;
             in_flight.done = true;
@@ -125,7 +146,15 @@ impl StdioUpstream {
         if !self.is_alive() {
             return Err(self.shared.gone().into());
         }
-        self.writer.send(line.into()).await.map_err(|_| self.shared.gone().into())
+        self.write(line, Bytes::new()).await.map_err(RpcError::from)
+    }
+
+    async fn write(&self, line: Bytes, tag: Bytes) -> Result<(), UpstreamError> {
+        self.stdin.send(line, tag).await.map_err(|e| {
+            let shared = &self.shared;
+            tracing::debug!(upstream = %shared.upstream, session = %shared.session, "writing to the child's stdin failed: {e}");
+            shared.gone()
+        })
     }
 
     /// How the child ended ("exited (exit status: 3)"), waiting at most `limit`.
@@ -186,9 +215,9 @@ impl Drop for InFlight<'_> {
         let line = envelope::outbound_message(None, "notifications/cancelled", Some(&params));
         // No await in drop: if the queue is full the child is far behind and
         // the answer, when it comes, is dropped as a late one.
-        if self.upstream.writer.try_send(line.into()).is_err() {
+        if let Err(e) = self.upstream.stdin.try_send(line) {
             let shared = &self.upstream.shared;
-            tracing::debug!(upstream = %shared.upstream, session = %shared.session, "could not queue notifications/cancelled for request {}", self.id);
+            tracing::debug!(upstream = %shared.upstream, session = %shared.session, "could not send notifications/cancelled for request {}: {e}", self.id);
         }
     }
 }
