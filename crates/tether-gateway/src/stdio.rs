@@ -5,7 +5,7 @@
 //! plus `PATH` and `HOME`; in a process group of its own, so stopping it
 //! also stops what it started, such as `npx`'s `node`), sends `initialize`
 //! and returns the connection as an [`Upstream`]. A request's task writes
-//! its line to the child's stdin itself, through an outbox (bounded, so a
+//! its line to the child's stdin itself, through a shared writer (bounded, so a
 //! child that stops reading back-pressures its callers; its flusher task
 //! runs only when the pipe is full), and three tasks serve the child:
 //!
@@ -57,7 +57,7 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 use tether_wire::RpcError;
 use tether_wire::ndjson::{self, Line, LineDecoder};
-use tether_wire::outbox::Outbox;
+use tether_wire::shared_writer::SharedWriter;
 use tokio::io::BufReader;
 use tokio::process::{Child, ChildStdout, Command};
 use tokio::sync::{Notify, watch};
@@ -173,7 +173,7 @@ pub async fn start(
         .into_owned_fd()
         .and_then(tokio::net::unix::pipe::Sender::from_owned_fd)
         .map_err(|e| RpcError::internal(format!("upstream {upstream_name} (`{command}`): cannot use its stdin pipe: {e}")))?;
-    let stdin = Stdin::Pipe(Outbox::new(stdin, upstream::STDIN_BYTES));
+    let stdin = Stdin::Pipe(SharedWriter::new(stdin, upstream::STDIN_BYTES));
     let shared = Arc::new(Shared::new(upstream_name, session, command, None));
     let kill = Arc::new(Notify::new());
     let (exited_tx, exited) = watch::channel(None);

@@ -9,10 +9,10 @@
 //! reads frames and routes each to the child it is about (a channel per
 //! child, or the child's inline handler: [`Keeper::answer_inline`]) or to
 //! the request waiting for it. Frames to the keeper are written by the
-//! task that sends them, through an [`Outbox`]: a call's line reaches the
+//! task that sends them, through a [`SharedWriter`]: a call's line reaches the
 //! keeper without waking another task.
 //!
-//! Bounds: frames to the keeper wait in an outbox of [`OUT_BYTES`]; a child's
+//! Bounds: frames to the keeper wait in a shared writer of [`OUT_BYTES`]; a child's
 //! stdin has at most [`WRITE_WINDOW`] lines the keeper has not confirmed
 //! (`Written`); a child's stdout frames reach its channel only as the
 //! keeper reads them, which it does only while it holds fewer than the
@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use bytes::{Bytes, BytesMut};
 use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
-use tether_wire::outbox::{Message, Outbox};
+use tether_wire::shared_writer::{Message, SharedWriter};
 use tokio::io::AsyncReadExt;
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
@@ -152,7 +152,7 @@ impl Welcomed {
             id: self.keeper,
             epoch: self.epoch,
             kept: self.children,
-            out: Outbox::new(write, OUT_BYTES),
+            out: SharedWriter::new(write, OUT_BYTES),
             routes: parking_lot::Mutex::new(Routes::default()),
             next_req: AtomicU64::new(1),
             handover: Notify::new(),
@@ -259,7 +259,7 @@ pub struct Keeper {
     id: u64,
     epoch: u64,
     kept: Vec<Kept>,
-    out: Outbox<OwnedWriteHalf>,
+    out: SharedWriter<OwnedWriteHalf>,
     routes: parking_lot::Mutex<Routes>,
     next_req: AtomicU64,
     handover: Notify,
@@ -318,39 +318,26 @@ impl Keeper {
 
     /// Writes one line to a child's stdin (once: see [`ToKeeper::Write`]),
     /// waiting while [`WRITE_WINDOW`] lines are unconfirmed. Its number is
-    /// taken from `next_seq` as the frame goes into the outbox, so the
+    /// taken from `next_seq` as the frame goes into the shared writer, so the
     /// keeper gets the lines in the order of their numbers, whichever tasks
     /// write them. Cancel-safe: a line is sent whole, numbered, or not at all.
     pub async fn write(&self, child: u64, next_seq: &AtomicU64, tag: Bytes, line: Bytes) -> Result<u64, String> {
         let window = self.routes.lock().children.get(&child).map(|r| r.window.clone());
         let Some(window) = window else { return Err(format!("child {child} is not held by this engine")) };
         let permit = window.acquire().await.map_err(|_| KEEPER_GONE.to_owned())?;
-        let seq = self
-            .out
-            .send_with(|| {
-                let seq = next_seq.fetch_add(1, Ordering::Relaxed);
-                (seq, Message::new(proto::frame(&ToKeeper::Write { child, seq, tag, line })))
-            })
-            .await
-            .map_err(|_| KEEPER_GONE.to_owned())?;
+        let seq = self.out.send_with(numbered(child, next_seq, tag, line)).await.map_err(|_| KEEPER_GONE.to_owned())?;
         // Given back by the keeper's `Written`.
         permit.forget();
         Ok(seq)
     }
 
     /// [`Self::write`] without waiting: refused when the window or the
-    /// outbox is full.
+    /// shared writer is full.
     pub fn try_write(&self, child: u64, next_seq: &AtomicU64, tag: Bytes, line: Bytes) -> Result<u64, String> {
         let window = self.routes.lock().children.get(&child).map(|r| r.window.clone());
         let Some(window) = window else { return Err(format!("child {child} is not held by this engine")) };
         let permit = window.try_acquire().map_err(|_| format!("{WRITE_WINDOW} lines to child {child} are unconfirmed"))?;
-        let seq = self
-            .out
-            .try_send_with(|| {
-                let seq = next_seq.fetch_add(1, Ordering::Relaxed);
-                (seq, Message::new(proto::frame(&ToKeeper::Write { child, seq, tag, line })))
-            })
-            .map_err(|e| e.to_string())?;
+        let seq = self.out.try_send_with(numbered(child, next_seq, tag, line)).map_err(|e| e.to_string())?;
         permit.forget();
         Ok(seq)
     }
@@ -538,6 +525,15 @@ impl Keeper {
         if events.send(ChildEvent::Line { frame, line }).is_err() {
             busy.fetch_sub(1, Ordering::AcqRel);
         }
+    }
+}
+
+/// The `Write` of a line to `child`, numbered from `next_seq` when built
+/// (under the shared writer's lock, so numbers follow the bytes).
+fn numbered(child: u64, next_seq: &AtomicU64, tag: Bytes, line: Bytes) -> impl FnOnce() -> (u64, Message) + '_ {
+    move || {
+        let seq = next_seq.fetch_add(1, Ordering::Relaxed);
+        (seq, Message::new(proto::frame(&ToKeeper::Write { child, seq, tag, line })))
     }
 }
 

@@ -9,8 +9,8 @@
 //! - [`headers`]: the Streamable HTTP header names.
 //! - [`meta`]: the `_meta` keys tether reads and writes.
 //! - [`ndjson`]: the one bounded reader of newline-delimited JSON (stdio).
-//! - [`outbox`]: one pipe or socket many tasks write whole messages to, in
-//!   order, written by the sender itself when the kernel takes them.
+//! - [`shared_writer`]: one pipe or socket many tasks write whole messages
+//!   to, in order, written by the sender itself when the kernel takes them.
 //! - [`peer`]: [`PeerMessage`], what a peer sends that is not an answer,
 //!   and [`PeerSink`], where a transport hands such messages in order.
 //! - [`revision`]: the protocol revisions served.
@@ -22,9 +22,9 @@ pub mod error;
 pub mod headers;
 pub mod meta;
 pub mod ndjson;
-pub mod outbox;
 pub mod peer;
 pub mod revision;
+pub mod shared_writer;
 pub mod sse;
 
 pub use envelope::{EnvelopeError, Inbound, parse_message};

@@ -113,6 +113,25 @@ async fn a_killed_engine_leaves_the_sessions_child_to_the_next_one_same_process_
     assert!(log_of(&db).contains("took over the child the keeper kept"), "{}", log_of(&db));
 }
 
+#[tokio::test]
+async fn what_a_kept_child_writes_just_before_its_answer_reaches_the_client_before_the_answer() {
+    // A kept child's answer is handed to its request by the keeper socket's
+    // reader itself, unless something of the child's waits before it: the
+    // progress written back to back before each answer must come first.
+    let dir = tempfile::tempdir().unwrap();
+    let (_tether, url) = Tether::start(&dir.path().join("t.db"), &["--upstream", &upstream_flag("ticks")]);
+    let c = Client::new(&format!("{url}/ticks"));
+    let sid = initialized(&c, "order").await;
+    for id in 1..=20u64 {
+        let params = json!({"name": "ticks", "arguments": {"steps": 8, "ms": 0, "label": "t"}, "_meta": {"progressToken": id}});
+        let seen: Vec<Value> = c.request(&sid, id, "tools/call", params).await.iter().map(SseEvent::json).collect();
+        let last = seen.last().expect("an answer");
+        assert_eq!(last["id"], json!(id), "call {id}: the answer is last: {seen:?}");
+        assert_eq!(last["result"]["structuredContent"]["ticks"], json!(8), "call {id}: {last}");
+        assert_eq!(progress_of(&seen), (1..=8).collect::<Vec<_>>(), "call {id}: every progress before the answer, in order");
+    }
+}
+
 /// One client's call in a round of the chaos.
 struct Call {
     sid: String,

@@ -1,6 +1,6 @@
 //! [`StdioUpstream`]: a running child as an [`Upstream`]. A request is one
 //! exchange: its line written to the child's stdin by the request's own
-//! task ([`Stdin`]: an outbox, or frames to the keeper), its answer awaited
+//! task ([`Stdin`]: a shared writer, or frames to the keeper), its answer awaited
 //! (bounded by `request_timeout`, but `initialize`), and, if the caller
 //! stops waiting first, its waiting entry gone and the child told with
 //! `notifications/cancelled` ([`InFlight`]). A kept child's requests are
@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
-use tether_wire::outbox::{Message, Outbox};
+use tether_wire::shared_writer::{Message, SharedWriter};
 use tether_wire::{RpcError, envelope};
 use tokio::net::unix::pipe;
 use tokio::sync::{Notify, mpsc, oneshot, watch};
@@ -42,7 +42,7 @@ pub struct StdioUpstream {
 /// (no writer task between): the stdin pipe of a child of this process,
 /// or numbered frames to the keeper for a child it holds.
 pub(crate) enum Stdin {
-    Pipe(Outbox<pipe::Sender>),
+    Pipe(SharedWriter<pipe::Sender>),
     Kept(Arc<crate::kept::KeptChild>),
 }
 
@@ -55,7 +55,7 @@ impl Stdin {
     /// [`crate::kept`]; else empty), waiting for room.
     async fn send(&self, line: Bytes, tag: Bytes) -> Result<(), String> {
         match self {
-            Self::Pipe(outbox) => outbox.send(Message::line(line)).await.map_err(|e| e.to_string()),
+            Self::Pipe(writer) => writer.send(Message::line(line)).await.map_err(|e| e.to_string()),
             Self::Kept(kept) => kept.write(tag, line).await,
         }
     }
@@ -63,7 +63,7 @@ impl Stdin {
     /// Sends `line` if there is room now.
     fn try_send(&self, line: Bytes) -> Result<(), String> {
         match self {
-            Self::Pipe(outbox) => outbox.try_send(Message::line(line)).map_err(|e| e.to_string()),
+            Self::Pipe(writer) => writer.try_send(Message::line(line)).map_err(|e| e.to_string()),
             Self::Kept(kept) => kept.try_write(line),
         }
     }

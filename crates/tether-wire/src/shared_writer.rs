@@ -1,22 +1,22 @@
-//! An outbox: one pipe or socket that many tasks write messages to, each
+//! A shared writer: one pipe or socket that many tasks write messages to, each
 //! message whole and in the order it was put in, with no task between the
 //! sender and the kernel on the fast path.
 //!
-//! [`Outbox::send_with`] puts a message in under a lock. When nothing is
+//! [`SharedWriter::send_with`] puts a message in under a lock. When nothing is
 //! waiting before it, the sender writes it at once with a non-blocking
 //! `try_write`, from its own task: a call's line reaches the child (or the
 //! keeper) without waking another task. What the kernel does not take stays
-//! in the outbox, and the outbox's flusher task, woken only then, writes it
+//! in the writer, and its flusher task, woken only then, writes it
 //! as the pipe becomes writable; later messages queue behind it. A sender's
 //! future can be dropped at any point without cutting a message: a message
-//! is in the outbox whole or not at all, and the flusher finishes what was
-//! started. The message is built under the lock ([`Outbox::send_with`]), so
+//! is in the writer whole or not at all, and the flusher finishes what was
+//! started. The message is built under the lock ([`SharedWriter::send_with`]), so
 //! a number it carries (a frame's sequence number) is in the same order as
 //! the bytes.
 //!
 //! Bound: at most `limit` bytes wait, plus one message: a sender that finds
-//! the outbox over its limit waits for room ([`Outbox::send_with`]) or is
-//! refused ([`Outbox::try_send`]). Once the outbox is dropped, the flusher
+//! the writer over its limit waits for room ([`SharedWriter::send_with`]) or is
+//! refused ([`SharedWriter::try_send`]). Once the writer is dropped, the flusher
 //! writes what the pipe takes at once and ends; the rest is dropped.
 
 use std::io::{self, IoSlice};
@@ -57,7 +57,7 @@ impl NonBlocking for tokio::net::unix::pipe::Sender {
 pub enum SendError {
     /// Writing failed earlier (the peer closed its end, say): nothing more goes.
     Closed(String),
-    /// Over the limit ([`Outbox::try_send`] only).
+    /// Over the limit ([`SharedWriter::try_send`] only).
     Full,
 }
 
@@ -74,7 +74,7 @@ impl std::error::Error for SendError {}
 
 /// Messages for one pipe or socket (see the module's doc). Dropping it ends
 /// its flusher.
-pub struct Outbox<W: NonBlocking> {
+pub struct SharedWriter<W: NonBlocking> {
     shared: Arc<Shared<W>>,
 }
 
@@ -82,7 +82,7 @@ struct Shared<W> {
     io: W,
     state: Mutex<State>,
     limit: usize,
-    /// Wakes the flusher: bytes wait, or the outbox was dropped.
+    /// Wakes the flusher: bytes wait, or the writer was dropped.
     flush: Notify,
     /// Wakes senders waiting for room.
     room: Notify,
@@ -97,8 +97,8 @@ struct State {
     dropped: bool,
 }
 
-impl<W: NonBlocking> Outbox<W> {
-    /// An outbox over `io` holding at most `limit` bytes waiting (plus one
+impl<W: NonBlocking> SharedWriter<W> {
+    /// A writer over `io` holding at most `limit` bytes waiting (plus one
     /// message). Starts its flusher: needs a Tokio runtime.
     pub fn new(io: W, limit: usize) -> Self {
         let shared =
@@ -107,10 +107,10 @@ impl<W: NonBlocking> Outbox<W> {
         Self { shared }
     }
 
-    /// Puts in the message `build` makes (called under the outbox's lock,
+    /// Puts in the message `build` makes (called under the writer's lock,
     /// once there is room), written at once if the kernel takes it. Waits
-    /// while the outbox is over its limit. Returns once the message is in
-    /// the outbox, not once it is written.
+    /// while the writer is over its limit. Returns once the message is in
+    /// the writer, not once it is written.
     pub async fn send_with<R>(&self, build: impl FnOnce() -> (R, Message)) -> Result<R, SendError> {
         let mut build = Some(build);
         loop {
@@ -190,7 +190,7 @@ impl<W: NonBlocking> Outbox<W> {
     }
 }
 
-impl<W: NonBlocking> Drop for Outbox<W> {
+impl<W: NonBlocking> Drop for SharedWriter<W> {
     fn drop(&mut self) {
         self.shared.state.lock().dropped = true;
         self.shared.flush.notify_one();
@@ -219,7 +219,7 @@ impl Message {
     }
 }
 
-/// Writes what waits whenever the pipe takes it; ends when the outbox is
+/// Writes what waits whenever the pipe takes it; ends when the writer is
 /// dropped (after one last try) or a write fails.
 async fn flusher<W: NonBlocking>(shared: Arc<Shared<W>>) {
     loop {
@@ -304,25 +304,25 @@ mod tests {
     #[tokio::test]
     async fn a_message_the_kernel_takes_is_written_at_once() {
         let (tx, mut rx) = pipe().await;
-        let outbox = Outbox::new(tx, 1 << 20);
-        outbox.send(Message::line(Bytes::from_static(b"{\"id\":1}"))).await.expect("sent");
-        assert_eq!(outbox.waiting(), 0, "written by the sender itself");
+        let writer = SharedWriter::new(tx, 1 << 20);
+        writer.send(Message::line(Bytes::from_static(b"{\"id\":1}"))).await.expect("sent");
+        assert_eq!(writer.waiting(), 0, "written by the sender itself");
         assert_eq!(read_exactly(&mut rx, 9).await, b"{\"id\":1}\n");
     }
 
     #[tokio::test]
     async fn what_the_pipe_cannot_take_is_flushed_whole_and_in_order() {
         let (tx, mut rx) = pipe().await;
-        let outbox = Arc::new(Outbox::new(tx, 1 << 20));
+        let writer = Arc::new(SharedWriter::new(tx, 1 << 20));
         // More than a pipe holds (64 KiB on Linux): most of it waits.
         let big = Bytes::from(vec![b'x'; 200_000]);
-        outbox.send(Message::line(big.clone())).await.expect("sent");
+        writer.send(Message::line(big.clone())).await.expect("sent");
         let mut numbers = Vec::new();
         for n in 0..100u32 {
-            let sent = outbox.send_with(|| (n, Message::line(Bytes::from(n.to_string())))).await.expect("sent");
+            let sent = writer.send_with(|| (n, Message::line(Bytes::from(n.to_string())))).await.expect("sent");
             numbers.push(sent);
         }
-        assert!(outbox.waiting() > 0);
+        assert!(writer.waiting() > 0);
         let got = read_exactly(&mut rx, 200_001).await;
         assert!(got[..200_000].iter().all(|&b| b == b'x') && got[200_000] == b'\n');
         let rest: String = (0..100).map(|n| format!("{n}\n")).collect();
@@ -331,15 +331,15 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_full_outbox_refuses_try_send_and_makes_send_wait_for_room() {
+    async fn a_full_writer_refuses_try_send_and_makes_send_wait_for_room() {
         let (tx, mut rx) = pipe().await;
-        let outbox = Arc::new(Outbox::new(tx, 1024));
-        // Fill the pipe, then the outbox past its limit.
-        outbox.send(Message::new(Bytes::from(vec![b'a'; 300_000]))).await.expect("sent");
-        assert_eq!(outbox.try_send(Message::new(Bytes::from_static(b"b"))), Err(SendError::Full));
+        let writer = Arc::new(SharedWriter::new(tx, 1024));
+        // Fill the pipe, then the writer past its limit.
+        writer.send(Message::new(Bytes::from(vec![b'a'; 300_000]))).await.expect("sent");
+        assert_eq!(writer.try_send(Message::new(Bytes::from_static(b"b"))), Err(SendError::Full));
         let waiting = tokio::spawn({
-            let outbox = outbox.clone();
-            async move { outbox.send(Message::new(Bytes::from_static(b"b"))).await }
+            let writer = writer.clone();
+            async move { writer.send(Message::new(Bytes::from_static(b"b"))).await }
         });
         let got = read_exactly(&mut rx, 300_000).await;
         assert!(got.iter().all(|&b| b == b'a'));
@@ -350,22 +350,22 @@ mod tests {
     #[tokio::test]
     async fn a_closed_reader_fails_every_later_send() {
         let (tx, rx) = pipe().await;
-        let outbox = Outbox::new(tx, 1024);
+        let writer = SharedWriter::new(tx, 1024);
         drop(rx);
-        let first = outbox.send(Message::line(Bytes::from_static(b"x"))).await;
+        let first = writer.send(Message::line(Bytes::from_static(b"x"))).await;
         assert!(matches!(first, Err(SendError::Closed(_))), "{first:?}");
-        assert!(matches!(outbox.try_send(Message::line(Bytes::from_static(b"y"))), Err(SendError::Closed(_))));
+        assert!(matches!(writer.try_send(Message::line(Bytes::from_static(b"y"))), Err(SendError::Closed(_))));
     }
 
     #[tokio::test]
     async fn a_dropped_sender_never_cuts_a_message() {
         let (tx, mut rx) = pipe().await;
-        let outbox = Arc::new(Outbox::new(tx, 1 << 20));
-        outbox.send(Message::new(Bytes::from(vec![b'a'; 100_000]))).await.expect("sent");
+        let writer = Arc::new(SharedWriter::new(tx, 1 << 20));
+        writer.send(Message::new(Bytes::from(vec![b'a'; 100_000]))).await.expect("sent");
         // Put in behind the waiting bytes, then the sender's task is gone.
         let sender = tokio::spawn({
-            let outbox = outbox.clone();
-            async move { outbox.send(Message::line(Bytes::from_static(b"whole"))).await }
+            let writer = writer.clone();
+            async move { writer.send(Message::line(Bytes::from_static(b"whole"))).await }
         });
         sender.await.expect("task").expect("sent");
         assert_eq!(read_exactly(&mut rx, 100_000).await.len(), 100_000);
