@@ -168,11 +168,21 @@ impl Server {
         }
     }
 
-    /// SIGKILL, then reap the process.
+    /// SIGKILL, then reap the process and wait for what ran under it to be
+    /// gone too (a keeper's engine dies of its parent's death a moment
+    /// later, holding the store's lock until then: a server restarted on
+    /// the same store at once would find it in use).
     pub async fn kill(mut self) -> anyhow::Result<()> {
+        let under = self.descendants().unwrap_or_default();
         self.signal(rustix::process::Signal::KILL)?;
         let status = tokio::time::timeout(STOP_TIMEOUT, self.child.wait()).await.context("a SIGKILLed server did not exit")??;
         anyhow::ensure!(!status.success(), "{} exited cleanly instead of being killed", self.subject.name());
+        let gone = async {
+            while under.iter().any(|&pid| super::procfs::is_alive(pid)) {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        };
+        tokio::time::timeout(STOP_TIMEOUT, gone).await.context("the processes under a SIGKILLed server did not exit")?;
         Ok(())
     }
 }

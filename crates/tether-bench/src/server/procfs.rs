@@ -147,6 +147,14 @@ fn live_parents() -> anyhow::Result<Vec<(u32, u32)>> {
     Ok(found)
 }
 
+/// Whether process `pid` is still alive (a zombie, or gone, is not).
+pub(super) fn is_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| state_and_parent(&stat).map(|(state, _)| state != "Z"))
+        .unwrap_or(false)
+}
+
 /// Whether process `pid` is a tether engine (its argv[1] is `engine`); a
 /// process that is gone is not.
 fn is_engine(pid: u32) -> bool {
