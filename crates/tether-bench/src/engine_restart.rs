@@ -66,7 +66,7 @@ const CREATING_CLIENTS: usize = 1;
 const ADMIN_TOKEN_ENV: &str = "TETHER_BENCH_ADMIN_TOKEN";
 
 /// How many bytes of a child's stdout the keeper holds unacknowledged at
-/// most: `max(2 × max_message_bytes, 4 MiB)` (tether-gateway's `kept::hold_bytes`).
+/// most: `max(2 × max_message_bytes, 4 MiB)` (tether-gateway's `stdio::kept::hold_bytes`).
 pub fn hold_bytes(max_message_bytes: u64) -> u64 {
     max_message_bytes.saturating_mul(2).max(4 << 20)
 }

@@ -209,9 +209,9 @@ impl McpApp for Gateway {
         self.recover(ctx, cut_off).await
     }
 
-    /// A kept child's calls are found again without a note (see [`crate::kept`]).
+    /// A kept child's calls are found again without a note (see [`crate::stdio::kept`]).
     fn recovers_unnoted(&self) -> bool {
-        crate::kept::keeper().is_some() && matches!(self.config.target, crate::config::Target::Command(_))
+        crate::stdio::kept::keeper().is_some() && matches!(self.config.target, crate::config::Target::Command(_))
     }
 
     async fn on_notification(&self, ctx: SessionCtx, method: &str, params: Option<Map<String, Value>>) {

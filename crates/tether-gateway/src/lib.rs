@@ -42,8 +42,9 @@
 //!   place that picks the transport of an upstream as configured.
 //! - [`upstream`]: one live connection.
 //! - [`stdio`]: a child process per session (`stdio/shared`,
-//!   `stdio/upstream`, `stdio/stderr`); [`kept`]: the same child held by
-//!   the keeper (under `tether serve`), whose calls outlive the engine.
+//!   `stdio/upstream`, `stdio/stderr`), or the same child held by the
+//!   keeper (under `tether serve`), whose calls outlive the engine
+//!   ([`stdio::kept`]).
 //! - `url`: a URL upstream's connector over [`http`] (an upstream HTTP
 //!   session per session), `sessionless_url` (an upstream that speaks only
 //!   the sessionless revision, for session-era clients) and `passthrough`
@@ -60,7 +61,6 @@ mod connector;
 pub mod credentials;
 mod describe;
 pub mod http;
-pub mod kept;
 mod link;
 mod links;
 mod member_lists;

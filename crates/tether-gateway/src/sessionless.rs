@@ -38,7 +38,7 @@ use crate::upstream::{PeerMessage, PeerSink, Started, Upstream};
 
 /// What a principal's pooled connections are started for, as logs and the
 /// keeper name them: a child an earlier engine started for the same
-/// principal is taken over by this name (see `crate::kept`).
+/// principal is taken over by this name (see `crate::stdio::kept`).
 pub(crate) fn pool_session(principal: &str) -> String {
     format!("(sessionless {principal})")
 }

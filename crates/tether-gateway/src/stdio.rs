@@ -38,11 +38,13 @@
 //! the child sends later is dropped (logged at debug): ids are never
 //! reused, so it cannot reach another request.
 //!
-//! The parts: `shared` (what the tasks and the connection share: the
+//! The parts: [`kept`] (the same child held by the keeper, when this
+//! process is an engine a keeper started), `shared` (what the tasks and the connection share: the
 //! requests waiting, reading what the child writes), `upstream`
 //! ([`StdioUpstream`]: a request's exchange, from its line to its answer or
 //! its cancellation) and `stderr` (the child's stderr in the log, bounded).
 
+pub mod kept;
 mod shared;
 mod stderr;
 mod upstream;
@@ -115,10 +117,9 @@ impl Connector for StdioConnector {
                 self.name
             )));
         };
-        if crate::kept::keeper().is_some() {
+        if kept::keeper().is_some() {
             let (spec, name) = (&self.spec, &self.name);
-            return crate::kept::start(spec, name, request.session, request.params, self.init_timeout, permit, request.sink)
-                .await;
+            return kept::start(spec, name, request.session, request.params, self.init_timeout, permit, request.sink).await;
         }
         start(&self.spec, &self.name, request.session, request.params, self.init_timeout, permit, request.sink).await
     }
@@ -131,7 +132,7 @@ impl Connector for StdioConnector {
         _authorization: Option<String>,
         sink: Arc<dyn PeerSink>,
     ) -> Option<Arc<dyn Upstream>> {
-        crate::kept::attach(&self.spec, &self.name, session, carry_on, sink).await
+        kept::attach(&self.spec, &self.name, session, carry_on, sink).await
     }
 }
 

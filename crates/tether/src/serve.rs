@@ -368,7 +368,7 @@ pub async fn run(args: ServeArgs, keeper: Option<tether_keeper::client::Welcomed
         Some(welcomed) => {
             let (keeper, held) = welcomed.start().map_err(anyhow::Error::msg)?;
             tracing::info!(epoch = keeper.epoch(), kept = keeper.kept_at_start().len(), "engine started by the keeper");
-            tether_gateway::kept::install(keeper.clone());
+            tether_gateway::stdio::kept::install(keeper.clone());
             crate::keeper::watch(keeper.clone());
             crate::keeper::die_with(keeper.clone());
             (Some(keeper), held)

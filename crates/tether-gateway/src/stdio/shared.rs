@@ -45,7 +45,7 @@ pub(crate) struct Shared {
     unreadable: Mutex<Burst>,
     /// A kept child's frames: an answer's frame is held until the client's
     /// final response is stored.
-    pub(crate) frames: Option<Arc<crate::kept::Frames>>,
+    pub(crate) frames: Option<Arc<crate::stdio::kept::Frames>>,
 }
 
 /// The tether session a child serves, as its log lines name it: the one it
@@ -72,7 +72,7 @@ struct Pending {
 impl Shared {
     /// The state of a child's connection, for `upstream` (named `command`)
     /// serving `session`; `frames` for a kept child.
-    pub(crate) fn new(upstream: &str, session: &str, command: String, frames: Option<Arc<crate::kept::Frames>>) -> Self {
+    pub(crate) fn new(upstream: &str, session: &str, command: String, frames: Option<Arc<crate::stdio::kept::Frames>>) -> Self {
         Self {
             upstream: upstream.to_owned(),
             session: SessionTag(parking_lot::RwLock::new(session.to_owned())),

@@ -5,7 +5,7 @@
 //! stops waiting first, its waiting entry gone and the child told with
 //! `notifications/cancelled` ([`InFlight`]). A kept child's requests are
 //! tagged with their client request and outlive the engine (see
-//! [`crate::kept`]).
+//! [`crate::stdio::kept`]).
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -35,7 +35,7 @@ pub struct StdioUpstream {
     /// How long a request (but `initialize`) may wait for its answer.
     pub(crate) request_timeout: Duration,
     /// The keeper's part, for a child the keeper holds.
-    pub(crate) kept: Option<Arc<crate::kept::KeptChild>>,
+    pub(crate) kept: Option<Arc<crate::stdio::kept::KeptChild>>,
 }
 
 /// Where the child's stdin lines go, written by the task that sends them
@@ -43,7 +43,7 @@ pub struct StdioUpstream {
 /// or numbered frames to the keeper for a child it holds.
 pub(crate) enum Stdin {
     Pipe(SharedWriter<pipe::Sender>),
-    Kept(Arc<crate::kept::KeptChild>),
+    Kept(Arc<crate::stdio::kept::KeptChild>),
 }
 
 /// Bytes of lines waiting for a child's stdin pipe, at most (plus one line):
@@ -52,7 +52,7 @@ pub(crate) const STDIN_BYTES: usize = 1 << 20;
 
 impl Stdin {
     /// Sends `line` (a kept child's request tagged `tag`: see
-    /// [`crate::kept`]; else empty), waiting for room.
+    /// [`crate::stdio::kept`]; else empty), waiting for room.
     async fn send(&self, line: Bytes, tag: Bytes) -> Result<(), String> {
         match self {
             Self::Pipe(writer) => writer.send(Message::line(line)).await.map_err(|e| e.to_string()),
@@ -83,7 +83,7 @@ impl StdioUpstream {
         method: &str,
         mut params: Option<Value>,
         cancelled: Option<tokio_util::sync::CancellationToken>,
-    ) -> Result<(Box<RawValue>, Option<crate::kept::FrameHold>), UpstreamError> {
+    ) -> Result<(Box<RawValue>, Option<crate::stdio::kept::FrameHold>), UpstreamError> {
         // The W3C trace context of this request's span (`--otlp-endpoint`):
         // a child has no headers, so it goes in `params._meta`.
         tether_server::trace::inject_meta(&mut params);
