@@ -15,16 +15,50 @@ impl Tether {
 
     /// `kill -9`, as a crash would.
     pub fn crash(mut self) {
+        self.kill();
+    }
+
+    /// `kill -9` of the keeper, then waits until its engine, which dies of
+    /// its parent's death a moment later (and holds the store's lock until
+    /// then), is gone too: a server started next on the same store must
+    /// not find it in use.
+    fn kill(&mut self) {
+        let engines = children_of(self.0.id());
         let _ = self.0.kill();
         let _ = self.0.wait();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while engines.iter().any(|&pid| alive(pid)) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
     }
 }
 
 impl Drop for Tether {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        self.kill();
     }
+}
+
+/// The live processes whose parent is `parent`.
+fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| stat_of(pid).is_some_and(|(state, ppid)| ppid == parent && state != 'Z'))
+        .collect()
+}
+
+/// Whether `pid` runs (a zombie, or gone, does not).
+fn alive(pid: u32) -> bool {
+    stat_of(pid).is_some_and(|(state, _)| state != 'Z')
+}
+
+/// A process's state and parent, from `/proc/PID/stat` (after its `(comm)`).
+fn stat_of(pid: u32) -> Option<(char, u32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let mut rest = stat.get(stat.rfind(')')? + 2..)?.split_whitespace();
+    let state = rest.next()?.chars().next()?;
+    Some((state, rest.next()?.parse().ok()?))
 }
 
 /// The stdio fixture server (run with `python3`).
