@@ -244,7 +244,9 @@ async fn rmcp_follows_a_task_to_completion() {
         CallToolResponse::Task(created) => created,
         other => panic!("--resume-wait 0s: a task, got {other:?}"),
     };
-    assert_eq!(created.task.status, TaskStatus::Working, "{created:?}");
+    // A quick operation may be done by the time its task is answered; the
+    // client follows it through tasks/get either way.
+    assert!(matches!(created.task.status, TaskStatus::Working | TaskStatus::Completed), "{created:?}");
     assert!(created.task.ttl_ms.is_some() && !created.task.created_at.is_empty(), "{created:?}");
     let poll = Duration::from_millis(created.task.poll_interval_ms.unwrap_or(100).min(1000));
     let mut polls = 0;
