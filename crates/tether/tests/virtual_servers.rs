@@ -737,8 +737,10 @@ async fn a_call_whose_name_is_not_a_string_is_refused_with_invalid_params_and_ne
     for endpoint in ["a", "team"] {
         let c = Client::new(&format!("{url}/{endpoint}"));
         let (sid, _) = initialized(&c).await;
-        for name in [json!(["whoami"]), json!({"name": "whoami"}), Value::Null] {
-            let answer = ask(&c, &sid, 1, "tools/call", json!({"name": name, "arguments": {}})).await;
+        // A request ID of its own each (one used before may still be
+        // settling in the session when the next request comes).
+        for (id, name) in [json!(["whoami"]), json!({"name": "whoami"}), Value::Null].into_iter().enumerate() {
+            let answer = ask(&c, &sid, 10 + id as u64, "tools/call", json!({"name": name, "arguments": {}})).await;
             assert_eq!(answer["error"]["code"], -32602, "{endpoint}: {answer}");
         }
         // The child answers what it gets: this one it does.
