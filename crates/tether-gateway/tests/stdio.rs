@@ -516,3 +516,37 @@ async fn a_call_the_child_never_answers_ends_after_request_timeout_the_child_is_
     assert_eq!(call(&upstream, "echo", json!({"after": "timeout"})).await.unwrap()["structuredContent"]["after"], "timeout");
     upstream.close(true).await;
 }
+
+/// A child that answers `initialize`, then never reads its stdin again.
+const DEAF: &str = r#"
+import json, sys, time
+request = json.loads(sys.stdin.readline())
+result = {"protocolVersion": "2025-06-18", "capabilities": {"tools": {}}, "serverInfo": {"name": "deaf", "version": "1"}}
+print(json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": result}), flush=True)
+time.sleep(3600)
+"#;
+
+#[tokio::test]
+async fn a_child_that_stops_reading_its_stdin_holds_its_calls_only_until_request_timeout() {
+    // What waits for its stdin is bounded (the pipe, then the line writer's
+    // bound): a call whose line cannot go in waits for room, and every call
+    // ends at the request_timeout with the usual error; closing still works.
+    let mut spec = CommandSpec::new(vec!["python3".into(), "-c".into(), DEAF.into()]);
+    spec.request_timeout = Duration::from_secs(1);
+    let Child { upstream, .. } = start(&spec).await;
+    // More than the pipe and the writer's bound hold together.
+    let big = "x".repeat(3 << 20);
+    let calls = (0..3).map(|n| {
+        let upstream = upstream.clone();
+        let text = if n == 0 { big.clone() } else { format!("small {n}") };
+        async move { call(&upstream, "echo", json!({"text": text})).await }
+    });
+    for outcome in futures::future::join_all(calls).await {
+        let error = outcome.expect_err("no answer can come");
+        assert_eq!(error.code, code::INTERNAL_ERROR);
+        assert!(error.message.contains("did not answer tools/call within 1s (its request_timeout)"), "{error:?}");
+    }
+    assert!(upstream.is_alive(), "a deaf child is not a dead one");
+    within("close", upstream.close(true)).await;
+    assert!(!upstream.is_alive());
+}
