@@ -232,9 +232,7 @@ pub struct Status {
 
 /// Where one child's events go.
 struct Route {
-    events: mpsc::UnboundedSender<ChildEvent>,
-    /// Shared with its [`ChildEvents`]: 0 when every event sent is handled.
-    busy: Arc<AtomicUsize>,
+    queue: Queue,
     inline: Option<Inline>,
     stderr: mpsc::Sender<Bytes>,
     /// Stdin lines the keeper may still take before confirming some.
@@ -322,8 +320,7 @@ impl Keeper {
     /// keeper gets the lines in the order of their numbers, whichever tasks
     /// write them. Cancel-safe: a line is sent whole, numbered, or not at all.
     pub async fn write(&self, child: u64, next_seq: &AtomicU64, tag: Bytes, line: Bytes) -> Result<u64, String> {
-        let window = self.routes.lock().children.get(&child).map(|r| r.window.clone());
-        let Some(window) = window else { return Err(format!("child {child} is not held by this engine")) };
+        let window = self.window(child)?;
         let permit = window.acquire().await.map_err(|_| KEEPER_GONE.to_owned())?;
         let seq = self.out.send_with(numbered(child, next_seq, tag, line)).await.map_err(|_| KEEPER_GONE.to_owned())?;
         // Given back by the keeper's `Written`.
@@ -334,12 +331,17 @@ impl Keeper {
     /// [`Self::write`] without waiting: refused when the window or the
     /// shared writer is full.
     pub fn try_write(&self, child: u64, next_seq: &AtomicU64, tag: Bytes, line: Bytes) -> Result<u64, String> {
-        let window = self.routes.lock().children.get(&child).map(|r| r.window.clone());
-        let Some(window) = window else { return Err(format!("child {child} is not held by this engine")) };
+        let window = self.window(child)?;
         let permit = window.try_acquire().map_err(|_| format!("{WRITE_WINDOW} lines to child {child} are unconfirmed"))?;
         let seq = self.out.try_send_with(numbered(child, next_seq, tag, line)).map_err(|e| e.to_string())?;
         permit.forget();
         Ok(seq)
+    }
+
+    /// The window of a child this engine holds.
+    fn window(&self, child: u64) -> Result<Arc<Semaphore>, String> {
+        let window = self.routes.lock().children.get(&child).map(|r| r.window.clone());
+        window.ok_or_else(|| format!("child {child} is not held by this engine"))
     }
 
     /// Has `inline` handle the child's stdout lines in the socket's reader
@@ -411,7 +413,8 @@ impl Keeper {
         let (stderr_tx, stderr) = mpsc::channel(STDERR_QUEUE);
         let window = Arc::new(Semaphore::new(WRITE_WINDOW));
         let busy = Arc::new(AtomicUsize::new(0));
-        let route = Route { events: events_tx, busy: busy.clone(), inline: None, stderr: stderr_tx, window, confirmed: 0 };
+        let queue = Queue { events: events_tx, busy: busy.clone() };
+        let route = Route { queue, inline: None, stderr: stderr_tx, window, confirmed: 0 };
         routes.children.insert(child, route);
         ChildPort { child, pid, events: ChildEvents { rx, busy, holding: false }, stderr }
     }
@@ -475,7 +478,7 @@ impl Keeper {
                 }
                 routes.exited.push_back(child);
                 if let Some(route) = routes.children.remove(&child) {
-                    route.push(ChildEvent::Exited { status });
+                    route.queue.push(ChildEvent::Exited { status });
                 }
             }
             ToEngine::Status { req, restarts, last_restart_ms, held_bytes, children } => {
@@ -493,38 +496,33 @@ impl Keeper {
         }
     }
 
-    /// The connection ended: every child's owner hears it, every waiter fails.
-    fn ended(&self) {
-        let routes = std::mem::take(&mut *self.routes.lock());
-        for (_, route) in routes.children {
-            route.push(ChildEvent::KeeperGone);
-            route.window.close();
-        }
-        self.is_gone.store(true, Ordering::Release);
-        self.gone.notify_waiters();
-    }
-}
-
-impl Keeper {
     /// A line of a child's stdout: handled inline when the child's handler
     /// takes it and nothing of the child's waits before it, else queued.
     fn line(&self, child: u64, frame: u64, line: Bytes) {
-        let route = self.routes.lock().children.get(&child).map(|r| (r.inline.clone(), r.busy.clone(), r.events.clone()));
-        let Some((inline, busy, events)) = route else {
+        let route = self.routes.lock().children.get(&child).map(|r| (r.inline.clone(), r.queue.clone()));
+        let Some((inline, queue)) = route else {
             return tracing::debug!(child, "a frame of a child this engine does not hold; dropped");
         };
         // Only this task queues a child's events: once they are all handled
         // nothing can come before this line.
         if let Some(inline) = inline
-            && busy.load(Ordering::Acquire) == 0
+            && queue.idle()
             && inline(frame, &line)
         {
             return;
         }
-        busy.fetch_add(1, Ordering::AcqRel);
-        if events.send(ChildEvent::Line { frame, line }).is_err() {
-            busy.fetch_sub(1, Ordering::AcqRel);
+        queue.push(ChildEvent::Line { frame, line });
+    }
+
+    /// The connection ended: every child's owner hears it, every waiter fails.
+    fn ended(&self) {
+        let routes = std::mem::take(&mut *self.routes.lock());
+        for (_, route) in routes.children {
+            route.queue.push(ChildEvent::KeeperGone);
+            route.window.close();
         }
+        self.is_gone.store(true, Ordering::Release);
+        self.gone.notify_waiters();
     }
 }
 
@@ -537,18 +535,31 @@ fn numbered(child: u64, next_seq: &AtomicU64, tag: Bytes, line: Bytes) -> impl F
     }
 }
 
-impl Route {
+/// The sending side of a child's [`ChildEvents`].
+#[derive(Clone)]
+struct Queue {
+    events: mpsc::UnboundedSender<ChildEvent>,
+    /// Shared with its [`ChildEvents`]: 0 when every event sent is handled.
+    busy: Arc<AtomicUsize>,
+}
+
+impl Queue {
     fn push(&self, event: ChildEvent) {
         self.busy.fetch_add(1, Ordering::AcqRel);
         if self.events.send(event).is_err() {
             self.busy.fetch_sub(1, Ordering::AcqRel);
         }
     }
+
+    /// Nothing sent waits to be handled.
+    fn idle(&self) -> bool {
+        self.busy.load(Ordering::Acquire) == 0
+    }
 }
 
 fn route_event(routes: &Routes, child: u64, event: ChildEvent) {
     match routes.children.get(&child) {
-        Some(route) => route.push(event),
+        Some(route) => route.queue.push(event),
         None => tracing::debug!(child, "a frame of a child this engine does not hold; dropped"),
     }
 }
