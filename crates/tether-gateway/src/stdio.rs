@@ -185,8 +185,7 @@ pub async fn start(
     tether_server::metrics::upstream_processes(upstream_name, 1);
     tokio::spawn(supervise(child, tasks, shared.clone(), kill.clone(), exited_tx, permit));
     let request_timeout = spec.request_timeout;
-    let upstream =
-        Arc::new(StdioUpstream { shared, stdin, next_id: AtomicU64::new(0), kill, exited, request_timeout, kept: None });
+    let upstream = Arc::new(StdioUpstream { shared, stdin, next_id: AtomicU64::new(0), kill, exited, request_timeout });
     let (upstream, initialize_result) = initialize(upstream, initialize_params, init_timeout).await?;
     Ok(Started { upstream, initialize_result, carry_on: None, resumed: false })
 }

@@ -235,12 +235,11 @@ fn connect(
     let first_id = keeper.epoch() << 32;
     Arc::new(StdioUpstream {
         shared,
-        stdin: Stdin::Kept(kept.clone()),
+        stdin: Stdin::Kept(kept),
         next_id: AtomicU64::new(first_id),
         kill,
         exited,
         request_timeout: spec.request_timeout,
-        kept: Some(kept),
     })
 }
 

@@ -34,8 +34,6 @@ pub struct StdioUpstream {
     pub(crate) exited: watch::Receiver<Option<String>>,
     /// How long a request (but `initialize`) may wait for its answer.
     pub(crate) request_timeout: Duration,
-    /// The keeper's part, for a child the keeper holds.
-    pub(crate) kept: Option<Arc<crate::stdio::kept::KeptChild>>,
 }
 
 /// Where the child's stdin lines go, written by the task that sends them
@@ -49,6 +47,16 @@ pub(crate) enum Stdin {
 /// Bytes of lines waiting for a child's stdin pipe, at most (plus one line):
 /// a child that stops reading holds its callers here.
 pub(crate) const STDIN_BYTES: usize = 1 << 20;
+
+impl StdioUpstream {
+    /// The keeper's part, for a child the keeper holds.
+    fn kept(&self) -> Option<&Arc<crate::stdio::kept::KeptChild>> {
+        match &self.stdin {
+            Stdin::Kept(kept) => Some(kept),
+            Stdin::Pipe(_) => None,
+        }
+    }
+}
 
 impl Stdin {
     /// Sends `line` (a kept child's request tagged `tag`: see
@@ -231,7 +239,7 @@ impl Upstream for StdioUpstream {
     }
 
     fn keeps_calls(&self) -> bool {
-        self.kept.is_some()
+        self.kept().is_some()
     }
 
     async fn request_for(
@@ -242,7 +250,7 @@ impl Upstream for StdioUpstream {
         progress: Option<&crate::progress::Progress>,
     ) -> UpstreamResult {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let Some(kept) = &self.kept else {
+        let Some(kept) = self.kept() else {
             return self.exchange(id, Bytes::new(), method, params, None).await.map(|(a, _)| a);
         };
         let tag = kept.tag_for(ctx, id, progress);
@@ -262,16 +270,16 @@ impl Upstream for StdioUpstream {
     }
 
     fn cut_off_call(&self, key: &str) -> Option<crate::upstream::CutOffCall> {
-        self.kept.as_ref()?.cut_off_call(key)
+        self.kept()?.cut_off_call(key)
     }
 
     async fn resume(&self, request_id: Value, _after: &str, messages: mpsc::Sender<PeerMessage>) -> UpstreamResult {
-        let Some(kept) = &self.kept else { return Err(UpstreamError::Restarted) };
+        let Some(kept) = self.kept() else { return Err(UpstreamError::Restarted) };
         kept.resume(&request_id, messages, self.request_timeout, &self.shared).await
     }
 
     async fn leave(&self) {
-        if let Some(kept) = &self.kept {
+        if let Some(kept) = self.kept() {
             kept.leave();
         }
         self.close(false).await;
