@@ -19,6 +19,10 @@ pub enum StoreError {
     /// The store's URL or settings are wrong; the message says which.
     #[error("invalid store configuration: {0}")]
     Config(String),
+    /// Another process holds the SQLite store at this path (its lock file
+    /// stayed locked for [`crate::StoreConfig::lock_wait`]).
+    #[error("{0} is in use by another tether process; stop it or choose another --store path")]
+    InUse(String),
     /// A write the request deferred ([`crate::fence`]) failed, so what
     /// depends on it was not stored.
     #[error("{0}")]

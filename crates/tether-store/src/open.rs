@@ -22,6 +22,11 @@ pub struct StoreConfig {
     /// Redis under `strict`: replicas each write must reach (`WAIT`)
     /// before it is acknowledged (`--redis-replicas`).
     pub redis_replicas: u32,
+    /// SQLite: how long opening waits for another process to let go of the
+    /// store's lock before refusing with [`StoreError::InUse`]. A server
+    /// restarted right after `kill -9` of the last one finds the lock still
+    /// held for a moment, by a process that is exiting.
+    pub lock_wait: std::time::Duration,
 }
 
 impl Default for StoreConfig {
@@ -32,6 +37,7 @@ impl Default for StoreConfig {
             strict_durability: false,
             redis_replicas: 0,
             finished_stream_ttl: std::time::Duration::from_secs(30 * 60),
+            lock_wait: std::time::Duration::from_secs(5),
         }
     }
 }

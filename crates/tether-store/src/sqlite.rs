@@ -156,7 +156,9 @@ fn private_files(path: &Path, strict: bool) -> StoreResult<()> {
 }
 
 #[cfg(unix)]
-fn prepare_path(path: &Path, strict: bool) -> StoreResult<std::fs::File> {
+/// Creates the file and its directory private, and takes the store's lock
+/// file, waiting up to `lock_wait` for a process that still holds it.
+fn prepare_path(path: &Path, strict: bool, lock_wait: std::time::Duration) -> StoreResult<std::fs::File> {
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
         && !dir.exists()
@@ -184,13 +186,26 @@ fn prepare_path(path: &Path, strict: bool) -> StoreResult<std::fs::File> {
         .mode(0o600)
         .open(&lock_path)
         .map_err(|e| StoreError::Config(format!("cannot open {}: {e}", lock_path.display())))?;
-    match lock.try_lock() {
-        Ok(()) => Ok(lock),
-        Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Config(format!(
-            "{} is in use by another tether process; stop it or choose another --store path",
-            path.display()
-        ))),
-        Err(std::fs::TryLockError::Error(e)) => Err(StoreError::Config(format!("cannot lock {}: {e}", lock_path.display()))),
+    let deadline = std::time::Instant::now() + lock_wait;
+    let mut said = false;
+    loop {
+        match lock.try_lock() {
+            Ok(()) => return Ok(lock),
+            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                if !said {
+                    said = true;
+                    tracing::info!(
+                        "{} is locked by another process; waiting up to {lock_wait:?} (a server stopped just now may still be exiting)",
+                        path.display()
+                    );
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => return Err(StoreError::InUse(path.display().to_string())),
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(StoreError::Config(format!("cannot lock {}: {e}", lock_path.display())));
+            }
+        }
     }
 }
 
@@ -200,10 +215,11 @@ impl SqliteDb {
         let path = path.to_path_buf();
         let strict = config.strict_durability;
         let max_events = config.max_events_per_stream.max(1);
+        let lock_wait = config.lock_wait;
         let (lock, conn, kv_revision, checkpoint_conn) = tokio::task::spawn_blocking({
             let path = path.clone();
             move || -> StoreResult<_> {
-                let lock = prepare_path(&path, strict)?;
+                let lock = prepare_path(&path, strict, lock_wait)?;
                 // Before SQLite's recovery reads a damaged WAL short in silence.
                 check::before_open(&path, strict)?;
                 let conn = open_connection(&path)?;

@@ -10,12 +10,16 @@
 //! intact one.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
 use tether_store::sqlite::SqliteStore;
 use tether_store::{EventKind, Store, StoreConfig, StoreError};
+
+mod support {
+    pub mod logs;
+}
 
 const EVENTS: u64 = 12;
 
@@ -62,30 +66,7 @@ fn copy(db: &Path, to: &Path) -> PathBuf {
 
 /// Warnings logged in this process (every test's: filter by path).
 fn logs() -> Arc<Mutex<Vec<u8>>> {
-    #[derive(Clone)]
-    struct Sink(Arc<Mutex<Vec<u8>>>);
-    impl std::io::Write for Sink {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
-    LOGS.get_or_init(|| {
-        let logs = Arc::new(Mutex::new(Vec::new()));
-        let sink = Sink(logs.clone());
-        let subscriber = tracing_subscriber::fmt()
-            .with_ansi(false)
-            .with_max_level(tracing::Level::WARN)
-            .with_writer(move || sink.clone())
-            .finish();
-        tracing::subscriber::set_global_default(subscriber).unwrap();
-        logs
-    })
-    .clone()
+    support::logs::captured(tracing::Level::WARN)
 }
 
 /// The warnings logged so far that name `db`'s WAL.

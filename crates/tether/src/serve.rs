@@ -403,6 +403,7 @@ pub async fn run(args: ServeArgs, keeper: Option<tether_keeper::client::Welcomed
         redis_replicas: args.redis_replicas,
         redis_prefix: args.store_prefix.clone(),
         finished_stream_ttl: args.session_ttl,
+        ..StoreConfig::default()
     };
     let (store, notebook) = open(&url, store_config).await.with_context(|| format!("cannot open store {url}"))?;
     let config = EngineConfig {

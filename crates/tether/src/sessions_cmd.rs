@@ -144,8 +144,10 @@ async fn local(args: &SessionsArgs) -> anyhow::Result<Value> {
             if !path.exists() {
                 bail!("no store at {}: pass --store sqlite:PATH, or --url for a running server", path.display());
             }
-            let store = tether_store::sqlite::SqliteStore::open(path, StoreConfig::default()).await.map_err(|e| {
-                if e.to_string().contains("in use by another tether process") {
+            // A running server holds the lock for good: say so at once.
+            let config = StoreConfig { lock_wait: std::time::Duration::ZERO, ..StoreConfig::default() };
+            let store = tether_store::sqlite::SqliteStore::open(path, config).await.map_err(|e| {
+                if matches!(e, tether_store::StoreError::InUse(_)) {
                     anyhow::anyhow!(
                         "{} is held by a running tether server; ask it instead: tether sessions … --url http://HOST:PORT \
                          (with its admin API on), or stop it first",
