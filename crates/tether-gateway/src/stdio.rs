@@ -117,11 +117,19 @@ impl Connector for StdioConnector {
                 self.name
             )));
         };
+        let launch = Launch {
+            spec: &self.spec,
+            upstream: &self.name,
+            session: request.session,
+            initialize_params: request.params,
+            init_timeout: self.init_timeout,
+            permit,
+            sink: request.sink,
+        };
         if kept::keeper().is_some() {
-            let (spec, name) = (&self.spec, &self.name);
-            return kept::start(spec, name, request.session, request.params, self.init_timeout, permit, request.sink).await;
+            return kept::start(launch).await;
         }
-        start(&self.spec, &self.name, request.session, request.params, self.init_timeout, permit, request.sink).await
+        start(launch).await
     }
 
     /// A child the keeper kept for the session (after an engine restart).
@@ -136,21 +144,31 @@ impl Connector for StdioConnector {
     }
 }
 
-/// Starts the command, sends `initialize` with `initialize_params` as given
+/// One child to start, and what it is for.
+pub struct Launch<'a> {
+    /// The command, its environment and bounds.
+    pub spec: &'a CommandSpec,
+    /// The upstream's name (in its logs, metrics and errors).
+    pub upstream: &'a str,
+    /// The tether session it serves, or what it is for (its logs).
+    pub session: &'a str,
+    /// The `initialize` params it is sent, as given.
+    pub initialize_params: Value,
+    /// How long it may take to answer `initialize`.
+    pub init_timeout: Duration,
+    /// Its place under `max_processes`, held until it has been reaped.
+    pub permit: ProcessPermit,
+    /// Where its own messages go, in order.
+    pub sink: Arc<dyn PeerSink>,
+}
+
+/// Starts the command, sends `initialize` with the launch's params as given
 /// and waits at most `init_timeout` for its answer. Does not send
 /// `notifications/initialized`: the gateway forwards the client's (or sends
-/// it when it replays a stored `initialize`). The child holds `permit` (its
-/// place under `max_processes`) until it has been reaped; its own messages
-/// go to `sink`.
-pub async fn start(
-    spec: &CommandSpec,
-    upstream_name: &str,
-    session: &str,
-    initialize_params: Value,
-    init_timeout: Duration,
-    permit: ProcessPermit,
-    sink: Arc<dyn PeerSink>,
-) -> Result<Started, RpcError> {
+/// it when it replays a stored `initialize`). The child holds the permit
+/// until it has been reaped; its own messages go to the sink.
+pub async fn start(launch: Launch<'_>) -> Result<Started, RpcError> {
+    let Launch { spec, upstream: upstream_name, session, initialize_params, init_timeout, permit, sink } = launch;
     let command = spec.display();
     let Some((program, args)) = spec.command.split_first() else {
         return Err(RpcError::internal(format!("upstream {upstream_name} has an empty command")));

@@ -57,12 +57,15 @@ fn channel() -> (Arc<dyn PeerSink>, mpsc::Receiver<PeerMessage>) {
     (Arc::new(tx), rx)
 }
 
+/// A launch of `spec` as the test's session `s-1` of upstream `fix`.
+fn launch(spec: &CommandSpec, init_timeout: Duration, permit: ProcessPermit, sink: Arc<dyn PeerSink>) -> stdio::Launch<'_> {
+    stdio::Launch { spec, upstream: "fix", session: "s-1", initialize_params: initialize_params(), init_timeout, permit, sink }
+}
+
 async fn start(spec: &CommandSpec) -> Child {
     let (sink, inbound) = channel();
     let Started { upstream, initialize_result, .. } =
-        within("start", stdio::start(spec, "fix", "s-1", initialize_params(), INIT_TIMEOUT, permit(), sink))
-            .await
-            .expect("the fixture starts");
+        within("start", stdio::start(launch(spec, INIT_TIMEOUT, permit(), sink))).await.expect("the fixture starts");
     Child { upstream, inbound, initialize_result }
 }
 
@@ -337,13 +340,10 @@ async fn a_flood_on_stderr_is_logged_in_part_with_a_summary() {
 
 #[tokio::test]
 async fn a_child_that_exits_at_once_fails_start_with_its_status_and_last_stderr_line() {
-    let error = within(
-        "start",
-        stdio::start(&spec(Some("--exit-at-once")), "fix", "s-1", initialize_params(), INIT_TIMEOUT, permit(), channel().0),
-    )
-    .await
-    .err()
-    .expect("start fails");
+    let error = within("start", stdio::start(launch(&spec(Some("--exit-at-once")), INIT_TIMEOUT, permit(), channel().0)))
+        .await
+        .err()
+        .expect("start fails");
     assert_eq!(error.code, code::INTERNAL_ERROR);
     for part in ["upstream fix", "stdio_server.py", "exited (exit status: 3) during initialize", "fixture exits at once as asked"]
     {
@@ -354,13 +354,10 @@ async fn a_child_that_exits_at_once_fails_start_with_its_status_and_last_stderr_
 #[tokio::test]
 async fn a_child_that_never_answers_initialize_is_stopped_after_the_init_timeout() {
     let limit = Duration::from_millis(500);
-    let error = within(
-        "start",
-        stdio::start(&spec(Some("--never-initialize")), "fix", "s-1", initialize_params(), limit, permit(), channel().0),
-    )
-    .await
-    .err()
-    .expect("start fails");
+    let error = within("start", stdio::start(launch(&spec(Some("--never-initialize")), limit, permit(), channel().0)))
+        .await
+        .err()
+        .expect("start fails");
     assert!(error.message.contains("did not answer initialize within 500ms"), "{error:?}");
     assert!(error.message.contains("is ignoring initialize"), "the last stderr line: {error:?}");
     let pid: u32 = error.message.split("fixture pid ").nth(1).and_then(|r| r.split(' ').next()).unwrap().parse().unwrap();
@@ -370,10 +367,7 @@ async fn a_child_that_never_answers_initialize_is_stopped_after_the_init_timeout
 #[tokio::test]
 async fn a_command_that_cannot_start_is_named_in_the_error() {
     let spec = CommandSpec::new(vec!["/nonexistent/tether-test-server".into(), "--flag".into()]);
-    let error = stdio::start(&spec, "fix", "s-1", initialize_params(), INIT_TIMEOUT, permit(), channel().0)
-        .await
-        .err()
-        .expect("spawn fails");
+    let error = stdio::start(launch(&spec, INIT_TIMEOUT, permit(), channel().0)).await.err().expect("spawn fails");
     assert_eq!(error.code, code::INTERNAL_ERROR);
     assert!(error.message.contains("/nonexistent/tether-test-server --flag"), "{error:?}");
     assert!(error.message.contains("No such file or directory"), "{error:?}");
@@ -384,9 +378,7 @@ async fn a_childs_place_under_the_cap_is_freed_once_it_has_been_reaped() {
     let processes = Processes::new("fix", 1, 1, Duration::from_secs(5));
     let permit = processes.try_take("tester").expect("room");
     let Started { upstream, .. } =
-        within("start", stdio::start(&spec(None), "fix", "s-1", initialize_params(), INIT_TIMEOUT, permit, channel().0))
-            .await
-            .unwrap();
+        within("start", stdio::start(launch(&spec(None), INIT_TIMEOUT, permit, channel().0))).await.unwrap();
     let pid = pid(&upstream).await;
     assert_eq!(processes.live(), 1);
     assert!(processes.try_take("tester").is_err(), "no second child while the first lives");

@@ -41,7 +41,7 @@ use tokio::sync::{Notify, mpsc, watch};
 use crate::config::CommandSpec;
 use crate::processes::ProcessPermit;
 use crate::progress::Progress;
-use crate::stdio::{self, Shared, StderrLog, Stdin, StdioUpstream};
+use crate::stdio::{self, Launch, Shared, StderrLog, Stdin, StdioUpstream};
 use crate::upstream::{PeerSink, Started, Upstream, request_key};
 
 mod cut_off;
@@ -72,15 +72,8 @@ pub fn hold_bytes(spec: &CommandSpec) -> u64 {
 
 /// Starts the command through the keeper and initializes it (as
 /// [`stdio::start`] does a child of this process).
-pub(crate) async fn start(
-    spec: &CommandSpec,
-    upstream_name: &str,
-    session: &str,
-    initialize_params: Value,
-    init_timeout: Duration,
-    permit: ProcessPermit,
-    sink: Arc<dyn PeerSink>,
-) -> Result<Started, RpcError> {
+pub(crate) async fn start(launch: Launch<'_>) -> Result<Started, RpcError> {
+    let Launch { spec, upstream: upstream_name, session, initialize_params, init_timeout, permit, sink } = launch;
     let Some(keeper) = keeper() else { return Err(RpcError::internal("no keeper")) };
     let label = format!("{upstream_name}/{session}");
     let permit = match adopt(keeper, spec, upstream_name, session, &label, permit, &sink).await {
