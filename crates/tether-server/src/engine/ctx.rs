@@ -1,17 +1,14 @@
 //! What an application sees: [`RequestCtx`] for one running request (its
 //! caller, its session if it has one, progress, related messages) and
 //! [`SessionCtx`] for a session's context (durable app state, in-memory
-//! local state, messages on the standalone stream). Also where a related
-//! message goes, and server-to-client requests with their bounded wait.
+//! local state, messages on the standalone stream). Where a related message
+//! goes, and a request to the client, is `related.rs`'s.
 
 use std::any::Any;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use bytes::Bytes;
 use serde_json::{Map, Value, json};
-use tether_store::EventKind;
 use tether_wire::envelope;
 use tokio_util::sync::CancellationToken;
 
@@ -161,12 +158,12 @@ impl SessionCtx {
     /// A notification on the standalone stream (stored, delivered when a GET listens).
     pub async fn notify(&self, method: &str, params: Option<Value>) -> Result<(), RpcError> {
         let payload = envelope::outbound_message(None, method, params.as_ref());
-        emit_related(&self.inner, &self.session, None, payload).await
+        self.inner.related.emit(&self.session, None, payload).await
     }
 
     /// A server-to-client request on the standalone stream.
     pub async fn request_client(&self, method: &str, params: Option<Value>, timeout: Duration) -> Result<Value, RpcError> {
-        request_client(&self.inner, &self.session, None, method, params, timeout).await
+        self.inner.related.request_client(&self.session, None, method, params, timeout).await
     }
 }
 
@@ -281,7 +278,7 @@ impl RequestCtx {
         }
         let session = self.session.as_ref().ok_or_else(no_session)?;
         let payload = envelope::outbound_message(None, method, params.as_ref());
-        emit_related(&self.inner, session, self.stream.as_deref(), payload).await
+        self.inner.related.emit(session, self.stream.as_deref(), payload).await
     }
 
     /// Leaves a note from which this request's work can be carried on if
@@ -353,97 +350,12 @@ impl RequestCtx {
             let sink = self.sink.as_ref().ok_or_else(no_session)?;
             return sink.rounds.ask(method, params, self.caller.client_capabilities());
         };
-        request_client(&self.inner, session, self.stream.as_deref(), method, params, timeout).await
+        self.inner.related.request_client(session, self.stream.as_deref(), method, params, timeout).await
     }
 }
 
 fn no_session() -> RpcError {
     RpcError::internal("this request has no session to send messages on")
-}
-
-/// Where a message related to a request goes (design brief, "Streams and
-/// events"): its request's stream while a connection listens there, else the
-/// standalone stream if one listens (here, or on another replica), else the
-/// request's stream, for replay.
-async fn related_stream(inner: &Inner, session: &Session, own: Option<&RequestStream>) -> String {
-    let own = own.map(|s| (s.name.as_str(), s.is_attached()));
-    match own {
-        Some((s, attached)) if attached || inner.hub.connections(&session.id, s) > 0 => s.to_owned(),
-        _ if inner.hub.connections(&session.id, &session.standalone_stream) > 0 => session.standalone_stream.clone(),
-        Some(_) if inner.store.is_shared() && inner.replicas.standalone_live_anywhere(&session.id).await => {
-            session.standalone_stream.clone()
-        }
-        Some((s, _)) => s.to_owned(),
-        None => session.standalone_stream.clone(),
-    }
-}
-
-async fn emit_related(inner: &Inner, session: &Session, own: Option<&RequestStream>, payload: Bytes) -> Result<(), RpcError> {
-    let stream = related_stream(inner, session, own).await;
-    if let Some(own) = own.filter(|own| own.name == stream) {
-        // The priming event comes first on its stream.
-        own.ensure_primed(&inner.events, &session.id).await.map_err(storage_error)?;
-        return own.emit(&inner.events, &session.id, EventKind::Message, payload).await.map(|_| ()).map_err(storage_error);
-    }
-    inner.events.emit(&session.id, &stream, EventKind::Message, payload).await.map(|_| ()).map_err(storage_error)
-}
-
-/// Removes a pending server-to-client request from its session's map however
-/// the wait ends (answer, timeout, the waiting request being dropped).
-struct PendingSlot<'a> {
-    session: &'a Session,
-    key: String,
-}
-
-impl Drop for PendingSlot<'_> {
-    fn drop(&mut self) {
-        self.session.pending.lock().remove(&self.key);
-    }
-}
-
-async fn request_client(
-    inner: &Inner,
-    session: &Session,
-    own: Option<&RequestStream>,
-    method: &str,
-    params: Option<Value>,
-    timeout: Duration,
-) -> Result<Value, RpcError> {
-    let n = session.next_server_request.fetch_add(1, Ordering::Relaxed);
-    let id = Value::String(format!("tether-{}-{n}", inner.instance));
-    let key = request_key(&id);
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    {
-        let mut pending = session.pending.lock();
-        let limit = inner.config.max_pending_client_requests;
-        if pending.len() >= limit {
-            return Err(RpcError::internal(format!(
-                "{limit} requests to the client are already waiting for its answers in this session; not sending {method}"
-            )));
-        }
-        pending.insert(key.clone(), tx);
-    }
-    let _slot = PendingSlot { session, key: key.clone() };
-    let payload = envelope::outbound_message(Some(&id), method, params.as_ref());
-    emit_related(inner, session, own, payload).await?;
-    let answer = async {
-        if inner.store.is_shared() {
-            // The client may POST its answer to another replica.
-            tokio::time::timeout(timeout, inner.replicas.await_answer(&session.id, &key, rx)).await.map(Ok)
-        } else {
-            tokio::time::timeout(timeout, rx).await
-        }
-    };
-    let answer = tokio::select! {
-        answer = answer => answer,
-        _ = inner.life.shutdown.cancelled() => return Err(RpcError::internal(format!("the server is shutting down; {method} was not answered"))),
-    };
-    match answer {
-        Ok(Ok(Ok(result))) => Ok(result),
-        Ok(Ok(Err(error))) => Err(RpcError::from_object(&error)),
-        Ok(Err(_)) => Err(RpcError::internal("session ended before the client answered")),
-        Err(_) => Err(RpcError::internal(format!("client did not answer {method} within {}s", timeout.as_secs_f32()))),
-    }
 }
 
 /// A session's in-memory application state (see [`SessionCtx::local`]).

@@ -13,7 +13,6 @@
 //! tells them ([`McpApp::list_changes`](crate::app::McpApp::list_changes)).
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Map, Value, json};
@@ -22,8 +21,9 @@ use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use super::operations::OpRecords;
 use super::sessionless::{Outbound, SessionlessReply};
-use super::{Engine, EngineError, Inner, tasks};
+use super::{Engine, EngineError, tasks};
 use crate::app::Caller;
 
 /// Tasks one listen stream may follow.
@@ -67,7 +67,7 @@ impl Engine {
             }
             for task in ids.iter().filter_map(Value::as_str).take(MAX_TASKS) {
                 // Only the caller's own tasks; others are left out of the acknowledgement.
-                if tasks::snapshot(inner, &caller.principal, task).await.ok().flatten().is_some() {
+                if tasks::snapshot(&inner.operations.records, &caller.principal, task).await.ok().flatten().is_some() {
                     followed.push(task.to_owned());
                 }
             }
@@ -77,7 +77,14 @@ impl Engine {
         let permit = inner.listeners.admit(&caller.principal).map_err(|r| EngineError::TooMany(r.message()))?;
         let (tx, messages) = mpsc::channel(16);
         let cancel = CancellationToken::new();
-        let stream = Listener { inner: inner.clone(), tx, id: id.clone(), principal: caller.principal.clone() };
+        let stream = Listener {
+            records: inner.operations.records.clone(),
+            keepalive: inner.config.keepalive,
+            shutdown: inner.life.shutdown.clone(),
+            tx,
+            id: id.clone(),
+            principal: caller.principal.clone(),
+        };
         let stopped = cancel.clone();
         // One JSON-RPC span for the stream's life (`--otlp-endpoint`).
         let span = crate::trace::rpc_span("subscriptions/listen", None, None);
@@ -92,8 +99,12 @@ impl Engine {
     }
 }
 
+/// One listen stream, and what it needs of the engine: the tasks' records
+/// (what it follows), the keep-alive period, the shutdown (its graceful end).
 struct Listener {
-    inner: Arc<Inner>,
+    records: OpRecords,
+    keepalive: Duration,
+    shutdown: CancellationToken,
     tx: mpsc::Sender<Outbound>,
     id: Value,
     principal: String,
@@ -126,7 +137,7 @@ impl Listener {
             return;
         }
         let mut last_seen: HashMap<String, (Value, Value)> = HashMap::new();
-        let mut keepalive = tokio::time::interval(self.inner.config.keepalive);
+        let mut keepalive = tokio::time::interval(self.keepalive);
         keepalive.tick().await;
         let mut poll = tokio::time::interval(TASK_POLL);
         loop {
@@ -134,7 +145,7 @@ impl Listener {
                 _ = poll.tick(), if !followed.is_empty() => {
                     let mut still = Vec::with_capacity(followed.len());
                     for task in followed {
-                        let Ok(Some(state)) = tasks::snapshot(&self.inner, &self.principal, &task).await else { continue };
+                        let Ok(Some(state)) = tasks::snapshot(&self.records, &self.principal, &task).await else { continue };
                         let marker = (state["status"].clone(), state["lastUpdatedAt"].clone());
                         if last_seen.get(&task) != Some(&marker) {
                             let terminal = !matches!(marker.0.as_str(), Some("working" | "input_required"));
@@ -166,7 +177,7 @@ impl Listener {
                 }
                 _ = self.tx.closed() => return,
                 _ = stopped.cancelled() => return,
-                _ = self.inner.life.shutdown.cancelled() => {
+                _ = self.shutdown.cancelled() => {
                     // The graceful end: the listen request's (empty) result.
                     let result = json!({"resultType": "complete", "_meta": {(meta::SUBSCRIPTION_ID): self.id}});
                     if let Ok(raw) = crate::app::raw_result(&result) {

@@ -130,6 +130,10 @@ pub(crate) struct OpRecords {
     instance: String,
     /// How long a record and its chunks are kept (`--operation-ttl`).
     ttl: std::time::Duration,
+    /// A whole result is cut here (`--max-result-bytes`), a page there
+    /// (`--result-chunk-bytes`).
+    max_result_bytes: usize,
+    result_chunk_bytes: usize,
 }
 
 /// The room one operation's work takes while it runs here, given back when
@@ -230,8 +234,19 @@ impl OperationCtx {
 }
 
 impl OpRecords {
-    pub(crate) fn new(store: Arc<dyn Store>, instance: &str, ttl: std::time::Duration) -> Self {
-        Self { store, instance: instance.to_owned(), ttl }
+    pub(crate) fn new(store: Arc<dyn Store>, instance: &str, config: &crate::config::EngineConfig) -> Self {
+        Self {
+            store,
+            instance: instance.to_owned(),
+            ttl: config.operation_ttl,
+            max_result_bytes: config.max_result_bytes,
+            result_chunk_bytes: config.result_chunk_bytes,
+        }
+    }
+
+    /// How long a record and its chunks are kept.
+    pub(super) fn ttl(&self) -> std::time::Duration {
+        self.ttl
     }
 
     /// Compare-and-set loop on an operation record.

@@ -17,14 +17,17 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
+use futures::future::BoxFuture;
 use parking_lot::Mutex;
-use tether_store::{EventKind, StoreError, StoredEvent};
+use tether_store::{EventKind, Store, StoreError, StoredEvent};
 use tokio::sync::broadcast;
 
-use super::Inner;
+use super::EngineError;
+use super::lifecycle::Lifecycle;
 use super::live::{LiveEvent, Subscription};
-use super::recovery::AskOwner;
+use super::replicas::Replicas;
 use super::session::Session;
 use crate::ids::EventId;
 
@@ -128,6 +131,25 @@ impl Frames {
     }
 }
 
+/// What every pump needs of the engine, one set shared by all of them (a
+/// pointer per open stream): the store it replays from (and records a
+/// standalone stream's cursor in), the engine's tasks and shutdown, the
+/// keep-alive period, and this replica's hold of standalone streams.
+pub(crate) struct Handles {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) life: Arc<Lifecycle>,
+    pub(crate) keepalive: Duration,
+    pub(crate) replicas: Replicas,
+}
+
+/// The one question a request stream's pump asks the engine, on a shared
+/// store at each keep-alive: end this stream if nobody is left to (its
+/// owner died, or ended it and the store lost the final). The engine
+/// answers it (`recovery.rs`).
+pub(crate) trait Orphans: Send + Sync {
+    fn check(self: Arc<Self>, session: Arc<Session>, stream: String) -> BoxFuture<'static, Result<(), EngineError>>;
+}
+
 pub(crate) struct PumpSpec {
     pub stream: String,
     /// Deliver events with `seq > after`.
@@ -152,7 +174,8 @@ enum Step {
 /// A pump's state: what of its [`PumpSpec`] it keeps (the first frame goes
 /// to its outbox at once, not into the future it lives in for hours).
 struct Pump {
-    inner: Arc<Inner>,
+    handles: Arc<Handles>,
+    orphans: Arc<dyn Orphans>,
     session: Arc<Session>,
     stream: String,
     catch_up: bool,
@@ -181,9 +204,9 @@ impl Pump {
 
     fn remember_delivery(&self) {
         if self.standalone_generation.is_some() {
-            let store = self.inner.store.clone();
+            let store = self.handles.store.clone();
             let (session, stream, seq) = (self.session.id.clone(), self.stream.clone(), self.cursor);
-            self.inner.life.spawn(async move {
+            self.handles.life.spawn(async move {
                 if let Err(e) = store.set_cursor(&session, &stream, seq).await {
                     tracing::warn!(%session, error = %e, "could not record standalone stream cursor");
                 }
@@ -195,7 +218,7 @@ impl Pump {
     /// While a full page is delivered the next one is read, so a long replay
     /// waits for the store about once, not once per page.
     async fn catch_up(&mut self) -> Step {
-        let store = self.inner.store.clone();
+        let store = self.handles.store.clone();
         let (session, stream) = (self.session.id.clone(), self.stream.clone());
         let mut page = match store.read_after(&session, &stream, self.cursor, CATCHUP_PAGE).await {
             Ok(page) => page,
@@ -243,10 +266,10 @@ impl Pump {
     }
 
     async fn run(mut self, sub: Subscription) {
-        let standalone_shared = self.standalone_generation.is_some() && self.inner.store.is_shared();
+        let standalone_shared = self.standalone_generation.is_some() && self.handles.store.is_shared();
         // Held in the store already (`Inner::standalone_pump`); let go when the stream ends.
         let _mark = if standalone_shared {
-            Some(StandaloneMark { inner: self.inner.clone(), session: self.session.id.clone() })
+            Some(StandaloneMark { handles: self.handles.clone(), session: self.session.id.clone() })
         } else {
             None
         };
@@ -259,10 +282,10 @@ impl Pump {
         owner.mark_changed();
         // Not `interval(..)` + a first `tick().await`: that first tick goes
         // through the timer wheel and costs up to a millisecond per stream.
-        let period = self.inner.config.keepalive;
+        let period = self.handles.keepalive;
         let mut keepalive = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         let mut catch_up = self.catch_up;
-        let request_shared = self.close_on_final && self.standalone_generation.is_none() && self.inner.store.is_shared();
+        let request_shared = self.close_on_final && self.standalone_generation.is_none() && self.handles.store.is_shared();
         loop {
             if catch_up {
                 // Boxed: a catch-up (store reads and a page in flight) is
@@ -276,7 +299,7 @@ impl Pump {
             }
             tokio::select! {
                 biased;
-                _ = self.inner.life.shutdown.cancelled() => {
+                _ = self.handles.life.shutdown.cancelled() => {
                     self.out.send(Frame::Reconnect).await;
                     return;
                 }
@@ -301,7 +324,7 @@ impl Pump {
                 },
                 _ = keepalive.tick() => {
                     self.out.send(Frame::KeepAlive).await;
-                    if standalone_shared && !self.inner.replicas.renew_standalone(&self.session.id).await {
+                    if standalone_shared && !self.handles.replicas.renew_standalone(&self.session.id).await {
                         // Another replica's GET took over the standalone stream.
                         return;
                     }
@@ -309,8 +332,8 @@ impl Pump {
                         // Nobody may be left to end it: its owner died, or
                         // ended it and the store lost the final (boxed: the
                         // pump's future stays small).
-                        let check = self.inner.close_if_orphaned(&self.session, &self.stream, AskOwner::Yes);
-                        if let Err(e) = Box::pin(check).await {
+                        let check = self.orphans.clone().check(self.session.clone(), self.stream.clone());
+                        if let Err(e) = check.await {
                             tracing::warn!(session = %self.session.id, stream = %self.stream, error = %e, "could not check who ends a waited-on request");
                         }
                     }
@@ -324,7 +347,7 @@ impl Pump {
 /// pump ends or is dropped (its client went away); the store is told in a
 /// task of its own, since a drop cannot wait.
 struct StandaloneMark {
-    inner: Arc<Inner>,
+    handles: Arc<Handles>,
     session: String,
 }
 
@@ -334,17 +357,24 @@ impl Drop for StandaloneMark {
         if tokio::runtime::Handle::try_current().is_err() {
             return;
         }
-        let (replicas, session) = (self.inner.replicas.clone(), std::mem::take(&mut self.session));
-        self.inner.life.spawn(async move { replicas.unmark_standalone(&session).await });
+        let (replicas, session) = (self.handles.replicas.clone(), std::mem::take(&mut self.session));
+        self.handles.life.spawn(async move { replicas.unmark_standalone(&session).await });
     }
 }
 
 /// A pump for `session`, in the frames it produces: it runs as they are read.
-pub(crate) fn spawn_pump(inner: Arc<Inner>, session: Arc<Session>, spec: PumpSpec, sub: Subscription) -> Frames {
+pub(crate) fn spawn_pump(
+    handles: Arc<Handles>,
+    orphans: Arc<dyn Orphans>,
+    session: Arc<Session>,
+    spec: PumpSpec,
+    sub: Subscription,
+) -> Frames {
     let PumpSpec { stream, after, catch_up, close_on_final, standalone_generation, first, attachment } = spec;
     let out = Outbox(Arc::new(Mutex::new(first.into_iter().collect())));
     let pump = Pump {
-        inner,
+        handles,
+        orphans,
         session,
         stream,
         catch_up,

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use futures::future::BoxFuture;
 use serde_json::Value;
 use tether_store::{EventKind, StoreError, now_ms};
 use tether_wire::{RpcError, envelope};
@@ -15,6 +16,13 @@ use crate::app::CutOff;
 use super::running::Known;
 use super::session::{Session, SessionState};
 use super::{EngineError, INTERRUPTED_MESSAGE, Inner, LOST_MESSAGE};
+
+/// A request stream's pump asks, on a shared store: is anybody left to end it?
+impl super::pump::Orphans for Inner {
+    fn check(self: Arc<Self>, session: Arc<Session>, stream: String) -> BoxFuture<'static, Result<(), EngineError>> {
+        Box::pin(async move { self.close_if_orphaned(&session, &stream, AskOwner::Yes).await })
+    }
+}
 
 impl Inner {
     /// The cached session, or the stored one rehydrated (and its interrupted

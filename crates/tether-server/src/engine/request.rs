@@ -226,7 +226,7 @@ impl Inner {
             standalone_generation: None,
             attachment: Some(attachment),
         };
-        let frames = spawn_pump(self.clone(), session, spec, sub);
+        let frames = spawn_pump(self.pumps.clone(), self.clone(), session, spec, sub);
         Ok(PostOutcome::Stream { frames, session_id })
     }
 }

@@ -19,7 +19,7 @@ use tether_store::now_ms;
 use tether_wire::{RpcError, code, meta};
 
 use super::operations::whole::assemble;
-use super::operations::{self, NewOperation, OpRecord, OpState};
+use super::operations::{self, NewOperation, OpRecord, OpRecords, OpState};
 use super::{Inner, RequestCtx};
 use crate::app::OperationRunner;
 
@@ -73,7 +73,7 @@ pub(super) async fn call(ctx: &RequestCtx, runner: Arc<dyn OperationRunner>, new
     if finished {
         match record.state {
             OpState::Done => {
-                let result = assemble(&inner, &id, &record).await?;
+                let result = assemble(&inner.operations.records, &id, &record).await?;
                 inner.operations.records.finish(&id, record.chunks).await;
                 return Ok(result);
             }
@@ -84,7 +84,7 @@ pub(super) async fn call(ctx: &RequestCtx, runner: Arc<dyn OperationRunner>, new
             _ => {}
         }
     }
-    let mut created = task(&id, &record, &inner);
+    let mut created = task(&id, &record, inner.operations.records.ttl());
     created.insert("resultType".into(), json!("task"));
     Ok(Value::Object(created))
 }
@@ -155,10 +155,10 @@ async fn handle(
 /// The task `id` of `principal` as `tasks/get` shows it now (no takeover of
 /// an orphaned one: that is `tasks/get`'s); `None` if it is not theirs or
 /// is gone.
-pub(crate) async fn snapshot(inner: &Inner, principal: &str, id: &str) -> Result<Option<Value>, RpcError> {
-    let record = inner.operations.records.load(id).await?.filter(|r| r.principal == principal && r.expires_at_ms > now_ms());
+pub(crate) async fn snapshot(records: &OpRecords, principal: &str, id: &str) -> Result<Option<Value>, RpcError> {
+    let record = records.load(id).await?.filter(|r| r.principal == principal && r.expires_at_ms > now_ms());
     match record {
-        Some(record) => Ok(Some(detailed(inner, id, &record).await?)),
+        Some(record) => Ok(Some(detailed(records, id, &record).await?)),
         None => Ok(None),
     }
 }
@@ -184,16 +184,16 @@ async fn get(inner: &Arc<Inner>, runner: Arc<dyn OperationRunner>, id: &str, mut
                 .await?;
         }
     }
-    detailed(inner, id, &record).await
+    detailed(&inner.operations.records, id, &record).await
 }
 
 /// A record as the spec's `DetailedTask`: the task, and its result, error
 /// or nothing more, by status.
-async fn detailed(inner: &Inner, id: &str, record: &OpRecord) -> Result<Value, RpcError> {
-    let mut detailed = task(id, record, inner);
+async fn detailed(records: &OpRecords, id: &str, record: &OpRecord) -> Result<Value, RpcError> {
+    let mut detailed = task(id, record, records.ttl());
     match record.state {
         OpState::Done => {
-            detailed.insert("result".into(), assemble(inner, id, record).await?);
+            detailed.insert("result".into(), assemble(records, id, record).await?);
         }
         OpState::Failed => {
             let error = record.error.clone().unwrap_or_else(|| RpcError::internal("the task failed").to_object());
@@ -208,7 +208,7 @@ async fn detailed(inner: &Inner, id: &str, record: &OpRecord) -> Result<Value, R
 }
 
 /// The task fields of a record (the spec's `Task`).
-fn task(id: &str, record: &OpRecord, inner: &Inner) -> Map<String, Value> {
+fn task(id: &str, record: &OpRecord, ttl: Duration) -> Map<String, Value> {
     let (status, message) = match record.state {
         OpState::Running => ("working", None),
         OpState::Done => ("completed", None),
@@ -225,7 +225,7 @@ fn task(id: &str, record: &OpRecord, inner: &Inner) -> Map<String, Value> {
     let created = if record.created_at_ms > 0 { record.created_at_ms } else { now_ms() };
     task.insert("createdAt".into(), json!(iso8601(created)));
     task.insert("lastUpdatedAt".into(), json!(iso8601(record.updated_at_ms.max(created))));
-    task.insert("ttlMs".into(), json!(inner.config.operation_ttl.as_millis() as u64));
+    task.insert("ttlMs".into(), json!(ttl.as_millis() as u64));
     task.insert("pollIntervalMs".into(), json!(POLL_INTERVAL.as_millis() as u64));
     task
 }

@@ -14,7 +14,7 @@ use serde_json::{Map, Value, json};
 use tether_store::now_ms;
 use tether_wire::meta;
 
-use super::{NewOperation, OpRecord, OpState, storage};
+use super::{NewOperation, OpRecord, OpRecords, OpState, storage};
 use crate::app::{OperationRunner, OperationSpec, RpcError};
 use crate::engine::{Inner, RequestCtx};
 
@@ -134,7 +134,7 @@ async fn whole(ctx: &RequestCtx, runner: Arc<dyn OperationRunner>, new: NewOpera
         .ok_or_else(|| RpcError::internal("the operation's record expired before its work ended"))?;
     match record.state {
         OpState::Done => {
-            let result = assemble(&inner, &id, &record).await?;
+            let result = assemble(&inner.operations.records, &id, &record).await?;
             inner.operations.records.finish(&id, record.chunks).await;
             Ok(result)
         }
@@ -150,11 +150,11 @@ async fn whole(ctx: &RequestCtx, runner: Arc<dyn OperationRunner>, new: NewOpera
 /// The whole result of a finished operation: its chunks as one
 /// `CallToolResult` (contents in order; the last structured content; an
 /// error if any chunk was one), cut at `--max-result-bytes`.
-pub(in crate::engine) async fn assemble(inner: &Inner, id: &str, record: &OpRecord) -> Result<Value, RpcError> {
-    let mut joined = Joined::new(inner.config.max_result_bytes);
+pub(in crate::engine) async fn assemble(records: &OpRecords, id: &str, record: &OpRecord) -> Result<Value, RpcError> {
+    let mut joined = Joined::new(records.max_result_bytes);
     for index in 0..record.chunks {
         let key = super::chunk_key(id, index);
-        let stored = inner
+        let stored = records
             .store
             .kv_get(super::CHUNK_NAMESPACE, &key, now_ms())
             .await
@@ -163,7 +163,7 @@ pub(in crate::engine) async fn assemble(inner: &Inner, id: &str, record: &OpReco
         let chunk: Value = serde_json::from_slice(&stored.value).map_err(|e| RpcError::internal(e.to_string()))?;
         joined.add(chunk);
     }
-    Ok(joined.finish(&record.tool, inner.config.result_chunk_bytes))
+    Ok(joined.finish(&record.tool, records.result_chunk_bytes))
 }
 
 /// Chunks joined into one result, up to a cap; what is past it is counted.
